@@ -1,0 +1,5 @@
+import sys
+
+from reaper.cli import main
+
+sys.exit(main())

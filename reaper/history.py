@@ -1,0 +1,84 @@
+"""The state file: what earlier passes saw, so a one-shot run counts confirmations too."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from reaper.model import AttachmentHistory
+
+STATE_VERSION = 1
+MAX_STATE_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class State:
+    attachments: Mapping[str, AttachmentHistory]
+    sandbox_netns: Mapping[str, str]  # sandbox ID -> netns path, so PodSandboxStatus is asked once
+
+
+EMPTY_STATE = State({}, {})
+
+
+class StateError(Exception):
+    pass
+
+
+def load_state(path: str) -> tuple[State, str | None]:
+    """The saved state, or an empty one and a warning when the file is missing or unusable.
+
+    An unusable file only costs confirmations (they start again), never a wrong verdict.
+    """
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_STATE_BYTES + 1)
+    except FileNotFoundError:
+        return EMPTY_STATE, None
+    except OSError as err:
+        return EMPTY_STATE, f"cannot read state file {path}: {err.strerror}; starting afresh"
+    try:
+        if len(raw) > MAX_STATE_BYTES:
+            raise ValueError("too large")
+        doc = json.loads(raw)
+        if not isinstance(doc, dict) or doc.get("version") != STATE_VERSION:
+            raise ValueError("unknown version")
+        attachments = {
+            str(k): AttachmentHistory(float(v["first_seen"]), int(v["orphan_streak"]))
+            for k, v in doc.get("attachments", {}).items()
+        }
+        netns = {str(k): str(v) for k, v in doc.get("sandbox_netns", {}).items()}
+    except (ValueError, TypeError, KeyError, AttributeError) as err:
+        return EMPTY_STATE, f"state file {path} is corrupt ({err}); starting afresh"
+    return State(attachments, netns), None
+
+
+def save_state(path: str, state: State) -> None:
+    """Write atomically: a temp file in the same dir, fsync, rename. Mode 0600."""
+    doc = {
+        "version": STATE_VERSION,
+        "attachments": {
+            k: {"first_seen": v.first_seen, "orphan_streak": v.orphan_streak}
+            for k, v in sorted(state.attachments.items())
+        },
+        "sandbox_netns": dict(sorted(state.sandbox_netns.items())),
+    }
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".state-", dir=directory)
+    except OSError as err:
+        raise StateError(f"cannot write state file {path}: {err.strerror}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise StateError(f"cannot write state file {path}: {err.strerror}") from None

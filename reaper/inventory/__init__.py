@@ -1,0 +1,1 @@
+"""One collector per kind of resource on the node; each returns immutable records."""

@@ -1,0 +1,183 @@
+"""libcni's result cache: `<cache dir>/results/<network>-<container ID>-<ifname>`."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from reaper.inventory.fsutil import UnfitFile, describe_oserror, read_file_nofollow
+from reaper.inventory.netconf import ConfigError, parse_network_config
+from reaper.model import CacheEntry, CorruptFile, NetworkConfig, NsKey
+from reaper.names import is_cni_id, is_ifname
+
+MAX_CACHE_BYTES = 4 << 20
+RESULT_SUBDIRS = ("results", "cache/results")
+_HEX_ID = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class CacheInventory:
+    entries: tuple[CacheEntry, ...]
+    configs: tuple[NetworkConfig, ...]  # the network configs cache entries carry
+    corrupt: tuple[CorruptFile, ...]
+
+
+class _Corrupt(ValueError):
+    pass
+
+
+def _result_interfaces(result: Any) -> list[dict[str, Any]]:
+    if not isinstance(result, dict) or not isinstance(result.get("interfaces"), list):
+        return []
+    return [i for i in result["interfaces"] if isinstance(i, dict)]
+
+
+def _netns_from(doc: dict[str, Any], result: Any, ifname: str) -> str | None:
+    netns = doc.get("netns")
+    if isinstance(netns, str) and netns:
+        return netns
+    sandboxes = [i for i in _result_interfaces(result) if isinstance(i.get("sandbox"), str) and i["sandbox"]]
+    for iface in sandboxes:
+        if iface.get("name") == ifname:
+            return str(iface["sandbox"])
+    return str(sandboxes[0]["sandbox"]) if sandboxes else None
+
+
+def _host_ifnames(result: Any) -> tuple[str, ...]:
+    names = []
+    for iface in _result_interfaces(result):
+        name = iface.get("name")
+        if not iface.get("sandbox") and isinstance(name, str) and is_ifname(name):
+            names.append(name)
+    return tuple(names)
+
+
+def _split_legacy_name(name: str, ifname: str, networks: set[str]) -> tuple[str, str]:
+    """(network, container ID) of a pre-0.8 file, whose only record of them is its name."""
+    suffix = f"-{ifname}"
+    if not name.endswith(suffix):
+        raise _Corrupt("legacy result: file name does not end with its interface name")
+    stem = name[: -len(suffix)]
+    for network in sorted(networks, key=len, reverse=True):
+        if stem.startswith(network + "-") and is_cni_id(stem[len(network) + 1 :]):
+            return network, stem[len(network) + 1 :]
+    network, _, container_id = stem.rpartition("-")
+    if _HEX_ID.fullmatch(container_id) and is_cni_id(network):
+        return network, container_id
+    raise _Corrupt("legacy result: cannot tell the network from the container ID in the file name")
+
+
+def parse_cache_file(name: str, data: bytes, known_networks: set[str]) -> tuple[dict[str, Any], str, str, str, bool]:
+    """(document, container ID, network, ifname, legacy) of a cache file; _Corrupt otherwise."""
+    if not data.strip():
+        raise _Corrupt("empty file")
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise _Corrupt(f"truncated or invalid JSON: {err}") from None
+    if not isinstance(doc, dict):
+        raise _Corrupt("not a JSON object")
+    if doc.get("kind") == "cniCacheV1":
+        cid, net, ifname = doc.get("containerId"), doc.get("networkName"), doc.get("ifName")
+        if not (isinstance(cid, str) and is_cni_id(cid)):
+            raise _Corrupt(f"invalid containerId {str(cid)[:80]!r}")
+        if not (isinstance(net, str) and is_cni_id(net)):
+            raise _Corrupt(f"invalid networkName {str(net)[:80]!r}")
+        if not (isinstance(ifname, str) and is_ifname(ifname)):
+            raise _Corrupt(f"invalid ifName {str(ifname)[:80]!r}")
+        return doc, cid, net, ifname, False
+    if "kind" in doc:
+        raise _Corrupt(f"unknown cache kind {str(doc['kind'])[:80]!r}")
+    if "cniVersion" not in doc:
+        raise _Corrupt("neither a cniCacheV1 entry nor a bare result")
+    sandboxed = [i for i in _result_interfaces(doc) if i.get("sandbox") and isinstance(i.get("name"), str)]
+    ifname = str(sandboxed[0]["name"]) if sandboxed else "eth0"
+    if not is_ifname(ifname):
+        raise _Corrupt(f"invalid interface name {ifname[:80]!r}")
+    network, cid = _split_legacy_name(name, ifname, known_networks)
+    return {"result": doc}, cid, network, ifname, True
+
+
+def collect_cache(cache_dir: str, known_networks: set[str]) -> CacheInventory:
+    entries: list[CacheEntry] = []
+    corrupt: list[CorruptFile] = []
+    configs: dict[str, NetworkConfig] = {}
+    bad_configs: set[str] = set()
+    for sub in RESULT_SUBDIRS:
+        directory = os.path.join(cache_dir, sub)
+        try:
+            files = list(os.scandir(directory))
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            corrupt.append(CorruptFile("cache", directory, describe_oserror(err)))
+            continue
+        for entry in files:
+            path = entry.path
+            if entry.is_symlink():
+                corrupt.append(CorruptFile("cache", path, "symlink, not followed"))
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                continue
+            try:
+                data = read_file_nofollow(path, MAX_CACHE_BYTES)
+                mtime = os.stat(path, follow_symlinks=False).st_mtime
+                doc, cid, net, ifname, legacy = parse_cache_file(entry.name, data, known_networks)
+            except OSError as err:
+                corrupt.append(CorruptFile("cache", path, describe_oserror(err)))
+                continue
+            except (UnfitFile, _Corrupt) as err:
+                corrupt.append(CorruptFile("cache", path, str(err)))
+                continue
+            result = doc.get("result")
+            netns_path = _netns_from(doc, result, ifname)
+            entries.append(
+                CacheEntry(
+                    path=path,
+                    name=entry.name,
+                    container_id=cid,
+                    network=net,
+                    ifname=ifname,
+                    netns_path=netns_path,
+                    netns=_stat_netns(netns_path),
+                    host_ifnames=_host_ifnames(result),
+                    legacy=legacy,
+                    mtime=mtime,
+                )
+            )
+            encoded = doc.get("config")
+            if isinstance(encoded, str) and encoded not in configs and encoded not in bad_configs:
+                cfg = _decode_config(encoded, path)
+                if cfg is None:
+                    bad_configs.add(encoded)
+                else:
+                    configs[encoded] = cfg
+    return CacheInventory(tuple(entries), tuple(configs.values()), tuple(corrupt))
+
+
+def _stat_netns(path: str | None) -> NsKey | None:
+    if not path or not path.startswith("/"):
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return NsKey(st.st_dev, st.st_ino)
+
+
+def _decode_config(encoded: str, path: str) -> NetworkConfig | None:
+    try:
+        raw = base64.b64decode(encoded, validate=True)
+        return parse_network_config(raw, f"cache:{path}")
+    except (binascii.Error, ValueError, ConfigError):
+        return None
+
+
+def known_network_names(configs: Iterable[NetworkConfig]) -> set[str]:
+    return {c.name for c in configs}

@@ -1,0 +1,131 @@
+"""host-local IPAM allocations: `<data dir>/<network>/<ip>` files."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Iterable
+
+from reaper.inventory.fsutil import UnfitFile, describe_oserror, read_file_nofollow
+from reaper.model import CorruptFile, HostLocalLease, HostLocalRange, IpamRange, NetworkConfig
+from reaper.names import is_cni_id, is_ifname
+
+MAX_LEASE_BYTES = 4096
+_NOT_LEASES = ("lock",)
+_RESERVED_PREFIX = "last_reserved_ip."
+
+
+def parse_lease(data: bytes) -> tuple[str, str | None]:
+    """(container ID, ifname or None) from a lease file's content; ValueError when it is not one."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8") from None
+    lines = [line.strip() for line in text.strip().splitlines()]
+    if not lines or not lines[0]:
+        raise ValueError("empty lease")
+    if len(lines) > 2:
+        raise ValueError("more than two lines")
+    container_id = lines[0]
+    if not is_cni_id(container_id):
+        raise ValueError(f"invalid container ID {container_id[:80]!r}")
+    ifname = lines[1] if len(lines) == 2 else None
+    if ifname is not None and not is_ifname(ifname):
+        raise ValueError(f"invalid ifname {ifname[:80]!r}")
+    return container_id, ifname
+
+
+def _network_dirs(data_dir: str) -> list[os.DirEntry[str]]:
+    return [e for e in os.scandir(data_dir) if e.is_dir(follow_symlinks=False)]
+
+
+def collect_leases(data_dirs: Iterable[str]) -> tuple[list[HostLocalLease], list[CorruptFile]]:
+    leases: list[HostLocalLease] = []
+    corrupt: list[CorruptFile] = []
+    seen: set[tuple[int, int]] = set()
+    for data_dir in data_dirs:
+        try:
+            st = os.stat(data_dir)
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            networks = _network_dirs(data_dir)
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            corrupt.append(CorruptFile("ipam", data_dir, describe_oserror(err)))
+            continue
+        for net_entry in networks:
+            network = net_entry.name
+            if not is_cni_id(network):
+                corrupt.append(CorruptFile("ipam", net_entry.path, "directory name is not a CNI network name"))
+                continue
+            try:
+                files = list(os.scandir(net_entry.path))
+            except OSError as err:
+                corrupt.append(CorruptFile("ipam", net_entry.path, describe_oserror(err)))
+                continue
+            for entry in files:
+                name = entry.name
+                if name in _NOT_LEASES or name.startswith(_RESERVED_PREFIX):
+                    continue
+                lease = _read_lease(entry, network, data_dir)
+                if isinstance(lease, CorruptFile):
+                    corrupt.append(lease)
+                else:
+                    leases.append(lease)
+    return leases, corrupt
+
+
+def _read_lease(entry: os.DirEntry[str], network: str, data_dir: str) -> HostLocalLease | CorruptFile:
+    path = entry.path
+    try:
+        ip = ipaddress.ip_address(entry.name)
+    except ValueError:
+        return CorruptFile("ipam", path, "file name is not an IP address")
+    if entry.is_symlink():
+        return CorruptFile("ipam", path, "symlink, not followed")
+    try:
+        data = read_file_nofollow(path, MAX_LEASE_BYTES)
+        st = os.stat(path, follow_symlinks=False)
+        container_id, ifname = parse_lease(data)
+    except OSError as err:
+        return CorruptFile("ipam", path, describe_oserror(err))
+    except (UnfitFile, ValueError) as err:
+        return CorruptFile("ipam", path, str(err))
+    return HostLocalLease(network, str(ip), container_id, ifname, path, data_dir, st.st_mtime)
+
+
+def range_usage(configs: Iterable[NetworkConfig], leases: Iterable[HostLocalLease]) -> list[IpamRange]:
+    """Size and leases used of every host-local range a known config declares."""
+    by_network: dict[str, list[ipaddress.IPv4Address | ipaddress.IPv6Address]] = {}
+    for lease in leases:
+        by_network.setdefault(lease.network, []).append(ipaddress.ip_address(lease.ip))
+    out: dict[tuple[str, str], IpamRange] = {}
+    for config in configs:
+        for spec in config.ipam_ranges:
+            key = (config.name, _label(spec))
+            if key in out:
+                continue
+            start, end = ipaddress.ip_address(spec.start), ipaddress.ip_address(spec.end)
+            size = int(end) - int(start) + 1 if int(end) >= int(start) else 0
+            if spec.gateway is not None:
+                gw = ipaddress.ip_address(spec.gateway)
+                if gw.version == start.version and int(start) <= int(gw) <= int(end):
+                    size -= 1
+            used = sum(
+                1
+                for ip in by_network.get(config.name, ())
+                if ip.version == start.version and int(start) <= int(ip) <= int(end)
+            )
+            out[key] = IpamRange(config.name, key[1], max(size, 0), used)
+    return sorted(out.values(), key=lambda r: (r.network, r.range))
+
+
+def _label(spec: HostLocalRange) -> str:
+    net = ipaddress.ip_network(spec.subnet)
+    default_start = net.network_address + 1
+    default_end = net.broadcast_address - 1 if net.version == 4 else net.broadcast_address
+    if ipaddress.ip_address(spec.start) == default_start and ipaddress.ip_address(spec.end) == default_end:
+        return spec.subnet
+    return f"{spec.start}-{spec.end}"

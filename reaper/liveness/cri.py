@@ -1,0 +1,124 @@
+"""Liveness from a CRI runtime (containerd, CRI-O, cri-dockerd) over gRPC."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from reaper.cri import api_pb2 as pb
+from reaper.cri.client import DEFAULT_ENDPOINTS, CriError, RuntimeClient
+from reaper.model import NsKey, RuntimeView, Sandbox
+
+
+def netns_path_from_info(info: Mapping[str, str]) -> str | None:
+    """The sandbox's netns path from PodSandboxStatus(verbose) info (containerd's or CRI-O's)."""
+    raw = info.get("info")
+    if not raw:
+        return None
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    meta = doc.get("sandboxMetadata")
+    if isinstance(meta, dict):
+        inner = meta.get("Metadata") if isinstance(meta.get("Metadata"), dict) else meta
+        path = inner.get("NetNSPath") if isinstance(inner, dict) else None
+        if isinstance(path, str) and path:
+            return path
+    return _spec_netns(doc.get("runtimeSpec"))
+
+
+def _spec_netns(spec: Any) -> str | None:
+    if not isinstance(spec, dict) or not isinstance(spec.get("linux"), dict):
+        return None
+    namespaces = spec["linux"].get("namespaces")
+    if not isinstance(namespaces, list):
+        return None
+    for ns in namespaces:
+        if isinstance(ns, dict) and ns.get("type") == "network":
+            path = ns.get("path")
+            return path if isinstance(path, str) and path else None
+    return None
+
+
+def _stat_ns(path: str | None) -> NsKey | None:
+    if not path:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return NsKey(st.st_dev, st.st_ino)
+
+
+def _socket_path(endpoint: str) -> str:
+    return endpoint[len("unix://") :] if endpoint.startswith("unix://") else endpoint
+
+
+class CriLiveness:
+    def __init__(self, endpoint: str | None, timeout: float) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+
+    def _candidates(self) -> list[str]:
+        if self.endpoint is not None:
+            return [self.endpoint]
+        return [e for e in DEFAULT_ENDPOINTS if os.path.exists(_socket_path(e))]
+
+    def observe(self, known_netns: Mapping[str, str]) -> RuntimeView:
+        candidates = self._candidates()
+        if not candidates:
+            tried = ", ".join(DEFAULT_ENDPOINTS)
+            return RuntimeView("", None, None, False, f"no CRI socket found (tried {tried})", ())
+        last_error = ""
+        for endpoint in candidates:
+            try:
+                with RuntimeClient(endpoint, self.timeout) as client:
+                    return self._observe(client, known_netns)
+            except CriError as err:
+                last_error = str(err)
+        return RuntimeView(candidates[-1], None, None, False, last_error, ())
+
+    def _observe(self, client: RuntimeClient, known_netns: Mapping[str, str]) -> RuntimeView:
+        version = client.version()
+        items = client.list_pod_sandboxes()
+        sandboxes = []
+        for item in items:
+            netns_path = known_netns.get(item.id)
+            if netns_path is None:
+                netns_path = self._ask_netns(client, item.id)
+            sandboxes.append(
+                Sandbox(
+                    id=item.id,
+                    name=item.metadata.name,
+                    namespace=item.metadata.namespace,
+                    uid=item.metadata.uid,
+                    ready=item.state == pb.SANDBOX_READY,
+                    created_at=item.created_at / 1e9,
+                    netns_path=netns_path or None,
+                    netns=_stat_ns(netns_path),
+                )
+            )
+        return RuntimeView(
+            endpoint=client.endpoint,
+            name=version.runtime_name or None,
+            version=version.runtime_version or None,
+            reachable=True,
+            error=None,
+            sandboxes=tuple(sandboxes),
+        )
+
+    def _ask_netns(self, client: RuntimeClient, sandbox_id: str) -> str:
+        try:
+            status = client.pod_sandbox_status(sandbox_id, verbose=True)
+        except CriError as err:
+            if "NOT_FOUND" in str(err):
+                return ""  # removed since it was listed
+            raise
+        if status.status.linux.namespaces.options.network == pb.NODE:
+            return ""  # host network: no netns of its own
+        return netns_path_from_info(status.info) or ""

@@ -1,0 +1,34 @@
+"""Validation of names read from disk or from a runtime, before they become paths or arguments."""
+
+from __future__ import annotations
+
+import re
+
+# CNI spec: container IDs and network names.
+_CNI_ID = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.\-]*")
+# Runtime-made netns pin names: containerd `cni-<uuid>`, CRI-O a bare uuid.
+_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+RUNTIME_NETNS_PATTERNS: tuple[str, ...] = (rf"cni-{_UUID}", _UUID)
+
+MAX_NAME = 1024
+
+
+def is_cni_id(value: str) -> bool:
+    """A container ID or network name as the CNI spec allows it."""
+    return 0 < len(value) <= MAX_NAME and _CNI_ID.fullmatch(value) is not None
+
+
+def is_ifname(value: str) -> bool:
+    """An interface name as the CNI spec (and the kernel) allows it."""
+    if not 0 < len(value) <= 15 or value in (".", ".."):
+        return False
+    return not any(c in value for c in "/:") and not any(c.isspace() for c in value)
+
+
+def compile_netns_patterns(extra: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
+    """Patterns of pin names a runtime makes; raises re.error on a bad extra pattern."""
+    return tuple(re.compile(p) for p in RUNTIME_NETNS_PATTERNS + extra)
+
+
+def is_runtime_netns_name(name: str, patterns: tuple[re.Pattern[str], ...]) -> bool:
+    return any(p.fullmatch(name) for p in patterns)

@@ -1,0 +1,129 @@
+"""Verdicts: which attachments are live, orphaned, pending or unknown, and why.
+
+A pure function of (snapshot, runtime view, history, policy, now): no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from reaper.correlate import ResourceGroup, correlate
+from reaper.durations import format_duration
+from reaper.model import (
+    Attachment,
+    AttachmentHistory,
+    ForeignPin,
+    Holder,
+    NodeSnapshot,
+    NsKey,
+    Policy,
+    RuntimeView,
+    Sandbox,
+    ScanReport,
+    StuckSandbox,
+    Verdict,
+)
+
+
+@dataclass(frozen=True)
+class _Owners:
+    host_netns: NsKey
+    by_id: Mapping[str, Sandbox]
+    by_netns: Mapping[NsKey, Sandbox]
+    holders: Mapping[NsKey, tuple[Holder, ...]]
+
+    def reason(self, group: ResourceGroup) -> str | None:
+        """Why this attachment is live, or None when nothing owns it."""
+        if group.netns is not None and group.netns == self.host_netns:
+            return "its netns is the host's network namespace"
+        cid = group.key.container_id
+        if cid is not None and cid in self.by_id:
+            state = "READY" if self.by_id[cid].ready else "NOTREADY"
+            return f"sandbox {cid[:12]} is listed ({state})"
+        if group.netns is not None:
+            if group.netns in self.by_netns:
+                return f"its netns belongs to sandbox {self.by_netns[group.netns].id[:12]}"
+            inside = [h for h in self.holders.get(group.netns, ()) if not h.is_cni_plugin]
+            if inside:
+                return f"pid {inside[0].pid} ({inside[0].comm}) is inside its netns"
+        return None
+
+
+def reconcile(
+    snapshot: NodeSnapshot,
+    runtime: RuntimeView,
+    history: Mapping[str, AttachmentHistory],
+    policy: Policy,
+    now: float,
+) -> tuple[ScanReport, dict[str, AttachmentHistory]]:
+    groups = correlate(snapshot, runtime)
+    holders = dict(snapshot.netns_holders)
+    owners = _Owners(
+        snapshot.host_netns,
+        {s.id: s for s in runtime.sandboxes},
+        {s.netns: s for s in runtime.sandboxes if s.netns is not None},
+        holders,
+    )
+    attachments: list[Attachment] = []
+    foreign: list[ForeignPin] = []
+    new_history: dict[str, AttachmentHistory] = {}
+    for group in groups:
+        if group.foreign:
+            pin = group.resources[0]
+            path = dict(pin.details).get("path")
+            foreign.append(ForeignPin(pin.name, str(path), len(holders.get(group.netns, ())) if group.netns else 0))
+            continue
+        text_key = group.key.as_text()
+        previous = history.get(text_key)
+        first_seen = previous.first_seen if previous is not None else now
+        stamps = [r.created_at for r in group.resources if r.created_at is not None]
+        age = max(0.0, now - max(stamps)) if stamps else max(0.0, now - first_seen)
+        verdict: Verdict
+        streak = 0
+        if not runtime.reachable:
+            verdict, reason = "unknown", f"runtime unreachable: {runtime.error}"
+        else:
+            owner = owners.reason(group)
+            if owner is not None:
+                verdict, reason = "live", owner
+            else:
+                streak = (previous.orphan_streak if previous is not None else 0) + 1
+                verdict, reason = _unowned_verdict(age, streak, policy)
+        new_history[text_key] = AttachmentHistory(first_seen, streak)
+        attachments.append(Attachment(group.key, group.resources, group.netns, verdict, reason, age))
+
+    stuck = []
+    for sandbox in runtime.sandboxes:
+        age = now - sandbox.created_at
+        if sandbox.ready or age < policy.stuck_after:
+            continue
+        held = tuple(
+            r
+            for a in attachments
+            if a.key.container_id == sandbox.id or (sandbox.netns is not None and a.netns == sandbox.netns)
+            for r in a.resources
+        )
+        stuck.append(StuckSandbox(sandbox.id, sandbox.name, sandbox.namespace, age, held))
+
+    report = ScanReport(
+        taken_at=snapshot.taken_at,
+        runtime=runtime,
+        attachments=tuple(attachments),
+        stuck_sandboxes=tuple(stuck),
+        corrupt=snapshot.corrupt,
+        errors=snapshot.errors,
+        ranges=snapshot.ranges,
+        foreign_pins=tuple(foreign),
+    )
+    return report, new_history
+
+
+def _unowned_verdict(age: float, streak: int, policy: Policy) -> tuple[Verdict, str]:
+    if age < policy.min_age:
+        return "pending", (
+            f"no owner, but younger than min-age ({format_duration(age)} < {format_duration(policy.min_age)})"
+        )
+    if streak < policy.confirmations:
+        return "pending", f"no owner on {streak} of {policy.confirmations} required passes"
+    return "orphan", f"no sandbox and no process own it, on {streak} consecutive passes"

@@ -1,0 +1,79 @@
+"""One read-only pass: inventory, then liveness, then reconcile; confirmations kept in the state file."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from reaper.history import State, StateError, load_state, save_state
+from reaper.inventory.snapshot import InventoryOptions, take_snapshot
+from reaper.liveness import LivenessSource
+from reaper.model import ScanReport
+from reaper.reconcile import reconcile
+from reaper.settings import Settings
+
+
+@dataclass(frozen=True)
+class PassResult:
+    report: ScanReport
+    warnings: tuple[str, ...]
+    seconds: float
+
+
+def inventory_options(settings: Settings) -> InventoryOptions:
+    return InventoryOptions(
+        netns_dirs=settings.netns_dirs,
+        ipam_dirs=settings.ipam_dirs,
+        cache_dir=settings.cni_cache_dir,
+        conf_dir=settings.cni_conf_dir,
+        bin_dirs=settings.cni_bin_dirs,
+        netns_patterns=settings.netns_patterns,
+    )
+
+
+def scan_pass(
+    settings: Settings,
+    liveness: LivenessSource,
+    log: logging.Logger,
+    clock: Callable[[], float] = time.time,
+) -> PassResult:
+    started = time.monotonic()
+    warnings: list[str] = []
+    state, warning = load_state(settings.state_file)
+    if warning:
+        warnings.append(warning)
+    # The node first, the runtime second: a sandbox born in between is then newer than
+    # anything in the snapshot that could be mistaken for one of its resources.
+    snapshot = take_snapshot(inventory_options(settings))
+    known = dict(state.sandbox_netns)
+    for entry in snapshot.cache_entries:
+        if entry.netns_path:
+            known.setdefault(entry.container_id, entry.netns_path)
+    runtime = liveness.observe(known)
+    report, history = reconcile(snapshot, runtime, state.attachments, settings.policy, clock())
+    if runtime.reachable:
+        netns_map = {s.id: s.netns_path for s in runtime.sandboxes if s.netns_path}
+    else:
+        netns_map = dict(state.sandbox_netns)
+    try:
+        save_state(settings.state_file, State(history, netns_map))
+    except StateError as err:
+        warnings.append(f"{err}; confirmations will not carry to the next pass")
+    for text in warnings:
+        log.warning(text)
+    for failure in report.errors:
+        log.warning("inventory source failed", extra={"source": failure.source, "error": failure.error})
+    seconds = time.monotonic() - started
+    log.info(
+        "scan pass",
+        extra={
+            "seconds": round(seconds, 3),
+            "runtime_reachable": runtime.reachable,
+            **{v: report.count(v) for v in ("live", "orphan", "pending", "unknown")},
+            "stuck_sandboxes": len(report.stuck_sandboxes),
+            "corrupt_files": len(report.corrupt),
+        },
+    )
+    return PassResult(report, tuple(warnings), seconds)

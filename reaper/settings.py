@@ -1,0 +1,232 @@
+"""Command-line flags and their REAPER_* environment variables, turned into one Settings."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from reaper.durations import parse_duration
+from reaper.model import Policy
+from reaper.names import compile_netns_patterns
+
+T = TypeVar("T")
+
+
+class SettingsError(ValueError):
+    """A bad flag or environment value; the message is one line for the operator."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    netns_dirs: tuple[str, ...]
+    netns_patterns: tuple[re.Pattern[str], ...]
+    ipam_dirs: tuple[str, ...]
+    cni_cache_dir: str
+    cni_conf_dir: str
+    cni_bin_dirs: tuple[str, ...]
+    runtime_endpoint: str | None
+    runtime_timeout: float
+    policy: Policy
+    state_file: str
+    json_output: bool
+    log_format: str
+    log_level: str
+
+
+@dataclass(frozen=True)
+class _Option:
+    flag: str
+    env: str
+    default: str | None
+    help: str
+    repeatable: bool = False
+    metavar: str | None = None
+
+
+OPTIONS: tuple[_Option, ...] = (
+    _Option(
+        "--netns-dir",
+        "REAPER_NETNS_DIR",
+        "/var/run/netns",
+        "directory of pinned network namespaces (repeatable)",
+        True,
+        "DIR",
+    ),
+    _Option(
+        "--netns-pattern",
+        "REAPER_NETNS_PATTERN",
+        None,
+        "regex of pin names your runtime makes, beyond containerd's cni-<uuid> and CRI-O's <uuid> "
+        "(repeatable); pins matching none and named by no sandbox or cache entry are never touched",
+        True,
+        "REGEX",
+    ),
+    _Option(
+        "--ipam-dir",
+        "REAPER_IPAM_DIR",
+        "/var/lib/cni/networks",
+        "host-local IPAM data dir (repeatable); every ipam.dataDir in a config is added",
+        True,
+        "DIR",
+    ),
+    _Option(
+        "--cni-cache-dir",
+        "REAPER_CNI_CACHE_DIR",
+        "/var/lib/cni",
+        "libcni cache dir (holds results/ and the legacy cache/results/)",
+        metavar="DIR",
+    ),
+    _Option("--cni-conf-dir", "REAPER_CNI_CONF_DIR", "/etc/cni/net.d", "CNI network config dir", metavar="DIR"),
+    _Option(
+        "--cni-bin-dir",
+        "REAPER_CNI_BIN_DIR",
+        "/opt/cni/bin",
+        "CNI plugin dir (repeatable); processes running from here do not keep a netns alive",
+        True,
+        "DIR",
+    ),
+    _Option(
+        "--runtime-endpoint",
+        "REAPER_RUNTIME_ENDPOINT",
+        None,
+        "CRI socket, unix:///path; default: the first of containerd, CRI-O, cri-dockerd that answers",
+        metavar="URL",
+    ),
+    _Option("--runtime-timeout", "REAPER_RUNTIME_TIMEOUT", "10s", "deadline of each CRI call", metavar="DURATION"),
+    _Option(
+        "--min-age",
+        "REAPER_MIN_AGE",
+        "10m",
+        "an attachment younger than this is never an orphan (a slow CNI ADD takes minutes)",
+        metavar="DURATION",
+    ),
+    _Option(
+        "--confirmations",
+        "REAPER_CONFIRMATIONS",
+        "2",
+        "consecutive passes an attachment must be seen ownerless before it is an orphan",
+        metavar="N",
+    ),
+    _Option(
+        "--stuck-after",
+        "REAPER_STUCK_AFTER",
+        "15m",
+        "report NOTREADY sandboxes older than this as stuck",
+        metavar="DURATION",
+    ),
+    _Option(
+        "--state-file",
+        "REAPER_STATE_FILE",
+        "/var/lib/cni-reaper/state.json",
+        "where confirmations are counted between passes and runs",
+        metavar="PATH",
+    ),
+    _Option("--log-format", "REAPER_LOG_FORMAT", "text", "log lines on stderr: text or json", metavar="FORMAT"),
+    _Option("--log-level", "REAPER_LOG_LEVEL", "info", "debug, info, warning or error", metavar="LEVEL"),
+)
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("paths and policy (each also read from its REAPER_* variable)")
+    for opt in OPTIONS:
+        default_text = f" [default: {opt.default}]" if opt.default else ""
+        group.add_argument(
+            opt.flag,
+            action="append" if opt.repeatable else "store",
+            default=None,
+            metavar=opt.metavar,
+            help=f"{opt.help}{default_text} (env {opt.env})",
+        )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def _values(args: argparse.Namespace, env: Mapping[str, str], opt: _Option) -> list[str]:
+    given = getattr(args, _dest(opt.flag))
+    if given is not None:
+        return list(given) if opt.repeatable else [given]
+    if opt.env in env and env[opt.env] != "":
+        raw = env[opt.env]
+        if opt.repeatable:
+            sep = "," if opt.flag == "--netns-pattern" else ":"
+            return [v for v in raw.split(sep) if v]
+        return [raw]
+    return [opt.default] if opt.default is not None else []
+
+
+def _parse(flag: str, text: str, parse: Callable[[str], T]) -> T:
+    try:
+        return parse(text)
+    except ValueError as err:
+        raise SettingsError(f"{flag}: {err}") from None
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"{text!r} must be 1 or more")
+    return value
+
+
+def _abs_path(flag: str, path: str) -> str:
+    if not path.startswith("/"):
+        raise SettingsError(f"{flag}: {path!r} must be an absolute path")
+    return os.path.normpath(path)
+
+
+def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Settings:
+    env = os.environ if env is None else env
+    v: dict[str, list[str]] = {opt.flag: _values(args, env, opt) for opt in OPTIONS}
+
+    def one(flag: str) -> str:
+        return v[flag][-1]
+
+    def paths(flag: str) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(_abs_path(flag, p) for p in v[flag]))
+
+    try:
+        patterns = compile_netns_patterns(tuple(v["--netns-pattern"]))
+    except re.error as err:
+        raise SettingsError(f"--netns-pattern: invalid regex: {err}") from None
+    endpoint = v["--runtime-endpoint"][-1] if v["--runtime-endpoint"] else None
+    if endpoint is not None and not (endpoint.startswith("unix:///") and len(endpoint) > 8):
+        raise SettingsError(f"--runtime-endpoint: {endpoint!r} must look like unix:///run/containerd/containerd.sock")
+    timeout = _parse("--runtime-timeout", one("--runtime-timeout"), parse_duration)
+    if timeout <= 0:
+        raise SettingsError("--runtime-timeout: must be more than 0")
+    log_format = one("--log-format")
+    if log_format not in ("text", "json"):
+        raise SettingsError(f"--log-format: {log_format!r} is not text or json")
+    log_level = one("--log-level").lower()
+    if log_level not in ("debug", "info", "warning", "error"):
+        raise SettingsError(f"--log-level: {log_level!r} is not debug, info, warning or error")
+    return Settings(
+        netns_dirs=paths("--netns-dir"),
+        netns_patterns=patterns,
+        ipam_dirs=paths("--ipam-dir"),
+        cni_cache_dir=_abs_path("--cni-cache-dir", one("--cni-cache-dir")),
+        cni_conf_dir=_abs_path("--cni-conf-dir", one("--cni-conf-dir")),
+        cni_bin_dirs=paths("--cni-bin-dir"),
+        runtime_endpoint=endpoint,
+        runtime_timeout=timeout,
+        policy=Policy(
+            min_age=_parse("--min-age", one("--min-age"), parse_duration),
+            confirmations=_parse("--confirmations", one("--confirmations"), _positive_int),
+            stuck_after=_parse("--stuck-after", one("--stuck-after"), parse_duration),
+        ),
+        state_file=_abs_path("--state-file", one("--state-file")),
+        json_output=bool(getattr(args, "json", False)),
+        log_format=log_format,
+        log_level=log_level,
+    )
+
+
+def parse_cli(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    return parser.parse_args(list(argv))
