@@ -19,9 +19,11 @@ MAX_STATE_BYTES = 64 << 20
 class State:
     attachments: Mapping[str, AttachmentHistory]
     sandbox_netns: Mapping[str, str]  # sandbox ID -> netns path, so PodSandboxStatus is asked once
+    # sandbox ID -> when first listed, for sandboxes whose runtime reports no creation time
+    sandbox_first_seen: Mapping[str, float]
 
 
-EMPTY_STATE = State({}, {})
+EMPTY_STATE = State({}, {}, {})
 
 
 class StateError(Exception):
@@ -51,9 +53,10 @@ def load_state(path: str) -> tuple[State, str | None]:
             for k, v in doc.get("attachments", {}).items()
         }
         netns = {str(k): str(v) for k, v in doc.get("sandbox_netns", {}).items()}
+        first_seen = {str(k): float(v) for k, v in doc.get("sandbox_first_seen", {}).items()}
     except (ValueError, TypeError, KeyError, AttributeError) as err:
         return EMPTY_STATE, f"state file {path} is corrupt ({err}); starting afresh"
-    return State(attachments, netns), None
+    return State(attachments, netns, first_seen), None
 
 
 def save_state(path: str, state: State) -> None:
@@ -65,6 +68,7 @@ def save_state(path: str, state: State) -> None:
             for k, v in sorted(state.attachments.items())
         },
         "sandbox_netns": dict(sorted(state.sandbox_netns.items())),
+        "sandbox_first_seen": dict(sorted(state.sandbox_first_seen.items())),
     }
     directory = os.path.dirname(os.path.abspath(path))
     try:

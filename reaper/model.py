@@ -192,7 +192,7 @@ class Sandbox:
     namespace: str
     uid: str
     ready: bool
-    created_at: float  # epoch seconds
+    created_at: float | None  # epoch seconds; None when the runtime reports none
     netns_path: str | None
     netns: NsKey | None
 

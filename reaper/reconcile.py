@@ -95,7 +95,7 @@ def reconcile(
 
     stuck = []
     for sandbox in runtime.sandboxes:
-        age = now - sandbox.created_at
+        age = now - sandbox.created_at if sandbox.created_at is not None else 0.0
         if sandbox.ready or age < policy.stuck_after:
             continue
         held = tuple(

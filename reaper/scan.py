@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from reaper.history import State, StateError, load_state, save_state
 from reaper.inventory.snapshot import InventoryOptions, take_snapshot
@@ -52,13 +52,21 @@ def scan_pass(
         if entry.netns_path:
             known.setdefault(entry.container_id, entry.netns_path)
     runtime = liveness.observe(known)
-    report, history = reconcile(snapshot, runtime, state.attachments, settings.policy, clock())
+    now = clock()
+    first_seen = {s.id: state.sandbox_first_seen.get(s.id, now) for s in runtime.sandboxes if s.created_at is None}
+    runtime = replace(
+        runtime,
+        sandboxes=tuple(
+            s if s.created_at is not None else replace(s, created_at=first_seen[s.id]) for s in runtime.sandboxes
+        ),
+    )
+    report, history = reconcile(snapshot, runtime, state.attachments, settings.policy, now)
     if runtime.reachable:
         netns_map = {s.id: s.netns_path for s in runtime.sandboxes if s.netns_path}
     else:
-        netns_map = dict(state.sandbox_netns)
+        netns_map, first_seen = dict(state.sandbox_netns), dict(state.sandbox_first_seen)
     try:
-        save_state(settings.state_file, State(history, netns_map))
+        save_state(settings.state_file, State(history, netns_map, first_seen))
     except StateError as err:
         warnings.append(f"{err}; confirmations will not carry to the next pass")
     for text in warnings:

@@ -152,13 +152,11 @@ class _Session:
                     continue
                 self.ipr.send(data)
                 for path, req in requests:
-                    try:
-                        async for m in req.response():
-                            value = m.get("value")
-                            if value is not None:
-                                found[path] = value
-                    finally:
-                        req.cleanup()
+                    # response() frees the request's sequence number when it ends.
+                    async for m in req.response():
+                        value = m.get("value")
+                        if value is not None:
+                            found[path] = value
             finally:
                 for _, fd in fds:
                     os.close(fd)

@@ -25,10 +25,10 @@ def netns_path_from_info(info: Mapping[str, str]) -> str | None:
         return None
     meta = doc.get("sandboxMetadata")
     if isinstance(meta, dict):
-        inner = meta.get("Metadata") if isinstance(meta.get("Metadata"), dict) else meta
-        path = inner.get("NetNSPath") if isinstance(inner, dict) else None
-        if isinstance(path, str) and path:
-            return path
+        for holder in (meta, meta.get("Metadata")):
+            path = holder.get("NetNSPath") if isinstance(holder, dict) else None
+            if isinstance(path, str) and path:
+                return path
     return _spec_netns(doc.get("runtimeSpec"))
 
 
@@ -98,7 +98,8 @@ class CriLiveness:
                     namespace=item.metadata.namespace,
                     uid=item.metadata.uid,
                     ready=item.state == pb.SANDBOX_READY,
-                    created_at=item.created_at / 1e9,
+                    # A sandbox that failed early reports Go's zero time (a huge negative number).
+                    created_at=item.created_at / 1e9 if item.created_at > 0 else None,
                     netns_path=netns_path or None,
                     netns=_stat_ns(netns_path),
                 )

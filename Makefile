@@ -1,0 +1,56 @@
+# cni-reaper: `make demo` runs a scan against a self-contained lab; `make test` installs
+# everything (Debian packages, a virtualenv, the package) and runs every check and test.
+# Both need root on a Debian 12 / Ubuntu machine: the lab runs a real containerd.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+DEB_PACKAGES := containerd runc containernetworking-plugins iptables nftables iproute2 \
+	util-linux gcc libc6-dev iputils-ping procps ca-certificates
+PYTEST_ARGS ?=
+
+.PHONY: test demo bench deps venv lint typecheck unit proto clean
+
+test: deps venv lint typecheck
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+demo: deps venv
+	$(BIN)/python -m tests.lab.demo
+
+bench: deps venv
+	$(BIN)/python bench/scan_bench.py
+
+# Debian packages: installed only when one is missing, so a warm machine skips apt.
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+lint: venv
+	$(BIN)/ruff check reaper tests bench
+	$(BIN)/ruff format --check reaper tests bench
+
+typecheck: venv
+	$(BIN)/mypy reaper tests bench
+
+unit: venv
+	$(BIN)/python -m pytest tests/unit
+
+# Regenerate the CRI protobuf messages after editing reaper/cri/api.proto.
+proto: venv
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. reaper/cri/api.proto
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,180 @@
+"""reconcile: grouping, verdicts and the safety rules, on synthetic snapshots."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reaper.model import AttachmentHistory, Holder, NsKey, Policy, ScanReport
+from reaper.reconcile import reconcile
+from tests.unit.snapshots import (
+    HOST,
+    cache,
+    chain,
+    cid,
+    lease,
+    pin,
+    runtime,
+    sandbox,
+    snapshot,
+    veth,
+)
+
+NOW = 10_000.0
+POLICY = Policy(min_age=600.0, confirmations=2, stuck_after=900.0)
+OLD = NOW - 3600.0
+
+
+def by_cid(report: ScanReport) -> dict[str | None, list[str]]:
+    out: dict[str | None, list[str]] = {}
+    for a in report.attachments:
+        out.setdefault(a.key.container_id, []).append(a.verdict)
+    return out
+
+
+def test_full_attachment_groups_all_kinds() -> None:
+    snap = snapshot(
+        pins=(pin(1, OLD),), veths=(veth(1),), leases=(lease(1, OLD),), caches=(cache(1, OLD),), chains=(chain(1),)
+    )
+    report, _ = reconcile(snap, runtime(), {}, POLICY, NOW)
+    assert len(report.attachments) == 1
+    kinds = sorted(r.kind for r in report.attachments[0].resources)
+    assert kinds == ["cache", "ipam", "iptables", "netns", "veth"]
+
+
+def test_partial_add_without_cache_joins_through_sandbox_netns() -> None:
+    # The seed's chained-plugin failure: lease, chain, veth and pin, no cache entry, NOTREADY sandbox.
+    snap = snapshot(pins=(pin(1, OLD),), veths=(veth(1),), leases=(lease(1, OLD),), chains=(chain(1),))
+    report, _ = reconcile(snap, runtime(sandbox(1, ready=False, created_at=OLD)), {}, POLICY, NOW)
+    assert len(report.attachments) == 1
+    a = report.attachments[0]
+    assert a.verdict == "live" and "NOTREADY" in a.reason
+    assert sorted(r.kind for r in a.resources) == ["ipam", "iptables", "netns", "veth"]
+    assert [s.id for s in report.stuck_sandboxes] == [cid(1)]
+    assert len(report.stuck_sandboxes[0].resources) == 4
+
+
+def test_runtime_forgot_partial_add_gives_pin_of_its_own() -> None:
+    snap = snapshot(pins=(pin(1, OLD),), veths=(veth(1),), leases=(lease(1, OLD),), chains=(chain(1),))
+    history: dict[str, AttachmentHistory] = {}
+    for _ in range(2):
+        report, history = reconcile(snap, runtime(), history, POLICY, NOW)
+    keys = {(a.key.container_id, a.verdict, tuple(sorted(r.kind for r in a.resources))) for a in report.attachments}
+    assert keys == {(cid(1), "orphan", ("ipam", "iptables")), (None, "orphan", ("netns", "veth"))}
+
+
+def test_confirmations_and_min_age() -> None:
+    snap = snapshot(leases=(lease(1, OLD),), caches=(cache(1, OLD, with_netns=False),))
+    first, history = reconcile(snap, runtime(), {}, POLICY, NOW)
+    assert first.attachments[0].verdict == "pending" and "1 of 2" in first.attachments[0].reason
+    second, history = reconcile(snap, runtime(), history, POLICY, NOW + 60)
+    assert second.attachments[0].verdict == "orphan"
+    young = snapshot(leases=(lease(1, NOW - 30),))
+    report, _ = reconcile(young, runtime(), history, POLICY, NOW)
+    assert report.attachments[0].verdict == "pending" and "min-age" in report.attachments[0].reason
+
+
+def test_unreachable_runtime_resets_confirmations() -> None:
+    snap = snapshot(leases=(lease(1, OLD),))
+    _, history = reconcile(snap, runtime(), {}, POLICY, NOW)
+    down, history = reconcile(snap, runtime(reachable=False), history, POLICY, NOW + 60)
+    assert down.attachments[0].verdict == "unknown"
+    again, _ = reconcile(snap, runtime(), history, POLICY, NOW + 120)
+    assert again.attachments[0].verdict == "pending"
+
+
+def test_process_in_netns_keeps_it_live_but_a_plugin_does_not() -> None:
+    snap = snapshot(pins=(pin(1, OLD),))
+    holders = ((NsKey(4, 1001), (Holder(77, "sleep", False),)),)
+    live_snap = snap.__class__(**{**snap.__dict__, "netns_holders": holders})
+    report, _ = reconcile(live_snap, runtime(), {}, POLICY, NOW)
+    assert report.attachments[0].verdict == "live" and "pid 77" in report.attachments[0].reason
+    plugin = ((NsKey(4, 1001), (Holder(78, "bridge", True),)),)
+    plugin_snap = snap.__class__(**{**snap.__dict__, "netns_holders": plugin})
+    report, _ = reconcile(plugin_snap, runtime(), {}, POLICY, NOW)
+    assert report.attachments[0].verdict == "pending"
+
+
+def test_host_netns_named_by_cache_is_live() -> None:
+    entry = cache(1, OLD)
+    hostile = entry.__class__(**{**entry.__dict__, "netns_path": "/proc/1/ns/net", "netns": HOST})
+    report, _ = reconcile(snapshot(caches=(hostile,)), runtime(), {}, POLICY, NOW)
+    assert report.attachments[0].verdict == "live" and "host" in report.attachments[0].reason
+
+
+def test_foreign_pin_is_reported_not_an_attachment() -> None:
+    snap = snapshot(pins=(pin(5, OLD, runtime_named=False, name="test"),))
+    report, _ = reconcile(snap, runtime(), {}, POLICY, NOW)
+    assert report.attachments == ()
+    assert [p.name for p in report.foreign_pins] == ["test"]
+
+
+def test_timestampless_attachment_ages_from_first_seen() -> None:
+    snap = snapshot(chains=(chain(1),))
+    report, history = reconcile(snap, runtime(), {}, POLICY, NOW)
+    assert report.attachments[0].age_seconds == 0.0
+    report, _ = reconcile(snap, runtime(), history, POLICY, NOW + 700)
+    assert report.attachments[0].age_seconds == 700.0
+    assert report.attachments[0].verdict == "orphan"
+
+
+# ------------------------------------------------------------------ properties
+
+ids = st.integers(min_value=1, max_value=12)
+
+
+@st.composite
+def worlds(draw: st.DrawFn) -> tuple:  # type: ignore[type-arg]
+    pins = draw(st.sets(ids, max_size=8))
+    leases = draw(st.sets(ids, max_size=8))
+    caches = draw(st.sets(ids, max_size=8))
+    chains = draw(st.sets(ids, max_size=8))
+    veths = draw(st.sets(ids, max_size=8))
+    listed = draw(st.sets(ids, max_size=8))
+    listed_netns_only = draw(st.sets(ids, max_size=4))
+    ages = draw(st.dictionaries(ids, st.floats(min_value=0, max_value=7200), min_size=12, max_size=12))
+    streaks = draw(st.dictionaries(st.sampled_from([f"{cid(i)}/mynet/eth0" for i in range(1, 13)]), st.integers(0, 5)))
+    snap = snapshot(
+        pins=tuple(pin(i, NOW - ages.get(i, 0)) for i in sorted(pins)),
+        veths=tuple(veth(i) for i in sorted(veths)),
+        leases=tuple(lease(i, NOW - ages.get(i, 0)) for i in sorted(leases)),
+        caches=tuple(cache(i, NOW - ages.get(i, 0), with_netns=i % 2 == 0) for i in sorted(caches)),
+        chains=tuple(chain(i) for i in sorted(chains)),
+    )
+    sandboxes = [sandbox(i, ready=i % 3 != 0) for i in sorted(listed)]
+    # Sandboxes whose ID the node never saw but whose netns it did (a runtime that renamed).
+    sandboxes += [
+        sandbox(i, with_netns=True).__class__(**{**sandbox(i).__dict__, "id": f"{i + 100:064x}"})
+        for i in sorted(listed_netns_only)
+    ]
+    history = {k: AttachmentHistory(NOW - 10_000, v) for k, v in streaks.items()}
+    policy = Policy(
+        min_age=draw(st.sampled_from([0.0, 60.0, 600.0])), confirmations=draw(st.integers(1, 3)), stuck_after=900.0
+    )
+    reachable = draw(st.booleans())
+    return snap, runtime(*sandboxes, reachable=reachable), history, policy
+
+
+@settings(max_examples=300, deadline=None)
+@given(worlds())
+def test_safety_properties(world: tuple) -> None:  # type: ignore[type-arg]
+    snap, rt, history, policy = world
+    report, new_history = reconcile(snap, rt, history, policy, NOW)
+    listed_ids = {s.id for s in rt.sandboxes}
+    listed_netns = {s.netns for s in rt.sandboxes if s.netns is not None}
+    for a in report.attachments:
+        if a.verdict != "orphan":
+            continue
+        assert rt.reachable, "nothing is an orphan when liveness failed"
+        assert a.key.container_id not in listed_ids, "a listed sandbox's attachment is never an orphan"
+        assert a.netns not in listed_netns, "a listed sandbox's netns is never an orphan's"
+        assert a.age_seconds >= policy.min_age, "nothing younger than min-age is an orphan"
+        assert new_history[a.key.as_text()].orphan_streak >= policy.confirmations
+    # Every resource lands in exactly one attachment (or the foreign list).
+    counted = sum(len(a.resources) for a in report.attachments) + len(report.foreign_pins)
+    resolved_veths = sum(
+        1
+        for v in snap.veths
+        if any(c.host_ifnames[0] == v.name for c in snap.cache_entries) or any(p.ns == v.peer_netns for p in snap.pins)
+    )
+    assert counted == len(snap.pins) + resolved_veths + len(snap.leases) + len(snap.cache_entries) + len(snap.chains)
