@@ -18,7 +18,7 @@ demo: deps venv
 	$(BIN)/python -m tests.lab.demo
 
 bench: deps venv
-	$(BIN)/python bench/scan_bench.py
+	$(BIN)/python -m bench.scan_bench
 
 # Debian packages: installed only when one is missing, so a warm machine skips apt.
 deps:

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from reaper.model import (
-    AttachmentKey,
-    NetnsPin,
-    NodeSnapshot,
-    NsKey,
-    ResourceRef,
-    RuntimeView,
-)
+from reaper.model import AttachmentKey, DetailValue, NetnsPin, NodeSnapshot, NsKey, ResourceRef, RuntimeView
+
+# (container ID, network, ifname, pin path): tuples while grouping, AttachmentKey once done.
+_Key = tuple[str | None, str | None, str | None, str | None]
 
 
 @dataclass(frozen=True)
@@ -24,21 +20,13 @@ class ResourceGroup:
     foreign: bool  # a pin nothing names, whose name no runtime makes
 
 
-@dataclass
-class _Builder:
-    key: AttachmentKey
-    resources: list[ResourceRef] = field(default_factory=list)
-    netns: NsKey | None = None
-    pin: NetnsPin | None = None
-
-
-def _primary_order(key: AttachmentKey) -> tuple[bool, bool, str, str]:
-    loopback = key.ifname == "lo" or key.network == "cni-loopback"
-    return (loopback, key.network is None, key.ifname or "~", key.network or "")
+def _primary_order(key: _Key) -> tuple[bool, bool, str, str]:
+    loopback = key[2] == "lo" or key[1] == "cni-loopback"
+    return (loopback, key[1] is None, key[2] or "~", key[1] or "")
 
 
 def pin_ref(pin: NetnsPin) -> ResourceRef:
-    details: list[tuple[str, str | int | float | bool | None]] = [("path", pin.path)]
+    details: list[tuple[str, DetailValue]] = [("path", pin.path)]
     if not pin.is_namespace:
         details.append(("stale", True))
     if pin.holders:
@@ -46,28 +34,36 @@ def pin_ref(pin: NetnsPin) -> ResourceRef:
     return ResourceRef("netns", pin.name, pin.mtime, tuple(details))
 
 
+class _Groups:
+    def __init__(self) -> None:
+        self.resources: dict[_Key, list[ResourceRef]] = {}
+        self.netns: dict[_Key, NsKey] = {}
+        self.by_cid: dict[str, list[_Key]] = {}
+
+    def add(self, key: _Key, ref: ResourceRef) -> None:
+        refs = self.resources.get(key)
+        if refs is None:
+            refs = self.resources[key] = []
+            if key[0] is not None:
+                self.by_cid.setdefault(key[0], []).append(key)
+        refs.append(ref)
+
+    def primary(self, cid: str, net: str | None) -> _Key:
+        """The attachment of `cid` (on `net`, if given) that a partial resource joins."""
+        keys = [k for k in self.by_cid.get(cid, ()) if net is None or k[1] == net]
+        return min(keys, key=_primary_order) if keys else (cid, net, None, None)
+
+
 def correlate(snapshot: NodeSnapshot, runtime: RuntimeView) -> list[ResourceGroup]:
-    groups: dict[AttachmentKey, _Builder] = {}
-    by_cid: dict[str, list[AttachmentKey]] = {}
-
-    def group(cid: str | None, net: str | None, ifname: str | None, pin: str | None = None) -> _Builder:
-        key = AttachmentKey(cid, net, ifname, pin)
-        if key not in groups:
-            groups[key] = _Builder(key)
-            if cid is not None:
-                by_cid.setdefault(cid, []).append(key)
-        return groups[key]
-
-    veth_owner: dict[str, AttachmentKey] = {}
+    groups = _Groups()
+    veth_owner: dict[str, _Key] = {}
     for entry in snapshot.cache_entries:
-        b = group(entry.container_id, entry.network, entry.ifname)
-        b.resources.append(
-            ResourceRef("cache", entry.name, entry.mtime, (("path", entry.path), ("legacy", entry.legacy)))
-        )
-        if entry.netns is not None and b.netns is None:
-            b.netns = entry.netns
+        key: _Key = (entry.container_id, entry.network, entry.ifname, None)
+        groups.add(key, ResourceRef("cache", entry.name, entry.mtime, (("path", entry.path), ("legacy", entry.legacy))))
+        if entry.netns is not None:
+            groups.netns.setdefault(key, entry.netns)
         for ifname in entry.host_ifnames:
-            veth_owner.setdefault(ifname, b.key)
+            veth_owner.setdefault(ifname, key)
 
     partial: list[tuple[str, str | None, ResourceRef]] = []
     for lease in snapshot.leases:
@@ -75,32 +71,20 @@ def correlate(snapshot: NodeSnapshot, runtime: RuntimeView) -> list[ResourceGrou
         if lease.ifname is None:
             partial.append((lease.container_id, lease.network, ref))
         else:
-            group(lease.container_id, lease.network, lease.ifname).resources.append(ref)
+            groups.add((lease.container_id, lease.network, lease.ifname, None), ref)
     for chain in snapshot.chains:
         if chain.container_id is None:
             continue
-        ref = ResourceRef(
-            "iptables",
-            chain.chain,
-            None,
-            (("family", chain.family), ("table", chain.table), ("purpose", chain.purpose)),
-        )
-        partial.append((chain.container_id, chain.network, ref))
+        chain_details = (("family", chain.family), ("table", chain.table), ("purpose", chain.purpose))
+        partial.append((chain.container_id, chain.network, ResourceRef("iptables", chain.chain, None, chain_details)))
     for rule in snapshot.nft_rules:
         ref = ResourceRef("nft", f"{rule.family} {rule.table} {rule.chain} {rule.handle}", None)
         if rule.network is not None and rule.ifname is not None:
-            group(rule.container_id, rule.network, rule.ifname).resources.append(ref)
+            groups.add((rule.container_id, rule.network, rule.ifname, None), ref)
         else:
             partial.append((rule.container_id, rule.network, ref))
-
-    def primary(cid: str, net: str | None) -> _Builder:
-        keys = [k for k in by_cid.get(cid, ()) if net is None or k.network == net]
-        if keys:
-            return groups[min(keys, key=_primary_order)]
-        return group(cid, net, None)
-
     for cid, net, ref in partial:
-        primary(cid, net).resources.append(ref)
+        groups.add(groups.primary(cid, net), ref)
 
     # Namespaces: a pin joins the container that a cache entry or a sandbox says it belongs to.
     ns_owner: dict[NsKey, str] = {}
@@ -111,41 +95,34 @@ def correlate(snapshot: NodeSnapshot, runtime: RuntimeView) -> list[ResourceGrou
         if sandbox.netns is not None:
             ns_owner.setdefault(sandbox.netns, sandbox.id)
 
-    pin_group: dict[NsKey, _Builder] = {}
-    foreign: set[AttachmentKey] = set()
+    pin_group: dict[NsKey, _Key] = {}
+    foreign: set[_Key] = set()
     for pin in sorted(snapshot.pins, key=lambda p: p.path):
         owner = ns_owner.get(pin.ns) if pin.is_namespace else None
-        if owner is not None:
-            b = primary(owner, None)
-        else:
-            b = group(None, None, None, pin.path)
-            if not pin.runtime_named:
-                foreign.add(b.key)
-        b.resources.append(pin_ref(pin))
-        if b.netns is None and pin.is_namespace:
-            b.netns = pin.ns
+        key = groups.primary(owner, None) if owner is not None else (None, None, None, pin.path)
+        if owner is None and not pin.runtime_named:
+            foreign.add(key)
+        groups.add(key, pin_ref(pin))
         if pin.is_namespace:
-            pin_group.setdefault(pin.ns, b)
+            groups.netns.setdefault(key, pin.ns)
+            pin_group.setdefault(pin.ns, key)
 
     for veth in snapshot.veths:
-        target: _Builder | None = None
-        if veth.name in veth_owner:
-            target = groups[veth_owner[veth.name]]
-        elif veth.peer_netns is not None:
+        target = veth_owner.get(veth.name)
+        if target is None and veth.peer_netns is not None:
             target = pin_group.get(veth.peer_netns)
         if target is None:
             continue  # not a CNI resource: no cache entry names it, its peer is in no pinned netns
-        details: list[tuple[str, str | int | float | bool | None]] = [("ifindex", veth.ifindex)]
+        veth_details: tuple[tuple[str, DetailValue], ...] = (("ifindex", veth.ifindex),)
         if veth.master:
-            details.append(("master", veth.master))
-        target.resources.append(ResourceRef("veth", veth.name, None, tuple(details)))
+            veth_details += (("master", veth.master),)
+        groups.add(target, ResourceRef("veth", veth.name, None, veth_details))
 
     return [
-        ResourceGroup(b.key, tuple(b.resources), b.netns, b.key in foreign)
-        for b in sorted(groups.values(), key=lambda b: _sort_key(b.key))
-        if b.resources
+        ResourceGroup(AttachmentKey(*key), tuple(refs), groups.netns.get(key), key in foreign)
+        for key, refs in sorted(groups.resources.items(), key=lambda item: _sort_key(item[0]))
     ]
 
 
-def _sort_key(key: AttachmentKey) -> tuple[str, str, str, str]:
-    return (key.container_id or "", key.network or "", key.ifname or "", key.pin or "")
+def _sort_key(key: _Key) -> tuple[str, str, str, str]:
+    return (key[0] or "", key[1] or "", key[2] or "", key[3] or "")

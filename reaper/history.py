@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from reaper.model import AttachmentHistory
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 MAX_STATE_BYTES = 64 << 20
 
 
@@ -48,10 +48,7 @@ def load_state(path: str) -> tuple[State, str | None]:
         doc = json.loads(raw)
         if not isinstance(doc, dict) or doc.get("version") != STATE_VERSION:
             raise ValueError("unknown version")
-        attachments = {
-            str(k): AttachmentHistory(float(v["first_seen"]), int(v["orphan_streak"]))
-            for k, v in doc.get("attachments", {}).items()
-        }
+        attachments = {str(k): AttachmentHistory(float(v[0]), int(v[1])) for k, v in doc.get("attachments", {}).items()}
         netns = {str(k): str(v) for k, v in doc.get("sandbox_netns", {}).items()}
         first_seen = {str(k): float(v) for k, v in doc.get("sandbox_first_seen", {}).items()}
     except (ValueError, TypeError, KeyError, AttributeError) as err:
@@ -63,10 +60,8 @@ def save_state(path: str, state: State) -> None:
     """Write atomically: a temp file in the same dir, fsync, rename. Mode 0600."""
     doc = {
         "version": STATE_VERSION,
-        "attachments": {
-            k: {"first_seen": v.first_seen, "orphan_streak": v.orphan_streak}
-            for k, v in sorted(state.attachments.items())
-        },
+        # key -> [first_seen, orphan_streak]: compact, a node can have thousands.
+        "attachments": {k: [v.first_seen, v.orphan_streak] for k, v in state.attachments.items()},
         "sandbox_netns": dict(sorted(state.sandbox_netns.items())),
         "sandbox_first_seen": dict(sorted(state.sandbox_first_seen.items())),
     }

@@ -180,6 +180,8 @@ class NodeSnapshot:
     errors: tuple[SourceError, ...]
     # Every namespace but the host's that some process is in, with those processes.
     netns_holders: tuple[tuple[NsKey, tuple[Holder, ...]], ...] = ()
+    # Seconds each collector took, in order: where a pass's time goes.
+    timings: tuple[tuple[str, float], ...] = ()
 
 
 # ----------------------------------------------------------------- liveness

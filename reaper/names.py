@@ -6,6 +6,7 @@ import re
 
 # CNI spec: container IDs and network names.
 _CNI_ID = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.\-]*")
+_IFNAME = re.compile(r"[^/:\s]{1,15}")
 # Runtime-made netns pin names: containerd `cni-<uuid>`, CRI-O a bare uuid.
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 RUNTIME_NETNS_PATTERNS: tuple[str, ...] = (rf"cni-{_UUID}", _UUID)
@@ -20,9 +21,7 @@ def is_cni_id(value: str) -> bool:
 
 def is_ifname(value: str) -> bool:
     """An interface name as the CNI spec (and the kernel) allows it."""
-    if not 0 < len(value) <= 15 or value in (".", ".."):
-        return False
-    return not any(c in value for c in "/:") and not any(c.isspace() for c in value)
+    return value not in (".", "..") and _IFNAME.fullmatch(value) is not None
 
 
 def compile_netns_patterns(extra: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:

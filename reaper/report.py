@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from reaper.durations import format_duration
-from reaper.model import VERDICTS, Attachment, ResourceRef, ScanReport
+from reaper.model import VERDICTS, ResourceRef, ScanReport
 
 
 def _resource(ref: ResourceRef, now: float) -> dict[str, Any]:
@@ -60,8 +60,15 @@ def report_json(report: ScanReport) -> dict[str, Any]:
     }
 
 
-def _resources_text(a: Attachment) -> str:
-    return ", ".join(f"{r.kind} {r.name}" for r in a.resources)
+def _elide(name: str, width: int = 40) -> str:
+    if len(name) <= width:
+        return name
+    half = (width - 3) // 2
+    return f"{name[:half]}...{name[-half:]}"
+
+
+def _resources_text(resources: tuple[ResourceRef, ...]) -> str:
+    return ", ".join(f"{r.kind} {_elide(r.name)}" for r in resources)
 
 
 def _short(value: str | None, width: int) -> str:
@@ -88,14 +95,14 @@ def report_table(report: ScanReport) -> str:
         for a in group:
             lines.append(
                 f"  {_short(a.key.container_id, 13):<13} {_short(a.key.network, 20):<20} "
-                f"{_short(a.key.ifname, 6):<6} {format_duration(a.age_seconds):>5}  {_resources_text(a)}"
+                f"{_short(a.key.ifname, 6):<6} {format_duration(a.age_seconds):>5}  {_resources_text(a.resources)}"
             )
             lines.append(f"  {'':<13} {'':<20} {'':<6} {'':>5}  ({a.reason})")
     if report.stuck_sandboxes:
         lines.append("")
         lines.append(f"STUCK SANDBOXES ({len(report.stuck_sandboxes)}): NOTREADY, kept by the runtime")
         for s in report.stuck_sandboxes:
-            held = ", ".join(f"{r.kind} {r.name}" for r in s.resources) or "nothing"
+            held = _resources_text(s.resources) or "nothing"
             lines.append(f"  {s.id[:13]:<13} {s.namespace}/{s.name}  {format_duration(s.age_seconds)}  holds: {held}")
     if report.corrupt:
         lines.append("")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from reaper.history import State, StateError, load_state, save_state
+from reaper.inventory.memo import InventoryMemo
 from reaper.inventory.snapshot import InventoryOptions, take_snapshot
 from reaper.liveness import LivenessSource
 from reaper.model import ScanReport
@@ -20,6 +23,7 @@ class PassResult:
     report: ScanReport
     warnings: tuple[str, ...]
     seconds: float
+    timings: tuple[tuple[str, float], ...]  # seconds per step of the pass
 
 
 def inventory_options(settings: Settings) -> InventoryOptions:
@@ -33,11 +37,39 @@ def inventory_options(settings: Settings) -> InventoryOptions:
     )
 
 
+@contextlib.contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """A pass makes tens of thousands of short-lived, acyclic objects; the cycle collector
+    would rescan all of them many times over (measured: reconcile 2x slower). Reference
+    counting frees them; the collector runs again once the pass is done."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def scan_pass(
     settings: Settings,
     liveness: LivenessSource,
     log: logging.Logger,
     clock: Callable[[], float] = time.time,
+    memo: InventoryMemo | None = None,
+) -> PassResult:
+    """One pass. A long-running caller passes the same `memo` every time (files unchanged
+    since the last pass are not read again); a one-shot run passes none."""
+    with _no_cycle_collection():
+        return _scan_pass(settings, liveness, log, clock, memo)
+
+
+def _scan_pass(
+    settings: Settings,
+    liveness: LivenessSource,
+    log: logging.Logger,
+    clock: Callable[[], float],
+    memo: InventoryMemo | None,
 ) -> PassResult:
     started = time.monotonic()
     warnings: list[str] = []
@@ -46,12 +78,14 @@ def scan_pass(
         warnings.append(warning)
     # The node first, the runtime second: a sandbox born in between is then newer than
     # anything in the snapshot that could be mistaken for one of its resources.
-    snapshot = take_snapshot(inventory_options(settings))
+    snapshot = take_snapshot(inventory_options(settings), memo)
+    mark = time.monotonic()
     known = dict(state.sandbox_netns)
     for entry in snapshot.cache_entries:
         if entry.netns_path:
             known.setdefault(entry.container_id, entry.netns_path)
     runtime = liveness.observe(known)
+    liveness_s = time.monotonic() - mark
     now = clock()
     first_seen = {s.id: state.sandbox_first_seen.get(s.id, now) for s in runtime.sandboxes if s.created_at is None}
     runtime = replace(
@@ -60,7 +94,10 @@ def scan_pass(
             s if s.created_at is not None else replace(s, created_at=first_seen[s.id]) for s in runtime.sandboxes
         ),
     )
+    mark = time.monotonic()
     report, history = reconcile(snapshot, runtime, state.attachments, settings.policy, now)
+    reconcile_s = time.monotonic() - mark
+    mark = time.monotonic()
     if runtime.reachable:
         netns_map = {s.id: s.netns_path for s in runtime.sandboxes if s.netns_path}
     else:
@@ -69,12 +106,19 @@ def scan_pass(
         save_state(settings.state_file, State(history, netns_map, first_seen))
     except StateError as err:
         warnings.append(f"{err}; confirmations will not carry to the next pass")
+    timings = (
+        *snapshot.timings,
+        ("liveness", round(liveness_s, 6)),
+        ("reconcile", round(reconcile_s, 6)),
+        ("state", round(time.monotonic() - mark, 6)),
+    )
     for text in warnings:
         log.warning(text)
     for failure in report.errors:
         log.warning("inventory source failed", extra={"source": failure.source, "error": failure.error})
     seconds = time.monotonic() - started
-    log.info(
+    log.debug("pass timings", extra=dict(timings))
+    log.debug(
         "scan pass",
         extra={
             "seconds": round(seconds, 3),
@@ -84,4 +128,4 @@ def scan_pass(
             "corrupt_files": len(report.corrupt),
         },
     )
-    return PassResult(report, tuple(warnings), seconds)
+    return PassResult(report, tuple(warnings), seconds, timings)

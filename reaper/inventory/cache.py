@@ -8,10 +8,11 @@ import json
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from reaper.inventory.fsutil import UnfitFile, describe_oserror, read_file_nofollow
+from reaper.inventory.fsutil import UnfitFile, describe_oserror, read_file_with_stat
+from reaper.inventory.memo import FileMemo
 from reaper.inventory.netconf import ConfigError, parse_network_config
 from reaper.model import CacheEntry, CorruptFile, NetworkConfig, NsKey
 from reaper.names import is_cni_id, is_ifname
@@ -104,7 +105,14 @@ def parse_cache_file(name: str, data: bytes, known_networks: set[str]) -> tuple[
     return {"result": doc}, cid, network, ifname, True
 
 
-def collect_cache(cache_dir: str, known_networks: set[str]) -> CacheInventory:
+@dataclass(frozen=True)
+class _Parsed:
+    entry: CacheEntry  # netns is looked up again every pass
+    config: str | None  # the base64 network config it carries
+
+
+def collect_cache(cache_dir: str, known_networks: set[str], memo: FileMemo[object] | None = None) -> CacheInventory:
+    memo = memo if memo is not None else FileMemo()
     entries: list[CacheEntry] = []
     corrupt: list[CorruptFile] = []
     configs: dict[str, NetworkConfig] = {}
@@ -126,39 +134,61 @@ def collect_cache(cache_dir: str, known_networks: set[str]) -> CacheInventory:
             if entry.is_dir(follow_symlinks=False):
                 continue
             try:
-                data = read_file_nofollow(path, MAX_CACHE_BYTES)
-                mtime = os.stat(path, follow_symlinks=False).st_mtime
+                lst = entry.stat(follow_symlinks=False)
+            except OSError as err:
+                corrupt.append(CorruptFile("cache", path, describe_oserror(err)))
+                continue
+            known = memo.get(path, lst)
+            if isinstance(known, CorruptFile):
+                corrupt.append(known)
+                continue
+            if isinstance(known, _Parsed):
+                entries.append(replace(known.entry, netns=_stat_netns(known.entry.netns_path)))
+                _remember_config(known.config, path, configs, bad_configs)
+                continue
+            try:
+                data, st = read_file_with_stat(path, MAX_CACHE_BYTES)
+                mtime = st.st_mtime
                 doc, cid, net, ifname, legacy = parse_cache_file(entry.name, data, known_networks)
             except OSError as err:
                 corrupt.append(CorruptFile("cache", path, describe_oserror(err)))
                 continue
             except (UnfitFile, _Corrupt) as err:
-                corrupt.append(CorruptFile("cache", path, str(err)))
+                bad = CorruptFile("cache", path, str(err))
+                memo.put(path, lst, bad)
+                corrupt.append(bad)
                 continue
             result = doc.get("result")
             netns_path = _netns_from(doc, result, ifname)
-            entries.append(
-                CacheEntry(
-                    path=path,
-                    name=entry.name,
-                    container_id=cid,
-                    network=net,
-                    ifname=ifname,
-                    netns_path=netns_path,
-                    netns=_stat_netns(netns_path),
-                    host_ifnames=_host_ifnames(result),
-                    legacy=legacy,
-                    mtime=mtime,
-                )
+            cache_entry = CacheEntry(
+                path=path,
+                name=entry.name,
+                container_id=cid,
+                network=net,
+                ifname=ifname,
+                netns_path=netns_path,
+                netns=_stat_netns(netns_path),
+                host_ifnames=_host_ifnames(result),
+                legacy=legacy,
+                mtime=mtime,
             )
+            entries.append(cache_entry)
             encoded = doc.get("config")
-            if isinstance(encoded, str) and encoded not in configs and encoded not in bad_configs:
-                cfg = _decode_config(encoded, path)
-                if cfg is None:
-                    bad_configs.add(encoded)
-                else:
-                    configs[encoded] = cfg
+            config = encoded if isinstance(encoded, str) else None
+            if not legacy:  # a legacy entry's reading depends on the known networks
+                memo.put(path, lst, _Parsed(cache_entry, config))
+            _remember_config(config, path, configs, bad_configs)
     return CacheInventory(tuple(entries), tuple(configs.values()), tuple(corrupt))
+
+
+def _remember_config(encoded: str | None, path: str, configs: dict[str, NetworkConfig], bad_configs: set[str]) -> None:
+    if encoded is None or encoded in configs or encoded in bad_configs:
+        return
+    cfg = _decode_config(encoded, path)
+    if cfg is None:
+        bad_configs.add(encoded)
+    else:
+        configs[encoded] = cfg
 
 
 def _stat_netns(path: str | None) -> NsKey | None:

@@ -19,6 +19,11 @@ class UnfitFile(Exception):
 
 def read_file_nofollow(path: str, limit: int, follow: bool = False) -> bytes:
     """The bytes of a regular file, refusing symlinks (unless `follow`) and anything over `limit`."""
+    return read_file_with_stat(path, limit, follow)[0]
+
+
+def read_file_with_stat(path: str, limit: int, follow: bool = False) -> tuple[bytes, os.stat_result]:
+    """Like read_file_nofollow, with the file's stat taken from the same open file."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     fd = os.open(path, flags)
     try:
@@ -27,10 +32,17 @@ def read_file_nofollow(path: str, limit: int, follow: bool = False) -> bytes:
             raise UnfitFile("not a regular file")
         if st.st_size > limit:
             raise UnfitFile(f"{st.st_size} bytes, over the {limit}-byte limit")
-        data = os.read(fd, limit + 1)
-        if len(data) > limit:
+        # Read what fstat promises plus one byte (a 4 MiB buffer per call would cost more than
+        # the read), then on until EOF in case the file grew.
+        chunks = [os.read(fd, min(st.st_size, limit) + 1)]
+        size = len(chunks[0])
+        while chunks[-1] and size <= limit:
+            chunks.append(os.read(fd, 65536))
+            size += len(chunks[-1])
+        if size > limit:
             raise UnfitFile(f"over the {limit}-byte limit")
-        return data
+        data = b"".join(chunks)
+        return data, st
     finally:
         os.close(fd)
 

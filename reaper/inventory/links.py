@@ -35,7 +35,9 @@ _HDR = struct.Struct("=IHHII")
 _NLA = struct.Struct("=HH")
 _U32 = struct.Struct("=I")
 _I32 = struct.Struct("=i")
-_NSID_BATCH = 256  # open pin fds at a time while asking for their nsids
+_NSID_BATCH = 256
+_INFO_WANTED = frozenset({IFLA_INFO_KIND})
+_NSID_WANTED = frozenset({NETNSA_NSID})  # open pin fds at a time while asking for their nsids
 
 
 @dataclass(frozen=True)
@@ -52,14 +54,21 @@ class _Parsed(dict[str, Any]):
     """The shape pyroute2's request loop expects back from a parser: a dict with a header."""
 
 
-def _attrs(data: bytes, start: int, end: int) -> dict[int, tuple[int, int]]:
+_WANTED = frozenset({IFLA_IFNAME, IFLA_LINK, IFLA_MASTER, IFLA_LINKINFO, IFLA_LINK_NETNSID})
+
+
+def _attrs(data: bytes, start: int, end: int, wanted: frozenset[int] = _WANTED) -> dict[int, tuple[int, int]]:
+    """Spans of the wanted attributes (type -> (payload start, end)); the rest are skipped."""
     out: dict[int, tuple[int, int]] = {}
     off = start
+    unpack = _NLA.unpack_from
     while off + 4 <= end:
-        length, atype = _NLA.unpack_from(data, off)
+        length, atype = unpack(data, off)
         if length < 4 or off + length > end:
             break
-        out[atype & _NLA_TYPE_MASK] = (off + 4, off + length)
+        atype &= _NLA_TYPE_MASK
+        if atype in wanted:
+            out[atype] = (off + 4, off + length)
         off += (length + 3) & ~3
     return out
 
@@ -77,7 +86,7 @@ def parse_link(data: bytes, offset: int, length: int) -> RawLink:
     kind = None
     if IFLA_LINKINFO in attrs:
         start, end = attrs[IFLA_LINKINFO]
-        info = _attrs(data, start, end)
+        info = _attrs(data, start, end, _INFO_WANTED)
         if IFLA_INFO_KIND in info:
             kind = _cstring(data, info[IFLA_INFO_KIND])
     link = _U32.unpack_from(data, attrs[IFLA_LINK][0])[0] if IFLA_LINK in attrs else None
@@ -87,7 +96,7 @@ def parse_link(data: bytes, offset: int, length: int) -> RawLink:
 
 
 def _parse_nsid(data: bytes, offset: int, length: int) -> int | None:
-    attrs = _attrs(data, offset + 20, offset + length)
+    attrs = _attrs(data, offset + 20, offset + length, _NSID_WANTED)
     if NETNSA_NSID not in attrs:
         return None
     value: int = _I32.unpack_from(data, attrs[NETNSA_NSID][0])[0]

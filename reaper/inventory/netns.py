@@ -7,15 +7,13 @@ import re
 import stat
 
 from reaper.inventory.fsutil import NSFS_MAGIC, PROC_SUPER_MAGIC, describe_oserror, fs_type
-from reaper.inventory.procs import describe
-from reaper.model import CorruptFile, NetnsPin, NsKey
+from reaper.model import CorruptFile, Holder, NetnsPin, NsKey
 from reaper.names import is_runtime_netns_name
 
 
 def collect_pins(
     dirs: tuple[str, ...],
-    members: dict[NsKey, set[int]],
-    bin_dirs: tuple[str, ...],
+    holders: dict[NsKey, tuple[Holder, ...]],
     patterns: tuple[re.Pattern[str], ...],
 ) -> tuple[list[NetnsPin], list[CorruptFile]]:
     pins: list[NetnsPin] = []
@@ -56,7 +54,6 @@ def collect_pins(
                 continue
             key = NsKey(st.st_dev, st.st_ino)
             is_ns = ftype in (NSFS_MAGIC, PROC_SUPER_MAGIC)
-            holders = describe(members.get(key, ()), bin_dirs) if is_ns else ()
             pins.append(
                 NetnsPin(
                     name=entry.name,
@@ -65,7 +62,7 @@ def collect_pins(
                     ns=key,
                     is_namespace=is_ns,
                     mtime=st.st_mtime,
-                    holders=holders,
+                    holders=holders.get(key, ()) if is_ns else (),
                     runtime_named=is_runtime_netns_name(entry.name, patterns),
                 )
             )

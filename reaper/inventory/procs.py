@@ -43,11 +43,11 @@ def netns_members(proc: str = "/proc") -> dict[NsKey, set[int]]:
     return members
 
 
-def describe(pids: Iterable[int], bin_dirs: tuple[str, ...], proc: str = "/proc") -> tuple[Holder, ...]:
+def describe(pids: Iterable[int], bin_dirs: tuple[str, ...], proc: str = "/proc") -> dict[int, Holder]:
     """Holders for `pids`, telling apart CNI plugins (executables in a bin dir) from the rest."""
     real_dirs = tuple(os.path.realpath(d) for d in bin_dirs)
-    holders = []
-    for pid in sorted(pids):
+    holders = {}
+    for pid in sorted(set(pids)):
         comm = ""
         try:
             with open(f"{proc}/{pid}/comm", encoding="utf-8", errors="replace") as f:
@@ -59,5 +59,5 @@ def describe(pids: Iterable[int], bin_dirs: tuple[str, ...], proc: str = "/proc"
         except OSError:
             exe = ""
         plugin = bool(exe) and os.path.dirname(exe) in real_dirs
-        holders.append(Holder(pid=pid, comm=comm, is_cni_plugin=plugin))
-    return tuple(holders)
+        holders[pid] = Holder(pid=pid, comm=comm, is_cni_plugin=plugin)
+    return holders

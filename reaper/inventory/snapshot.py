@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 from reaper.inventory.cache import collect_cache
 from reaper.inventory.hostlocal import collect_leases, range_usage
-from reaper.inventory.iptables import collect_chains
+from reaper.inventory.iptables import ChainCollector
 from reaper.inventory.links import RawLink, dump_links_and_nsids
+from reaper.inventory.memo import InventoryMemo
 from reaper.inventory.netconf import collect_configs
 from reaper.inventory.netns import collect_pins
 from reaper.inventory.nftables import collect_nft_rules
@@ -62,14 +63,47 @@ def _veths(links: list[RawLink], nsids: dict[str, int], pins: list[NetnsPin]) ->
     return veths
 
 
-def take_snapshot(opts: InventoryOptions) -> NodeSnapshot:
+class _Stopwatch:
+    def __init__(self) -> None:
+        self.laps: list[tuple[str, float]] = []
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps.append((name, round(now - self._last, 6)))
+        self._last = now
+
+
+def take_snapshot(opts: InventoryOptions, memo: InventoryMemo | None = None) -> NodeSnapshot:
+    """Look at the node. `memo` carries parsed files from pass to pass in a long-running agent."""
     taken_at = time.time()
+    watch = _Stopwatch()
+    memo = memo if memo is not None else InventoryMemo()
+    iptables = ChainCollector(opts.command_timeout)
+    try:
+        snapshot = _take(opts, taken_at, watch, iptables, memo)
+    finally:
+        iptables.close()
+    memo.end_pass()
+    return snapshot
+
+
+def _take(
+    opts: InventoryOptions, taken_at: float, watch: _Stopwatch, iptables: ChainCollector, memo: InventoryMemo
+) -> NodeSnapshot:
     configs, corrupt = collect_configs(opts.conf_dir)
-    cache = collect_cache(opts.cache_dir, {c.name for c in configs})
+    watch.lap("configs")
+    cache = collect_cache(opts.cache_dir, {c.name for c in configs}, memo.cache)
     corrupt.extend(cache.corrupt)
-    members = netns_members()
-    pins, pin_corrupt = collect_pins(opts.netns_dirs, members, opts.bin_dirs, opts.netns_patterns)
+    watch.lap("cache")
+    host = _host_netns()
+    members = {ns: pids for ns, pids in netns_members().items() if ns != host}
+    described = describe({pid for pids in members.values() for pid in pids}, opts.bin_dirs)
+    holders = {ns: tuple(described[pid] for pid in sorted(pids)) for ns, pids in members.items()}
+    watch.lap("processes")
+    pins, pin_corrupt = collect_pins(opts.netns_dirs, holders, opts.netns_patterns)
     corrupt.extend(pin_corrupt)
+    watch.lap("netns")
     errors: list[SourceError] = []
 
     named_veths = {name for entry in cache.entries for name in entry.host_ifnames}
@@ -89,21 +123,24 @@ def take_snapshot(opts: InventoryOptions) -> NodeSnapshot:
         links, nsids = [], {}
         errors.append(SourceError("netlink", str(err)))
     veths = _veths(links, nsids, pins)
+    watch.lap("links")
 
     all_configs = configs + [c for c in cache.configs if c.name not in {x.name for x in configs}]
     data_dirs = list(opts.ipam_dirs)
     for config in configs + list(cache.configs):
         data_dirs.extend(d for d in config.ipam_data_dirs if d not in data_dirs)
-    leases, lease_corrupt = collect_leases(data_dirs)
+    leases, lease_corrupt = collect_leases(data_dirs, memo.leases)
     corrupt.extend(lease_corrupt)
     ranges = range_usage(all_configs, leases)
+    watch.lap("ipam")
 
-    chains, chain_errors = collect_chains(opts.command_timeout)
+    chains, chain_errors = iptables.result()
     errors.extend(chain_errors)
+    watch.lap("iptables")
     nft_rules, nft_errors = collect_nft_rules(opts.command_timeout)
     errors.extend(nft_errors)
+    watch.lap("nftables")
 
-    host = _host_netns()
     return NodeSnapshot(
         taken_at=taken_at,
         host_netns=host,
@@ -117,5 +154,6 @@ def take_snapshot(opts: InventoryOptions) -> NodeSnapshot:
         configs=tuple(all_configs),
         corrupt=tuple(corrupt),
         errors=tuple(errors),
-        netns_holders=tuple((ns, describe(pids, opts.bin_dirs)) for ns, pids in sorted(members.items()) if ns != host),
+        netns_holders=tuple(sorted(holders.items())),
+        timings=tuple(watch.laps),
     )

@@ -12,7 +12,7 @@ from reaper.inventory.cache import _Corrupt, parse_cache_file
 from reaper.inventory.hostlocal import parse_lease
 from reaper.inventory.iptables import chain_name, parse_save
 from reaper.inventory.netconf import ConfigError, parse_network_config
-from reaper.inventory.nftables import cni_tables, parse_rules
+from reaper.inventory.nftables import parse_rules
 from reaper.liveness.cri import netns_path_from_info
 from reaper.names import compile_netns_patterns, is_cni_id, is_ifname, is_runtime_netns_name
 
@@ -198,17 +198,6 @@ COMMIT
 
 
 def test_nft_rules() -> None:
-    tables = json.dumps(
-        {
-            "nftables": [
-                {"metainfo": {}},
-                {"table": {"family": "inet", "name": "cni_plugins_masquerade"}},
-                {"table": {"family": "ip", "name": "nat"}},
-                {"table": {"family": "ip", "name": "cni_hostport"}},
-            ]
-        }
-    )
-    assert cni_tables(tables) == [("inet", "cni_plugins_masquerade"), ("ip", "cni_hostport")]
     rules = json.dumps(
         {
             "nftables": [

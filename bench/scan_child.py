@@ -1,0 +1,109 @@
+"""Inside the lab netns: time the floor and the scan pass in one process, print JSON.
+
+The floor is what any scan must pay: one `ip -j -d link show`, one `iptables-save -t nat`, and
+reading every file (and stat-ing every /proc entry) the scan reads.
+"""
+
+from __future__ import annotations
+
+import time
+
+T_START = time.perf_counter()
+
+import json  # noqa: E402
+import os  # noqa: E402
+import resource  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+T_STDLIB = time.perf_counter()
+
+import logging  # noqa: E402
+
+from reaper.cli import build_parser  # noqa: E402
+from reaper.inventory.memo import InventoryMemo  # noqa: E402
+from reaper.liveness.cri import CriLiveness  # noqa: E402
+from reaper.scan import scan_pass  # noqa: E402
+from reaper.settings import settings_from  # noqa: E402
+
+T_IMPORTS = time.perf_counter()
+ROUNDS = 7
+
+
+def _read_tree(directory: str) -> int:
+    total = 0
+    for entry in os.scandir(directory):
+        if entry.is_dir(follow_symlinks=False):
+            total += _read_tree(entry.path)
+        elif entry.is_file(follow_symlinks=False):
+            with open(entry.path, "rb") as f:
+                total += len(f.read())
+    return total
+
+
+def floor(netns_dir: str, ipam_dir: str, cache_dir: str, conf_dir: str) -> dict[str, float]:
+    out = {}
+    t = time.perf_counter()
+    subprocess.run(["ip", "-j", "-d", "link", "show"], capture_output=True, check=True)
+    out["ip_link"] = time.perf_counter() - t
+    t = time.perf_counter()
+    subprocess.run(["iptables-save", "-t", "nat"], capture_output=True, check=True)
+    out["iptables_save"] = time.perf_counter() - t
+    t = time.perf_counter()
+    for d in (ipam_dir, os.path.join(cache_dir, "results"), conf_dir):
+        _read_tree(d)
+    for entry in os.scandir(netns_dir):
+        os.stat(entry.path)
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                os.stat(f"/proc/{pid}/ns/net")
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    os.stat(f"/proc/{pid}/task/{tid}/ns/net")
+            except OSError:
+                pass
+    out["files"] = time.perf_counter() - t
+    out["total"] = out["ip_link"] + out["iptables_save"] + out["files"]
+    return out
+
+
+def main(argv: list[str]) -> None:
+    args = build_parser().parse_args(["scan", *[a for a in argv if a != "--memo"]])
+    settings = settings_from(args, {})
+    log = logging.getLogger("bench")
+    log.setLevel(logging.ERROR)
+    liveness = CriLiveness(settings.runtime_endpoint, settings.runtime_timeout)
+    memo = InventoryMemo() if "--memo" in sys.argv else None
+    floors = []
+    passes = []
+    parts: dict[str, list[float]] = {}
+    # Interleaved, so that machine noise hits both alike; medians reported.
+    for _ in range(ROUNDS):
+        floors.append(
+            floor(settings.netns_dirs[0], settings.ipam_dirs[0], settings.cni_cache_dir, settings.cni_conf_dir)
+        )
+        t = time.perf_counter()
+        result = scan_pass(settings, liveness, log, memo=memo)
+        passes.append(time.perf_counter() - t)
+        for name, seconds in result.timings:
+            parts.setdefault(name, []).append(seconds)
+    floor_times = {k: statistics.median(f[k] for f in floors) for k in floors[0]}
+    timings = {k: statistics.median(v[1:]) for k, v in parts.items()}
+    summary = {v: result.report.count(v) for v in ("live", "orphan", "pending", "unknown")}
+    json.dump(
+        {
+            "stdlib_import_s": T_STDLIB - T_START,
+            "reaper_import_s": T_IMPORTS - T_STDLIB,
+            "floor_s": floor_times,
+            "pass_s": passes,
+            "last_pass_parts_s": timings,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "summary": summary,
+        },
+        sys.stdout,
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
