@@ -113,7 +113,11 @@ def correlate(snapshot: NodeSnapshot, runtime: RuntimeView) -> list[ResourceGrou
             target = pin_group.get(veth.peer_netns)
         if target is None:
             continue  # not a CNI resource: no cache entry names it, its peer is in no pinned netns
-        veth_details: tuple[tuple[str, DetailValue], ...] = (("ifindex", veth.ifindex),)
+        veth_details: tuple[tuple[str, DetailValue], ...] = (
+            ("ifindex", veth.ifindex),
+            ("peer_ifindex", veth.peer_ifindex),
+            ("peer_netnsid", veth.peer_netnsid),
+        )
         if veth.master:
             veth_details += (("master", veth.master),)
         groups.add(target, ResourceRef("veth", veth.name, None, veth_details))

@@ -206,3 +206,39 @@ def test_runtime_stopped_means_unknown_and_exit_2(world: World, tmp_path: Path) 
         assert "Traceback" not in run.stderr
     finally:
         lab.start_runtime()
+
+
+def test_nft_backend_rules_join_their_attachments(world: World, tmp_path: Path) -> None:
+    # The Debian plugins (1.1.1) predate the nftables backend; these rules are written the way
+    # plugins >= 1.5 write them (bridge ipMasq: `<hash>, net: <net>, if: <if>, id: <cid>` in
+    # inet cni_plugins_masquerade; portmap: the container ID in ip cni_hostport).
+    lab, net = world.lab, world.lab.network_name
+    leak, web = world.bare_leak, world.web
+    script = f"""
+table inet cni_plugins_masquerade {{
+  chain masq_checks {{
+    ip saddr {leak.ip} ip daddr != {lab.subnet} masquerade comment "abc, net: {net}, if: eth0, id: {leak.container_id}"
+    ip saddr {lab.pod_ip(web)} ip daddr != {lab.subnet} masquerade comment "def, net: {net}, if: eth0, id: {web}"
+    ip saddr 10.9.9.9 masquerade comment "an admin's rule"
+  }}
+}}
+table ip cni_hostport {{
+  chain hostip_hostports {{
+    tcp dport 7777 dnat to {leak.ip}:77 comment "{leak.container_id}"
+  }}
+}}
+"""
+    lab.run_in_netns(["nft", "-f", "-"], input=script, check=True)
+    try:
+        run = run_reaper(lab, "scan", tmp_path / "state.json", "--json", *FAST)
+        got = attachments_by_key(run.doc)
+        bare = got[(leak.container_id, net, "eth0")]
+        assert kinds(bare) == ["ipam", "iptables", "nft", "nft"]
+        assert {n.split()[1] for n in names(bare, "nft")} == {"cni_plugins_masquerade", "cni_hostport"}
+        assert bare["verdict"] == "orphan"
+        live = got[(web, net, "eth0")]
+        assert "nft" in kinds(live) and live["verdict"] == "live"
+        assert run.doc["summary"] == {"live": 6, "orphan": 3, "pending": 0, "unknown": 0}
+    finally:
+        lab.run_in_netns(["nft", "delete", "table", "inet", "cni_plugins_masquerade"])
+        lab.run_in_netns(["nft", "delete", "table", "ip", "cni_hostport"])
