@@ -11,10 +11,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from reaper.inventory.fsutil import UnfitFile, describe_oserror, read_file_with_stat
+from reaper.inventory.fsutil import UnfitFile, describe_oserror, namespace_of, read_file_with_stat
 from reaper.inventory.memo import FileMemo
 from reaper.inventory.netconf import ConfigError, parse_network_config
-from reaper.model import CacheEntry, CorruptFile, NetworkConfig, NsKey
+from reaper.model import CacheEntry, CorruptFile, NetworkConfig
 from reaper.names import is_cni_id, is_ifname
 
 MAX_CACHE_BYTES = 4 << 20
@@ -143,7 +143,7 @@ def collect_cache(cache_dir: str, known_networks: set[str], memo: FileMemo[objec
                 corrupt.append(known)
                 continue
             if isinstance(known, _Parsed):
-                entries.append(replace(known.entry, netns=_stat_netns(known.entry.netns_path)))
+                entries.append(replace(known.entry, netns=namespace_of(known.entry.netns_path)))
                 _remember_config(known.config, path, configs, bad_configs)
                 continue
             try:
@@ -167,7 +167,7 @@ def collect_cache(cache_dir: str, known_networks: set[str], memo: FileMemo[objec
                 network=net,
                 ifname=ifname,
                 netns_path=netns_path,
-                netns=_stat_netns(netns_path),
+                netns=namespace_of(netns_path),
                 host_ifnames=_host_ifnames(result),
                 legacy=legacy,
                 mtime=mtime,
@@ -189,16 +189,6 @@ def _remember_config(encoded: str | None, path: str, configs: dict[str, NetworkC
         bad_configs.add(encoded)
     else:
         configs[encoded] = cfg
-
-
-def _stat_netns(path: str | None) -> NsKey | None:
-    if not path or not path.startswith("/"):
-        return None
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return NsKey(st.st_dev, st.st_ino)
 
 
 def _decode_config(encoded: str, path: str) -> NetworkConfig | None:

@@ -7,6 +7,8 @@ import ctypes.util
 import os
 import stat
 
+from reaper.model import NsKey
+
 NSFS_MAGIC = 0x6E736673
 PROC_SUPER_MAGIC = 0x9FA0
 
@@ -59,3 +61,14 @@ def fs_type(path: str) -> int:
 
 def describe_oserror(err: OSError) -> str:
     return err.strerror or str(err)
+
+
+def namespace_of(path: str | None) -> NsKey | None:
+    """The (dev, ino) a netns path names now, or None when it is empty, relative or gone."""
+    if not path or not path.startswith("/"):
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return NsKey(st.st_dev, st.st_ino)

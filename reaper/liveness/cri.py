@@ -9,7 +9,8 @@ from typing import Any
 
 from reaper.cri import api_pb2 as pb
 from reaper.cri.client import DEFAULT_ENDPOINTS, CriError, RuntimeClient
-from reaper.model import NsKey, RuntimeView, Sandbox
+from reaper.inventory.fsutil import namespace_of
+from reaper.model import RuntimeView, Sandbox
 
 
 def netns_path_from_info(info: Mapping[str, str]) -> str | None:
@@ -43,16 +44,6 @@ def _spec_netns(spec: Any) -> str | None:
             path = ns.get("path")
             return path if isinstance(path, str) and path else None
     return None
-
-
-def _stat_ns(path: str | None) -> NsKey | None:
-    if not path:
-        return None
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return NsKey(st.st_dev, st.st_ino)
 
 
 def _socket_path(endpoint: str) -> str:
@@ -101,7 +92,7 @@ class CriLiveness:
                     # A sandbox that failed early reports Go's zero time (a huge negative number).
                     created_at=item.created_at / 1e9 if item.created_at > 0 else None,
                     netns_path=netns_path or None,
-                    netns=_stat_ns(netns_path),
+                    netns=namespace_of(netns_path),
                 )
             )
         return RuntimeView(
