@@ -10,13 +10,15 @@ from collections.abc import Sequence
 
 from reaper.liveness.cri import CriLiveness
 from reaper.logs import setup_logging
-from reaper.report import report_json, report_table
+from reaper.reap import reap_pass
+from reaper.report import reap_json, reap_table, report_json, report_table
 from reaper.scan import scan_pass
-from reaper.settings import SettingsError, add_options, settings_from
+from reaper.settings import SettingsError, add_options, add_reap_options, reap_settings_from, settings_from
 
 EXIT_CLEAN = 0
 EXIT_ORPHANS = 1
 EXIT_UNDECIDED = 2
+EXIT_BREAKER = 3
 
 DESCRIPTION = """\
 Find container-network resources that no live pod owns: pinned network namespaces,
@@ -41,6 +43,23 @@ examples:
 """
 
 
+REAP_EPILOG = """\
+safety: only attachments the scan calls orphan are touched (see `reaper scan --help`); the
+runtime is asked again right before acting and a sandbox that reappeared is left alone;
+every delete compares first (a pin still the same namespace with no process inside, a lease
+that still names the orphan under the IPAM lock, a veth with the same index, name and peer);
+at most --max-reap attachments a pass; the breaker refuses to act when too many look orphaned.
+
+exit status: 0 every orphan reclaimed (or none), 1 some could not be, 2 could not decide
+(runtime or config), 3 breaker open
+
+examples:
+  reaper reap --dry-run                         # the plan, nothing changed
+  reaper reap --quarantine-dir /var/lib/cni-reaper/quarantine
+  reaper reap --json                            # one pass, e.g. from a systemd timer
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="reaper", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -54,6 +73,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_options(scan)
+    reap = sub.add_parser(
+        "reap",
+        help="one pass that reclaims every orphan: plugin DEL, then direct kernel cleanup; verified",
+        description="Scan, then reclaim what is orphaned: the plugins' DEL the way a runtime should have run "
+        "it, then direct cleanup in the kernel for what DEL left; then look again and report what is gone.",
+        epilog=REAP_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_options(reap)
+    add_reap_options(reap)
     return parser
 
 
@@ -75,12 +104,40 @@ def _scan(args: argparse.Namespace) -> int:
     return EXIT_ORPHANS if report.count("orphan") else EXIT_CLEAN
 
 
+def _reap(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    reap = reap_settings_from(args)
+    log = setup_logging(settings.log_format, settings.log_level)
+    if os.geteuid() != 0:
+        log.warning("not running as root: reclaiming will fail")
+    result = reap_pass(settings, reap, CriLiveness(settings.runtime_endpoint, settings.runtime_timeout), log)
+    if settings.json_output:
+        json.dump(reap_json(result), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(reap_table(result, reap.dry_run))
+    if not result.report.runtime.reachable:
+        print(f"reaper: cannot decide: runtime unreachable: {result.report.runtime.error}", file=sys.stderr)
+        return EXIT_UNDECIDED
+    if result.breaker_open:
+        print(f"reaper: breaker open: {result.breaker_reason}", file=sys.stderr)
+        return EXIT_BREAKER
+    if result.recheck_error is not None:
+        print(
+            f"reaper: runtime unreachable at the re-check, nothing reclaimed: {result.recheck_error}", file=sys.stderr
+        )
+        return EXIT_UNDECIDED
+    return EXIT_CLEAN if all(o.ok for o in result.reclaimed) else EXIT_ORPHANS
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
         if args.command == "scan":
             return _scan(args)
+        if args.command == "reap":
+            return _reap(args)
     except SettingsError as err:
         print(f"reaper: {err}", file=sys.stderr)
         return EXIT_UNDECIDED

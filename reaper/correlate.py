@@ -59,7 +59,10 @@ def correlate(snapshot: NodeSnapshot, runtime: RuntimeView) -> list[ResourceGrou
     veth_owner: dict[str, _Key] = {}
     for entry in snapshot.cache_entries:
         key: _Key = (entry.container_id, entry.network, entry.ifname, None)
-        groups.add(key, ResourceRef("cache", entry.name, entry.mtime, (("path", entry.path), ("legacy", entry.legacy))))
+        cache_details: tuple[tuple[str, DetailValue], ...] = (("path", entry.path), ("legacy", entry.legacy))
+        if entry.corrupt is not None:
+            cache_details += (("corrupt", entry.corrupt),)
+        groups.add(key, ResourceRef("cache", entry.name, entry.mtime, cache_details))
         if entry.netns is not None:
             groups.netns.setdefault(key, entry.netns)
         for ifname in entry.host_ifnames:

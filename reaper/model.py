@@ -101,6 +101,9 @@ class CacheEntry:
     host_ifnames: tuple[str, ...]
     legacy: bool  # a bare pre-0.8 result with no `kind`
     mtime: float
+    # Why the file could not be read, when its name alone ties it to an attachment (a zero-byte
+    # or truncated file left by a crash: libcni then fails DEL, so it leaks for good).
+    corrupt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -294,3 +297,56 @@ class ScanReport:
 
     def count(self, verdict: Verdict) -> int:
         return sum(1 for a in self.attachments if a.verdict == verdict)
+
+
+# ------------------------------------------------------------------ reclaim
+
+ReclaimMethod = Literal["cni-del", "kernel", "quarantine"]
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    kind: ResourceKind
+    name: str
+    method: ReclaimMethod
+
+
+@dataclass(frozen=True)
+class PlannedAttachment:
+    key: AttachmentKey
+    config_source: str | None  # the cache file or conf file DEL takes its config from; None: kernel only
+    steps: tuple[PlannedStep, ...]
+
+
+@dataclass(frozen=True)
+class ResourceOutcome:
+    kind: ResourceKind
+    name: str
+    method: ReclaimMethod
+    ok: bool
+    error: str | None
+
+
+@dataclass(frozen=True)
+class ReclaimOutcome:
+    key: AttachmentKey
+    resources: tuple[ResourceOutcome, ...]
+    plugin_errors: tuple[str, ...]  # every plugin whose DEL failed, and why
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.resources)
+
+
+@dataclass(frozen=True)
+class SkippedAttachment:
+    key: AttachmentKey
+    reason: str
+
+
+@dataclass(frozen=True)
+class GcOutcome:
+    network: str
+    plugin: str
+    ok: bool
+    error: str | None

@@ -6,6 +6,7 @@ from typing import Any
 
 from reaper.durations import format_duration
 from reaper.model import VERDICTS, ResourceRef, ScanReport
+from reaper.reap import ReapResult
 
 
 def _resource(ref: ResourceRef, now: float) -> dict[str, Any]:
@@ -127,4 +128,71 @@ def report_table(report: ScanReport) -> str:
     lines.append("")
     summary = ", ".join(f"{v} {report.count(v)}" for v in VERDICTS)
     lines.append(f"attachments: {summary}")
+    return "\n".join(lines)
+
+
+def reap_json(result: ReapResult) -> dict[str, Any]:
+    doc = report_json(result.report)
+    doc["breaker"] = {"open": result.breaker_open, "reason": result.breaker_reason}
+    if result.recheck_error is not None:
+        doc["recheck_error"] = result.recheck_error
+    doc["plan"] = [
+        {
+            "container_id": p.key.container_id,
+            "network": p.key.network,
+            "ifname": p.key.ifname,
+            "config": p.config_source,
+            "steps": [{"kind": s.kind, "name": s.name, "method": s.method} for s in p.steps],
+        }
+        for p in result.plan
+    ]
+    doc["reclaimed"] = [
+        {
+            "container_id": o.key.container_id,
+            "network": o.key.network,
+            "ifname": o.key.ifname,
+            "resources": [
+                {"kind": r.kind, "name": r.name, "method": r.method, "ok": r.ok, "error": r.error} for r in o.resources
+            ],
+            "plugin_errors": list(o.plugin_errors),
+        }
+        for o in result.reclaimed
+    ]
+    doc["skipped"] = [
+        {"container_id": s.key.container_id, "network": s.key.network, "reason": s.reason} for s in result.skipped
+    ]
+    doc["gc"] = [{"network": g.network, "plugin": g.plugin, "ok": g.ok, "error": g.error} for g in result.gc]
+    return doc
+
+
+def reap_table(result: ReapResult, dry_run: bool) -> str:
+    lines = [report_table(result.report)]
+    if result.breaker_open:
+        lines += ["", f"BREAKER OPEN: {result.breaker_reason}"]
+    if dry_run and result.plan:
+        lines += ["", f"PLAN (dry run, nothing changed): {len(result.plan)} attachments"]
+        for p in result.plan:
+            who = f"{_short(p.key.container_id, 13)} {p.key.network or '-'}/{p.key.ifname or '-'}"
+            lines.append(f"  {who}  config: {p.config_source or 'none (kernel only)'}")
+            for step in p.steps:
+                lines.append(f"      {step.method:<10} {step.kind} {_elide(step.name)}")
+    if result.reclaimed:
+        ok = sum(1 for o in result.reclaimed if o.ok)
+        lines += ["", f"RECLAIMED ({ok} of {len(result.reclaimed)} attachments completely)"]
+        for o in result.reclaimed:
+            who = f"{_short(o.key.container_id, 13)} {o.key.network or '-'}/{o.key.ifname or '-'}"
+            lines.append(f"  {'ok  ' if o.ok else 'FAIL'} {who}")
+            for r in o.resources:
+                state = "freed" if r.ok else f"LEFT: {r.error}"
+                lines.append(f"      {r.method:<10} {r.kind} {_elide(r.name)}  {state}")
+            for err in o.plugin_errors:
+                lines.append(f"      plugin DEL error: {err}")
+    if result.skipped:
+        lines += ["", f"SKIPPED ({len(result.skipped)})"]
+        for skip in result.skipped:
+            lines.append(f"  {_short(skip.key.container_id, 13)} {skip.key.network or '-'}: {skip.reason}")
+    if result.gc:
+        lines += ["", "CNI GC"]
+        for g in result.gc:
+            lines.append(f"  {g.network} {g.plugin}: {'ok' if g.ok else g.error}")
     return "\n".join(lines)

@@ -13,7 +13,7 @@ from reaper.history import State, StateError, load_state, save_state
 from reaper.inventory.memo import InventoryMemo
 from reaper.inventory.snapshot import InventoryOptions, take_snapshot
 from reaper.liveness import LivenessSource
-from reaper.model import ScanReport
+from reaper.model import NodeSnapshot, ScanReport
 from reaper.reconcile import reconcile
 from reaper.settings import Settings
 
@@ -21,6 +21,8 @@ from reaper.settings import Settings
 @dataclass(frozen=True)
 class PassResult:
     report: ScanReport
+    snapshot: NodeSnapshot
+    known_netns: dict[str, str]  # sandbox ID -> netns path, as learned so far
     warnings: tuple[str, ...]
     seconds: float
     timings: tuple[tuple[str, float], ...]  # seconds per step of the pass
@@ -128,4 +130,4 @@ def _scan_pass(
             "corrupt_files": len(report.corrupt),
         },
     )
-    return PassResult(report, tuple(warnings), seconds, timings)
+    return PassResult(report, snapshot, {**known, **netns_map}, tuple(warnings), seconds, timings)

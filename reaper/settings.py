@@ -130,6 +130,97 @@ OPTIONS: tuple[_Option, ...] = (
 )
 
 
+REAP_OPTIONS: tuple[_Option, ...] = (
+    _Option("--max-reap", "REAPER_MAX_REAP", "100", "reclaim at most N attachments a pass; the rest wait", metavar="N"),
+    _Option(
+        "--max-orphan-ratio",
+        "REAPER_MAX_ORPHAN_RATIO",
+        "0.5",
+        "breaker: reclaim nothing (exit 3) when more than this share of the node's attachments look "
+        "orphaned, a sign the runtime's list is wrong",
+        metavar="RATIO",
+    ),
+    _Option(
+        "--method",
+        "REAPER_METHOD",
+        "auto",
+        "auto: the plugins' DEL first, then the kernel for what is left; kernel: skip DEL",
+        metavar="METHOD",
+    ),
+    _Option(
+        "--quarantine-dir",
+        "REAPER_QUARANTINE_DIR",
+        None,
+        "move reclaimed lease and cache files here (under their original path) instead of deleting them",
+        metavar="DIR",
+    ),
+    _Option(
+        "--plugin-timeout",
+        "REAPER_PLUGIN_TIMEOUT",
+        "60s",
+        "kill a plugin (and what it started) that runs longer than this",
+        metavar="DURATION",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class ReapSettings:
+    max_reap: int
+    max_orphan_ratio: float
+    kernel_only: bool
+    quarantine_dir: str | None
+    plugin_timeout: float
+    force: bool
+    dry_run: bool
+    cni_gc: bool
+
+
+def add_reap_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("reclaiming (each also read from its REAPER_* variable)")
+    for opt in REAP_OPTIONS:
+        default_text = f" [default: {opt.default}]" if opt.default else ""
+        group.add_argument(
+            opt.flag, default=None, metavar=opt.metavar, help=f"{opt.help}{default_text} (env {opt.env})"
+        )
+    group.add_argument("--force", action="store_true", help="reclaim even when the breaker would open")
+    group.add_argument("--dry-run", action="store_true", help="print the plan (each step and method); change nothing")
+    group.add_argument(
+        "--cni-gc",
+        action="store_true",
+        help="after reclaiming, call the CNI 1.1 GC verb on networks that support it, with the live attachments",
+    )
+
+
+def _ratio(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{text!r} must be between 0 and 1")
+    return value
+
+
+def reap_settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> ReapSettings:
+    env = os.environ if env is None else env
+    v = {opt.flag: _values(args, env, opt) for opt in REAP_OPTIONS}
+    method = v["--method"][-1]
+    if method not in ("auto", "kernel"):
+        raise SettingsError(f"--method: {method!r} is not auto or kernel")
+    timeout = _parse("--plugin-timeout", v["--plugin-timeout"][-1], parse_duration)
+    if timeout <= 0:
+        raise SettingsError("--plugin-timeout: must be more than 0")
+    quarantine = v["--quarantine-dir"][-1] if v["--quarantine-dir"] else None
+    return ReapSettings(
+        max_reap=_parse("--max-reap", v["--max-reap"][-1], _positive_int),
+        max_orphan_ratio=_parse("--max-orphan-ratio", v["--max-orphan-ratio"][-1], _ratio),
+        kernel_only=method == "kernel",
+        quarantine_dir=_abs_path("--quarantine-dir", quarantine) if quarantine else None,
+        plugin_timeout=timeout,
+        force=bool(getattr(args, "force", False)),
+        dry_run=bool(getattr(args, "dry_run", False)),
+        cni_gc=bool(getattr(args, "cni_gc", False)),
+    )
+
+
 def add_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("paths and policy (each also read from its REAPER_* variable)")
     for opt in OPTIONS:
@@ -169,7 +260,10 @@ def _parse(flag: str, text: str, parse: Callable[[str], T]) -> T:
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise ValueError(f"{text!r} must be 1 or more")
     return value

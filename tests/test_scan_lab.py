@@ -182,8 +182,12 @@ def test_junk_in_every_directory_is_reported_not_fatal(world: World, tmp_path: P
         stale_attachment = got[(None, None, stale.name)]
         assert stale_attachment["resources"][0].get("stale") is True
         assert stale_attachment["verdict"] == "orphan"
+        # A zero-byte cache file whose name ties it to a (dead) container is a leak of its own:
+        # libcni cannot DEL through it, so nothing else would ever remove it.
+        empty = got[("0" * 64, lab.network_name, "eth0")]
+        assert empty["verdict"] == "orphan" and empty["resources"][0]["corrupt"] == "empty file"
         # Everything else is judged as before.
-        assert run.doc["summary"] == {"live": 6, "orphan": 4, "pending": 0, "unknown": 0}
+        assert run.doc["summary"] == {"live": 6, "orphan": 5, "pending": 0, "unknown": 0}
     finally:
         for path in [*contents, *links, stale]:
             path.unlink(missing_ok=True)

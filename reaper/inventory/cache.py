@@ -178,7 +178,27 @@ def collect_cache(cache_dir: str, known_networks: set[str], memo: FileMemo[objec
             if not legacy:  # a legacy entry's reading depends on the known networks
                 memo.put(path, lst, _Parsed(cache_entry, config))
             _remember_config(config, path, configs, bad_configs)
-    return CacheInventory(tuple(entries), tuple(configs.values()), tuple(corrupt))
+    networks = known_networks | {c.name for c in configs.values()}
+    named = [named_entry for bad in corrupt if (named_entry := _entry_from_name(bad, networks)) is not None]
+    return CacheInventory(tuple(entries + named), tuple(configs.values()), tuple(corrupt))
+
+
+def _entry_from_name(bad: CorruptFile, networks: set[str]) -> CacheEntry | None:
+    """A corrupt cache file whose name is `<known network>-<container ID>-<ifname>`."""
+    if bad.kind != "cache" or "symlink" in bad.error:
+        return None
+    name = os.path.basename(bad.path)
+    for network in sorted(networks, key=len, reverse=True):
+        if not name.startswith(network + "-"):
+            continue
+        cid, sep, ifname = name[len(network) + 1 :].rpartition("-")
+        if sep and is_cni_id(cid) and is_ifname(ifname):
+            try:
+                mtime = os.stat(bad.path, follow_symlinks=False).st_mtime
+            except OSError:
+                return None
+            return CacheEntry(bad.path, name, cid, network, ifname, None, None, (), False, mtime, bad.error)
+    return None
 
 
 def _remember_config(encoded: str | None, path: str, configs: dict[str, NetworkConfig], bad_configs: set[str]) -> None:

@@ -259,6 +259,34 @@ class Lab:
                 proc.wait(timeout)
         self._proc = None
 
+    def forget_runtime_state(self) -> None:
+        """The runtime loses its state (a wiped root, a node moved to another runtime): stop
+        containerd, kill every shim and pause, wipe its root and state but keep the netns pins,
+        the IPAM dir, the CNI cache and the lab netns; start it again. Whatever its sandboxes
+        held is then held by nobody, which is what the reaper is for."""
+        self.stop_runtime()
+        self._kill_lab_processes()
+        shutil.rmtree(self._layout.data_root, ignore_errors=True)
+        keep = self.netns_dir
+        for path in sorted(self._layout.state.rglob("*"), key=lambda p: -len(p.parts)):
+            if path == keep or keep in path.parents or path in keep.parents:
+                continue
+            if path.is_dir() and not path.is_symlink():
+                path.rmdir()
+            else:
+                path.unlink()
+        run_dir = self._root / "run"
+        if run_dir.is_dir():
+            for child in run_dir.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink()
+        self.start_runtime()
+        image = build_pause_image(self._image_cache_dir)
+        _run(["ctr", "--address", str(self._layout.socket), "-n", "k8s.io", "images", "import", str(image)])
+        self._wait_network("normal" if any(self.conf_dir.iterdir()) else "empty")
+
     def close(self) -> None:
         """Undo everything the lab did. Idempotent; safe after a partial start."""
         if self._closed:

@@ -1,0 +1,1 @@
+"""Ways of reclaiming an orphan: the plugins' own DEL, direct kernel cleanup, the CNI GC verb."""

@@ -1,0 +1,116 @@
+"""Running one CNI plugin with the exec protocol: no shell, only from the bin dirs, bounded."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+_PLUGIN_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+_ENV_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+MAX_OUTPUT = 1 << 20
+
+
+class PluginFailure(Exception):
+    """A plugin could not be run, failed, or timed out; the message is one line."""
+
+    def __init__(self, plugin: str, message: str, code: int | None = None) -> None:
+        super().__init__(f"{plugin}: {message}")
+        self.plugin = plugin
+        self.code = code
+
+
+@dataclass(frozen=True)
+class PluginEnv:
+    command: str  # DEL, GC, ...
+    container_id: str
+    netns: str
+    ifname: str
+    args: tuple[tuple[str, str], ...]
+    bin_dirs: tuple[str, ...]
+
+    def environ(self) -> dict[str, str]:
+        env = {
+            "CNI_COMMAND": self.command,
+            "CNI_PATH": ":".join(self.bin_dirs),
+            "PATH": _ENV_PATH,
+        }
+        if self.container_id:
+            env["CNI_CONTAINERID"] = self.container_id
+        if self.command != "GC":
+            env["CNI_NETNS"] = self.netns
+            env["CNI_IFNAME"] = self.ifname
+            env["CNI_ARGS"] = ";".join(f"{k}={v}" for k, v in self.args)
+        return env
+
+
+def find_plugin(plugin_type: str, bin_dirs: tuple[str, ...]) -> str:
+    """The executable for `plugin_type` in the first bin dir that has it."""
+    if not _PLUGIN_TYPE.fullmatch(plugin_type):
+        raise PluginFailure(plugin_type[:60], "invalid plugin type name")
+    for directory in bin_dirs:
+        path = os.path.join(directory, plugin_type)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    raise PluginFailure(plugin_type, f"not found in {':'.join(bin_dirs)}")
+
+
+def _error_message(stdout: bytes, stderr: bytes, returncode: int) -> tuple[str, int | None]:
+    text = stdout.decode("utf-8", "replace").strip()
+    try:
+        doc = json.loads(text) if text else None
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and ("msg" in doc or "code" in doc):
+        code = doc.get("code") if isinstance(doc.get("code"), int) else None
+        msg = str(doc.get("msg", "")).strip()
+        details = str(doc.get("details", "") or "").strip()
+        return (f"{msg} ({details})" if details else msg) or f"exit {returncode}", code
+    err = stderr.decode("utf-8", "replace").strip() or text
+    line = err.splitlines()[-1] if err else f"exit {returncode}"
+    return line[:500], None
+
+
+def run_plugin(plugin_type: str, conf: Mapping[str, Any], env: PluginEnv, timeout: float) -> dict[str, Any]:
+    """Run the plugin; its parsed JSON stdout (empty dict when it printed nothing).
+
+    The plugin gets its own process group, so a timeout kills whatever it started too.
+    """
+    binary = find_plugin(plugin_type, env.bin_dirs)
+    try:
+        proc = subprocess.Popen(
+            [binary],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env.environ(),
+            cwd="/",
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as err:
+        raise PluginFailure(plugin_type, f"cannot execute: {err.strerror}") from None
+    try:
+        stdout, stderr = proc.communicate(json.dumps(conf).encode(), timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise PluginFailure(plugin_type, f"timed out after {timeout:g}s, killed") from None
+    if proc.returncode != 0:
+        message, code = _error_message(stdout, stderr, proc.returncode)
+        raise PluginFailure(plugin_type, message, code)
+    text = stdout[:MAX_OUTPUT].decode("utf-8", "replace").strip()
+    if not text:
+        return {}
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise PluginFailure(plugin_type, f"printed something that is not JSON: {text[:80]!r}") from None
+    return doc if isinstance(doc, dict) else {}
