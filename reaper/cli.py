@@ -122,6 +122,8 @@ def _reap(args: argparse.Namespace) -> int:
     if result.breaker_open:
         print(f"reaper: breaker open: {result.breaker_reason}", file=sys.stderr)
         return EXIT_BREAKER
+    if reap.dry_run:
+        return EXIT_ORPHANS if result.plan else EXIT_CLEAN
     if result.recheck_error is not None:
         print(
             f"reaper: runtime unreachable at the re-check, nothing reclaimed: {result.recheck_error}", file=sys.stderr

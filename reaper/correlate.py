@@ -18,6 +18,7 @@ class ResourceGroup:
     resources: tuple[ResourceRef, ...]
     netns: NsKey | None
     foreign: bool  # a pin nothing names, whose name no runtime makes
+    uninspectable_netns: str | None = None  # a netns path it names that cannot be inspected
 
 
 def _primary_order(key: _Key) -> tuple[bool, bool, str, str]:
@@ -57,6 +58,7 @@ class _Groups:
 def correlate(snapshot: NodeSnapshot, runtime: RuntimeView) -> list[ResourceGroup]:
     groups = _Groups()
     veth_owner: dict[str, _Key] = {}
+    uninspectable: dict[_Key, str] = {}
     for entry in snapshot.cache_entries:
         key: _Key = (entry.container_id, entry.network, entry.ifname, None)
         cache_details: tuple[tuple[str, DetailValue], ...] = (("path", entry.path), ("legacy", entry.legacy))
@@ -65,6 +67,8 @@ def correlate(snapshot: NodeSnapshot, runtime: RuntimeView) -> list[ResourceGrou
         groups.add(key, ResourceRef("cache", entry.name, entry.mtime, cache_details))
         if entry.netns is not None:
             groups.netns.setdefault(key, entry.netns)
+        if entry.netns_uninspectable and entry.netns_path:
+            uninspectable[key] = entry.netns_path
         for ifname in entry.host_ifnames:
             veth_owner.setdefault(ifname, key)
 
@@ -126,7 +130,7 @@ def correlate(snapshot: NodeSnapshot, runtime: RuntimeView) -> list[ResourceGrou
         groups.add(target, ResourceRef("veth", veth.name, None, veth_details))
 
     return [
-        ResourceGroup(AttachmentKey(*key), tuple(refs), groups.netns.get(key), key in foreign)
+        ResourceGroup(AttachmentKey(*key), tuple(refs), groups.netns.get(key), key in foreign, uninspectable.get(key))
         for key, refs in sorted(groups.resources.items(), key=lambda item: _sort_key(item[0]))
     ]
 

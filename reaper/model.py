@@ -104,6 +104,8 @@ class CacheEntry:
     # Why the file could not be read, when its name alone ties it to an attachment (a zero-byte
     # or truncated file left by a crash: libcni then fails DEL, so it leaks for good).
     corrupt: str | None = None
+    # Its netns path exists but cannot be inspected (a protected /proc/<pid>/ns/net).
+    netns_uninspectable: bool = False
 
 
 @dataclass(frozen=True)

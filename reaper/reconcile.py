@@ -37,6 +37,8 @@ class _Owners:
         """Why this attachment is live, or None when nothing owns it."""
         if group.netns is not None and group.netns == self.host_netns:
             return "its netns is the host's network namespace"
+        if group.uninspectable_netns is not None:
+            return f"its netns {group.uninspectable_netns} cannot be inspected; left alone"
         cid = group.key.container_id
         if cid is not None and cid in self.by_id:
             state = "READY" if self.by_id[cid].ready else "NOTREADY"

@@ -11,7 +11,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from reaper.inventory.fsutil import UnfitFile, describe_oserror, namespace_of, read_file_with_stat
+from reaper.inventory.fsutil import (
+    UnfitFile,
+    describe_oserror,
+    namespace_of,
+    namespace_uninspectable,
+    read_file_with_stat,
+)
 from reaper.inventory.memo import FileMemo
 from reaper.inventory.netconf import ConfigError, parse_network_config
 from reaper.model import CacheEntry, CorruptFile, NetworkConfig
@@ -143,7 +149,14 @@ def collect_cache(cache_dir: str, known_networks: set[str], memo: FileMemo[objec
                 corrupt.append(known)
                 continue
             if isinstance(known, _Parsed):
-                entries.append(replace(known.entry, netns=namespace_of(known.entry.netns_path)))
+                netns_path = known.entry.netns_path
+                entries.append(
+                    replace(
+                        known.entry,
+                        netns=namespace_of(netns_path),
+                        netns_uninspectable=namespace_uninspectable(netns_path),
+                    )
+                )
                 _remember_config(known.config, path, configs, bad_configs)
                 continue
             try:
@@ -168,6 +181,7 @@ def collect_cache(cache_dir: str, known_networks: set[str], memo: FileMemo[objec
                 ifname=ifname,
                 netns_path=netns_path,
                 netns=namespace_of(netns_path),
+                netns_uninspectable=namespace_uninspectable(netns_path),
                 host_ifnames=_host_ifnames(result),
                 legacy=legacy,
                 mtime=mtime,

@@ -72,3 +72,17 @@ def namespace_of(path: str | None) -> NsKey | None:
     except OSError:
         return None
     return NsKey(st.st_dev, st.st_ino)
+
+
+def namespace_uninspectable(path: str | None) -> bool:
+    """A netns path that exists (or is a process's) but cannot be stat'ed: nobody can tell
+    whether it is in use, so nothing that names it may be called an orphan."""
+    if not path:
+        return False
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return path.startswith("/proc/") and os.path.isdir(path.split("/ns/")[0])
+    except OSError:
+        return True
+    return False
