@@ -97,7 +97,7 @@ def rewrite_cached_config(leak: Leak, plugins: list[dict[str, Any]]) -> None:
 
 
 def reclaimed(run: ReaperRun, cid: str | None) -> dict[str, Any]:
-    found = [r for r in run.doc["reclaimed"] if r["container_id"] == cid]
+    found: list[dict[str, Any]] = [r for r in run.doc["reclaimed"] if r["container_id"] == cid]
     assert len(found) == 1, run.doc["reclaimed"]
     return found[0]
 
