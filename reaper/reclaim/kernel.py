@@ -218,7 +218,9 @@ def _locked(directory: str, timeout: float = LOCK_WAIT) -> Iterator[None]:
         os.close(fd)
 
 
-def release_leases(targets: list[LeaseTarget], quarantine: Quarantine | None) -> dict[str, Done]:
+def release_leases(
+    targets: list[LeaseTarget], quarantine: Quarantine | None, lock_wait: float = LOCK_WAIT
+) -> dict[str, Done]:
     """Remove leases that still name their orphan, one lock hold per network directory."""
     by_dir: dict[str, list[LeaseTarget]] = defaultdict(list)
     for target in targets:
@@ -226,7 +228,7 @@ def release_leases(targets: list[LeaseTarget], quarantine: Quarantine | None) ->
     done: dict[str, Done] = {}
     for directory, group in by_dir.items():
         try:
-            with _locked(directory):
+            with _locked(directory, lock_wait):
                 for target in group:
                     done[target.path] = _release(target, quarantine)
         except (OSError, TimeoutError) as err:

@@ -37,4 +37,5 @@ class Quarantine:
                 out.flush()
                 os.fsync(out.fileno())
             os.unlink(path)
+        os.chmod(dest, 0o600, follow_symlinks=False)  # cache files carry configs: owner only
         return dest
