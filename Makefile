@@ -9,7 +9,7 @@ DEB_PACKAGES := containerd runc containernetworking-plugins iptables nftables ip
 	util-linux gcc libc6-dev iputils-ping procps ca-certificates
 PYTEST_ARGS ?=
 
-.PHONY: test demo bench deps venv lint typecheck unit proto clean
+.PHONY: test demo bench bench-reap deps venv lint typecheck unit proto clean
 
 test: deps venv lint typecheck
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -19,6 +19,9 @@ demo: deps venv
 
 bench: deps venv
 	$(BIN)/python -m bench.scan_bench
+
+bench-reap: deps venv
+	$(BIN)/python -m bench.reap_bench
 
 # Debian packages: installed only when one is missing, so a warm machine skips apt.
 deps:

@@ -84,7 +84,11 @@ def make_attachments(lab: Lab, count: int, first_host: int) -> list[FakeAttachme
             "config": encoded,
             "ifName": "eth0",
             "networkName": lab.network_name,
-            "cniArgs": [["K8S_POD_NAMESPACE", "bench"], ["K8S_POD_NAME", f"p-{a.container_id[:8]}"]],
+            "cniArgs": [
+                ["IgnoreUnknown", "1"],
+                ["K8S_POD_NAMESPACE", "bench"],
+                ["K8S_POD_NAME", f"p-{a.container_id[:8]}"],
+            ],
             "result": {
                 "cniVersion": "1.0.0",
                 "interfaces": [

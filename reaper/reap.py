@@ -44,6 +44,7 @@ from reaper.scan import inventory_options, scan_pass
 from reaper.settings import ReapSettings, Settings
 
 VETH_GRACE = 2.0  # seconds for the kernel to drop the veths of unpinned namespaces
+DEL_WORKERS = min(8, 2 * (os.cpu_count() or 1))
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class ReapResult:
     skipped: tuple[SkippedAttachment, ...]
     gc: tuple[GcOutcome, ...]
     recheck_error: str | None  # the runtime could not be asked again right before acting
+    timings: tuple[tuple[str, float], ...] = ()  # seconds per step: scan, recheck, del, look, kernel, verify
 
 
 # A resource's identity on the node, the same from one snapshot to the next.
@@ -183,16 +185,28 @@ class _Reclaimer:
         self.log = log
         self.memo = memo
         self.quarantine = Quarantine(policy.quarantine_dir) if policy.quarantine_dir else None
+        self.timings: list[tuple[str, float]] = []
+        self._mark = time.monotonic()
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self.timings.append((name, round(now - self._mark, 6)))
+        self._mark = now
 
     def snapshot(self) -> NodeSnapshot:
         return take_snapshot(inventory_options(self.settings), self.memo)
 
     def run(self, attachments: list[Attachment], before: NodeSnapshot) -> list[ReclaimOutcome]:
+        self._mark = time.monotonic()
         requests = {a.key: (None if self.policy.kernel_only else del_request(a, before)) for a in attachments}
         plugin_errors = self._del_all(attachments, requests)
+        self.lap("del")
         after_del = index_snapshot(self.snapshot())
+        self.lap("look")
         kernel_done = self._kernel(attachments, after_del)
+        self.lap("kernel")
         final = index_snapshot(self.snapshot())
+        self.lap("verify")
         outcomes = []
         for a in attachments:
             results = []
@@ -230,8 +244,9 @@ class _Reclaimer:
             outcomes = del_network(request, self.settings.cni_bin_dirs, self.policy.plugin_timeout)
             return attachment.key, tuple(o.error for o in outcomes if o.error)
 
-        # Plugins are processes: two at a time keep both cores busy.
-        with ThreadPoolExecutor(max_workers=2) as pool:
+        # Plugins are processes that spend part of their time waiting (host-local's lock, the
+        # kernel): two per core keep the cores busy.
+        with ThreadPoolExecutor(max_workers=DEL_WORKERS) as pool:
             results = dict(pool.map(one, todo))
         for key, errors in results.items():
             for error in errors:
@@ -311,8 +326,10 @@ def reap_pass(
     clock: Callable[[], float] = time.time,
     memo: InventoryMemo | None = None,
 ) -> ReapResult:
+    started = time.monotonic()
     scan = scan_pass(settings, liveness, log, clock, memo)
     report = scan.report
+    timings: list[tuple[str, float]] = [("scan", round(time.monotonic() - started, 6))]
 
     def result(**kw: object) -> ReapResult:
         base: dict[str, object] = {
@@ -324,6 +341,7 @@ def reap_pass(
             "skipped": (),
             "gc": (),
             "recheck_error": None,
+            "timings": tuple(timings),
         }
         base.update(kw)
         return ReapResult(**base)  # type: ignore[arg-type]
@@ -349,7 +367,9 @@ def reap_pass(
         return result(plan=plan, skipped=tuple(skipped))
 
     # Right before acting, ask the runtime again: an ID that reappeared is left alone.
+    mark = time.monotonic()
     view = liveness.observe(scan.known_netns)
+    timings.append(("recheck", round(time.monotonic() - mark, 6)))
     if not view.reachable:
         skipped += [SkippedAttachment(a.key, "runtime unreachable at the re-check") for a in selected]
         return result(plan=plan, skipped=tuple(skipped), recheck_error=view.error)
@@ -363,6 +383,7 @@ def reap_pass(
     live_netns = {s.netns for s in view.sandboxes if s.netns is not None}
     reclaimer = _Reclaimer(settings, policy, live_netns, log, memo)
     outcomes = reclaimer.run(act, scan.snapshot) if act else []
+    timings.extend(reclaimer.timings)
     for outcome in outcomes:
         log.info(
             "reclaimed" if outcome.ok else "reclaim incomplete",

@@ -141,6 +141,7 @@ def reap_json(result: ReapResult) -> dict[str, Any]:
             "container_id": p.key.container_id,
             "network": p.key.network,
             "ifname": p.key.ifname,
+            "netns_pin": p.key.pin,
             "config": p.config_source,
             "steps": [{"kind": s.kind, "name": s.name, "method": s.method} for s in p.steps],
         }
@@ -151,6 +152,7 @@ def reap_json(result: ReapResult) -> dict[str, Any]:
             "container_id": o.key.container_id,
             "network": o.key.network,
             "ifname": o.key.ifname,
+            "netns_pin": o.key.pin,
             "resources": [
                 {"kind": r.kind, "name": r.name, "method": r.method, "ok": r.ok, "error": r.error} for r in o.resources
             ],
@@ -162,6 +164,7 @@ def reap_json(result: ReapResult) -> dict[str, Any]:
         {"container_id": s.key.container_id, "network": s.key.network, "reason": s.reason} for s in result.skipped
     ]
     doc["gc"] = [{"network": g.network, "plugin": g.plugin, "ok": g.ok, "error": g.error} for g in result.gc]
+    doc["timings"] = dict(result.timings)
     return doc
 
 

@@ -153,6 +153,10 @@ def request_from_cache(path: str, container_id: str, network: str, ifname: str, 
             key, value = pair
             if key and not any(c in key + value for c in ";=\n\0"):
                 args.append((key, value))
+    # Plugins refuse CNI_ARGS they do not know unless told to ignore them; runtimes say so, but
+    # a cache entry written without it would make every DEL fail.
+    if not any(k.lower() == "ignoreunknown" for k, _ in args):
+        args.insert(0, ("IgnoreUnknown", "1"))
     caps = doc.get("capabilityArgs")
     result = doc.get("result")
     return DelRequest(
@@ -162,7 +166,7 @@ def request_from_cache(path: str, container_id: str, network: str, ifname: str, 
         netns=netns,
         config=config,
         source=path,
-        cni_args=tuple(args) or (("IgnoreUnknown", "1"),),
+        cni_args=tuple(args),
         capability_args=caps if isinstance(caps, dict) else {},
         prev_result=result if isinstance(result, dict) else None,
     )
