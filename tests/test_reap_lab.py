@@ -460,3 +460,19 @@ def test_runtime_unreachable_at_the_recheck_reclaims_nothing(kept: tuple[Lab, st
     live = {a["container_id"] for a in run.doc["attachments"] if a["verdict"] == "live"}
     assert {chained, nocni, web} <= live
     assert lab.run_in_netns(["ping", "-c", "1", "-W", "2", lab.pod_ip(web)]).returncode == 0
+
+
+def test_runtime_down_reclaims_nothing(kept: tuple[Lab, str, str, str], tmp_path: Path) -> None:
+    lab = kept[0]
+    leak = lab.make_leak(with_cache=False)
+    lab.stop_runtime()
+    try:
+        run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP, "--runtime-timeout", "2s")
+        assert run.returncode == 2
+        assert run.doc["reclaimed"] == [] and {a["verdict"] for a in run.doc["attachments"]} == {"unknown"}
+        assert "runtime unreachable" in run.stderr.strip().splitlines()[-1]
+        assert len(leak_left(lab, leak)) == 4  # netns, veth, lease, chains (no cache entry)
+    finally:
+        lab.start_runtime()
+    run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
+    assert run.returncode == 0 and leak_left(lab, leak) == []
