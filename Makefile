@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 DEB_PACKAGES := containerd runc containernetworking-plugins iptables nftables iproute2 \
-	util-linux gcc libc6-dev iputils-ping procps ca-certificates
+	util-linux gcc libc6-dev iputils-ping procps ca-certificates prometheus systemd
 PYTEST_ARGS ?=
 
 .PHONY: test demo bench bench-reap deps venv lint typecheck unit proto clean
