@@ -4,16 +4,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 
+from reaper.agent import Agent
 from reaper.liveness.cri import CriLiveness
 from reaper.logs import setup_logging
+from reaper.metrics import ReaperMetrics, TextfileError, write_textfile
 from reaper.reap import reap_pass
 from reaper.report import reap_json, reap_table, report_json, report_table
 from reaper.scan import scan_pass
-from reaper.settings import SettingsError, add_options, add_reap_options, reap_settings_from, settings_from
+from reaper.settings import (
+    SettingsError,
+    add_agent_options,
+    add_options,
+    add_reap_options,
+    add_textfile_option,
+    agent_settings_from,
+    reap_settings_from,
+    settings_from,
+)
 
 EXIT_CLEAN = 0
 EXIT_ORPHANS = 1
@@ -83,6 +96,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_options(reap)
     add_reap_options(reap)
+    add_textfile_option(reap)
+    add_textfile_option(scan)
+    run = sub.add_parser(
+        "run",
+        help="the node agent: a pass every --interval, Prometheus metrics and health on --listen",
+        description="Run passes forever (reap, or scan with --mode scan), serving /metrics, /healthz and "
+        "/readyz. SIGTERM or SIGINT: the step under way finishes, no new one starts, exit 0.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_options(run)
+    add_reap_options(run)
+    add_agent_options(run)
     return parser
 
 
@@ -93,6 +118,10 @@ def _scan(args: argparse.Namespace) -> int:
         log.warning("not running as root: namespaces, /proc and iptables may be partly unreadable")
     result = scan_pass(settings, CriLiveness(settings.runtime_endpoint, settings.runtime_timeout), log)
     report = result.report
+    metrics = ReaperMetrics()
+    metrics.observe_scan(report)
+    metrics.observe_pass(result.seconds, "ok" if report.runtime.reachable else "undecided", time.time())
+    _write_textfile(args.textfile, metrics, log)
     if settings.json_output:
         json.dump(report_json(report), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -104,13 +133,46 @@ def _scan(args: argparse.Namespace) -> int:
     return EXIT_ORPHANS if report.count("orphan") else EXIT_CLEAN
 
 
+def _write_textfile(path: str | None, metrics: ReaperMetrics, log: logging.Logger) -> None:
+    if path is None:
+        return
+    try:
+        write_textfile(path, metrics.exposition())
+    except TextfileError as err:
+        log.error("textfile not written", extra={"path": path, "error": err.strerror})
+
+
+def _run(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    reap = reap_settings_from(args)
+    agent_settings = agent_settings_from(args)
+    log = setup_logging(settings.log_format, settings.log_level)
+    liveness = CriLiveness(settings.runtime_endpoint, settings.runtime_timeout)
+    try:
+        agent = Agent(settings, reap, agent_settings, liveness, log)
+        return agent.run()
+    except OSError as err:
+        print(
+            f"reaper: cannot listen on {agent_settings.listen_host}:{agent_settings.listen_port}: {err.strerror}",
+            file=sys.stderr,
+        )
+        return EXIT_UNDECIDED
+
+
 def _reap(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     reap = reap_settings_from(args)
     log = setup_logging(settings.log_format, settings.log_level)
     if os.geteuid() != 0:
         log.warning("not running as root: reclaiming will fail")
+    started = time.monotonic()
     result = reap_pass(settings, reap, CriLiveness(settings.runtime_endpoint, settings.runtime_timeout), log)
+    metrics = ReaperMetrics()
+    metrics.observe_reap(result)
+    undecided = not result.report.runtime.reachable or result.recheck_error is not None
+    outcome = "undecided" if undecided else "breaker" if result.breaker_open else "ok"
+    metrics.observe_pass(time.monotonic() - started, outcome, time.time())
+    _write_textfile(args.textfile, metrics, log)
     if settings.json_output:
         json.dump(reap_json(result), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -140,6 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _scan(args)
         if args.command == "reap":
             return _reap(args)
+        if args.command == "run":
+            return _run(args)
     except SettingsError as err:
         print(f"reaper: {err}", file=sys.stderr)
         return EXIT_UNDECIDED

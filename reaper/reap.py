@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -178,7 +179,9 @@ class _Reclaimer:
         live_netns: set[NsKey],
         log: logging.Logger,
         memo: InventoryMemo | None,
+        stop: threading.Event | None = None,
     ) -> None:
+        self.stop = stop or threading.Event()
         self.settings = settings
         self.policy = policy
         self.live_netns = live_netns
@@ -203,7 +206,11 @@ class _Reclaimer:
         self.lap("del")
         after_del = index_snapshot(self.snapshot())
         self.lap("look")
-        kernel_done = self._kernel(attachments, after_del)
+        if self.stop.is_set():
+            # Stopping: no new step starts. What DEL freed is reported; the rest waits.
+            kernel_done = {i: kernel.Done(False, "interrupted: stopping") for i in after_del}
+        else:
+            kernel_done = self._kernel(attachments, after_del)
         self.lap("kernel")
         final = index_snapshot(self.snapshot())
         self.lap("verify")
@@ -241,6 +248,8 @@ class _Reclaimer:
         def one(item: tuple[Attachment, DelRequest | None]) -> tuple[AttachmentKey, tuple[str, ...]]:
             attachment, request = item
             assert request is not None
+            if self.stop.is_set():
+                return attachment.key, ()
             outcomes = del_network(request, self.settings.cni_bin_dirs, self.policy.plugin_timeout)
             return attachment.key, tuple(o.error for o in outcomes if o.error)
 
@@ -325,7 +334,9 @@ def reap_pass(
     log: logging.Logger,
     clock: Callable[[], float] = time.time,
     memo: InventoryMemo | None = None,
+    stop: threading.Event | None = None,
 ) -> ReapResult:
+    """One pass. `stop`, once set, lets the step under way finish and starts no new one."""
     started = time.monotonic()
     scan = scan_pass(settings, liveness, log, clock, memo)
     report = scan.report
@@ -366,6 +377,9 @@ def reap_pass(
     if policy.dry_run:
         return result(plan=plan, skipped=tuple(skipped))
 
+    if stop is not None and stop.is_set():
+        skipped += [SkippedAttachment(a.key, "stopping") for a in selected]
+        return result(plan=plan, skipped=tuple(skipped))
     # Right before acting, ask the runtime again: an ID that reappeared is left alone.
     mark = time.monotonic()
     view = liveness.observe(scan.known_netns)
@@ -381,7 +395,7 @@ def reap_pass(
         else:
             skipped.append(SkippedAttachment(a.key, why))
     live_netns = {s.netns for s in view.sandboxes if s.netns is not None}
-    reclaimer = _Reclaimer(settings, policy, live_netns, log, memo)
+    reclaimer = _Reclaimer(settings, policy, live_netns, log, memo, stop)
     outcomes = reclaimer.run(act, scan.snapshot) if act else []
     timings.extend(reclaimer.timings)
     for outcome in outcomes:

@@ -221,6 +221,57 @@ def reap_settings_from(args: argparse.Namespace, env: Mapping[str, str] | None =
     )
 
 
+AGENT_OPTIONS: tuple[_Option, ...] = (
+    _Option(
+        "--mode", "REAPER_MODE", "reap", "reap: reclaim orphans every pass; scan: only report them", metavar="MODE"
+    ),
+    _Option("--interval", "REAPER_INTERVAL", "60s", "time between passes (10%% jitter)", metavar="DURATION"),
+    _Option(
+        "--listen",
+        "REAPER_LISTEN",
+        "127.0.0.1:9753",
+        "HOST:PORT for /metrics, /healthz and /readyz",
+        metavar="HOST:PORT",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    mode: str
+    interval: float
+    listen_host: str
+    listen_port: int
+
+
+def add_agent_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("agent (each also read from its REAPER_* variable)")
+    for opt in AGENT_OPTIONS:
+        group.add_argument(
+            opt.flag, default=None, metavar=opt.metavar, help=f"{opt.help} [default: {opt.default}] (env {opt.env})"
+        )
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:9753 or [::1]:9753)")
+    return host, int(port)
+
+
+def agent_settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> AgentSettings:
+    env = os.environ if env is None else env
+    v = {opt.flag: _values(args, env, opt)[-1] for opt in AGENT_OPTIONS}
+    if v["--mode"] not in ("scan", "reap"):
+        raise SettingsError(f"--mode: {v['--mode']!r} is not scan or reap")
+    interval = _parse("--interval", v["--interval"], parse_duration)
+    if interval < 1:
+        raise SettingsError("--interval: must be at least 1s")
+    host, port = _parse("--listen", v["--listen"], parse_listen)
+    return AgentSettings(v["--mode"], interval, host, port)
+
+
 def add_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("paths and policy (each also read from its REAPER_* variable)")
     for opt in OPTIONS:
@@ -233,6 +284,15 @@ def add_options(parser: argparse.ArgumentParser) -> None:
             help=f"{opt.help}{default_text} (env {opt.env})",
         )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+
+
+def add_textfile_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--textfile",
+        default=os.environ.get("REAPER_TEXTFILE") or None,
+        metavar="PATH",
+        help="also write the metrics to PATH, atomically, for node_exporter's textfile collector (env REAPER_TEXTFILE)",
+    )
 
 
 def _dest(flag: str) -> str:

@@ -1,0 +1,155 @@
+"""Prometheus metrics, named for what they count; one registry per process, no globals."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from reaper.model import RESOURCE_KINDS, VERDICTS, ScanReport
+from reaper.reap import ReapResult
+
+PASS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+CORRUPT_KINDS = ("netns", "ipam", "cache", "netconf")
+METHODS = ("cni-del", "kernel", "quarantine")
+
+
+class ReaperMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.attachments = Gauge(
+            "cni_reaper_attachments", "Attachments seen on the last pass, by verdict.", ["verdict"], registry=r
+        )
+        self.resources = Gauge(
+            "cni_reaper_resources",
+            "Resources seen on the last pass, by kind and by the verdict of their attachment.",
+            ["kind", "verdict"],
+            registry=r,
+        )
+        self.reclaimed = Counter(
+            "cni_reaper_reclaimed", "Resources freed, by kind and method.", ["kind", "method"], registry=r
+        )
+        self.reclaim_errors = Counter(
+            "cni_reaper_reclaim_errors",
+            "Resources an attempt to free left behind, by kind and method.",
+            ["kind", "method"],
+            registry=r,
+        )
+        self.plugin_errors = Counter(
+            "cni_reaper_plugin_del_errors", "Plugin DEL runs that failed (the kernel path then takes over).", registry=r
+        )
+        self.skipped = Counter(
+            "cni_reaper_skipped_attachments",
+            "Orphans left for a later pass: over --max-reap, listed again at the re-check, runtime unreachable.",
+            registry=r,
+        )
+        self.range_size = Gauge(
+            "cni_reaper_ipam_range_size", "Addresses a host-local range can give out.", ["network", "range"], registry=r
+        )
+        self.range_used = Gauge(
+            "cni_reaper_ipam_range_used", "Leases held in a host-local range.", ["network", "range"], registry=r
+        )
+        self.stuck = Gauge(
+            "cni_reaper_stuck_sandboxes", "NOTREADY sandboxes older than --stuck-after (the runtime's).", registry=r
+        )
+        self.corrupt = Gauge(
+            "cni_reaper_corrupt_files", "Files the last pass could not read, by kind.", ["kind"], registry=r
+        )
+        self.pass_duration = Histogram(
+            "cni_reaper_pass_duration_seconds", "Wall time of a whole pass.", buckets=PASS_BUCKETS, registry=r
+        )
+        self.last_success = Gauge(
+            "cni_reaper_last_pass_success_timestamp_seconds",
+            "When a pass last finished with the runtime reachable (Unix time).",
+            registry=r,
+        )
+        self.passes = Counter("cni_reaper_passes", "Passes run, by outcome.", ["outcome"], registry=r)
+        self.runtime_up = Gauge("cni_reaper_runtime_up", "1 when the runtime answered on the last pass.", registry=r)
+        self.breaker_open = Gauge(
+            "cni_reaper_breaker_open", "1 when the last pass refused to reclaim (too many orphans).", registry=r
+        )
+        for verdict in VERDICTS:
+            self.attachments.labels(verdict)
+            for kind in RESOURCE_KINDS:
+                self.resources.labels(kind, verdict)
+        for kind in RESOURCE_KINDS:
+            for method in METHODS:
+                self.reclaimed.labels(kind, method)
+                self.reclaim_errors.labels(kind, method)
+        for corrupt_kind in CORRUPT_KINDS:
+            self.corrupt.labels(corrupt_kind)
+        for outcome in ("ok", "undecided", "breaker", "error"):
+            self.passes.labels(outcome)
+
+    def observe_scan(self, report: ScanReport) -> None:
+        counts = {v: 0 for v in VERDICTS}
+        per_kind = {(k, v): 0 for k in RESOURCE_KINDS for v in VERDICTS}
+        for a in report.attachments:
+            counts[a.verdict] += 1
+            for ref in a.resources:
+                per_kind[(ref.kind, a.verdict)] += 1
+        for verdict, n in counts.items():
+            self.attachments.labels(verdict).set(n)
+        for (kind, verdict), n in per_kind.items():
+            self.resources.labels(kind, verdict).set(n)
+        self.range_size.clear()
+        self.range_used.clear()
+        for r in report.ranges:
+            self.range_size.labels(r.network, r.range).set(r.size)
+            self.range_used.labels(r.network, r.range).set(r.used)
+        self.stuck.set(len(report.stuck_sandboxes))
+        corrupt = dict.fromkeys(CORRUPT_KINDS, 0)
+        for c in report.corrupt:
+            corrupt[c.kind] = corrupt.get(c.kind, 0) + 1
+        for file_kind, n in corrupt.items():
+            self.corrupt.labels(file_kind).set(n)
+        self.runtime_up.set(1 if report.runtime.reachable else 0)
+
+    def observe_reap(self, result: ReapResult) -> None:
+        self.observe_scan(result.report)
+        self.breaker_open.set(1 if result.breaker_open else 0)
+        for outcome in result.reclaimed:
+            for r in outcome.resources:
+                (self.reclaimed if r.ok else self.reclaim_errors).labels(r.kind, r.method).inc()
+            self.plugin_errors.inc(len(outcome.plugin_errors))
+        self.skipped.inc(len(result.skipped))
+
+    def observe_pass(self, seconds: float, outcome: str, finished_at: float) -> None:
+        self.pass_duration.observe(seconds)
+        self.passes.labels(outcome).inc()
+        if outcome in ("ok", "breaker"):
+            self.last_success.set(finished_at)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class TextfileError(OSError):
+    pass
+
+
+def write_textfile(path: str, data: bytes) -> None:
+    """Atomically replace `path` (for node_exporter's textfile collector), mode 0644.
+
+    The temp file is created exclusively in the same dir and renamed over the target, so a
+    symlink planted at `path` is replaced, never written through.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".cni_reaper.", suffix=".prom.tmp", dir=directory)
+    except OSError as err:
+        raise TextfileError(err.errno, f"cannot write textfile {path}: {err.strerror}") from None
+    try:
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise TextfileError(err.errno, f"cannot write textfile {path}: {err.strerror}") from None
