@@ -9,7 +9,7 @@ DEB_PACKAGES := containerd runc containernetworking-plugins iptables nftables ip
 	util-linux gcc libc6-dev iputils-ping procps ca-certificates prometheus systemd
 PYTEST_ARGS ?=
 
-.PHONY: test demo bench bench-reap deps venv lint typecheck unit proto clean
+.PHONY: test demo bench bench-reap bench-agent deps venv lint typecheck unit proto clean
 
 test: deps venv lint typecheck
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -22,6 +22,9 @@ bench: deps venv
 
 bench-reap: deps venv
 	$(BIN)/python -m bench.reap_bench
+
+bench-agent: deps venv
+	$(BIN)/python -m bench.agent_idle
 
 # Debian packages: installed only when one is missing, so a warm machine skips apt.
 deps:
