@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import logging
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +25,10 @@ from reaper.scan import scan_pass
 from reaper.settings import AgentSettings, ReapSettings, Settings
 
 READY_INTERVALS = 3  # /readyz fails when the runtime has not answered for this many intervals
+
+
+class _IPv6Server(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
 
 
 class Agent:
@@ -153,7 +158,8 @@ class Agent:
         self.stop.set()
 
     def run(self) -> int:
-        server = ThreadingHTTPServer((self.agent.listen_host, self.agent.listen_port), self._handler())
+        server_class = _IPv6Server if ":" in self.agent.listen_host else ThreadingHTTPServer
+        server = server_class((self.agent.listen_host, self.agent.listen_port), self._handler())
         server.daemon_threads = True
         http_thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
         http_thread.start()

@@ -1,0 +1,65 @@
+# cni-reaper node agent: `reaper run`, deployed by charts/cni-reaper as a privileged DaemonSet.
+#   docker build -t cni-reaper:0.1.0 .
+# Both stages use the same pinned base, so the venv's interpreter link
+# (/usr/local/bin/python3.11) is valid in the final image.
+
+FROM python:3.11.17-slim-bookworm AS builder
+
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PYTHONDONTWRITEBYTECODE=1
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY reaper ./reaper
+
+# A wheel of the project, installed with its dependencies into a venv that the final stage copies
+# whole. Binary wheels only (grpcio, protobuf and psutil have them), so no compiler is needed.
+RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
+ && python -m venv /opt/venv \
+ && /opt/venv/bin/pip install --no-cache-dir --only-binary=:all: /wheels/*.whl
+
+
+FROM python:3.11.17-slim-bookworm
+
+LABEL org.opencontainers.image.title="cni-reaper" \
+      org.opencontainers.image.description="Finds and reclaims leaked container-network resources on Kubernetes nodes" \
+      org.opencontainers.image.version="0.1.0" \
+      org.opencontainers.image.licenses="Apache-2.0"
+
+# What the agent (and the CNI plugins whose DEL it runs) execute besides Python:
+#   iptables  iptables-save/-restore and ip6tables-*, for the CNI-* and CNI-DN-* nat chains
+#             (Debian's default is the nf_tables backend; the legacy one is in the same package)
+#   nftables  nft, for the nftables backend's cni_plugins_masquerade / cni_hostport rules
+#   iproute2  ip, for plugins that shell out to it and for debugging inside the pod
+# util-linux (nsenter, mount tools) is already in the base image: it is Essential in bookworm.
+# Versions are bookworm's; refresh them with `apt-cache policy iptables nftables iproute2` in
+# the base image when a Debian point release replaces one.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends \
+      iptables=1.8.9-2 \
+      nftables=1.0.6-2+deb12u2 \
+      iproute2=6.1.0-3 \
+ && rm -rf /var/lib/apt/lists/*
+
+COPY --from=builder /opt/venv /opt/venv
+
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+
+# Root, on purpose: the agent cannot run as any other user. It unmounts netns pins in the host's
+# mount namespace and enters pod network namespaces (CAP_SYS_ADMIN), deletes links and edits
+# iptables/nftables over netlink in the host network namespace (CAP_NET_ADMIN, CAP_NET_RAW),
+# reads /proc/<pid>/ns of every process on the node (CAP_SYS_PTRACE), and removes root-owned
+# leases and cache files under /var/lib/cni. Those capabilities must be held in the host's
+# namespaces, which a non-root user (even with file capabilities) in a user namespace never is;
+# the chart runs the container privileged for the same reasons.
+# hadolint ignore=DL3002
+USER 0:0
+
+# /metrics, /healthz and /readyz (the chart binds them to the node IP with --listen).
+EXPOSE 9753
+
+ENTRYPOINT ["reaper"]
+CMD ["run"]

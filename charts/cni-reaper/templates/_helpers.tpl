@@ -1,0 +1,123 @@
+{{/* Chart name, truncated to a DNS label. */}}
+{{- define "cni-reaper.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: the release name, with the chart name unless the release already has it. */}}
+{{- define "cni-reaper.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "cni-reaper.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "cni-reaper.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "cni-reaper.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "cni-reaper.labels" -}}
+helm.sh/chart: {{ include "cni-reaper.chart" . }}
+{{ include "cni-reaper.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: node-agent
+{{- end }}
+
+{{- define "cni-reaper.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "cni-reaper.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "cni-reaper.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* The CRI socket's host path, from runtimeEndpoint (unix:///path). */}}
+{{- define "cni-reaper.criSocket" -}}
+{{- if not (hasPrefix "unix:///" .Values.runtimeEndpoint) }}
+{{- fail (printf "runtimeEndpoint %q must look like unix:///run/containerd/containerd.sock" .Values.runtimeEndpoint) }}
+{{- end }}
+{{- clean (trimPrefix "unix://" .Values.runtimeEndpoint) }}
+{{- end }}
+
+{{/*
+cni-reaper.addMount: add one host path to $state.mounts unless a mount already there covers it:
+the same path or a parent, with at least the same access and the same (or Bidirectional)
+propagation. Called with (list $state $mount); candidates are added most permissive first, so a
+covered path needs no mount of its own and no two mounts share a mountPath.
+*/}}
+{{- define "cni-reaper.addMount" -}}
+{{- $state := index . 0 }}
+{{- $m := index . 1 }}
+{{- if not (isAbs $m.path) }}
+{{- fail (printf "%s: %q must be an absolute path" $m.name $m.path) }}
+{{- end }}
+{{- $_ := set $m "path" (clean $m.path) }}
+{{- $covered := false }}
+{{- range $state.mounts }}
+{{- $under := or (eq .path $m.path) (hasPrefix (printf "%s/" (trimSuffix "/" .path)) $m.path) }}
+{{- $access := or (not .readOnly) $m.readOnly }}
+{{- $propagation := or (not $m.propagation) (eq (default "" .propagation) $m.propagation) (eq (default "" .propagation) "Bidirectional") }}
+{{- if and $under $access $propagation }}
+{{- $covered = true }}
+{{- end }}
+{{- end }}
+{{- if not $covered }}
+{{- range $state.mounts }}
+{{- if eq .path $m.path }}
+{{- fail (printf "%s and %s are the same host path %s but need different mounts" .name $m.name $m.path) }}
+{{- end }}
+{{- end }}
+{{- $_ := set $state "mounts" (append $state.mounts $m) }}
+{{- end }}
+{{- end }}
+
+{{/*
+cni-reaper.hostMounts: every host path the agent needs, each mounted at the same path in the
+container. Fills $state.mounts (call with a dict holding "root" = the top context and "mounts"
+= an empty list) with dicts of name, path, type (hostPath type), readOnly and propagation.
+In scan mode nothing of the node's CNI state is writable: read-only mounts, and the netns dirs
+with HostToContainer propagation (pins made after the pod started must still show up as
+mounts, or they would look like stale files).
+*/}}
+{{- define "cni-reaper.hostMounts" -}}
+{{- $v := .root.Values }}
+{{- $scan := eq $v.mode "scan" }}
+{{- range $i, $p := $v.netnsDirs }}
+{{- $propagation := ternary "HostToContainer" "Bidirectional" $scan }}
+{{- include "cni-reaper.addMount" (list $ (dict "name" (printf "netns-%d" $i) "path" $p "type" "DirectoryOrCreate" "readOnly" $scan "propagation" $propagation)) }}
+{{- end }}
+{{- include "cni-reaper.addMount" (list $ (dict "name" "cni-cache" "path" $v.cniCacheDir "type" "DirectoryOrCreate" "readOnly" $scan)) }}
+{{- range $i, $p := $v.ipamDirs }}
+{{- include "cni-reaper.addMount" (list $ (dict "name" (printf "ipam-%d" $i) "path" $p "type" "DirectoryOrCreate" "readOnly" $scan)) }}
+{{- end }}
+{{- include "cni-reaper.addMount" (list $ (dict "name" "state" "path" (dir $v.stateFile) "type" "DirectoryOrCreate" "readOnly" false)) }}
+{{- if and $v.quarantineDir (not $scan) }}
+{{- include "cni-reaper.addMount" (list $ (dict "name" "quarantine" "path" $v.quarantineDir "type" "DirectoryOrCreate" "readOnly" false)) }}
+{{- end }}
+{{- /*
+The CRI socket's directory, not the socket file: a runtime restart replaces the socket, and a
+file bind mount would keep pointing at the dead one. HostToContainer, so the mounts the runtime
+makes and removes under its state dir (container rootfs) are never held by this pod.
+*/}}
+{{- include "cni-reaper.addMount" (list $ (dict "name" "cri-socket-dir" "path" (dir (include "cni-reaper.criSocket" .root)) "type" "Directory" "readOnly" false "propagation" "HostToContainer")) }}
+{{- include "cni-reaper.addMount" (list $ (dict "name" "xtables-lock" "path" $v.xtablesLock "type" "FileOrCreate" "readOnly" false)) }}
+{{- include "cni-reaper.addMount" (list $ (dict "name" "cni-conf" "path" $v.cniConfDir "type" "DirectoryOrCreate" "readOnly" true)) }}
+{{- range $i, $p := $v.cniBinDirs }}
+{{- include "cni-reaper.addMount" (list $ (dict "name" (printf "cni-bin-%d" $i) "path" $p "type" "DirectoryOrCreate" "readOnly" true)) }}
+{{- end }}
+{{- end }}
