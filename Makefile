@@ -9,7 +9,7 @@ DEB_PACKAGES := containerd runc containernetworking-plugins iptables nftables ip
 	util-linux gcc libc6-dev iputils-ping procps ca-certificates prometheus systemd
 PYTEST_ARGS ?=
 
-.PHONY: test demo bench bench-reap bench-agent deps venv lint typecheck unit proto clean
+.PHONY: test demo bench bench-reap bench-agent bench-churn deps venv lint typecheck unit proto clean
 
 test: deps venv lint typecheck
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -25,6 +25,9 @@ bench-reap: deps venv
 
 bench-agent: deps venv
 	$(BIN)/python -m bench.agent_idle
+
+bench-churn: deps venv
+	$(BIN)/python -m bench.churn_bench
 
 # Debian packages: installed only when one is missing, so a warm machine skips apt.
 deps:

@@ -38,6 +38,13 @@ class Holder:
     pid: int
     comm: str
     is_cni_plugin: bool
+    # A plugin this reaper started (its own DEL): the only process that does not make a netns
+    # busy. A plugin someone else started is an ADD or DEL of the runtime's, in progress.
+    reapers_own: bool = False
+
+    @property
+    def keeps_netns_busy(self) -> bool:
+        return not self.reapers_own
 
 
 @dataclass(frozen=True)

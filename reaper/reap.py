@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from reaper.inventory.memo import InventoryMemo
+from reaper.inventory.procs import describe, netns_members
 from reaper.inventory.snapshot import take_snapshot
 from reaper.liveness import LivenessSource
 from reaper.model import (
@@ -151,6 +152,18 @@ def _reappeared(attachment: Attachment, view: RuntimeView) -> str | None:
     if attachment.netns is not None and attachment.netns in netns:
         return "its netns belongs to a sandbox listed now"
     return None
+
+
+def _busy_namespaces(bin_dirs: tuple[str, ...]) -> dict[NsKey, str]:
+    """Namespaces some process is in right now (not a plugin of this reaper's), with why."""
+    members = netns_members()
+    described = describe({pid for pids in members.values() for pid in pids}, bin_dirs)
+    busy = {}
+    for ns, pids in members.items():
+        inside = [described[p] for p in sorted(pids) if described[p].keeps_netns_busy]
+        if inside:
+            busy[ns] = f"its netns is in use now (pid {inside[0].pid}, {inside[0].comm})"
+    return busy
 
 
 def _cache_still_names(data: bytes, target: kernel.CacheTarget) -> bool:
@@ -387,9 +400,10 @@ def reap_pass(
     if not view.reachable:
         skipped += [SkippedAttachment(a.key, "runtime unreachable at the re-check") for a in selected]
         return result(plan=plan, skipped=tuple(skipped), recheck_error=view.error)
+    busy = _busy_namespaces(settings.cni_bin_dirs)
     act = []
     for a in selected:
-        why = _reappeared(a, view)
+        why = _reappeared(a, view) or (busy.get(a.netns) if a.netns is not None else None)
         if why is None:
             act.append(a)
         else:

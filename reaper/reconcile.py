@@ -46,9 +46,12 @@ class _Owners:
         if group.netns is not None:
             if group.netns in self.by_netns:
                 return f"its netns belongs to sandbox {self.by_netns[group.netns].id[:12]}"
-            inside = [h for h in self.holders.get(group.netns, ()) if not h.is_cni_plugin]
+            inside = [h for h in self.holders.get(group.netns, ()) if h.keeps_netns_busy]
             if inside:
-                return f"pid {inside[0].pid} ({inside[0].comm}) is inside its netns"
+                h = inside[0]
+                if h.is_cni_plugin:
+                    return f"CNI plugin {h.comm} (pid {h.pid}) runs in its netns: an ADD or DEL in progress"
+                return f"pid {h.pid} ({h.comm}) is inside its netns"
         return None
 
 

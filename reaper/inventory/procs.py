@@ -59,5 +59,21 @@ def describe(pids: Iterable[int], bin_dirs: tuple[str, ...], proc: str = "/proc"
         except OSError:
             exe = ""
         plugin = bool(exe) and os.path.dirname(exe) in real_dirs
-        holders[pid] = Holder(pid=pid, comm=comm, is_cni_plugin=plugin)
+        ours = plugin and _descends_from(pid, os.getpid(), proc)
+        holders[pid] = Holder(pid=pid, comm=comm, is_cni_plugin=plugin, reapers_own=ours)
     return holders
+
+
+def _descends_from(pid: int, ancestor: int, proc: str) -> bool:
+    """Whether `ancestor` started `pid` (directly or through its children)."""
+    for _ in range(64):
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+        try:
+            with open(f"{proc}/{pid}/stat", encoding="utf-8", errors="replace") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False

@@ -113,7 +113,7 @@ def _unpin(
             return _fail("it pins another namespace now")
         if key in live_netns:
             return _fail("a live sandbox names this netns")
-        inside = [h for h in describe(members.get(key, ()), bin_dirs).values() if not h.is_cni_plugin]
+        inside = [h for h in describe(members.get(key, ()), bin_dirs).values() if h.keeps_netns_busy]
         if inside:
             return _fail(f"pid {inside[0].pid} ({inside[0].comm}) is inside")
         if _libc.umount2(os.fsencode(path), MNT_DETACH) != 0:

@@ -89,10 +89,15 @@ def test_process_in_netns_keeps_it_live_but_a_plugin_does_not() -> None:
     live_snap = snap.__class__(**{**snap.__dict__, "netns_holders": holders})
     report, _ = reconcile(live_snap, runtime(), {}, POLICY, NOW)
     assert report.attachments[0].verdict == "live" and "pid 77" in report.attachments[0].reason
-    plugin = ((NsKey(4, 1001), (Holder(78, "bridge", True),)),)
-    plugin_snap = snap.__class__(**{**snap.__dict__, "netns_holders": plugin})
-    report, _ = reconcile(plugin_snap, runtime(), {}, POLICY, NOW)
-    assert report.attachments[0].verdict == "pending"
+    own = ((NsKey(4, 1001), (Holder(78, "bridge", True, reapers_own=True),)),)
+    own_snap = snap.__class__(**{**snap.__dict__, "netns_holders": own})
+    report, _ = reconcile(own_snap, runtime(), {}, POLICY, NOW)
+    assert report.attachments[0].verdict == "pending", "the reaper's own DEL does not keep it alive"
+    # A plugin the runtime started is an ADD (or DEL) in progress: hands off.
+    theirs = ((NsKey(4, 1001), (Holder(79, "bridge", True),)),)
+    theirs_snap = snap.__class__(**{**snap.__dict__, "netns_holders": theirs})
+    report, _ = reconcile(theirs_snap, runtime(), {}, POLICY, NOW)
+    assert report.attachments[0].verdict == "live" and "ADD or DEL in progress" in report.attachments[0].reason
 
 
 def test_host_netns_named_by_cache_is_live() -> None:
