@@ -25,11 +25,11 @@ def ip_key(text: str) -> tuple[int, int] | None:
     try:
         packed = socket.inet_pton(socket.AF_INET, text)
         return 4, int.from_bytes(packed, "big")
-    except OSError:
+    except (OSError, ValueError):  # ValueError: an embedded NUL
         pass
     try:
         packed = socket.inet_pton(socket.AF_INET6, text)
-    except OSError:
+    except (OSError, ValueError):
         return None
     # host-local names v6 files in compressed lowercase form; anything else is not its file.
     if socket.inet_ntop(socket.AF_INET6, packed) != text:
