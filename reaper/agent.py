@@ -81,6 +81,7 @@ class Agent:
         if self.agent.mode == "scan":
             result = scan_pass(self.settings, self.liveness, self.log, self.clock, self.memo)
             self.metrics.observe_scan(result.report)
+            self.metrics.observe_state(result.state_saved)
             report = result.report
             outcome = "ok" if report.runtime.reachable else "undecided"
             fields: dict[str, object] = {v: report.count(v) for v in ("live", "orphan", "pending", "unknown")}

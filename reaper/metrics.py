@@ -67,6 +67,11 @@ class ReaperMetrics:
             registry=r,
         )
         self.passes = Counter("cni_reaper_passes", "Passes run, by outcome.", ["outcome"], registry=r)
+        self.state_write_errors = Counter(
+            "cni_reaper_state_write_errors",
+            "Passes whose state file could not be written (confirmations then start over).",
+            registry=r,
+        )
         self.runtime_up = Gauge("cni_reaper_runtime_up", "1 when the runtime answered on the last pass.", registry=r)
         self.breaker_open = Gauge(
             "cni_reaper_breaker_open", "1 when the last pass refused to reclaim (too many orphans).", registry=r
@@ -108,8 +113,13 @@ class ReaperMetrics:
             self.corrupt.labels(file_kind).set(n)
         self.runtime_up.set(1 if report.runtime.reachable else 0)
 
+    def observe_state(self, saved: bool) -> None:
+        if not saved:
+            self.state_write_errors.inc()
+
     def observe_reap(self, result: ReapResult) -> None:
         self.observe_scan(result.report)
+        self.observe_state(result.state_saved)
         self.breaker_open.set(1 if result.breaker_open else 0)
         for outcome in result.reclaimed:
             for r in outcome.resources:

@@ -60,6 +60,7 @@ class ReapResult:
     gc: tuple[GcOutcome, ...]
     recheck_error: str | None  # the runtime could not be asked again right before acting
     timings: tuple[tuple[str, float], ...] = ()  # seconds per step: scan, recheck, del, look, kernel, verify
+    state_saved: bool = True
 
 
 # A resource's identity on the node, the same from one snapshot to the next.
@@ -366,6 +367,7 @@ def reap_pass(
             "gc": (),
             "recheck_error": None,
             "timings": tuple(timings),
+            "state_saved": scan.state_saved,
         }
         base.update(kw)
         return ReapResult(**base)  # type: ignore[arg-type]

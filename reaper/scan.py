@@ -23,6 +23,7 @@ class PassResult:
     report: ScanReport
     snapshot: NodeSnapshot
     known_netns: dict[str, str]  # sandbox ID -> netns path, as learned so far
+    state_saved: bool
     warnings: tuple[str, ...]
     seconds: float
     timings: tuple[tuple[str, float], ...]  # seconds per step of the pass
@@ -104,9 +105,11 @@ def _scan_pass(
         netns_map = {s.id: s.netns_path for s in runtime.sandboxes if s.netns_path}
     else:
         netns_map, first_seen = dict(state.sandbox_netns), dict(state.sandbox_first_seen)
+    state_saved = True
     try:
         save_state(settings.state_file, State(history, netns_map, first_seen))
     except StateError as err:
+        state_saved = False
         warnings.append(f"{err}; confirmations will not carry to the next pass")
     timings = (
         *snapshot.timings,
@@ -130,4 +133,4 @@ def _scan_pass(
             "corrupt_files": len(report.corrupt),
         },
     )
-    return PassResult(report, snapshot, {**known, **netns_map}, tuple(warnings), seconds, timings)
+    return PassResult(report, snapshot, {**known, **netns_map}, state_saved, tuple(warnings), seconds, timings)

@@ -6,13 +6,10 @@ and chains exactly as before, and still answers ping from the lab netns.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import secrets
 import stat
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,12 +18,11 @@ from typing import Any
 
 import pytest
 
-from tests.lab import Lab, Leak, PortMap
+from tests.lab import Lab, PortMap
 from tests.lab import cni as labcni
-from tests.reaper_cli import ReaperRun, attachments_by_key, lab_flags, run_reaper
+from tests.reap_helpers import REAP, SCAN, hostport_chains, leak_left, racing_reap, rewrite_cached_config
+from tests.reaper_cli import ReaperRun, attachments_by_key, run_reaper
 
-SCAN = ("--min-age", "0", "--confirmations", "1")
-REAP = (*SCAN, "--max-orphan-ratio", "1")
 Key = tuple[str | None, str | None, str | None]
 
 
@@ -55,45 +51,6 @@ def assert_live_intact(world: Forgotten, tmp: Path) -> None:
     for pod in (world.web, world.db):
         ping = world.lab.run_in_netns(["ping", "-c", "1", "-W", "2", world.lab.pod_ip(pod)])
         assert ping.returncode == 0, f"live pod {pod[:12]} no longer answers: {ping.stdout}"
-
-
-def host_links(lab: Lab) -> set[str]:
-    return {link["ifname"] for link in json.loads(lab.run_in_netns(["ip", "-j", "link", "show"], check=True).stdout)}
-
-
-def nat_chains(lab: Lab) -> str:
-    return lab.run_in_netns(["iptables-save", "-t", "nat"], check=True).stdout
-
-
-def _hostport_chains(lab: Lab) -> int:
-    return sum(1 for line in nat_chains(lab).splitlines() if line.startswith(":CNI-DN-"))
-
-
-def leak_left(lab: Lab, leak: Leak) -> list[str]:
-    """The resources of `leak` still on the node."""
-    left = []
-    if leak.netns_path.exists():
-        left.append(f"netns {leak.netns_path.name}")
-    if leak.host_veth in host_links(lab):
-        left.append(f"veth {leak.host_veth}")
-    if leak.lease_path.exists():
-        left.append(f"lease {leak.ip}")
-    if leak.cache_path is not None and leak.cache_path.exists():
-        left.append("cache entry")
-    chains = nat_chains(lab)
-    if leak.masq_chain in chains or leak.container_id in chains:
-        left.append("chains")
-    return left
-
-
-def rewrite_cached_config(leak: Leak, plugins: list[dict[str, Any]]) -> None:
-    """Make the leak's cache entry carry another plugin list (to make its DEL fail or hang)."""
-    assert leak.cache_path is not None
-    entry = json.loads(leak.cache_path.read_bytes())
-    config = json.loads(base64.b64decode(entry["config"]))
-    config["plugins"] = plugins
-    entry["config"] = base64.b64encode(json.dumps(config).encode()).decode()
-    leak.cache_path.write_text(json.dumps(entry))
 
 
 def reclaimed(run: ReaperRun, cid: str | None) -> dict[str, Any]:
@@ -142,7 +99,7 @@ def test_everything_the_runtime_forgot_is_reclaimed(forgotten: Forgotten, tmp_pa
         path.write_bytes(data)
     untied = results / "garbage"
     untied.write_bytes(b"")
-    assert _hostport_chains(lab) == 3  # web, the old pod and the cached leak
+    assert hostport_chains(lab) == 3  # web, the old pod and the cached leak
     pins_before = {p.name for p in lab.netns_dir.iterdir()}
     assert set(forgotten.seeds) <= pins_before
 
@@ -156,7 +113,7 @@ def test_everything_the_runtime_forgot_is_reclaimed(forgotten: Forgotten, tmp_pa
     assert untied.exists(), "a file no attachment names is reported, never deleted"
     pins_after = {p.name for p in lab.netns_dir.iterdir()}
     assert not set(forgotten.seeds) & pins_after, "the forgotten sandboxes' pins are gone"
-    assert _hostport_chains(lab) == 1  # only the live web pod's
+    assert hostport_chains(lab) == 1  # only the live web pod's
     # The cached leak went through its plugins' DEL (cached config, capability args, prevResult).
     via = {r["kind"]: r["method"] for r in reclaimed(run, cached.container_id)["resources"]}
     assert via["ipam"] == "cni-del" and via["veth"] == "cni-del" and via["iptables"] == "cni-del"
@@ -407,24 +364,6 @@ def kept() -> Iterator[tuple[Lab, str, str, str]]:
         web = lab.run_pod("web")
         assert chained.sandbox_id is not None and nocni.sandbox_id is not None
         yield lab, chained.sandbox_id, nocni.sandbox_id, web
-
-
-def racing_reap(lab: Lab, mode: str, hide: list[str], state: Path) -> dict[str, Any]:
-    argv = [
-        "nsenter",
-        f"--net={lab.netns_path}",
-        sys.executable,
-        "-m",
-        "tests.probes.racing_reap",
-        mode,
-        ",".join(hide),
-        "--",
-    ]
-    argv += [*lab_flags(lab, state), "--json", *REAP]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr
-    doc: dict[str, Any] = json.loads(proc.stdout)
-    return doc
 
 
 def test_a_sandbox_listed_again_at_the_recheck_is_left_alone(kept: tuple[Lab, str, str, str], tmp_path: Path) -> None:

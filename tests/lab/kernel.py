@@ -35,15 +35,15 @@ def _check(rc: int, what: str, path: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}", path)
 
 
-def mount(source: str | None, target: str, fstype: str | None, flags: int) -> None:
-    """mount(2): source/fstype may be None (for propagation changes)."""
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    """mount(2): source/fstype may be None (for propagation changes); data: fs options."""
     libc = _libc()
     rc = libc.mount(
         source.encode() if source is not None else None,
         target.encode(),
         fstype.encode() if fstype is not None else None,
         ctypes.c_ulong(flags),
-        None,
+        data.encode() if data is not None else None,
     )
     _check(int(rc), "mount", target)
 

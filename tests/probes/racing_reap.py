@@ -2,6 +2,7 @@
 
 Usage: racing_reap.py MODE HIDE_IDS -- <reaper flags>. MODE `reappear`: the first list hides
 HIDE_IDS (comma-separated), the re-check shows them. MODE `unreachable`: the re-check fails.
+MODE `empty`: the runtime answers every time with an empty list.
 Prints reap_json; run it inside the lab netns.
 """
 
@@ -28,6 +29,8 @@ class ChangingRuntime:
     def observe(self, known_netns: Mapping[str, str]) -> RuntimeView:
         self.calls += 1
         view = self.inner.observe(known_netns)
+        if self.mode == "empty":
+            return replace(view, sandboxes=())
         if self.calls == 1 and self.mode == "reappear":
             return replace(view, sandboxes=tuple(s for s in view.sandboxes if s.id not in self.hide))
         if self.calls == 2 and self.mode == "unreachable":
