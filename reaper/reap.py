@@ -145,6 +145,12 @@ def plan_attachment(attachment: Attachment, snapshot: NodeSnapshot, policy: Reap
     return PlannedAttachment(attachment.key, request.source if request else None, tuple(steps))
 
 
+def breaker_trips(orphans: int, attachments: int, max_ratio: float) -> bool:
+    """More than `max_ratio` of the node's attachments look orphaned: more likely a wrong
+    runtime list than a leak that large."""
+    return attachments > 0 and orphans / attachments > max_ratio
+
+
 def _reappeared(attachment: Attachment, view: RuntimeView) -> str | None:
     ids = {s.id for s in view.sandboxes}
     netns = {s.netns for s in view.sandboxes if s.netns is not None}
@@ -378,7 +384,7 @@ def reap_pass(
     if not orphans:
         return result(gc=_gc(settings, policy, report) if policy.cni_gc and not policy.dry_run else ())
     ratio = len(orphans) / len(report.attachments)
-    if ratio > policy.max_orphan_ratio and not policy.force:
+    if breaker_trips(len(orphans), len(report.attachments), policy.max_orphan_ratio) and not policy.force:
         reason = (
             f"{len(orphans)} of {len(report.attachments)} attachments ({ratio:.0%}) look orphaned, over "
             f"--max-orphan-ratio {policy.max_orphan_ratio:g}: more likely the runtime's list is wrong than "
