@@ -120,6 +120,7 @@ def _scan(args: argparse.Namespace) -> int:
     report = result.report
     metrics = ReaperMetrics()
     metrics.observe_scan(report)
+    metrics.observe_state(result.state_saved)
     metrics.observe_pass(result.seconds, "ok" if report.runtime.reachable else "undecided", time.time())
     _write_textfile(args.textfile, metrics, log)
     if settings.json_output:

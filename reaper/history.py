@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from reaper.atomic import write_atomically
 from reaper.model import AttachmentHistory
 
 STATE_VERSION = 2
@@ -65,19 +64,8 @@ def save_state(path: str, state: State) -> None:
         "sandbox_netns": dict(sorted(state.sandbox_netns.items())),
         "sandbox_first_seen": dict(sorted(state.sandbox_first_seen.items())),
     }
-    directory = os.path.dirname(os.path.abspath(path))
     try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".state-", dir=directory)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+        write_atomically(path, json.dumps(doc, separators=(",", ":")).encode(), 0o600)
     except OSError as err:
-        raise StateError(f"cannot write state file {path}: {err.strerror}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, separators=(",", ":"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as err:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         raise StateError(f"cannot write state file {path}: {err.strerror}") from None

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from reaper.atomic import write_atomically
 from reaper.model import RESOURCE_KINDS, VERDICTS, ScanReport
 from reaper.reap import ReapResult
 
@@ -147,19 +144,7 @@ def write_textfile(path: str, data: bytes) -> None:
     The temp file is created exclusively in the same dir and renamed over the target, so a
     symlink planted at `path` is replaced, never written through.
     """
-    directory = os.path.dirname(os.path.abspath(path))
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".cni_reaper.", suffix=".prom.tmp", dir=directory)
+        write_atomically(path, data, 0o644)
     except OSError as err:
-        raise TextfileError(err.errno, f"cannot write textfile {path}: {err.strerror}") from None
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as err:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         raise TextfileError(err.errno, f"cannot write textfile {path}: {err.strerror}") from None

@@ -9,8 +9,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import TypeVar
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 from reaper.inventory.memo import InventoryMemo
 from reaper.inventory.procs import describe, netns_members
@@ -362,21 +362,9 @@ def reap_pass(
     report = scan.report
     timings: list[tuple[str, float]] = [("scan", round(time.monotonic() - started, 6))]
 
-    def result(**kw: object) -> ReapResult:
-        base: dict[str, object] = {
-            "report": report,
-            "breaker_open": False,
-            "breaker_reason": None,
-            "plan": (),
-            "reclaimed": (),
-            "skipped": (),
-            "gc": (),
-            "recheck_error": None,
-            "timings": tuple(timings),
-            "state_saved": scan.state_saved,
-        }
-        base.update(kw)
-        return ReapResult(**base)  # type: ignore[arg-type]
+    def result(**changes: Any) -> ReapResult:
+        base = ReapResult(report, False, None, (), (), (), (), None, tuple(timings), scan.state_saved)
+        return replace(base, **changes)
 
     if not report.runtime.reachable:
         return result()

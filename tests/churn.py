@@ -84,11 +84,8 @@ def _harm(lab: Lab, pods: dict[str, LivePod]) -> list[str]:
             harm.append(f"{sid}: netns pin gone")
         if pod.veth not in links:
             harm.append(f"{sid}: veth {pod.veth} gone")
-        try:
-            if pod.lease.read_bytes().split(b"\r\n")[0].decode() != pod.sandbox_id:
-                harm.append(f"{sid}: lease {pod.ip} names another container")
-        except FileNotFoundError:
-            harm.append(f"{sid}: lease {pod.ip} gone")
+        if not _names(pod.lease, pod.sandbox_id):
+            harm.append(f"{sid}: lease {pod.ip} gone or names another container")
         if not pod.cache.exists():
             harm.append(f"{sid}: cache entry gone")
         if f":{pod.chain} " not in chains:
@@ -96,10 +93,18 @@ def _harm(lab: Lab, pods: dict[str, LivePod]) -> list[str]:
     return harm
 
 
+def _names(lease: Path, container_id: str) -> bool:
+    """The lease file exists and still names `container_id` (its IP may have gone to a new pod)."""
+    try:
+        return lease.read_bytes().split(b"\r\n")[0].decode() == container_id
+    except (FileNotFoundError, UnicodeDecodeError):
+        return False
+
+
 def _leak_gone(lab: Lab, leak: Leak, links: set[str]) -> bool:
     return not (
         leak.netns_path.exists()
-        or leak.lease_path.exists()
+        or _names(leak.lease_path, leak.container_id)
         or (leak.cache_path is not None and leak.cache_path.exists())
         or leak.host_veth in links
     )

@@ -4,9 +4,11 @@ pass whose runtime changes its answer."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +74,18 @@ def racing_reap(lab: Lab, mode: str, hide: list[str], state: Path, flags: tuple[
     assert proc.returncode == 0, proc.stderr
     doc: dict[str, Any] = json.loads(proc.stdout)
     return doc
+
+
+@contextlib.contextmanager
+def seeded_lab() -> Iterator[tuple[Lab, str, str, str]]:
+    """A lab whose runtime keeps both seed sandboxes (NOTREADY, nothing running inside) beside a
+    live pod: (lab, chained sandbox, CNI-not-configured sandbox, live pod)."""
+    with Lab() as lab:
+        lab.set_network("failing")
+        chained = lab.try_run_pod("chained")
+        lab.set_network("empty")
+        nocni = lab.try_run_pod("nocni")
+        lab.set_network("normal")
+        web = lab.run_pod("web")
+        assert chained.sandbox_id is not None and nocni.sandbox_id is not None
+        yield lab, chained.sandbox_id, nocni.sandbox_id, web

@@ -15,7 +15,7 @@ import pytest
 from tests.lab import Lab
 from tests.lab.kernel import mount as kernel_mount
 from tests.lab.kernel import umount
-from tests.reap_helpers import REAP, SCAN, leak_left, racing_reap, rewrite_cached_config
+from tests.reap_helpers import REAP, SCAN, leak_left, racing_reap, rewrite_cached_config, seeded_lab
 from tests.reaper_cli import attachments_by_key, run_reaper
 from tests.test_agent import LabAgent, metric
 
@@ -35,15 +35,8 @@ sys.exit(0 if os.environ.get("CNI_COMMAND") == "DEL" else 1)
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[tuple[Lab, str, str, str]]:
-    with Lab() as lab:
-        lab.set_network("failing")
-        chained = lab.try_run_pod("chained")
-        lab.set_network("empty")
-        nocni = lab.try_run_pod("nocni")
-        lab.set_network("normal")
-        web = lab.run_pod("web")
-        assert chained.sandbox_id is not None and nocni.sandbox_id is not None
-        yield lab, chained.sandbox_id, nocni.sandbox_id, web
+    with seeded_lab() as world:
+        yield world
 
 
 def pings(lab: Lab, pod: str) -> bool:

@@ -20,7 +20,7 @@ import pytest
 
 from tests.lab import Lab, PortMap
 from tests.lab import cni as labcni
-from tests.reap_helpers import REAP, SCAN, hostport_chains, leak_left, racing_reap, rewrite_cached_config
+from tests.reap_helpers import REAP, SCAN, hostport_chains, leak_left, racing_reap, rewrite_cached_config, seeded_lab
 from tests.reaper_cli import ReaperRun, attachments_by_key, run_reaper
 
 Key = tuple[str | None, str | None, str | None]
@@ -354,16 +354,8 @@ def test_the_state_dir_of_the_runtime_was_really_wiped(forgotten: Forgotten) -> 
 
 @pytest.fixture(scope="module")
 def kept() -> Iterator[tuple[Lab, str, str, str]]:
-    """A lab whose runtime keeps both seed sandboxes (NOTREADY, nothing running inside)."""
-    with Lab() as lab:
-        lab.set_network("failing")
-        chained = lab.try_run_pod("chained")
-        lab.set_network("empty")
-        nocni = lab.try_run_pod("nocni")
-        lab.set_network("normal")
-        web = lab.run_pod("web")
-        assert chained.sandbox_id is not None and nocni.sandbox_id is not None
-        yield lab, chained.sandbox_id, nocni.sandbox_id, web
+    with seeded_lab() as world:
+        yield world
 
 
 def test_a_sandbox_listed_again_at_the_recheck_is_left_alone(kept: tuple[Lab, str, str, str], tmp_path: Path) -> None:
