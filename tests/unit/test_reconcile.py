@@ -193,3 +193,10 @@ def test_the_breaker_opens_exactly_above_the_ratio(orphans: int, live: int, rati
     assert breaker_trips(orphans, total, ratio) == (total > 0 and orphans * 1.0 / total > ratio)
     if total and orphans <= ratio * total:
         assert not breaker_trips(orphans, total, ratio)
+
+
+def test_a_lease_naming_a_live_sandbox_in_another_network_is_live() -> None:
+    other = lease(1, OLD, net="othernet")
+    report, _ = reconcile(snapshot(leases=(other,)), runtime(sandbox(1)), {}, POLICY, NOW)
+    (a,) = report.attachments
+    assert a.key.network == "othernet" and a.verdict == "live" and "is listed" in a.reason
