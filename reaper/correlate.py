@@ -82,7 +82,12 @@ def correlate(snapshot: NodeSnapshot, runtime: RuntimeView) -> list[ResourceGrou
     for chain in snapshot.chains:
         if chain.container_id is None:
             continue
-        chain_details = (("family", chain.family), ("table", chain.table), ("purpose", chain.purpose))
+        chain_details = (
+            ("family", chain.family),
+            ("table", chain.table),
+            ("purpose", chain.purpose),
+            ("backend", chain.backend),
+        )
         partial.append((chain.container_id, chain.network, ResourceRef("iptables", chain.chain, None, chain_details)))
     for rule in snapshot.nft_rules:
         ref = ResourceRef("nft", f"{rule.family} {rule.table} {rule.chain} {rule.handle}", None)

@@ -127,6 +127,7 @@ class IptablesChain:
     container_id: str | None
     rules: tuple[str, ...]  # its own rules, as iptables-save prints them
     jumps: tuple[str, ...]  # rules in other chains that jump to it
+    backend: str = "default"  # iptables "nft" or "legacy" (or "default" when only one exists)
 
 
 @dataclass(frozen=True)

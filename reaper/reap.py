@@ -72,7 +72,7 @@ def identity(ref: ResourceRef) -> Identity:
     if ref.kind in ("netns", "ipam", "cache"):
         return (ref.kind, str(details.get("path")))
     if ref.kind == "iptables":
-        return (ref.kind, str(details.get("family")), ref.name)
+        return (ref.kind, str(details.get("family")), str(details.get("backend")), ref.name)
     return (ref.kind, ref.name)
 
 
@@ -90,7 +90,7 @@ def index_snapshot(snapshot: NodeSnapshot) -> dict[Identity, Record]:
     for entry in snapshot.cache_entries:
         out[("cache", entry.path)] = entry
     for chain in snapshot.chains:
-        out[("iptables", chain.family, chain.chain)] = chain
+        out[("iptables", chain.family, chain.backend, chain.chain)] = chain
     for rule in snapshot.nft_rules:
         out[("nft", f"{rule.family} {rule.table} {rule.chain} {rule.handle}")] = rule
     return out
@@ -311,8 +311,10 @@ class _Reclaimer:
         done.update({identity(ref): lease_done[lease.path] for ref, lease in leases})
 
         chains = _of_type(left, IptablesChain)
-        chain_done = kernel.remove_chains([kernel.ChainTarget(c.family, c.table, c.chain) for _, c in chains], 30.0)
-        done.update({identity(ref): chain_done[(c.family, c.chain)] for ref, c in chains})
+        chain_done = kernel.remove_chains(
+            [kernel.ChainTarget(c.family, c.table, c.chain, c.backend) for _, c in chains], 30.0
+        )
+        done.update({identity(ref): chain_done[(c.family, c.backend, c.chain)] for ref, c in chains})
 
         rules = _of_type(left, NftRule)
         nft_done = kernel.delete_nft_rules(

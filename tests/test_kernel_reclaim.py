@@ -185,8 +185,8 @@ def test_a_chain_that_is_gone_already_counts_as_freed(tmp_path: Path) -> None:
         chain = f"CNI-{secrets.token_hex(12)}"
         probe = (
             "from reaper.reclaim import kernel; import json; "
-            f"d = kernel.remove_chains([kernel.ChainTarget('ipv4', 'nat', '{chain}')], 10); "
-            "print(json.dumps({k[1]: v.ok for k, v in d.items()}))"
+            f"d = kernel.remove_chains([kernel.ChainTarget('ipv4', 'nat', '{chain}', 'nft')], 10); "
+            "print(json.dumps({k[2]: v.ok for k, v in d.items()}))"
         )
         out = subprocess.run(
             ["nsenter", f"--net={scratch}", sys.executable, "-c", probe],

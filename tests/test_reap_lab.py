@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from reaper.inventory.iptables import chain_name
 from tests.lab import Lab, PortMap
 from tests.lab import cni as labcni
 from tests.reap_helpers import REAP, SCAN, hostport_chains, leak_left, racing_reap, rewrite_cached_config, seeded_lab
@@ -407,3 +408,34 @@ def test_runtime_down_reclaims_nothing(kept: tuple[Lab, str, str, str], tmp_path
         lab.start_runtime()
     run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
     assert run.returncode == 0 and leak_left(lab, leak) == []
+
+
+def test_chains_in_the_legacy_iptables_backend(forgotten: Forgotten, tmp_path: Path) -> None:
+    # Nodes where plugins wrote with iptables-legacy while the default is nft (or the other way
+    # round) have CNI chains in both; each is read and removed with its own backend's tools.
+    lab, net, web = forgotten.lab, forgotten.lab.network_name, forgotten.web
+    dead = secrets.token_hex(32)
+    lines = ["*nat"]
+    for cid, ip in ((dead, "10.123.250.99"), (web, lab.pod_ip(web))):
+        chain = chain_name("", net, cid)
+        comment = f'"name: \\"{net}\\" id: \\"{cid}\\""'
+        lines += [f":{chain} - [0:0]", f"-A {chain} -d {lab.subnet} -m comment --comment {comment} -j ACCEPT"]
+        lines.append(f"-A POSTROUTING -s {ip}/32 -m comment --comment {comment} -j {chain}")
+    lines.append("COMMIT")
+    lab.run_in_netns(["iptables-legacy-restore", "--noflush"], input="\n".join(lines) + "\n", check=True)
+    try:
+        run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
+        assert run.returncode == 0, run.stdout[-2000:]
+        legacy = lab.run_in_netns(["iptables-legacy-save", "-t", "nat"], check=True).stdout
+        assert chain_name("", net, dead) not in legacy, "the dead container's legacy chain is gone"
+        assert f":{chain_name('', net, web)} " in legacy, "the live pod's legacy chain stays"
+        live = attachments_by_key(run.doc)[(web, net, "eth0")]
+        backends = {r.get("backend") for r in live["resources"] if r["kind"] == "iptables"}
+        assert backends == {"nft", "legacy"} and live["verdict"] == "live"
+    finally:
+        chain = chain_name("", net, web)
+        comment = f'"name: \\"{net}\\" id: \\"{web}\\""'
+        cleanup = f"*nat\n-D POSTROUTING -s {lab.pod_ip(web)}/32 -m comment --comment {comment} -j {chain}\n"
+        cleanup += f"-F {chain}\n-X {chain}\nCOMMIT\n"
+        lab.run_in_netns(["iptables-legacy-restore", "--noflush"], input=cleanup)
+    assert_live_intact(forgotten, tmp_path)

@@ -3,16 +3,59 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass
 from typing import Literal
 
 from reaper.model import IptablesChain, SourceError
 from reaper.names import is_cni_id
 
 Family = Literal["ipv4", "ipv6"]
-SAVE_COMMANDS: dict[Family, str] = {"ipv4": "iptables-save", "ipv6": "ip6tables-save"}
+_PREFIX: dict[Family, str] = {"ipv4": "iptables", "ipv6": "ip6tables"}
+_LEGACY_TABLES: dict[Family, str] = {"ipv4": "/proc/net/ip_tables_names", "ipv6": "/proc/net/ip6_tables_names"}
+
+
+@dataclass(frozen=True)
+class IptablesTools:
+    """One family and backend's save and restore commands."""
+
+    family: Family
+    backend: str  # "nft", "legacy", or "default" (whatever iptables-save is here)
+    save: str
+    restore: str
+
+
+def _legacy_nat_loaded(family: Family) -> bool:
+    """The legacy nat table exists in this netns. Asking iptables-legacy-save otherwise would
+    make the kernel load iptable_nat on a node that never used it."""
+    try:
+        with open(_LEGACY_TABLES[family], encoding="ascii", errors="replace") as f:
+            return "nat" in f.read().split()
+    except OSError:
+        return False
+
+
+def iptables_tools() -> list[IptablesTools]:
+    """Every backend that can hold CNI chains here: nft always when installed, legacy when its
+    nat table is in use (a node can have rules in both: plugins and kube-proxy may disagree)."""
+    tools = []
+    for family, prefix in _PREFIX.items():
+        found = []
+        for backend in ("nft", "legacy"):
+            save, restore = shutil.which(f"{prefix}-{backend}-save"), shutil.which(f"{prefix}-{backend}-restore")
+            if save and restore and (backend == "nft" or _legacy_nat_loaded(family)):
+                found.append(IptablesTools(family, backend, save, restore))
+        if not found and not (shutil.which(f"{prefix}-nft-save") or shutil.which(f"{prefix}-legacy-save")):
+            save, restore = shutil.which(f"{prefix}-save"), shutil.which(f"{prefix}-restore")
+            if save and restore:
+                found.append(IptablesTools(family, "default", save, restore))
+        tools += found
+    return tools
+
+
 _CHAIN_PATTERNS: tuple[tuple[re.Pattern[str], str, Literal["masquerade", "hostport-dnat", "hostport-snat"]], ...] = (
     (re.compile(r"CNI-[0-9a-f]{24}"), "", "masquerade"),
     (re.compile(r"CNI-DN-[0-9a-f]{21}"), "DN-", "hostport-dnat"),
@@ -47,7 +90,7 @@ def _owner_in(line: str) -> tuple[str, str] | None:
     return None
 
 
-def parse_save(text: str, family: Family) -> list[IptablesChain]:
+def parse_save(text: str, family: Family, backend: str = "default") -> list[IptablesChain]:
     """Per-attachment chains in the output of `iptables-save -t nat`.
 
     Only lines that touch a `CNI-` chain are looked at closely: a node's nat table can hold
@@ -89,6 +132,7 @@ def parse_save(text: str, family: Family) -> list[IptablesChain]:
                     container_id=owner[1] if owner else None,
                     rules=tuple(own),
                     jumps=tuple(jumps),
+                    backend=backend,
                 )
             )
             break
@@ -105,7 +149,8 @@ def _owner(name: str, prefix: str, lines: list[str]) -> tuple[str, str] | None:
 
 
 class ChainCollector:
-    """Runs `iptables-save -t nat` per family in the background; `result()` waits and parses.
+    """Runs `iptables-save -t nat` per family and backend in the background; `result()` waits
+    and parses.
 
     Started first in a snapshot, so the commands run while Python reads files.
     """
@@ -113,26 +158,25 @@ class ChainCollector:
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
         self.errors: list[SourceError] = []
-        self.running: list[tuple[Family, str, subprocess.Popen[str]]] = []
-        for family, command in SAVE_COMMANDS.items():
-            binary = shutil.which(command)
-            if binary is None:
-                if family == "ipv4":
-                    self.errors.append(SourceError(command, "not installed"))
-                continue
+        self.running: list[tuple[IptablesTools, subprocess.Popen[str]]] = []
+        tools = iptables_tools()
+        if not any(t.family == "ipv4" for t in tools):
+            self.errors.append(SourceError("iptables-save", "not installed"))
+        for tool in tools:
             try:
                 proc = subprocess.Popen(
-                    [binary, "-t", "nat"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                    [tool.save, "-t", "nat"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
                 )
             except OSError as err:
-                self.errors.append(SourceError(command, str(err)))
+                self.errors.append(SourceError(tool.save, str(err)))
                 continue
-            self.running.append((family, command, proc))
+            self.running.append((tool, proc))
 
     def result(self) -> tuple[list[IptablesChain], list[SourceError]]:
         chains: list[IptablesChain] = []
         errors = list(self.errors)
-        for family, command, proc in self.running:
+        for tool, proc in self.running:
+            command = os.path.basename(tool.save)
             try:
                 out, err = proc.communicate(timeout=self.timeout)
             except subprocess.TimeoutExpired:
@@ -146,13 +190,13 @@ class ChainCollector:
                 if "does not exist" not in msg:
                     errors.append(SourceError(command, msg))
                 continue
-            chains.extend(parse_save(out, family))
+            chains.extend(parse_save(out, tool.family, tool.backend))
         self.running = []
         return chains, errors
 
     def close(self) -> None:
         """Stop whatever is still running (after an error elsewhere in the snapshot)."""
-        for _, _, proc in self.running:
+        for _, proc in self.running:
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()

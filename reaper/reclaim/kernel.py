@@ -28,7 +28,7 @@ from pyroute2 import AsyncIPRoute
 
 from reaper.inventory.fsutil import NSFS_MAGIC, PROC_SUPER_MAGIC, UnfitFile, fs_type, read_file_nofollow
 from reaper.inventory.hostlocal import parse_lease
-from reaper.inventory.iptables import SAVE_COMMANDS, parse_save
+from reaper.inventory.iptables import IptablesTools, iptables_tools, parse_save
 from reaper.inventory.links import dump_links_and_nsids
 from reaper.inventory.procs import describe, netns_members
 from reaper.model import NsKey
@@ -269,6 +269,7 @@ class ChainTarget:
     family: str
     table: str
     chain: str
+    backend: str = "default"
 
 
 def _restore_input(table: str, chains: Iterable[str], fresh: dict[str, tuple[tuple[str, ...], tuple[str, ...]]]) -> str:
@@ -292,45 +293,42 @@ def _run(argv: list[str], input_text: str | None, timeout: float) -> tuple[int, 
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def remove_chains(targets: list[ChainTarget], timeout: float) -> dict[tuple[str, str], Done]:
-    """Each chain and the rules that jump to it, in one iptables-restore --noflush per family
-    and table; if that batch is refused, one restore per chain so one bad rule blocks no other."""
-    done: dict[tuple[str, str], Done] = {}
-    by_family: dict[str, list[ChainTarget]] = defaultdict(list)
+def remove_chains(targets: list[ChainTarget], timeout: float) -> dict[tuple[str, str, str], Done]:
+    """Each chain and the rules that jump to it, in one iptables-restore --noflush per family,
+    backend and table; if that batch is refused, one restore per chain so one bad rule blocks
+    no other. Keys: (family, backend, chain)."""
+    done: dict[tuple[str, str, str], Done] = {}
+    tools: dict[tuple[str, str], IptablesTools] = {(t.family, t.backend): t for t in iptables_tools()}
+    groups: dict[tuple[str, str], list[ChainTarget]] = defaultdict(list)
     for target in targets:
-        by_family[target.family].append(target)
-    for family, group in by_family.items():
-        save_command = {"ipv4": SAVE_COMMANDS["ipv4"], "ipv6": SAVE_COMMANDS["ipv6"]}.get(family)
-        save = shutil.which(save_command) if save_command else None
-        restore = shutil.which("iptables-restore" if family == "ipv4" else "ip6tables-restore")
-        if save is None or restore is None:
-            for t in group:
-                done[(t.family, t.chain)] = _fail("iptables tools not installed")
+        groups[(target.family, target.backend)].append(target)
+    for (family, backend), group in groups.items():
+        tool = tools.get((family, backend))
+        if tool is None:
+            done.update({(t.family, t.backend, t.chain): _fail(f"no {backend} iptables tools here") for t in group})
             continue
-        code, out, err = _run([save, "-t", "nat"], None, timeout)
+        code, out, err = _run([tool.save, "-t", "nat"], None, timeout)
         if code != 0:
-            for t in group:
-                done[(t.family, t.chain)] = _fail(f"iptables-save: {err.strip()[:200]}")
+            done.update({(t.family, t.backend, t.chain): _fail(f"iptables-save: {err.strip()[:200]}") for t in group})
             continue
-        fresh = {c.chain: (c.rules, c.jumps) for c in parse_save(out, "ipv4" if family == "ipv4" else "ipv6")}
-        present = [t for t in group if t.chain in fresh]
+        fresh = {c.chain: (c.rules, c.jumps) for c in parse_save(out, tool.family, backend)}
         for t in group:
             if t.chain not in fresh:
-                done[(t.family, t.chain)] = OK
+                done[(t.family, t.backend, t.chain)] = OK
         by_table: dict[str, list[ChainTarget]] = defaultdict(list)
-        for t in present:
-            by_table[t.table].append(t)
+        for t in group:
+            if t.chain in fresh:
+                by_table[t.table].append(t)
         for table, chains in by_table.items():
-            argv = [restore, "-w", "5", "--noflush"]
+            argv = [tool.restore, "-w", "5", "--noflush"]
             code, _, err = _run(argv, _restore_input(table, [t.chain for t in chains], fresh), timeout)
             if code == 0:
-                for t in chains:
-                    done[(t.family, t.chain)] = OK
+                done.update({(t.family, t.backend, t.chain): OK for t in chains})
                 continue
             for t in chains:
                 code, _, err = _run(argv, _restore_input(table, [t.chain], fresh), timeout)
                 last = err.strip().splitlines()[-1][:300] if err.strip() else f"exit {code}"
-                done[(t.family, t.chain)] = OK if code == 0 else _fail(last)
+                done[(t.family, t.backend, t.chain)] = OK if code == 0 else _fail(last)
     return done
 
 
