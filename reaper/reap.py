@@ -270,7 +270,7 @@ class _Reclaimer:
             assert request is not None
             if self.stop.is_set():
                 return attachment.key, ()
-            outcomes = del_network(request, self.settings.cni_bin_dirs, self.policy.plugin_timeout)
+            outcomes = del_network(request, self.settings.cni_bin_dirs, self.policy.plugin_timeout, self.stop)
             return attachment.key, tuple(o.error for o in outcomes if o.error)
 
         # Plugins are processes that spend part of their time waiting (host-local's lock, the

@@ -15,7 +15,7 @@ import pytest
 from tests.lab import Lab
 from tests.lab.kernel import mount as kernel_mount
 from tests.lab.kernel import umount
-from tests.reap_helpers import REAP, SCAN, leak_left, racing_reap, rewrite_cached_config, seeded_lab
+from tests.reap_helpers import HANG_PLUGIN, REAP, SCAN, leak_left, racing_reap, rewrite_cached_config, seeded_lab
 from tests.reaper_cli import attachments_by_key, run_reaper
 from tests.test_agent import LabAgent, metric
 
@@ -166,3 +166,40 @@ def test_a_full_disk_for_the_state_and_the_textfile(
     assert run.returncode == 0 and state.exists() and full_textfile.exists()
     assert metric(full_textfile.read_text(), "cni_reaper_state_write_errors_total") == 0
     assert pings(the_lab, web)
+
+
+def test_sigterm_while_a_plugin_hangs_stops_within_seconds(lab: tuple[Lab, str, str, str], tmp_path: Path) -> None:
+    the_lab, _, _, web = lab
+    plugin = the_lab.bin_dir / "reaper-hang"
+    plugin.write_text(HANG_PLUGIN)
+    plugin.chmod(0o755)
+    leak = the_lab.make_leak(with_cache=True)
+    rewrite_cached_config(leak, [*the_lab.network_spec.plugins("normal"), {"type": "reaper-hang"}])
+    agent = LabAgent(the_lab, tmp_path / "state.json", "--interval", "60s", "--plugin-timeout", "10m", *REAP)
+    try:
+        deadline = time.monotonic() + 30
+        while not _running("reaper-hang") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _running("reaper-hang"), "the agent's DEL is under way"
+        started = time.monotonic()
+        assert agent.stop() == 0
+        assert time.monotonic() - started < 15, "a hung plugin does not hold the stop for its timeout"
+    finally:
+        agent.stop()
+    assert not _running("reaper-hang"), "the plugin and its child were killed"
+    assert any(line["msg"] == "agent stopped" for line in agent.log_lines())
+    # Nothing was left half-done that the next pass cannot finish.
+    run = run_reaper(the_lab, "reap", tmp_path / "state.json", "--json", *REAP, "--method", "kernel")
+    assert run.returncode == 0 and leak_left(the_lab, leak) == []
+    assert pings(the_lab, web)
+
+
+def _running(text: str) -> bool:
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if text in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                    return True
+            except OSError:
+                continue
+    return False

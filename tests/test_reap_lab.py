@@ -21,7 +21,16 @@ import pytest
 from reaper.inventory.iptables import chain_name
 from tests.lab import Lab, PortMap
 from tests.lab import cni as labcni
-from tests.reap_helpers import REAP, SCAN, hostport_chains, leak_left, racing_reap, rewrite_cached_config, seeded_lab
+from tests.reap_helpers import (
+    HANG_PLUGIN,
+    REAP,
+    SCAN,
+    hostport_chains,
+    leak_left,
+    racing_reap,
+    rewrite_cached_config,
+    seeded_lab,
+)
 from tests.reaper_cli import ReaperRun, attachments_by_key, run_reaper
 
 Key = tuple[str | None, str | None, str | None]
@@ -143,17 +152,6 @@ def test_del_impossible_then_the_kernel_frees_it_all(forgotten: Forgotten, tmp_p
     assert any("reaper-fail" in e for e in went["plugin_errors"])
     assert {r["kind"]: r["method"] for r in went["resources"]}["ipam"] == "cni-del"
     assert_live_intact(forgotten, tmp_path)
-
-
-HANG_PLUGIN = """#!/usr/bin/env python3
-import json, os, subprocess, sys, time
-if os.environ.get("CNI_COMMAND") == "VERSION":
-    print(json.dumps({"cniVersion": "1.0.0", "supportedVersions": ["0.4.0", "1.0.0"]}))
-    sys.exit(0)
-sys.stdin.read()
-subprocess.Popen(["sleep", "600", "reaper-hang-child"])
-time.sleep(600)
-"""
 
 
 def test_a_hanging_plugin_is_killed_with_its_children(forgotten: Forgotten, tmp_path: Path) -> None:

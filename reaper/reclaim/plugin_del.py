@@ -11,6 +11,7 @@ import base64
 import binascii
 import copy
 import json
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,8 +113,10 @@ def plugin_stdin(plugin: Mapping[str, Any], name: str, version: str, request: De
     return conf
 
 
-def del_network(request: DelRequest, bin_dirs: tuple[str, ...], timeout: float) -> tuple[PluginOutcome, ...]:
-    """DEL every plugin of the list, last first, going on past failures."""
+def del_network(
+    request: DelRequest, bin_dirs: tuple[str, ...], timeout: float, stop: threading.Event | None = None
+) -> tuple[PluginOutcome, ...]:
+    """DEL every plugin of the list, last first, going on past failures (but not past `stop`)."""
     try:
         name, version, plugins = plugin_list(request.config)
     except DelConfigError as err:
@@ -122,8 +125,11 @@ def del_network(request: DelRequest, bin_dirs: tuple[str, ...], timeout: float) 
     outcomes = []
     for plugin in reversed(plugins):
         plugin_type = str(plugin["type"])
+        if stop is not None and stop.is_set():
+            outcomes.append(PluginOutcome(plugin_type, False, f"{plugin_type}: not run, stopping"))
+            continue
         try:
-            run_plugin(plugin_type, plugin_stdin(plugin, name, version, request), env, timeout)
+            run_plugin(plugin_type, plugin_stdin(plugin, name, version, request), env, timeout, stop)
         except PluginFailure as err:
             outcomes.append(PluginOutcome(plugin_type, False, str(err)))
         else:

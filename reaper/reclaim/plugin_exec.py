@@ -8,6 +8,8 @@ import os
 import re
 import signal
 import subprocess
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -77,10 +79,21 @@ def _error_message(stdout: bytes, stderr: bytes, returncode: int) -> tuple[str, 
     return line[:500], None
 
 
-def run_plugin(plugin_type: str, conf: Mapping[str, Any], env: PluginEnv, timeout: float) -> dict[str, Any]:
+STOP_GRACE = 5.0  # seconds a running plugin gets once the agent is asked to stop
+
+
+def run_plugin(
+    plugin_type: str,
+    conf: Mapping[str, Any],
+    env: PluginEnv,
+    timeout: float,
+    stop: threading.Event | None = None,
+) -> dict[str, Any]:
     """Run the plugin; its parsed JSON stdout (empty dict when it printed nothing).
 
-    The plugin gets its own process group, so a timeout kills whatever it started too.
+    The plugin gets its own process group, so a timeout kills whatever it started too. Once
+    `stop` is set it gets STOP_GRACE more seconds at most (DEL is idempotent: the next pass
+    runs it again).
     """
     binary = find_plugin(plugin_type, env.bin_dirs)
     try:
@@ -96,13 +109,23 @@ def run_plugin(plugin_type: str, conf: Mapping[str, Any], env: PluginEnv, timeou
         )
     except OSError as err:
         raise PluginFailure(plugin_type, f"cannot execute: {err.strerror}") from None
-    try:
-        stdout, stderr = proc.communicate(json.dumps(conf).encode(), timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise PluginFailure(plugin_type, f"timed out after {timeout:g}s, killed") from None
+    deadline = time.monotonic() + timeout
+    stdin: bytes | None = json.dumps(conf).encode()
+    while True:
+        if stop is not None and stop.is_set():
+            deadline = min(deadline, time.monotonic() + STOP_GRACE)
+        try:
+            stdout, stderr = proc.communicate(stdin, timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+            break
+        except subprocess.TimeoutExpired:
+            stdin = None  # already written; communicate() goes on from where it was
+            if time.monotonic() < deadline:
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            why = "stopping" if stop is not None and stop.is_set() else f"timed out after {timeout:g}s"
+            raise PluginFailure(plugin_type, f"{why}, killed") from None
     if proc.returncode != 0:
         message, code = _error_message(stdout, stderr, proc.returncode)
         raise PluginFailure(plugin_type, message, code)
