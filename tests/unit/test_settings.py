@@ -1,0 +1,65 @@
+"""Flags and REAPER_* variables: precedence, defaults, and one-line errors for bad values."""
+
+from __future__ import annotations
+
+import pytest
+
+from reaper.cli import build_parser
+from reaper.settings import (
+    ReapSettings,
+    Settings,
+    SettingsError,
+    agent_settings_from,
+    reap_settings_from,
+    settings_from,
+)
+
+
+def parse(*argv: str, env: dict[str, str] | None = None, command: str = "reap") -> tuple[Settings, ReapSettings]:
+    args = build_parser().parse_args([command, *argv])
+    return settings_from(args, env or {}), reap_settings_from(args, env or {})
+
+
+def test_defaults() -> None:
+    settings, reap = parse()
+    assert settings.netns_dirs == ("/var/run/netns",) and settings.cni_bin_dirs == ("/opt/cni/bin",)
+    assert settings.policy.min_age == 600 and settings.policy.confirmations == 2
+    assert reap.max_reap == 100 and reap.max_orphan_ratio == 0.5 and not reap.kernel_only
+
+
+def test_a_flag_beats_its_variable_and_repeatable_variables_split() -> None:
+    env = {"REAPER_MIN_AGE": "1h", "REAPER_NETNS_DIR": "/a:/b", "REAPER_MAX_REAP": "7"}
+    settings, reap = parse("--min-age", "90", env=env)
+    assert settings.policy.min_age == 90
+    assert settings.netns_dirs == ("/a", "/b")
+    assert reap.max_reap == 7
+    settings, _ = parse("--netns-dir", "/c", "--netns-dir", "/c/", env=env)
+    assert settings.netns_dirs == ("/c",)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--min-age", "ten"], "--min-age: 'ten' is not a duration"),
+        (["--confirmations", "0"], "--confirmations: '0' must be 1 or more"),
+        (["--confirmations", "x"], "--confirmations: 'x' is not a whole number"),
+        (["--netns-dir", "relative"], "--netns-dir: 'relative' must be an absolute path"),
+        (["--runtime-endpoint", "tcp://1.2.3.4"], "--runtime-endpoint: 'tcp://1.2.3.4' must look like unix:///"),
+        (["--netns-pattern", "("], "--netns-pattern: invalid regex"),
+        (["--max-orphan-ratio", "2"], "--max-orphan-ratio: '2' must be between 0 and 1"),
+        (["--method", "nuke"], "--method: 'nuke' is not auto or kernel"),
+        (["--log-format", "xml"], "--log-format: 'xml' is not text or json"),
+    ],
+)
+def test_bad_values_are_one_line_errors(argv: list[str], message: str) -> None:
+    with pytest.raises(SettingsError) as err:
+        parse(*argv)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_agent_settings() -> None:
+    args = build_parser().parse_args(["run", "--listen", "[::1]:9000", "--interval", "5m"])
+    agent = agent_settings_from(args, {})
+    assert (agent.mode, agent.interval, agent.listen_host, agent.listen_port) == ("reap", 300, "::1", 9000)
+    args = build_parser().parse_args(["run"])
+    assert agent_settings_from(args, {"REAPER_MODE": "scan"}).mode == "scan"
