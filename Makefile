@@ -15,7 +15,7 @@ test: deps venv lint typecheck
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 demo: deps venv
-	$(BIN)/python -m tests.lab.demo
+	$(BIN)/python -m tests.harness.lab.demo
 
 bench: deps venv
 	$(BIN)/python -m bench.scan_bench
@@ -57,9 +57,9 @@ typecheck: venv
 unit: venv
 	$(BIN)/python -m pytest tests/unit
 
-# Regenerate the CRI protobuf messages after editing reaper/cri/api.proto.
+# Regenerate the CRI protobuf messages after editing reaper/runtime/api.proto.
 proto: venv
-	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. reaper/cri/api.proto
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. reaper/runtime/api.proto
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -14,8 +14,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tests.lab import Lab
-from tests.reaper_cli import lab_flags
+from tests.harness.lab import Lab
+from tests.harness.reaper_cli import lab_flags
 
 PODS = 30
 LEAKS = 10

@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from reaper.inventory.iptables import chain_name
-from tests.lab import Lab
+from reaper.kinds.iptables import chain_name
+from tests.harness.lab import Lab
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from tests.churn import run_churn
-from tests.lab import Lab
+from tests.harness.churn import run_churn
+from tests.harness.lab import Lab
 
 
 def main() -> None:

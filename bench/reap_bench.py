@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.build_leaks import FakeAttachment, make_attachments
-from reaper.inventory.iptables import chain_name
-from tests.lab import Lab
-from tests.reaper_cli import lab_flags
+from reaper.kinds.iptables import chain_name
+from tests.harness.lab import Lab
+from tests.harness.reaper_cli import lab_flags
 
 LIVE = 250
 LEAKS = 2000

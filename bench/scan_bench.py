@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.build_leaks import make_attachments
-from tests.lab import Lab
-from tests.reaper_cli import lab_flags
+from tests.harness.lab import Lab
+from tests.harness.reaper_cli import lab_flags
 
 LIVE = 250
 LEAK_STEPS = (500, 1000, 2000)

@@ -22,8 +22,8 @@ T_STDLIB = time.perf_counter()
 import logging  # noqa: E402
 
 from reaper.cli import build_parser  # noqa: E402
-from reaper.inventory.memo import InventoryMemo  # noqa: E402
-from reaper.liveness.cri import CriLiveness  # noqa: E402
+from reaper.host.memo import InventoryMemo  # noqa: E402
+from reaper.runtime.cri import CriLiveness  # noqa: E402
 from reaper.scan import scan_pass  # noqa: E402
 from reaper.settings import settings_from  # noqa: E402
 

@@ -5,30 +5,26 @@ from __future__ import annotations
 import datetime
 import logging
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
-from prometheus_client import CONTENT_TYPE_LATEST
 
-from reaper.inventory.memo import InventoryMemo
-from reaper.liveness import LivenessSource
+from reaper.host.memo import InventoryMemo
+from reaper.http import HealthServer
 from reaper.metrics import ReaperMetrics
+from reaper.model import VERDICTS, PassOutcome
 from reaper.reap import reap_pass
+from reaper.runtime.liveness import LivenessSource
 from reaper.scan import scan_pass
 from reaper.settings import AgentSettings, ReapSettings, Settings
 
 READY_INTERVALS = 3  # /readyz fails when the runtime has not answered for this many intervals
-
-
-class _IPv6Server(ThreadingHTTPServer):
-    address_family = socket.AF_INET6
+STOP_POLL = 0.5  # seconds between looks at the stop flag
+JITTER = 0.1  # share of the interval each pass may start early or late
 
 
 class Agent:
@@ -61,6 +57,7 @@ class Agent:
         if self.stop.is_set():
             return
         started = time.monotonic()
+        outcome: PassOutcome
         try:
             outcome, fields = self._pass()
         except Exception as err:  # a pass must never kill the agent; the next one tries again
@@ -77,37 +74,24 @@ class Agent:
             "pass", extra={"mode": self.agent.mode, "outcome": outcome, "seconds": round(seconds, 3), **fields}
         )
 
-    def _pass(self) -> tuple[str, dict[str, object]]:
+    def _pass(self) -> tuple[PassOutcome, dict[str, object]]:
         if self.agent.mode == "scan":
-            result = scan_pass(self.settings, self.liveness, self.log, self.clock, self.memo)
-            self.metrics.observe_scan(result.report)
-            self.metrics.observe_state(result.state_saved)
-            report = result.report
-            outcome = "ok" if report.runtime.reachable else "undecided"
-            fields: dict[str, object] = {v: report.count(v) for v in ("live", "orphan", "pending", "unknown")}
-            if not report.runtime.reachable:
-                fields["error"] = f"runtime unreachable: {report.runtime.error}"
-            return outcome, fields
+            scanned = scan_pass(self.settings, self.liveness, self.log, self.clock, self.memo)
+            self.metrics.observe_scan(scanned.report)
+            self.metrics.observe_state(scanned.state_saved)
+            fields: dict[str, object] = {v: scanned.report.count(v) for v in VERDICTS}
+            if scanned.problem is not None:
+                fields["error"] = scanned.problem
+            return scanned.outcome, fields
         reaped = reap_pass(self.settings, self.reap, self.liveness, self.log, self.clock, self.memo, self.stop)
         self.metrics.observe_reap(reaped)
-        report = reaped.report
-        if not report.runtime.reachable or reaped.recheck_error is not None:
-            outcome = "undecided"
-        elif reaped.breaker_open:
-            outcome = "breaker"
-        else:
-            outcome = "ok"
-        fields = {v: report.count(v) for v in ("live", "orphan", "pending", "unknown")}
-        if not report.runtime.reachable:
-            fields["error"] = f"runtime unreachable: {report.runtime.error}"
-        elif reaped.recheck_error is not None:
-            fields["error"] = f"runtime unreachable at the re-check: {reaped.recheck_error}"
-        elif reaped.breaker_open:
-            fields["error"] = reaped.breaker_reason
+        fields = {v: reaped.report.count(v) for v in VERDICTS}
+        if reaped.problem is not None:
+            fields["error"] = reaped.problem
         fields["reclaimed"] = sum(1 for o in reaped.reclaimed if o.ok)
         fields["incomplete"] = sum(1 for o in reaped.reclaimed if not o.ok)
         fields["skipped"] = len(reaped.skipped)
-        return outcome, fields
+        return reaped.outcome, fields
 
     # ------------------------------------------------------------------ health
 
@@ -121,37 +105,6 @@ class Agent:
             return False, f"the runtime has not answered for {age:.0f}s"
         return True, "ok"
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        agent = self
-
-        class Handler(BaseHTTPRequestHandler):
-            server_version = "cni-reaper"
-
-            def do_GET(self) -> None:
-                path = self.path.split("?", 1)[0]
-                if path == "/metrics":
-                    self._send(HTTPStatus.OK, agent.metrics.exposition(), CONTENT_TYPE_LATEST)
-                elif path == "/healthz":
-                    self._send(HTTPStatus.OK, b"ok\n", "text/plain")
-                elif path == "/readyz":
-                    ok, why = agent.readiness()
-                    status = HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE
-                    self._send(status, f"{why}\n".encode(), "text/plain")
-                else:
-                    self._send(HTTPStatus.NOT_FOUND, b"not found: try /metrics, /healthz, /readyz\n", "text/plain")
-
-            def _send(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: object) -> None:
-                return  # scrapes every 15s are not news
-
-        return Handler
-
     # ------------------------------------------------------------------ lifecycle
 
     def request_stop(self, signum: int, _frame: FrameType | None) -> None:
@@ -159,17 +112,13 @@ class Agent:
         self.stop.set()
 
     def run(self) -> int:
-        server_class = _IPv6Server if ":" in self.agent.listen_host else ThreadingHTTPServer
-        server = server_class((self.agent.listen_host, self.agent.listen_port), self._handler())
-        server.daemon_threads = True
-        http_thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
-        http_thread.start()
+        server = HealthServer(self.agent.listen_host, self.agent.listen_port, self.metrics.exposition, self.readiness)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.request_stop)
         scheduler = BackgroundScheduler(timezone=datetime.UTC)
         scheduler.add_job(
             self.run_pass,
-            IntervalTrigger(seconds=self.agent.interval, jitter=max(1, int(self.agent.interval * 0.1))),
+            IntervalTrigger(seconds=self.agent.interval, jitter=max(1, int(self.agent.interval * JITTER))),
             id="pass",
             max_instances=1,  # never two passes at once
             coalesce=True,  # missed runs collapse into one
@@ -185,10 +134,9 @@ class Agent:
                 "listen": f"{self.agent.listen_host}:{self.agent.listen_port}",
             },
         )
-        while not self.stop.wait(0.5):
+        while not self.stop.wait(STOP_POLL):
             pass
         scheduler.shutdown(wait=True)  # the running pass sees the stop and ends its current step
-        server.shutdown()
-        server.server_close()
+        server.close()
         self.log.info("agent stopped", extra={"passes": self.passes})
         return 0

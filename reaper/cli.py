@@ -11,22 +11,13 @@ import time
 from collections.abc import Sequence
 
 from reaper.agent import Agent
-from reaper.liveness.cri import CriLiveness
 from reaper.logs import setup_logging
 from reaper.metrics import ReaperMetrics, TextfileError, write_textfile
 from reaper.reap import reap_pass
 from reaper.report import reap_json, reap_table, report_json, report_table
+from reaper.runtime.cri import CriLiveness
 from reaper.scan import scan_pass
-from reaper.settings import (
-    SettingsError,
-    add_agent_options,
-    add_options,
-    add_reap_options,
-    add_textfile_option,
-    agent_settings_from,
-    reap_settings_from,
-    settings_from,
-)
+from reaper.settings import SettingsError, add_options, agent_settings_from, reap_settings_from, settings_from
 
 EXIT_CLEAN = 0
 EXIT_ORPHANS = 1
@@ -85,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=SCAN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_options(scan)
+    add_options(scan, ("paths", "output"))
     reap = sub.add_parser(
         "reap",
         help="one pass that reclaims every orphan: plugin DEL, then direct kernel cleanup; verified",
@@ -94,10 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=REAP_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_options(reap)
-    add_reap_options(reap)
-    add_textfile_option(reap)
-    add_textfile_option(scan)
+    add_options(reap, ("paths", "reap", "output"))
     run = sub.add_parser(
         "run",
         help="the node agent: a pass every --interval, Prometheus metrics and health on --listen",
@@ -105,9 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         "/readyz. SIGTERM or SIGINT: the step under way finishes, no new one starts, exit 0.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_options(run)
-    add_reap_options(run)
-    add_agent_options(run)
+    add_options(run, ("paths", "reap", "agent"))
     return parser
 
 
@@ -121,15 +107,15 @@ def _scan(args: argparse.Namespace) -> int:
     metrics = ReaperMetrics()
     metrics.observe_scan(report)
     metrics.observe_state(result.state_saved)
-    metrics.observe_pass(result.seconds, "ok" if report.runtime.reachable else "undecided", time.time())
-    _write_textfile(args.textfile, metrics, log)
+    metrics.observe_pass(result.seconds, result.outcome, time.time())
+    _write_textfile(settings.textfile, metrics, log)
     if settings.json_output:
         json.dump(report_json(report), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(report_table(report))
-    if not report.runtime.reachable:
-        print(f"reaper: cannot decide: runtime unreachable: {report.runtime.error}", file=sys.stderr)
+    if result.problem is not None:
+        print(f"reaper: cannot decide: {result.problem}", file=sys.stderr)
         return EXIT_UNDECIDED
     return EXIT_ORPHANS if report.count("orphan") else EXIT_CLEAN
 
@@ -170,28 +156,21 @@ def _reap(args: argparse.Namespace) -> int:
     result = reap_pass(settings, reap, CriLiveness(settings.runtime_endpoint, settings.runtime_timeout), log)
     metrics = ReaperMetrics()
     metrics.observe_reap(result)
-    undecided = not result.report.runtime.reachable or result.recheck_error is not None
-    outcome = "undecided" if undecided else "breaker" if result.breaker_open else "ok"
-    metrics.observe_pass(time.monotonic() - started, outcome, time.time())
-    _write_textfile(args.textfile, metrics, log)
+    metrics.observe_pass(time.monotonic() - started, result.outcome, time.time())
+    _write_textfile(settings.textfile, metrics, log)
     if settings.json_output:
         json.dump(reap_json(result), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(reap_table(result, reap.dry_run))
-    if not result.report.runtime.reachable:
-        print(f"reaper: cannot decide: runtime unreachable: {result.report.runtime.error}", file=sys.stderr)
-        return EXIT_UNDECIDED
-    if result.breaker_open:
-        print(f"reaper: breaker open: {result.breaker_reason}", file=sys.stderr)
+    if result.outcome == "breaker":
+        print(f"reaper: {result.problem}", file=sys.stderr)
         return EXIT_BREAKER
+    if result.problem is not None:
+        print(f"reaper: cannot decide: {result.problem}", file=sys.stderr)
+        return EXIT_UNDECIDED
     if reap.dry_run:
         return EXIT_ORPHANS if result.plan else EXIT_CLEAN
-    if result.recheck_error is not None:
-        print(
-            f"reaper: runtime unreachable at the re-check, nothing reclaimed: {result.recheck_error}", file=sys.stderr
-        )
-        return EXIT_UNDECIDED
     return EXIT_CLEAN if all(o.ok for o in result.reclaimed) else EXIT_ORPHANS
 
 

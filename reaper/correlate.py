@@ -1,10 +1,29 @@
-"""Group the node's resources into attachments: (container ID, network, ifname). Pure."""
+"""Group the node's resources into attachments: (container ID, network, ifname). Pure.
+
+Each kind says how its records tie to an attachment (reaper.model's Tie); this module only
+joins: whole keys first, then resources that know their container, then pins by the
+namespace they hold, then veths by name or by where their peer lives.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from reaper.model import AttachmentKey, DetailValue, NetnsPin, NodeSnapshot, NsKey, ResourceRef, RuntimeView
+from reaper.kinds import Kind
+from reaper.kinds.registry import KINDS
+from reaper.model import (
+    AttachmentKey,
+    ContainerTie,
+    NetnsTie,
+    NodeSnapshot,
+    NsKey,
+    OwnKey,
+    PeerTie,
+    ResourceRef,
+    RuntimeView,
+)
 
 # (container ID, network, ifname, pin path): tuples while grouping, AttachmentKey once done.
 _Key = tuple[str | None, str | None, str | None, str | None]
@@ -24,15 +43,6 @@ class ResourceGroup:
 def _primary_order(key: _Key) -> tuple[bool, bool, str, str]:
     loopback = key[2] == "lo" or key[1] == "cni-loopback"
     return (loopback, key[1] is None, key[2] or "~", key[1] or "")
-
-
-def pin_ref(pin: NetnsPin) -> ResourceRef:
-    details: list[tuple[str, DetailValue]] = [("path", pin.path)]
-    if not pin.is_namespace:
-        details.append(("stale", True))
-    if pin.holders:
-        details.append(("pids", ",".join(str(h.pid) for h in pin.holders)))
-    return ResourceRef("netns", pin.name, pin.mtime, tuple(details))
 
 
 class _Groups:
@@ -55,84 +65,78 @@ class _Groups:
         return min(keys, key=_primary_order) if keys else (cid, net, None, None)
 
 
-def correlate(snapshot: NodeSnapshot, runtime: RuntimeView) -> list[ResourceGroup]:
+@dataclass
+class _Ties:
+    own: list[tuple[OwnKey, ResourceRef]]
+    container: list[tuple[ContainerTie, ResourceRef]]
+    pins: list[tuple[NetnsTie, ResourceRef]]
+    veths: list[tuple[PeerTie, ResourceRef]]
+
+
+def _ties(snapshot: NodeSnapshot, kinds: Sequence[Kind[Any]]) -> _Ties:
+    ties = _Ties([], [], [], [])
+    for kind in kinds:
+        for record in snapshot.of(kind.name):
+            tie = kind.tie(record)
+            if tie is None:
+                continue
+            ref = kind.ref(record)
+            if isinstance(tie, OwnKey):
+                ties.own.append((tie, ref))
+            elif isinstance(tie, ContainerTie):
+                ties.container.append((tie, ref))
+            elif isinstance(tie, NetnsTie):
+                ties.pins.append((tie, ref))
+            else:
+                ties.veths.append((tie, ref))
+    return ties
+
+
+def correlate(snapshot: NodeSnapshot, runtime: RuntimeView, kinds: Sequence[Kind[Any]] = KINDS) -> list[ResourceGroup]:
+    ties = _ties(snapshot, kinds)
     groups = _Groups()
     veth_owner: dict[str, _Key] = {}
     uninspectable: dict[_Key, str] = {}
-    for entry in snapshot.cache_entries:
-        key: _Key = (entry.container_id, entry.network, entry.ifname, None)
-        cache_details: tuple[tuple[str, DetailValue], ...] = (("path", entry.path), ("legacy", entry.legacy))
-        if entry.corrupt is not None:
-            cache_details += (("corrupt", entry.corrupt),)
-        groups.add(key, ResourceRef("cache", entry.name, entry.mtime, cache_details))
-        if entry.netns is not None:
-            groups.netns.setdefault(key, entry.netns)
-        if entry.netns_uninspectable and entry.netns_path:
-            uninspectable[key] = entry.netns_path
-        for ifname in entry.host_ifnames:
+    for own, ref in ties.own:
+        key: _Key = (own.container_id, own.network, own.ifname, None)
+        groups.add(key, ref)
+        if own.netns is not None:
+            groups.netns.setdefault(key, own.netns)
+        if own.uninspectable_netns is not None:
+            uninspectable[key] = own.uninspectable_netns
+        for ifname in own.host_ifnames:
             veth_owner.setdefault(ifname, key)
+    for part, ref in ties.container:
+        groups.add(groups.primary(part.container_id, part.network), ref)
 
-    partial: list[tuple[str, str | None, ResourceRef]] = []
-    for lease in snapshot.leases:
-        ref = ResourceRef("ipam", f"{lease.network}/{lease.ip}", lease.mtime, (("path", lease.path), ("ip", lease.ip)))
-        if lease.ifname is None:
-            partial.append((lease.container_id, lease.network, ref))
-        else:
-            groups.add((lease.container_id, lease.network, lease.ifname, None), ref)
-    for chain in snapshot.chains:
-        if chain.container_id is None:
-            continue
-        chain_details = (
-            ("family", chain.family),
-            ("table", chain.table),
-            ("purpose", chain.purpose),
-            ("backend", chain.backend),
-        )
-        partial.append((chain.container_id, chain.network, ResourceRef("iptables", chain.chain, None, chain_details)))
-    for rule in snapshot.nft_rules:
-        ref = ResourceRef("nft", f"{rule.family} {rule.table} {rule.chain} {rule.handle}", None)
-        if rule.network is not None and rule.ifname is not None:
-            groups.add((rule.container_id, rule.network, rule.ifname, None), ref)
-        else:
-            partial.append((rule.container_id, rule.network, ref))
-    for cid, net, ref in partial:
-        groups.add(groups.primary(cid, net), ref)
-
-    # Namespaces: a pin joins the container that a cache entry or a sandbox says it belongs to.
+    # Namespaces: a pin joins the container that a resource or a sandbox says it belongs to.
     ns_owner: dict[NsKey, str] = {}
-    for entry in sorted(snapshot.cache_entries, key=lambda e: e.container_id):
-        if entry.netns is not None:
-            ns_owner.setdefault(entry.netns, entry.container_id)
+    for own, _ in sorted(ties.own, key=lambda t: t[0].container_id):
+        if own.netns is not None:
+            ns_owner.setdefault(own.netns, own.container_id)
     for sandbox in sorted(runtime.sandboxes, key=lambda s: s.id):
         if sandbox.netns is not None:
             ns_owner.setdefault(sandbox.netns, sandbox.id)
 
     pin_group: dict[NsKey, _Key] = {}
     foreign: set[_Key] = set()
-    for pin in sorted(snapshot.pins, key=lambda p: p.path):
-        owner = ns_owner.get(pin.ns) if pin.is_namespace else None
+    for pin, ref in sorted(ties.pins, key=lambda t: t[0].path):
+        owner = ns_owner.get(pin.ns) if pin.ns is not None else None
         key = groups.primary(owner, None) if owner is not None else (None, None, None, pin.path)
         if owner is None and not pin.runtime_named:
             foreign.add(key)
-        groups.add(key, pin_ref(pin))
-        if pin.is_namespace:
+        groups.add(key, ref)
+        if pin.ns is not None:
             groups.netns.setdefault(key, pin.ns)
             pin_group.setdefault(pin.ns, key)
 
-    for veth in snapshot.veths:
+    for veth, ref in ties.veths:
         target = veth_owner.get(veth.name)
         if target is None and veth.peer_netns is not None:
             target = pin_group.get(veth.peer_netns)
         if target is None:
             continue  # not a CNI resource: no cache entry names it, its peer is in no pinned netns
-        veth_details: tuple[tuple[str, DetailValue], ...] = (
-            ("ifindex", veth.ifindex),
-            ("peer_ifindex", veth.peer_ifindex),
-            ("peer_netnsid", veth.peer_netnsid),
-        )
-        if veth.master:
-            veth_details += (("master", veth.master),)
-        groups.add(target, ResourceRef("veth", veth.name, None, veth_details))
+        groups.add(target, ref)
 
     return [
         ResourceGroup(AttachmentKey(*key), tuple(refs), groups.netns.get(key), key in foreign, uninspectable.get(key))

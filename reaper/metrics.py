@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from reaper.atomic import write_atomically
-from reaper.model import RESOURCE_KINDS, VERDICTS, ScanReport
-from reaper.reap import ReapResult
+from reaper.host.atomic import write_atomically
+from reaper.kinds.registry import KIND_NAMES
+from reaper.model import PASS_OUTCOMES, VERDICTS, PassOutcome, ReapResult, ScanReport
 
 PASS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-CORRUPT_KINDS = ("netns", "ipam", "cache", "netconf")
+CORRUPT_KINDS = (*KIND_NAMES, "netconf")  # the kinds, and the network configs
 METHODS = ("cni-del", "kernel", "quarantine")
 
 
@@ -75,20 +75,20 @@ class ReaperMetrics:
         )
         for verdict in VERDICTS:
             self.attachments.labels(verdict)
-            for kind in RESOURCE_KINDS:
+            for kind in KIND_NAMES:
                 self.resources.labels(kind, verdict)
-        for kind in RESOURCE_KINDS:
+        for kind in KIND_NAMES:
             for method in METHODS:
                 self.reclaimed.labels(kind, method)
                 self.reclaim_errors.labels(kind, method)
         for corrupt_kind in CORRUPT_KINDS:
             self.corrupt.labels(corrupt_kind)
-        for outcome in ("ok", "undecided", "breaker", "error"):
+        for outcome in PASS_OUTCOMES:
             self.passes.labels(outcome)
 
     def observe_scan(self, report: ScanReport) -> None:
         counts = {v: 0 for v in VERDICTS}
-        per_kind = {(k, v): 0 for k in RESOURCE_KINDS for v in VERDICTS}
+        per_kind = {(k, v): 0 for k in KIND_NAMES for v in VERDICTS}
         for a in report.attachments:
             counts[a.verdict] += 1
             for ref in a.resources:
@@ -124,7 +124,7 @@ class ReaperMetrics:
             self.plugin_errors.inc(len(outcome.plugin_errors))
         self.skipped.inc(len(result.skipped))
 
-    def observe_pass(self, seconds: float, outcome: str, finished_at: float) -> None:
+    def observe_pass(self, seconds: float, outcome: PassOutcome, finished_at: float) -> None:
         self.pass_duration.observe(seconds)
         self.passes.labels(outcome).inc()
         if outcome in ("ok", "breaker"):

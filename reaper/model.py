@@ -6,15 +6,17 @@ says is alive, and the reconcile records what the reaper concluded and why.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
-ResourceKind = Literal["netns", "veth", "ipam", "cache", "iptables", "nft"]
+ResourceKind = str  # a kind's name, as reaper.kinds.registry lists them
 Verdict = Literal["live", "orphan", "pending", "unknown"]
 VERDICTS: tuple[Verdict, ...] = ("live", "orphan", "pending", "unknown")
-RESOURCE_KINDS: tuple[ResourceKind, ...] = ("netns", "veth", "ipam", "cache", "iptables", "nft")
 
 DetailValue = str | int | float | bool | None
+# A resource's identity on the node, the same from one snapshot to the next: (kind, ...).
+Identity = tuple[str, ...]
 
 
 class NsKey(NamedTuple):
@@ -41,6 +43,7 @@ class Holder:
     # A plugin this reaper started (its own DEL): the only process that does not make a netns
     # busy. A plugin someone else started is an ADD or DEL of the runtime's, in progress.
     reapers_own: bool = False
+    started_at: float = 0.0  # the process's start time: with the pid, who it is
 
     @property
     def keeps_netns_busy(self) -> bool:
@@ -184,13 +187,9 @@ class SourceError:
 class NodeSnapshot:
     taken_at: float
     host_netns: NsKey
-    pins: tuple[NetnsPin, ...]
-    veths: tuple[VethLink, ...]
-    leases: tuple[HostLocalLease, ...]
+    # Every kind's records, by kind name (see reaper.kinds): the one place a new kind adds to.
+    resources: Mapping[str, tuple[Any, ...]]
     ranges: tuple[IpamRange, ...]
-    cache_entries: tuple[CacheEntry, ...]
-    chains: tuple[IptablesChain, ...]
-    nft_rules: tuple[NftRule, ...]
     configs: tuple[NetworkConfig, ...]
     corrupt: tuple[CorruptFile, ...]
     errors: tuple[SourceError, ...]
@@ -198,6 +197,78 @@ class NodeSnapshot:
     netns_holders: tuple[tuple[NsKey, tuple[Holder, ...]], ...] = ()
     # Seconds each collector took, in order: where a pass's time goes.
     timings: tuple[tuple[str, float], ...] = ()
+
+    def of(self, kind: str) -> tuple[Any, ...]:
+        return self.resources.get(kind, ())
+
+    @property
+    def pins(self) -> tuple[NetnsPin, ...]:
+        return self.of("netns")
+
+    @property
+    def veths(self) -> tuple[VethLink, ...]:
+        return self.of("veth")
+
+    @property
+    def leases(self) -> tuple[HostLocalLease, ...]:
+        return self.of("ipam")
+
+    @property
+    def cache_entries(self) -> tuple[CacheEntry, ...]:
+        return self.of("cache")
+
+    @property
+    def chains(self) -> tuple[IptablesChain, ...]:
+        return self.of("iptables")
+
+    @property
+    def nft_rules(self) -> tuple[NftRule, ...]:
+        return self.of("nft")
+
+
+# ------------------------------------------------------------------ joining
+
+
+@dataclass(frozen=True)
+class OwnKey:
+    """The resource carries a whole attachment key (container ID, network, ifname): it makes
+    an attachment of its own. `netns` is the namespace it names, when it names one."""
+
+    container_id: str
+    network: str
+    ifname: str
+    netns: NsKey | None = None
+    uninspectable_netns: str | None = None  # a netns path it names that cannot be inspected
+    host_ifnames: tuple[str, ...] = ()  # host-side interfaces it says the attachment has
+
+
+@dataclass(frozen=True)
+class ContainerTie:
+    """The resource carries a container ID (and perhaps a network) but no ifname: it joins that
+    container's primary attachment."""
+
+    container_id: str
+    network: str | None = None
+
+
+@dataclass(frozen=True)
+class NetnsTie:
+    """A netns pin: it joins whoever owns its namespace, or stands alone."""
+
+    ns: NsKey | None  # None: a stale file with no namespace on it
+    path: str
+    runtime_named: bool
+
+
+@dataclass(frozen=True)
+class PeerTie:
+    """A host veth: it joins the attachment a cache entry names it in, else its peer's."""
+
+    name: str
+    peer_netns: NsKey | None
+
+
+Tie = OwnKey | ContainerTie | NetnsTie | PeerTie
 
 
 # ----------------------------------------------------------------- liveness
@@ -232,10 +303,16 @@ class RuntimeView:
 
 @dataclass(frozen=True)
 class ResourceRef:
+    """A resource as an attachment lists it."""
+
     kind: ResourceKind
     name: str
     created_at: float | None  # None: the kernel keeps no timestamp for it
     details: tuple[tuple[str, DetailValue], ...] = ()
+    identity: Identity = ()  # its kind's identity of it: how a later look finds it again
+
+    def detail(self, key: str) -> DetailValue:
+        return dict(self.details).get(key)
 
 
 @dataclass(frozen=True, order=True)
@@ -312,6 +389,10 @@ class ScanReport:
 # ------------------------------------------------------------------ reclaim
 
 ReclaimMethod = Literal["cni-del", "kernel", "quarantine"]
+# How a pass ended: ok; undecided (a runtime could not be asked, so nothing was called
+# orphan); breaker (too many orphans to act on); error (the pass itself failed).
+PassOutcome = Literal["ok", "undecided", "breaker", "error"]
+PASS_OUTCOMES: tuple[PassOutcome, ...] = ("ok", "undecided", "breaker", "error")
 
 
 @dataclass(frozen=True)
@@ -355,8 +436,89 @@ class SkippedAttachment:
 
 
 @dataclass(frozen=True)
+class Done:
+    """What one reclaiming action did to one resource: freed, or left and why."""
+
+    ok: bool
+    error: str | None = None
+    quarantined: str | None = None  # where a file went instead of being deleted
+
+    @staticmethod
+    def freed() -> Done:
+        return Done(ok=True)
+
+    @staticmethod
+    def moved(dest: str) -> Done:
+        return Done(ok=True, quarantined=dest)
+
+    @staticmethod
+    def left(why: str) -> Done:
+        return Done(ok=False, error=why)
+
+
+@dataclass(frozen=True)
 class GcOutcome:
     network: str
     plugin: str
     ok: bool
     error: str | None
+
+
+# ------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    """One read-only pass."""
+
+    report: ScanReport
+    snapshot: NodeSnapshot
+    known_netns: Mapping[str, str]  # sandbox ID -> netns path, as learned so far
+    state_saved: bool
+    warnings: tuple[str, ...]
+    seconds: float
+    timings: tuple[tuple[str, float], ...]  # seconds per step of the pass
+
+    @property
+    def outcome(self) -> PassOutcome:
+        return "ok" if self.report.runtime.reachable else "undecided"
+
+    @property
+    def problem(self) -> str | None:
+        """Why the pass could not do its job, in one line; None when it could."""
+        if not self.report.runtime.reachable:
+            return f"runtime unreachable: {self.report.runtime.error}"
+        return None
+
+
+@dataclass(frozen=True)
+class ReapResult:
+    """One reclaiming pass: the scan it acted on, and what it did."""
+
+    report: ScanReport
+    breaker_open: bool
+    breaker_reason: str | None
+    plan: tuple[PlannedAttachment, ...]
+    reclaimed: tuple[ReclaimOutcome, ...]
+    skipped: tuple[SkippedAttachment, ...]
+    gc: tuple[GcOutcome, ...]
+    recheck_error: str | None  # the runtime could not be asked again right before acting
+    timings: tuple[tuple[str, float], ...] = ()  # seconds per step: scan, recheck, del, look, kernel, verify
+    state_saved: bool = True
+
+    @property
+    def outcome(self) -> PassOutcome:
+        if not self.report.runtime.reachable or self.recheck_error is not None:
+            return "undecided"
+        return "breaker" if self.breaker_open else "ok"
+
+    @property
+    def problem(self) -> str | None:
+        """Why the pass could not do its job, in one line; None when it could."""
+        if not self.report.runtime.reachable:
+            return f"runtime unreachable: {self.report.runtime.error}"
+        if self.recheck_error is not None:
+            return f"runtime unreachable at the re-check, nothing reclaimed: {self.recheck_error}"
+        if self.breaker_open:
+            return f"breaker open: {self.breaker_reason}"
+        return None

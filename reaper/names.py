@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 # CNI spec: container IDs and network names.
 _CNI_ID = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.\-]*")
@@ -29,5 +30,5 @@ def compile_netns_patterns(extra: tuple[str, ...]) -> tuple[re.Pattern[str], ...
     return tuple(re.compile(p) for p in RUNTIME_NETNS_PATTERNS + extra)
 
 
-def is_runtime_netns_name(name: str, patterns: tuple[re.Pattern[str], ...]) -> bool:
+def is_runtime_netns_name(name: str, patterns: Iterable[re.Pattern[str]]) -> bool:
     return any(p.fullmatch(name) for p in patterns)

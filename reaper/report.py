@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from reaper.durations import format_duration
-from reaper.model import VERDICTS, ResourceRef, ScanReport
-from reaper.reap import ReapResult
+from reaper.model import VERDICTS, ReapResult, ResourceRef, ScanReport
 
 
 def _resource(ref: ResourceRef, now: float) -> dict[str, Any]:

@@ -7,30 +7,20 @@ import gc
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from reaper.history import State, StateError, load_state, save_state
-from reaper.inventory.memo import InventoryMemo
-from reaper.inventory.snapshot import InventoryOptions, take_snapshot
-from reaper.liveness import LivenessSource
-from reaper.model import NodeSnapshot, ScanReport
+from reaper.host.memo import InventoryMemo
+from reaper.kinds import FindOptions
+from reaper.model import VERDICTS, ScanResult
 from reaper.reconcile import reconcile
+from reaper.runtime.liveness import LivenessSource
 from reaper.settings import Settings
+from reaper.snapshot import take_snapshot
+from reaper.state import State, StateError, load_state, save_state
 
 
-@dataclass(frozen=True)
-class PassResult:
-    report: ScanReport
-    snapshot: NodeSnapshot
-    known_netns: dict[str, str]  # sandbox ID -> netns path, as learned so far
-    state_saved: bool
-    warnings: tuple[str, ...]
-    seconds: float
-    timings: tuple[tuple[str, float], ...]  # seconds per step of the pass
-
-
-def inventory_options(settings: Settings) -> InventoryOptions:
-    return InventoryOptions(
+def find_options(settings: Settings) -> FindOptions:
+    return FindOptions(
         netns_dirs=settings.netns_dirs,
         ipam_dirs=settings.ipam_dirs,
         cache_dir=settings.cni_cache_dir,
@@ -60,7 +50,7 @@ def scan_pass(
     log: logging.Logger,
     clock: Callable[[], float] = time.time,
     memo: InventoryMemo | None = None,
-) -> PassResult:
+) -> ScanResult:
     """One pass. A long-running caller passes the same `memo` every time (files unchanged
     since the last pass are not read again); a one-shot run passes none."""
     with _no_cycle_collection():
@@ -73,7 +63,7 @@ def _scan_pass(
     log: logging.Logger,
     clock: Callable[[], float],
     memo: InventoryMemo | None,
-) -> PassResult:
+) -> ScanResult:
     started = time.monotonic()
     warnings: list[str] = []
     state, warning = load_state(settings.state_file)
@@ -81,7 +71,7 @@ def _scan_pass(
         warnings.append(warning)
     # The node first, the runtime second: a sandbox born in between is then newer than
     # anything in the snapshot that could be mistaken for one of its resources.
-    snapshot = take_snapshot(inventory_options(settings), memo)
+    snapshot = take_snapshot(find_options(settings), memo)
     mark = time.monotonic()
     known = dict(state.sandbox_netns)
     for entry in snapshot.cache_entries:
@@ -128,9 +118,9 @@ def _scan_pass(
         extra={
             "seconds": round(seconds, 3),
             "runtime_reachable": runtime.reachable,
-            **{v: report.count(v) for v in ("live", "orphan", "pending", "unknown")},
+            **{v: report.count(v) for v in VERDICTS},
             "stuck_sandboxes": len(report.stuck_sandboxes),
             "corrupt_files": len(report.corrupt),
         },
     )
-    return PassResult(report, snapshot, {**known, **netns_map}, state_saved, tuple(warnings), seconds, timings)
+    return ScanResult(report, snapshot, {**known, **netns_map}, state_saved, tuple(warnings), seconds, timings)

@@ -1,23 +1,251 @@
-"""Command-line flags and their REAPER_* environment variables, turned into one Settings."""
+"""Command-line flags and their REAPER_* environment variables: one table, one resolver.
+
+Each option is one row: its flag, its variable, its default, how its text is parsed, how a
+variable splits into several values, and the --help group it shows in. A flag beats its
+variable, which beats the default. A bad value is a SettingsError with one line for the
+operator.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, Literal
 
 from reaper.durations import parse_duration
 from reaper.model import Policy
 from reaper.names import compile_netns_patterns
 
-T = TypeVar("T")
+Group = Literal["paths", "reap", "agent", "output"]
+GROUP_TITLES: dict[Group, str] = {
+    "paths": "paths and policy (each also read from its REAPER_* variable)",
+    "reap": "reclaiming (each also read from its REAPER_* variable)",
+    "agent": "agent (each also read from its REAPER_* variable)",
+    "output": "output",
+}
 
 
 class SettingsError(ValueError):
     """A bad flag or environment value; the message is one line for the operator."""
+
+
+# ----------------------------------------------------------------------------- parsers
+
+
+def _absolute(path: str) -> str:
+    if not path.startswith("/"):
+        raise ValueError(f"{path!r} must be an absolute path")
+    return os.path.normpath(path)
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise ValueError(f"{text!r} must be 1 or more")
+    return value
+
+
+def _ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{text!r} must be between 0 and 1")
+    return value
+
+
+def _positive_duration(text: str) -> float:
+    value = parse_duration(text)
+    if value <= 0:
+        raise ValueError("must be more than 0")
+    return value
+
+
+def _interval(text: str) -> float:
+    value = parse_duration(text)
+    if value < 1:
+        raise ValueError("must be at least 1s")
+    return value
+
+
+def _one_of(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.lower()
+        if value not in choices:
+            raise ValueError(f"{text!r} is not {', '.join(choices[:-1])} or {choices[-1]}")
+        return value
+
+    return parse
+
+
+def _endpoint(text: str) -> str:
+    if not (text.startswith("unix:///") and len(text) > len("unix:///")):
+        raise ValueError(f"{text!r} must look like unix:///run/containerd/containerd.sock")
+    return text
+
+
+def _regex(text: str) -> str:
+    try:
+        re.compile(text)
+    except re.error as err:
+        raise ValueError(f"invalid regex: {err}") from None
+    return text
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:9753 or [::1]:9753)")
+    return host, int(port)
+
+
+# ------------------------------------------------------------------------------ the table
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str
+    env: str | None  # None: a flag only
+    default: str | None
+    help: str
+    group: Group
+    parse: Callable[[str], Any] = str
+    separator: str | None = None  # repeatable; a variable holds several values split on this
+    metavar: str | None = None
+    switch: bool = False  # a flag without a value: on when given
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("--netns-dir", "REAPER_NETNS_DIR", "/var/run/netns", "directory of pinned network namespaces (repeatable)",
+           "paths", _absolute, ":", "DIR"),
+    Option("--netns-pattern", "REAPER_NETNS_PATTERN", None,
+           "regex of pin names your runtime makes, beyond containerd's cni-<uuid> and CRI-O's <uuid> (repeatable); "
+           "pins matching none and named by no sandbox or cache entry are never touched",
+           "paths", _regex, ",", "REGEX"),
+    Option("--ipam-dir", "REAPER_IPAM_DIR", "/var/lib/cni/networks",
+           "host-local IPAM data dir (repeatable); every ipam.dataDir in a config is added", "paths", _absolute, ":",
+           "DIR"),
+    Option("--cni-cache-dir", "REAPER_CNI_CACHE_DIR", "/var/lib/cni",
+           "libcni cache dir (holds results/ and the legacy cache/results/)", "paths", _absolute, metavar="DIR"),
+    Option("--cni-conf-dir", "REAPER_CNI_CONF_DIR", "/etc/cni/net.d", "CNI network config dir", "paths", _absolute,
+           metavar="DIR"),
+    Option("--cni-bin-dir", "REAPER_CNI_BIN_DIR", "/opt/cni/bin",
+           "CNI plugin dir (repeatable); processes running from here do not keep a netns alive", "paths", _absolute,
+           ":", "DIR"),
+    Option("--runtime-endpoint", "REAPER_RUNTIME_ENDPOINT", None,
+           "CRI socket, unix:///path; default: the first of containerd, CRI-O, cri-dockerd that answers", "paths",
+           _endpoint, metavar="URL"),
+    Option("--runtime-timeout", "REAPER_RUNTIME_TIMEOUT", "10s", "deadline of each CRI call", "paths",
+           _positive_duration, metavar="DURATION"),
+    Option("--min-age", "REAPER_MIN_AGE", "10m",
+           "an attachment younger than this is never an orphan (a slow CNI ADD takes minutes)", "paths",
+           parse_duration, metavar="DURATION"),
+    Option("--confirmations", "REAPER_CONFIRMATIONS", "2",
+           "consecutive passes an attachment must be seen ownerless before it is an orphan", "paths", _count,
+           metavar="N"),
+    Option("--stuck-after", "REAPER_STUCK_AFTER", "15m", "report NOTREADY sandboxes older than this as stuck", "paths",
+           parse_duration, metavar="DURATION"),
+    Option("--state-file", "REAPER_STATE_FILE", "/var/lib/cni-reaper/state.json",
+           "where confirmations are counted between passes and runs", "paths", _absolute, metavar="PATH"),
+    Option("--log-format", "REAPER_LOG_FORMAT", "text", "log lines on stderr: text or json", "paths",
+           _one_of("text", "json"), metavar="FORMAT"),
+    Option("--log-level", "REAPER_LOG_LEVEL", "info", "debug, info, warning or error", "paths",
+           _one_of("debug", "info", "warning", "error"), metavar="LEVEL"),
+    Option("--json", None, None, "print one JSON object instead of the table", "output", switch=True),
+    Option("--textfile", "REAPER_TEXTFILE", None,
+           "also write the metrics to PATH, atomically, for node_exporter's textfile collector", "output",
+           metavar="PATH"),
+    Option("--max-reap", "REAPER_MAX_REAP", "100", "reclaim at most N attachments a pass; the rest wait", "reap",
+           _count, metavar="N"),
+    Option("--max-orphan-ratio", "REAPER_MAX_ORPHAN_RATIO", "0.5",
+           "breaker: reclaim nothing (exit 3) when more than this share of the node's attachments look orphaned, "
+           "a sign the runtime's list is wrong", "reap", _ratio, metavar="RATIO"),
+    Option("--method", "REAPER_METHOD", "auto",
+           "auto: the plugins' DEL first, then the kernel for what is left; kernel: skip DEL", "reap",
+           _one_of("auto", "kernel"), metavar="METHOD"),
+    Option("--quarantine-dir", "REAPER_QUARANTINE_DIR", None,
+           "move reclaimed lease and cache files here (under their original path) instead of deleting them", "reap",
+           _absolute, metavar="DIR"),
+    Option("--plugin-timeout", "REAPER_PLUGIN_TIMEOUT", "60s",
+           "kill a plugin (and what it started) that runs longer than this", "reap",
+           _positive_duration, metavar="DURATION"),
+    Option("--force", None, None, "reclaim even when the breaker would open", "reap", switch=True),
+    Option("--dry-run", None, None, "print the plan (each step and method); change nothing", "reap", switch=True),
+    Option("--cni-gc", None, None,
+           "after reclaiming, call the CNI 1.1 GC verb on networks that support it, with the live attachments",
+           "reap", switch=True),
+    Option("--mode", "REAPER_MODE", "reap", "reap: reclaim orphans every pass; scan: only report them", "agent",
+           _one_of("scan", "reap"), metavar="MODE"),
+    Option("--interval", "REAPER_INTERVAL", "60s", "time between passes (10%% jitter)", "agent",
+           _interval, metavar="DURATION"),
+    Option("--listen", "REAPER_LISTEN", "127.0.0.1:9753", "HOST:PORT for /metrics, /healthz and /readyz", "agent",
+           parse_listen, metavar="HOST:PORT"),
+)  # fmt: skip
+
+
+def add_options(parser: argparse.ArgumentParser, groups: tuple[Group, ...], skip: tuple[str, ...] = ()) -> None:
+    """Every option of `groups` (but the flags in `skip`) on `parser`, under its group's title."""
+    for group in groups:
+        section = parser.add_argument_group(GROUP_TITLES[group])
+        for opt in OPTIONS:
+            if opt.group != group or opt.flag in skip:
+                continue
+            if opt.switch:
+                section.add_argument(opt.flag, action="store_true", help=opt.help)
+                continue
+            default_text = f" [default: {opt.default}]" if opt.default else ""
+            env_text = f" (env {opt.env})" if opt.env else ""
+            section.add_argument(
+                opt.flag,
+                action="append" if opt.separator else "store",
+                default=None,
+                metavar=opt.metavar,
+                help=f"{opt.help}{default_text}{env_text}",
+            )
+
+
+def _texts(opt: Option, args: argparse.Namespace, env: Mapping[str, str]) -> list[str]:
+    given = getattr(args, opt.dest, None)
+    if given is not None:
+        return list(given) if opt.separator else [given]
+    raw = env.get(opt.env, "") if opt.env else ""
+    if raw:
+        return [v for v in raw.split(opt.separator) if v] if opt.separator else [raw]
+    return [opt.default] if opt.default is not None else []
+
+
+def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Every option's value, parsed, by dest: a list for repeatable ones (duplicates dropped),
+    else one value or None. Options the command does not have take their default."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    for opt in OPTIONS:
+        if opt.switch:
+            values[opt.dest] = bool(getattr(args, opt.dest, False))
+            continue
+        parsed = []
+        for text in _texts(opt, args, env):
+            try:
+                parsed.append(opt.parse(text))
+            except ValueError as err:
+                raise SettingsError(f"{opt.flag}: {err}") from None
+        values[opt.dest] = list(dict.fromkeys(parsed)) if opt.separator else (parsed[-1] if parsed else None)
+    return values
+
+
+# ------------------------------------------------------------------------------ settings
 
 
 @dataclass(frozen=True)
@@ -35,133 +263,7 @@ class Settings:
     json_output: bool
     log_format: str
     log_level: str
-
-
-@dataclass(frozen=True)
-class _Option:
-    flag: str
-    env: str
-    default: str | None
-    help: str
-    repeatable: bool = False
-    metavar: str | None = None
-
-
-OPTIONS: tuple[_Option, ...] = (
-    _Option(
-        "--netns-dir",
-        "REAPER_NETNS_DIR",
-        "/var/run/netns",
-        "directory of pinned network namespaces (repeatable)",
-        True,
-        "DIR",
-    ),
-    _Option(
-        "--netns-pattern",
-        "REAPER_NETNS_PATTERN",
-        None,
-        "regex of pin names your runtime makes, beyond containerd's cni-<uuid> and CRI-O's <uuid> "
-        "(repeatable); pins matching none and named by no sandbox or cache entry are never touched",
-        True,
-        "REGEX",
-    ),
-    _Option(
-        "--ipam-dir",
-        "REAPER_IPAM_DIR",
-        "/var/lib/cni/networks",
-        "host-local IPAM data dir (repeatable); every ipam.dataDir in a config is added",
-        True,
-        "DIR",
-    ),
-    _Option(
-        "--cni-cache-dir",
-        "REAPER_CNI_CACHE_DIR",
-        "/var/lib/cni",
-        "libcni cache dir (holds results/ and the legacy cache/results/)",
-        metavar="DIR",
-    ),
-    _Option("--cni-conf-dir", "REAPER_CNI_CONF_DIR", "/etc/cni/net.d", "CNI network config dir", metavar="DIR"),
-    _Option(
-        "--cni-bin-dir",
-        "REAPER_CNI_BIN_DIR",
-        "/opt/cni/bin",
-        "CNI plugin dir (repeatable); processes running from here do not keep a netns alive",
-        True,
-        "DIR",
-    ),
-    _Option(
-        "--runtime-endpoint",
-        "REAPER_RUNTIME_ENDPOINT",
-        None,
-        "CRI socket, unix:///path; default: the first of containerd, CRI-O, cri-dockerd that answers",
-        metavar="URL",
-    ),
-    _Option("--runtime-timeout", "REAPER_RUNTIME_TIMEOUT", "10s", "deadline of each CRI call", metavar="DURATION"),
-    _Option(
-        "--min-age",
-        "REAPER_MIN_AGE",
-        "10m",
-        "an attachment younger than this is never an orphan (a slow CNI ADD takes minutes)",
-        metavar="DURATION",
-    ),
-    _Option(
-        "--confirmations",
-        "REAPER_CONFIRMATIONS",
-        "2",
-        "consecutive passes an attachment must be seen ownerless before it is an orphan",
-        metavar="N",
-    ),
-    _Option(
-        "--stuck-after",
-        "REAPER_STUCK_AFTER",
-        "15m",
-        "report NOTREADY sandboxes older than this as stuck",
-        metavar="DURATION",
-    ),
-    _Option(
-        "--state-file",
-        "REAPER_STATE_FILE",
-        "/var/lib/cni-reaper/state.json",
-        "where confirmations are counted between passes and runs",
-        metavar="PATH",
-    ),
-    _Option("--log-format", "REAPER_LOG_FORMAT", "text", "log lines on stderr: text or json", metavar="FORMAT"),
-    _Option("--log-level", "REAPER_LOG_LEVEL", "info", "debug, info, warning or error", metavar="LEVEL"),
-)
-
-
-REAP_OPTIONS: tuple[_Option, ...] = (
-    _Option("--max-reap", "REAPER_MAX_REAP", "100", "reclaim at most N attachments a pass; the rest wait", metavar="N"),
-    _Option(
-        "--max-orphan-ratio",
-        "REAPER_MAX_ORPHAN_RATIO",
-        "0.5",
-        "breaker: reclaim nothing (exit 3) when more than this share of the node's attachments look "
-        "orphaned, a sign the runtime's list is wrong",
-        metavar="RATIO",
-    ),
-    _Option(
-        "--method",
-        "REAPER_METHOD",
-        "auto",
-        "auto: the plugins' DEL first, then the kernel for what is left; kernel: skip DEL",
-        metavar="METHOD",
-    ),
-    _Option(
-        "--quarantine-dir",
-        "REAPER_QUARANTINE_DIR",
-        None,
-        "move reclaimed lease and cache files here (under their original path) instead of deleting them",
-        metavar="DIR",
-    ),
-    _Option(
-        "--plugin-timeout",
-        "REAPER_PLUGIN_TIMEOUT",
-        "60s",
-        "kill a plugin (and what it started) that runs longer than this",
-        metavar="DURATION",
-    ),
-)
+    textfile: str | None = None
 
 
 @dataclass(frozen=True)
@@ -176,66 +278,6 @@ class ReapSettings:
     cni_gc: bool
 
 
-def add_reap_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("reclaiming (each also read from its REAPER_* variable)")
-    for opt in REAP_OPTIONS:
-        default_text = f" [default: {opt.default}]" if opt.default else ""
-        group.add_argument(
-            opt.flag, default=None, metavar=opt.metavar, help=f"{opt.help}{default_text} (env {opt.env})"
-        )
-    group.add_argument("--force", action="store_true", help="reclaim even when the breaker would open")
-    group.add_argument("--dry-run", action="store_true", help="print the plan (each step and method); change nothing")
-    group.add_argument(
-        "--cni-gc",
-        action="store_true",
-        help="after reclaiming, call the CNI 1.1 GC verb on networks that support it, with the live attachments",
-    )
-
-
-def _ratio(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{text!r} must be between 0 and 1")
-    return value
-
-
-def reap_settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> ReapSettings:
-    env = os.environ if env is None else env
-    v = {opt.flag: _values(args, env, opt) for opt in REAP_OPTIONS}
-    method = v["--method"][-1]
-    if method not in ("auto", "kernel"):
-        raise SettingsError(f"--method: {method!r} is not auto or kernel")
-    timeout = _parse("--plugin-timeout", v["--plugin-timeout"][-1], parse_duration)
-    if timeout <= 0:
-        raise SettingsError("--plugin-timeout: must be more than 0")
-    quarantine = v["--quarantine-dir"][-1] if v["--quarantine-dir"] else None
-    return ReapSettings(
-        max_reap=_parse("--max-reap", v["--max-reap"][-1], _positive_int),
-        max_orphan_ratio=_parse("--max-orphan-ratio", v["--max-orphan-ratio"][-1], _ratio),
-        kernel_only=method == "kernel",
-        quarantine_dir=_abs_path("--quarantine-dir", quarantine) if quarantine else None,
-        plugin_timeout=timeout,
-        force=bool(getattr(args, "force", False)),
-        dry_run=bool(getattr(args, "dry_run", False)),
-        cni_gc=bool(getattr(args, "cni_gc", False)),
-    )
-
-
-AGENT_OPTIONS: tuple[_Option, ...] = (
-    _Option(
-        "--mode", "REAPER_MODE", "reap", "reap: reclaim orphans every pass; scan: only report them", metavar="MODE"
-    ),
-    _Option("--interval", "REAPER_INTERVAL", "60s", "time between passes (10%% jitter)", metavar="DURATION"),
-    _Option(
-        "--listen",
-        "REAPER_LISTEN",
-        "127.0.0.1:9753",
-        "HOST:PORT for /metrics, /healthz and /readyz",
-        metavar="HOST:PORT",
-    ),
-)
-
-
 @dataclass(frozen=True)
 class AgentSettings:
     mode: str
@@ -244,143 +286,41 @@ class AgentSettings:
     listen_port: int
 
 
-def add_agent_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("agent (each also read from its REAPER_* variable)")
-    for opt in AGENT_OPTIONS:
-        group.add_argument(
-            opt.flag, default=None, metavar=opt.metavar, help=f"{opt.help} [default: {opt.default}] (env {opt.env})"
-        )
+def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Settings:
+    v = resolve(args, env)
+    return Settings(
+        netns_dirs=tuple(v["netns_dir"]),
+        netns_patterns=compile_netns_patterns(tuple(v["netns_pattern"])),
+        ipam_dirs=tuple(v["ipam_dir"]),
+        cni_cache_dir=v["cni_cache_dir"],
+        cni_conf_dir=v["cni_conf_dir"],
+        cni_bin_dirs=tuple(v["cni_bin_dir"]),
+        runtime_endpoint=v["runtime_endpoint"],
+        runtime_timeout=v["runtime_timeout"],
+        policy=Policy(min_age=v["min_age"], confirmations=v["confirmations"], stuck_after=v["stuck_after"]),
+        state_file=v["state_file"],
+        json_output=v["json"],
+        log_format=v["log_format"],
+        log_level=v["log_level"],
+        textfile=v["textfile"],
+    )
 
 
-def parse_listen(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:9753 or [::1]:9753)")
-    return host, int(port)
+def reap_settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> ReapSettings:
+    v = resolve(args, env)
+    return ReapSettings(
+        max_reap=v["max_reap"],
+        max_orphan_ratio=v["max_orphan_ratio"],
+        kernel_only=v["method"] == "kernel",
+        quarantine_dir=v["quarantine_dir"],
+        plugin_timeout=v["plugin_timeout"],
+        force=v["force"],
+        dry_run=v["dry_run"],
+        cni_gc=v["cni_gc"],
+    )
 
 
 def agent_settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> AgentSettings:
-    env = os.environ if env is None else env
-    v = {opt.flag: _values(args, env, opt)[-1] for opt in AGENT_OPTIONS}
-    if v["--mode"] not in ("scan", "reap"):
-        raise SettingsError(f"--mode: {v['--mode']!r} is not scan or reap")
-    interval = _parse("--interval", v["--interval"], parse_duration)
-    if interval < 1:
-        raise SettingsError("--interval: must be at least 1s")
-    host, port = _parse("--listen", v["--listen"], parse_listen)
-    return AgentSettings(v["--mode"], interval, host, port)
-
-
-def add_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("paths and policy (each also read from its REAPER_* variable)")
-    for opt in OPTIONS:
-        default_text = f" [default: {opt.default}]" if opt.default else ""
-        group.add_argument(
-            opt.flag,
-            action="append" if opt.repeatable else "store",
-            default=None,
-            metavar=opt.metavar,
-            help=f"{opt.help}{default_text} (env {opt.env})",
-        )
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-
-
-def add_textfile_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--textfile",
-        default=os.environ.get("REAPER_TEXTFILE") or None,
-        metavar="PATH",
-        help="also write the metrics to PATH, atomically, for node_exporter's textfile collector (env REAPER_TEXTFILE)",
-    )
-
-
-def _dest(flag: str) -> str:
-    return flag.lstrip("-").replace("-", "_")
-
-
-def _values(args: argparse.Namespace, env: Mapping[str, str], opt: _Option) -> list[str]:
-    given = getattr(args, _dest(opt.flag))
-    if given is not None:
-        return list(given) if opt.repeatable else [given]
-    if opt.env in env and env[opt.env] != "":
-        raw = env[opt.env]
-        if opt.repeatable:
-            sep = "," if opt.flag == "--netns-pattern" else ":"
-            return [v for v in raw.split(sep) if v]
-        return [raw]
-    return [opt.default] if opt.default is not None else []
-
-
-def _parse(flag: str, text: str, parse: Callable[[str], T]) -> T:
-    try:
-        return parse(text)
-    except ValueError as err:
-        raise SettingsError(f"{flag}: {err}") from None
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise ValueError(f"{text!r} must be 1 or more")
-    return value
-
-
-def _abs_path(flag: str, path: str) -> str:
-    if not path.startswith("/"):
-        raise SettingsError(f"{flag}: {path!r} must be an absolute path")
-    return os.path.normpath(path)
-
-
-def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Settings:
-    env = os.environ if env is None else env
-    v: dict[str, list[str]] = {opt.flag: _values(args, env, opt) for opt in OPTIONS}
-
-    def one(flag: str) -> str:
-        return v[flag][-1]
-
-    def paths(flag: str) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(_abs_path(flag, p) for p in v[flag]))
-
-    try:
-        patterns = compile_netns_patterns(tuple(v["--netns-pattern"]))
-    except re.error as err:
-        raise SettingsError(f"--netns-pattern: invalid regex: {err}") from None
-    endpoint = v["--runtime-endpoint"][-1] if v["--runtime-endpoint"] else None
-    if endpoint is not None and not (endpoint.startswith("unix:///") and len(endpoint) > 8):
-        raise SettingsError(f"--runtime-endpoint: {endpoint!r} must look like unix:///run/containerd/containerd.sock")
-    timeout = _parse("--runtime-timeout", one("--runtime-timeout"), parse_duration)
-    if timeout <= 0:
-        raise SettingsError("--runtime-timeout: must be more than 0")
-    log_format = one("--log-format")
-    if log_format not in ("text", "json"):
-        raise SettingsError(f"--log-format: {log_format!r} is not text or json")
-    log_level = one("--log-level").lower()
-    if log_level not in ("debug", "info", "warning", "error"):
-        raise SettingsError(f"--log-level: {log_level!r} is not debug, info, warning or error")
-    return Settings(
-        netns_dirs=paths("--netns-dir"),
-        netns_patterns=patterns,
-        ipam_dirs=paths("--ipam-dir"),
-        cni_cache_dir=_abs_path("--cni-cache-dir", one("--cni-cache-dir")),
-        cni_conf_dir=_abs_path("--cni-conf-dir", one("--cni-conf-dir")),
-        cni_bin_dirs=paths("--cni-bin-dir"),
-        runtime_endpoint=endpoint,
-        runtime_timeout=timeout,
-        policy=Policy(
-            min_age=_parse("--min-age", one("--min-age"), parse_duration),
-            confirmations=_parse("--confirmations", one("--confirmations"), _positive_int),
-            stuck_after=_parse("--stuck-after", one("--stuck-after"), parse_duration),
-        ),
-        state_file=_abs_path("--state-file", one("--state-file")),
-        json_output=bool(getattr(args, "json", False)),
-        log_format=log_format,
-        log_level=log_level,
-    )
-
-
-def parse_cli(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
-    return parser.parse_args(list(argv))
+    v = resolve(args, env)
+    host, port = v["listen"]
+    return AgentSettings(v["mode"], v["interval"], host, port)

@@ -6,9 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reaper.model import AttachmentHistory, Holder, NsKey, Policy, ScanReport
-from reaper.reap import breaker_trips
 from reaper.reconcile import reconcile
-from tests.unit.snapshots import (
+from tests.harness.snapshots import (
     HOST,
     cache,
     chain,
@@ -184,15 +183,6 @@ def test_safety_properties(world: tuple) -> None:  # type: ignore[type-arg]
         if any(c.host_ifnames[0] == v.name for c in snap.cache_entries) or any(p.ns == v.peer_netns for p in snap.pins)
     )
     assert counted == len(snap.pins) + resolved_veths + len(snap.leases) + len(snap.cache_entries) + len(snap.chains)
-
-
-@settings(max_examples=500, deadline=None)
-@given(st.integers(0, 500), st.integers(0, 500), st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.75, 1.0]))
-def test_the_breaker_opens_exactly_above_the_ratio(orphans: int, live: int, ratio: float) -> None:
-    total = orphans + live
-    assert breaker_trips(orphans, total, ratio) == (total > 0 and orphans * 1.0 / total > ratio)
-    if total and orphans <= ratio * total:
-        assert not breaker_trips(orphans, total, ratio)
 
 
 def test_a_lease_naming_a_live_sandbox_in_another_network_is_live() -> None:

@@ -1,0 +1,214 @@
+"""Running CNI plugins with the exec protocol: no shell, only from the bin dirs, bounded.
+
+DEL runs every plugin of a list, unlike libcni, which stops at the first failing plugin (so a
+chained list whose last plugin fails keeps leaking the first plugins' resources): each one
+gets its DEL, in reverse order, and every error is reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from reaper.cni.requests import DelRequest, at_least, gc_stdin, plugin_stdin
+from reaper.kinds.netconf import ConfigError, collect_configs, plugin_list
+from reaper.model import GcOutcome
+
+_PLUGIN_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+_ENV_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+MAX_OUTPUT = 1 << 20
+
+
+class PluginFailure(Exception):
+    """A plugin could not be run, failed, or timed out; the message is one line."""
+
+    def __init__(self, plugin: str, message: str, code: int | None = None) -> None:
+        super().__init__(f"{plugin}: {message}")
+        self.plugin = plugin
+        self.code = code
+
+
+@dataclass(frozen=True)
+class PluginEnv:
+    command: str  # DEL, GC, ...
+    container_id: str
+    netns: str
+    ifname: str
+    args: tuple[tuple[str, str], ...]
+    bin_dirs: tuple[str, ...]
+
+    def environ(self) -> dict[str, str]:
+        env = {
+            "CNI_COMMAND": self.command,
+            "CNI_PATH": ":".join(self.bin_dirs),
+            "PATH": _ENV_PATH,
+        }
+        if self.container_id:
+            env["CNI_CONTAINERID"] = self.container_id
+        if self.command != "GC":
+            env["CNI_NETNS"] = self.netns
+            env["CNI_IFNAME"] = self.ifname
+            env["CNI_ARGS"] = ";".join(f"{k}={v}" for k, v in self.args)
+        return env
+
+
+def find_plugin(plugin_type: str, bin_dirs: tuple[str, ...]) -> str:
+    """The executable for `plugin_type` in the first bin dir that has it."""
+    if not _PLUGIN_TYPE.fullmatch(plugin_type):
+        raise PluginFailure(plugin_type[:60], "invalid plugin type name")
+    for directory in bin_dirs:
+        path = os.path.join(directory, plugin_type)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    raise PluginFailure(plugin_type, f"not found in {':'.join(bin_dirs)}")
+
+
+def _error_message(stdout: bytes, stderr: bytes, returncode: int) -> tuple[str, int | None]:
+    text = stdout.decode("utf-8", "replace").strip()
+    try:
+        doc = json.loads(text) if text else None
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and ("msg" in doc or "code" in doc):
+        code = doc.get("code") if isinstance(doc.get("code"), int) else None
+        msg = str(doc.get("msg", "")).strip()
+        details = str(doc.get("details", "") or "").strip()
+        return (f"{msg} ({details})" if details else msg) or f"exit {returncode}", code
+    err = stderr.decode("utf-8", "replace").strip() or text
+    line = err.splitlines()[-1] if err else f"exit {returncode}"
+    return line[:500], None
+
+
+STOP_GRACE = 5.0  # seconds a running plugin gets once the agent is asked to stop
+_WAIT_STEP = 0.5  # seconds between looks at the stop flag while a plugin runs
+GC_FROM = (1, 1, 0)  # the CNI version that brought the GC verb
+
+
+def run_plugin(
+    plugin_type: str,
+    conf: Mapping[str, Any],
+    env: PluginEnv,
+    timeout: float,
+    stop: threading.Event | None = None,
+) -> dict[str, Any]:
+    """Run the plugin; its parsed JSON stdout (empty dict when it printed nothing).
+
+    The plugin gets its own process group, so a timeout kills whatever it started too. Once
+    `stop` is set it gets STOP_GRACE more seconds at most (DEL is idempotent: the next pass
+    runs it again).
+    """
+    binary = find_plugin(plugin_type, env.bin_dirs)
+    try:
+        proc = subprocess.Popen(
+            [binary],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env.environ(),
+            cwd="/",
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as err:
+        raise PluginFailure(plugin_type, f"cannot execute: {err.strerror}") from None
+    deadline = time.monotonic() + timeout
+    stdin: bytes | None = json.dumps(conf).encode()
+    while True:
+        if stop is not None and stop.is_set():
+            deadline = min(deadline, time.monotonic() + STOP_GRACE)
+        try:
+            stdout, stderr = proc.communicate(stdin, timeout=max(0.0, min(_WAIT_STEP, deadline - time.monotonic())))
+            break
+        except subprocess.TimeoutExpired:
+            stdin = None  # already written; communicate() goes on from where it was
+            if time.monotonic() < deadline:
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            why = "stopping" if stop is not None and stop.is_set() else f"timed out after {timeout:g}s"
+            raise PluginFailure(plugin_type, f"{why}, killed") from None
+    if proc.returncode != 0:
+        message, code = _error_message(stdout, stderr, proc.returncode)
+        raise PluginFailure(plugin_type, message, code)
+    text = stdout[:MAX_OUTPUT].decode("utf-8", "replace").strip()
+    if not text:
+        return {}
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise PluginFailure(plugin_type, f"printed something that is not JSON: {text[:80]!r}") from None
+    return doc if isinstance(doc, dict) else {}
+
+
+@dataclass(frozen=True)
+class PluginOutcome:
+    plugin: str
+    ok: bool
+    error: str | None
+
+
+def del_network(
+    request: DelRequest, bin_dirs: tuple[str, ...], timeout: float, stop: threading.Event | None = None
+) -> tuple[PluginOutcome, ...]:
+    """DEL every plugin of the list, last first, going on past failures (but not past `stop`)."""
+    try:
+        name, version, plugins = plugin_list(request.config)
+    except ConfigError as err:
+        return (PluginOutcome("(config)", False, f"{request.source}: {err}"),)
+    env = PluginEnv("DEL", request.container_id, request.netns, request.ifname, request.cni_args, bin_dirs)
+    outcomes = []
+    for plugin in reversed(plugins):
+        plugin_type = str(plugin["type"])
+        if stop is not None and stop.is_set():
+            outcomes.append(PluginOutcome(plugin_type, False, f"{plugin_type}: not run, stopping"))
+            continue
+        try:
+            run_plugin(plugin_type, plugin_stdin(plugin, name, version, request), env, timeout, stop)
+        except PluginFailure as err:
+            outcomes.append(PluginOutcome(plugin_type, False, str(err)))
+        else:
+            outcomes.append(PluginOutcome(plugin_type, True, None))
+    return tuple(outcomes)
+
+
+def gc_networks(
+    conf_dir: str, live: list[tuple[str, str, str]], bin_dirs: tuple[str, ...], timeout: float
+) -> tuple[GcOutcome, ...]:
+    """The CNI 1.1 GC verb, opt-in: GC every network of the conf dir that speaks CNI >= 1.1.0
+    and does not disable it. `live` holds (network, container ID, ifname) of every attachment
+    not being reclaimed.
+
+    Never a substitute for reclaiming each orphan: the reference plugins answer GC with
+    success and clean nothing.
+    """
+    configs, _ = collect_configs(conf_dir)
+    outcomes = []
+    for config in configs:
+        if config.disable_gc or not at_least(config.cni_version, GC_FROM):
+            continue
+        try:
+            name, version, plugins = plugin_list(config.raw)
+        except ConfigError as err:
+            outcomes.append(GcOutcome(config.name, "(config)", False, str(err)))
+            continue
+        valid = [{"containerID": cid, "ifname": ifname} for net, cid, ifname in live if net == name]
+        env = PluginEnv("GC", "", "", "", (), bin_dirs)
+        for plugin in plugins:
+            plugin_type = str(plugin["type"])
+            try:
+                run_plugin(plugin_type, gc_stdin(plugin, name, version, valid), env, timeout)
+            except PluginFailure as err:
+                outcomes.append(GcOutcome(name, plugin_type, False, str(err)))
+            else:
+                outcomes.append(GcOutcome(name, plugin_type, True, None))
+    return tuple(outcomes)

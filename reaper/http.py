@@ -1,0 +1,65 @@
+"""The agent's HTTP endpoints: /metrics, /healthz and /readyz."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST
+
+NOT_FOUND = b"not found: try /metrics, /healthz, /readyz\n"
+
+
+class _IPv6Server(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def _handler(metrics: Callable[[], bytes], readiness: Callable[[], tuple[bool, str]]) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "cni-reaper"
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._send(HTTPStatus.OK, metrics(), CONTENT_TYPE_LATEST)
+            elif path == "/healthz":
+                self._send(HTTPStatus.OK, b"ok\n", "text/plain")
+            elif path == "/readyz":
+                ok, why = readiness()
+                status = HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE
+                self._send(status, f"{why}\n".encode(), "text/plain")
+            else:
+                self._send(HTTPStatus.NOT_FOUND, NOT_FOUND, "text/plain")
+
+        def _send(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            return  # scrapes every 15s are not news
+
+    return Handler
+
+
+class HealthServer:
+    """Serves the endpoints on a thread of its own until closed. Raises OSError when it cannot
+    listen."""
+
+    def __init__(
+        self, host: str, port: int, metrics: Callable[[], bytes], readiness: Callable[[], tuple[bool, str]]
+    ) -> None:
+        server_class = _IPv6Server if ":" in host else ThreadingHTTPServer
+        self._server = server_class((host, port), _handler(metrics, readiness))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,1 +1,0 @@
-"""One collector per kind of resource on the node; each returns immutable records."""

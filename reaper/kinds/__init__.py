@@ -1,0 +1,107 @@
+"""Resource kinds: the contract each one meets, and the order they are found and reclaimed in.
+
+A kind's module owns everything known about it: how it is found, its identity on the node,
+the producer's key that ties it to an attachment, and how it is reclaimed with a compare
+before every delete. Finding and re-checking use the same reader, so the two can never
+disagree about what a resource is. `reaper.kinds.registry` lists the kinds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from reaper.host.memo import InventoryMemo
+from reaper.host.quarantine import Quarantine
+from reaper.model import (
+    CorruptFile,
+    Done,
+    Holder,
+    Identity,
+    NetworkConfig,
+    NsKey,
+    ResourceRef,
+    SourceError,
+    Tie,
+)
+
+R = TypeVar("R")
+
+COMMAND_TIMEOUT = 30.0  # seconds for one run of iptables-save, iptables-restore or nft
+
+
+@dataclass(frozen=True)
+class FindOptions:
+    netns_dirs: tuple[str, ...]
+    ipam_dirs: tuple[str, ...]
+    cache_dir: str
+    conf_dir: str
+    bin_dirs: tuple[str, ...]
+    netns_patterns: tuple[re.Pattern[str], ...]
+    command_timeout: float = COMMAND_TIMEOUT
+
+
+class Started(Protocol):
+    """Work a kind began at the start of a look (a command running in the background)."""
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Look:
+    """What a kind's find is given: the options, the memo, and what was found before it."""
+
+    options: FindOptions
+    memo: InventoryMemo
+    configs: tuple[NetworkConfig, ...]  # the conf dir's, then those the kinds before carried
+    holders: Mapping[NsKey, tuple[Holder, ...]]  # processes in each namespace but the host's
+    earlier: Mapping[str, tuple[Any, ...]]  # records of the kinds found before this one
+    started: Any = None  # what the kind's `start` returned
+
+
+@dataclass(frozen=True)
+class Found(Generic[R]):
+    records: tuple[R, ...]
+    corrupt: tuple[CorruptFile, ...] = ()
+    errors: tuple[SourceError, ...] = ()
+    configs: tuple[NetworkConfig, ...] = ()  # network configs the records carry (cache entries do)
+
+
+@dataclass(frozen=True)
+class ReclaimContext:
+    netns_dirs: tuple[str, ...]
+    bin_dirs: tuple[str, ...]
+    live_netns: frozenset[NsKey]  # namespaces the runtime named at the re-check
+    quarantine: Quarantine | None
+    command_timeout: float
+    done: Mapping[Identity, Done]  # what the kinds reclaimed before this one did, this pass
+
+
+@dataclass(frozen=True)
+class Kind(Generic[R]):
+    """One kind of resource. Each module under reaper.kinds defines one as `KIND`."""
+
+    name: str
+    find: Callable[[Look], Found[R]]
+    # Where it is on the node and what makes it the same one from one look to the next.
+    identity: Callable[[R], Identity]
+    # How it shows in a report (its identity inside).
+    ref: Callable[[R], ResourceRef]
+    # The key its producer gave it, which joins it to an attachment; None: it joins none.
+    tie: Callable[[R], Tie | None]
+    # Free what is still there, comparing before each delete; every record gets a Done.
+    reclaim: Callable[[Sequence[R], ReclaimContext], Mapping[Identity, Done]]
+    # Work to begin before anything is read (a command that runs while files are parsed).
+    start: Callable[[FindOptions], Started] | None = None
+    # What a later DEL would need (the cache entry): reclaimed after every other kind, and only
+    # once the rest of its attachment is gone.
+    last: bool = False
+    # Its records are files that --quarantine-dir keeps instead of deleting.
+    quarantinable: bool = False
+
+
+def reclaim_order(kinds: Sequence[Kind[Any]]) -> tuple[Kind[Any], ...]:
+    """The kinds in the order they are reclaimed: as registered, the `last` ones at the end."""
+    return tuple(k for k in kinds if not k.last) + tuple(k for k in kinds if k.last)

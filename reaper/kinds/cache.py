@@ -1,0 +1,319 @@
+"""libcni's result cache: `<cache dir>/results/<network>-<container ID>-<ifname>`.
+
+Identity: the file's path. Its content is libcni's key for the attachment (containerId,
+networkName, ifName), the netns it was made in, the host interfaces it made, and the config
+a DEL needs. One reader (`parse_cache_file`) serves the look, the DEL request and the
+compare before the file is removed; it goes last, once the rest of its attachment is gone.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import re
+from collections.abc import Sequence, Set
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
+
+from reaper.host.files import (
+    UnfitFile,
+    describe_oserror,
+    namespace_of,
+    namespace_uninspectable,
+    read_file_nofollow,
+    read_file_with_stat,
+)
+from reaper.host.memo import FileMemo
+from reaper.host.quarantine import remove_or_quarantine
+from reaper.kinds import Found, Kind, Look, ReclaimContext
+from reaper.kinds.netconf import ConfigError, parse_network_config
+from reaper.model import CacheEntry, CorruptFile, DetailValue, Done, Identity, NetworkConfig, OwnKey, ResourceRef
+from reaper.names import is_cni_id, is_ifname
+
+MAX_CACHE_BYTES = 4 << 20
+RESULT_SUBDIRS = ("results", "cache/results")
+_HEX_ID = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class CacheInventory:
+    entries: tuple[CacheEntry, ...]
+    configs: tuple[NetworkConfig, ...]  # the network configs cache entries carry
+    corrupt: tuple[CorruptFile, ...]
+
+
+class CacheCorrupt(ValueError):
+    """A cache file that is not one libcni wrote (or was cut short while it did)."""
+
+
+class CacheDocument(NamedTuple):
+    doc: dict[str, Any]  # the whole cniCacheV1 object; a legacy result sits under "result"
+    container_id: str
+    network: str
+    ifname: str
+    legacy: bool  # a bare pre-0.8 result with no `kind`: its file name is its only identity
+
+
+def _result_interfaces(result: Any) -> list[dict[str, Any]]:
+    if not isinstance(result, dict) or not isinstance(result.get("interfaces"), list):
+        return []
+    return [i for i in result["interfaces"] if isinstance(i, dict)]
+
+
+def _netns_from(doc: dict[str, Any], result: Any, ifname: str) -> str | None:
+    netns = doc.get("netns")
+    if isinstance(netns, str) and netns:
+        return netns
+    sandboxes = [i for i in _result_interfaces(result) if isinstance(i.get("sandbox"), str) and i["sandbox"]]
+    for iface in sandboxes:
+        if iface.get("name") == ifname:
+            return str(iface["sandbox"])
+    return str(sandboxes[0]["sandbox"]) if sandboxes else None
+
+
+def _host_ifnames(result: Any) -> tuple[str, ...]:
+    names = []
+    for iface in _result_interfaces(result):
+        name = iface.get("name")
+        if not iface.get("sandbox") and isinstance(name, str) and is_ifname(name):
+            names.append(name)
+    return tuple(names)
+
+
+def _split_legacy_name(name: str, ifname: str, networks: Set[str]) -> tuple[str, str]:
+    """(network, container ID) of a pre-0.8 file, whose only record of them is its name."""
+    suffix = f"-{ifname}"
+    if not name.endswith(suffix):
+        raise CacheCorrupt("legacy result: file name does not end with its interface name")
+    stem = name[: -len(suffix)]
+    for network in sorted(networks, key=len, reverse=True):
+        if stem.startswith(network + "-") and is_cni_id(stem[len(network) + 1 :]):
+            return network, stem[len(network) + 1 :]
+    network, _, container_id = stem.rpartition("-")
+    if _HEX_ID.fullmatch(container_id) and is_cni_id(network):
+        return network, container_id
+    raise CacheCorrupt("legacy result: cannot tell the network from the container ID in the file name")
+
+
+def parse_cache_file(name: str, data: bytes, known_networks: Set[str]) -> CacheDocument:
+    """What a cache file named `name` says; CacheCorrupt when it is not a cache file."""
+    if not data.strip():
+        raise CacheCorrupt("empty file")
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise CacheCorrupt(f"truncated or invalid JSON: {err}") from None
+    if not isinstance(doc, dict):
+        raise CacheCorrupt("not a JSON object")
+    if doc.get("kind") == "cniCacheV1":
+        cid, net, ifname = doc.get("containerId"), doc.get("networkName"), doc.get("ifName")
+        if not (isinstance(cid, str) and is_cni_id(cid)):
+            raise CacheCorrupt(f"invalid containerId {str(cid)[:80]!r}")
+        if not (isinstance(net, str) and is_cni_id(net)):
+            raise CacheCorrupt(f"invalid networkName {str(net)[:80]!r}")
+        if not (isinstance(ifname, str) and is_ifname(ifname)):
+            raise CacheCorrupt(f"invalid ifName {str(ifname)[:80]!r}")
+        return CacheDocument(doc, cid, net, ifname, False)
+    if "kind" in doc:
+        raise CacheCorrupt(f"unknown cache kind {str(doc['kind'])[:80]!r}")
+    if "cniVersion" not in doc:
+        raise CacheCorrupt("neither a cniCacheV1 entry nor a bare result")
+    sandboxed = [i for i in _result_interfaces(doc) if i.get("sandbox") and isinstance(i.get("name"), str)]
+    ifname = str(sandboxed[0]["name"]) if sandboxed else "eth0"
+    if not is_ifname(ifname):
+        raise CacheCorrupt(f"invalid interface name {ifname[:80]!r}")
+    network, cid = _split_legacy_name(name, ifname, known_networks)
+    return CacheDocument({"result": doc}, cid, network, ifname, True)
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    entry: CacheEntry  # netns is looked up again every pass
+    config: str | None  # the base64 network config it carries
+
+
+def collect_cache(cache_dir: str, known_networks: Set[str], memo: FileMemo[object] | None = None) -> CacheInventory:
+    memo = memo if memo is not None else FileMemo()
+    entries: list[CacheEntry] = []
+    corrupt: list[CorruptFile] = []
+    configs: dict[str, NetworkConfig] = {}
+    bad_configs: set[str] = set()
+    for sub in RESULT_SUBDIRS:
+        directory = os.path.join(cache_dir, sub)
+        try:
+            files = list(os.scandir(directory))
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            corrupt.append(CorruptFile("cache", directory, describe_oserror(err)))
+            continue
+        for entry in files:
+            path = entry.path
+            if entry.is_symlink():
+                corrupt.append(CorruptFile("cache", path, "symlink, not followed"))
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                continue
+            try:
+                lst = entry.stat(follow_symlinks=False)
+            except OSError as err:
+                corrupt.append(CorruptFile("cache", path, describe_oserror(err)))
+                continue
+            known = memo.get(path, lst)
+            if isinstance(known, CorruptFile):
+                corrupt.append(known)
+                continue
+            if isinstance(known, _Parsed):
+                netns_path = known.entry.netns_path
+                entries.append(
+                    replace(
+                        known.entry,
+                        netns=namespace_of(netns_path),
+                        netns_uninspectable=namespace_uninspectable(netns_path),
+                    )
+                )
+                _remember_config(known.config, path, configs, bad_configs)
+                continue
+            try:
+                data, st = read_file_with_stat(path, MAX_CACHE_BYTES)
+                mtime = st.st_mtime
+                doc, cid, net, ifname, legacy = parse_cache_file(entry.name, data, known_networks)
+            except OSError as err:
+                corrupt.append(CorruptFile("cache", path, describe_oserror(err)))
+                continue
+            except (UnfitFile, CacheCorrupt) as err:
+                bad = CorruptFile("cache", path, str(err))
+                memo.put(path, lst, bad)
+                corrupt.append(bad)
+                continue
+            result = doc.get("result")
+            netns_path = _netns_from(doc, result, ifname)
+            cache_entry = CacheEntry(
+                path=path,
+                name=entry.name,
+                container_id=cid,
+                network=net,
+                ifname=ifname,
+                netns_path=netns_path,
+                netns=namespace_of(netns_path),
+                netns_uninspectable=namespace_uninspectable(netns_path),
+                host_ifnames=_host_ifnames(result),
+                legacy=legacy,
+                mtime=mtime,
+            )
+            entries.append(cache_entry)
+            encoded = doc.get("config")
+            config = encoded if isinstance(encoded, str) else None
+            if not legacy:  # a legacy entry's reading depends on the known networks
+                memo.put(path, lst, _Parsed(cache_entry, config))
+            _remember_config(config, path, configs, bad_configs)
+    networks = known_networks | {c.name for c in configs.values()}
+    named = [named_entry for bad in corrupt if (named_entry := _entry_from_name(bad, networks)) is not None]
+    return CacheInventory(tuple(entries + named), tuple(configs.values()), tuple(corrupt))
+
+
+def _entry_from_name(bad: CorruptFile, networks: Set[str]) -> CacheEntry | None:
+    """A corrupt cache file whose name is `<known network>-<container ID>-<ifname>`."""
+    if bad.kind != "cache" or "symlink" in bad.error:
+        return None
+    name = os.path.basename(bad.path)
+    for network in sorted(networks, key=len, reverse=True):
+        if not name.startswith(network + "-"):
+            continue
+        cid, sep, ifname = name[len(network) + 1 :].rpartition("-")
+        if sep and is_cni_id(cid) and is_ifname(ifname):
+            try:
+                mtime = os.stat(bad.path, follow_symlinks=False).st_mtime
+            except OSError:
+                return None
+            return CacheEntry(bad.path, name, cid, network, ifname, None, None, (), False, mtime, bad.error)
+    return None
+
+
+def _remember_config(encoded: str | None, path: str, configs: dict[str, NetworkConfig], bad_configs: set[str]) -> None:
+    if encoded is None or encoded in configs or encoded in bad_configs:
+        return
+    cfg = _decode_config(encoded, path)
+    if cfg is None:
+        bad_configs.add(encoded)
+    else:
+        configs[encoded] = cfg
+
+
+def _decode_config(encoded: str, path: str) -> NetworkConfig | None:
+    try:
+        raw = base64.b64decode(encoded, validate=True)
+        return parse_network_config(raw, f"cache:{path}")
+    except (binascii.Error, ValueError, ConfigError):
+        return None
+
+
+def read_cache_file(path: str, known_networks: Set[str]) -> CacheDocument:
+    """Read and parse one cache file again; OSError, UnfitFile or CacheCorrupt when it cannot."""
+    return parse_cache_file(os.path.basename(path), read_file_nofollow(path, MAX_CACHE_BYTES), known_networks)
+
+
+def _names(document: CacheDocument, entry: CacheEntry) -> bool:
+    return (document.container_id, document.network, document.ifname) == (
+        entry.container_id,
+        entry.network,
+        entry.ifname,
+    )
+
+
+def current_document(entry: CacheEntry) -> CacheDocument | None:
+    """The file as it is now, when it still names this entry's attachment; None otherwise."""
+    try:
+        document = read_cache_file(entry.path, {entry.network})
+    except (OSError, UnfitFile, CacheCorrupt):
+        return None
+    return document if _names(document, entry) else None
+
+
+def find(look: Look) -> Found[CacheEntry]:
+    inventory = collect_cache(look.options.cache_dir, {c.name for c in look.configs}, look.memo.of("cache"))
+    return Found(inventory.entries, inventory.corrupt, configs=inventory.configs)
+
+
+def identity(entry: CacheEntry) -> Identity:
+    return ("cache", entry.path)
+
+
+def ref(entry: CacheEntry) -> ResourceRef:
+    details: tuple[tuple[str, DetailValue], ...] = (("path", entry.path), ("legacy", entry.legacy))
+    if entry.corrupt is not None:
+        details += (("corrupt", entry.corrupt),)
+    return ResourceRef("cache", entry.name, entry.mtime, details, identity(entry))
+
+
+def tie(entry: CacheEntry) -> OwnKey:
+    uninspectable = entry.netns_path if entry.netns_uninspectable and entry.netns_path else None
+    return OwnKey(entry.container_id, entry.network, entry.ifname, entry.netns, uninspectable, entry.host_ifnames)
+
+
+# ------------------------------------------------------------------------------ reclaiming
+
+
+def _remove(entry: CacheEntry, ctx: ReclaimContext) -> Done:
+    try:
+        document = read_cache_file(entry.path, {entry.network})
+    except FileNotFoundError:
+        return Done.freed()
+    except (OSError, UnfitFile) as err:
+        return Done.left(f"cannot re-read: {err}")
+    except CacheCorrupt:
+        if entry.corrupt is None:
+            return Done.left("unreadable now, though it was read before; left alone")
+        return remove_or_quarantine(entry.path, ctx.quarantine)  # as unreadable as when judged
+    if not _names(document, entry):
+        return Done.left("now names another attachment; left alone")
+    return remove_or_quarantine(entry.path, ctx.quarantine)
+
+
+def reclaim(entries: Sequence[CacheEntry], ctx: ReclaimContext) -> dict[Identity, Done]:
+    return {identity(entry): _remove(entry, ctx) for entry in entries}
+
+
+KIND: Kind[CacheEntry] = Kind("cache", find, identity, ref, tie, reclaim, last=True, quarantinable=True)

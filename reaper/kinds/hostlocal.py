@@ -1,0 +1,276 @@
+"""host-local IPAM allocations: `<data dir>/<network>/<ip>` files.
+
+Identity: the file's path. Its content is host-local's key: the container ID, and from
+plugins 0.8 on the ifname, so a lease with both is an attachment of its own and one with an
+ID only joins that container's attachment on its network. Released under host-local's own
+lock, only while the file still names the orphan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import ipaddress
+import os
+import socket
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+
+from reaper.host.files import UnfitFile, describe_oserror, read_file_nofollow, read_file_with_stat
+from reaper.host.memo import FileMemo
+from reaper.host.quarantine import Quarantine, remove_or_quarantine
+from reaper.kinds import Found, Kind, Look, ReclaimContext
+from reaper.model import (
+    ContainerTie,
+    CorruptFile,
+    Done,
+    HostLocalLease,
+    HostLocalRange,
+    Identity,
+    IpamRange,
+    NetworkConfig,
+    OwnKey,
+    ResourceRef,
+)
+from reaper.names import is_cni_id, is_ifname
+
+MAX_LEASE_BYTES = 4096
+LOCK_WAIT = 10.0  # seconds to wait for host-local's lock before leaving a network's leases
+_LOCK_POLL = 0.02
+_NOT_LEASES = ("lock",)
+_RESERVED_PREFIX = "last_reserved_ip."
+
+
+def ip_key(text: str) -> tuple[int, int] | None:
+    """(version, integer) of a canonical IP address string; None when it is not one.
+
+    socket.inet_pton in C: ipaddress.ip_address costs ~10 us a call, and a node has thousands.
+    """
+    try:
+        packed = socket.inet_pton(socket.AF_INET, text)
+        return 4, int.from_bytes(packed, "big")
+    except (OSError, ValueError):  # ValueError: an embedded NUL
+        pass
+    try:
+        packed = socket.inet_pton(socket.AF_INET6, text)
+    except (OSError, ValueError):
+        return None
+    # host-local names v6 files in compressed lowercase form; anything else is not its file.
+    if socket.inet_ntop(socket.AF_INET6, packed) != text:
+        return None
+    return 6, int.from_bytes(packed, "big")
+
+
+def parse_lease(data: bytes) -> tuple[str, str | None]:
+    """(container ID, ifname or None) from a lease file's content; ValueError when it is not one."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8") from None
+    lines = [line.strip() for line in text.strip().splitlines()]
+    if not lines or not lines[0]:
+        raise ValueError("empty lease")
+    if len(lines) > 2:
+        raise ValueError("more than two lines")
+    container_id = lines[0]
+    if not is_cni_id(container_id):
+        raise ValueError(f"invalid container ID {container_id[:80]!r}")
+    ifname = lines[1] if len(lines) == 2 else None
+    if ifname is not None and not is_ifname(ifname):
+        raise ValueError(f"invalid ifname {ifname[:80]!r}")
+    return container_id, ifname
+
+
+def _network_dirs(data_dir: str) -> list[os.DirEntry[str]]:
+    return [e for e in os.scandir(data_dir) if e.is_dir(follow_symlinks=False)]
+
+
+def collect_leases(
+    data_dirs: Iterable[str], memo: FileMemo[object] | None = None
+) -> tuple[list[HostLocalLease], list[CorruptFile]]:
+    memo = memo if memo is not None else FileMemo()
+    leases: list[HostLocalLease] = []
+    corrupt: list[CorruptFile] = []
+    seen: set[tuple[int, int]] = set()
+    for data_dir in data_dirs:
+        try:
+            st = os.stat(data_dir)
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            networks = _network_dirs(data_dir)
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            corrupt.append(CorruptFile("ipam", data_dir, describe_oserror(err)))
+            continue
+        for net_entry in networks:
+            network = net_entry.name
+            if not is_cni_id(network):
+                corrupt.append(CorruptFile("ipam", net_entry.path, "directory name is not a CNI network name"))
+                continue
+            try:
+                files = list(os.scandir(net_entry.path))
+            except OSError as err:
+                corrupt.append(CorruptFile("ipam", net_entry.path, describe_oserror(err)))
+                continue
+            for entry in files:
+                name = entry.name
+                if name in _NOT_LEASES or name.startswith(_RESERVED_PREFIX):
+                    continue
+                try:
+                    lst = entry.stat(follow_symlinks=False)
+                except OSError as err:
+                    corrupt.append(CorruptFile("ipam", entry.path, describe_oserror(err)))
+                    continue
+                known = memo.get(entry.path, lst)
+                if isinstance(known, (HostLocalLease, CorruptFile)):
+                    lease = known
+                else:
+                    lease = _read_lease(entry, network, data_dir)
+                    memo.put(entry.path, lst, lease)
+                if isinstance(lease, CorruptFile):
+                    corrupt.append(lease)
+                else:
+                    leases.append(lease)
+    return leases, corrupt
+
+
+def _read_lease(entry: os.DirEntry[str], network: str, data_dir: str) -> HostLocalLease | CorruptFile:
+    path = entry.path
+    if ip_key(entry.name) is None:
+        return CorruptFile("ipam", path, "file name is not an IP address")
+    if entry.is_symlink():
+        return CorruptFile("ipam", path, "symlink, not followed")
+    try:
+        data, st = read_file_with_stat(path, MAX_LEASE_BYTES)
+        container_id, ifname = parse_lease(data)
+    except OSError as err:
+        return CorruptFile("ipam", path, describe_oserror(err))
+    except (UnfitFile, ValueError) as err:
+        return CorruptFile("ipam", path, str(err))
+    return HostLocalLease(network, entry.name, container_id, ifname, path, data_dir, st.st_mtime)
+
+
+def range_usage(configs: Iterable[NetworkConfig], leases: Iterable[HostLocalLease]) -> list[IpamRange]:
+    """Size and leases used of every host-local range a known config declares."""
+    by_network: dict[str, list[tuple[int, int]]] = {}
+    for lease in leases:
+        key = ip_key(lease.ip)
+        if key is not None:
+            by_network.setdefault(lease.network, []).append(key)
+    out: dict[tuple[str, str], IpamRange] = {}
+    for config in configs:
+        for spec in config.ipam_ranges:
+            label = (config.name, _label(spec))
+            if label in out:
+                continue
+            start, end = ipaddress.ip_address(spec.start), ipaddress.ip_address(spec.end)
+            size = int(end) - int(start) + 1 if int(end) >= int(start) else 0
+            if spec.gateway is not None:
+                gw = ipaddress.ip_address(spec.gateway)
+                if gw.version == start.version and int(start) <= int(gw) <= int(end):
+                    size -= 1
+            lo, hi = int(start), int(end)
+            used = sum(
+                1 for version, ip in by_network.get(config.name, ()) if version == start.version and lo <= ip <= hi
+            )
+            out[label] = IpamRange(config.name, label[1], max(size, 0), used)
+    return sorted(out.values(), key=lambda r: (r.network, r.range))
+
+
+def _label(spec: HostLocalRange) -> str:
+    net = ipaddress.ip_network(spec.subnet)
+    default_start = net.network_address + 1
+    default_end = net.broadcast_address - 1 if net.version == 4 else net.broadcast_address
+    if ipaddress.ip_address(spec.start) == default_start and ipaddress.ip_address(spec.end) == default_end:
+        return spec.subnet
+    return f"{spec.start}-{spec.end}"
+
+
+def _data_dirs(look: Look) -> list[str]:
+    data_dirs = list(look.options.ipam_dirs)
+    for config in look.configs:
+        data_dirs.extend(d for d in config.ipam_data_dirs if d not in data_dirs)
+    return data_dirs
+
+
+def find(look: Look) -> Found[HostLocalLease]:
+    leases, corrupt = collect_leases(_data_dirs(look), look.memo.of("ipam"))
+    return Found(tuple(leases), tuple(corrupt))
+
+
+def identity(lease: HostLocalLease) -> Identity:
+    return ("ipam", lease.path)
+
+
+def ref(lease: HostLocalLease) -> ResourceRef:
+    details = (("path", lease.path), ("ip", lease.ip))
+    return ResourceRef("ipam", f"{lease.network}/{lease.ip}", lease.mtime, details, identity(lease))
+
+
+def tie(lease: HostLocalLease) -> OwnKey | ContainerTie:
+    if lease.ifname is None:
+        return ContainerTie(lease.container_id, lease.network)
+    return OwnKey(lease.container_id, lease.network, lease.ifname)
+
+
+# ------------------------------------------------------------------------------ reclaiming
+
+
+@contextlib.contextmanager
+def locked(directory: str, timeout: float = LOCK_WAIT) -> Iterator[None]:
+    """flock(LOCK_EX) on <network dir>/lock, as host-local takes it."""
+    fd = os.open(os.path.join(directory, "lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"lock {directory}/lock held for over {timeout:g}s") from None
+                time.sleep(_LOCK_POLL)
+        yield
+    finally:
+        os.close(fd)
+
+
+def release_leases(
+    leases: Sequence[HostLocalLease], quarantine: Quarantine | None, lock_wait: float = LOCK_WAIT
+) -> dict[Identity, Done]:
+    """Remove leases that still name their orphan, one lock hold per network directory."""
+    by_dir: dict[str, list[HostLocalLease]] = defaultdict(list)
+    for lease in leases:
+        by_dir[os.path.dirname(lease.path)].append(lease)
+    done: dict[Identity, Done] = {}
+    for directory, group in by_dir.items():
+        try:
+            with locked(directory, lock_wait):
+                for lease in group:
+                    done[identity(lease)] = _release(lease, quarantine)
+        except (OSError, TimeoutError) as err:
+            for lease in group:
+                done.setdefault(identity(lease), Done.left(str(err)))
+    return done
+
+
+def _release(lease: HostLocalLease, quarantine: Quarantine | None) -> Done:
+    try:
+        cid, ifname = parse_lease(read_file_nofollow(lease.path, MAX_LEASE_BYTES))
+    except FileNotFoundError:
+        return Done.freed()
+    except (OSError, UnfitFile, ValueError) as err:
+        return Done.left(f"cannot re-read: {err}")
+    if cid != lease.container_id or (lease.ifname is not None and ifname is not None and ifname != lease.ifname):
+        return Done.left("now names another container; left alone")
+    return remove_or_quarantine(lease.path, quarantine)
+
+
+def reclaim(leases: Sequence[HostLocalLease], ctx: ReclaimContext) -> dict[Identity, Done]:
+    return release_leases(leases, ctx.quarantine)
+
+
+KIND: Kind[HostLocalLease] = Kind("ipam", find, identity, ref, tie, reclaim, quarantinable=True)

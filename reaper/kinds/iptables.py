@@ -1,0 +1,286 @@
+"""The nat chains CNI plugins leave in iptables: bridge ipMasq and portmap hostPort chains.
+
+Identity: (family, backend, chain name). The producer's key is in the name: `CNI-` and a
+sha512 prefix of network + container ID, recomputed from the owner the rules' comments name
+before a chain is tied to anyone. A chain and the jumps to it go in one
+`iptables-restore --noflush` per table, after a fresh save shows them still there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from reaper.host.commands import run_command
+from reaper.kinds import FindOptions, Found, Kind, Look, ReclaimContext
+from reaper.model import ContainerTie, Done, Identity, IptablesChain, ResourceRef, SourceError
+from reaper.names import is_cni_id
+
+RESTORE_LOCK_WAIT = "5"  # seconds iptables-restore waits for the xtables lock (its -w)
+
+Family = Literal["ipv4", "ipv6"]
+_PREFIX: dict[Family, str] = {"ipv4": "iptables", "ipv6": "ip6tables"}
+_LEGACY_TABLES: dict[Family, str] = {"ipv4": "/proc/net/ip_tables_names", "ipv6": "/proc/net/ip6_tables_names"}
+
+
+@dataclass(frozen=True)
+class IptablesTools:
+    """One family and backend's save and restore commands."""
+
+    family: Family
+    backend: str  # "nft", "legacy", or "default" (whatever iptables-save is here)
+    save: str
+    restore: str
+
+
+def _legacy_nat_loaded(family: Family) -> bool:
+    """The legacy nat table exists in this netns. Asking iptables-legacy-save otherwise would
+    make the kernel load iptable_nat on a node that never used it."""
+    try:
+        with open(_LEGACY_TABLES[family], encoding="ascii", errors="replace") as f:
+            return "nat" in f.read().split()
+    except OSError:
+        return False
+
+
+def iptables_tools() -> list[IptablesTools]:
+    """Every backend that can hold CNI chains here: nft always when installed, legacy when its
+    nat table is in use (a node can have rules in both: plugins and kube-proxy may disagree)."""
+    tools = []
+    for family, prefix in _PREFIX.items():
+        found = []
+        for backend in ("nft", "legacy"):
+            save, restore = shutil.which(f"{prefix}-{backend}-save"), shutil.which(f"{prefix}-{backend}-restore")
+            if save and restore and (backend == "nft" or _legacy_nat_loaded(family)):
+                found.append(IptablesTools(family, backend, save, restore))
+        if not found and not (shutil.which(f"{prefix}-nft-save") or shutil.which(f"{prefix}-legacy-save")):
+            save, restore = shutil.which(f"{prefix}-save"), shutil.which(f"{prefix}-restore")
+            if save and restore:
+                found.append(IptablesTools(family, "default", save, restore))
+        tools += found
+    return tools
+
+
+_CHAIN_PATTERNS: tuple[tuple[re.Pattern[str], str, Literal["masquerade", "hostport-dnat", "hostport-snat"]], ...] = (
+    (re.compile(r"CNI-[0-9a-f]{24}"), "", "masquerade"),
+    (re.compile(r"CNI-DN-[0-9a-f]{21}"), "DN-", "hostport-dnat"),
+    (re.compile(r"CNI-SN-[0-9a-f]{21}"), "SN-", "hostport-snat"),
+)
+_COMMENT = re.compile(r'--comment (?:"((?:[^"\\]|\\.)*)"|(\S+))')
+_OWNER = re.compile(r'name:? "([^"]*)" id: "([^"]*)"')
+
+
+def chain_name(prefix: str, network: str, container_id: str) -> str:
+    """The name the plugins give a per-attachment chain (`CNI-` + prefix + sha512 hex, 28 chars)."""
+    digest = hashlib.sha512((network + container_id).encode()).hexdigest()
+    return ("CNI-" + prefix + digest)[:28]
+
+
+def _target(line: str) -> str | None:
+    for flag in (" -j ", " -g "):
+        at = line.rfind(flag)
+        if at >= 0:
+            return line[at + 4 :].split(" ", 1)[0]
+    return None
+
+
+def _owner_in(line: str) -> tuple[str, str] | None:
+    comment_match = _COMMENT.search(line)
+    if not comment_match:
+        return None
+    comment = (comment_match.group(1) or comment_match.group(2) or "").replace('\\"', '"')
+    owner_match = _OWNER.search(comment)
+    if owner_match and is_cni_id(owner_match.group(1)) and is_cni_id(owner_match.group(2)):
+        return owner_match.group(1), owner_match.group(2)
+    return None
+
+
+def parse_save(text: str, family: Family, backend: str = "default") -> list[IptablesChain]:
+    """Per-attachment chains in the output of `iptables-save -t nat`.
+
+    Only lines that touch a `CNI-` chain are looked at closely: a node's nat table can hold
+    tens of thousands of kube-proxy rules.
+    """
+    chains: list[str] = []
+    rules_of: dict[str, list[str]] = {}
+    jumps_to: dict[str, list[str]] = {}
+    table = "nat"
+    for line in text.splitlines():
+        if line.startswith("-A "):
+            end = line.find(" ", 3)
+            chain = line[3:end] if end > 0 else line[3:]
+            if chain.startswith("CNI-"):
+                rules_of.setdefault(chain, []).append(line)
+            if "-j CNI-" in line or "-g CNI-" in line:
+                target = _target(line)
+                if target is not None and target.startswith("CNI-"):
+                    jumps_to.setdefault(target, []).append(line)
+        elif line.startswith(":CNI-"):
+            chains.append(line[1:].split(" ", 1)[0])
+        elif line.startswith("*"):
+            table = line[1:].strip()
+    found: list[IptablesChain] = []
+    for name in chains:
+        for pattern, prefix, purpose in _CHAIN_PATTERNS:
+            if not pattern.fullmatch(name):
+                continue
+            own = rules_of.get(name, [])
+            jumps = jumps_to.get(name, [])
+            owner = _owner(name, prefix, own + jumps)
+            found.append(
+                IptablesChain(
+                    family=family,
+                    table=table,
+                    chain=name,
+                    purpose=purpose,
+                    network=owner[0] if owner else None,
+                    container_id=owner[1] if owner else None,
+                    rules=tuple(own),
+                    jumps=tuple(jumps),
+                    backend=backend,
+                )
+            )
+            break
+    return found
+
+
+def _owner(name: str, prefix: str, lines: list[str]) -> tuple[str, str] | None:
+    """The (network, container ID) in the rules' comments, confirmed by the chain's hash."""
+    for line in lines:
+        owner = _owner_in(line)
+        if owner is not None and chain_name(prefix, *owner) == name:
+            return owner
+    return None
+
+
+class ChainCollector:
+    """Runs `iptables-save -t nat` per family and backend in the background; `result()` waits
+    and parses.
+
+    Started first in a snapshot, so the commands run while Python reads files.
+    """
+
+    def __init__(self, options: FindOptions) -> None:
+        self.timeout = options.command_timeout
+        self.errors: list[SourceError] = []
+        self.running: list[tuple[IptablesTools, subprocess.Popen[str]]] = []
+        tools = iptables_tools()
+        if not any(t.family == "ipv4" for t in tools):
+            self.errors.append(SourceError("iptables-save", "not installed"))
+        for tool in tools:
+            try:
+                proc = subprocess.Popen(
+                    [tool.save, "-t", "nat"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                )
+            except OSError as err:
+                self.errors.append(SourceError(tool.save, str(err)))
+                continue
+            self.running.append((tool, proc))
+
+    def result(self) -> tuple[list[IptablesChain], list[SourceError]]:
+        chains: list[IptablesChain] = []
+        errors = list(self.errors)
+        for tool, proc in self.running:
+            command = os.path.basename(tool.save)
+            try:
+                out, err = proc.communicate(timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                errors.append(SourceError(command, f"timed out after {self.timeout:.0f}s"))
+                continue
+            if proc.returncode != 0:
+                msg = (err.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+                # A kernel without the nat table for this family has nothing of ours in it.
+                if "does not exist" not in msg:
+                    errors.append(SourceError(command, msg))
+                continue
+            chains.extend(parse_save(out, tool.family, tool.backend))
+        self.running = []
+        return chains, errors
+
+    def close(self) -> None:
+        """Stop whatever is still running (after an error elsewhere in the snapshot)."""
+        for _, proc in self.running:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
+
+def find(look: Look) -> Found[IptablesChain]:
+    collector: ChainCollector = look.started
+    chains, errors = collector.result()
+    return Found(tuple(chains), errors=tuple(errors))
+
+
+def identity(chain: IptablesChain) -> Identity:
+    return ("iptables", chain.family, chain.backend, chain.chain)
+
+
+def ref(chain: IptablesChain) -> ResourceRef:
+    details = (("family", chain.family), ("table", chain.table), ("purpose", chain.purpose), ("backend", chain.backend))
+    return ResourceRef("iptables", chain.chain, None, details, identity(chain))
+
+
+def tie(chain: IptablesChain) -> ContainerTie | None:
+    # A chain whose comments name no owner that its hash confirms joins nothing.
+    return ContainerTie(chain.container_id, chain.network) if chain.container_id is not None else None
+
+
+# ------------------------------------------------------------------------------ reclaiming
+
+
+def _restore_input(table: str, chains: Iterable[IptablesChain]) -> str:
+    lines = [f"*{table}"]
+    for chain in chains:
+        lines.extend("-D " + jump[3:] for jump in chain.jumps)
+        lines.append(f"-F {chain.chain}")
+        lines.append(f"-X {chain.chain}")
+    lines.append("COMMIT")
+    return "\n".join(lines) + "\n"
+
+
+def reclaim(chains: Sequence[IptablesChain], ctx: ReclaimContext) -> dict[Identity, Done]:
+    """Each chain and the rules that jump to it, in one iptables-restore --noflush per family,
+    backend and table, as a fresh save shows them now; if that batch is refused, one restore
+    per chain so one bad rule blocks no other."""
+    done: dict[Identity, Done] = {}
+    tools: dict[tuple[str, str], IptablesTools] = {(t.family, t.backend): t for t in iptables_tools()}
+    groups: dict[tuple[str, str], list[IptablesChain]] = defaultdict(list)
+    for chain in chains:
+        groups[(chain.family, chain.backend)].append(chain)
+    for (family, backend), group in groups.items():
+        tool = tools.get((family, backend))
+        if tool is None:
+            done.update({identity(c): Done.left(f"no {backend} iptables tools here") for c in group})
+            continue
+        saved = run_command([tool.save, "-t", "nat"], ctx.command_timeout)
+        if saved.code != 0:
+            done.update({identity(c): Done.left(f"iptables-save: {saved.stderr.strip()[:200]}") for c in group})
+            continue
+        fresh = {c.chain: c for c in parse_save(saved.stdout, tool.family, backend)}
+        by_table: dict[str, list[IptablesChain]] = defaultdict(list)
+        for chain in group:
+            if chain.chain in fresh:
+                by_table[chain.table].append(fresh[chain.chain])
+            else:
+                done[identity(chain)] = Done.freed()
+        argv = [tool.restore, "-w", RESTORE_LOCK_WAIT, "--noflush"]
+        for table, present in by_table.items():
+            if run_command(argv, ctx.command_timeout, _restore_input(table, present)).code == 0:
+                done.update({identity(c): Done.freed() for c in present})
+                continue
+            for chain in present:
+                result = run_command(argv, ctx.command_timeout, _restore_input(table, [chain]))
+                done[identity(chain)] = Done.freed() if result.code == 0 else Done.left(result.last_error_line[:300])
+    return done
+
+
+KIND: Kind[IptablesChain] = Kind("iptables", find, identity, ref, tie, reclaim, start=ChainCollector)

@@ -1,0 +1,129 @@
+"""Network configs: the conf dir's `.conf`, `.conflist` and `.json` files, and cached configs.
+
+Not a resource (nothing here is reclaimed), but the one reader of the format: the look, the
+DEL and GC requests and the range gauges all take a config apart with `plugin_list`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+from typing import Any
+
+from reaper.host.files import UnfitFile, describe_oserror, read_file_nofollow
+from reaper.model import CorruptFile, HostLocalRange, NetworkConfig
+from reaper.names import is_cni_id
+
+CONFIG_EXTENSIONS = (".conf", ".conflist", ".json")
+MAX_CONFIG_BYTES = 1 << 20
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _ranges(ipam: dict[str, Any]) -> list[HostLocalRange]:
+    specs: list[dict[str, Any]] = []
+    if isinstance(ipam.get("ranges"), list):
+        for rangeset in ipam["ranges"]:
+            if isinstance(rangeset, list):
+                specs.extend(r for r in rangeset if isinstance(r, dict))
+    elif isinstance(ipam.get("subnet"), str):
+        specs.append(ipam)
+    out = []
+    for spec in specs:
+        subnet = spec.get("subnet")
+        if not isinstance(subnet, str):
+            raise ConfigError("host-local range without a subnet")
+        try:
+            net = ipaddress.ip_network(subnet, strict=False)
+            start = ipaddress.ip_address(spec["rangeStart"]) if spec.get("rangeStart") else net.network_address + 1
+            if spec.get("rangeEnd"):
+                end = ipaddress.ip_address(spec["rangeEnd"])
+            else:
+                end = net.broadcast_address - 1 if net.version == 4 else net.broadcast_address
+            gateway = ipaddress.ip_address(spec["gateway"]) if spec.get("gateway") else net.network_address + 1
+        except (ValueError, TypeError) as err:
+            raise ConfigError(f"bad host-local range: {err}") from None
+        out.append(HostLocalRange(str(net), str(start), str(end), str(gateway)))
+    return out
+
+
+def plugin_list(raw: bytes) -> tuple[str, str, list[dict[str, Any]]]:
+    """(name, cniVersion, plugins) of a network list, or of a single-plugin config as libcni
+    turns it into a list of one; ConfigError when it is neither."""
+    return _read(raw)[1:]
+
+
+def _read(raw: bytes) -> tuple[dict[str, Any], str, str, list[dict[str, Any]]]:
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        raise ConfigError(f"invalid JSON: {err}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError("not a JSON object")
+    name = doc.get("name")
+    if not isinstance(name, str) or not is_cni_id(name):
+        raise ConfigError(f"invalid or missing network name {str(name)[:80]!r}")
+    if isinstance(doc.get("plugins"), list):
+        plugins = doc["plugins"]
+    elif isinstance(doc.get("type"), str):
+        plugins = [doc]
+    else:
+        raise ConfigError("neither a plugin list nor a plugin config")
+    for plugin in plugins:
+        if not isinstance(plugin, dict) or not isinstance(plugin.get("type"), str):
+            raise ConfigError("a plugin without a type")
+    version = doc.get("cniVersion")
+    return doc, name, version if isinstance(version, str) else "", plugins
+
+
+def parse_network_config(raw: bytes, path: str) -> NetworkConfig:
+    """A network config list (or a single-plugin config, as libcni turns it into a list)."""
+    doc, name, version, plugins = _read(raw)
+    types: list[str] = []
+    data_dirs: list[str] = []
+    ranges: list[HostLocalRange] = []
+    for plugin in plugins:
+        types.append(plugin["type"])
+        ipam = plugin.get("ipam")
+        if isinstance(ipam, dict) and ipam.get("type") == "host-local":
+            data_dir = ipam.get("dataDir")
+            if isinstance(data_dir, str) and data_dir.startswith("/"):
+                data_dirs.append(os.path.normpath(data_dir))
+            ranges.extend(_ranges(ipam))
+    return NetworkConfig(
+        name=name,
+        path=path,
+        cni_version=version,
+        plugin_types=tuple(types),
+        ipam_data_dirs=tuple(data_dirs),
+        ipam_ranges=tuple(ranges),
+        disable_gc=doc.get("disableGC") is True,
+        raw=raw,
+    )
+
+
+def collect_configs(conf_dir: str) -> tuple[list[NetworkConfig], list[CorruptFile]]:
+    """Every config in `conf_dir`, in libcni's order (sorted by file name)."""
+    configs: list[NetworkConfig] = []
+    corrupt: list[CorruptFile] = []
+    try:
+        names = sorted(os.listdir(conf_dir))
+    except FileNotFoundError:
+        return configs, corrupt
+    except OSError as err:
+        return configs, [CorruptFile("netconf", conf_dir, describe_oserror(err))]
+    for name in names:
+        if not name.endswith(CONFIG_EXTENSIONS):
+            continue
+        path = os.path.join(conf_dir, name)
+        try:
+            # The conf dir is the admin's and is never cleaned: links there are followed.
+            raw = read_file_nofollow(path, MAX_CONFIG_BYTES, follow=True)
+            configs.append(parse_network_config(raw, path))
+        except (OSError, UnfitFile, ConfigError) as err:
+            msg = describe_oserror(err) if isinstance(err, OSError) else str(err)
+            corrupt.append(CorruptFile("netconf", path, msg))
+    return configs, corrupt

@@ -1,0 +1,165 @@
+"""Network namespace pins: files under the netns dirs with a namespace bind-mounted on them.
+
+Identity: the pin's path. A pin joins the attachment that owns its namespace (a cache entry
+or a sandbox naming it); a pin nothing names stands alone, and is a candidate only when its
+name is one a runtime makes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import re
+import stat
+from collections.abc import Iterable, Mapping, Sequence
+
+from reaper.host.files import NSFS_MAGIC, PROC_SUPER_MAGIC, describe_oserror, fs_type
+from reaper.host.procs import describe, netns_members
+from reaper.kinds import Found, Kind, Look, ReclaimContext
+from reaper.model import CorruptFile, DetailValue, Done, Holder, Identity, NetnsPin, NetnsTie, NsKey, ResourceRef
+from reaper.names import is_runtime_netns_name
+
+MNT_DETACH = 2  # umount2(2) flag: detach now, free once unused
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def collect_pins(
+    dirs: tuple[str, ...],
+    holders: Mapping[NsKey, tuple[Holder, ...]],
+    patterns: Sequence[re.Pattern[str]],
+) -> tuple[list[NetnsPin], list[CorruptFile]]:
+    pins: list[NetnsPin] = []
+    corrupt: list[CorruptFile] = []
+    seen_dirs: set[tuple[int, int]] = set()
+    for directory in dirs:
+        try:
+            dst = os.stat(directory)
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            corrupt.append(CorruptFile("netns", directory, describe_oserror(err)))
+            continue
+        # /var/run/netns and /run/netns are usually the same directory.
+        if (dst.st_dev, dst.st_ino) in seen_dirs:
+            continue
+        seen_dirs.add((dst.st_dev, dst.st_ino))
+        try:
+            entries = list(os.scandir(directory))
+        except OSError as err:
+            corrupt.append(CorruptFile("netns", directory, describe_oserror(err)))
+            continue
+        for entry in entries:
+            path = entry.path
+            if entry.is_symlink():
+                corrupt.append(CorruptFile("netns", path, "symlink, not followed"))
+                continue
+            try:
+                st = os.stat(path)
+                ftype = fs_type(path)
+            except OSError as err:
+                corrupt.append(CorruptFile("netns", path, describe_oserror(err)))
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                if entry.is_dir(follow_symlinks=False):
+                    continue
+                corrupt.append(CorruptFile("netns", path, "not a regular file"))
+                continue
+            key = NsKey(st.st_dev, st.st_ino)
+            is_ns = ftype in (NSFS_MAGIC, PROC_SUPER_MAGIC)
+            pins.append(
+                NetnsPin(
+                    name=entry.name,
+                    path=path,
+                    directory=directory,
+                    ns=key,
+                    is_namespace=is_ns,
+                    mtime=st.st_mtime,
+                    holders=holders.get(key, ()) if is_ns else (),
+                    runtime_named=is_runtime_netns_name(entry.name, patterns),
+                )
+            )
+    return pins, corrupt
+
+
+def find(look: Look) -> Found[NetnsPin]:
+    opts = look.options
+    pins, corrupt = collect_pins(opts.netns_dirs, look.holders, opts.netns_patterns)
+    return Found(tuple(pins), tuple(corrupt))
+
+
+def identity(pin: NetnsPin) -> Identity:
+    return ("netns", pin.path)
+
+
+def ref(pin: NetnsPin) -> ResourceRef:
+    details: list[tuple[str, DetailValue]] = [("path", pin.path)]
+    if not pin.is_namespace:
+        details.append(("stale", True))
+    if pin.holders:
+        details.append(("pids", ",".join(str(h.pid) for h in pin.holders)))
+    return ResourceRef("netns", pin.name, pin.mtime, tuple(details), identity(pin))
+
+
+def tie(pin: NetnsPin) -> NetnsTie:
+    return NetnsTie(pin.ns if pin.is_namespace else None, pin.path, pin.runtime_named)
+
+
+# ------------------------------------------------------------------------------ reclaiming
+
+
+def _inside(path: str, dirs: Iterable[str]) -> bool:
+    parent = os.path.realpath(os.path.dirname(path))
+    return any(parent == os.path.realpath(d) for d in dirs)
+
+
+def reclaim(pins: Sequence[NetnsPin], ctx: ReclaimContext) -> dict[Identity, Done]:
+    """Unmount and unlink every pin at once, so the kernel drops their veths in one batch."""
+    members = netns_members()
+    return {identity(pin): _unpin(pin, ctx, members) for pin in pins}
+
+
+def _unpin(pin: NetnsPin, ctx: ReclaimContext, members: Mapping[NsKey, set[int]]) -> Done:
+    path = pin.path
+    if not _inside(path, ctx.netns_dirs):
+        return Done.left("not directly inside a netns dir")
+    try:
+        lst = os.lstat(path)
+    except FileNotFoundError:
+        return Done.freed()
+    if stat.S_ISLNK(lst.st_mode):
+        return Done.left("a symlink now; not followed")
+    try:
+        st = os.stat(path)
+        is_ns = fs_type(path) in (NSFS_MAGIC, PROC_SUPER_MAGIC)
+    except OSError as err:
+        return Done.left(describe_oserror(err))
+    if not pin.is_namespace:
+        if is_ns:
+            return Done.left("a namespace is mounted on it now")
+    else:
+        if not is_ns:
+            return Done.left("no namespace is mounted on it any more")
+        key = NsKey(st.st_dev, st.st_ino)
+        if key != pin.ns:
+            return Done.left("it pins another namespace now")
+        if key in ctx.live_netns:
+            return Done.left("a live sandbox names this netns")
+        inside = [h for h in describe(members.get(key, ()), ctx.bin_dirs).values() if h.keeps_netns_busy]
+        if inside:
+            return Done.left(f"pid {inside[0].pid} ({inside[0].comm}) is inside")
+        if _libc.umount2(os.fsencode(path), MNT_DETACH) != 0:
+            code = ctypes.get_errno()
+            if code != errno.EINVAL:  # not a mount point: already unmounted
+                return Done.left(f"umount: {os.strerror(code)}")
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        return Done.left(f"unlink: {err.strerror}")
+    return Done.freed()
+
+
+KIND: Kind[NetnsPin] = Kind("netns", find, identity, ref, tie, reclaim)

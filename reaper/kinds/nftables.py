@@ -1,0 +1,177 @@
+"""Rules the CNI plugins' nftables backend leaves: `inet cni_plugins_masquerade`, `cni_hostport`.
+
+Identity: (family, table, chain, handle). The owner is read from the rule's comment by
+`parse_rules`, the one reader of `nft -j` output: the look uses it, and so does the compare
+right before a rule is deleted by its handle.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import re
+import shutil
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from reaper.host.commands import run_command
+from reaper.kinds import Found, Kind, Look, ReclaimContext
+from reaper.model import ContainerTie, Done, Identity, NftRule, OwnKey, ResourceRef, SourceError
+from reaper.names import is_cni_id, is_ifname
+
+# No nf_tables here at all: nothing of the nft backend can exist.
+_NO_NFTABLES = (errno.ENOENT, errno.EPROTONOSUPPORT, errno.EAFNOSUPPORT)
+
+CNI_TABLES = {("inet", "cni_plugins_masquerade"), ("ip", "cni_hostport"), ("ip6", "cni_hostport")}
+_MASQ_COMMENT = re.compile(r"net: ([^,\s]+), if: ([^,\s]+), id: ([^,\s]+)")
+
+
+class NftOutputError(ValueError):
+    pass
+
+
+def _items(text: str) -> list[dict[str, Any]]:
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as err:
+        raise NftOutputError(f"invalid JSON from nft: {err}") from None
+    items = doc.get("nftables") if isinstance(doc, dict) else None
+    if not isinstance(items, list):
+        raise NftOutputError("nft output has no nftables list")
+    return [i for i in items if isinstance(i, dict)]
+
+
+def parse_rules(text: str) -> list[NftRule]:
+    """Rules carrying an attachment's identity in their comment, from `nft -j list table`."""
+    rules = []
+    for item in _items(text):
+        rule = item.get("rule")
+        if not isinstance(rule, dict):
+            continue
+        comment, handle = rule.get("comment"), rule.get("handle")
+        family, table, chain = rule.get("family"), rule.get("table"), rule.get("chain")
+        if not (isinstance(comment, str) and isinstance(handle, int)):
+            continue
+        if not (isinstance(family, str) and isinstance(table, str) and isinstance(chain, str)):
+            continue
+        if table == "cni_plugins_masquerade":
+            match = _MASQ_COMMENT.search(comment)
+            if not match:
+                continue
+            net, ifname, cid = match.groups()
+            if is_cni_id(net) and is_ifname(ifname) and is_cni_id(cid):
+                rules.append(NftRule(family, table, chain, handle, net, ifname, cid))
+        elif table == "cni_hostport" and is_cni_id(comment.strip()):
+            rules.append(NftRule(family, table, chain, handle, None, None, comment.strip()))
+    return rules
+
+
+def _list_table(nft: str, family: str, table: str, timeout: float) -> str:
+    result = run_command([nft, "-j", "list", "table", family, table], timeout)
+    if result.code != 0:
+        # nft prints "Error: ..." and then the command with a caret line under it.
+        errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+        raise NftOutputError(errors[0] if errors else result.last_error_line)
+    return result.stdout
+
+
+_FAMILIES = {1: "inet", 2: "ip", 10: "ip6"}
+
+
+def present_cni_tables() -> list[tuple[str, str]]:
+    """The CNI tables that exist, asked over nfnetlink: `nft list tables` costs ~90 ms because
+    it loads the whole ruleset, this costs ~2 ms, and the common answer is "none"."""
+    from pyroute2.nftables.main import NFTables  # noqa: PLC0415 (only needed here)
+
+    nft = NFTables(nfgen_family=0)
+    try:
+        found = {
+            (_FAMILIES.get(int(t["nfgen_family"]), ""), str(t.get_attr("NFTA_TABLE_NAME"))) for t in nft.get_tables()
+        }
+    finally:
+        nft.close()
+    return sorted(found & CNI_TABLES)
+
+
+def collect_nft_rules(timeout: float) -> tuple[list[NftRule], list[SourceError]]:
+    try:
+        tables = present_cni_tables()
+    except OSError as err:
+        return [], [] if err.errno in _NO_NFTABLES else [SourceError("nfnetlink", str(err))]
+    if not tables:
+        return [], []
+    nft = shutil.which("nft")
+    if nft is None:
+        return [], [SourceError("nft", f"not installed, but CNI nft tables exist: {tables}")]
+    try:
+        rules: list[NftRule] = []
+        for family, name in tables:
+            rules.extend(parse_rules(_list_table(nft, family, name, timeout)))
+    except NftOutputError as err:
+        return [], [SourceError("nft", str(err))]
+    return rules, []
+
+
+def find(look: Look) -> Found[NftRule]:
+    rules, errors = collect_nft_rules(look.options.command_timeout)
+    return Found(tuple(rules), errors=tuple(errors))
+
+
+def identity(rule: NftRule) -> Identity:
+    return ("nft", rule.family, rule.table, rule.chain, str(rule.handle))
+
+
+def ref(rule: NftRule) -> ResourceRef:
+    return ResourceRef("nft", f"{rule.family} {rule.table} {rule.chain} {rule.handle}", None, (), identity(rule))
+
+
+def tie(rule: NftRule) -> OwnKey | ContainerTie:
+    if rule.network is not None and rule.ifname is not None:
+        return OwnKey(rule.container_id, rule.network, rule.ifname)
+    return ContainerTie(rule.container_id, rule.network)
+
+
+# ------------------------------------------------------------------------------ reclaiming
+
+
+def reclaim(rules: Sequence[NftRule], ctx: ReclaimContext) -> dict[Identity, Done]:
+    """Delete rules by handle, each only while the rule at that handle still is the one found
+    (the same reader's reading of it, owner included)."""
+    done: dict[Identity, Done] = {}
+    nft = shutil.which("nft")
+    by_table: dict[tuple[str, str], list[NftRule]] = defaultdict(list)
+    for rule in rules:
+        by_table[(rule.family, rule.table)].append(rule)
+    for (family, table), group in by_table.items():
+        if nft is None:
+            done.update({identity(r): Done.left("nft not installed") for r in group})
+            continue
+        try:
+            now = {identity(r): r for r in parse_rules(_list_table(nft, family, table, ctx.command_timeout))}
+        except NftOutputError as err:
+            # The table is gone, and the rules with it.
+            gone = "No such file" in str(err)
+            done.update({identity(r): Done.freed() if gone else Done.left(str(err)[:200]) for r in group})
+            continue
+        batch: dict[Identity, str] = {}
+        for rule in group:
+            current = now.get(identity(rule))
+            if current is None:
+                done[identity(rule)] = Done.freed()
+            elif current != rule:
+                done[identity(rule)] = Done.left("handle now carries another rule; left alone")
+            else:
+                batch[identity(rule)] = f"delete rule {family} {table} {rule.chain} handle {rule.handle}"
+        if not batch:
+            continue
+        if run_command([nft, "-f", "-"], ctx.command_timeout, "\n".join(batch.values()) + "\n").code == 0:
+            done.update({ident: Done.freed() for ident in batch})
+            continue
+        for ident, line in batch.items():  # one at a time, so one refusal blocks no other
+            result = run_command([nft, "-f", "-"], ctx.command_timeout, line + "\n")
+            done[ident] = Done.freed() if result.code == 0 else Done.left(result.stderr.strip()[:200])
+    return done
+
+
+KIND: Kind[NftRule] = Kind("nft", find, identity, ref, tie, reclaim)

@@ -1,0 +1,120 @@
+"""Host-side veths: the half of a pod's pair left in the netns the reaper runs in.
+
+Identity: name and ifindex (a name reused by a new link is another veth). A veth joins the
+attachment a cache entry names it in, else the one whose pinned namespace holds its peer; a
+veth that neither ties to anything is no CNI resource of ours.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from reaper.host.netlink import RawLink, delete_links, dump_links, dump_links_and_nsids
+from reaper.kinds import Found, Kind, Look, ReclaimContext
+from reaper.model import CacheEntry, DetailValue, Done, Identity, NetnsPin, PeerTie, ResourceRef, SourceError, VethLink
+
+UNPIN_GRACE = 2.0  # seconds the kernel gets to drop the veths of namespaces just unpinned
+_POLL = 0.05
+
+
+def veths_from(links: list[RawLink], nsids: dict[str, int], pins: Sequence[NetnsPin]) -> list[VethLink]:
+    by_index = {link.ifindex: link.name for link in links}
+    pin_ns = {pin.path: pin.ns for pin in pins}
+    nsid_to_ns = {nsid: pin_ns[path] for path, nsid in nsids.items() if path in pin_ns}
+    veths = []
+    for link in links:
+        if link.kind != "veth":
+            continue
+        peer_ns = nsid_to_ns.get(link.link_netnsid) if link.link_netnsid is not None else None
+        veths.append(
+            VethLink(
+                ifindex=link.ifindex,
+                name=link.name,
+                peer_ifindex=link.link,
+                peer_netnsid=link.link_netnsid,
+                master=by_index.get(link.master) if link.master else None,
+                peer_netns=peer_ns,
+            )
+        )
+    return veths
+
+
+def find(look: Look) -> Found[VethLink]:
+    pins: tuple[NetnsPin, ...] = look.earlier.get("netns", ())
+    entries: tuple[CacheEntry, ...] = look.earlier.get("cache", ())
+    named_veths = {name for entry in entries for name in entry.host_ifnames}
+    real_pins = [pin.path for pin in pins if pin.is_namespace]
+
+    def choose_pins(links: list[RawLink]) -> list[str]:
+        # A veth named in a cache entry joins its attachment by name; only the others need
+        # their peer's namespace, and finding it costs a netlink request per pin.
+        unexplained = any(
+            link.kind == "veth" and link.link_netnsid is not None and link.name not in named_veths for link in links
+        )
+        return real_pins if unexplained else []
+
+    try:
+        links, nsids = dump_links_and_nsids(choose_pins)
+    except OSError as err:
+        return Found((), errors=(SourceError("netlink", str(err)),))
+    return Found(tuple(veths_from(links, nsids, pins)))
+
+
+def identity(veth: VethLink) -> Identity:
+    return ("veth", veth.name, str(veth.ifindex))
+
+
+def ref(veth: VethLink) -> ResourceRef:
+    details: tuple[tuple[str, DetailValue], ...] = (
+        ("ifindex", veth.ifindex),
+        ("peer_ifindex", veth.peer_ifindex),
+        ("peer_netnsid", veth.peer_netnsid),
+    )
+    if veth.master:
+        details += (("master", veth.master),)
+    return ResourceRef("veth", veth.name, None, details, identity(veth))
+
+
+def tie(veth: VethLink) -> PeerTie:
+    return PeerTie(veth.name, veth.peer_netns)
+
+
+# ------------------------------------------------------------------------------ reclaiming
+
+
+def _wait_gone(indexes: set[int], timeout: float) -> None:
+    """Veths die shortly after their namespace; give the kernel a moment."""
+    deadline = time.monotonic() + timeout
+    left = set(indexes)
+    while left:
+        left &= {link.ifindex for link in dump_links()}
+        if not left or time.monotonic() > deadline:
+            return
+        time.sleep(_POLL)
+
+
+def reclaim(veths: Sequence[VethLink], ctx: ReclaimContext) -> dict[Identity, Done]:
+    """Delete host veths that outlived their pin (their netns is held elsewhere), each only if
+    its index still has the same name, kind and peer."""
+    if not veths:
+        return {}
+    if any(ident[0] == "netns" and done.ok for ident, done in ctx.done.items()):
+        _wait_gone({v.ifindex for v in veths}, UNPIN_GRACE)
+    by_index = {link.ifindex: link for link in dump_links()}
+    done: dict[Identity, Done] = {}
+    to_delete: dict[int, VethLink] = {}
+    for veth in veths:
+        link = by_index.get(veth.ifindex)
+        if link is None:
+            done[identity(veth)] = Done.freed()  # gone with its namespace
+        elif link.kind != "veth" or link.name != veth.name or link.link_netnsid != veth.peer_netnsid:
+            done[identity(veth)] = Done.left("index now belongs to another link; left alone")
+        else:
+            to_delete[veth.ifindex] = veth
+    for index, error in delete_links(list(to_delete)).items() if to_delete else ():
+        done[identity(to_delete[index])] = Done.freed() if error is None else Done.left(error)
+    return done
+
+
+KIND: Kind[VethLink] = Kind("veth", find, identity, ref, tie, reclaim)

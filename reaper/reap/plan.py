@@ -1,0 +1,78 @@
+"""What a reclaiming pass will do, and what it will not and why. Pure: no I/O, no clock."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from reaper.cni.requests import DelRequest
+from reaper.kinds.registry import QUARANTINABLE
+from reaper.model import (
+    Attachment,
+    NsKey,
+    PlannedAttachment,
+    PlannedStep,
+    ReclaimMethod,
+    RuntimeView,
+    SkippedAttachment,
+)
+
+
+@dataclass(frozen=True)
+class ReapPolicy:
+    """The parts of the reap settings the plan depends on."""
+
+    max_reap: int
+    max_orphan_ratio: float
+    kernel_only: bool
+    quarantine: bool
+    force: bool
+
+
+def plan_attachment(attachment: Attachment, request: DelRequest | None, quarantine: bool) -> PlannedAttachment:
+    """Each resource's method: the plugins' DEL when there is a config to run it with, else
+    the kernel (or the quarantine, for the files a kind can move there)."""
+    first: ReclaimMethod = "cni-del" if request is not None else "kernel"
+    steps = []
+    for ref in attachment.resources:
+        method: ReclaimMethod = first
+        if first == "kernel" and quarantine and ref.kind in QUARANTINABLE:
+            method = "quarantine"
+        steps.append(PlannedStep(ref.kind, ref.name, method))
+    return PlannedAttachment(attachment.key, request.source if request else None, tuple(steps))
+
+
+def breaker_trips(orphans: int, attachments: int, max_ratio: float) -> bool:
+    """More than `max_ratio` of the node's attachments look orphaned: more likely a wrong
+    runtime list than a leak that large."""
+    return attachments > 0 and orphans / attachments > max_ratio
+
+
+def breaker_reason(orphans: int, attachments: int, policy: ReapPolicy) -> str | None:
+    """Why the breaker refuses to act this pass, or None when it lets the pass go on."""
+    if policy.force or not breaker_trips(orphans, attachments, policy.max_orphan_ratio):
+        return None
+    return (
+        f"{orphans} of {attachments} attachments ({orphans / attachments:.0%}) look orphaned, over "
+        f"--max-orphan-ratio {policy.max_orphan_ratio:g}: more likely the runtime's list is wrong than "
+        f"the node leaked that much; nothing reclaimed (--force overrides)"
+    )
+
+
+def select(orphans: Sequence[Attachment], policy: ReapPolicy) -> tuple[list[Attachment], list[SkippedAttachment]]:
+    """The orphans this pass takes (at most --max-reap), and those left for the next."""
+    deferred = [
+        SkippedAttachment(a.key, f"over --max-reap {policy.max_reap}; next pass") for a in orphans[policy.max_reap :]
+    ]
+    return list(orphans[: policy.max_reap]), deferred
+
+
+def recheck_reason(attachment: Attachment, view: RuntimeView, busy: Mapping[NsKey, str]) -> str | None:
+    """Why an orphan must be left after all, by what the runtime and the node say right now."""
+    if attachment.key.container_id is not None and attachment.key.container_id in {s.id for s in view.sandboxes}:
+        return "its sandbox is listed again"
+    if attachment.netns is not None:
+        if attachment.netns in {s.netns for s in view.sandboxes if s.netns is not None}:
+            return "its netns belongs to a sandbox listed now"
+        return busy.get(attachment.netns)
+    return None

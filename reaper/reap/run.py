@@ -1,0 +1,122 @@
+"""One reclaiming pass: scan, plan, re-check, act (plugin DEL, then the kinds), verify."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any
+
+from reaper.cni.invoke import gc_networks
+from reaper.host.memo import InventoryMemo
+from reaper.host.quarantine import Quarantine
+from reaper.model import GcOutcome, ReapResult, ScanReport, SkippedAttachment
+from reaper.reap.act import Reclaimer, busy_namespaces, del_request, index
+from reaper.reap.plan import ReapPolicy, breaker_reason, plan_attachment, recheck_reason, select
+from reaper.runtime.liveness import LivenessSource
+from reaper.scan import find_options, scan_pass
+from reaper.settings import ReapSettings, Settings
+from reaper.snapshot import take_snapshot
+
+
+def _policy(reap: ReapSettings) -> ReapPolicy:
+    return ReapPolicy(
+        reap.max_reap, reap.max_orphan_ratio, reap.kernel_only, reap.quarantine_dir is not None, reap.force
+    )
+
+
+def reap_pass(
+    settings: Settings,
+    reap: ReapSettings,
+    liveness: LivenessSource,
+    log: logging.Logger,
+    clock: Callable[[], float] = time.time,
+    memo: InventoryMemo | None = None,
+    stop: threading.Event | None = None,
+) -> ReapResult:
+    """One pass. `stop`, once set, lets the step under way finish and starts no new one."""
+    stop = stop if stop is not None else threading.Event()
+    started = time.monotonic()
+    scan = scan_pass(settings, liveness, log, clock, memo)
+    report = scan.report
+    policy = _policy(reap)
+    timings: list[tuple[str, float]] = [("scan", round(time.monotonic() - started, 6))]
+
+    def result(**changes: Any) -> ReapResult:
+        base = ReapResult(report, False, None, (), (), (), (), None, tuple(timings), scan.state_saved)
+        return replace(base, **changes)
+
+    if not report.runtime.reachable:
+        return result()
+    orphans = [a for a in report.attachments if a.verdict == "orphan"]
+    if not orphans:
+        return result(gc=_gc(settings, reap, report) if reap.cni_gc and not reap.dry_run else ())
+    refused = breaker_reason(len(orphans), len(report.attachments), policy)
+    if refused is not None:
+        log.error("breaker open", extra={"orphans": len(orphans), "attachments": len(report.attachments)})
+        return result(breaker_open=True, breaker_reason=refused)
+    selected, skipped = select(orphans, policy)
+    records = index(scan.snapshot)
+    requests = {a.key: None if policy.kernel_only else del_request(a, records, scan.snapshot.configs) for a in selected}
+    plan = tuple(plan_attachment(a, requests[a.key], policy.quarantine) for a in selected)
+    if reap.dry_run:
+        return result(plan=plan, skipped=tuple(skipped))
+
+    if stop.is_set():
+        skipped += [SkippedAttachment(a.key, "stopping") for a in selected]
+        return result(plan=plan, skipped=tuple(skipped))
+    # Right before acting, ask the runtime again: an ID that reappeared is left alone.
+    mark = time.monotonic()
+    view = liveness.observe(scan.known_netns)
+    timings.append(("recheck", round(time.monotonic() - mark, 6)))
+    if not view.reachable:
+        skipped += [SkippedAttachment(a.key, "runtime unreachable at the re-check") for a in selected]
+        return result(plan=plan, skipped=tuple(skipped), recheck_error=view.error)
+    busy = busy_namespaces(settings.cni_bin_dirs)
+    act = []
+    for a in selected:
+        why = recheck_reason(a, view, busy)
+        if why is None:
+            act.append(a)
+        else:
+            skipped.append(SkippedAttachment(a.key, why))
+    options = find_options(settings)
+    reclaimer = Reclaimer(
+        look=lambda: take_snapshot(options, memo),
+        netns_dirs=settings.netns_dirs,
+        bin_dirs=settings.cni_bin_dirs,
+        live_netns=frozenset(s.netns for s in view.sandboxes if s.netns is not None),
+        plugin_timeout=reap.plugin_timeout,
+        quarantine=Quarantine(reap.quarantine_dir) if reap.quarantine_dir else None,
+        log=log,
+        stop=stop,
+    )
+    outcomes = reclaimer.run(act, requests) if act else []
+    timings.extend(reclaimer.timings)
+    for outcome in outcomes:
+        log.info(
+            "reclaimed" if outcome.ok else "reclaim incomplete",
+            extra={
+                "attachment": outcome.key.as_text(),
+                "resources": ",".join(
+                    f"{r.kind}:{r.name}:{r.method}:{'ok' if r.ok else r.error}" for r in outcome.resources
+                ),
+            },
+        )
+    gc = _gc(settings, reap, report) if reap.cni_gc else ()
+    return result(plan=plan, reclaimed=tuple(outcomes), skipped=tuple(skipped), gc=gc)
+
+
+def _live_attachments(report: ScanReport) -> Iterable[tuple[str, str, str]]:
+    for a in report.attachments:
+        k = a.key
+        if a.verdict != "orphan" and k.container_id and k.network and k.ifname:
+            yield k.network, k.container_id, k.ifname
+
+
+def _gc(settings: Settings, reap: ReapSettings, report: ScanReport) -> tuple[GcOutcome, ...]:
+    return gc_networks(
+        settings.cni_conf_dir, list(_live_attachments(report)), settings.cni_bin_dirs, reap.plugin_timeout
+    )

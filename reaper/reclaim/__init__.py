@@ -1,1 +1,0 @@
-"""Ways of reclaiming an orphan: the plugins' own DEL, direct kernel cleanup, the CNI GC verb."""

@@ -1,0 +1,1 @@
+"""What the container runtimes say is alive: the CRI client and the liveness sources."""

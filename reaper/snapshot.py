@@ -1,0 +1,116 @@
+"""One look at the node: every kind's find, in the registry's order, timed, failures as data."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+from reaper.host.memo import InventoryMemo
+from reaper.host.procs import describe, netns_members
+from reaper.kinds import FindOptions, Kind, Look
+from reaper.kinds.hostlocal import range_usage
+from reaper.kinds.netconf import collect_configs
+from reaper.kinds.registry import KINDS
+from reaper.model import Holder, NetworkConfig, NodeSnapshot, NsKey, SourceError
+
+HOST_NETNS_PATHS = ("/proc/1/ns/net", "/proc/2/ns/net")
+
+
+def host_netns() -> NsKey:
+    # pid 1's may be unreadable (a protected init); kthreadd (pid 2) is always in init_net.
+    for path in HOST_NETNS_PATHS:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        return NsKey(st.st_dev, st.st_ino)
+    raise OSError(f"cannot stat {' or '.join(HOST_NETNS_PATHS)} to identify the host netns")
+
+
+def netns_holders(host: NsKey, bin_dirs: tuple[str, ...]) -> dict[NsKey, tuple[Holder, ...]]:
+    """The processes in every namespace but the host's."""
+    members = {ns: pids for ns, pids in netns_members().items() if ns != host}
+    described = describe({pid for pids in members.values() for pid in pids}, bin_dirs)
+    return {ns: tuple(described[pid] for pid in sorted(pids)) for ns, pids in members.items()}
+
+
+class _Stopwatch:
+    def __init__(self) -> None:
+        self.laps: list[tuple[str, float]] = []
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps.append((name, round(now - self._last, 6)))
+        self._last = now
+
+
+@contextmanager
+def _started(kinds: tuple[Kind[Any], ...], opts: FindOptions) -> Iterator[dict[str, Any]]:
+    """Begin each kind's background work; whatever is still running at the end is stopped."""
+    with ExitStack() as stack:
+        started: dict[str, Any] = {}
+        for kind in kinds:
+            if kind.start is not None:
+                work = kind.start(opts)
+                stack.callback(work.close)
+                started[kind.name] = work
+        yield started
+
+
+def take_snapshot(
+    opts: FindOptions, memo: InventoryMemo | None = None, kinds: tuple[Kind[Any], ...] = KINDS
+) -> NodeSnapshot:
+    """Look at the node. `memo` carries parsed files from pass to pass in a long-running agent."""
+    taken_at = time.time()
+    watch = _Stopwatch()
+    memo = memo if memo is not None else InventoryMemo()
+    with _started(kinds, opts) as started:
+        snapshot = _take(opts, taken_at, watch, memo, kinds, started)
+    memo.end_pass()
+    return snapshot
+
+
+def _take(
+    opts: FindOptions,
+    taken_at: float,
+    watch: _Stopwatch,
+    memo: InventoryMemo,
+    kinds: tuple[Kind[Any], ...],
+    started: dict[str, Any],
+) -> NodeSnapshot:
+    conf_configs, corrupt = collect_configs(opts.conf_dir)
+    configs: list[NetworkConfig] = list(conf_configs)  # one per network: the conf dir's win
+    every_config: list[NetworkConfig] = list(conf_configs)  # all, for the data dirs they name
+    watch.lap("configs")
+    host = host_netns()
+    holders = netns_holders(host, opts.bin_dirs)
+    watch.lap("processes")
+    errors: list[SourceError] = []
+    found: dict[str, tuple[Any, ...]] = {}
+    for kind in kinds:
+        look = Look(opts, memo, tuple(every_config), holders, dict(found), started.get(kind.name))
+        result = kind.find(look)
+        found[kind.name] = result.records
+        corrupt.extend(result.corrupt)
+        errors.extend(result.errors)
+        every_config.extend(result.configs)
+        named = {c.name for c in configs}
+        configs.extend(c for c in result.configs if c.name not in named)
+        watch.lap(kind.name)
+    ranges = range_usage(configs, found.get("ipam", ()))
+    watch.lap("ranges")
+    return NodeSnapshot(
+        taken_at=taken_at,
+        host_netns=host,
+        resources=found,
+        ranges=tuple(ranges),
+        configs=tuple(configs),
+        corrupt=tuple(corrupt),
+        errors=tuple(errors),
+        netns_holders=tuple(sorted(holders.items())),
+        timings=tuple(watch.laps),
+    )

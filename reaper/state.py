@@ -1,0 +1,71 @@
+"""The state file: what earlier passes saw, so a one-shot run counts confirmations too."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from reaper.host.atomic import write_atomically
+from reaper.model import AttachmentHistory
+
+STATE_VERSION = 2
+MAX_STATE_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class State:
+    attachments: Mapping[str, AttachmentHistory]
+    sandbox_netns: Mapping[str, str]  # sandbox ID -> netns path, so PodSandboxStatus is asked once
+    # sandbox ID -> when first listed, for sandboxes whose runtime reports no creation time
+    sandbox_first_seen: Mapping[str, float]
+
+
+EMPTY_STATE = State({}, {}, {})
+
+
+class StateError(Exception):
+    pass
+
+
+def load_state(path: str) -> tuple[State, str | None]:
+    """The saved state, or an empty one and a warning when the file is missing or unusable.
+
+    An unusable file only costs confirmations (they start again), never a wrong verdict.
+    """
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_STATE_BYTES + 1)
+    except FileNotFoundError:
+        return EMPTY_STATE, None
+    except OSError as err:
+        return EMPTY_STATE, f"cannot read state file {path}: {err.strerror}; starting afresh"
+    try:
+        if len(raw) > MAX_STATE_BYTES:
+            raise ValueError("too large")
+        doc = json.loads(raw)
+        if not isinstance(doc, dict) or doc.get("version") != STATE_VERSION:
+            raise ValueError("unknown version")
+        attachments = {str(k): AttachmentHistory(float(v[0]), int(v[1])) for k, v in doc.get("attachments", {}).items()}
+        netns = {str(k): str(v) for k, v in doc.get("sandbox_netns", {}).items()}
+        first_seen = {str(k): float(v) for k, v in doc.get("sandbox_first_seen", {}).items()}
+    except (ValueError, TypeError, KeyError, AttributeError) as err:
+        return EMPTY_STATE, f"state file {path} is corrupt ({err}); starting afresh"
+    return State(attachments, netns, first_seen), None
+
+
+def save_state(path: str, state: State) -> None:
+    """Write atomically: a temp file in the same dir, fsync, rename. Mode 0600."""
+    doc = {
+        "version": STATE_VERSION,
+        # key -> [first_seen, orphan_streak]: compact, a node can have thousands.
+        "attachments": {k: [v.first_seen, v.orphan_streak] for k, v in state.attachments.items()},
+        "sandbox_netns": dict(sorted(state.sandbox_netns.items())),
+        "sandbox_first_seen": dict(sorted(state.sandbox_first_seen.items())),
+    }
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+        write_atomically(path, json.dumps(doc, separators=(",", ":")).encode(), 0o600)
+    except OSError as err:
+        raise StateError(f"cannot write state file {path}: {err.strerror}") from None

@@ -1,0 +1,83 @@
+"""`reaper run` driven from a test: started in the lab's netns, probed over HTTP, stopped."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.harness.lab import Lab
+from tests.harness.reaper_cli import lab_flags
+
+
+class LabAgent:
+    """`reaper run` inside the lab netns, listening on the lab's own loopback."""
+
+    def __init__(self, lab: Lab, state: Path, *extra: str, port: int = 9753) -> None:
+        self.lab, self.port = lab, port
+        argv = ["nsenter", f"--net={lab.netns_path}", sys.executable, "-m", "reaper", "run"]
+        argv += [*lab_flags(lab, state), "--listen", f"127.0.0.1:{port}", "--log-format", "json", *extra]
+        self.log_path = state.with_suffix(".log")
+        self.log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def get(self, path: str) -> tuple[int, str]:
+        probe = (
+            "import sys, urllib.request, urllib.error\n"
+            "try:\n"
+            f"    r = urllib.request.urlopen('http://127.0.0.1:{self.port}{path}', timeout=5)\n"
+            "    print(r.status); print(r.read().decode(), end='')\n"
+            "except urllib.error.HTTPError as e:\n"
+            "    print(e.code); print(e.read().decode(), end='')\n"
+        )
+        out = self.lab.run_in_netns([sys.executable, "-c", probe], check=True).stdout
+        status, _, body = out.partition("\n")
+        return int(status), body
+
+    def wait_for(self, path: str, want: int, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        last: tuple[int, str] = (0, "")
+        while time.monotonic() < deadline:
+            try:
+                last = self.get(path)
+            except subprocess.CalledProcessError:
+                last = (0, "not listening yet")
+            if last[0] == want:
+                return last[1]
+            time.sleep(0.2)
+        raise AssertionError(f"{path} never answered {want}; last {last}")
+
+    def log_lines(self) -> list[dict[str, object]]:
+        lines = []
+        for line in self.log_path.read_text().splitlines():
+            if line.startswith("{"):
+                lines.append(json.loads(line))
+        return lines
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(20)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self.log.close()
+        return code
+
+
+def metric(body: str, name: str, **labels: str) -> float:
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in body.splitlines():
+        if line.startswith("#"):
+            continue
+        series, _, value = line.rpartition(" ")
+        metric_name, _, rest = series.partition("{")
+        got = ",".join(sorted(rest.rstrip("}").split(","))) if rest else ""
+        if metric_name == name and got == want:
+            return float(value)
+    raise AssertionError(f"no {name}{{{want}}} in metrics")

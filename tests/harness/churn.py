@@ -1,0 +1,186 @@
+"""Pods created and removed over CRI while leaks are injected at random and the agent reaps.
+
+Used by tests/test_churn.py (a short run) and bench/churn_bench.py (a long one). Between every
+two actions every live pod is checked: its netns pin, host veth, lease (still naming it), cache
+entry and ipMasq chain must all be there, and no two live pods may share an IP.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.harness.lab import Lab, Leak
+from tests.harness.lab.cni import masq_chain
+from tests.harness.reaper_cli import lab_flags
+
+
+@dataclass(frozen=True)
+class LivePod:
+    sandbox_id: str
+    ip: str
+    pin: Path
+    veth: str
+    lease: Path
+    cache: Path
+    chain: str
+
+
+@dataclass
+class ChurnFigures:
+    seconds: float = 0.0
+    pods_created: int = 0
+    pods_removed: int = 0
+    creations_failed: int = 0
+    leaks_injected: int = 0
+    leaks_reclaimed: int = 0
+    checks: int = 0
+    passes: int = 0
+    live_harmed: int = 0
+    duplicate_ips: int = 0
+    harm: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        return [
+            f"churn for {self.seconds:.0f}s, agent passes: {self.passes}, checks of every live pod: {self.checks}",
+            f"pods created: {self.pods_created} (failed: {self.creations_failed}), removed: {self.pods_removed}",
+            f"leaks injected: {self.leaks_injected}, reclaimed: {self.leaks_reclaimed}",
+            f"live resources harmed: {self.live_harmed} (must be 0), duplicate IPs: {self.duplicate_ips} (must be 0)",
+        ]
+
+
+def _record(lab: Lab, sandbox_id: str) -> LivePod | str:
+    pin = lab.pod_netns_path(sandbox_id)
+    if pin is None:
+        return f"{sandbox_id[:12]}: no netns right after RunPodSandbox"
+    ip = lab.pod_ip(sandbox_id)
+    veth = lab.host_veth_of(pin)
+    if veth is None:
+        return f"{sandbox_id[:12]}: no host veth right after RunPodSandbox"
+    net = lab.network_name
+    return LivePod(
+        sandbox_id,
+        ip,
+        pin,
+        veth,
+        lab.ipam_dir / net / ip,
+        lab.cache_dir / "results" / f"{net}-{sandbox_id}-eth0",
+        masq_chain(net, sandbox_id),
+    )
+
+
+def _harm(lab: Lab, pods: dict[str, LivePod]) -> list[str]:
+    links = {link["ifname"] for link in json.loads(lab.run_in_netns(["ip", "-j", "link", "show"], check=True).stdout)}
+    chains = lab.run_in_netns(["iptables-save", "-t", "nat"], check=True).stdout
+    harm = []
+    for pod in pods.values():
+        sid = pod.sandbox_id[:12]
+        if not pod.pin.exists():
+            harm.append(f"{sid}: netns pin gone")
+        if pod.veth not in links:
+            harm.append(f"{sid}: veth {pod.veth} gone")
+        if not _names(pod.lease, pod.sandbox_id):
+            harm.append(f"{sid}: lease {pod.ip} gone or names another container")
+        if not pod.cache.exists():
+            harm.append(f"{sid}: cache entry gone")
+        if f":{pod.chain} " not in chains:
+            harm.append(f"{sid}: chain {pod.chain} gone")
+    return harm
+
+
+def _names(lease: Path, container_id: str) -> bool:
+    """The lease file exists and still names `container_id` (its IP may have gone to a new pod)."""
+    try:
+        return lease.read_bytes().split(b"\r\n")[0].decode() == container_id
+    except (FileNotFoundError, UnicodeDecodeError):
+        return False
+
+
+def _leak_gone(lab: Lab, leak: Leak, links: set[str]) -> bool:
+    return not (
+        leak.netns_path.exists()
+        or _names(leak.lease_path, leak.container_id)
+        or (leak.cache_path is not None and leak.cache_path.exists())
+        or leak.host_veth in links
+    )
+
+
+def run_churn(
+    lab: Lab, seconds: float, seed: int, workdir: Path, interval: str = "1s", min_age: str = "3s"
+) -> ChurnFigures:
+    """Churn for `seconds`. `min_age` must stay above the runtime's RunPodSandbox time: containerd
+    lists a sandbox only once its network is set up and its pause process runs, so a pass that
+    looks in between sees a pin, a veth and a lease that nothing lists yet (measured: at --min-age 0
+    the agent then breaks pods being created)."""
+    rng = random.Random(seed)
+    figures = ChurnFigures()
+    log_path = workdir / "agent.log"
+    argv = ["nsenter", f"--net={lab.netns_path}", sys.executable, "-m", "reaper", "run"]
+    argv += [*lab_flags(lab, workdir / "state.json"), "--interval", interval, "--log-format", "json"]
+    argv += ["--min-age", min_age, "--confirmations", "1", "--max-orphan-ratio", "1"]
+    pods: dict[str, LivePod] = {}
+    leaks: list[Leak] = []
+    started = time.monotonic()
+    with open(log_path, "wb") as log:
+        agent = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            n = 0
+            while time.monotonic() - started < seconds:
+                n += 1
+                action = rng.choices(["create", "remove", "leak"], weights=[4, 3, 2])[0]
+                if action == "create" or (action == "remove" and not pods):
+                    attempt = lab.try_run_pod(f"churn-{n}")
+                    if attempt.ok and attempt.sandbox_id is not None:
+                        record = _record(lab, attempt.sandbox_id)
+                        figures.pods_created += 1
+                        if isinstance(record, str):
+                            figures.live_harmed += 1
+                            figures.harm.append(record)
+                        else:
+                            pods[attempt.sandbox_id] = record
+                    else:
+                        figures.creations_failed += 1
+                        figures.harm.append(f"RunPodSandbox failed: {attempt.error}")
+                elif action == "remove":
+                    victim = rng.choice(sorted(pods))
+                    del pods[victim]  # no longer live from here on
+                    lab.stop_pod(victim)
+                    lab.remove_pod(victim)
+                    figures.pods_removed += 1
+                else:
+                    leaks.append(lab.make_leak(with_cache=rng.random() < 0.5))
+                    figures.leaks_injected += 1
+                harm = _harm(lab, pods)
+                figures.checks += 1
+                figures.live_harmed += len(harm)
+                figures.harm.extend(harm)
+                ips = [p.ip for p in pods.values()]
+                figures.duplicate_ips += len(ips) - len(set(ips))
+            # Injection over: every leak must be gone within a few passes.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                links = {
+                    link["ifname"]
+                    for link in json.loads(lab.run_in_netns(["ip", "-j", "link", "show"], check=True).stdout)
+                }
+                figures.leaks_reclaimed = sum(1 for leak in leaks if _leak_gone(lab, leak, links))
+                if figures.leaks_reclaimed == len(leaks):
+                    break
+                time.sleep(0.5)
+            harm = _harm(lab, pods)
+            figures.live_harmed += len(harm)
+            figures.harm.extend(harm)
+        finally:
+            agent.terminate()
+            agent.wait(30)
+    figures.seconds = time.monotonic() - started
+    figures.passes = sum(1 for line in log_path.read_text().splitlines() if '"msg": "pass"' in line)
+    for sandbox_id in list(pods):
+        lab.stop_pod(sandbox_id)
+        lab.remove_pod(sandbox_id)
+    return figures

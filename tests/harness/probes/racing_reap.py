@@ -1,0 +1,51 @@
+"""One reap pass whose runtime changes its answer between the plan and the re-check.
+
+Usage: racing_reap.py MODE HIDE_IDS -- <reaper flags>. MODE `reappear`: the first list hides
+HIDE_IDS (comma-separated), the re-check shows them. MODE `unreachable`: the re-check fails.
+MODE `empty`: the runtime answers every time with an empty list.
+Prints reap_json; run it inside the lab netns.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Mapping
+from dataclasses import replace
+
+from reaper.cli import build_parser
+from reaper.model import RuntimeView
+from reaper.reap import reap_pass
+from reaper.report import reap_json
+from reaper.runtime.cri import CriLiveness
+from reaper.settings import reap_settings_from, settings_from
+
+
+class ChangingRuntime:
+    def __init__(self, inner: CriLiveness, mode: str, hide: set[str]) -> None:
+        self.inner, self.mode, self.hide, self.calls = inner, mode, hide, 0
+
+    def observe(self, known_netns: Mapping[str, str]) -> RuntimeView:
+        self.calls += 1
+        view = self.inner.observe(known_netns)
+        if self.mode == "empty":
+            return replace(view, sandboxes=())
+        if self.calls == 1 and self.mode == "reappear":
+            return replace(view, sandboxes=tuple(s for s in view.sandboxes if s.id not in self.hide))
+        if self.calls == 2 and self.mode == "unreachable":
+            return RuntimeView(view.endpoint, None, None, False, "connection refused (injected)", ())
+        return view
+
+
+def main(argv: list[str]) -> None:
+    mode, hide, flags = argv[0], set(filter(None, argv[1].split(","))), argv[3:]
+    args = build_parser().parse_args(["reap", *flags])
+    settings, policy = settings_from(args, {}), reap_settings_from(args, {})
+    runtime = ChangingRuntime(CriLiveness(settings.runtime_endpoint, settings.runtime_timeout), mode, hide)
+    result = reap_pass(settings, policy, runtime, logging.getLogger("race"))
+    json.dump(reap_json(result), sys.stdout)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

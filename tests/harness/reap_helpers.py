@@ -1,0 +1,102 @@
+"""Helpers the reclaim and fault tests share: what of a leak is left, the nat chains, a reap
+pass whose runtime changes its answer."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tests.harness.lab import Lab, Leak
+from tests.harness.reaper_cli import lab_flags
+
+# A plugin that hangs on every command but VERSION, after starting a child of its own.
+HANG_PLUGIN = """#!/usr/bin/env python3
+import json, os, subprocess, sys, time
+if os.environ.get("CNI_COMMAND") == "VERSION":
+    print(json.dumps({"cniVersion": "1.0.0", "supportedVersions": ["0.4.0", "1.0.0"]}))
+    sys.exit(0)
+sys.stdin.read()
+subprocess.Popen(["sleep", "600", "reaper-hang-child"])
+time.sleep(600)
+"""
+
+SCAN = ("--min-age", "0", "--confirmations", "1")
+REAP = (*SCAN, "--max-orphan-ratio", "1")
+
+
+def host_links(lab: Lab) -> set[str]:
+    return {link["ifname"] for link in json.loads(lab.run_in_netns(["ip", "-j", "link", "show"], check=True).stdout)}
+
+
+def nat_chains(lab: Lab) -> str:
+    return lab.run_in_netns(["iptables-save", "-t", "nat"], check=True).stdout
+
+
+def hostport_chains(lab: Lab) -> int:
+    return sum(1 for line in nat_chains(lab).splitlines() if line.startswith(":CNI-DN-"))
+
+
+def leak_left(lab: Lab, leak: Leak) -> list[str]:
+    """The resources of `leak` still on the node."""
+    left = []
+    if leak.netns_path.exists():
+        left.append(f"netns {leak.netns_path.name}")
+    if leak.host_veth in host_links(lab):
+        left.append(f"veth {leak.host_veth}")
+    if leak.lease_path.exists():
+        left.append(f"lease {leak.ip}")
+    if leak.cache_path is not None and leak.cache_path.exists():
+        left.append("cache entry")
+    chains = nat_chains(lab)
+    if leak.masq_chain in chains or leak.container_id in chains:
+        left.append("chains")
+    return left
+
+
+def rewrite_cached_config(leak: Leak, plugins: list[dict[str, Any]]) -> None:
+    """Make the leak's cache entry carry another plugin list (to make its DEL fail or hang)."""
+    assert leak.cache_path is not None
+    entry = json.loads(leak.cache_path.read_bytes())
+    config = json.loads(base64.b64decode(entry["config"]))
+    config["plugins"] = plugins
+    entry["config"] = base64.b64encode(json.dumps(config).encode()).decode()
+    leak.cache_path.write_text(json.dumps(entry))
+
+
+def racing_reap(lab: Lab, mode: str, hide: list[str], state: Path, flags: tuple[str, ...] = REAP) -> dict[str, Any]:
+    argv = [
+        "nsenter",
+        f"--net={lab.netns_path}",
+        sys.executable,
+        "-m",
+        "tests.harness.probes.racing_reap",
+        mode,
+        ",".join(hide),
+        "--",
+    ]
+    argv += [*lab_flags(lab, state), "--json", *flags]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    doc: dict[str, Any] = json.loads(proc.stdout)
+    return doc
+
+
+@contextlib.contextmanager
+def seeded_lab() -> Iterator[tuple[Lab, str, str, str]]:
+    """A lab whose runtime keeps both seed sandboxes (NOTREADY, nothing running inside) beside a
+    live pod: (lab, chained sandbox, CNI-not-configured sandbox, live pod)."""
+    with Lab() as lab:
+        lab.set_network("failing")
+        chained = lab.try_run_pod("chained")
+        lab.set_network("empty")
+        nocni = lab.try_run_pod("nocni")
+        lab.set_network("normal")
+        web = lab.run_pod("web")
+        assert chained.sandbox_id is not None and nocni.sandbox_id is not None
+        yield lab, chained.sandbox_id, nocni.sandbox_id, web

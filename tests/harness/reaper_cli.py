@@ -1,0 +1,62 @@
+"""Run the real `reaper` command against a lab, inside the lab's netns, as an operator would."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.harness.lab import Lab
+
+
+@dataclass(frozen=True)
+class ReaperRun:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def doc(self) -> dict[str, Any]:
+        parsed: dict[str, Any] = json.loads(self.stdout)
+        return parsed
+
+
+def lab_flags(lab: Lab, state_file: Path) -> list[str]:
+    return [
+        "--netns-dir", str(lab.netns_dir),
+        "--ipam-dir", str(lab.ipam_dir),
+        "--cni-cache-dir", str(lab.cache_dir),
+        "--cni-conf-dir", str(lab.conf_dir),
+        "--cni-bin-dir", str(lab.bin_dir),
+        "--runtime-endpoint", lab.endpoint,
+        "--state-file", str(state_file),
+    ]  # fmt: skip
+
+
+def run_reaper(lab: Lab, command: str, state_file: Path, *extra: str, timeout: float = 120) -> ReaperRun:
+    argv = ["nsenter", f"--net={lab.netns_path}", sys.executable, "-m", "reaper", command]
+    argv += lab_flags(lab, state_file) + list(extra)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    return ReaperRun(proc.returncode, proc.stdout, proc.stderr)
+
+
+def attachments_by_key(doc: dict[str, Any]) -> dict[tuple[str | None, str | None, str | None], dict[str, Any]]:
+    out = {}
+    for a in doc["attachments"]:
+        key = (a["container_id"], a["network"], a["ifname"])
+        if a["container_id"] is None:
+            key = (None, None, a["resources"][0]["name"])
+        assert key not in out, f"two attachments with key {key}"
+        out[key] = a
+    return out
+
+
+def kinds(attachment: dict[str, Any]) -> list[str]:
+    return sorted(r["kind"] for r in attachment["resources"])
+
+
+def names(attachment: dict[str, Any], kind: str) -> set[str]:
+    return {r["name"] for r in attachment["resources"] if r["kind"] == kind}

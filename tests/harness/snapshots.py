@@ -1,0 +1,105 @@
+"""Builders of synthetic snapshots and runtime views for tests of the pure logic."""
+
+from __future__ import annotations
+
+from reaper.model import (
+    CacheEntry,
+    HostLocalLease,
+    IptablesChain,
+    NetnsPin,
+    NodeSnapshot,
+    NsKey,
+    RuntimeView,
+    Sandbox,
+    VethLink,
+)
+
+HOST = NsKey(4, 4026531833)
+NET = "mynet"
+
+
+def cid(n: int) -> str:
+    return f"{n:064x}"
+
+
+def pin(n: int, mtime: float = 0.0, runtime_named: bool = True, name: str | None = None) -> NetnsPin:
+    return NetnsPin(
+        name=name or f"cni-{n:08x}-0000-0000-0000-000000000000",
+        path=f"/run/netns/{name or n}",
+        directory="/run/netns",
+        ns=NsKey(4, 1000 + n),
+        is_namespace=True,
+        mtime=mtime,
+        holders=(),
+        runtime_named=runtime_named,
+    )
+
+
+def lease(n: int, mtime: float = 0.0, ifname: str | None = "eth0", net: str = NET) -> HostLocalLease:
+    return HostLocalLease(net, f"10.0.{n // 250}.{n % 250 + 2}", cid(n), ifname, f"/ipam/{net}/{n}", "/ipam", mtime)
+
+
+def cache(n: int, mtime: float = 0.0, with_netns: bool = True, net: str = NET) -> CacheEntry:
+    return CacheEntry(
+        path=f"/cache/results/{net}-{cid(n)}-eth0",
+        name=f"{net}-{cid(n)}-eth0",
+        container_id=cid(n),
+        network=net,
+        ifname="eth0",
+        netns_path=f"/run/netns/{n}" if with_netns else None,
+        netns=NsKey(4, 1000 + n) if with_netns else None,
+        host_ifnames=(f"veth{n:08x}",),
+        legacy=False,
+        mtime=mtime,
+    )
+
+
+def veth(n: int, resolved: bool = True) -> VethLink:
+    return VethLink(100 + n, f"veth{n:08x}", 2, n, "cni0", NsKey(4, 1000 + n) if resolved else None)
+
+
+def chain(n: int, net: str = NET) -> IptablesChain:
+    return IptablesChain("ipv4", "nat", f"CNI-{n:024x}", "masquerade", net, cid(n), (), ())
+
+
+def snapshot(
+    pins: tuple[NetnsPin, ...] = (),
+    veths: tuple[VethLink, ...] = (),
+    leases: tuple[HostLocalLease, ...] = (),
+    caches: tuple[CacheEntry, ...] = (),
+    chains: tuple[IptablesChain, ...] = (),
+    taken_at: float = 10_000.0,
+) -> NodeSnapshot:
+    return NodeSnapshot(
+        taken_at=taken_at,
+        host_netns=HOST,
+        resources={"netns": pins, "veth": veths, "ipam": leases, "cache": caches, "iptables": chains},
+        ranges=(),
+        configs=(),
+        corrupt=(),
+        errors=(),
+    )
+
+
+def sandbox(n: int, ready: bool = True, created_at: float = 0.0, with_netns: bool = True) -> Sandbox:
+    return Sandbox(
+        id=cid(n),
+        name=f"pod-{n}",
+        namespace="default",
+        uid=f"uid-{n}",
+        ready=ready,
+        created_at=created_at,
+        netns_path=f"/run/netns/{n}" if with_netns else None,
+        netns=NsKey(4, 1000 + n) if with_netns else None,
+    )
+
+
+def runtime(*sandboxes: Sandbox, reachable: bool = True) -> RuntimeView:
+    return RuntimeView(
+        endpoint="unix:///test.sock",
+        name="test",
+        version="1",
+        reachable=reachable,
+        error=None if reachable else "connection refused",
+        sandboxes=sandboxes if reachable else (),
+    )

@@ -1,0 +1,208 @@
+"""`reaper run` on the lab: metrics, health, the textfile, a clean stop, and alerts that fire
+in a real Prometheus scraping it."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.harness.agent import LabAgent, metric
+from tests.harness.lab import Lab
+from tests.harness.reaper_cli import run_reaper
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "deploy" / "prometheus" / "cni-reaper-rules.yaml"
+PROMTOOL = shutil.which("promtool")
+PROMETHEUS = shutil.which("prometheus")
+FAST = ("--min-age", "0", "--confirmations", "1")
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Lab]:
+    with Lab() as lab:
+        lab.run_pod("web")
+        yield lab
+
+
+def test_agent_scan_mode_serves_metrics_health_and_stops_cleanly(lab: Lab, tmp_path: Path) -> None:
+    leak = lab.make_leak(with_cache=True)
+    agent = LabAgent(lab, tmp_path / "state.json", "--mode", "scan", "--interval", "2s", *FAST)
+    try:
+        assert agent.wait_for("/healthz", 200) == "ok\n"
+        agent.wait_for("/readyz", 200)
+        body = agent.wait_for("/metrics", 200)
+        assert metric(body, "cni_reaper_attachments", verdict="orphan") >= 1
+        assert metric(body, "cni_reaper_attachments", verdict="live") == 2  # web: eth0 and cni-loopback
+        assert metric(body, "cni_reaper_resources", kind="veth", verdict="orphan") == 1
+        assert metric(body, "cni_reaper_runtime_up") == 1
+        assert metric(body, "cni_reaper_ipam_range_used", network=lab.network_name, range=lab.subnet) == 2
+        assert metric(body, "cni_reaper_ipam_range_size", network=lab.network_name, range=lab.subnet) == 253
+        assert metric(body, "cni_reaper_last_pass_success_timestamp_seconds") > time.time() - 60
+        assert leak.lease_path.exists(), "scan mode reclaims nothing"
+        if PROMTOOL:
+            check = subprocess.run([PROMTOOL, "check", "metrics"], input=body, capture_output=True, text=True)
+            assert check.returncode == 0, check.stdout + check.stderr
+        assert agent.get("/nope")[0] == 404
+        started = time.monotonic()
+        assert agent.stop() == 0
+        assert time.monotonic() - started < 10
+    finally:
+        agent.stop()
+    lines = agent.log_lines()
+    passes = [line for line in lines if line["msg"] == "pass"]
+    assert passes and all(p["mode"] == "scan" and p["outcome"] == "ok" for p in passes)
+    assert lines[-1]["msg"] == "agent stopped"
+    run_reaper(lab, "reap", tmp_path / "cleanup.json", *FAST, "--max-orphan-ratio", "1")
+
+
+def test_agent_reap_mode_reclaims_and_counts(lab: Lab, tmp_path: Path) -> None:
+    leak = lab.make_leak(with_cache=True)
+    agent = LabAgent(lab, tmp_path / "state.json", "--interval", "2s", *FAST, "--max-orphan-ratio", "1")
+    try:
+        deadline = time.monotonic() + 30
+        while (leak.lease_path.exists() or leak.netns_path.exists()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not leak.lease_path.exists() and not leak.netns_path.exists()
+        time.sleep(0.5)
+        body = agent.wait_for("/metrics", 200)
+        assert metric(body, "cni_reaper_reclaimed_total", kind="ipam", method="cni-del") == 1
+        assert metric(body, "cni_reaper_reclaimed_total", kind="netns", method="kernel") == 1
+        assert metric(body, "cni_reaper_reclaim_errors_total", kind="ipam", method="cni-del") == 0
+        assert metric(body, "cni_reaper_breaker_open") == 0
+    finally:
+        assert agent.stop() == 0
+    reclaimed = [line for line in agent.log_lines() if line["msg"] == "reclaimed"]
+    assert any(leak.container_id in str(line["attachment"]) for line in reclaimed)
+
+
+def test_readyz_fails_while_the_runtime_is_down(lab: Lab, tmp_path: Path) -> None:
+    agent = LabAgent(lab, tmp_path / "state.json", "--mode", "scan", "--interval", "1s", "--runtime-timeout", "1s")
+    try:
+        agent.wait_for("/readyz", 200)
+        lab.stop_runtime()
+        try:
+            why = agent.wait_for("/readyz", 503, timeout=30)
+            assert "has not answered" in why
+            body = agent.get("/metrics")[1]
+            assert metric(body, "cni_reaper_runtime_up") == 0
+            assert metric(body, "cni_reaper_passes_total", outcome="undecided") >= 1
+        finally:
+            lab.start_runtime()
+        agent.wait_for("/readyz", 200, timeout=30)
+    finally:
+        assert agent.stop() == 0
+
+
+def test_bad_agent_flags_are_one_line_errors(lab: Lab) -> None:
+    for flags, message in (
+        (["--mode", "delete"], "--mode: 'delete' is not scan or reap"),
+        (["--listen", "nowhere"], "--listen: 'nowhere' is not HOST:PORT"),
+        (["--interval", "0s"], "--interval: must be at least 1s"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "reaper", "run", *flags], capture_output=True, text=True, timeout=30, check=False
+        )
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"reaper: {message}"), proc.stderr
+
+
+def test_textfile_is_replaced_atomically_with_mode_0644(lab: Lab, tmp_path: Path) -> None:
+    textfile = tmp_path / "cni_reaper.prom"
+    # A symlink planted where the textfile goes is replaced, never written through.
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    textfile.symlink_to(victim)
+    run = run_reaper(lab, "scan", tmp_path / "state.json", *FAST, "--textfile", str(textfile))
+    assert run.returncode in (0, 1), run.stderr
+    assert victim.read_text() == "keep" and not textfile.is_symlink()
+    assert stat.S_IMODE(textfile.stat().st_mode) == 0o644
+    body = textfile.read_text()
+    assert metric(body, "cni_reaper_attachments", verdict="live") == 2
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".cni_reaper")] == []
+    if PROMTOOL:
+        check = subprocess.run([PROMTOOL, "check", "metrics"], input=body, capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+
+
+def fast_rules(path: Path) -> None:
+    """The real rules with `for:` and range windows shrunk to seconds, for a test that cannot
+    wait an hour; the expressions are otherwise the shipped ones."""
+    doc = yaml.safe_load(RULES.read_text())
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            rule["for"] = "0s"
+            rule["expr"] = re.sub(r"\[\d+[mh]\]", "[10s]", rule["expr"])
+    path.write_text(yaml.safe_dump(doc))
+
+
+@pytest.mark.skipif(PROMETHEUS is None, reason="prometheus (Debian package) is not installed")
+def test_a_real_prometheus_fires_the_leak_alert(lab: Lab, tmp_path: Path) -> None:
+    assert PROMETHEUS is not None
+    rules = tmp_path / "rules.yaml"
+    fast_rules(rules)
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [str(rules)],
+                "scrape_configs": [
+                    {
+                        "job_name": "cni-reaper",
+                        "static_configs": [{"targets": ["127.0.0.1:9753"], "labels": {"node": "lab-node"}}],
+                    }
+                ],
+            }
+        )
+    )
+    agent = LabAgent(lab, tmp_path / "state.json", "--mode", "scan", "--interval", "1s", *FAST)
+    prometheus = subprocess.Popen(
+        [
+            "nsenter", f"--net={lab.netns_path}", PROMETHEUS, f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}", "--web.listen-address=127.0.0.1:9090",
+        ],
+        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "wb"),  # noqa: SIM115
+    )  # fmt: skip
+    try:
+        agent.wait_for("/readyz", 200)
+        assert _firing(lab, "CniReaperLeaksPersist", timeout=5) == [], "no leak yet, no alert"
+        leak = lab.make_leak(with_cache=False)
+        alerts = _firing(lab, "CniReaperLeaksPersist", timeout=60)
+        assert alerts and alerts[0]["labels"]["node"] == "lab-node"
+        assert "lab-node has had orphaned CNI attachments" in alerts[0]["annotations"]["description"]
+        assert leak.lease_path.exists()
+    finally:
+        prometheus.send_signal(signal.SIGTERM)
+        prometheus.wait(20)
+        assert agent.stop() == 0
+    run_reaper(lab, "reap", tmp_path / "cleanup.json", *FAST, "--max-orphan-ratio", "1")
+
+
+def _firing(lab: Lab, name: str, timeout: float) -> list[dict[str, dict[str, str]]]:
+    """The firing alerts called `name`, once there are some or `timeout` has passed."""
+    probe = (
+        "import urllib.request, json\n"
+        "print(urllib.request.urlopen('http://127.0.0.1:9090/api/v1/alerts', timeout=5).read().decode())\n"
+    )
+    deadline = time.monotonic() + timeout
+    found: list[dict[str, dict[str, str]]] = []
+    while time.monotonic() < deadline:
+        out = lab.run_in_netns([sys.executable, "-c", probe])
+        if out.returncode == 0:
+            alerts = json.loads(out.stdout)["data"]["alerts"]
+            found = [a for a in alerts if a["labels"]["alertname"] == name and a["state"] == "firing"]
+            if found:
+                return found
+        time.sleep(0.5)
+    return found

@@ -1,0 +1,213 @@
+"""Faults: broken plugins, a runtime that is down, restarted or listing nothing, a corrupt state
+file, a full disk. Each ends with nothing live lost, a clear log line or metric, and the next
+pass working."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness.agent import LabAgent, metric
+from tests.harness.lab import Lab
+from tests.harness.lab.kernel import mount as kernel_mount
+from tests.harness.lab.kernel import umount
+from tests.harness.reap_helpers import (
+    HANG_PLUGIN,
+    REAP,
+    SCAN,
+    leak_left,
+    racing_reap,
+    rewrite_cached_config,
+    seeded_lab,
+)
+from tests.harness.reaper_cli import attachments_by_key, run_reaper
+
+CRASH_PLUGIN = """#!/usr/bin/env python3
+import json, os, signal, sys
+if os.environ.get("CNI_COMMAND") == "VERSION":
+    print(json.dumps({"cniVersion": "1.0.0", "supportedVersions": ["0.4.0", "1.0.0"]}))
+    sys.exit(0)
+os.kill(os.getpid(), signal.SIGSEGV)
+"""
+GARBAGE_PLUGIN = """#!/usr/bin/env python3
+import os, sys
+sys.stdout.buffer.write(b"\\x00\\xffnot json at all {{{" * 100)
+sys.exit(0 if os.environ.get("CNI_COMMAND") == "DEL" else 1)
+"""
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[tuple[Lab, str, str, str]]:
+    with seeded_lab() as world:
+        yield world
+
+
+def pings(lab: Lab, pod: str) -> bool:
+    return lab.run_in_netns(["ping", "-c", "1", "-W", "2", lab.pod_ip(pod)]).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("plugin", "script", "error"), [("crash", CRASH_PLUGIN, "exit -11"), ("garbage", GARBAGE_PLUGIN, "")]
+)
+def test_a_crashing_or_babbling_plugin(
+    lab: tuple[Lab, str, str, str], tmp_path: Path, plugin: str, script: str, error: str
+) -> None:
+    the_lab, _, _, web = lab
+    path = the_lab.bin_dir / f"reaper-{plugin}"
+    path.write_text(script)
+    path.chmod(0o755)
+    leak = the_lab.make_leak(with_cache=True)
+    rewrite_cached_config(leak, [*the_lab.network_spec.plugins("normal"), {"type": f"reaper-{plugin}"}])
+    run = run_reaper(the_lab, "reap", tmp_path / "state.json", "--json", *REAP)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr
+    assert leak_left(the_lab, leak) == []
+    (outcome,) = [o for o in run.doc["reclaimed"] if o["container_id"] == leak.container_id]
+    if plugin == "crash":
+        assert any(f"reaper-{plugin}" in e for e in outcome["plugin_errors"])
+    # The garbage plugin exits 0 on DEL: its output is ignored, nothing is taken from it.
+    assert "Traceback" not in run.stderr and pings(the_lab, web)
+
+
+def test_the_runtime_listing_nothing_opens_the_breaker(lab: tuple[Lab, str, str, str], tmp_path: Path) -> None:
+    the_lab, chained, nocni, web = lab
+    leak = the_lab.make_leak(with_cache=True)
+    doc = racing_reap(the_lab, "empty", [], tmp_path / "state.json", SCAN)  # the default ratio, 0.5
+    # The runtime's own NOTREADY sandboxes look orphaned when it lists nothing: with the leak, 3 of
+    # 5 attachments. The breaker holds; only web's pods stay live, through the process inside.
+    assert doc["breaker"]["open"] is True and doc["reclaimed"] == []
+    got = attachments_by_key(doc)
+    assert got[(web, the_lab.network_name, "eth0")]["verdict"] == "live"
+    assert "inside its netns" in got[(web, the_lab.network_name, "eth0")]["reason"]
+    assert len(leak_left(the_lab, leak)) == 5
+    pins = {p.name for p in the_lab.netns_dir.iterdir()}
+    for sandbox in (chained, nocni):
+        pin = the_lab.pod_netns_path(sandbox)
+        assert pin is not None and pin.name in pins
+    assert pings(the_lab, web)
+    run = run_reaper(the_lab, "reap", tmp_path / "state.json", "--json", *REAP)  # the runtime as it is
+    assert run.returncode == 0 and leak_left(the_lab, leak) == []
+
+
+def test_a_runtime_restarting_under_the_agent(lab: tuple[Lab, str, str, str], tmp_path: Path) -> None:
+    the_lab, chained, nocni, web = lab
+    agent = LabAgent(the_lab, tmp_path / "state.json", "--interval", "1s", "--runtime-timeout", "2s", *REAP)
+    try:
+        agent.wait_for("/readyz", 200)
+        for _ in range(3):
+            the_lab.stop_runtime()
+            time.sleep(1.5)
+            the_lab.start_runtime()
+            time.sleep(1.5)
+        agent.wait_for("/readyz", 200, timeout=30)
+        body = agent.get("/metrics")[1]
+        assert metric(body, "cni_reaper_runtime_up") == 1
+        assert metric(body, "cni_reaper_passes_total", outcome="error") == 0
+    finally:
+        assert agent.stop() == 0
+    sandboxes = {s.id for s in the_lab.sandboxes()}
+    assert {chained, nocni, web} <= sandboxes
+    for sandbox in (chained, nocni, web):
+        pin = the_lab.pod_netns_path(sandbox)
+        assert pin is not None and pin.exists()
+    assert pings(the_lab, web)
+    reclaimed = [line for line in agent.log_lines() if line["msg"] == "reclaimed"]
+    assert reclaimed == [], "nothing of the runtime's was reclaimed while it restarted"
+
+
+def test_a_corrupt_or_missing_state_file(lab: tuple[Lab, str, str, str], tmp_path: Path) -> None:
+    the_lab = lab[0]
+    state = tmp_path / "state.json"
+    state.write_bytes(b'{"version": 2, "attachments": {"x": "not a list"')
+    run = run_reaper(the_lab, "scan", state, "--json", *SCAN)
+    assert run.returncode == 0
+    assert any("is corrupt" in line and "starting afresh" in line for line in run.stderr.splitlines())
+    assert json.loads(state.read_text())["version"] == 2, "rewritten whole"
+    state.unlink()
+    run = run_reaper(the_lab, "scan", state, "--json", *SCAN)
+    assert run.returncode == 0 and "warning" not in run.stderr and state.exists()
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs of the test's own, filled up."""
+    mount = tmp_path / "full"
+    mount.mkdir()
+    kernel_mount("tmpfs", str(mount), "tmpfs", 0, "size=64k")
+    try:
+        fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            while os.write(fd, b"\0" * 4096):
+                pass
+        except OSError:
+            pass  # full
+        finally:
+            os.close(fd)
+        yield mount
+    finally:
+        umount(str(mount), 2)
+
+
+def test_a_full_disk_for_the_state_and_the_textfile(
+    lab: tuple[Lab, str, str, str], full_disk: Path, tmp_path: Path
+) -> None:
+    the_lab, _, _, web = lab
+    leak = the_lab.make_leak(with_cache=True)
+    state, textfile = full_disk / "state.json", tmp_path / "cni_reaper.prom"
+    run = run_reaper(the_lab, "reap", state, "--json", *REAP, "--textfile", str(textfile))
+    # The pass itself is not stopped by the disk: it reclaims, and says what it could not write.
+    assert run.returncode == 0, run.stderr
+    assert leak_left(the_lab, leak) == []
+    assert any("cannot write state file" in line and "No space left" in line for line in run.stderr.splitlines())
+    assert metric(textfile.read_text(), "cni_reaper_state_write_errors_total") == 1
+    full_textfile = full_disk / "cni_reaper.prom"
+    run = run_reaper(the_lab, "scan", tmp_path / "state.json", *SCAN, "--textfile", str(full_textfile))
+    assert run.returncode == 0
+    assert any("textfile not written" in line for line in run.stderr.splitlines())
+    assert [p.name for p in full_disk.iterdir()] == ["filler"], "no temp file left behind"
+    (full_disk / "filler").unlink()
+    run = run_reaper(the_lab, "reap", state, "--json", *REAP, "--textfile", str(full_textfile))
+    assert run.returncode == 0 and state.exists() and full_textfile.exists()
+    assert metric(full_textfile.read_text(), "cni_reaper_state_write_errors_total") == 0
+    assert pings(the_lab, web)
+
+
+def test_sigterm_while_a_plugin_hangs_stops_within_seconds(lab: tuple[Lab, str, str, str], tmp_path: Path) -> None:
+    the_lab, _, _, web = lab
+    plugin = the_lab.bin_dir / "reaper-hang"
+    plugin.write_text(HANG_PLUGIN)
+    plugin.chmod(0o755)
+    leak = the_lab.make_leak(with_cache=True)
+    rewrite_cached_config(leak, [*the_lab.network_spec.plugins("normal"), {"type": "reaper-hang"}])
+    agent = LabAgent(the_lab, tmp_path / "state.json", "--interval", "60s", "--plugin-timeout", "10m", *REAP)
+    try:
+        deadline = time.monotonic() + 30
+        while not _running("reaper-hang") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _running("reaper-hang"), "the agent's DEL is under way"
+        started = time.monotonic()
+        assert agent.stop() == 0
+        assert time.monotonic() - started < 15, "a hung plugin does not hold the stop for its timeout"
+    finally:
+        agent.stop()
+    assert not _running("reaper-hang"), "the plugin and its child were killed"
+    assert any(line["msg"] == "agent stopped" for line in agent.log_lines())
+    # Nothing was left half-done that the next pass cannot finish.
+    run = run_reaper(the_lab, "reap", tmp_path / "state.json", "--json", *REAP, "--method", "kernel")
+    assert run.returncode == 0 and leak_left(the_lab, leak) == []
+    assert pings(the_lab, web)
+
+
+def _running(text: str) -> bool:
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if text in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                    return True
+            except OSError:
+                continue
+    return False

@@ -1,0 +1,439 @@
+"""`reaper reap` on a real containerd whose state was lost: every orphan goes, nothing live is touched.
+
+Each test ends by checking that every live pod still has its netns, veth, lease, cache entries
+and chains exactly as before, and still answers ping from the lab netns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import stat
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reaper.kinds.iptables import chain_name
+from tests.harness.lab import Lab, PortMap
+from tests.harness.lab import cni as labcni
+from tests.harness.reap_helpers import (
+    HANG_PLUGIN,
+    REAP,
+    SCAN,
+    hostport_chains,
+    leak_left,
+    racing_reap,
+    rewrite_cached_config,
+    seeded_lab,
+)
+from tests.harness.reaper_cli import ReaperRun, attachments_by_key, run_reaper
+
+Key = tuple[str | None, str | None, str | None]
+
+
+@dataclass
+class Forgotten:
+    lab: Lab
+    web: str
+    db: str
+    seeds: dict[str, str]  # pin name -> what left it, of sandboxes the runtime forgot
+    live: dict[Key, list[tuple[str, str]]]  # the live attachments and their resources
+
+
+def _resources(attachment: dict[str, Any]) -> list[tuple[str, str]]:
+    return sorted((r["kind"], r["name"]) for r in attachment["resources"])
+
+
+def live_attachments(lab: Lab, tmp: Path) -> dict[Key, list[tuple[str, str]]]:
+    run = run_reaper(lab, "scan", tmp / f"live-{secrets.token_hex(4)}.json", "--json", *SCAN)
+    return {k: _resources(a) for k, a in attachments_by_key(run.doc).items() if a["verdict"] == "live"}
+
+
+def assert_live_intact(world: Forgotten, tmp: Path) -> None:
+    now = live_attachments(world.lab, tmp)
+    for key, resources in world.live.items():
+        assert now.get(key) == resources, f"live attachment {key} changed"
+    for pod in (world.web, world.db):
+        ping = world.lab.run_in_netns(["ping", "-c", "1", "-W", "2", world.lab.pod_ip(pod)])
+        assert ping.returncode == 0, f"live pod {pod[:12]} no longer answers: {ping.stdout}"
+
+
+def reclaimed(run: ReaperRun, cid: str | None) -> dict[str, Any]:
+    found: list[dict[str, Any]] = [r for r in run.doc["reclaimed"] if r["container_id"] == cid]
+    assert len(found) == 1, run.doc["reclaimed"]
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def forgotten(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Forgotten]:
+    """A lab whose runtime lost its state after both seed reports and a pod with a hostPort;
+    then two live pods started afresh."""
+    with Lab() as lab:
+        lab.set_network("failing")
+        chained = lab.try_run_pod("chained")
+        lab.set_network("empty")
+        nocni = lab.try_run_pod("nocni")
+        lab.set_network("normal")
+        old = lab.run_pod("old", port_mappings=[PortMap(8081, 81)])
+        seeds = {}
+        for what, sandbox in (("chained", chained.sandbox_id), ("nocni", nocni.sandbox_id), ("old", old)):
+            assert sandbox is not None
+            pin = lab.pod_netns_path(sandbox)
+            assert pin is not None
+            seeds[pin.name] = what
+        lab.forget_runtime_state()
+        web = lab.run_pod("web", port_mappings=[PortMap(8080, 80)])
+        db = lab.run_pod("db")
+        world = Forgotten(lab, web, db, seeds, {})
+        world.live = live_attachments(lab, tmp_path_factory.mktemp("live"))
+        assert len(world.live) == 4  # two pods, each eth0 and cni-loopback
+        yield world
+
+
+def test_everything_the_runtime_forgot_is_reclaimed(forgotten: Forgotten, tmp_path: Path) -> None:
+    lab, net = forgotten.lab, forgotten.lab.network_name
+    cached = lab.make_leak(with_cache=True, port_mappings=[PortMap(9090, 90)])
+    bare = lab.make_leak(with_cache=False)
+    # A legacy one-line lease and a pile of corrupt cache files of dead containers.
+    legacy_cid = secrets.token_hex(32)
+    legacy = lab.ipam_dir / net / "10.123.250.200"
+    legacy.write_text(legacy_cid)
+    results = lab.cache_dir / "results"
+    corrupt = {results / f"{net}-{secrets.token_hex(32)}-eth0": data for data in (b"", b"", b'{"kind": "cniC', b"\0\0")}
+    for path, data in corrupt.items():
+        path.write_bytes(data)
+    untied = results / "garbage"
+    untied.write_bytes(b"")
+    assert hostport_chains(lab) == 3  # web, the old pod and the cached leak
+    pins_before = {p.name for p in lab.netns_dir.iterdir()}
+    assert set(forgotten.seeds) <= pins_before
+
+    run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr
+    assert all(r["ok"] for o in run.doc["reclaimed"] for r in o["resources"])
+
+    assert leak_left(lab, cached) == [] and leak_left(lab, bare) == []
+    assert not legacy.exists()
+    assert not any(p.exists() for p in corrupt)
+    assert untied.exists(), "a file no attachment names is reported, never deleted"
+    pins_after = {p.name for p in lab.netns_dir.iterdir()}
+    assert not set(forgotten.seeds) & pins_after, "the forgotten sandboxes' pins are gone"
+    assert hostport_chains(lab) == 1  # only the live web pod's
+    # The cached leak went through its plugins' DEL (cached config, capability args, prevResult).
+    via = {r["kind"]: r["method"] for r in reclaimed(run, cached.container_id)["resources"]}
+    assert via["ipam"] == "cni-del" and via["veth"] == "cni-del" and via["iptables"] == "cni-del"
+    after = run_reaper(lab, "scan", tmp_path / "state2.json", "--json", *SCAN)
+    assert after.returncode == 0 and after.doc["summary"]["orphan"] == 0
+    assert_live_intact(forgotten, tmp_path)
+
+
+def test_del_impossible_then_the_kernel_frees_it_all(forgotten: Forgotten, tmp_path: Path) -> None:
+    lab = forgotten.lab
+    missing = lab.make_leak(with_cache=True)
+    rewrite_cached_config(missing, [{"type": "bridge-that-is-not-installed"}])
+    failing = lab.make_leak(with_cache=True)
+    spec = lab.network_spec
+    rewrite_cached_config(failing, [*spec.plugins("normal"), {"type": labcni.FAIL_PLUGIN}])
+
+    run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr
+    assert leak_left(lab, missing) == [] and leak_left(lab, failing) == []
+    gone = reclaimed(run, missing.container_id)
+    assert any("not found" in e for e in gone["plugin_errors"])
+    assert {r["method"] for r in gone["resources"]} == {"kernel"}
+    # libcni stops at the first failing plugin (the last one, as DEL runs in reverse); the
+    # reaper goes on, so bridge still released the lease through host-local.
+    went = reclaimed(run, failing.container_id)
+    assert any("reaper-fail" in e for e in went["plugin_errors"])
+    assert {r["kind"]: r["method"] for r in went["resources"]}["ipam"] == "cni-del"
+    assert_live_intact(forgotten, tmp_path)
+
+
+def test_a_hanging_plugin_is_killed_with_its_children(forgotten: Forgotten, tmp_path: Path) -> None:
+    lab = forgotten.lab
+    plugin = lab.bin_dir / "reaper-hang"
+    plugin.write_text(HANG_PLUGIN)
+    plugin.chmod(0o755)
+    leak = lab.make_leak(with_cache=True)
+    rewrite_cached_config(leak, [*lab.network_spec.plugins("normal"), {"type": "reaper-hang"}])
+    started = time.monotonic()
+    run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP, "--plugin-timeout", "2s")
+    assert time.monotonic() - started < 30
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr
+    assert leak_left(lab, leak) == []
+    assert any("timed out after 2s" in e for e in reclaimed(run, leak.container_id)["plugin_errors"])
+    leftovers = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline_has(p, "reaper-hang")]
+    assert leftovers == [], "the plugin's process group was killed"
+    assert_live_intact(forgotten, tmp_path)
+
+
+def _cmdline_has(proc: Path, text: str) -> bool:
+    try:
+        return text in (proc / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+
+
+def test_max_reap_and_the_breaker(forgotten: Forgotten, tmp_path: Path) -> None:
+    lab = forgotten.lab
+    leaks = [lab.make_leak(with_cache=True) for _ in range(6)]
+    state = tmp_path / "state.json"
+    # 6 orphans against 4 live attachments: over the default ratio of 0.5.
+    run = run_reaper(lab, "reap", state, "--json", "--min-age", "0", "--confirmations", "1")
+    assert run.returncode == 3
+    assert run.doc["breaker"]["open"] and run.doc["reclaimed"] == []
+    assert "breaker open" in run.stderr.strip().splitlines()[-1]
+    assert all(leak_left(lab, leak) for leak in leaks), "the breaker reclaimed nothing"
+    # --force, but at most two a pass.
+    run = run_reaper(
+        lab, "reap", state, "--json", "--min-age", "0", "--confirmations", "1", "--force", "--max-reap", "2"
+    )
+    assert run.returncode == 0
+    assert len(run.doc["reclaimed"]) == 2 and len(run.doc["skipped"]) == 4
+    assert all("max-reap" in s["reason"] for s in run.doc["skipped"])
+    assert sum(1 for leak in leaks if not leak_left(lab, leak)) == 2
+    run = run_reaper(lab, "reap", state, "--json", *REAP, "--max-reap", "10")
+    assert run.returncode == 0 and len(run.doc["reclaimed"]) == 4
+    assert all(leak_left(lab, leak) == [] for leak in leaks)
+    assert_live_intact(forgotten, tmp_path)
+
+
+def test_dry_run_changes_nothing_and_shows_the_plan(forgotten: Forgotten, tmp_path: Path) -> None:
+    lab = forgotten.lab
+    leak = lab.make_leak(with_cache=True)
+    run = run_reaper(lab, "reap", tmp_path / "state.json", *REAP, "--dry-run")
+    assert run.returncode == 1  # orphans found, not reclaimed
+    assert "PLAN (dry run, nothing changed)" in run.stdout
+    assert f"cni-del    veth {leak.host_veth}" in run.stdout
+    assert len(leak_left(lab, leak)) == 5
+    run = run_reaper(lab, "reap", tmp_path / "state.json", *REAP)
+    assert run.returncode == 0 and leak_left(lab, leak) == []
+    assert_live_intact(forgotten, tmp_path)
+
+
+def test_quarantine_keeps_the_files(forgotten: Forgotten, tmp_path: Path) -> None:
+    lab = forgotten.lab
+    leak = lab.make_leak(with_cache=True)
+    assert leak.cache_path is not None
+    lease, cache = leak.lease_path.read_bytes(), leak.cache_path.read_bytes()
+    qdir = tmp_path / "quarantine"
+    run = run_reaper(
+        lab, "reap", tmp_path / "state.json", "--json", *REAP, "--method", "kernel", "--quarantine-dir", str(qdir)
+    )
+    assert run.returncode == 0, run.stdout[-2000:]
+    assert leak_left(lab, leak) == []
+    kept = {p.name: p for p in qdir.rglob("*") if p.is_file()}
+    assert kept[leak.ip].read_bytes() == lease and kept[leak.cache_path.name].read_bytes() == cache
+    assert str(kept[leak.ip]).endswith(str(leak.lease_path))
+    assert stat.S_IMODE(kept[leak.ip].parent.stat().st_mode) == 0o700
+    methods = {r["kind"]: r["method"] for r in reclaimed(run, leak.container_id)["resources"]}
+    assert methods["ipam"] == "quarantine" and methods["cache"] == "quarantine" and methods["netns"] == "kernel"
+    assert_live_intact(forgotten, tmp_path)
+
+
+def test_what_is_not_a_cni_leak_is_never_touched(forgotten: Forgotten, tmp_path: Path) -> None:
+    lab, net = forgotten.lab, forgotten.lab.network_name
+    dead = secrets.token_hex(32)
+    # A lease symlinked to a file elsewhere: reported, never followed, never deleted through.
+    victim = tmp_path / "victim"
+    victim.write_text(f"{dead}\r\neth0")
+    link = lab.ipam_dir / net / "10.123.250.201"
+    link.symlink_to(victim)
+    # A cache entry that names the host's netns, and an admin's pin with a name no runtime makes.
+    hostile = lab.cache_dir / "results" / f"{net}-{dead}-eth1"
+    hostile.write_text(json.dumps({"kind": "cniCacheV1", "containerId": dead, "networkName": net,
+                                   "ifName": "eth1", "config": "", "netns": "/proc/1/ns/net"}))  # fmt: skip
+    admin = lab.make_pin("admin-test")
+    try:
+        run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
+        assert run.returncode == 0, run.stdout[-2000:]
+        assert victim.read_bytes() == f"{dead}\r\neth0".encode() and link.is_symlink()
+        assert any(c["path"] == str(link) and "symlink" in c["error"] for c in run.doc["corrupt"])
+        assert hostile.exists()
+        host_key = (dead, net, "eth1")
+        assert attachments_by_key(run.doc)[host_key]["verdict"] == "live"
+        assert admin.exists() and any(p["name"] == "admin-test" for p in run.doc["foreign_netns"])
+        assert_live_intact(forgotten, tmp_path)
+    finally:
+        link.unlink()
+        hostile.unlink()
+
+
+def test_an_ipv6_range_is_reclaimed(forgotten: Forgotten, tmp_path: Path) -> None:
+    lab = forgotten.lab
+    net6 = f"{lab.network_name}-v6"
+    conflist = {
+        "cniVersion": "1.0.0",
+        "name": net6,
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": f"{lab.bridge[:-1]}6",
+                "isGateway": True,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": "fd00:123:4::/64"}]],
+                    "dataDir": str(lab.ipam_dir),
+                },
+            }
+        ],
+    }
+    conf = lab.conf_dir / f"20-{net6}.conflist"
+    conf.write_text(json.dumps(conflist))
+    try:
+        cid = secrets.token_hex(32)
+        pin = lab.make_pin()
+        call = labcni.PluginCall("ADD", cid, str(pin), "eth0", (("IgnoreUnknown", "1"),), lab.bin_dir, lab.netns_path)
+        result = labcni.add_network_list(conflist, call, {})
+        ip = labcni.result_ip(result)
+        assert ":" in ip
+        lease = lab.ipam_dir / net6 / ip
+        assert lease.exists()
+        run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
+        assert run.returncode == 0, run.stdout[-2000:]
+        assert not lease.exists() and not pin.exists()
+        ranges = {r["network"]: r for r in run.doc["ipam_ranges"]}
+        assert ranges[net6]["range"] == "fd00:123:4::/64" and ranges[net6]["used"] == 1
+        assert_live_intact(forgotten, tmp_path)
+    finally:
+        conf.unlink()
+
+
+GC_PLUGIN = """#!/usr/bin/env python3
+import json, os, sys
+if os.environ.get("CNI_COMMAND") == "VERSION":
+    print(json.dumps({"cniVersion": "1.1.0", "supportedVersions": ["1.0.0", "1.1.0"]}))
+    sys.exit(0)
+conf = json.load(sys.stdin)
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "gc-calls.jsonl"), "a") as f:
+    f.write(json.dumps({"command": os.environ.get("CNI_COMMAND"), "conf": conf}) + "\\n")
+"""
+
+
+def test_cni_gc_verb_is_called_with_the_live_attachments(forgotten: Forgotten, tmp_path: Path) -> None:
+    lab, net = forgotten.lab, forgotten.lab.network_name
+    plugin = lab.bin_dir / "reaper-gc-probe"
+    plugin.write_text(GC_PLUGIN)
+    plugin.chmod(0o755)
+    calls = lab.bin_dir / "gc-calls.jsonl"
+    # The lab's own network, at 1.1.0, so that its live attachments are the valid ones.
+    gc_conf = lab.conf_dir / "30-gc.conflist"
+    gc_conf.write_text(json.dumps({"cniVersion": "1.1.0", "name": net, "plugins": [{"type": "reaper-gc-probe"}]}))
+    off = lab.conf_dir / "31-nogc.conflist"
+    off.write_text(json.dumps({"cniVersion": "1.1.0", "name": "nogc", "disableGC": True,
+                               "plugins": [{"type": "reaper-gc-probe"}]}))  # fmt: skip
+    try:
+        run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP, "--cni-gc")
+        assert run.returncode == 0
+        recorded = [json.loads(line) for line in calls.read_text().splitlines()]
+        assert [c["command"] for c in recorded] == ["GC"]
+        valid = recorded[0]["conf"]["cni.dev/valid-attachments"]
+        assert sorted(v["containerID"] for v in valid) == sorted([forgotten.web, forgotten.db])
+        assert recorded[0]["conf"]["cni.dev/attachments"] == valid
+        assert {g["network"] for g in run.doc["gc"]} == {net}
+        assert all(g["ok"] for g in run.doc["gc"] if g["plugin"] == "reaper-gc-probe")
+    finally:
+        gc_conf.unlink()
+        off.unlink()
+        calls.unlink(missing_ok=True)
+    assert_live_intact(forgotten, tmp_path)
+
+
+def test_the_state_dir_of_the_runtime_was_really_wiped(forgotten: Forgotten) -> None:
+    # Guard on the fixture: the seeds are unknown to the runtime, so their leaks are real leaks.
+    names = {s.metadata.name for s in forgotten.lab.sandboxes()}
+    assert names == {"web", "db"}
+    assert os.path.isdir(forgotten.lab.netns_dir)
+
+
+@pytest.fixture(scope="module")
+def kept() -> Iterator[tuple[Lab, str, str, str]]:
+    with seeded_lab() as world:
+        yield world
+
+
+def test_a_sandbox_listed_again_at_the_recheck_is_left_alone(kept: tuple[Lab, str, str, str], tmp_path: Path) -> None:
+    lab, chained, nocni, web = kept
+    pins = {p.name for p in lab.netns_dir.iterdir()}
+    lease_count = len(list((lab.ipam_dir / lab.network_name).glob("10.*")))
+    doc = racing_reap(lab, "reappear", [chained, nocni], tmp_path / "state.json")
+    # Hidden from the first list, the two seed sandboxes' resources looked orphaned ...
+    orphans = {a["container_id"] for a in doc["attachments"] if a["verdict"] == "orphan"}
+    assert chained in orphans
+    # ... but the re-check listed them again, so nothing of theirs was touched.
+    assert doc["reclaimed"] == []
+    reasons = {s["container_id"]: s["reason"] for s in doc["skipped"]}
+    assert "listed again" in reasons[chained]
+    assert any("listed now" in r for c, r in reasons.items() if c is None)
+    assert {p.name for p in lab.netns_dir.iterdir()} == pins
+    assert len(list((lab.ipam_dir / lab.network_name).glob("10.*"))) == lease_count
+    assert lab.run_in_netns(["ping", "-c", "1", "-W", "2", lab.pod_ip(web)]).returncode == 0
+
+
+def test_runtime_unreachable_at_the_recheck_reclaims_nothing(kept: tuple[Lab, str, str, str], tmp_path: Path) -> None:
+    lab, chained, nocni, web = kept
+    leak = lab.make_leak(with_cache=True)
+    doc = racing_reap(lab, "unreachable", [], tmp_path / "state.json")
+    assert doc["recheck_error"] == "connection refused (injected)"
+    assert doc["reclaimed"] == []
+    assert any(s["container_id"] == leak.container_id and "unreachable" in s["reason"] for s in doc["skipped"])
+    assert len(leak_left(lab, leak)) == 5
+    # With the runtime back, the same pass reclaims it, and the runtime's own sandboxes stay.
+    run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
+    assert run.returncode == 0 and leak_left(lab, leak) == []
+    assert {a["container_id"] for a in run.doc["attachments"] if a["verdict"] == "orphan"} == {leak.container_id}
+    live = {a["container_id"] for a in run.doc["attachments"] if a["verdict"] == "live"}
+    assert {chained, nocni, web} <= live
+    assert lab.run_in_netns(["ping", "-c", "1", "-W", "2", lab.pod_ip(web)]).returncode == 0
+
+
+def test_runtime_down_reclaims_nothing(kept: tuple[Lab, str, str, str], tmp_path: Path) -> None:
+    lab = kept[0]
+    leak = lab.make_leak(with_cache=False)
+    lab.stop_runtime()
+    try:
+        run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP, "--runtime-timeout", "2s")
+        assert run.returncode == 2
+        assert run.doc["reclaimed"] == [] and {a["verdict"] for a in run.doc["attachments"]} == {"unknown"}
+        assert "runtime unreachable" in run.stderr.strip().splitlines()[-1]
+        assert len(leak_left(lab, leak)) == 4  # netns, veth, lease, chains (no cache entry)
+    finally:
+        lab.start_runtime()
+    run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
+    assert run.returncode == 0 and leak_left(lab, leak) == []
+
+
+def test_chains_in_the_legacy_iptables_backend(forgotten: Forgotten, tmp_path: Path) -> None:
+    # Nodes where plugins wrote with iptables-legacy while the default is nft (or the other way
+    # round) have CNI chains in both; each is read and removed with its own backend's tools.
+    lab, net, web = forgotten.lab, forgotten.lab.network_name, forgotten.web
+    dead = secrets.token_hex(32)
+    lines = ["*nat"]
+    for cid, ip in ((dead, "10.123.250.99"), (web, lab.pod_ip(web))):
+        chain = chain_name("", net, cid)
+        comment = f'"name: \\"{net}\\" id: \\"{cid}\\""'
+        lines += [f":{chain} - [0:0]", f"-A {chain} -d {lab.subnet} -m comment --comment {comment} -j ACCEPT"]
+        lines.append(f"-A POSTROUTING -s {ip}/32 -m comment --comment {comment} -j {chain}")
+    lines.append("COMMIT")
+    lab.run_in_netns(["iptables-legacy-restore", "--noflush"], input="\n".join(lines) + "\n", check=True)
+    try:
+        run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
+        assert run.returncode == 0, run.stdout[-2000:]
+        legacy = lab.run_in_netns(["iptables-legacy-save", "-t", "nat"], check=True).stdout
+        assert chain_name("", net, dead) not in legacy, "the dead container's legacy chain is gone"
+        assert f":{chain_name('', net, web)} " in legacy, "the live pod's legacy chain stays"
+        live = attachments_by_key(run.doc)[(web, net, "eth0")]
+        backends = {r.get("backend") for r in live["resources"] if r["kind"] == "iptables"}
+        assert backends == {"nft", "legacy"} and live["verdict"] == "live"
+    finally:
+        chain = chain_name("", net, web)
+        comment = f'"name: \\"{net}\\" id: \\"{web}\\""'
+        cleanup = f"*nat\n-D POSTROUTING -s {lab.pod_ip(web)}/32 -m comment --comment {comment} -j {chain}\n"
+        cleanup += f"-F {chain}\n-X {chain}\nCOMMIT\n"
+        lab.run_in_netns(["iptables-legacy-restore", "--noflush"], input=cleanup)
+    assert_live_intact(forgotten, tmp_path)

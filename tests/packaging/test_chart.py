@@ -1,0 +1,486 @@
+"""The Helm chart, rendered and linted by the real Helm v4 engine (helm-python-sdk's bundled libhelm_c).
+
+Offline: no helm binary, no cluster, no network. Every rendered manifest is validated against the
+Kubernetes JSON schemas kubernetes-validate ships; the prometheus-operator kinds, which those
+schemas do not know, are checked structurally here. The container arguments are parsed by the
+agent's own CLI, so a flag the chart passes and the agent does not take fails here.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+
+from reaper.cli import build_parser
+from reaper.settings import agent_settings_from, reap_settings_from, settings_from
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "cni-reaper"
+RULES = ROOT / "deploy" / "prometheus" / "cni-reaper-rules.yaml"
+RELEASE = "cni-reaper"
+NAMESPACE = "kube-system"
+# Schemas the manifests must pass: a recent Kubernetes and the oldest one still commonly run.
+KUBE_VERSIONS = ("1.30.0", "1.36.0")
+PORT = 9753
+
+Manifest = dict[str, Any]
+
+CUSTOM: dict[str, Any] = {
+    "mode": "scan",
+    "interval": "2m",
+    "minAge": "30m",
+    "confirmations": 3,
+    "stuckAfter": "1h",
+    "maxReap": 25,
+    "maxOrphanRatio": 0.25,
+    "method": "kernel",
+    "pluginTimeout": "20s",
+    "force": True,
+    "cniGc": True,
+    "runtimeEndpoint": "unix:///var/run/crio/crio.sock",
+    "runtimeTimeout": "5s",
+    "netnsDirs": ["/var/run/netns", "/run/containerd/io.containerd.grpc.v1.cri/netns"],
+    "netnsPatterns": ["test-[a-z0-9]+"],
+    "ipamDirs": ["/var/lib/cni/networks", "/srv/ipam"],
+    "cniCacheDir": "/var/lib/cni",
+    "cniConfDir": "/etc/kubernetes/cni/net.d",
+    "cniBinDirs": ["/opt/cni/bin", "/usr/libexec/cni"],
+    "stateFile": "/var/lib/reaper-state/state.json",
+    "quarantineDir": "/var/lib/cni-quarantine",
+    "xtablesLock": "/var/run/xtables.lock",
+    "logFormat": "text",
+    "logLevel": "debug",
+    # Appended last, so it wins over the chart's own --log-level.
+    "extraArgs": ["--log-level=warning"],
+    "metricsPort": 19753,
+    "image": {"repository": "registry.example.com/cni-reaper", "tag": "0.1.0-rc1", "pullPolicy": "Always"},
+    "imagePullSecrets": [{"name": "regcred"}],
+    "podAnnotations": {"example.com/team": "net"},
+    "nodeSelector": {"node-role.kubernetes.io/worker": ""},
+    "serviceAccount": {"create": False, "name": "reaper-sa"},
+    "serviceMonitor": {"enabled": True, "interval": "30s", "labels": {"release": "kube-prometheus-stack"}},
+    "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+}
+# The same, reclaiming: the CNI state is then writable and the quarantine dir mounted.
+CUSTOM_REAP: dict[str, Any] = {**copy.deepcopy(CUSTOM), "mode": "reap"}
+
+
+@pytest.fixture(scope="module")
+def chart() -> Iterator[helm.Chart]:
+    with helm.Chart.load(CHART) as loaded:
+        yield loaded
+
+
+def render(chart: helm.Chart, values: dict[str, Any] | None = None) -> list[Manifest]:
+    rendered = chart.render(copy.deepcopy(values) if values else None, name=RELEASE, namespace=NAMESPACE)
+    docs: list[Manifest] = []
+    for path, text in sorted(rendered.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        docs.extend(doc for doc in yaml.safe_load_all(text) if doc)
+    return docs
+
+
+def one(docs: list[Manifest], kind: str) -> Manifest:
+    found = [d for d in docs if d["kind"] == kind]
+    assert len(found) == 1, f"{len(found)} {kind} rendered"
+    return found[0]
+
+
+def container(docs: list[Manifest]) -> Manifest:
+    containers = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    c: Manifest = containers[0]
+    return c
+
+
+def flag_values(args: list[str], flag: str) -> list[str]:
+    """Every value given to `flag`, as `--flag=value` or `--flag value`."""
+    values = []
+    for i, arg in enumerate(args):
+        if arg.startswith(f"{flag}="):
+            values.append(arg.split("=", 1)[1])
+        elif arg == flag and i + 1 < len(args):
+            values.append(args[i + 1])
+    return values
+
+
+def mounts_by_path(docs: list[Manifest]) -> dict[str, tuple[Manifest, Manifest]]:
+    """mountPath -> (volumeMount, volume) of the agent's container."""
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    out: dict[str, tuple[Manifest, Manifest]] = {}
+    for mount in container(docs)["volumeMounts"]:
+        assert mount["mountPath"] not in out, f"two mounts at {mount['mountPath']}"
+        out[mount["mountPath"]] = (mount, volumes[mount["name"]])
+    return out
+
+
+def host_mount(docs: list[Manifest], path: str) -> Manifest:
+    """The mount of host path `path`, asserting it is mounted at the same path in the container."""
+    mounts = mounts_by_path(docs)
+    assert path in mounts, f"{path} not mounted; mounts: {sorted(mounts)}"
+    mount, volume = mounts[path]
+    assert volume["hostPath"]["path"] == path
+    return mount
+
+
+# --- lint and schema validation ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", [None, CUSTOM, CUSTOM_REAP], ids=["default", "custom-scan", "custom-reap"])
+def test_helm_lint_is_clean(values: dict[str, Any] | None) -> None:
+    report = helm.lint(CHART, copy.deepcopy(values) if values else None, strict=True, namespace=NAMESPACE)
+    assert report["errors"] == []
+    # Severity 1 is information (e.g. "icon is recommended"); 2 warning, 3 error.
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert problems == []
+
+
+def check_prometheus_operator(doc: Manifest) -> None:
+    """Structural check of the prometheus-operator kinds (not in the Kubernetes schemas)."""
+    assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+    assert set(doc) == {"apiVersion", "kind", "metadata", "spec"}
+    assert doc["metadata"]["name"]
+    assert doc["metadata"]["namespace"] == NAMESPACE
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in doc["metadata"]["labels"].items())
+    spec = doc["spec"]
+    if doc["kind"] == "ServiceMonitor":
+        assert set(spec) <= {"selector", "namespaceSelector", "endpoints", "jobLabel", "targetLabels"}
+        assert spec["selector"]["matchLabels"]
+        assert spec["endpoints"]
+        for endpoint in spec["endpoints"]:
+            assert isinstance(endpoint["port"], str)
+            assert endpoint["path"].startswith("/")
+            for relabel in endpoint.get("relabelings", []):
+                assert set(relabel) <= {"sourceLabels", "targetLabel", "action", "regex", "replacement", "separator"}
+    elif doc["kind"] == "PrometheusRule":
+        assert set(spec) == {"groups"}
+        assert spec["groups"]
+        names = [g["name"] for g in spec["groups"]]
+        assert len(names) == len(set(names)), "group names must be unique"
+        for group in spec["groups"]:
+            assert set(group) <= {"name", "interval", "rules", "limit", "partial_response_strategy"}
+            assert group["rules"]
+            for rule in group["rules"]:
+                assert ("alert" in rule) != ("record" in rule), rule
+                assert set(rule) <= {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}
+                assert isinstance(rule["expr"], str | int) and str(rule["expr"]).strip()
+                if "for" in rule:
+                    assert re.fullmatch(r"(\d+(ms|s|m|h|d|w|y))+", rule["for"]), rule["for"]
+                for key in ("labels", "annotations"):
+                    assert all(isinstance(v, str) for v in rule.get(key, {}).values()), rule
+    else:
+        pytest.fail(f"unexpected kind {doc['kind']}")
+
+
+@pytest.mark.parametrize("values", [None, CUSTOM, CUSTOM_REAP], ids=["default", "custom-scan", "custom-reap"])
+def test_every_manifest_is_valid(chart: helm.Chart, values: dict[str, Any] | None) -> None:
+    docs = render(chart, values)
+    assert docs
+    for doc in docs:
+        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            check_prometheus_operator(doc)
+            continue
+        for version in KUBE_VERSIONS:
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as err:
+                where = ".".join(str(p) for p in err.path)
+                pytest.fail(f"{doc['kind']} invalid for Kubernetes {version} at {where}: {err.message}")
+
+
+BAD_VALUES: list[dict[str, Any]] = [
+    {"mode": "delete"},
+    {"netnsDirs": ["var/run/netns"]},
+    {"runtimeEndpoint": "tcp://127.0.0.1:1234"},
+    {"maxOrphanRatio": 2},
+    {"interval": "soon"},
+    {"cniBinDirs": []},
+    {"method": "plugins"},
+]
+
+
+@pytest.mark.parametrize("bad", BAD_VALUES, ids=[next(iter(b)) for b in BAD_VALUES])
+def test_values_schema_rejects_bad_values(chart: helm.Chart, bad: dict[str, Any]) -> None:
+    with pytest.raises(helm.HelmValuesError):
+        chart.render(bad, name=RELEASE, namespace=NAMESPACE)
+
+
+# --- the default rollout -------------------------------------------------------------------
+
+
+def test_default_renders_only_the_agent(chart: helm.Chart) -> None:
+    kinds = sorted(d["kind"] for d in render(chart))
+    assert kinds == ["DaemonSet", "Service", "ServiceAccount"]
+
+
+def test_daemonset_runs_on_every_node_privileged_in_host_namespaces(chart: helm.Chart) -> None:
+    docs = render(chart)
+    ds = one(docs, "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    assert ds["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    assert pod["tolerations"] == [{"operator": "Exists"}]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["hostNetwork"] is True
+    assert pod["hostPID"] is True
+    assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert pod["automountServiceAccountToken"] is False
+    assert 10 <= pod["terminationGracePeriodSeconds"] <= 60
+    c = container(docs)
+    assert c["securityContext"]["privileged"] is True
+    assert c["securityContext"].get("runAsNonRoot") is not True
+    assert c["image"] == "cni-reaper:0.1.0"  # tag defaults to appVersion
+    assert c["resources"]["requests"] == {"cpu": "50m", "memory": "64Mi"}
+    assert c["resources"]["limits"]["memory"] == "256Mi"
+    # The Service selects the pods, by the port the probes and the agent use.
+    service = one(docs, "Service")
+    assert service["spec"]["clusterIP"] == "None"
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": PORT, "targetPort": "metrics", "protocol": "TCP"}]
+    assert {"name": "metrics", "containerPort": PORT, "protocol": "TCP"} in c["ports"]
+
+
+def test_probes_hit_the_agents_health_endpoints(chart: helm.Chart) -> None:
+    c = container(render(chart))
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": PORT}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": PORT}
+
+
+def test_default_args_and_listen_on_the_node_ip(chart: helm.Chart) -> None:
+    c = container(render(chart))
+    args = c["args"]
+    assert args[0] == "run"
+    expected = {
+        "--mode": ["reap"],
+        "--interval": ["60s"],
+        "--listen": [f"$(NODE_IP):{PORT}"],
+        "--runtime-endpoint": ["unix:///run/containerd/containerd.sock"],
+        "--runtime-timeout": ["10s"],
+        "--netns-dir": ["/var/run/netns"],
+        "--netns-pattern": [],
+        "--ipam-dir": ["/var/lib/cni/networks"],
+        "--cni-cache-dir": ["/var/lib/cni"],
+        "--cni-conf-dir": ["/etc/cni/net.d"],
+        "--cni-bin-dir": ["/opt/cni/bin"],
+        "--min-age": ["10m"],
+        "--confirmations": ["2"],
+        "--stuck-after": ["15m"],
+        "--state-file": ["/var/lib/cni-reaper/state.json"],
+        "--max-reap": ["100"],
+        "--max-orphan-ratio": ["0.5"],
+        "--method": ["auto"],
+        "--plugin-timeout": ["60s"],
+        "--quarantine-dir": [],
+        "--log-format": ["json"],
+        "--log-level": ["info"],
+    }
+    for flag, values in expected.items():
+        assert flag_values(args, flag) == values, flag
+    assert "--force" not in args
+    assert "--cni-gc" not in args
+    node_ip = next(e for e in c["env"] if e["name"] == "NODE_IP")
+    assert node_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+
+
+def test_default_host_mounts(chart: helm.Chart) -> None:
+    docs = render(chart)
+    netns = host_mount(docs, "/var/run/netns")
+    # Unmounts of pins must reach the host, and pins made later must show up in the pod.
+    assert netns["mountPropagation"] == "Bidirectional"
+    assert not netns.get("readOnly")
+    for rw in ("/var/lib/cni", "/var/lib/cni-reaper", "/run/containerd", "/run/xtables.lock"):
+        assert not host_mount(docs, rw).get("readOnly"), rw
+    for ro in ("/etc/cni/net.d", "/opt/cni/bin"):
+        assert host_mount(docs, ro)["readOnly"] is True, ro
+    mounts = mounts_by_path(docs)
+    # /var/lib/cni/networks (the IPAM dir) is inside the /var/lib/cni mount already.
+    assert "/var/lib/cni/networks" not in mounts
+    # The socket's directory, so a runtime restart (a new socket inode) does not cut the agent off;
+    # HostToContainer, so the runtime's own mounts under it are never held by the pod.
+    assert "/run/containerd/containerd.sock" not in mounts
+    assert mounts["/run/containerd"][1]["hostPath"]["type"] == "Directory"
+    assert mounts["/run/containerd"][0]["mountPropagation"] == "HostToContainer"
+    assert mounts["/run/xtables.lock"][1]["hostPath"]["type"] == "FileOrCreate"
+    assert mounts["/var/lib/cni-reaper"][1]["hostPath"]["type"] == "DirectoryOrCreate"
+    # Every other mount is a host path; the read-only root filesystem gets a writable /tmp.
+    assert {p for p, (_, vol) in mounts.items() if "hostPath" not in vol} == {"/tmp"}
+
+
+def test_args_are_what_the_agent_takes(chart: helm.Chart) -> None:
+    """The rendered arguments, parsed by `reaper run`'s own parser, give the values' settings."""
+    for values in (None, CUSTOM, CUSTOM_REAP):
+        merged = chart.merge_values(copy.deepcopy(values) if values else None)
+        args = [a.replace("$(NODE_IP)", "10.1.2.3") for a in container(render(chart, values))["args"]]
+        parsed = build_parser().parse_args(args)
+        settings = settings_from(parsed, {})
+        reap = reap_settings_from(parsed, {})
+        agent = agent_settings_from(parsed, {})
+        assert agent.mode == merged["mode"]
+        assert (agent.listen_host, agent.listen_port) == ("10.1.2.3", merged["metricsPort"])
+        assert settings.netns_dirs == tuple(merged["netnsDirs"])
+        assert settings.ipam_dirs == tuple(merged["ipamDirs"])
+        assert settings.cni_bin_dirs == tuple(merged["cniBinDirs"])
+        assert settings.cni_cache_dir == merged["cniCacheDir"]
+        assert settings.cni_conf_dir == merged["cniConfDir"]
+        assert settings.runtime_endpoint == merged["runtimeEndpoint"]
+        assert settings.state_file == merged["stateFile"]
+        assert settings.policy.confirmations == merged["confirmations"]
+        assert reap.max_reap == merged["maxReap"]
+        assert reap.max_orphan_ratio == merged["maxOrphanRatio"]
+        assert reap.kernel_only == (merged["method"] == "kernel")
+        assert reap.quarantine_dir == (merged["quarantineDir"] or None)
+        assert reap.force == merged["force"]
+        assert reap.cni_gc == merged["cniGc"]
+        assert settings.log_format == merged["logFormat"]
+        assert settings.log_level == flag_values(args, "--log-level")[-1]  # extraArgs, if any, win
+
+
+# --- non-default values --------------------------------------------------------------------
+
+
+def test_custom_values_reach_the_args(chart: helm.Chart) -> None:
+    args = container(render(chart, CUSTOM))["args"]
+    assert flag_values(args, "--mode") == ["scan"]
+    assert flag_values(args, "--listen") == ["$(NODE_IP):19753"]
+    assert flag_values(args, "--interval") == ["2m"]
+    assert flag_values(args, "--min-age") == ["30m"]
+    assert flag_values(args, "--confirmations") == ["3"]
+    assert flag_values(args, "--stuck-after") == ["1h"]
+    assert flag_values(args, "--max-reap") == ["25"]
+    assert flag_values(args, "--max-orphan-ratio") == ["0.25"]
+    assert flag_values(args, "--method") == ["kernel"]
+    assert flag_values(args, "--plugin-timeout") == ["20s"]
+    assert flag_values(args, "--runtime-endpoint") == ["unix:///var/run/crio/crio.sock"]
+    assert flag_values(args, "--runtime-timeout") == ["5s"]
+    assert flag_values(args, "--netns-dir") == CUSTOM["netnsDirs"]
+    assert flag_values(args, "--netns-pattern") == ["test-[a-z0-9]+"]
+    assert flag_values(args, "--ipam-dir") == CUSTOM["ipamDirs"]
+    assert flag_values(args, "--cni-conf-dir") == ["/etc/kubernetes/cni/net.d"]
+    assert flag_values(args, "--cni-bin-dir") == ["/opt/cni/bin", "/usr/libexec/cni"]
+    assert flag_values(args, "--state-file") == ["/var/lib/reaper-state/state.json"]
+    assert flag_values(args, "--quarantine-dir") == ["/var/lib/cni-quarantine"]
+    assert flag_values(args, "--log-format") == ["text"]
+    assert "--force" in args
+    assert "--cni-gc" in args
+    assert args[-1] == "--log-level=warning"  # extraArgs come last
+
+
+def test_custom_pod_settings(chart: helm.Chart) -> None:
+    docs = render(chart, CUSTOM)
+    pod = one(docs, "DaemonSet")["spec"]["template"]
+    c = container(docs)
+    assert c["image"] == "registry.example.com/cni-reaper:0.1.0-rc1"
+    assert c["imagePullPolicy"] == "Always"
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 19753}
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    # Helm merges maps: the default kubernetes.io/os selector stays unless set to null.
+    assert pod["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux", "node-role.kubernetes.io/worker": ""}
+    assert pod["spec"]["serviceAccountName"] == "reaper-sa"
+    assert pod["metadata"]["annotations"]["example.com/team"] == "net"
+    assert "ServiceAccount" not in {d["kind"] for d in docs}
+    assert one(docs, "Service")["spec"]["ports"][0]["port"] == 19753
+
+
+def test_scan_mode_mounts_nothing_writable_of_the_cni_state(chart: helm.Chart) -> None:
+    docs = render(chart, CUSTOM)
+    for netns_dir in CUSTOM["netnsDirs"]:
+        mount = host_mount(docs, netns_dir)
+        assert mount["readOnly"] is True
+        assert mount["mountPropagation"] == "HostToContainer"
+    for path in ("/var/lib/cni", "/srv/ipam", "/etc/kubernetes/cni/net.d", "/opt/cni/bin", "/usr/libexec/cni"):
+        assert host_mount(docs, path)["readOnly"] is True, path
+    # The confirmations are still counted; the quarantine dir is not needed.
+    assert not host_mount(docs, "/var/lib/reaper-state").get("readOnly")
+    assert "/var/lib/cni-quarantine" not in mounts_by_path(docs)
+    assert host_mount(docs, "/var/run/crio")["mountPropagation"] == "HostToContainer"
+
+
+def test_reap_mode_custom_mounts(chart: helm.Chart) -> None:
+    docs = render(chart, CUSTOM_REAP)
+    for netns_dir in CUSTOM["netnsDirs"]:
+        mount = host_mount(docs, netns_dir)
+        assert mount["mountPropagation"] == "Bidirectional"
+        assert not mount.get("readOnly")
+    for rw in (
+        "/var/lib/cni",
+        "/srv/ipam",
+        "/var/lib/reaper-state",
+        "/var/lib/cni-quarantine",
+        "/var/run/xtables.lock",
+    ):
+        assert not host_mount(docs, rw).get("readOnly"), rw
+    for ro in ("/etc/kubernetes/cni/net.d", "/opt/cni/bin", "/usr/libexec/cni"):
+        assert host_mount(docs, ro)["readOnly"] is True, ro
+    assert "/var/lib/cni/networks" not in mounts_by_path(docs)
+
+
+def test_nested_paths_get_no_duplicate_mounts(chart: helm.Chart) -> None:
+    values = {
+        "quarantineDir": "/var/lib/cni-reaper/quarantine",
+        "ipamDirs": ["/var/lib/cni/networks", "/var/lib/cni/networks/"],
+        "cniBinDirs": ["/opt/cni/bin", "/opt/cni/bin"],
+    }
+    docs = render(chart, values)
+    mounts = mounts_by_path(docs)  # asserts every mountPath is unique
+    assert "/var/lib/cni-reaper/quarantine" not in mounts  # inside the writable state dir
+    assert [p for p in mounts if p.startswith("/opt/cni")] == ["/opt/cni/bin"]
+    assert flag_values(container(docs)["args"], "--quarantine-dir") == ["/var/lib/cni-reaper/quarantine"]
+
+
+def test_one_host_path_with_two_needs_fails_clearly(chart: helm.Chart) -> None:
+    with pytest.raises(helm.HelmRenderError, match="same host path /var/lib/cni"):
+        chart.render({"runtimeEndpoint": "unix:///var/lib/cni/runtime.sock"}, name=RELEASE, namespace=NAMESPACE)
+
+
+def test_service_monitor_scrapes_the_agents(chart: helm.Chart) -> None:
+    docs = render(chart, CUSTOM)
+    monitor = one(docs, "ServiceMonitor")
+    service = one(docs, "Service")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics"
+    assert endpoint["interval"] == "30s"
+    # The alert rules name the node by a `node` label.
+    assert {
+        "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+        "targetLabel": "node",
+        "action": "replace",
+    } in endpoint["relabelings"]
+
+
+def test_prometheus_rule_is_the_rule_file(chart: helm.Chart) -> None:
+    docs = render(chart, CUSTOM)
+    rule = one(docs, "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    source = yaml.safe_load(RULES.read_text())
+    assert source["groups"]
+    assert rule["spec"]["groups"] == source["groups"]
+
+
+def test_rule_file_is_a_relative_symlink_to_the_deploy_file() -> None:
+    link = CHART / "files" / "cni-reaper-rules.yaml"
+    assert link.is_symlink()
+    target = Path(link.readlink())
+    assert not target.is_absolute()
+    assert link.resolve() == RULES.resolve()
+
+
+def test_packaged_chart_carries_the_rules(tmp_path: Path) -> None:
+    """`helm package` follows the symlink: the archive holds the rule file itself."""
+    archive = helm.package(CHART, destination=tmp_path)
+    with helm.Chart.load(archive) as packaged:
+        rule = one(render(packaged, {"prometheusRule": {"enabled": True}}), "PrometheusRule")
+    assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]

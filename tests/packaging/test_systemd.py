@@ -1,0 +1,147 @@
+"""The systemd units: `systemd-analyze verify` clean, and hardening that leaves reaping possible.
+
+The units are copied to a temporary dir with ExecStart pointed at a stub (verify insists that the
+binary exists); nothing is installed or started.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+UNITS = ROOT / "deploy" / "systemd"
+SERVICE = UNITS / "cni-reaper.service"
+TIMER = UNITS / "cni-reaper.timer"
+BINARY = "/usr/local/bin/reaper"
+TEXTFILE = "/var/lib/node_exporter/textfile_collector/cni_reaper.prom"
+
+# Each of these gives the service its own mount namespace, where systemd turns every mount into
+# a slave: an unmounted netns pin would stay mounted on the host. PrivateNetwork hides the host's
+# links and chains; PrivateUsers, User and DynamicUser take the capabilities away.
+FORBIDDEN = {
+    "PrivateTmp",
+    "PrivateDevices",
+    "PrivateMounts",
+    "PrivateNetwork",
+    "PrivateUsers",
+    "PrivateIPC",
+    "ProtectSystem",
+    "ProtectHome",
+    "ProtectKernelTunables",
+    "ProtectKernelModules",
+    "ProtectKernelLogs",
+    "ProtectControlGroups",
+    "ProtectProc",
+    "ProcSubset",
+    "ReadOnlyPaths",
+    "ReadWritePaths",
+    "InaccessiblePaths",
+    "TemporaryFileSystem",
+    "BindPaths",
+    "BindReadOnlyPaths",
+    "RootDirectory",
+    "RootImage",
+    "MountFlags",
+    "NetworkNamespacePath",
+    "User",
+    "DynamicUser",
+}
+
+
+def parse_unit(path: Path) -> dict[str, list[tuple[str, str]]]:
+    """Sections of a unit file as (key, value) lists; keys may repeat, as systemd allows."""
+    sections: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] | None = None
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = sections.setdefault(line[1:-1], [])
+            continue
+        assert current is not None, f"{path.name}: {line!r} outside a section"
+        assert not line.endswith("\\"), f"{path.name}: keep {line!r} on one line"
+        key, sep, value = line.partition("=")
+        assert sep, f"{path.name}: {line!r} is not key=value"
+        current.append((key.strip(), value.strip()))
+    return sections
+
+
+def values(section: list[tuple[str, str]], key: str) -> list[str]:
+    return [v for k, v in section if k == key]
+
+
+@pytest.fixture
+def verify_dir(tmp_path: Path) -> Path:
+    stub = tmp_path / "reaper"
+    stub.write_text("#!/bin/sh\nexit 0\n")
+    stub.chmod(0o755)
+    service = SERVICE.read_text()
+    assert BINARY in service
+    (tmp_path / SERVICE.name).write_text(service.replace(BINARY, str(stub)))
+    shutil.copy(TIMER, tmp_path / TIMER.name)
+    return tmp_path
+
+
+def test_systemd_analyze_verify_is_clean(verify_dir: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed")
+    result = subprocess.run(
+        [analyze, "verify", "--man=no", str(verify_dir / SERVICE.name), str(verify_dir / TIMER.name)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # Verify exits 0 on some problems (an unknown key, a bad value) and only prints them.
+    assert (result.returncode, result.stdout + result.stderr) == (0, "")
+
+
+def test_service_runs_one_reap_pass_into_the_textfile_collector() -> None:
+    service = parse_unit(SERVICE)["Service"]
+    assert values(service, "Type") == ["oneshot"]
+    (exec_start,) = values(service, "ExecStart")
+    argv = shlex.split(exec_start)
+    assert argv[:2] == [BINARY, "reap"]
+    assert argv[argv.index("--textfile") + 1] == TEXTFILE
+    assert argv[argv.index("--log-format") + 1] == "json"
+    # The state file's and the textfile's dirs exist before the pass.
+    state_dirs = " ".join(values(service, "StateDirectory")).split()
+    assert {"cni-reaper", "node_exporter/textfile_collector"} <= set(state_dirs)
+    assert values(service, "TimeoutStartSec"), "a hung pass must not block the timer forever"
+
+
+def test_hardening_keeps_the_host_namespaces_and_the_needed_capabilities() -> None:
+    sections = parse_unit(SERVICE)
+    used = {key for section in sections.values() for key, _ in section}
+    assert not used & FORBIDDEN, f"these would break reaping: {sorted(used & FORBIDDEN)}"
+    service = sections["Service"]
+    assert values(service, "NoNewPrivileges") == ["yes"]
+    (bounding,) = values(service, "CapabilityBoundingSet")
+    caps = set(bounding.split())
+    assert not bounding.startswith("~")
+    assert {"CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_NET_RAW", "CAP_SYS_PTRACE"} <= caps
+    (families,) = values(service, "RestrictAddressFamilies")
+    assert {"AF_UNIX", "AF_NETLINK", "AF_INET", "AF_INET6"} <= set(families.split())
+    for namespaces in values(service, "RestrictNamespaces"):
+        assert "net" in namespaces.split() or namespaces == "no"
+    for syscall_filter in values(service, "SystemCallFilter"):
+        assert syscall_filter.startswith("~"), "an allow list would need every plugin's syscalls"
+        assert "@mount" not in syscall_filter, "umount2 unpins a netns"
+
+
+def test_timer_every_five_minutes() -> None:
+    sections = parse_unit(TIMER)
+    timer = dict(sections["Timer"])
+    assert timer == {
+        "OnBootSec": "5min",
+        "OnUnitActiveSec": "5min",
+        "RandomizedDelaySec": "60",
+        "Persistent": "true",
+    }
+    assert values(sections["Install"], "WantedBy") == ["timers.target"]

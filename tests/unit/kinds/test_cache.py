@@ -1,0 +1,144 @@
+"""libcni cache entries: cniCacheV1, legacy results, corrupt files, hostile ones."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reaper.kinds.cache import CacheCorrupt, collect_cache, parse_cache_file
+from reaper.names import is_cni_id, is_ifname
+from tests.harness.configs import conflist
+from tests.harness.fuzz import FUZZ, hostile_names, json_values
+
+CID = "a" * 64
+
+
+def _cache_doc(**over: object) -> bytes:
+    doc: dict[str, object] = {
+        "kind": "cniCacheV1",
+        "containerId": CID,
+        "config": base64.b64encode(conflist()).decode(),
+        "ifName": "eth0",
+        "networkName": "my-net.v1",
+        "result": {
+            "cniVersion": "1.0.0",
+            "interfaces": [
+                {"name": "cni0"},
+                {"name": "veth1234abcd"},
+                {"name": "eth0", "sandbox": "/var/run/netns/cni-x"},
+            ],
+        },
+    }
+    doc.update(over)
+    return json.dumps(doc).encode()
+
+
+def test_cache_v1() -> None:
+    doc, cid, net, ifname, legacy = parse_cache_file(f"my-net.v1-{CID}-eth0", _cache_doc(), set())
+    assert (cid, net, ifname, legacy) == (CID, "my-net.v1", "eth0", False)
+    assert doc["result"]["interfaces"][2]["sandbox"] == "/var/run/netns/cni-x"
+
+
+def test_cache_legacy_bare_result_uses_known_network_names() -> None:
+    bare = json.dumps({"cniVersion": "0.3.1", "interfaces": [{"name": "eth0", "sandbox": "/x"}], "ips": []}).encode()
+    _, cid, net, ifname, legacy = parse_cache_file(f"my-net-2-{CID}-eth0", bare, {"my-net-2"})
+    assert (cid, net, ifname, legacy) == (CID, "my-net-2", "eth0", True)
+    # Without a known network, a 64-hex container ID still splits the name unambiguously.
+    _, cid, net, _, _ = parse_cache_file(f"other-net-{CID}-eth0", bare, set())
+    assert (cid, net) == (CID, "other-net")
+    with pytest.raises(CacheCorrupt, match="cannot tell"):
+        parse_cache_file("a-b-c-eth0", bare, set())
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"", "empty"),
+        (_cache_doc()[:40], "truncated"),
+        (b"[1]", "not a JSON object"),
+        (_cache_doc(containerId="../../etc"), "containerId"),
+        (_cache_doc(networkName="a/b"), "networkName"),
+        (_cache_doc(ifName="x" * 20), "ifName"),
+        (_cache_doc(kind="cniCacheV9"), "unknown cache kind"),
+        (b'{"foo": 1}', "neither"),
+    ],
+)
+def test_cache_corrupt(data: bytes, message: str) -> None:
+    with pytest.raises(CacheCorrupt, match=message):
+        parse_cache_file("whatever", data, set())
+
+
+@FUZZ
+@given(st.binary(max_size=400) | json_values.map(lambda v: json.dumps(v).encode()), st.text(max_size=80))
+def test_cache_parser_takes_any_bytes(data: bytes, name: str) -> None:
+    try:
+        _, cid, net, ifname, _ = parse_cache_file(name, data, {"net1", "my-net.v2"})
+    except CacheCorrupt:
+        return
+    assert is_cni_id(cid) and is_cni_id(net) and is_ifname(ifname)
+
+
+@FUZZ
+@given(json_values, hostile_names, hostile_names, hostile_names)
+def test_cache_entries_with_hostile_ids_are_corrupt(result: object, cid: str, net: str, ifname: str) -> None:
+    doc = {"kind": "cniCacheV1", "containerId": cid, "networkName": net, "ifName": ifname, "result": result}
+    try:
+        _, got_cid, got_net, got_if, _ = parse_cache_file("x", json.dumps(doc).encode(), set())
+    except CacheCorrupt:
+        assert not (is_cni_id(cid) and is_cni_id(net) and is_ifname(ifname))
+        return
+    assert (got_cid, got_net, got_if) == (cid, net, ifname)
+
+
+def test_hostile_cache_files_never_become_records(tmp_path: Path) -> None:
+    results = tmp_path / "cache" / "results"
+    results.mkdir(parents=True)
+    for i, cid in enumerate(["../../x", "a\nb", "a b", "a/b"]):
+        doc = {"kind": "cniCacheV1", "containerId": cid, "networkName": "net1", "ifName": "eth0"}
+        (results / f"entry{i}").write_text(json.dumps(doc))
+    (results / "huge").write_bytes(b" " * (5 << 20))
+    os.mkfifo(results / "fifo")
+    inventory = collect_cache(str(tmp_path / "cache"), {"net1"})
+    assert inventory.entries == ()
+    errors = {Path(c.path).name: c.error for c in inventory.corrupt}
+    assert set(errors) == {"entry0", "entry1", "entry2", "entry3", "huge", "fifo"}
+    assert "limit" in errors["huge"] and "not a regular file" in errors["fifo"]
+
+
+def test_a_network_name_with_dashes_and_dots_is_read_from_json_not_the_file_name(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    conflist = {"cniVersion": "1.0.0", "name": "my-net.v2-a", "plugins": [{"type": "bridge"}]}
+    doc = {
+        "kind": "cniCacheV1",
+        "containerId": CID,
+        "networkName": "my-net.v2-a",
+        "ifName": "eth0",
+        "config": base64.b64encode(json.dumps(conflist).encode()).decode(),
+    }
+    (results / f"my-net.v2-a-{CID}-eth0").write_text(json.dumps(doc))
+    inventory = collect_cache(str(tmp_path), set())
+    (entry,) = inventory.entries
+    assert (entry.network, entry.container_id, entry.ifname) == ("my-net.v2-a", CID, "eth0")
+    assert [c.name for c in inventory.configs] == ["my-net.v2-a"]
+
+
+@pytest.mark.parametrize("netns", ["/proc/1/ns/net", "/proc/self/ns/net", "relative/path", "/nonexistent", ""])
+def test_a_cache_entrys_netns_is_never_taken_at_its_word(tmp_path: Path, netns: str) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    doc = {"kind": "cniCacheV1", "containerId": CID, "networkName": "n", "ifName": "eth0", "netns": netns}
+    (results / f"n-{CID}-eth0").write_text(json.dumps(doc))
+    (entry,) = collect_cache(str(tmp_path), set()).entries
+    if netns == "/proc/self/ns/net":
+        assert entry.netns is not None  # a real namespace: reconcile then sees who is inside
+    elif netns == "/proc/1/ns/net":
+        assert entry.netns is not None or entry.netns_uninspectable
+    else:
+        assert entry.netns is None and not entry.netns_uninspectable

@@ -1,0 +1,75 @@
+"""Network configs: lists and single plugins, broken ones, and any bytes at all."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reaper.kinds.netconf import ConfigError, collect_configs, parse_network_config, plugin_list
+from reaper.names import is_cni_id
+from tests.harness.configs import conflist
+from tests.harness.fuzz import FUZZ, json_values
+
+
+def test_network_config_list_and_single() -> None:
+    cfg = parse_network_config(conflist(dataDir="/run/ipam"), "/x.conflist")
+    assert cfg.name == "mynet" and cfg.plugin_types == ("bridge", "portmap")
+    assert cfg.ipam_data_dirs == ("/run/ipam",)
+    assert cfg.ipam_ranges[0].start == "10.88.0.1" and cfg.ipam_ranges[0].end == "10.88.0.254"
+    single = parse_network_config(
+        json.dumps(
+            {
+                "cniVersion": "0.4.0",
+                "name": "n1",
+                "type": "bridge",
+                "ipam": {"type": "host-local", "subnet": "fd00::/120"},
+            }
+        ).encode(),
+        "/y.conf",
+    )
+    assert single.plugin_types == ("bridge",)
+    assert single.ipam_ranges[0].end == "fd00::ff"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"{", b"[]", b'{"name": "x"}', b'{"name": "../x", "type": "bridge"}', b'{"name": "x", "plugins": [{}]}'],
+)
+def test_broken_network_configs(raw: bytes) -> None:
+    with pytest.raises(ConfigError):
+        parse_network_config(raw, "/z.conf")
+
+
+@FUZZ
+@given(st.binary(max_size=400) | json_values.map(lambda v: json.dumps(v).encode()))
+def test_network_config_parser_takes_any_bytes(data: bytes) -> None:
+    try:
+        config = parse_network_config(data, "/x.conflist")
+    except ConfigError:
+        return
+    assert is_cni_id(config.name)
+
+
+@FUZZ
+@given(json_values.map(lambda v: json.dumps(v).encode()) | st.binary(max_size=200))
+def test_del_config_parser_takes_any_bytes(data: bytes) -> None:
+    try:
+        name, _, plugins = plugin_list(data)
+    except ConfigError:
+        return
+    assert is_cni_id(name) and all(isinstance(p["type"], str) for p in plugins)
+
+
+def test_broken_and_linked_configs_in_the_conf_dir(tmp_path: Path) -> None:
+    (tmp_path / "10-a.conflist").write_bytes(b"\xff\xfe")
+    (tmp_path / "20-b.conf").write_text(json.dumps({"name": "b", "type": "bridge", "cniVersion": "0.4.0"}))
+    (tmp_path / "30-link.conflist").symlink_to(tmp_path / "20-b.conf")  # admins do this; followed
+    (tmp_path / "40-dangling.json").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "README").write_text("not a config")
+    configs, corrupt = collect_configs(str(tmp_path))
+    assert [c.path.rsplit("/", 1)[1] for c in configs] == ["20-b.conf", "30-link.conflist"]
+    assert sorted(c.path.rsplit("/", 1)[1] for c in corrupt) == ["10-a.conflist", "40-dangling.json"]

@@ -1,0 +1,20 @@
+"""Names read from disk or a runtime: container IDs, network names, ifnames, pin names."""
+
+from __future__ import annotations
+
+from reaper.names import compile_netns_patterns, is_cni_id, is_ifname, is_runtime_netns_name
+
+CID = "a" * 64
+
+
+def test_names() -> None:
+    assert is_cni_id(CID) and is_cni_id("my-net.v2_x")
+    for bad in ("", "../x", "a/b", "a b", "-lead", "x\n", ".hidden"):
+        assert not is_cni_id(bad), bad
+    assert is_ifname("eth0") and not is_ifname("a" * 16) and not is_ifname("..") and not is_ifname("a:b")
+    patterns = compile_netns_patterns(("test-.*",))
+    assert is_runtime_netns_name("cni-1b2c3d4e-aaaa-bbbb-cccc-0123456789ab", patterns)
+    assert is_runtime_netns_name("1b2c3d4e-aaaa-bbbb-cccc-0123456789ab", patterns)
+    assert is_runtime_netns_name("test-1", patterns)
+    assert not is_runtime_netns_name("cni-not-a-uuid", patterns)
+    assert not is_runtime_netns_name("lab", patterns)
