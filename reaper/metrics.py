@@ -13,66 +13,58 @@ CORRUPT_KINDS = (*KIND_NAMES, "netconf")  # the kinds, and the network configs
 METHODS = ("cni-del", "kernel", "quarantine")
 
 
+PREFIX = "cni_reaper_"
+
+
+def _gauge(registry: CollectorRegistry, name: str, text: str, *labels: str) -> Gauge:
+    return Gauge(PREFIX + name, text, labels, registry=registry)
+
+
+def _counter(registry: CollectorRegistry, name: str, text: str, *labels: str) -> Counter:
+    return Counter(PREFIX + name, text, labels, registry=registry)
+
+
 class ReaperMetrics:
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.attachments = Gauge(
-            "cni_reaper_attachments", "Attachments seen on the last pass, by verdict.", ["verdict"], registry=r
-        )
-        self.resources = Gauge(
-            "cni_reaper_resources",
+        self.registry = r = CollectorRegistry()
+        self.attachments = _gauge(r, "attachments", "Attachments seen on the last pass, by verdict.", "verdict")
+        self.resources = _gauge(
+            r,
+            "resources",
             "Resources seen on the last pass, by kind and by the verdict of their attachment.",
-            ["kind", "verdict"],
-            registry=r,
+            "kind",
+            "verdict",
         )
-        self.reclaimed = Counter(
-            "cni_reaper_reclaimed", "Resources freed, by kind and method.", ["kind", "method"], registry=r
+        self.reclaimed = _counter(r, "reclaimed", "Resources freed, by kind and method.", "kind", "method")
+        self.reclaim_errors = _counter(
+            r, "reclaim_errors", "Resources an attempt to free left behind, by kind and method.", "kind", "method"
         )
-        self.reclaim_errors = Counter(
-            "cni_reaper_reclaim_errors",
-            "Resources an attempt to free left behind, by kind and method.",
-            ["kind", "method"],
-            registry=r,
+        self.plugin_errors = _counter(
+            r, "plugin_del_errors", "Plugin DEL runs that failed (the kernel path then takes over)."
         )
-        self.plugin_errors = Counter(
-            "cni_reaper_plugin_del_errors", "Plugin DEL runs that failed (the kernel path then takes over).", registry=r
-        )
-        self.skipped = Counter(
-            "cni_reaper_skipped_attachments",
+        self.skipped = _counter(
+            r,
+            "skipped_attachments",
             "Orphans left for a later pass: over --max-reap, listed again at the re-check, runtime unreachable.",
-            registry=r,
         )
-        self.range_size = Gauge(
-            "cni_reaper_ipam_range_size", "Addresses a host-local range can give out.", ["network", "range"], registry=r
-        )
-        self.range_used = Gauge(
-            "cni_reaper_ipam_range_used", "Leases held in a host-local range.", ["network", "range"], registry=r
-        )
-        self.stuck = Gauge(
-            "cni_reaper_stuck_sandboxes", "NOTREADY sandboxes older than --stuck-after (the runtime's).", registry=r
-        )
-        self.corrupt = Gauge(
-            "cni_reaper_corrupt_files", "Files the last pass could not read, by kind.", ["kind"], registry=r
-        )
+        self.range_size = _gauge(r, "ipam_range_size", "Addresses a host-local range can give out.", "network", "range")
+        self.range_used = _gauge(r, "ipam_range_used", "Leases held in a host-local range.", "network", "range")
+        self.stuck = _gauge(r, "stuck_sandboxes", "NOTREADY sandboxes older than --stuck-after (the runtime's).")
+        self.corrupt = _gauge(r, "corrupt_files", "Files the last pass could not read, by kind.", "kind")
         self.pass_duration = Histogram(
-            "cni_reaper_pass_duration_seconds", "Wall time of a whole pass.", buckets=PASS_BUCKETS, registry=r
+            PREFIX + "pass_duration_seconds", "Wall time of a whole pass.", buckets=PASS_BUCKETS, registry=r
         )
-        self.last_success = Gauge(
-            "cni_reaper_last_pass_success_timestamp_seconds",
+        self.last_success = _gauge(
+            r,
+            "last_pass_success_timestamp_seconds",
             "When a pass last finished with the runtime reachable (Unix time).",
-            registry=r,
         )
-        self.passes = Counter("cni_reaper_passes", "Passes run, by outcome.", ["outcome"], registry=r)
-        self.state_write_errors = Counter(
-            "cni_reaper_state_write_errors",
-            "Passes whose state file could not be written (confirmations then start over).",
-            registry=r,
+        self.passes = _counter(r, "passes", "Passes run, by outcome.", "outcome")
+        self.state_write_errors = _counter(
+            r, "state_write_errors", "Passes whose state file could not be written (confirmations then start over)."
         )
-        self.runtime_up = Gauge("cni_reaper_runtime_up", "1 when the runtime answered on the last pass.", registry=r)
-        self.breaker_open = Gauge(
-            "cni_reaper_breaker_open", "1 when the last pass refused to reclaim (too many orphans).", registry=r
-        )
+        self.runtime_up = _gauge(r, "runtime_up", "1 when the runtime answered on the last pass.")
+        self.breaker_open = _gauge(r, "breaker_open", "1 when the last pass refused to reclaim (too many orphans).")
         for verdict in VERDICTS:
             self.attachments.labels(verdict)
             for kind in KIND_NAMES:

@@ -91,6 +91,8 @@ class HostLocalLease:
 
 @dataclass(frozen=True)
 class IpamRange:
+    """How full one host-local range is: its size and the leases held in it."""
+
     network: str
     range: str
     size: int
@@ -135,6 +137,8 @@ class IptablesChain:
 
 @dataclass(frozen=True)
 class NftRule:
+    """A rule of the CNI plugins' nftables backend, with the owner its comment names."""
+
     family: str
     table: str
     chain: str
@@ -170,6 +174,8 @@ class NetworkConfig:
 
 @dataclass(frozen=True)
 class CorruptFile:
+    """A file that is not what its place says it should be; reported, never acted on alone."""
+
     kind: str
     path: str
     error: str
@@ -185,6 +191,8 @@ class SourceError:
 
 @dataclass(frozen=True)
 class NodeSnapshot:
+    """One look at the node: every kind's records, and what could not be read."""
+
     taken_at: float
     host_netns: NsKey
     # Every kind's records, by kind name (see reaper.kinds): the one place a new kind adds to.
@@ -200,30 +208,6 @@ class NodeSnapshot:
 
     def of(self, kind: str) -> tuple[Any, ...]:
         return self.resources.get(kind, ())
-
-    @property
-    def pins(self) -> tuple[NetnsPin, ...]:
-        return self.of("netns")
-
-    @property
-    def veths(self) -> tuple[VethLink, ...]:
-        return self.of("veth")
-
-    @property
-    def leases(self) -> tuple[HostLocalLease, ...]:
-        return self.of("ipam")
-
-    @property
-    def cache_entries(self) -> tuple[CacheEntry, ...]:
-        return self.of("cache")
-
-    @property
-    def chains(self) -> tuple[IptablesChain, ...]:
-        return self.of("iptables")
-
-    @property
-    def nft_rules(self) -> tuple[NftRule, ...]:
-        return self.of("nft")
 
 
 # ------------------------------------------------------------------ joining
@@ -276,6 +260,8 @@ Tie = OwnKey | ContainerTie | NetnsTie | PeerTie
 
 @dataclass(frozen=True)
 class Sandbox:
+    """A pod sandbox a runtime lists, READY or NOTREADY."""
+
     id: str
     name: str
     namespace: str
@@ -332,6 +318,8 @@ class AttachmentKey:
 
 @dataclass(frozen=True)
 class Attachment:
+    """The resources of one (container ID, network, ifname), with the verdict on them."""
+
     key: AttachmentKey
     resources: tuple[ResourceRef, ...]
     netns: NsKey | None
@@ -342,12 +330,16 @@ class Attachment:
 
 @dataclass(frozen=True)
 class AttachmentHistory:
+    """What earlier passes saw of an attachment, for the grace rules."""
+
     first_seen: float
     orphan_streak: int  # consecutive passes on which it had no owner
 
 
 @dataclass(frozen=True)
 class Policy:
+    """The grace rules: how old and how often ownerless before an attachment is an orphan."""
+
     min_age: float
     confirmations: int
     stuck_after: float
@@ -355,6 +347,8 @@ class Policy:
 
 @dataclass(frozen=True)
 class StuckSandbox:
+    """A NOTREADY sandbox past --stuck-after: the runtime's to clean, reported only."""
+
     id: str
     name: str
     namespace: str
@@ -373,6 +367,8 @@ class ForeignPin:
 
 @dataclass(frozen=True)
 class ScanReport:
+    """Everything one read-only look concluded."""
+
     taken_at: float
     runtime: RuntimeView
     attachments: tuple[Attachment, ...]
@@ -397,6 +393,8 @@ PASS_OUTCOMES: tuple[PassOutcome, ...] = ("ok", "undecided", "breaker", "error")
 
 @dataclass(frozen=True)
 class PlannedStep:
+    """How one resource of an orphan will be reclaimed."""
+
     kind: ResourceKind
     name: str
     method: ReclaimMethod
@@ -404,6 +402,8 @@ class PlannedStep:
 
 @dataclass(frozen=True)
 class PlannedAttachment:
+    """How one orphan will be reclaimed, and where DEL takes its config from."""
+
     key: AttachmentKey
     config_source: str | None  # the cache file or conf file DEL takes its config from; None: kernel only
     steps: tuple[PlannedStep, ...]
@@ -411,6 +411,8 @@ class PlannedAttachment:
 
 @dataclass(frozen=True)
 class ResourceOutcome:
+    """What reclaiming did to one resource, as the look after it saw."""
+
     kind: ResourceKind
     name: str
     method: ReclaimMethod
@@ -420,6 +422,8 @@ class ResourceOutcome:
 
 @dataclass(frozen=True)
 class ReclaimOutcome:
+    """What reclaiming did to one orphan."""
+
     key: AttachmentKey
     resources: tuple[ResourceOutcome, ...]
     plugin_errors: tuple[str, ...]  # every plugin whose DEL failed, and why
@@ -431,6 +435,8 @@ class ReclaimOutcome:
 
 @dataclass(frozen=True)
 class SkippedAttachment:
+    """An orphan left this pass, and why."""
+
     key: AttachmentKey
     reason: str
 
@@ -458,6 +464,8 @@ class Done:
 
 @dataclass(frozen=True)
 class GcOutcome:
+    """One plugin's answer to the CNI GC verb."""
+
     network: str
     plugin: str
     ok: bool

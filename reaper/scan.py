@@ -74,7 +74,7 @@ def _scan_pass(
     snapshot = take_snapshot(find_options(settings), memo)
     mark = time.monotonic()
     known = dict(state.sandbox_netns)
-    for entry in snapshot.cache_entries:
+    for entry in snapshot.of("cache"):
         if entry.netns_path:
             known.setdefault(entry.container_id, entry.netns_path)
     runtime = liveness.observe(known)

@@ -308,16 +308,9 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
 
 def reap_settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> ReapSettings:
     v = resolve(args, env)
-    return ReapSettings(
-        max_reap=v["max_reap"],
-        max_orphan_ratio=v["max_orphan_ratio"],
-        kernel_only=v["method"] == "kernel",
-        quarantine_dir=v["quarantine_dir"],
-        plugin_timeout=v["plugin_timeout"],
-        force=v["force"],
-        dry_run=v["dry_run"],
-        cni_gc=v["cni_gc"],
-    )
+    kernel_only = v["method"] == "kernel"
+    limits = (v["max_reap"], v["max_orphan_ratio"], kernel_only, v["quarantine_dir"], v["plugin_timeout"])
+    return ReapSettings(*limits, force=v["force"], dry_run=v["dry_run"], cni_gc=v["cni_gc"])
 
 
 def agent_settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> AgentSettings:

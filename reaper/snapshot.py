@@ -15,6 +15,7 @@ from reaper.kinds.hostlocal import range_usage
 from reaper.kinds.netconf import collect_configs
 from reaper.kinds.registry import KINDS
 from reaper.model import Holder, NetworkConfig, NodeSnapshot, NsKey, SourceError
+from reaper.stopwatch import Stopwatch
 
 HOST_NETNS_PATHS = ("/proc/1/ns/net", "/proc/2/ns/net")
 
@@ -37,17 +38,6 @@ def netns_holders(host: NsKey, bin_dirs: tuple[str, ...]) -> dict[NsKey, tuple[H
     return {ns: tuple(described[pid] for pid in sorted(pids)) for ns, pids in members.items()}
 
 
-class _Stopwatch:
-    def __init__(self) -> None:
-        self.laps: list[tuple[str, float]] = []
-        self._last = time.perf_counter()
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.laps.append((name, round(now - self._last, 6)))
-        self._last = now
-
-
 @contextmanager
 def _started(kinds: tuple[Kind[Any], ...], opts: FindOptions) -> Iterator[dict[str, Any]]:
     """Begin each kind's background work; whatever is still running at the end is stopped."""
@@ -66,7 +56,7 @@ def take_snapshot(
 ) -> NodeSnapshot:
     """Look at the node. `memo` carries parsed files from pass to pass in a long-running agent."""
     taken_at = time.time()
-    watch = _Stopwatch()
+    watch = Stopwatch()
     memo = memo if memo is not None else InventoryMemo()
     with _started(kinds, opts) as started:
         snapshot = _take(opts, taken_at, watch, memo, kinds, started)
@@ -77,7 +67,7 @@ def take_snapshot(
 def _take(
     opts: FindOptions,
     taken_at: float,
-    watch: _Stopwatch,
+    watch: Stopwatch,
     memo: InventoryMemo,
     kinds: tuple[Kind[Any], ...],
     started: dict[str, Any],
@@ -104,13 +94,6 @@ def _take(
     ranges = range_usage(configs, found.get("ipam", ()))
     watch.lap("ranges")
     return NodeSnapshot(
-        taken_at=taken_at,
-        host_netns=host,
-        resources=found,
-        ranges=tuple(ranges),
-        configs=tuple(configs),
-        corrupt=tuple(corrupt),
-        errors=tuple(errors),
-        netns_holders=tuple(sorted(holders.items())),
-        timings=tuple(watch.laps),
-    )
+        taken_at, host, found, tuple(ranges), tuple(configs), tuple(corrupt), tuple(errors),
+        netns_holders=tuple(sorted(holders.items())), timings=tuple(watch.laps),
+    )  # fmt: skip

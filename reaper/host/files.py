@@ -7,7 +7,7 @@ import ctypes.util
 import os
 import stat
 
-from reaper.model import NsKey
+from reaper.model import CorruptFile, NsKey
 
 NSFS_MAGIC = 0x6E736673
 PROC_SUPER_MAGIC = 0x9FA0
@@ -86,3 +86,27 @@ def namespace_uninspectable(path: str | None) -> bool:
     except OSError:
         return True
     return False
+
+
+class DirLister:
+    """Lists directories, each once (by device and inode: /var/run/netns and /run/netns are
+    usually one). A missing directory is empty; one that cannot be read becomes a corrupt record
+    of `kind`."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.corrupt: list[CorruptFile] = []
+        self._seen: set[tuple[int, int]] = set()
+
+    def entries(self, directory: str) -> list[os.DirEntry[str]]:
+        try:
+            st = os.stat(directory)
+            if (st.st_dev, st.st_ino) in self._seen:
+                return []
+            self._seen.add((st.st_dev, st.st_ino))
+            return list(os.scandir(directory))
+        except FileNotFoundError:
+            return []
+        except OSError as err:
+            self.corrupt.append(CorruptFile(self.kind, directory, describe_oserror(err)))
+            return []

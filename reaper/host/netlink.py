@@ -117,16 +117,13 @@ class _Session:
 
         return parse
 
+    def request(self, msg: Any, decode: Any, msg_type: int, flags: int) -> NetlinkRequest:
+        return NetlinkRequest(self.ipr, msg, parser=self.parser(decode), msg_type=msg_type, msg_flags=flags)
+
     async def dump_links(self) -> list[RawLink]:
         msg = ifinfmsg()
         msg["family"] = 0
-        request = NetlinkRequest(
-            self.ipr,
-            msg,
-            parser=self.parser(parse_link),
-            msg_type=RTM_GETLINK,
-            msg_flags=NLM_F_REQUEST | NLM_F_DUMP,
-        )
+        request = self.request(msg, parse_link, RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP)
         await request.send()
         return [m["value"] async for m in request.response() if "value" in m]
 
@@ -146,13 +143,7 @@ class _Session:
                 for path, fd in fds:
                     msg = nsidmsg()
                     msg["attrs"] = [("NETNSA_FD", fd)]
-                    req = NetlinkRequest(
-                        self.ipr,
-                        msg,
-                        parser=self.parser(_parse_nsid),
-                        msg_type=RTM_GETNSID,
-                        msg_flags=NLM_F_REQUEST | NLM_F_ACK,
-                    )
+                    req = self.request(msg, _parse_nsid, RTM_GETNSID, NLM_F_REQUEST | NLM_F_ACK)
                     await req.prepare()
                     data += req.msg.data
                     requests.append((path, req))

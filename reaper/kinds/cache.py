@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from reaper.host.files import (
+    DirLister,
     UnfitFile,
     describe_oserror,
     namespace_of,
@@ -140,15 +141,9 @@ def collect_cache(cache_dir: str, known_networks: Set[str], memo: FileMemo[objec
     corrupt: list[CorruptFile] = []
     configs: dict[str, NetworkConfig] = {}
     bad_configs: set[str] = set()
+    lister = DirLister("cache")
     for sub in RESULT_SUBDIRS:
-        directory = os.path.join(cache_dir, sub)
-        try:
-            files = list(os.scandir(directory))
-        except FileNotFoundError:
-            continue
-        except OSError as err:
-            corrupt.append(CorruptFile("cache", directory, describe_oserror(err)))
-            continue
+        files = lister.entries(os.path.join(cache_dir, sub))
         for entry in files:
             path = entry.path
             if entry.is_symlink():
@@ -191,24 +186,16 @@ def collect_cache(cache_dir: str, known_networks: Set[str], memo: FileMemo[objec
             result = doc.get("result")
             netns_path = _netns_from(doc, result, ifname)
             cache_entry = CacheEntry(
-                path=path,
-                name=entry.name,
-                container_id=cid,
-                network=net,
-                ifname=ifname,
-                netns_path=netns_path,
-                netns=namespace_of(netns_path),
-                netns_uninspectable=namespace_uninspectable(netns_path),
-                host_ifnames=_host_ifnames(result),
-                legacy=legacy,
-                mtime=mtime,
-            )
+                path, entry.name, cid, net, ifname, netns_path, namespace_of(netns_path), _host_ifnames(result),
+                legacy, mtime, netns_uninspectable=namespace_uninspectable(netns_path),
+            )  # fmt: skip
             entries.append(cache_entry)
             encoded = doc.get("config")
             config = encoded if isinstance(encoded, str) else None
             if not legacy:  # a legacy entry's reading depends on the known networks
                 memo.put(path, lst, _Parsed(cache_entry, config))
             _remember_config(config, path, configs, bad_configs)
+    corrupt.extend(lister.corrupt)
     networks = known_networks | {c.name for c in configs.values()}
     named = [named_entry for bad in corrupt if (named_entry := _entry_from_name(bad, networks)) is not None]
     return CacheInventory(tuple(entries + named), tuple(configs.values()), tuple(corrupt))

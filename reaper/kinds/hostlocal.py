@@ -17,7 +17,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 
-from reaper.host.files import UnfitFile, describe_oserror, read_file_nofollow, read_file_with_stat
+from reaper.host.files import DirLister, UnfitFile, describe_oserror, read_file_nofollow, read_file_with_stat
 from reaper.host.memo import FileMemo
 from reaper.host.quarantine import Quarantine, remove_or_quarantine
 from reaper.kinds import Found, Kind, Look, ReclaimContext
@@ -82,39 +82,22 @@ def parse_lease(data: bytes) -> tuple[str, str | None]:
     return container_id, ifname
 
 
-def _network_dirs(data_dir: str) -> list[os.DirEntry[str]]:
-    return [e for e in os.scandir(data_dir) if e.is_dir(follow_symlinks=False)]
-
-
 def collect_leases(
     data_dirs: Iterable[str], memo: FileMemo[object] | None = None
 ) -> tuple[list[HostLocalLease], list[CorruptFile]]:
     memo = memo if memo is not None else FileMemo()
     leases: list[HostLocalLease] = []
     corrupt: list[CorruptFile] = []
-    seen: set[tuple[int, int]] = set()
+    lister = DirLister("ipam")
     for data_dir in data_dirs:
-        try:
-            st = os.stat(data_dir)
-            if (st.st_dev, st.st_ino) in seen:
+        for net_entry in lister.entries(data_dir):
+            if not net_entry.is_dir(follow_symlinks=False):
                 continue
-            seen.add((st.st_dev, st.st_ino))
-            networks = _network_dirs(data_dir)
-        except FileNotFoundError:
-            continue
-        except OSError as err:
-            corrupt.append(CorruptFile("ipam", data_dir, describe_oserror(err)))
-            continue
-        for net_entry in networks:
             network = net_entry.name
             if not is_cni_id(network):
                 corrupt.append(CorruptFile("ipam", net_entry.path, "directory name is not a CNI network name"))
                 continue
-            try:
-                files = list(os.scandir(net_entry.path))
-            except OSError as err:
-                corrupt.append(CorruptFile("ipam", net_entry.path, describe_oserror(err)))
-                continue
+            files = lister.entries(net_entry.path)
             for entry in files:
                 name = entry.name
                 if name in _NOT_LEASES or name.startswith(_RESERVED_PREFIX):
@@ -134,7 +117,7 @@ def collect_leases(
                     corrupt.append(lease)
                 else:
                     leases.append(lease)
-    return leases, corrupt
+    return leases, corrupt + lister.corrupt
 
 
 def _read_lease(entry: os.DirEntry[str], network: str, data_dir: str) -> HostLocalLease | CorruptFile:

@@ -93,16 +93,8 @@ def parse_network_config(raw: bytes, path: str) -> NetworkConfig:
             if isinstance(data_dir, str) and data_dir.startswith("/"):
                 data_dirs.append(os.path.normpath(data_dir))
             ranges.extend(_ranges(ipam))
-    return NetworkConfig(
-        name=name,
-        path=path,
-        cni_version=version,
-        plugin_types=tuple(types),
-        ipam_data_dirs=tuple(data_dirs),
-        ipam_ranges=tuple(ranges),
-        disable_gc=doc.get("disableGC") is True,
-        raw=raw,
-    )
+    disable_gc = doc.get("disableGC") is True
+    return NetworkConfig(name, path, version, tuple(types), tuple(data_dirs), tuple(ranges), disable_gc, raw)
 
 
 def collect_configs(conf_dir: str) -> tuple[list[NetworkConfig], list[CorruptFile]]:

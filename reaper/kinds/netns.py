@@ -15,7 +15,7 @@ import re
 import stat
 from collections.abc import Iterable, Mapping, Sequence
 
-from reaper.host.files import NSFS_MAGIC, PROC_SUPER_MAGIC, describe_oserror, fs_type
+from reaper.host.files import NSFS_MAGIC, PROC_SUPER_MAGIC, DirLister, describe_oserror, fs_type
 from reaper.host.procs import describe, netns_members
 from reaper.kinds import Found, Kind, Look, ReclaimContext
 from reaper.model import CorruptFile, DetailValue, Done, Holder, Identity, NetnsPin, NetnsTie, NsKey, ResourceRef
@@ -31,25 +31,10 @@ def collect_pins(
     patterns: Sequence[re.Pattern[str]],
 ) -> tuple[list[NetnsPin], list[CorruptFile]]:
     pins: list[NetnsPin] = []
-    corrupt: list[CorruptFile] = []
-    seen_dirs: set[tuple[int, int]] = set()
+    lister = DirLister("netns")
+    corrupt = lister.corrupt
     for directory in dirs:
-        try:
-            dst = os.stat(directory)
-        except FileNotFoundError:
-            continue
-        except OSError as err:
-            corrupt.append(CorruptFile("netns", directory, describe_oserror(err)))
-            continue
-        # /var/run/netns and /run/netns are usually the same directory.
-        if (dst.st_dev, dst.st_ino) in seen_dirs:
-            continue
-        seen_dirs.add((dst.st_dev, dst.st_ino))
-        try:
-            entries = list(os.scandir(directory))
-        except OSError as err:
-            corrupt.append(CorruptFile("netns", directory, describe_oserror(err)))
-            continue
+        entries = lister.entries(directory)
         for entry in entries:
             path = entry.path
             if entry.is_symlink():

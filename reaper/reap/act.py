@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from reaper.cni.invoke import del_network
@@ -31,6 +31,7 @@ from reaper.model import (
     ReclaimOutcome,
     ResourceOutcome,
 )
+from reaper.stopwatch import Stopwatch
 
 # Plugins are processes that spend part of their time waiting (host-local's lock, the
 # kernel): two per core keep the cores busy.
@@ -86,52 +87,36 @@ def busy_namespaces(bin_dirs: tuple[str, ...]) -> dict[NsKey, str]:
     return busy
 
 
+@dataclass
 class Reclaimer:
     """The act and verify steps of one pass."""
 
-    def __init__(
-        self,
-        look: Callable[[], NodeSnapshot],
-        netns_dirs: tuple[str, ...],
-        bin_dirs: tuple[str, ...],
-        live_netns: frozenset[NsKey],
-        plugin_timeout: float,
-        quarantine: Quarantine | None,
-        log: logging.Logger,
-        stop: threading.Event,
-    ) -> None:
-        self.look = look
-        self.netns_dirs = netns_dirs
-        self.bin_dirs = bin_dirs
-        self.live_netns = live_netns
-        self.plugin_timeout = plugin_timeout
-        self.quarantine = quarantine
-        self.log = log
-        self.stop = stop
-        self.timings: list[tuple[str, float]] = []
-        self._mark = time.monotonic()
-
-    def lap(self, name: str) -> None:
-        now = time.monotonic()
-        self.timings.append((name, round(now - self._mark, 6)))
-        self._mark = now
+    look: Callable[[], NodeSnapshot]  # a fresh look at the node
+    netns_dirs: tuple[str, ...]
+    bin_dirs: tuple[str, ...]
+    live_netns: frozenset[NsKey]  # namespaces the runtime named at the re-check
+    plugin_timeout: float
+    quarantine: Quarantine | None
+    log: logging.Logger
+    stop: threading.Event
+    watch: Stopwatch = field(default_factory=Stopwatch)
 
     def run(
         self, attachments: Sequence[Attachment], requests: Mapping[AttachmentKey, DelRequest | None]
     ) -> list[ReclaimOutcome]:
-        self._mark = time.monotonic()
+        self.watch.restart()
         plugin_errors = self._del_all(attachments, requests)
-        self.lap("del")
+        self.watch.lap("del")
         after_del = index(self.look())
-        self.lap("look")
+        self.watch.lap("look")
         if self.stop.is_set():
             # Stopping: no new step starts. What DEL freed is reported; the rest waits.
             kernel_done = {i: Done.left("interrupted: stopping") for i in after_del}
         else:
             kernel_done = self._kernel(attachments, after_del)
-        self.lap("kernel")
+        self.watch.lap("kernel")
         final = index(self.look())
-        self.lap("verify")
+        self.watch.lap("verify")
         outcomes = []
         for a in attachments:
             results = []

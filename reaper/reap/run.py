@@ -19,6 +19,7 @@ from reaper.runtime.liveness import LivenessSource
 from reaper.scan import find_options, scan_pass
 from reaper.settings import ReapSettings, Settings
 from reaper.snapshot import take_snapshot
+from reaper.stopwatch import Stopwatch
 
 
 def _policy(reap: ReapSettings) -> ReapPolicy:
@@ -38,14 +39,14 @@ def reap_pass(
 ) -> ReapResult:
     """One pass. `stop`, once set, lets the step under way finish and starts no new one."""
     stop = stop if stop is not None else threading.Event()
-    started = time.monotonic()
+    watch = Stopwatch()
     scan = scan_pass(settings, liveness, log, clock, memo)
     report = scan.report
     policy = _policy(reap)
-    timings: list[tuple[str, float]] = [("scan", round(time.monotonic() - started, 6))]
+    watch.lap("scan")
 
     def result(**changes: Any) -> ReapResult:
-        base = ReapResult(report, False, None, (), (), (), (), None, tuple(timings), scan.state_saved)
+        base = ReapResult(report, False, None, (), (), (), (), None, tuple(watch.laps), scan.state_saved)
         return replace(base, **changes)
 
     if not report.runtime.reachable:
@@ -68,9 +69,9 @@ def reap_pass(
         skipped += [SkippedAttachment(a.key, "stopping") for a in selected]
         return result(plan=plan, skipped=tuple(skipped))
     # Right before acting, ask the runtime again: an ID that reappeared is left alone.
-    mark = time.monotonic()
+    watch.restart()
     view = liveness.observe(scan.known_netns)
-    timings.append(("recheck", round(time.monotonic() - mark, 6)))
+    watch.lap("recheck")
     if not view.reachable:
         skipped += [SkippedAttachment(a.key, "runtime unreachable at the re-check") for a in selected]
         return result(plan=plan, skipped=tuple(skipped), recheck_error=view.error)
@@ -92,9 +93,9 @@ def reap_pass(
         quarantine=Quarantine(reap.quarantine_dir) if reap.quarantine_dir else None,
         log=log,
         stop=stop,
+        watch=watch,
     )
     outcomes = reclaimer.run(act, requests) if act else []
-    timings.extend(reclaimer.timings)
     for outcome in outcomes:
         log.info(
             "reclaimed" if outcome.ok else "reclaim incomplete",

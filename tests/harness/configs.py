@@ -1,8 +1,10 @@
-"""Network configs as the tests write them."""
+"""Network configs and cache entries as the tests write them."""
 
 from __future__ import annotations
 
+import base64
 import json
+from typing import Any
 
 
 def conflist(name: str = "mynet", **ipam: object) -> bytes:
@@ -17,3 +19,11 @@ def conflist(name: str = "mynet", **ipam: object) -> bytes:
             ],
         }
     ).encode()
+
+
+def cache_doc(container_id: str, network: str, ifname: str = "eth0", config: Any = None, **more: Any) -> dict[str, Any]:
+    """A cniCacheV1 entry as libcni writes it; `config`, when given, is base64-encoded as libcni does."""
+    doc: dict[str, Any] = {"kind": "cniCacheV1", "containerId": container_id, "networkName": network, "ifName": ifname}
+    if config is not None:
+        doc["config"] = base64.b64encode(json.dumps(config).encode()).decode()
+    return {**doc, **more}

@@ -179,10 +179,11 @@ def test_safety_properties(world: tuple) -> None:  # type: ignore[type-arg]
     counted = sum(len(a.resources) for a in report.attachments) + len(report.foreign_pins)
     resolved_veths = sum(
         1
-        for v in snap.veths
-        if any(c.host_ifnames[0] == v.name for c in snap.cache_entries) or any(p.ns == v.peer_netns for p in snap.pins)
+        for v in snap.of("veth")
+        if any(c.host_ifnames[0] == v.name for c in snap.of("cache"))
+        or any(p.ns == v.peer_netns for p in snap.of("netns"))
     )
-    assert counted == len(snap.pins) + resolved_veths + len(snap.leases) + len(snap.cache_entries) + len(snap.chains)
+    assert counted == resolved_veths + sum(len(snap.of(k)) for k in ("netns", "ipam", "cache", "iptables"))
 
 
 def test_a_lease_naming_a_live_sandbox_in_another_network_is_live() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 from reaper.cni.requests import DelRequest, convert_result, plugin_stdin, request_from_cache
 from reaper.kinds.cache import collect_cache, current_document
 from reaper.kinds.netconf import plugin_list
+from tests.harness.configs import cache_doc
 
 CID = "a" * 64
 LIST = {
@@ -50,16 +50,10 @@ def test_single_plugin_config_is_a_list_of_one() -> None:
 
 
 def test_cache_entry_becomes_the_request_with_ignore_unknown(tmp_path: Path) -> None:
-    entry = {
-        "kind": "cniCacheV1",
-        "containerId": CID,
-        "networkName": "net1",
-        "ifName": "eth0",
-        "config": base64.b64encode(json.dumps(LIST).encode()).decode(),
-        "cniArgs": [["K8S_POD_NAME", "web"], ["BAD;KEY", "x"], ["K", "v=1"]],
-        "capabilityArgs": {"portMappings": []},
-        "result": RESULT,
-    }
+    entry = cache_doc(
+        CID, "net1", config=LIST, cniArgs=[["K8S_POD_NAME", "web"], ["BAD;KEY", "x"], ["K", "v=1"]],
+        capabilityArgs={"portMappings": []}, result=RESULT,
+    )  # fmt: skip
     (tmp_path / "results").mkdir()
     path = tmp_path / "results" / f"net1-{CID}-eth0"
     path.write_text(json.dumps(entry))

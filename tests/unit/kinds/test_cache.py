@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from reaper.kinds.cache import CacheCorrupt, collect_cache, parse_cache_file
 from reaper.names import is_cni_id, is_ifname
-from tests.harness.configs import conflist
+from tests.harness.configs import cache_doc, conflist
 from tests.harness.fuzz import FUZZ, hostile_names, json_values
 
 CID = "a" * 64
@@ -115,13 +115,7 @@ def test_a_network_name_with_dashes_and_dots_is_read_from_json_not_the_file_name
     results = tmp_path / "results"
     results.mkdir()
     conflist = {"cniVersion": "1.0.0", "name": "my-net.v2-a", "plugins": [{"type": "bridge"}]}
-    doc = {
-        "kind": "cniCacheV1",
-        "containerId": CID,
-        "networkName": "my-net.v2-a",
-        "ifName": "eth0",
-        "config": base64.b64encode(json.dumps(conflist).encode()).decode(),
-    }
+    doc = cache_doc(CID, "my-net.v2-a", config=conflist)
     (results / f"my-net.v2-a-{CID}-eth0").write_text(json.dumps(doc))
     inventory = collect_cache(str(tmp_path), set())
     (entry,) = inventory.entries

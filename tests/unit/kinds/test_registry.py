@@ -1,0 +1,75 @@
+"""The kinds contract: every registered kind meets it, the reclaim order keeps the cache entry
+last, and a kind that is new to the reaper joins attachments and is reclaimed through the
+registry alone."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from reaper.correlate import correlate
+from reaper.kinds import Found, Kind, Look, ReclaimContext, reclaim_order
+from reaper.kinds.registry import KIND_NAMES, KINDS, QUARANTINABLE, RECLAIM_ORDER
+from reaper.model import ContainerTie, Done, Identity, ResourceRef
+from tests.harness.snapshots import cache, chain, cid, lease, pin, runtime, snapshot, veth
+
+
+def test_the_cache_entry_is_reclaimed_last_and_the_rest_in_registry_order() -> None:
+    assert [k.name for k in RECLAIM_ORDER] == ["netns", "veth", "ipam", "iptables", "nft", "cache"]
+    assert [k.name for k in KINDS if k.last] == ["cache"]
+    assert {"ipam", "cache"} == QUARANTINABLE
+
+
+def test_every_kind_reports_its_records_under_their_identity() -> None:
+    samples: dict[str, Any] = {"netns": pin(1), "veth": veth(1), "ipam": lease(1), "cache": cache(1)}
+    samples["iptables"] = chain(1)
+    for kind in KINDS:
+        record = samples.get(kind.name)
+        if record is None:
+            continue
+        ref = kind.ref(record)
+        assert ref.kind == kind.name and ref.identity == kind.identity(record) and ref.identity[0] == kind.name
+
+
+@dataclass(frozen=True)
+class PluginState:
+    """A per-container file some plugin leaves, keyed by the container ID alone."""
+
+    container_id: str
+    path: str
+
+
+def _identity(state: PluginState) -> Identity:
+    return ("plugin-state", state.path)
+
+
+def _reclaim(states: Sequence[PluginState], ctx: ReclaimContext) -> dict[Identity, Done]:
+    return {_identity(s): Done.freed() for s in states}
+
+
+def _find(look: Look) -> Found[PluginState]:
+    return Found(())
+
+
+NEW_KIND: Kind[PluginState] = Kind(
+    "plugin-state",
+    _find,
+    _identity,
+    lambda s: ResourceRef("plugin-state", s.path, None, (), _identity(s)),
+    lambda s: ContainerTie(s.container_id),
+    _reclaim,
+)
+
+
+def test_a_new_kind_joins_the_attachment_of_its_container() -> None:
+    kinds = (*KINDS, NEW_KIND)
+    base = snapshot(pins=(pin(1),), leases=(lease(1),), caches=(cache(1),))
+    state = PluginState(cid(1), "/var/lib/cni/plugin-state/x")
+    snap = replace(base, resources={**base.resources, "plugin-state": (state,)})
+    (group,) = correlate(snap, runtime(), kinds)
+    assert group.key.container_id == cid(1)
+    assert sorted(r.kind for r in group.resources) == ["cache", "ipam", "netns", "plugin-state"]
+    # Registered like the others, it is reclaimed with them, before the cache entry.
+    assert [k.name for k in reclaim_order(kinds)][-2:] == ["plugin-state", "cache"]
+    assert "plugin-state" not in KIND_NAMES
