@@ -92,11 +92,18 @@ def seeded_lab() -> Iterator[tuple[Lab, str, str, str]]:
     """A lab whose runtime keeps both seed sandboxes (NOTREADY, nothing running inside) beside a
     live pod: (lab, chained sandbox, CNI-not-configured sandbox, live pod)."""
     with Lab() as lab:
-        lab.set_network("failing")
-        chained = lab.try_run_pod("chained")
-        lab.set_network("empty")
-        nocni = lab.try_run_pod("nocni")
-        lab.set_network("normal")
+        chained, nocni = reproduce_both_seeds(lab)
         web = lab.run_pod("web")
-        assert chained.sandbox_id is not None and nocni.sandbox_id is not None
-        yield lab, chained.sandbox_id, nocni.sandbox_id, web
+        yield lab, chained, nocni, web
+
+
+def reproduce_both_seeds(lab: Lab) -> tuple[str, str]:
+    """Both seed reports on the lab's runtime: a chained list whose last plugin fails ADD, and
+    a pod started while CNI is not configured. Their sandbox IDs; the network is normal after."""
+    lab.set_network("failing")
+    chained = lab.try_run_pod("chained")
+    lab.set_network("empty")
+    nocni = lab.try_run_pod("nocni")
+    lab.set_network("normal")
+    assert chained.sandbox_id is not None and nocni.sandbox_id is not None
+    return chained.sandbox_id, nocni.sandbox_id

@@ -28,6 +28,7 @@ from tests.harness.reap_helpers import (
     hostport_chains,
     leak_left,
     racing_reap,
+    reproduce_both_seeds,
     rewrite_cached_config,
     seeded_lab,
 )
@@ -74,15 +75,10 @@ def forgotten(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Forgotten]:
     """A lab whose runtime lost its state after both seed reports and a pod with a hostPort;
     then two live pods started afresh."""
     with Lab() as lab:
-        lab.set_network("failing")
-        chained = lab.try_run_pod("chained")
-        lab.set_network("empty")
-        nocni = lab.try_run_pod("nocni")
-        lab.set_network("normal")
+        chained, nocni = reproduce_both_seeds(lab)
         old = lab.run_pod("old", port_mappings=[PortMap(8081, 81)])
         seeds = {}
-        for what, sandbox in (("chained", chained.sandbox_id), ("nocni", nocni.sandbox_id), ("old", old)):
-            assert sandbox is not None
+        for what, sandbox in (("chained", chained), ("nocni", nocni), ("old", old)):
             pin = lab.pod_netns_path(sandbox)
             assert pin is not None
             seeds[pin.name] = what
