@@ -73,7 +73,7 @@ def main(argv: list[str]) -> None:
     settings = settings_from(args, {})
     log = logging.getLogger("bench")
     log.setLevel(logging.ERROR)
-    liveness = CriLiveness(settings.runtime_endpoint, settings.runtime_timeout)
+    liveness = CriLiveness(settings.runtime_endpoints, settings.runtime_timeout)
     memo = InventoryMemo()
     floors = []
     passes = []

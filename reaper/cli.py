@@ -102,7 +102,7 @@ def _scan(args: argparse.Namespace) -> int:
     log = setup_logging(settings.log_format, settings.log_level)
     if os.geteuid() != 0:
         log.warning("not running as root: namespaces, /proc and iptables may be partly unreadable")
-    result = scan_pass(settings, CriLiveness(settings.runtime_endpoint, settings.runtime_timeout), log)
+    result = scan_pass(settings, CriLiveness(settings.runtime_endpoints, settings.runtime_timeout), log)
     report = result.report
     metrics = ReaperMetrics()
     metrics.observe_scan(report)
@@ -134,7 +134,7 @@ def _run(args: argparse.Namespace) -> int:
     reap = reap_settings_from(args)
     agent_settings = agent_settings_from(args)
     log = setup_logging(settings.log_format, settings.log_level)
-    liveness = CriLiveness(settings.runtime_endpoint, settings.runtime_timeout)
+    liveness = CriLiveness(settings.runtime_endpoints, settings.runtime_timeout)
     try:
         agent = Agent(settings, reap, agent_settings, liveness, log)
         return agent.run()
@@ -153,7 +153,7 @@ def _reap(args: argparse.Namespace) -> int:
     if os.geteuid() != 0:
         log.warning("not running as root: reclaiming will fail")
     started = time.monotonic()
-    result = reap_pass(settings, reap, CriLiveness(settings.runtime_endpoint, settings.runtime_timeout), log)
+    result = reap_pass(settings, reap, CriLiveness(settings.runtime_endpoints, settings.runtime_timeout), log)
     metrics = ReaperMetrics()
     metrics.observe_reap(result)
     metrics.observe_pass(time.monotonic() - started, result.outcome, time.time())

@@ -273,15 +273,31 @@ class Sandbox:
 
 
 @dataclass(frozen=True)
+class RuntimeAnswer:
+    """What one runtime on the node said this pass."""
+
+    endpoint: str
+    source: str  # where the endpoint was found: a flag, the kubelet, a known socket path
+    name: str | None
+    version: str | None
+    reachable: bool
+    error: str | None
+    sandboxes: int
+    skipped: bool = False  # a socket file nobody listens on: reported, not counted as a failure
+
+
+@dataclass(frozen=True)
 class RuntimeView:
-    """What the runtime said this pass. `reachable` False means nothing may be called orphan."""
+    """What the runtimes said this pass, together. `reachable` False means nothing may be
+    called orphan: some runtime that should have answered did not."""
 
     endpoint: str
     name: str | None
     version: str | None
     reachable: bool
     error: str | None
-    sandboxes: tuple[Sandbox, ...]
+    sandboxes: tuple[Sandbox, ...]  # every sandbox any runtime lists
+    runtimes: tuple[RuntimeAnswer, ...] = ()  # each runtime asked, and what it said
 
 
 # ---------------------------------------------------------------- reconcile

@@ -27,6 +27,19 @@ def report_json(report: ScanReport) -> dict[str, Any]:
             "reachable": rt.reachable,
             "error": rt.error,
         },
+        "runtimes": [
+            {
+                "endpoint": a.endpoint,
+                "found_by": a.source,
+                "name": a.name,
+                "version": a.version,
+                "reachable": a.reachable,
+                "skipped": a.skipped,
+                "sandboxes": a.sandboxes,
+                "error": a.error,
+            }
+            for a in rt.runtimes
+        ],
         "live_sandboxes": len(rt.sandboxes),
         "stuck_sandboxes": [
             {
@@ -80,10 +93,14 @@ def _short(value: str | None, width: int) -> str:
 def report_table(report: ScanReport) -> str:
     rt = report.runtime
     lines = []
-    who = " ".join(x for x in (rt.name, rt.version) if x) or "runtime"
-    if rt.reachable:
-        lines.append(f"runtime: {who} at {rt.endpoint}, {len(rt.sandboxes)} sandboxes listed")
-    else:
+    for answer in rt.runtimes:
+        who = " ".join(x for x in (answer.name, answer.version) if x) or "runtime"
+        if answer.reachable:
+            lines.append(f"runtime: {who} at {answer.endpoint}, {answer.sandboxes} sandboxes listed")
+        else:
+            state = "skipped" if answer.skipped else "FAILED"
+            lines.append(f"runtime: {state} at {answer.endpoint} ({answer.source}): {answer.error}")
+    if not rt.reachable:
         lines.append(f"runtime: UNREACHABLE ({rt.error}); no attachment can be called orphan this pass")
     for verdict in ("orphan", "pending", "unknown", "live"):
         group = [a for a in report.attachments if a.verdict == verdict]

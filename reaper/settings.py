@@ -145,8 +145,9 @@ OPTIONS: tuple[Option, ...] = (
            "CNI plugin dir (repeatable); processes running from here do not keep a netns alive", "paths", _absolute,
            ":", "DIR"),
     Option("--runtime-endpoint", "REAPER_RUNTIME_ENDPOINT", None,
-           "CRI socket, unix:///path; default: the first of containerd, CRI-O, cri-dockerd that answers", "paths",
-           _endpoint, metavar="URL"),
+           "CRI socket, unix:///path (repeatable; when given, exactly these are asked); default: the kubelet's "
+           "configured endpoint and every known socket that exists (containerd, CRI-O, cri-dockerd, k3s/rke2, "
+           "microk8s), all of them asked", "paths", _endpoint, ",", "URL"),
     Option("--runtime-timeout", "REAPER_RUNTIME_TIMEOUT", "10s", "deadline of each CRI call", "paths",
            _positive_duration, metavar="DURATION"),
     Option("--min-age", "REAPER_MIN_AGE", "10m",
@@ -256,7 +257,7 @@ class Settings:
     cni_cache_dir: str
     cni_conf_dir: str
     cni_bin_dirs: tuple[str, ...]
-    runtime_endpoint: str | None
+    runtime_endpoints: tuple[str, ...]
     runtime_timeout: float
     policy: Policy
     state_file: str
@@ -295,7 +296,7 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
         cni_cache_dir=v["cni_cache_dir"],
         cni_conf_dir=v["cni_conf_dir"],
         cni_bin_dirs=tuple(v["cni_bin_dir"]),
-        runtime_endpoint=v["runtime_endpoint"],
+        runtime_endpoints=tuple(v["runtime_endpoint"]),
         runtime_timeout=v["runtime_timeout"],
         policy=Policy(min_age=v["min_age"], confirmations=v["confirmations"], stuck_after=v["stuck_after"]),
         state_file=v["state_file"],

@@ -15,12 +15,6 @@ _SERVICE = "/runtime.v1.RuntimeService/"
 
 Resp = TypeVar("Resp", bound=Message)
 
-DEFAULT_ENDPOINTS: tuple[str, ...] = (
-    "unix:///run/containerd/containerd.sock",
-    "unix:///var/run/crio/crio.sock",
-    "unix:///var/run/cri-dockerd.sock",
-)
-
 
 class CriError(Exception):
     """A CRI call failed; the message is one line fit for an operator."""

@@ -1,16 +1,17 @@
-"""Liveness from a CRI runtime (containerd, CRI-O, cri-dockerd) over gRPC."""
+"""Liveness from every CRI runtime on the node (containerd, CRI-O, cri-dockerd, k3s) over gRPC."""
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Mapping
+import socket
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from reaper.host.files import namespace_of
-from reaper.model import RuntimeView, Sandbox
+from reaper.model import RuntimeAnswer, RuntimeView, Sandbox
 from reaper.runtime import api_pb2 as pb
-from reaper.runtime.client import DEFAULT_ENDPOINTS, CriError, RuntimeClient
+from reaper.runtime.client import CriError, RuntimeClient
+from reaper.runtime.discovery import KNOWN_SOCKETS, Endpoint, discover
 
 
 def netns_path_from_info(info: Mapping[str, str]) -> str | None:
@@ -46,35 +47,69 @@ def _spec_netns(spec: Any) -> str | None:
     return None
 
 
-def _socket_path(endpoint: str) -> str:
-    return endpoint[len("unix://") :] if endpoint.startswith("unix://") else endpoint
+def _refused(path: str, timeout: float) -> bool:
+    """Nobody listens on this socket file (a runtime that is stopped, or long gone)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(timeout)
+    try:
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        return True
+    except OSError:
+        return False  # let the CRI call say what is wrong
+    finally:
+        probe.close()
+    return False
 
 
 class CriLiveness:
-    def __init__(self, endpoint: str | None, timeout: float) -> None:
-        self.endpoint = endpoint
-        self.timeout = timeout
+    """Every CRI runtime on the node: the endpoints given (exactly those), else the ones
+    discovery finds. A sandbox any of them lists is live; one that cannot be asked makes the
+    whole view unreachable."""
 
-    def _candidates(self) -> list[str]:
-        if self.endpoint is not None:
-            return [self.endpoint]
-        return [e for e in DEFAULT_ENDPOINTS if os.path.exists(_socket_path(e))]
+    def __init__(
+        self,
+        endpoints: tuple[str, ...],
+        timeout: float,
+        find: Callable[[], list[Endpoint]] = discover,
+    ) -> None:
+        self.endpoints = endpoints
+        self.timeout = timeout
+        self.find = find
+
+    def _candidates(self) -> list[Endpoint]:
+        if self.endpoints:
+            return [Endpoint(e, "--runtime-endpoint") for e in self.endpoints]
+        return self.find()
 
     def observe(self, known_netns: Mapping[str, str]) -> RuntimeView:
         candidates = self._candidates()
         if not candidates:
-            tried = ", ".join(DEFAULT_ENDPOINTS)
-            return RuntimeView("", None, None, False, f"no CRI socket found (tried {tried})", ())
-        last_error = ""
+            tried = ", ".join(path for _, path in KNOWN_SOCKETS)
+            return RuntimeView("", None, None, False, f"no CRI socket found (tried the kubelet's and {tried})", ())
+        answers: list[RuntimeAnswer] = []
+        sandboxes: dict[str, Sandbox] = {}
+        problems: list[str] = []
         for endpoint in candidates:
+            if not self.endpoints and _refused(endpoint.path, self.timeout):
+                why = "nobody listens on this socket (connection refused); skipped"
+                answers.append(RuntimeAnswer(endpoint.url, endpoint.source, None, None, False, why, 0, skipped=True))
+                continue
             try:
-                with RuntimeClient(endpoint, self.timeout) as client:
-                    return self._observe(client, known_netns)
+                with RuntimeClient(endpoint.url, self.timeout) as client:
+                    answer, listed = self._observe(client, endpoint, known_netns)
             except CriError as err:
-                last_error = str(err)
-        return RuntimeView(candidates[-1], None, None, False, last_error, ())
+                answers.append(RuntimeAnswer(endpoint.url, endpoint.source, None, None, False, str(err), 0))
+                problems.append(str(err))
+                continue
+            answers.append(answer)
+            for sandbox in listed:
+                sandboxes.setdefault(sandbox.id, sandbox)
+        return _together(tuple(answers), tuple(sandboxes.values()), problems)
 
-    def _observe(self, client: RuntimeClient, known_netns: Mapping[str, str]) -> RuntimeView:
+    def _observe(
+        self, client: RuntimeClient, endpoint: Endpoint, known_netns: Mapping[str, str]
+    ) -> tuple[RuntimeAnswer, list[Sandbox]]:
         version = client.version()
         items = client.list_pod_sandboxes()
         sandboxes = []
@@ -95,14 +130,16 @@ class CriLiveness:
                     netns=namespace_of(netns_path),
                 )
             )
-        return RuntimeView(
+        answer = RuntimeAnswer(
             endpoint=client.endpoint,
+            source=endpoint.source,
             name=version.runtime_name or None,
             version=version.runtime_version or None,
             reachable=True,
             error=None,
-            sandboxes=tuple(sandboxes),
+            sandboxes=len(sandboxes),
         )
+        return answer, sandboxes
 
     def _ask_netns(self, client: RuntimeClient, sandbox_id: str) -> str:
         try:
@@ -114,3 +151,17 @@ class CriLiveness:
         if status.status.linux.namespaces.options.network == pb.NODE:
             return ""  # host network: no netns of its own
         return netns_path_from_info(status.info) or ""
+
+
+def _together(answers: tuple[RuntimeAnswer, ...], sandboxes: tuple[Sandbox, ...], problems: list[str]) -> RuntimeView:
+    asked = [a for a in answers if not a.skipped]
+    if not asked:
+        why = "; ".join(f"{a.endpoint}: {a.error}" for a in answers)
+        return RuntimeView("", None, None, False, f"no CRI runtime answers ({why})", (), answers)
+    answered = [a for a in asked if a.reachable]
+    endpoint = ", ".join(a.endpoint for a in asked)
+    first = answered[0] if answered else None
+    if problems:
+        return RuntimeView(endpoint, None, None, False, "; ".join(problems), (), answers)
+    return RuntimeView(endpoint, first.name if first else None, first.version if first else None, True, None,
+                       sandboxes, answers)  # fmt: skip

@@ -30,6 +30,11 @@ SCAN = ("--min-age", "0", "--confirmations", "1")
 REAP = (*SCAN, "--max-orphan-ratio", "1")
 
 
+def pings(lab: Lab, pod: str) -> bool:
+    """The pod answers a ping from the lab's netns: its network still works."""
+    return lab.run_in_netns(["ping", "-c", "1", "-W", "2", lab.pod_ip(pod)]).returncode == 0
+
+
 def host_links(lab: Lab) -> set[str]:
     return {link["ifname"] for link in json.loads(lab.run_in_netns(["ip", "-j", "link", "show"], check=True).stdout)}
 

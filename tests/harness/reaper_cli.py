@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -60,3 +62,25 @@ def kinds(attachment: dict[str, Any]) -> list[str]:
 
 def names(attachment: dict[str, Any], kind: str) -> set[str]:
     return {r["name"] for r in attachment["resources"] if r["kind"] == kind}
+
+
+def run_reaper_discovering(
+    lab: Lab, command: str, state_file: Path, sockets: dict[str, Path], *extra: str, timeout: float = 120
+) -> ReaperRun:
+    """`reaper COMMAND` with no --runtime-endpoint, in the lab's netns and a mount namespace of
+    its own whose /run is an empty tmpfs holding only `sockets` (path there -> socket file here),
+    bind-mounted: the reaper then finds exactly these runtimes, as it would on a node, and the
+    host's /run is neither seen nor touched."""
+    flags = lab_flags(lab, state_file)
+    at = flags.index("--runtime-endpoint")
+    del flags[at : at + 2]
+    script = ["mount -t tmpfs cni-reaper-test /run"]
+    for inside, outside in sockets.items():
+        script.append(f"mkdir -p {shlex.quote(os.path.dirname(inside))} && touch {shlex.quote(inside)}")
+        script.append(f"mount --bind {shlex.quote(str(outside))} {shlex.quote(inside)}")
+    reaper = [sys.executable, "-m", "reaper", command, *flags, *extra]
+    script.append("exec " + " ".join(shlex.quote(a) for a in reaper))
+    argv = ["nsenter", f"--net={lab.netns_path}", "unshare", "--mount", "--propagation", "private"]
+    argv += ["sh", "-c", " && ".join(script)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    return ReaperRun(proc.returncode, proc.stdout, proc.stderr)

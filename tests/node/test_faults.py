@@ -21,6 +21,7 @@ from tests.harness.reap_helpers import (
     REAP,
     SCAN,
     leak_left,
+    pings,
     racing_reap,
     rewrite_cached_config,
     seeded_lab,
@@ -45,10 +46,6 @@ sys.exit(0 if os.environ.get("CNI_COMMAND") == "DEL" else 1)
 def lab() -> Iterator[tuple[Lab, str, str, str]]:
     with seeded_lab() as world:
         yield world
-
-
-def pings(lab: Lab, pod: str) -> bool:
-    return lab.run_in_netns(["ping", "-c", "1", "-W", "2", lab.pod_ip(pod)]).returncode == 0
 
 
 @pytest.mark.parametrize(

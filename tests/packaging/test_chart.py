@@ -332,7 +332,7 @@ def test_args_are_what_the_agent_takes(chart: helm.Chart) -> None:
         assert settings.cni_bin_dirs == tuple(merged["cniBinDirs"])
         assert settings.cni_cache_dir == merged["cniCacheDir"]
         assert settings.cni_conf_dir == merged["cniConfDir"]
-        assert settings.runtime_endpoint == merged["runtimeEndpoint"]
+        assert settings.runtime_endpoints == (merged["runtimeEndpoint"],)
         assert settings.state_file == merged["stateFile"]
         assert settings.policy.confirmations == merged["confirmations"]
         assert reap.max_reap == merged["maxReap"]

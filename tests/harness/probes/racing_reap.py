@@ -42,7 +42,7 @@ def main(argv: list[str]) -> None:
     mode, hide, flags = argv[0], set(filter(None, argv[1].split(","))), argv[3:]
     args = build_parser().parse_args(["reap", *flags])
     settings, policy = settings_from(args, {}), reap_settings_from(args, {})
-    runtime = ChangingRuntime(CriLiveness(settings.runtime_endpoint, settings.runtime_timeout), mode, hide)
+    runtime = ChangingRuntime(CriLiveness(settings.runtime_endpoints, settings.runtime_timeout), mode, hide)
     result = reap_pass(settings, policy, runtime, logging.getLogger("race"))
     json.dump(reap_json(result), sys.stdout)
 

@@ -43,7 +43,7 @@ def main(workdir: Path) -> None:
         cni_cache_dir=str(workdir / "cache"),
         cni_conf_dir=str(workdir / "conf"),
         cni_bin_dirs=(str(workdir / "bin"),),
-        runtime_endpoint=None,
+        runtime_endpoints=(),
         runtime_timeout=1.0,
         policy=Policy(min_age=0.0, confirmations=1, stuck_after=900.0),
         state_file=str(workdir / "state.json"),
