@@ -2,7 +2,8 @@
 
 Each kind says how its records tie to an attachment (reaper.model's Tie); this module only
 joins: whole keys first, then resources that know their container, then pins by the
-namespace they hold, then veths by name or by where their peer lives.
+namespace they hold, then claims (keys that make no attachment of their own: what matches
+none is unconfirmed), then veths by name or by where their peer lives.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from reaper.kinds import Kind
 from reaper.kinds.registry import KINDS
 from reaper.model import (
     AttachmentKey,
+    Claim,
     ContainerTie,
     NetnsTie,
     NodeSnapshot,
@@ -23,6 +25,7 @@ from reaper.model import (
     PeerTie,
     ResourceRef,
     RuntimeView,
+    UnconfirmedResource,
 )
 
 # (container ID, network, ifname, pin path): tuples while grouping, AttachmentKey once done.
@@ -69,12 +72,19 @@ class _Groups:
 class _Ties:
     own: list[tuple[OwnKey, ResourceRef]]
     container: list[tuple[ContainerTie, ResourceRef]]
+    claims: list[tuple[Claim, ResourceRef, Kind[Any]]]
     pins: list[tuple[NetnsTie, ResourceRef]]
     veths: list[tuple[PeerTie, ResourceRef]]
 
 
+@dataclass(frozen=True)
+class Correlation:
+    groups: list[ResourceGroup]
+    unconfirmed: list[UnconfirmedResource]
+
+
 def _ties(snapshot: NodeSnapshot, kinds: Sequence[Kind[Any]]) -> _Ties:
-    ties = _Ties([], [], [], [])
+    ties = _Ties([], [], [], [], [])
     for kind in kinds:
         for record in snapshot.of(kind.name):
             tie = kind.tie(record)
@@ -85,6 +95,8 @@ def _ties(snapshot: NodeSnapshot, kinds: Sequence[Kind[Any]]) -> _Ties:
                 ties.own.append((tie, ref))
             elif isinstance(tie, ContainerTie):
                 ties.container.append((tie, ref))
+            elif isinstance(tie, Claim):
+                ties.claims.append((tie, ref, kind))
             elif isinstance(tie, NetnsTie):
                 ties.pins.append((tie, ref))
             else:
@@ -92,7 +104,25 @@ def _ties(snapshot: NodeSnapshot, kinds: Sequence[Kind[Any]]) -> _Ties:
     return ties
 
 
-def correlate(snapshot: NodeSnapshot, runtime: RuntimeView, kinds: Sequence[Kind[Any]] = KINDS) -> list[ResourceGroup]:
+def _claim(claim: Claim, kind: Kind[Any], groups: _Groups, keyed: dict[str, dict[str, _Key]]) -> _Key | str:
+    """The attachment a claim joins, or why it joins none."""
+    if claim.key is not None:
+        if kind.key_of is None:
+            return f"{kind.name} carries a key, but the kind has no way to compute one"
+        if kind.name not in keyed:
+            keyed[kind.name] = {
+                kind.key_of(k[0], k[1], k[2]): k for k in groups.resources if k[0] and k[1] and k[2] and not k[3]
+            }
+        found = keyed[kind.name].get(claim.key)
+        return found if found is not None else f"its key {claim.key} is no attachment's on this node"
+    cid = claim.container_id
+    if cid is None or not any(claim.network is None or k[1] == claim.network for k in groups.by_cid.get(cid, ())):
+        on = f" on {claim.network}" if claim.network else ""
+        return f"container {str(cid)[:12]}{on} has no other resource on this node"
+    return groups.primary(cid, claim.network)
+
+
+def correlate(snapshot: NodeSnapshot, runtime: RuntimeView, kinds: Sequence[Kind[Any]] = KINDS) -> Correlation:
     ties = _ties(snapshot, kinds)
     groups = _Groups()
     veth_owner: dict[str, _Key] = {}
@@ -130,6 +160,16 @@ def correlate(snapshot: NodeSnapshot, runtime: RuntimeView, kinds: Sequence[Kind
             groups.netns.setdefault(key, pin.ns)
             pin_group.setdefault(pin.ns, key)
 
+    # Claims join what the rest made: never an attachment of their own.
+    unconfirmed: list[UnconfirmedResource] = []
+    keyed: dict[str, dict[str, _Key]] = {}
+    for claim, ref, kind in ties.claims:
+        joined = _claim(claim, kind, groups, keyed)
+        if isinstance(joined, str):
+            unconfirmed.append(UnconfirmedResource(ref, joined))
+        else:
+            groups.add(joined, ref)
+
     for veth, ref in ties.veths:
         target = veth_owner.get(veth.name)
         if target is None and veth.peer_netns is not None:
@@ -138,10 +178,11 @@ def correlate(snapshot: NodeSnapshot, runtime: RuntimeView, kinds: Sequence[Kind
             continue  # not a CNI resource: no cache entry names it, its peer is in no pinned netns
         groups.add(target, ref)
 
-    return [
+    ordered = [
         ResourceGroup(AttachmentKey(*key), tuple(refs), groups.netns.get(key), key in foreign, uninspectable.get(key))
         for key, refs in sorted(groups.resources.items(), key=lambda item: _sort_key(item[0]))
     ]
+    return Correlation(ordered, unconfirmed)
 
 
 def _sort_key(key: _Key) -> tuple[str, str, str, str]:

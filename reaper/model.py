@@ -137,15 +137,21 @@ class IptablesChain:
 
 @dataclass(frozen=True)
 class NftRule:
-    """A rule of the CNI plugins' nftables backend, with the owner its comment names."""
+    """A rule of the CNI plugins' nftables backend and the key its comment carries.
+
+    A masquerade rule's key is `instance`, a hash of (network, ifname, container ID); the
+    description after it is cut at 128 characters, so its network, ifname and container ID are
+    for reading only. A hostport rule's comment is the whole container ID.
+    """
 
     family: str
     table: str
     chain: str
     handle: int
-    network: str | None
-    ifname: str | None
-    container_id: str
+    network: str | None  # as described
+    ifname: str | None  # as described
+    container_id: str | None  # as described: may be cut short in a masquerade rule
+    instance: str | None = None  # the masquerade rule's instance hash
 
 
 @dataclass(frozen=True)
@@ -252,7 +258,18 @@ class PeerTie:
     peer_netns: NsKey | None
 
 
-Tie = OwnKey | ContainerTie | NetnsTie | PeerTie
+@dataclass(frozen=True)
+class Claim:
+    """The resource names its owner by a key that makes no attachment of its own (a container
+    ID; a hash of one): it joins an attachment other resources make, one whose key matches, or
+    stands `unconfirmed`, never reclaimed."""
+
+    container_id: str | None = None
+    network: str | None = None
+    key: str | None = None  # the kind's own key of an attachment (its Kind.key_of)
+
+
+Tie = OwnKey | ContainerTie | Claim | NetnsTie | PeerTie
 
 
 # ----------------------------------------------------------------- liveness
@@ -382,6 +399,14 @@ class ForeignPin:
 
 
 @dataclass(frozen=True)
+class UnconfirmedResource:
+    """A resource whose key matches no attachment on the node: reported, never reclaimed."""
+
+    resource: ResourceRef
+    why: str
+
+
+@dataclass(frozen=True)
 class ScanReport:
     """Everything one read-only look concluded."""
 
@@ -393,6 +418,7 @@ class ScanReport:
     errors: tuple[SourceError, ...]
     ranges: tuple[IpamRange, ...]
     foreign_pins: tuple[ForeignPin, ...]
+    unconfirmed: tuple[UnconfirmedResource, ...] = ()
 
     def count(self, verdict: Verdict) -> int:
         return sum(1 for a in self.attachments if a.verdict == verdict)

@@ -62,7 +62,8 @@ def reconcile(
     policy: Policy,
     now: float,
 ) -> tuple[ScanReport, dict[str, AttachmentHistory]]:
-    groups = correlate(snapshot, runtime)
+    correlation = correlate(snapshot, runtime)
+    groups = correlation.groups
     holders = dict(snapshot.netns_holders)
     owners = _Owners(
         snapshot.host_netns,
@@ -120,6 +121,7 @@ def reconcile(
         errors=snapshot.errors,
         ranges=snapshot.ranges,
         foreign_pins=tuple(foreign),
+        unconfirmed=tuple(correlation.unconfirmed),
     )
     return report, new_history
 

@@ -68,6 +68,7 @@ def report_json(report: ScanReport) -> dict[str, Any]:
         "ipam_ranges": [
             {"network": r.network, "range": r.range, "size": r.size, "used": r.used} for r in report.ranges
         ],
+        "unconfirmed": [{**_resource(u.resource, now), "why": u.why} for u in report.unconfirmed],
         "foreign_netns": [{"name": p.name, "path": p.path, "pids": p.holders} for p in report.foreign_pins],
         "summary": {v: report.count(v) for v in VERDICTS},
     }
@@ -137,6 +138,11 @@ def report_table(report: ScanReport) -> str:
         for r in report.ranges:
             pct = 100.0 * r.used / r.size if r.size else 0.0
             lines.append(f"  {r.network:<20} {r.range:<28} {r.used:>6}/{r.size:<6} {pct:5.1f}% used")
+    if report.unconfirmed:
+        lines.append("")
+        lines.append(f"UNCONFIRMED, NEVER TOUCHED ({len(report.unconfirmed)}): their key matches no attachment")
+        for u in report.unconfirmed:
+            lines.append(f"  {u.resource.kind:<8} {_elide(u.resource.name)}: {u.why}")
     if report.foreign_pins:
         lines.append("")
         names = ", ".join(p.name for p in report.foreign_pins)

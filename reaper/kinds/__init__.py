@@ -100,6 +100,9 @@ class Kind(Generic[R]):
     last: bool = False
     # Its records are files that --quarantine-dir keeps instead of deleting.
     quarantinable: bool = False
+    # For records whose tie is a Claim by key: the kind's key of an attachment
+    # (container ID, network, ifname), recomputed as the producer computes it.
+    key_of: Callable[[str, str, str], str] | None = None
 
 
 def reclaim_order(kinds: Sequence[Kind[Any]]) -> tuple[Kind[Any], ...]:

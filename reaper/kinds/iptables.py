@@ -20,7 +20,7 @@ from typing import Literal
 
 from reaper.host.commands import run_command
 from reaper.kinds import FindOptions, Found, Kind, Look, ReclaimContext
-from reaper.model import ContainerTie, Done, Identity, IptablesChain, ResourceRef, SourceError
+from reaper.model import Claim, Done, Identity, IptablesChain, ResourceRef, SourceError
 from reaper.names import is_cni_id
 
 RESTORE_LOCK_WAIT = "5"  # seconds iptables-restore waits for the xtables lock (its -w)
@@ -229,9 +229,10 @@ def ref(chain: IptablesChain) -> ResourceRef:
     return ResourceRef("iptables", chain.chain, None, details, identity(chain))
 
 
-def tie(chain: IptablesChain) -> ContainerTie | None:
-    # A chain whose comments name no owner that its hash confirms joins nothing.
-    return ContainerTie(chain.container_id, chain.network) if chain.container_id is not None else None
+def tie(chain: IptablesChain) -> Claim | None:
+    # A chain whose comments name no owner that its hash confirms joins nothing; one whose
+    # owner has no attachment on the node is unconfirmed.
+    return Claim(chain.container_id, chain.network) if chain.container_id is not None else None
 
 
 # ------------------------------------------------------------------------------ reclaiming

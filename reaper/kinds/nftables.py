@@ -8,6 +8,7 @@ right before a rule is deleted by its handle.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import re
 import shutil
@@ -17,14 +18,17 @@ from typing import Any
 
 from reaper.host.commands import run_command
 from reaper.kinds import Found, Kind, Look, ReclaimContext
-from reaper.model import ContainerTie, Done, Identity, NftRule, OwnKey, ResourceRef, SourceError
+from reaper.model import Claim, DetailValue, Done, Identity, NftRule, ResourceRef, SourceError
 from reaper.names import is_cni_id, is_ifname
 
 # No nf_tables here at all: nothing of the nft backend can exist.
 _NO_NFTABLES = (errno.ENOENT, errno.EPROTONOSUPPORT, errno.EAFNOSUPPORT)
 
 CNI_TABLES = {("inet", "cni_plugins_masquerade"), ("ip", "cni_hostport"), ("ip6", "cni_hostport")}
-_MASQ_COMMENT = re.compile(r"net: ([^,\s]+), if: ([^,\s]+), id: ([^,\s]+)")
+# The masquerade comment (containernetworking/plugins pkg/ip/ipmasq_nftables_linux.go): the
+# instance hash, then a description, all cut at knftables' 128 characters.
+_MASQ_COMMENT = re.compile(r"([0-9a-f]{16}-[0-9a-f]{16})(?:, net: ([^,]*)(?:, if: ([^,]*)(?:, id: (.*))?)?)?")
+HASH_CHARS = 16
 
 
 class NftOutputError(ValueError):
@@ -56,12 +60,16 @@ def parse_rules(text: str) -> list[NftRule]:
         if not (isinstance(family, str) and isinstance(table, str) and isinstance(chain, str)):
             continue
         if table == "cni_plugins_masquerade":
-            match = _MASQ_COMMENT.search(comment)
+            match = _MASQ_COMMENT.fullmatch(comment)
             if not match:
-                continue
-            net, ifname, cid = match.groups()
-            if is_cni_id(net) and is_ifname(ifname) and is_cni_id(cid):
-                rules.append(NftRule(family, table, chain, handle, net, ifname, cid))
+                continue  # not a plugin's rule (an admin's, or an older format): never ours
+            instance, net, ifname, cid = match.groups()
+            described = (
+                net if net and is_cni_id(net) else None,
+                ifname if ifname and is_ifname(ifname) else None,
+                cid if cid and is_cni_id(cid) else None,
+            )
+            rules.append(NftRule(family, table, chain, handle, *described, instance=instance))
         elif table == "cni_hostport" and is_cni_id(comment.strip()):
             rules.append(NftRule(family, table, chain, handle, None, None, comment.strip()))
     return rules
@@ -113,6 +121,17 @@ def collect_nft_rules(timeout: float) -> tuple[list[NftRule], list[SourceError]]
     return rules, []
 
 
+def instance_hash(network: str, ifname: str, container_id: str) -> str:
+    """The masquerade rule's key for an attachment, as the plugins compute it (sha512 hex of
+    the network, then of `ifname:containerID`, 16 characters each)."""
+    network_hash = hashlib.sha512(network.encode()).hexdigest()[:HASH_CHARS]
+    return network_hash + "-" + hashlib.sha512(f"{ifname}:{container_id}".encode()).hexdigest()[:HASH_CHARS]
+
+
+def _key_of(container_id: str, network: str, ifname: str) -> str:
+    return instance_hash(network, ifname, container_id)
+
+
 def find(look: Look) -> Found[NftRule]:
     rules, errors = collect_nft_rules(look.options.command_timeout)
     return Found(tuple(rules), errors=tuple(errors))
@@ -123,13 +142,17 @@ def identity(rule: NftRule) -> Identity:
 
 
 def ref(rule: NftRule) -> ResourceRef:
-    return ResourceRef("nft", f"{rule.family} {rule.table} {rule.chain} {rule.handle}", None, (), identity(rule))
+    described: tuple[tuple[str, DetailValue], ...] = (("container_id", rule.container_id),)
+    if rule.instance is not None:
+        described = (("instance", rule.instance), ("network", rule.network), ("ifname", rule.ifname), *described)
+    name = f"{rule.family} {rule.table} {rule.chain} {rule.handle}"
+    return ResourceRef("nft", name, None, described, identity(rule))
 
 
-def tie(rule: NftRule) -> OwnKey | ContainerTie:
-    if rule.network is not None and rule.ifname is not None:
-        return OwnKey(rule.container_id, rule.network, rule.ifname)
-    return ContainerTie(rule.container_id, rule.network)
+def tie(rule: NftRule) -> Claim | None:
+    if rule.instance is not None:
+        return Claim(key=rule.instance)
+    return Claim(container_id=rule.container_id) if rule.container_id is not None else None
 
 
 # ------------------------------------------------------------------------------ reclaiming
@@ -174,4 +197,4 @@ def reclaim(rules: Sequence[NftRule], ctx: ReclaimContext) -> dict[Identity, Don
     return done
 
 
-KIND: Kind[NftRule] = Kind("nft", find, identity, ref, tie, reclaim)
+KIND: Kind[NftRule] = Kind("nft", find, identity, ref, tie, reclaim, key_of=_key_of)

@@ -260,6 +260,38 @@ def test_what_is_not_a_cni_leak_is_never_touched(forgotten: Forgotten, tmp_path:
         hostile.unlink()
 
 
+def nft_handles(lab: Lab, family: str, table: str) -> dict[str, int]:
+    """comment -> handle of every rule in the table."""
+    out = lab.run_in_netns(["nft", "-j", "list", "table", family, table], check=True).stdout
+    rules = [i["rule"] for i in json.loads(out)["nftables"] if "rule" in i]
+    return {r.get("comment", ""): r["handle"] for r in rules}
+
+
+def test_nft_rules_are_reclaimed_by_their_key_and_a_live_pods_stay(forgotten: Forgotten, tmp_path: Path) -> None:
+    """Plugins >= 1.6 cut the container ID in a masquerade rule's comment when the network's
+    name is long (the lab's is): the rule goes with its attachment by the instance hash, a live
+    pod's rule stays, and a rule whose key matches nothing here is reported, never deleted."""
+    lab, net = forgotten.lab, forgotten.lab.network_name
+    leak = lab.make_leak(with_cache=False)
+    stranger = secrets.token_hex(32)
+    comments = {who: labcni.masq_comment(net, "eth0", who) for who in (leak.container_id, forgotten.web, stranger)}
+    script = "table inet cni_plugins_masquerade {\n  chain masq_checks {\n"
+    for who, ip in ((leak.container_id, leak.ip), (forgotten.web, lab.pod_ip(forgotten.web)), (stranger, "10.9.9.8")):
+        script += f'    ip saddr {ip} ip daddr != {lab.subnet} masquerade comment "{comments[who]}"\n'
+    script += "  }\n}\n"
+    lab.run_in_netns(["nft", "-f", "-"], input=script, check=True)
+    try:
+        run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr
+        left = nft_handles(lab, "inet", "cni_plugins_masquerade")
+        assert comments[leak.container_id] not in left and leak_left(lab, leak) == []
+        assert comments[forgotten.web] in left and comments[stranger] in left
+        assert [u["instance"] for u in run.doc["unconfirmed"]] == [comments[stranger][:33]]
+    finally:
+        lab.run_in_netns(["nft", "delete", "table", "inet", "cni_plugins_masquerade"])
+    assert_live_intact(forgotten, tmp_path)  # with the table gone, as they were before it
+
+
 def test_an_ipv6_range_is_reclaimed(forgotten: Forgotten, tmp_path: Path) -> None:
     lab = forgotten.lab
     net6 = f"{lab.network_name}-v6"
@@ -409,6 +441,8 @@ def test_chains_in_the_legacy_iptables_backend(forgotten: Forgotten, tmp_path: P
     # round) have CNI chains in both; each is read and removed with its own backend's tools.
     lab, net, web = forgotten.lab, forgotten.lab.network_name, forgotten.web
     dead = secrets.token_hex(32)
+    # The dead container's lease makes its attachment; a chain alone would prove no owner dead.
+    (lab.ipam_dir / net / "10.123.250.99").write_bytes(f"{dead}\r\neth0".encode())
     lines = ["*nat"]
     for cid, ip in ((dead, "10.123.250.99"), (web, lab.pod_ip(web))):
         chain = chain_name("", net, cid)
@@ -422,6 +456,7 @@ def test_chains_in_the_legacy_iptables_backend(forgotten: Forgotten, tmp_path: P
         assert run.returncode == 0, run.stdout[-2000:]
         legacy = lab.run_in_netns(["iptables-legacy-save", "-t", "nat"], check=True).stdout
         assert chain_name("", net, dead) not in legacy, "the dead container's legacy chain is gone"
+        assert not (lab.ipam_dir / net / "10.123.250.99").exists()
         assert f":{chain_name('', net, web)} " in legacy, "the live pod's legacy chain stays"
         live = attachments_by_key(run.doc)[(web, net, "eth0")]
         backends = {r.get("backend") for r in live["resources"] if r["kind"] == "iptables"}

@@ -11,6 +11,7 @@ import pytest
 
 from reaper.kinds.iptables import chain_name
 from tests.harness.lab import Lab, Leak, PodAttempt, PortMap
+from tests.harness.lab.cni import masq_comment
 from tests.harness.reaper_cli import attachments_by_key, kinds, names, run_reaper
 
 FAST = ("--min-age", "0", "--confirmations", "1", "--stuck-after", "0")
@@ -212,23 +213,28 @@ def test_runtime_stopped_means_unknown_and_exit_2(world: World, tmp_path: Path) 
         lab.start_runtime()
 
 
-def test_nft_backend_rules_join_their_attachments(world: World, tmp_path: Path) -> None:
+def test_nft_backend_rules_join_their_attachments_by_their_key(world: World, tmp_path: Path) -> None:
     # The Debian plugins (1.1.1) predate the nftables backend; these rules are written the way
-    # plugins >= 1.5 write them (bridge ipMasq: `<hash>, net: <net>, if: <if>, id: <cid>` in
-    # inet cni_plugins_masquerade; portmap: the container ID in ip cni_hostport).
+    # plugins >= 1.6 write them (bridge ipMasq: the instance hash, then a description cut at 128
+    # characters, in inet cni_plugins_masquerade; portmap: the container ID in ip cni_hostport).
+    # The lab's network name is long enough for the description to cut the container ID short.
     lab, net = world.lab, world.lab.network_name
     leak, web = world.bare_leak, world.web
+    stranger = "f" * 64  # an ID nothing on the node knows
+    assert not masq_comment(net, "eth0", web).endswith(web)
     script = f"""
 table inet cni_plugins_masquerade {{
   chain masq_checks {{
-    ip saddr {leak.ip} ip daddr != {lab.subnet} masquerade comment "abc, net: {net}, if: eth0, id: {leak.container_id}"
-    ip saddr {lab.pod_ip(web)} ip daddr != {lab.subnet} masquerade comment "def, net: {net}, if: eth0, id: {web}"
+    ip saddr {leak.ip} ip daddr != {lab.subnet} masquerade comment "{masq_comment(net, "eth0", leak.container_id)}"
+    ip saddr {lab.pod_ip(web)} ip daddr != {lab.subnet} masquerade comment "{masq_comment(net, "eth0", web)}"
+    ip saddr 10.9.9.8 ip daddr != {lab.subnet} masquerade comment "{masq_comment(net, "eth0", stranger)}"
     ip saddr 10.9.9.9 masquerade comment "an admin's rule"
   }}
 }}
 table ip cni_hostport {{
   chain hostip_hostports {{
     tcp dport 7777 dnat to {leak.ip}:77 comment "{leak.container_id}"
+    tcp dport 7778 dnat to 10.9.9.8:78 comment "{stranger}"
   }}
 }}
 """
@@ -242,6 +248,10 @@ table ip cni_hostport {{
         assert bare["verdict"] == "orphan"
         live = got[(web, net, "eth0")]
         assert "nft" in kinds(live) and live["verdict"] == "live"
+        # The cut IDs made no attachment of their own; the stranger's rules are unconfirmed.
+        assert not any(cid and cid != web and web.startswith(cid) for cid, _, _ in got)
+        unconfirmed = {u["name"].split()[1] for u in run.doc["unconfirmed"] if u["kind"] == "nft"}
+        assert unconfirmed == {"cni_plugins_masquerade", "cni_hostport"}
         assert run.doc["summary"] == {"live": 6, "orphan": 3, "pending": 0, "unknown": 0}
     finally:
         lab.run_in_netns(["nft", "delete", "table", "inet", "cni_plugins_masquerade"])

@@ -114,13 +114,17 @@ def test_foreign_pin_is_reported_not_an_attachment() -> None:
     assert [p.name for p in report.foreign_pins] == ["test"]
 
 
-def test_timestampless_attachment_ages_from_first_seen() -> None:
+def test_a_chain_whose_container_has_nothing_else_here_is_unconfirmed_forever() -> None:
+    """Its hash proves whose it is, but nothing proves that owner dead: no attachment of its
+    own, never an orphan, however many passes see it."""
     snap = snapshot(chains=(chain(1),))
-    report, history = reconcile(snap, runtime(), {}, POLICY, NOW)
-    assert report.attachments[0].age_seconds == 0.0
-    report, _ = reconcile(snap, runtime(), history, POLICY, NOW + 700)
-    assert report.attachments[0].age_seconds == 700.0
-    assert report.attachments[0].verdict == "orphan"
+    history: dict[str, AttachmentHistory] = {}
+    for n in range(3):
+        report, history = reconcile(snap, runtime(), history, POLICY, NOW + 700 * n)
+        assert report.attachments == () and [u.resource.name for u in report.unconfirmed] == [chain(1).chain]
+    # With a lease of the same container on the same network, the chain joins its attachment.
+    report, _ = reconcile(snapshot(chains=(chain(1),), leases=(lease(1, OLD),)), runtime(), {}, POLICY, NOW)
+    assert report.unconfirmed == () and sorted(r.kind for r in report.attachments[0].resources) == ["ipam", "iptables"]
 
 
 # ------------------------------------------------------------------ properties
@@ -176,7 +180,7 @@ def test_safety_properties(world: tuple) -> None:  # type: ignore[type-arg]
         assert a.age_seconds >= policy.min_age, "nothing younger than min-age is an orphan"
         assert new_history[a.key.as_text()].orphan_streak >= policy.confirmations
     # Every resource lands in exactly one attachment (or the foreign list).
-    counted = sum(len(a.resources) for a in report.attachments) + len(report.foreign_pins)
+    counted = sum(len(a.resources) for a in report.attachments) + len(report.foreign_pins) + len(report.unconfirmed)
     resolved_veths = sum(
         1
         for v in snap.of("veth")

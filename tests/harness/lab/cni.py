@@ -243,6 +243,24 @@ def masq_chain(network: str, container_id: str) -> str:
     return "CNI-" + hashlib.sha512((network + container_id).encode()).hexdigest()[:24]
 
 
+KNFTABLES_COMMENT_MAX = 128
+
+
+def masq_comment(network: str, ifname: str, container_id: str) -> str:
+    """The comment plugins >= 1.6 give a masquerade rule in their nftables backend, written as
+    commentForInstance in containernetworking/plugins pkg/ip/ipmasq_nftables_linux.go writes
+    it: a 16+16 hex instance hash, a description with quotes dropped, cut at knftables' 128."""
+
+    def hashed(text: str) -> str:
+        return hashlib.sha512(text.encode()).hexdigest()[:16]
+
+    plain = [v.replace('"', "") for v in (network, ifname, container_id)]
+    comment = (
+        f"{hashed(network)}-{hashed(ifname + ':' + container_id)}, net: {plain[0]}, if: {plain[1]}, id: {plain[2]}"
+    )
+    return comment[:KNFTABLES_COMMENT_MAX]
+
+
 def cache_entry(
     *,
     container_id: str,

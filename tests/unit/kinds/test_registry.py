@@ -67,7 +67,7 @@ def test_a_new_kind_joins_the_attachment_of_its_container() -> None:
     base = snapshot(pins=(pin(1),), leases=(lease(1),), caches=(cache(1),))
     state = PluginState(cid(1), "/var/lib/cni/plugin-state/x")
     snap = replace(base, resources={**base.resources, "plugin-state": (state,)})
-    (group,) = correlate(snap, runtime(), kinds)
+    (group,) = correlate(snap, runtime(), kinds).groups
     assert group.key.container_id == cid(1)
     assert sorted(r.kind for r in group.resources) == ["cache", "ipam", "netns", "plugin-state"]
     # Registered like the others, it is reclaimed with them, before the cache entry.
