@@ -3,7 +3,7 @@
 Each kind says how its records tie to an attachment (reaper.model's Tie); this module only
 joins: whole keys first, then resources that know their container, then pins by the
 namespace they hold, then claims (keys that make no attachment of their own: what matches
-none is unconfirmed), then veths by name or by where their peer lives.
+none is unconfirmed), then veths by where their peer lives.
 """
 
 from __future__ import annotations
@@ -125,7 +125,6 @@ def _claim(claim: Claim, kind: Kind[Any], groups: _Groups, keyed: dict[str, dict
 def correlate(snapshot: NodeSnapshot, runtime: RuntimeView, kinds: Sequence[Kind[Any]] = KINDS) -> Correlation:
     ties = _ties(snapshot, kinds)
     groups = _Groups()
-    veth_owner: dict[str, _Key] = {}
     uninspectable: dict[_Key, str] = {}
     for own, ref in ties.own:
         key: _Key = (own.container_id, own.network, own.ifname, None)
@@ -134,8 +133,6 @@ def correlate(snapshot: NodeSnapshot, runtime: RuntimeView, kinds: Sequence[Kind
             groups.netns.setdefault(key, own.netns)
         if own.uninspectable_netns is not None:
             uninspectable[key] = own.uninspectable_netns
-        for ifname in own.host_ifnames:
-            veth_owner.setdefault(ifname, key)
     for part, ref in ties.container:
         groups.add(groups.primary(part.container_id, part.network), ref)
 
@@ -170,13 +167,12 @@ def correlate(snapshot: NodeSnapshot, runtime: RuntimeView, kinds: Sequence[Kind
         else:
             groups.add(joined, ref)
 
+    # A veth goes where its peer lives; a name proves nothing (some plugins name the host veth
+    # after the pod, so a recreated pod's veth has its predecessor's name).
     for veth, ref in ties.veths:
-        target = veth_owner.get(veth.name)
-        if target is None and veth.peer_netns is not None:
-            target = pin_group.get(veth.peer_netns)
-        if target is None:
-            continue  # not a CNI resource: no cache entry names it, its peer is in no pinned netns
-        groups.add(target, ref)
+        target = pin_group.get(veth.peer_netns) if veth.peer_netns is not None else None
+        if target is not None:
+            groups.add(target, ref)  # else its peer is in no pinned netns: not ours to judge
 
     ordered = [
         ResourceGroup(AttachmentKey(*key), tuple(refs), groups.netns.get(key), key in foreign, uninspectable.get(key))

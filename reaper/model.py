@@ -229,7 +229,6 @@ class OwnKey:
     ifname: str
     netns: NsKey | None = None
     uninspectable_netns: str | None = None  # a netns path it names that cannot be inspected
-    host_ifnames: tuple[str, ...] = ()  # host-side interfaces it says the attachment has
 
 
 @dataclass(frozen=True)
@@ -252,7 +251,8 @@ class NetnsTie:
 
 @dataclass(frozen=True)
 class PeerTie:
-    """A host veth: it joins the attachment a cache entry names it in, else its peer's."""
+    """A host veth: it joins the attachment whose pinned namespace holds its peer, and no
+    other (names repeat: some plugins name a veth after the pod, not the sandbox)."""
 
     name: str
     peer_netns: NsKey | None
@@ -285,8 +285,11 @@ class Sandbox:
     uid: str
     ready: bool
     created_at: float | None  # epoch seconds; None when the runtime reports none
-    netns_path: str | None
+    netns_path: str | None  # what the runtime's PodSandboxStatus says, never a file's word
     netns: NsKey | None
+    # (sandbox ID, creation time) as the runtime reports them: what its netns path may be
+    # remembered under between passes ("" : not to be remembered).
+    status_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -523,7 +526,7 @@ class ScanResult:
 
     report: ScanReport
     snapshot: NodeSnapshot
-    known_netns: Mapping[str, str]  # sandbox ID -> netns path, as learned so far
+    known_netns: Mapping[str, str]  # Sandbox.status_key -> netns path, as the runtime said
     state_saved: bool
     warnings: tuple[str, ...]
     seconds: float

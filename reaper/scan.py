@@ -73,10 +73,8 @@ def _scan_pass(
     # anything in the snapshot that could be mistaken for one of its resources.
     snapshot = take_snapshot(find_options(settings), memo)
     mark = time.monotonic()
+    # What PodSandboxStatus said before, by (sandbox ID, creation time): never a cache entry's word.
     known = dict(state.sandbox_netns)
-    for entry in snapshot.of("cache"):
-        if entry.netns_path:
-            known.setdefault(entry.container_id, entry.netns_path)
     runtime = liveness.observe(known)
     liveness_s = time.monotonic() - mark
     now = clock()
@@ -92,7 +90,7 @@ def _scan_pass(
     reconcile_s = time.monotonic() - mark
     mark = time.monotonic()
     if runtime.reachable:
-        netns_map = {s.id: s.netns_path for s in runtime.sandboxes if s.netns_path}
+        netns_map = {s.status_key: s.netns_path for s in runtime.sandboxes if s.netns_path and s.status_key}
     else:
         netns_map, first_seen = dict(state.sandbox_netns), dict(state.sandbox_first_seen)
     state_saved = True
@@ -123,4 +121,6 @@ def _scan_pass(
             "corrupt_files": len(report.corrupt),
         },
     )
-    return ScanResult(report, snapshot, {**known, **netns_map}, state_saved, tuple(warnings), seconds, timings)
+    return ScanResult(
+        report, snapshot, netns_map if runtime.reachable else known, state_saved, tuple(warnings), seconds, timings
+    )

@@ -17,7 +17,9 @@ MAX_STATE_BYTES = 64 << 20
 @dataclass(frozen=True)
 class State:
     attachments: Mapping[str, AttachmentHistory]
-    sandbox_netns: Mapping[str, str]  # sandbox ID -> netns path, so PodSandboxStatus is asked once
+    # Sandbox.status_key -> the netns path PodSandboxStatus gave, so it is asked once per sandbox.
+    # Keys of files older than status keys hold no '@' and so match nothing.
+    sandbox_netns: Mapping[str, str]
     # sandbox ID -> when first listed, for sandboxes whose runtime reports no creation time
     sandbox_first_seen: Mapping[str, float]
 

@@ -100,3 +100,15 @@ def _started_by(process: psutil.Process, ancestor: psutil.Process) -> bool:
     except psutil.Error:
         return False
     return False
+
+
+def busy_namespaces(bin_dirs: tuple[str, ...]) -> dict[NsKey, str]:
+    """Namespaces some process is in right now (not a plugin of this reaper's), with why."""
+    members = netns_members()
+    described = describe({pid for pids in members.values() for pid in pids}, bin_dirs)
+    busy = {}
+    for ns, pids in members.items():
+        inside = [described[p] for p in sorted(pids) if described[p].keeps_netns_busy]
+        if inside:
+            busy[ns] = f"its netns is in use now (pid {inside[0].pid}, {inside[0].comm})"
+    return busy

@@ -277,7 +277,7 @@ def ref(entry: CacheEntry) -> ResourceRef:
 
 def tie(entry: CacheEntry) -> OwnKey:
     uninspectable = entry.netns_path if entry.netns_uninspectable and entry.netns_path else None
-    return OwnKey(entry.container_id, entry.network, entry.ifname, entry.netns, uninspectable, entry.host_ifnames)
+    return OwnKey(entry.container_id, entry.network, entry.ifname, entry.netns, uninspectable)
 
 
 # ------------------------------------------------------------------------------ reclaiming

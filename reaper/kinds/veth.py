@@ -1,18 +1,19 @@
 """Host-side veths: the half of a pod's pair left in the netns the reaper runs in.
 
-Identity: name and ifindex (a name reused by a new link is another veth). A veth joins the
-attachment a cache entry names it in, else the one whose pinned namespace holds its peer; a
-veth that neither ties to anything is no CNI resource of ours.
+Identity: name and ifindex (a name reused by a new link is another veth). A veth joins only
+the attachment whose pinned namespace holds its peer, never one that merely names it; and it is
+never deleted while its peer's namespace is a live sandbox's, in use, or cannot be inspected.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from reaper.host.netlink import RawLink, delete_links, dump_links, dump_links_and_nsids
+from reaper.host.procs import busy_namespaces
 from reaper.kinds import Found, Kind, Look, ReclaimContext
-from reaper.model import CacheEntry, DetailValue, Done, Identity, NetnsPin, PeerTie, ResourceRef, SourceError, VethLink
+from reaper.model import DetailValue, Done, Identity, NetnsPin, NsKey, PeerTie, ResourceRef, SourceError, VethLink
 
 UNPIN_GRACE = 2.0  # seconds the kernel gets to drop the veths of namespaces just unpinned
 _POLL = 0.05
@@ -42,17 +43,12 @@ def veths_from(links: list[RawLink], nsids: dict[str, int], pins: Sequence[Netns
 
 def find(look: Look) -> Found[VethLink]:
     pins: tuple[NetnsPin, ...] = look.earlier.get("netns", ())
-    entries: tuple[CacheEntry, ...] = look.earlier.get("cache", ())
-    named_veths = {name for entry in entries for name in entry.host_ifnames}
     real_pins = [pin.path for pin in pins if pin.is_namespace]
 
     def choose_pins(links: list[RawLink]) -> list[str]:
-        # A veth named in a cache entry joins its attachment by name; only the others need
-        # their peer's namespace, and finding it costs a netlink request per pin.
-        unexplained = any(
-            link.kind == "veth" and link.link_netnsid is not None and link.name not in named_veths for link in links
-        )
-        return real_pins if unexplained else []
+        # Finding where each peer lives costs a netlink request per pin: only when a veth has
+        # its peer in another namespace.
+        return real_pins if any(link.kind == "veth" and link.link_netnsid is not None for link in links) else []
 
     try:
         links, nsids = dump_links_and_nsids(choose_pins)
@@ -94,6 +90,17 @@ def _wait_gone(indexes: set[int], timeout: float) -> None:
         time.sleep(_POLL)
 
 
+def _peer_in_use(veth: VethLink, ctx: ReclaimContext, busy: Mapping[NsKey, str]) -> str | None:
+    """Why deleting this veth would cut a namespace someone still uses, if it would."""
+    if veth.peer_netns is None:
+        return "its peer's namespace cannot be inspected; left alone"
+    if veth.peer_netns in ctx.live_netns:
+        return "its peer is in a live sandbox's namespace; left alone"
+    if veth.peer_netns in busy:
+        return f"its peer's namespace is in use: {busy[veth.peer_netns]}; left alone"
+    return None
+
+
 def reclaim(veths: Sequence[VethLink], ctx: ReclaimContext) -> dict[Identity, Done]:
     """Delete host veths that outlived their pin (their netns is held elsewhere), each only if
     its index still has the same name, kind and peer."""
@@ -102,14 +109,18 @@ def reclaim(veths: Sequence[VethLink], ctx: ReclaimContext) -> dict[Identity, Do
     if any(ident[0] == "netns" and done.ok for ident, done in ctx.done.items()):
         _wait_gone({v.ifindex for v in veths}, UNPIN_GRACE)
     by_index = {link.ifindex: link for link in dump_links()}
+    busy = busy_namespaces(ctx.bin_dirs)
     done: dict[Identity, Done] = {}
     to_delete: dict[int, VethLink] = {}
     for veth in veths:
         link = by_index.get(veth.ifindex)
+        why = _peer_in_use(veth, ctx, busy)
         if link is None:
             done[identity(veth)] = Done.freed()  # gone with its namespace
         elif link.kind != "veth" or link.name != veth.name or link.link_netnsid != veth.peer_netnsid:
             done[identity(veth)] = Done.left("index now belongs to another link; left alone")
+        elif why is not None:
+            done[identity(veth)] = Done.left(why)
         else:
             to_delete[veth.ifindex] = veth
     for index, error in delete_links(list(to_delete)).items() if to_delete else ():

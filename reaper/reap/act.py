@@ -13,7 +13,6 @@ from typing import Any
 
 from reaper.cni.invoke import del_network
 from reaper.cni.requests import DelRequest, request_from_cache, safe_ifname
-from reaper.host.procs import describe, netns_members
 from reaper.host.quarantine import Quarantine
 from reaper.kinds import COMMAND_TIMEOUT, ReclaimContext, cache
 from reaper.kinds.registry import KINDS, RECLAIM_ORDER
@@ -73,18 +72,6 @@ def del_request(attachment: Attachment, records: Records, configs: Sequence[Netw
         if config.name == key.network and not config.path.startswith("cache:"):
             return DelRequest(key.container_id, key.network, safe_ifname(key.ifname), netns, config.raw, config.path)
     return None
-
-
-def busy_namespaces(bin_dirs: tuple[str, ...]) -> dict[NsKey, str]:
-    """Namespaces some process is in right now (not a plugin of this reaper's), with why."""
-    members = netns_members()
-    described = describe({pid for pids in members.values() for pid in pids}, bin_dirs)
-    busy = {}
-    for ns, pids in members.items():
-        inside = [described[p] for p in sorted(pids) if described[p].keeps_netns_busy]
-        if inside:
-            busy[ns] = f"its netns is in use now (pid {inside[0].pid}, {inside[0].comm})"
-    return busy
 
 
 @dataclass

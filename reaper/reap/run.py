@@ -11,9 +11,10 @@ from typing import Any
 
 from reaper.cni.invoke import gc_networks
 from reaper.host.memo import InventoryMemo
+from reaper.host.procs import busy_namespaces
 from reaper.host.quarantine import Quarantine
 from reaper.model import GcOutcome, ReapResult, ScanReport, SkippedAttachment
-from reaper.reap.act import Reclaimer, busy_namespaces, del_request, index
+from reaper.reap.act import Reclaimer, del_request, index
 from reaper.reap.plan import ReapPolicy, breaker_reason, plan_attachment, recheck_reason, select
 from reaper.runtime.liveness import LivenessSource
 from reaper.scan import find_options, scan_pass

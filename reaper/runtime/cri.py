@@ -114,7 +114,8 @@ class CriLiveness:
         items = client.list_pod_sandboxes()
         sandboxes = []
         for item in items:
-            netns_path = known_netns.get(item.id)
+            status_key = f"{item.id}@{item.created_at}"
+            netns_path = known_netns.get(status_key)
             if netns_path is None:
                 netns_path = self._ask_netns(client, item.id)
             sandboxes.append(
@@ -128,6 +129,7 @@ class CriLiveness:
                     created_at=item.created_at / 1e9 if item.created_at > 0 else None,
                     netns_path=netns_path or None,
                     netns=namespace_of(netns_path),
+                    status_key=status_key,
                 )
             )
         answer = RuntimeAnswer(

@@ -10,7 +10,7 @@ from reaper.model import RuntimeView
 
 class LivenessSource(Protocol):
     def observe(self, known_netns: Mapping[str, str]) -> RuntimeView:
-        """The runtime's sandboxes now. `known_netns` maps sandbox IDs to netns paths already
-        learned, so the source need not ask again. Never raises for runtime failures: a view
-        with `reachable=False` says why."""
+        """The runtimes' sandboxes now. `known_netns` maps a sandbox's status_key (its ID and
+        creation time) to the netns path its runtime gave before, so the source need not ask
+        again. Never raises for runtime failures: a view with `reachable=False` says why."""
         ...

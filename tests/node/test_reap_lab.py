@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from reaper.kinds.iptables import chain_name
+from tests.harness.configs import cache_doc
 from tests.harness.lab import Lab, PortMap
 from tests.harness.lab import cni as labcni
 from tests.harness.reap_helpers import (
@@ -27,6 +28,7 @@ from tests.harness.reap_helpers import (
     SCAN,
     hostport_chains,
     leak_left,
+    pings,
     racing_reap,
     reproduce_both_seeds,
     rewrite_cached_config,
@@ -383,6 +385,59 @@ def test_the_state_dir_of_the_runtime_was_really_wiped(forgotten: Forgotten) -> 
 def kept() -> Iterator[tuple[Lab, str, str, str]]:
     with seeded_lab() as world:
         yield world
+
+
+def test_a_stale_cache_entry_naming_a_live_pods_veth_takes_nothing_of_it(
+    kept: tuple[Lab, str, str, str], tmp_path: Path
+) -> None:
+    """AWS VPC CNI and Calico name the host veth after the pod, so a recreated StatefulSet pod
+    gets its predecessor's veth name, and the predecessor's stale cache entry names the live
+    pod's veth. The veth belongs where its peer lives."""
+    lab, _, _, web = kept
+    web_pin = lab.pod_netns_path(web)
+    assert web_pin is not None
+    web_veth = lab.host_veth_of(web_pin)
+    assert web_veth is not None
+    gone = secrets.token_hex(32)  # the predecessor: its sandbox is gone, its files stayed
+    net = lab.network_name
+    lease = lab.ipam_dir / net / "10.123.250.97"
+    lease.write_bytes(f"{gone}\r\neth0".encode())
+    interfaces = [{"name": web_veth}, {"name": "eth0", "sandbox": "/var/run/netns/gone"}]
+    result = {"cniVersion": "1.0.0", "interfaces": interfaces, "ips": [{"address": "10.123.250.97/24", "interface": 1}]}
+    stale = lab.cache_dir / "results" / f"{net}-{gone}-eth0"
+    stale.write_text(json.dumps(cache_doc(gone, net, netns="/var/run/netns/gone", result=result)))
+    try:
+        run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr
+        predecessor = attachments_by_key(run.doc)[(gone, net, "eth0")]
+        assert sorted(r["kind"] for r in predecessor["resources"]) == ["cache", "ipam"]
+        assert not lease.exists() and not stale.exists()
+        assert lab.host_veth_of(web_pin) == web_veth and pings(lab, web)
+    finally:
+        lease.unlink(missing_ok=True)
+        stale.unlink(missing_ok=True)
+
+
+def test_a_cache_entry_never_tells_where_a_sandbox_lives(kept: tuple[Lab, str, str, str], tmp_path: Path) -> None:
+    """A cache entry that gives the seed sandbox (NOTREADY, nothing inside its netns) a netns
+    path of its choosing: the runtime's PodSandboxStatus is what counts, so the sandbox's real
+    pin stays tied to it and is never taken for an orphan."""
+    lab, _, nocni, web = kept
+    pin = lab.pod_netns_path(nocni)
+    assert pin is not None
+    net = lab.network_name
+    forged = lab.cache_dir / "results" / f"{net}-{nocni}-eth0"
+    forged.write_text(json.dumps(cache_doc(nocni, net, netns="/var/run/netns/elsewhere")))
+    try:
+        for _ in range(2):  # the state file carries nothing from the forged entry to the next pass
+            run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
+            assert run.returncode == 0, run.stdout[-2000:] + run.stderr
+            assert pin.exists() and run.doc["reclaimed"] == []
+        owner = [a for a in run.doc["attachments"] if any(r.get("path") == str(pin) for r in a["resources"])]
+        assert [a["container_id"] for a in owner] == [nocni] and owner[0]["verdict"] == "live"
+        assert pings(lab, web)
+    finally:
+        forged.unlink(missing_ok=True)
 
 
 def test_a_sandbox_listed_again_at_the_recheck_is_left_alone(kept: tuple[Lab, str, str, str], tmp_path: Path) -> None:

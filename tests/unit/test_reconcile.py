@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -181,12 +183,8 @@ def test_safety_properties(world: tuple) -> None:  # type: ignore[type-arg]
         assert new_history[a.key.as_text()].orphan_streak >= policy.confirmations
     # Every resource lands in exactly one attachment (or the foreign list).
     counted = sum(len(a.resources) for a in report.attachments) + len(report.foreign_pins) + len(report.unconfirmed)
-    resolved_veths = sum(
-        1
-        for v in snap.of("veth")
-        if any(c.host_ifnames[0] == v.name for c in snap.of("cache"))
-        or any(p.ns == v.peer_netns for p in snap.of("netns"))
-    )
+    # A veth counts only where its peer's namespace is pinned; a name alone ties it to nothing.
+    resolved_veths = sum(1 for v in snap.of("veth") if any(p.ns == v.peer_netns for p in snap.of("netns")))
     assert counted == resolved_veths + sum(len(snap.of(k)) for k in ("netns", "ipam", "cache", "iptables"))
 
 
@@ -195,3 +193,19 @@ def test_a_lease_naming_a_live_sandbox_in_another_network_is_live() -> None:
     report, _ = reconcile(snapshot(leases=(other,)), runtime(sandbox(1)), {}, POLICY, NOW)
     (a,) = report.attachments
     assert a.key.network == "othernet" and a.verdict == "live" and "is listed" in a.reason
+
+
+def test_a_veth_goes_where_its_peer_lives_not_where_a_cache_entry_names_it() -> None:
+    # A recreated pod's veth keeps its predecessor's name (plugins that name it after the pod):
+    # the predecessor's stale entry names the live pod's veth.
+    live_veth = veth(1)
+    stale = replace(cache(2, OLD, with_netns=False), host_ifnames=(live_veth.name,))
+    snap = snapshot(pins=(pin(1, OLD),), veths=(live_veth,), caches=(cache(1, OLD), stale))
+    report, _ = reconcile(snap, runtime(sandbox(1)), {}, POLICY, NOW)
+    kinds_of = {a.key.container_id: sorted(r.kind for r in a.resources) for a in report.attachments}
+    assert kinds_of == {cid(1): ["cache", "netns", "veth"], cid(2): ["cache"]}
+    # A veth whose peer is in no pinned namespace ties to nothing at all.
+    report, _ = reconcile(
+        snapshot(veths=(veth(3, resolved=False),), caches=(cache(3, OLD),)), runtime(), {}, POLICY, NOW
+    )
+    assert [sorted(r.kind for r in a.resources) for a in report.attachments] == [["cache"]]
