@@ -211,6 +211,8 @@ class NodeSnapshot:
     netns_holders: tuple[tuple[NsKey, tuple[Holder, ...]], ...] = ()
     # Seconds each collector took, in order: where a pass's time goes.
     timings: tuple[tuple[str, float], ...] = ()
+    # Why not every process on the node could be seen (no host PID namespace); None: all were.
+    unseen_processes: str | None = None
 
     def of(self, kind: str) -> tuple[Any, ...]:
         return self.resources.get(kind, ())

@@ -93,6 +93,8 @@ def reconcile(
             owner = owners.reason(group)
             if owner is not None:
                 verdict, reason = "live", owner
+            elif group.netns is not None and snapshot.unseen_processes is not None:
+                verdict, reason = "unknown", f"{snapshot.unseen_processes}; its netns may be in use"
             else:
                 streak = (previous.orphan_streak if previous is not None else 0) + 1
                 verdict, reason = _unowned_verdict(age, streak, policy)

@@ -9,7 +9,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from reaper.host.memo import InventoryMemo
-from reaper.host.procs import describe, netns_members
+from reaper.host.procs import describe, netns_members, unseen_processes
 from reaper.kinds import FindOptions, Kind, Look
 from reaper.kinds.hostlocal import range_usage
 from reaper.kinds.netconf import collect_configs
@@ -95,5 +95,5 @@ def _take(
     watch.lap("ranges")
     return NodeSnapshot(
         taken_at, host, found, tuple(ranges), tuple(configs), tuple(corrupt), tuple(errors),
-        netns_holders=tuple(sorted(holders.items())), timings=tuple(watch.laps),
+        netns_holders=tuple(sorted(holders.items())), timings=tuple(watch.laps), unseen_processes=unseen_processes(),
     )  # fmt: skip

@@ -10,6 +10,7 @@ import psutil
 from reaper.model import Holder, NsKey
 
 MAX_ANCESTRY = 64  # parents walked to tell whether the reaper started a process
+PROC_PID_INIT_INO = 0xEFFFFFFC  # the kernel's fixed inode number of the initial PID namespace
 
 
 def netns_members(proc: str = "/proc") -> dict[NsKey, set[int]]:
@@ -112,3 +113,18 @@ def busy_namespaces(bin_dirs: tuple[str, ...]) -> dict[NsKey, str]:
         if inside:
             busy[ns] = f"its netns is in use now (pid {inside[0].pid}, {inside[0].comm})"
     return busy
+
+
+def unseen_processes(proc: str = "/proc") -> str | None:
+    """Why this process cannot see every process on the node, or None when it can: it must be
+    in the host's PID namespace, with a /proc of that namespace. Without that, a netns that
+    some process holds looks unheld."""
+    try:
+        if os.readlink(f"{proc}/self") != str(os.getpid()):
+            return f"{proc} belongs to another PID namespace: the processes that hold a netns cannot be seen"
+        ino = os.stat(f"{proc}/self/ns/pid").st_ino
+    except OSError as err:
+        return f"{proc} cannot be read ({err.strerror}): the processes that hold a netns cannot be seen"
+    if ino != PROC_PID_INIT_INO:
+        return "not in the host's PID namespace (run with hostPID): the processes that hold a netns cannot be seen"
+    return None

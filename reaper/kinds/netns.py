@@ -16,12 +16,14 @@ import stat
 from collections.abc import Iterable, Mapping, Sequence
 
 from reaper.host.files import NSFS_MAGIC, PROC_SUPER_MAGIC, DirLister, describe_oserror, fs_type
+from reaper.host.mounts import unpin_hazard
 from reaper.host.procs import describe, netns_members
 from reaper.kinds import Found, Kind, Look, ReclaimContext
 from reaper.model import CorruptFile, DetailValue, Done, Holder, Identity, NetnsPin, NetnsTie, NsKey, ResourceRef
 from reaper.names import is_runtime_netns_name
 
 MNT_DETACH = 2  # umount2(2) flag: detach now, free once unused
+UMOUNT_NOFOLLOW = 8  # umount2(2) flag: a symlink swapped in after the checks is not followed
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
@@ -101,6 +103,9 @@ def _inside(path: str, dirs: Iterable[str]) -> bool:
 
 def reclaim(pins: Sequence[NetnsPin], ctx: ReclaimContext) -> dict[Identity, Done]:
     """Unmount and unlink every pin at once, so the kernel drops their veths in one batch."""
+    hazard = unpin_hazard(ctx.netns_dirs)
+    if hazard is not None:
+        return {identity(pin): Done.left(hazard) for pin in pins}
     members = netns_members()
     return {identity(pin): _unpin(pin, ctx, members) for pin in pins}
 
@@ -134,7 +139,7 @@ def _unpin(pin: NetnsPin, ctx: ReclaimContext, members: Mapping[NsKey, set[int]]
         inside = [h for h in describe(members.get(key, ()), ctx.bin_dirs).values() if h.keeps_netns_busy]
         if inside:
             return Done.left(f"pid {inside[0].pid} ({inside[0].comm}) is inside")
-        if _libc.umount2(os.fsencode(path), MNT_DETACH) != 0:
+        if _libc.umount2(os.fsencode(path), MNT_DETACH | UMOUNT_NOFOLLOW) != 0:
             code = ctypes.get_errno()
             if code != errno.EINVAL:  # not a mount point: already unmounted
                 return Done.left(f"umount: {os.strerror(code)}")

@@ -48,12 +48,24 @@ def breaker_trips(orphans: int, attachments: int, max_ratio: float) -> bool:
     return attachments > 0 and orphans / attachments > max_ratio
 
 
+LOOPBACK_NETWORK = "cni-loopback"  # the network containerd and CRI-O give a sandbox's lo
+
+
+def breaker_counts(attachments: Sequence[Attachment]) -> tuple[int, int]:
+    """(orphaned, all) of the node's pod attachments the breaker weighs: each pod network a
+    sandbox has, not its loopback (which would count every pod twice) and not the pending."""
+    counted = [
+        a for a in attachments if a.verdict != "pending" and a.key.ifname != "lo" and a.key.network != LOOPBACK_NETWORK
+    ]
+    return sum(1 for a in counted if a.verdict == "orphan"), len(counted)
+
+
 def breaker_reason(orphans: int, attachments: int, policy: ReapPolicy) -> str | None:
     """Why the breaker refuses to act this pass, or None when it lets the pass go on."""
     if policy.force or not breaker_trips(orphans, attachments, policy.max_orphan_ratio):
         return None
     return (
-        f"{orphans} of {attachments} attachments ({orphans / attachments:.0%}) look orphaned, over "
+        f"{orphans} of {attachments} pod attachments ({orphans / attachments:.0%}) look orphaned, over "
         f"--max-orphan-ratio {policy.max_orphan_ratio:g}: more likely the runtime's list is wrong than "
         f"the node leaked that much; nothing reclaimed (--force overrides)"
     )

@@ -15,7 +15,7 @@ from reaper.host.procs import busy_namespaces
 from reaper.host.quarantine import Quarantine
 from reaper.model import GcOutcome, ReapResult, ScanReport, SkippedAttachment
 from reaper.reap.act import Reclaimer, del_request, index
-from reaper.reap.plan import ReapPolicy, breaker_reason, plan_attachment, recheck_reason, select
+from reaper.reap.plan import ReapPolicy, breaker_counts, breaker_reason, plan_attachment, recheck_reason, select
 from reaper.runtime.liveness import LivenessSource
 from reaper.scan import find_options, scan_pass
 from reaper.settings import ReapSettings, Settings
@@ -55,9 +55,10 @@ def reap_pass(
     orphans = [a for a in report.attachments if a.verdict == "orphan"]
     if not orphans:
         return result(gc=_gc(settings, reap, report) if reap.cni_gc and not reap.dry_run else ())
-    refused = breaker_reason(len(orphans), len(report.attachments), policy)
+    weighed = breaker_counts(report.attachments)
+    refused = breaker_reason(*weighed, policy)
     if refused is not None:
-        log.error("breaker open", extra={"orphans": len(orphans), "attachments": len(report.attachments)})
+        log.error("breaker open", extra={"orphans": weighed[0], "attachments": weighed[1]})
         return result(breaker_open=True, breaker_reason=refused)
     selected, skipped = select(orphans, policy)
     records = index(scan.snapshot)

@@ -7,6 +7,7 @@ import os
 import shlex
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,8 +39,11 @@ def lab_flags(lab: Lab, state_file: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def run_reaper(lab: Lab, command: str, state_file: Path, *extra: str, timeout: float = 120) -> ReaperRun:
-    argv = ["nsenter", f"--net={lab.netns_path}", sys.executable, "-m", "reaper", command]
+def run_reaper(
+    lab: Lab, command: str, state_file: Path, *extra: str, timeout: float = 120, wrap: Sequence[str] = ()
+) -> ReaperRun:
+    """`reaper COMMAND` in the lab's netns; `wrap` runs it under another command (`unshare ...`)."""
+    argv = ["nsenter", f"--net={lab.netns_path}", *wrap, sys.executable, "-m", "reaper", command]
     argv += lab_flags(lab, state_file) + list(extra)
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     return ReaperRun(proc.returncode, proc.stdout, proc.stderr)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reaper.reap.plan import breaker_trips
+from reaper.model import Attachment, AttachmentKey, Verdict
+from reaper.reap.plan import breaker_counts, breaker_trips
 
 
 @settings(max_examples=500, deadline=None)
@@ -15,3 +16,16 @@ def test_the_breaker_opens_exactly_above_the_ratio(orphans: int, live: int, rati
     assert breaker_trips(orphans, total, ratio) == (total > 0 and orphans * 1.0 / total > ratio)
     if total and orphans <= ratio * total:
         assert not breaker_trips(orphans, total, ratio)
+
+
+def _attachment(n: int, verdict: Verdict, network: str = "net1", ifname: str = "eth0") -> Attachment:
+    return Attachment(AttachmentKey(f"{n:064x}", network, ifname), (), None, verdict, "", 0.0)
+
+
+def test_the_breaker_weighs_pods_not_their_loopbacks_nor_the_pending() -> None:
+    # Three pods the runtime lists and one it forgot: each has eth0 and lo.
+    live = [_attachment(n, "live") for n in range(3)] + [_attachment(n, "live", "cni-loopback", "lo") for n in range(3)]
+    forgotten = [_attachment(9, "orphan"), _attachment(9, "orphan", "cni-loopback", "lo")]
+    assert breaker_counts(live + forgotten) == (1, 4)
+    young = [_attachment(20 + n, "pending") for n in range(10)]
+    assert breaker_counts(live + forgotten + young) == (1, 4), "a burst of new pods does not dilute the ratio"
