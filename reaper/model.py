@@ -474,6 +474,9 @@ class ReclaimOutcome:
     key: AttachmentKey
     resources: tuple[ResourceOutcome, ...]
     plugin_errors: tuple[str, ...]  # every plugin whose DEL failed, and why
+    # DEL failed and this IPAM plugin keeps its state off the node: the cache entry stays, since
+    # only the plugin's DEL (which needs it) can release the address.
+    needs_plugin: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -179,6 +179,7 @@ def reap_json(result: ReapResult) -> dict[str, Any]:
                 {"kind": r.kind, "name": r.name, "method": r.method, "ok": r.ok, "error": r.error} for r in o.resources
             ],
             "plugin_errors": list(o.plugin_errors),
+            "needs_plugin": o.needs_plugin,
         }
         for o in result.reclaimed
     ]
@@ -210,6 +211,8 @@ def reap_table(result: ReapResult, dry_run: bool) -> str:
             for r in o.resources:
                 state = "freed" if r.ok else f"LEFT: {r.error}"
                 lines.append(f"      {r.method:<10} {r.kind} {_elide(r.name)}  {state}")
+            if o.needs_plugin:
+                lines.append(f"      NEEDS PLUGIN {o.needs_plugin}: its cache entry is kept until its DEL succeeds")
             for err in o.plugin_errors:
                 lines.append(f"      plugin DEL error: {err}")
     if result.skipped:

@@ -103,9 +103,12 @@ def _started_by(process: psutil.Process, ancestor: psutil.Process) -> bool:
     return False
 
 
-def busy_namespaces(bin_dirs: tuple[str, ...]) -> dict[NsKey, str]:
-    """Namespaces some process is in right now (not a plugin of this reaper's), with why."""
+def busy_namespaces(bin_dirs: tuple[str, ...], only: NsKey | None = None) -> dict[NsKey, str]:
+    """Namespaces some process is in right now (not a plugin of this reaper's), with why; with
+    `only`, just that one is looked into."""
     members = netns_members()
+    if only is not None:
+        members = {only: members[only]} if only in members else {}
     described = describe({pid for pids in members.values() for pid in pids}, bin_dirs)
     busy = {}
     for ns, pids in members.items():

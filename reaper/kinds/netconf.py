@@ -79,6 +79,25 @@ def _read(raw: bytes) -> tuple[dict[str, Any], str, str, list[dict[str, Any]]]:
     return doc, name, version if isinstance(version, str) else "", plugins
 
 
+# IPAM plugins whose whole state is on this node, in files this reaper frees itself (or none).
+LOCAL_IPAM = frozenset({"host-local", "static"})
+
+
+def off_node_ipam(raw: bytes) -> str | None:
+    """The first IPAM plugin of a config whose state lives elsewhere (a daemon, a datastore:
+    dhcp, calico-ipam, whereabouts, Cilium, AWS): only its DEL can release the address."""
+    try:
+        _, _, plugins = plugin_list(raw)
+    except ConfigError:
+        return None
+    for plugin in plugins:
+        ipam = plugin.get("ipam")
+        kind = ipam.get("type") if isinstance(ipam, dict) else None
+        if isinstance(kind, str) and kind not in LOCAL_IPAM:
+            return kind
+    return None
+
+
 def parse_network_config(raw: bytes, path: str) -> NetworkConfig:
     """A network config list (or a single-plugin config, as libcni turns it into a list)."""
     doc, name, version, plugins = _read(raw)

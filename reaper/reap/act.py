@@ -13,8 +13,10 @@ from typing import Any
 
 from reaper.cni.invoke import del_network
 from reaper.cni.requests import DelRequest, request_from_cache, safe_ifname
+from reaper.host.procs import busy_namespaces
 from reaper.host.quarantine import Quarantine
 from reaper.kinds import COMMAND_TIMEOUT, ReclaimContext, cache
+from reaper.kinds.netconf import off_node_ipam
 from reaper.kinds.registry import KINDS, RECLAIM_ORDER
 from reaper.model import (
     Attachment,
@@ -29,7 +31,10 @@ from reaper.model import (
     ReclaimMethod,
     ReclaimOutcome,
     ResourceOutcome,
+    RuntimeView,
+    SkippedAttachment,
 )
+from reaper.reap.plan import recheck_reason
 from reaper.stopwatch import Stopwatch
 
 # Plugins are processes that spend part of their time waiting (host-local's lock, the
@@ -86,21 +91,47 @@ class Reclaimer:
     quarantine: Quarantine | None
     log: logging.Logger
     stop: threading.Event
+    observe: Callable[[], RuntimeView]  # the runtimes, asked again
     watch: Stopwatch = field(default_factory=Stopwatch)
+
+    def recheck(self, attachments: Sequence[Attachment]) -> dict[AttachmentKey, str]:
+        """Right before acting on them: why each attachment must be left after all, by what the
+        runtimes list now and who is in its netns now. Unreachable runtimes leave them all."""
+        view = self.observe()
+        if not view.reachable:
+            return {a.key: f"runtime unreachable at the re-check: {view.error}" for a in attachments}
+        self.live_netns = self.live_netns | {s.netns for s in view.sandboxes if s.netns is not None}
+        only = attachments[0].netns if len(attachments) == 1 else None
+        busy = busy_namespaces(self.bin_dirs, only) if only is not None or len(attachments) > 1 else {}
+        reasons = {a.key: recheck_reason(a, view, busy) for a in attachments}
+        return {key: why for key, why in reasons.items() if why is not None}
 
     def run(
         self, attachments: Sequence[Attachment], requests: Mapping[AttachmentKey, DelRequest | None]
-    ) -> list[ReclaimOutcome]:
+    ) -> tuple[list[ReclaimOutcome], list[SkippedAttachment]]:
+        """Reclaim each attachment, re-checked right before its DEL and again before the kernel
+        step; those the first re-check leaves are skipped whole."""
         self.watch.restart()
-        plugin_errors = self._del_all(attachments, requests)
+        plugin_errors, left_before_del = self._del_all(attachments, requests)
+        skipped = [SkippedAttachment(a.key, left_before_del[a.key]) for a in attachments if a.key in left_before_del]
+        attachments = [a for a in attachments if a.key not in left_before_del]
         self.watch.lap("del")
         after_del = index(self.look())
         self.watch.lap("look")
+        needs_plugin = {
+            key: ipam
+            for key, request in requests.items()
+            if request is not None and plugin_errors.get(key) and (ipam := off_node_ipam(request.config)) is not None
+        }
         if self.stop.is_set():
             # Stopping: no new step starts. What DEL freed is reported; the rest waits.
             kernel_done = {i: Done.left("interrupted: stopping") for i in after_del}
         else:
-            kernel_done = self._kernel(attachments, after_del)
+            left = self.recheck(attachments) if attachments else {}
+            kernel_done = {
+                r.identity: Done.left(left[a.key]) for a in attachments if a.key in left for r in a.resources
+            }
+            kernel_done.update(self._kernel([a for a in attachments if a.key not in left], after_del, needs_plugin))
         self.watch.lap("kernel")
         final = index(self.look())
         self.watch.lap("verify")
@@ -120,32 +151,42 @@ class Reclaimer:
                 if not gone and error is None:
                     error = "still present after reclaiming"
                 results.append(ResourceOutcome(ref.kind, ref.name, method, gone, None if gone else error))
-            outcomes.append(ReclaimOutcome(a.key, tuple(results), plugin_errors.get(a.key, ())))
-        return outcomes
+            outcomes.append(
+                ReclaimOutcome(a.key, tuple(results), plugin_errors.get(a.key, ()), needs_plugin.get(a.key))
+            )
+        return outcomes, skipped
 
     def _del_all(
         self, attachments: Sequence[Attachment], requests: Mapping[AttachmentKey, DelRequest | None]
-    ) -> dict[AttachmentKey, tuple[str, ...]]:
-        todo = [(a.key, request) for a in attachments if (request := requests.get(a.key)) is not None]
+    ) -> tuple[dict[AttachmentKey, tuple[str, ...]], dict[AttachmentKey, str]]:
+        """Each attachment's DEL (where it has a config), right after its own re-check: (plugin
+        errors, why an attachment was left) by attachment."""
 
-        def one(item: tuple[AttachmentKey, DelRequest]) -> tuple[AttachmentKey, tuple[str, ...]]:
-            key, request = item
+        def one(attachment: Attachment) -> tuple[AttachmentKey, tuple[str, ...], str | None]:
+            key, request = attachment.key, requests.get(attachment.key)
             if self.stop.is_set():
-                return key, ()
+                return key, (), "stopping"
+            why = self.recheck([attachment]).get(key)
+            if why is not None or request is None:
+                return key, (), why
             outcomes = del_network(request, self.bin_dirs, self.plugin_timeout, self.stop)
-            return key, tuple(o.error for o in outcomes if o.error)
+            return key, tuple(o.error for o in outcomes if o.error), None
 
         with ThreadPoolExecutor(max_workers=DEL_WORKERS) as pool:
-            results = dict(pool.map(one, todo))
-        for key, errors in results.items():
-            for error in errors:
+            results = list(pool.map(one, attachments))
+        errors = {key: found for key, found, _ in results if found}
+        left = {key: why for key, _, why in results if why is not None}
+        for key, found in errors.items():
+            for error in found:
                 self.log.warning("plugin DEL failed", extra={"attachment": key.as_text(), "error": error})
-        return results
+        return errors, left
 
-    def _kernel(self, attachments: Sequence[Attachment], present: Records) -> dict[Identity, Done]:
+    def _kernel(
+        self, attachments: Sequence[Attachment], present: Records, needs_plugin: Mapping[AttachmentKey, str]
+    ) -> dict[Identity, Done]:
         """Each kind reclaims what is still there, in the registry's order. A `last` kind's
-        record goes only once every other resource of its attachment is gone: it is what a
-        later DEL would need."""
+        record goes only once every other resource of its attachment is gone, and never while
+        an off-node IPAM plugin still needs it: it is what a later DEL needs."""
         done: dict[Identity, Done] = {}
         last_kinds = {k.name for k in RECLAIM_ORDER if k.last}
         for kind in RECLAIM_ORDER:
@@ -153,6 +194,12 @@ class Reclaimer:
             for a in attachments:
                 for ref in a.resources:
                     if ref.kind != kind.name or ref.identity not in present:
+                        continue
+                    if kind.last and a.key in needs_plugin:
+                        ipam = needs_plugin[a.key]
+                        done[ref.identity] = Done.left(
+                            f"kept: {ipam} keeps the address off this node; its DEL needs this"
+                        )
                         continue
                     if kind.last:
                         others = [r.identity for r in a.resources if r.kind not in last_kinds and r.identity in present]

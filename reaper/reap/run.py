@@ -5,17 +5,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Set
 from dataclasses import replace
 from typing import Any
 
 from reaper.cni.invoke import gc_networks
 from reaper.host.memo import InventoryMemo
-from reaper.host.procs import busy_namespaces
 from reaper.host.quarantine import Quarantine
-from reaper.model import GcOutcome, ReapResult, ScanReport, SkippedAttachment
+from reaper.model import AttachmentKey, GcOutcome, ReapResult, ScanReport, SkippedAttachment
 from reaper.reap.act import Reclaimer, del_request, index
-from reaper.reap.plan import ReapPolicy, breaker_counts, breaker_reason, plan_attachment, recheck_reason, select
+from reaper.reap.plan import ReapPolicy, breaker_counts, breaker_reason, plan_attachment, select
 from reaper.runtime.liveness import LivenessSource
 from reaper.scan import find_options, scan_pass
 from reaper.settings import ReapSettings, Settings
@@ -70,21 +69,14 @@ def reap_pass(
     if stop.is_set():
         skipped += [SkippedAttachment(a.key, "stopping") for a in selected]
         return result(plan=plan, skipped=tuple(skipped))
-    # Right before acting, ask the runtime again: an ID that reappeared is left alone.
+    # Before acting, ask the runtimes again (and again right before each attachment's DEL and
+    # before the kernel step): an ID that reappeared, or a netns someone entered, is left alone.
     watch.restart()
     view = liveness.observe(scan.known_netns)
     watch.lap("recheck")
     if not view.reachable:
         skipped += [SkippedAttachment(a.key, "runtime unreachable at the re-check") for a in selected]
         return result(plan=plan, skipped=tuple(skipped), recheck_error=view.error)
-    busy = busy_namespaces(settings.cni_bin_dirs)
-    act = []
-    for a in selected:
-        why = recheck_reason(a, view, busy)
-        if why is None:
-            act.append(a)
-        else:
-            skipped.append(SkippedAttachment(a.key, why))
     options = find_options(settings)
     reclaimer = Reclaimer(
         look=lambda: take_snapshot(options, memo),
@@ -95,9 +87,11 @@ def reap_pass(
         quarantine=Quarantine(reap.quarantine_dir) if reap.quarantine_dir else None,
         log=log,
         stop=stop,
+        observe=lambda: liveness.observe(scan.known_netns),
         watch=watch,
     )
-    outcomes = reclaimer.run(act, requests) if act else []
+    outcomes, left = reclaimer.run(selected, requests)
+    skipped += left
     for outcome in outcomes:
         log.info(
             "reclaimed" if outcome.ok else "reclaim incomplete",
@@ -108,18 +102,21 @@ def reap_pass(
                 ),
             },
         )
-    gc = _gc(settings, reap, report) if reap.cni_gc else ()
+    gc = _gc(settings, reap, report, {o.key for o in outcomes}) if reap.cni_gc else ()
     return result(plan=plan, reclaimed=tuple(outcomes), skipped=tuple(skipped), gc=gc)
 
 
-def _live_attachments(report: ScanReport) -> Iterable[tuple[str, str, str]]:
+def _valid_attachments(report: ScanReport, reclaimed: Set[AttachmentKey]) -> Iterable[tuple[str, str, str]]:
+    """Every attachment not reclaimed now, as the re-checks left it: live, pending, unknown,
+    and the orphans that were skipped or left at a re-check."""
     for a in report.attachments:
         k = a.key
-        if a.verdict != "orphan" and k.container_id and k.network and k.ifname:
+        if k not in reclaimed and k.container_id and k.network and k.ifname:
             yield k.network, k.container_id, k.ifname
 
 
-def _gc(settings: Settings, reap: ReapSettings, report: ScanReport) -> tuple[GcOutcome, ...]:
-    return gc_networks(
-        settings.cni_conf_dir, list(_live_attachments(report)), settings.cni_bin_dirs, reap.plugin_timeout
-    )
+def _gc(
+    settings: Settings, reap: ReapSettings, report: ScanReport, reclaimed: Set[AttachmentKey] = frozenset()
+) -> tuple[GcOutcome, ...]:
+    valid = list(_valid_attachments(report, reclaimed))
+    return gc_networks(settings.cni_conf_dir, valid, settings.cni_bin_dirs, reap.plugin_timeout)

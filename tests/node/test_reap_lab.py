@@ -294,6 +294,33 @@ def test_nft_rules_are_reclaimed_by_their_key_and_a_live_pods_stay(forgotten: Fo
     assert_live_intact(forgotten, tmp_path)  # with the table gone, as they were before it
 
 
+def test_an_address_held_off_the_node_keeps_the_entry_its_plugin_needs(forgotten: Forgotten, tmp_path: Path) -> None:
+    """IPAM that keeps its state elsewhere (dhcp here, calico-ipam, whereabouts, Cilium, AWS on
+    real nodes) releases an address only through its own DEL, which needs the cache entry: when
+    that DEL fails, the entry stays and the attachment says it needs the plugin."""
+    lab, net = forgotten.lab, forgotten.lab.network_name
+    dead = secrets.token_hex(32)
+    pin = lab.make_pin()
+    config = {
+        "cniVersion": "1.0.0",
+        "name": net,
+        "plugins": [{"type": "bridge", "bridge": lab.bridge, "ipam": {"type": "dhcp"}}],
+    }
+    entry = lab.cache_dir / "results" / f"{net}-{dead}-eth0"
+    entry.write_text(json.dumps(cache_doc(dead, net, config=config, netns=str(pin), cniArgs=[["IgnoreUnknown", "1"]])))
+    try:
+        run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
+        assert run.returncode == 1, run.stdout[-2000:] + run.stderr  # not everything could be freed
+        outcome = reclaimed(run, dead)
+        assert outcome["needs_plugin"] == "dhcp" and any("dhcp" in e for e in outcome["plugin_errors"])
+        kept = next(r for r in outcome["resources"] if r["kind"] == "cache")
+        assert not kept["ok"] and "dhcp" in kept["error"] and entry.exists()
+        assert not pin.exists()  # what is on this node is still freed
+    finally:
+        entry.unlink(missing_ok=True)
+    assert_live_intact(forgotten, tmp_path)
+
+
 def test_an_ipv6_range_is_reclaimed(forgotten: Forgotten, tmp_path: Path) -> None:
     lab = forgotten.lab
     net6 = f"{lab.network_name}-v6"
@@ -456,6 +483,21 @@ def test_a_sandbox_listed_again_at_the_recheck_is_left_alone(kept: tuple[Lab, st
     assert {p.name for p in lab.netns_dir.iterdir()} == pins
     assert len(list((lab.ipam_dir / lab.network_name).glob("10.*"))) == lease_count
     assert lab.run_in_netns(["ping", "-c", "1", "-W", "2", lab.pod_ip(web)]).returncode == 0
+
+
+def test_the_recheck_is_made_per_attachment_right_before_its_del(
+    kept: tuple[Lab, str, str, str], tmp_path: Path
+) -> None:
+    """A sandbox hidden from the scan and from the re-check of the whole plan, listed again by
+    the time its own DEL would run: it is left, and so is everything of its."""
+    lab, chained, nocni, web = kept
+    pins = {p.name for p in lab.netns_dir.iterdir()}
+    doc = racing_reap(lab, "reappear-late", [chained, nocni], tmp_path / "state.json")
+    assert chained in {a["container_id"] for a in doc["attachments"] if a["verdict"] == "orphan"}
+    assert doc["reclaimed"] == []
+    reasons = {s["container_id"]: s["reason"] for s in doc["skipped"]}
+    assert "listed again" in reasons[chained]
+    assert {p.name for p in lab.netns_dir.iterdir()} == pins and pings(lab, web)
 
 
 def test_runtime_unreachable_at_the_recheck_reclaims_nothing(kept: tuple[Lab, str, str, str], tmp_path: Path) -> None:

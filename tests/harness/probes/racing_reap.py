@@ -2,7 +2,9 @@
 
 Usage: racing_reap.py MODE HIDE_IDS -- <reaper flags>. MODE `reappear`: the first list hides
 HIDE_IDS (comma-separated), the re-check shows them. MODE `unreachable`: the re-check fails.
-MODE `empty`: the runtime answers every time with an empty list.
+MODE `empty`: the runtime answers every time with an empty list. MODE `reappear-late`: the
+first two lists (the scan's and the re-check of the whole plan) hide HIDE_IDS, every later one
+(the re-check right before each attachment's DEL) shows them.
 Prints reap_json; run it inside the lab netns.
 """
 
@@ -31,7 +33,8 @@ class ChangingRuntime:
         view = self.inner.observe(known_netns)
         if self.mode == "empty":
             return replace(view, sandboxes=())
-        if self.calls == 1 and self.mode == "reappear":
+        hidden = (self.mode == "reappear" and self.calls == 1) or (self.mode == "reappear-late" and self.calls <= 2)
+        if hidden:
             return replace(view, sandboxes=tuple(s for s in view.sandboxes if s.id not in self.hide))
         if self.calls == 2 and self.mode == "unreachable":
             return RuntimeView(view.endpoint, None, None, False, "connection refused (injected)", ())
