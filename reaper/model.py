@@ -12,6 +12,7 @@ from typing import Any, Literal, NamedTuple
 
 ResourceKind = str  # a kind's name, as reaper.kinds.registry lists them
 Verdict = Literal["live", "orphan", "pending", "unknown"]
+Owner = Literal["cri", "other", "unknown"]
 VERDICTS: tuple[Verdict, ...] = ("live", "orphan", "pending", "unknown")
 
 DetailValue = str | int | float | bool | None
@@ -118,6 +119,9 @@ class CacheEntry:
     corrupt: str | None = None
     # Its netns path exists but cannot be inspected (a protected /proc/<pid>/ns/net).
     netns_uninspectable: bool = False
+    # Whose it is, by the CNI_ARGS its runtime passed: "cri" (K8S_POD_NAMESPACE, which every CRI
+    # runtime passes), "other" (podman, nerdctl: without it), "unknown" (nothing to tell by).
+    owner: Owner = "unknown"
 
 
 @dataclass(frozen=True)
@@ -364,6 +368,7 @@ class Attachment:
     verdict: Verdict
     reason: str
     age_seconds: float
+    owner: Owner = "unknown"  # whose runtime made it, by its cache entry (see CacheEntry.owner)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from reaper.model import (
     Holder,
     NodeSnapshot,
     NsKey,
+    Owner,
     Policy,
     RuntimeView,
     Sandbox,
@@ -99,7 +100,8 @@ def reconcile(
                 streak = (previous.orphan_streak if previous is not None else 0) + 1
                 verdict, reason = _unowned_verdict(age, streak, policy)
         new_history[text_key] = AttachmentHistory(first_seen, streak)
-        attachments.append(Attachment(group.key, group.resources, group.netns, verdict, reason, age))
+        owner = _owner(group)
+        attachments.append(Attachment(group.key, group.resources, group.netns, verdict, reason, age, owner))
 
     stuck = []
     for sandbox in runtime.sandboxes:
@@ -136,3 +138,9 @@ def _unowned_verdict(age: float, streak: int, policy: Policy) -> tuple[Verdict, 
     if streak < policy.confirmations:
         return "pending", f"no owner on {streak} of {policy.confirmations} required passes"
     return "orphan", f"no sandbox and no process own it, on {streak} consecutive passes"
+
+
+def _owner(group: ResourceGroup) -> Owner:
+    """Whose runtime made the attachment, by what its cache entries say; cri wins over other."""
+    said = {ref.detail("owner") for ref in group.resources if ref.kind == "cache"}
+    return "cri" if "cri" in said else "other" if "other" in said else "unknown"

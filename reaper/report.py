@@ -57,6 +57,7 @@ def report_json(report: ScanReport) -> dict[str, Any]:
                 "network": a.key.network,
                 "ifname": a.key.ifname,
                 "verdict": a.verdict,
+                "owner": a.owner,
                 "reason": a.reason,
                 "age_seconds": round(a.age_seconds, 3),
                 "resources": [_resource(r, now) for r in a.resources],
@@ -109,13 +110,14 @@ def report_table(report: ScanReport) -> str:
             continue
         lines.append("")
         lines.append(f"{verdict.upper()} ({len(group)})")
-        lines.append(f"  {'CONTAINER':<13} {'NETWORK':<20} {'IF':<6} {'AGE':>5}  RESOURCES / REASON")
+        lines.append(f"  {'CONTAINER':<13} {'NETWORK':<20} {'IF':<6} {'OWNER':<7} {'AGE':>5}  RESOURCES / REASON")
         for a in group:
             lines.append(
                 f"  {_short(a.key.container_id, 13):<13} {_short(a.key.network, 20):<20} "
-                f"{_short(a.key.ifname, 6):<6} {format_duration(a.age_seconds):>5}  {_resources_text(a.resources)}"
+                f"{_short(a.key.ifname, 6):<6} {a.owner:<7} {format_duration(a.age_seconds):>5}  "
+                f"{_resources_text(a.resources)}"
             )
-            lines.append(f"  {'':<13} {'':<20} {'':<6} {'':>5}  ({a.reason})")
+            lines.append(f"  {'':<13} {'':<20} {'':<6} {'':<7} {'':>5}  ({a.reason})")
     if report.stuck_sandboxes:
         lines.append("")
         lines.append(f"STUCK SANDBOXES ({len(report.stuck_sandboxes)}): NOTREADY, kept by the runtime")

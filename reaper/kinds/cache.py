@@ -30,7 +30,17 @@ from reaper.host.memo import FileMemo
 from reaper.host.quarantine import remove_or_quarantine
 from reaper.kinds import Found, Kind, Look, ReclaimContext
 from reaper.kinds.netconf import ConfigError, parse_network_config
-from reaper.model import CacheEntry, CorruptFile, DetailValue, Done, Identity, NetworkConfig, OwnKey, ResourceRef
+from reaper.model import (
+    CacheEntry,
+    CorruptFile,
+    DetailValue,
+    Done,
+    Identity,
+    NetworkConfig,
+    Owner,
+    OwnKey,
+    ResourceRef,
+)
 from reaper.names import is_cni_id, is_ifname
 
 MAX_CACHE_BYTES = 4 << 20
@@ -81,6 +91,18 @@ def _host_ifnames(result: Any) -> tuple[str, ...]:
         if not iface.get("sandbox") and isinstance(name, str) and is_ifname(name):
             names.append(name)
     return tuple(names)
+
+
+CRI_ARG = "K8S_POD_NAMESPACE"  # every CRI runtime passes it; podman and nerdctl do not
+
+
+def _owner(doc: dict[str, Any], legacy: bool) -> Owner:
+    """Whose entry this is, by the CNI_ARGS its runtime passed (a legacy result keeps none)."""
+    args = doc.get("cniArgs")
+    if legacy or not isinstance(args, list):
+        return "unknown"
+    keys = {pair[0] for pair in args if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)}
+    return "cri" if CRI_ARG in keys else "other"
 
 
 def _split_legacy_name(name: str, ifname: str, networks: Set[str]) -> tuple[str, str]:
@@ -187,7 +209,7 @@ def collect_cache(cache_dir: str, known_networks: Set[str], memo: FileMemo[objec
             netns_path = _netns_from(doc, result, ifname)
             cache_entry = CacheEntry(
                 path, entry.name, cid, net, ifname, netns_path, namespace_of(netns_path), _host_ifnames(result),
-                legacy, mtime, netns_uninspectable=namespace_uninspectable(netns_path),
+                legacy, mtime, netns_uninspectable=namespace_uninspectable(netns_path), owner=_owner(doc, legacy),
             )  # fmt: skip
             entries.append(cache_entry)
             encoded = doc.get("config")
@@ -269,7 +291,11 @@ def identity(entry: CacheEntry) -> Identity:
 
 
 def ref(entry: CacheEntry) -> ResourceRef:
-    details: tuple[tuple[str, DetailValue], ...] = (("path", entry.path), ("legacy", entry.legacy))
+    details: tuple[tuple[str, DetailValue], ...] = (
+        ("path", entry.path),
+        ("legacy", entry.legacy),
+        ("owner", entry.owner),
+    )
     if entry.corrupt is not None:
         details += (("corrupt", entry.corrupt),)
     return ResourceRef("cache", entry.name, entry.mtime, details, identity(entry))

@@ -78,6 +78,10 @@ def test_every_attachment_gets_exactly_its_verdict(world: World, tmp_path: Path)
     }
     assert {k: (a["verdict"], kinds(a)) for k, a in got.items()} == expected
     assert all(a["container_id"] != world.gone for a in doc["attachments"])
+    # containerd passes K8S_POD_NAMESPACE in CNI_ARGS, and its cache entries keep it.
+    owners = {k: a["owner"] for k, a in got.items()}
+    assert owners[(web, net, "eth0")] == owners[(web, "cni-loopback", "lo")] == "cri"
+    assert owners[(bare.container_id, net, "eth0")] == "unknown"  # no cache entry to tell by
 
     # The resources are the ones the runtime and the plugins made, by name.
     leak = got[(cached.container_id, net, "eth0")]

@@ -136,3 +136,19 @@ def test_a_cache_entrys_netns_is_never_taken_at_its_word(tmp_path: Path, netns: 
         assert entry.netns is not None or entry.netns_uninspectable
     else:
         assert entry.netns is None and not entry.netns_uninspectable
+
+
+def test_whose_entry_it_is_by_the_args_its_runtime_passed(tmp_path: Path) -> None:
+    """CRI runtimes pass K8S_POD_NAMESPACE; podman passes K8S_POD_NAME alone (its CNI backend);
+    a legacy result keeps no args at all."""
+    results = tmp_path / "results"
+    results.mkdir()
+    cri = [["IgnoreUnknown", "1"], ["K8S_POD_NAMESPACE", "default"], ["K8S_POD_NAME", "web"]]
+    podman = [["IgnoreUnknown", "1"], ["K8S_POD_NAME", "web"]]
+    for n, args in ((1, cri), (2, podman), (3, None)):
+        cid = f"{n:064x}"
+        doc = cache_doc(cid, "net1") if args is None else cache_doc(cid, "net1", cniArgs=args)
+        (results / f"net1-{cid}-eth0").write_text(json.dumps(doc))
+    (results / f"net1-{4:064x}-eth0").write_text(json.dumps({"cniVersion": "0.3.1", "interfaces": []}))
+    owners = {e.container_id[-1]: e.owner for e in collect_cache(str(tmp_path), {"net1"}).entries}
+    assert owners == {"1": "cri", "2": "other", "3": "unknown", "4": "unknown"}
