@@ -25,7 +25,8 @@ def _unescape(field: str) -> str:
 
 
 def propagation_of(path: str, mountinfo: str) -> set[str]:
-    """The propagation tags (shared:N, master:N, ...) of the mount that holds `path`."""
+    """The propagation tags (shared:N, master:N, ...) of the mount that holds `path`: the one with
+    the longest mount point, and of mounts stacked on one point the last (the one on top)."""
     best: tuple[int, set[str]] = (-1, set())
     for line in mountinfo.splitlines():
         fields = line.split(" ")
@@ -33,7 +34,7 @@ def propagation_of(path: str, mountinfo: str) -> set[str]:
             continue
         point = _unescape(fields[4])
         inside = path == point or path.startswith(point.rstrip("/") + "/")
-        if inside and len(point) > best[0]:
+        if inside and len(point) >= best[0]:
             best = (len(point), {f.split(":")[0] for f in fields[6 : fields.index("-", 6)]})
     return best[1]
 
