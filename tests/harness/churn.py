@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tests.harness.lab import Lab, Leak
 from tests.harness.lab.cni import masq_chain
+from tests.harness.podman import NETWORK, LabPodman
 from tests.harness.reaper_cli import lab_flags
 
 
@@ -41,6 +42,8 @@ class ChurnFigures:
     leaks_reclaimed: int = 0
     checks: int = 0
     passes: int = 0
+    podman_started: int = 0
+    podman_removed: int = 0
     live_harmed: int = 0
     duplicate_ips: int = 0
     harm: list[str] = field(default_factory=list)
@@ -50,6 +53,7 @@ class ChurnFigures:
             f"churn for {self.seconds:.0f}s, agent passes: {self.passes}, checks of every live pod: {self.checks}",
             f"pods created: {self.pods_created} (failed: {self.creations_failed}), removed: {self.pods_removed}",
             f"leaks injected: {self.leaks_injected}, reclaimed: {self.leaks_reclaimed}",
+            f"podman containers started: {self.podman_started}, removed: {self.podman_removed}",
             f"live resources harmed: {self.live_harmed} (must be 0), duplicate IPs: {self.duplicate_ips} (must be 0)",
         ]
 
@@ -93,6 +97,17 @@ def _harm(lab: Lab, pods: dict[str, LivePod]) -> list[str]:
     return harm
 
 
+def _podman_record(lab: Lab, podman: LabPodman, name: str) -> LivePod:
+    """A running podman container, as the files podman wrote for it name it."""
+    cid = podman.run(name)
+    cache = lab.cache_dir / "results" / f"{NETWORK}-{cid}-eth0"
+    interfaces = json.loads(cache.read_bytes())["result"]["interfaces"]
+    pin = lab.netns_dir / Path(next(i["sandbox"] for i in interfaces if i.get("sandbox"))).name
+    veth = next(i["name"] for i in interfaces if not i.get("sandbox") and i["name"] != podman.bridge)
+    ip = podman.ip(cid)
+    return LivePod(cid, ip, pin, veth, lab.ipam_dir / NETWORK / ip, cache, masq_chain(NETWORK, cid))
+
+
 def _names(lease: Path, container_id: str) -> bool:
     """The lease file exists and still names `container_id` (its IP may have gone to a new pod)."""
     try:
@@ -111,19 +126,36 @@ def _leak_gone(lab: Lab, leak: Leak, links: set[str]) -> bool:
 
 
 def run_churn(
-    lab: Lab, seconds: float, seed: int, workdir: Path, interval: str = "1s", min_age: str = "3s"
+    lab: Lab,
+    seconds: float,
+    seed: int,
+    workdir: Path,
+    interval: str = "1s",
+    min_age: str = "3s",
+    decoy: Lab | None = None,
+    podman: LabPodman | None = None,
 ) -> ChurnFigures:
     """Churn for `seconds`. `min_age` must stay above the runtime's RunPodSandbox time: containerd
     lists a sandbox only once its network is set up and its pause process runs, so a pass that
     looks in between sees a pin, a veth and a lease that nothing lists yet (measured: at --min-age 0
-    the agent then breaks pods being created)."""
+    the agent then breaks pods being created).
+
+    With `decoy`, a second runtime that lists no pods is asked too (first); with `podman`, podman
+    containers come and go beside the pods, are checked like them, and the agent sees the node as
+    podman does."""
     rng = random.Random(seed)
     figures = ChurnFigures()
     log_path = workdir / "agent.log"
-    argv = ["nsenter", f"--net={lab.netns_path}", sys.executable, "-m", "reaper", "run"]
+    view = podman.node_view() if podman is not None else []
+    argv = ["nsenter", f"--net={lab.netns_path}", *view, sys.executable, "-m", "reaper", "run"]
+    if decoy is not None:
+        argv += ["--runtime-endpoint", decoy.endpoint]
     argv += [*lab_flags(lab, workdir / "state.json"), "--interval", interval, "--log-format", "json"]
     argv += ["--min-age", min_age, "--confirmations", "1", "--max-orphan-ratio", "1"]
+    if podman is not None:
+        argv += ["--netns-dir", "/run/netns"]
     pods: dict[str, LivePod] = {}
+    boxes: dict[str, LivePod] = {}  # podman containers, by name
     leaks: list[Leak] = []
     started = time.monotonic()
     with open(log_path, "wb") as log:
@@ -132,8 +164,17 @@ def run_churn(
             n = 0
             while time.monotonic() - started < seconds:
                 n += 1
-                action = rng.choices(["create", "remove", "leak"], weights=[4, 3, 2])[0]
-                if action == "create" or (action == "remove" and not pods):
+                action = rng.choices(["create", "remove", "leak", "podman"], weights=[4, 3, 2, 2 if podman else 0])[0]
+                if action == "podman" and podman is not None:
+                    if boxes and rng.random() < 0.4:
+                        name = rng.choice(sorted(boxes))
+                        del boxes[name]
+                        podman.podman("rm", "-f", "-t", "0", name)
+                        figures.podman_removed += 1
+                    else:
+                        boxes[f"box-{n}"] = _podman_record(lab, podman, f"box-{n}")
+                        figures.podman_started += 1
+                elif action == "create" or (action == "remove" and not pods):
                     attempt = lab.try_run_pod(f"churn-{n}")
                     if attempt.ok and attempt.sandbox_id is not None:
                         record = _record(lab, attempt.sandbox_id)
@@ -155,11 +196,11 @@ def run_churn(
                 else:
                     leaks.append(lab.make_leak(with_cache=rng.random() < 0.5))
                     figures.leaks_injected += 1
-                harm = _harm(lab, pods)
+                harm = _harm(lab, {**pods, **{b.sandbox_id: b for b in boxes.values()}})
                 figures.checks += 1
                 figures.live_harmed += len(harm)
                 figures.harm.extend(harm)
-                ips = [p.ip for p in pods.values()]
+                ips = [p.ip for p in pods.values()] + [b.ip for b in boxes.values()]
                 figures.duplicate_ips += len(ips) - len(set(ips))
             # Injection over: every leak must be gone within a few passes.
             deadline = time.monotonic() + 60
@@ -172,7 +213,7 @@ def run_churn(
                 if figures.leaks_reclaimed == len(leaks):
                     break
                 time.sleep(0.5)
-            harm = _harm(lab, pods)
+            harm = _harm(lab, {**pods, **{b.sandbox_id: b for b in boxes.values()}})
             figures.live_harmed += len(harm)
             figures.harm.extend(harm)
         finally:
@@ -183,4 +224,7 @@ def run_churn(
     for sandbox_id in list(pods):
         lab.stop_pod(sandbox_id)
         lab.remove_pod(sandbox_id)
+    if podman is not None:
+        for name in list(boxes):
+            podman.podman("rm", "-f", "-t", "0", name)
     return figures
