@@ -6,6 +6,7 @@ and chains exactly as before, and still answers ping from the lab netns.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -372,19 +373,31 @@ with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "gc-calls.jso
 """
 
 
-def test_cni_gc_verb_is_called_with_the_live_attachments(forgotten: Forgotten, tmp_path: Path) -> None:
-    lab, net = forgotten.lab, forgotten.lab.network_name
+@contextlib.contextmanager
+def gc_probe(lab: Lab) -> Iterator[Path]:
+    """The lab's network at CNI 1.1.0 with a GC-recording plugin, and one with GC disabled;
+    yields the file each call is recorded in."""
+    net = lab.network_name
     plugin = lab.bin_dir / "reaper-gc-probe"
     plugin.write_text(GC_PLUGIN)
     plugin.chmod(0o755)
     calls = lab.bin_dir / "gc-calls.jsonl"
-    # The lab's own network, at 1.1.0, so that its live attachments are the valid ones.
     gc_conf = lab.conf_dir / "30-gc.conflist"
     gc_conf.write_text(json.dumps({"cniVersion": "1.1.0", "name": net, "plugins": [{"type": "reaper-gc-probe"}]}))
     off = lab.conf_dir / "31-nogc.conflist"
     off.write_text(json.dumps({"cniVersion": "1.1.0", "name": "nogc", "disableGC": True,
                                "plugins": [{"type": "reaper-gc-probe"}]}))  # fmt: skip
     try:
+        yield calls
+    finally:
+        gc_conf.unlink()
+        off.unlink()
+        calls.unlink(missing_ok=True)
+
+
+def test_cni_gc_verb_is_called_with_the_live_attachments(forgotten: Forgotten, tmp_path: Path) -> None:
+    lab, net = forgotten.lab, forgotten.lab.network_name
+    with gc_probe(lab) as calls:
         run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP, "--cni-gc")
         assert run.returncode == 0
         recorded = [json.loads(line) for line in calls.read_text().splitlines()]
@@ -394,10 +407,27 @@ def test_cni_gc_verb_is_called_with_the_live_attachments(forgotten: Forgotten, t
         assert recorded[0]["conf"]["cni.dev/attachments"] == valid
         assert {g["network"] for g in run.doc["gc"]} == {net}
         assert all(g["ok"] for g in run.doc["gc"] if g["plugin"] == "reaper-gc-probe")
-    finally:
-        gc_conf.unlink()
-        off.unlink()
-        calls.unlink(missing_ok=True)
+    assert_live_intact(forgotten, tmp_path)
+
+
+def test_cni_gc_counts_every_attachment_not_reclaimed_now_as_valid(forgotten: Forgotten, tmp_path: Path) -> None:
+    """An orphan left for the next pass (over --max-reap) still holds its address: GC must not
+    be told it is gone."""
+    lab = forgotten.lab
+    settled = run_reaper(lab, "reap", tmp_path / "settle.json", "--json", *REAP)  # whatever earlier tests left
+    assert settled.returncode == 0, settled.stdout[-2000:]
+    leaks = [lab.make_leak(with_cache=True) for _ in range(2)]
+    with gc_probe(lab) as calls:
+        run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP, "--cni-gc", "--max-reap", "1")
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr
+        (reclaimed,) = [o["container_id"] for o in run.doc["reclaimed"]]
+        (skipped,) = [s["container_id"] for s in run.doc["skipped"]]
+        assert {reclaimed, skipped} == {leak.container_id for leak in leaks}
+        (call,) = [json.loads(line) for line in calls.read_text().splitlines()]
+        valid = call["conf"]["cni.dev/valid-attachments"]
+        assert sorted(v["containerID"] for v in valid) == sorted([forgotten.web, forgotten.db, skipped])
+    run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
+    assert run.returncode == 0 and all(leak_left(lab, leak) == [] for leak in leaks)
     assert_live_intact(forgotten, tmp_path)
 
 
