@@ -1,4 +1,4 @@
-"""Careful file reading for inventory: no symlinks followed, bounded size."""
+"""Careful file reading: no symlinks followed, bounded size, directories listed once."""
 
 from __future__ import annotations
 
