@@ -7,19 +7,52 @@ import threading
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
 NOT_FOUND = b"not found: try /metrics, /healthz, /readyz\n"
+MAX_CONNECTIONS = 32  # served at once; more are closed at once (a scraper needs one or two)
+IDLE_TIMEOUT = 10.0  # seconds a connection may send nothing before it is closed
 
 
-class _IPv6Server(ThreadingHTTPServer):
+class _BoundedServer(ThreadingHTTPServer):
+    """A thread per connection, but never more than MAX_CONNECTIONS of them: a flood of idle
+    connections costs a few threads for IDLE_TIMEOUT seconds, not memory without end."""
+
+    daemon_threads = True
+    max_connections = MAX_CONNECTIONS
+    request_queue_size = 128  # the listen backlog: a burst waits to be accepted (and closed)
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+class _IPv6Server(_BoundedServer):
     address_family = socket.AF_INET6
 
 
 def _handler(metrics: Callable[[], bytes], readiness: Callable[[], tuple[bool, str]]) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "cni-reaper"
+        timeout = IDLE_TIMEOUT
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
@@ -54,11 +87,14 @@ class HealthServer:
     def __init__(
         self, host: str, port: int, metrics: Callable[[], bytes], readiness: Callable[[], tuple[bool, str]]
     ) -> None:
-        server_class = _IPv6Server if ":" in host else ThreadingHTTPServer
+        server_class = _IPv6Server if ":" in host else _BoundedServer
         self._server = server_class((host, port), _handler(metrics, readiness))
-        self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
         self._thread.start()
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
 
     def close(self) -> None:
         self._server.shutdown()

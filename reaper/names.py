@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 # CNI spec: container IDs and network names.
 _CNI_ID = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.\-]*")
-_IFNAME = re.compile(r"[^/:\s]{1,15}")
+_IFNAME = re.compile(r"[^/:\s\x00-\x1f\x7f]{1,15}")  # no slash, colon, space or control byte
 # Runtime-made netns pin names: containerd `cni-<uuid>`, CRI-O a bare uuid.
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 RUNTIME_NETNS_PATTERNS: tuple[str, ...] = (rf"cni-{_UUID}", _UUID)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from reaper.host.atomic import write_atomically
+from reaper.host.jsondoc import parse_json
 from reaper.model import AttachmentHistory
 
 STATE_VERSION = 2
@@ -46,13 +47,13 @@ def load_state(path: str) -> tuple[State, str | None]:
     try:
         if len(raw) > MAX_STATE_BYTES:
             raise ValueError("too large")
-        doc = json.loads(raw)
+        doc = parse_json(raw)
         if not isinstance(doc, dict) or doc.get("version") != STATE_VERSION:
             raise ValueError("unknown version")
         attachments = {str(k): AttachmentHistory(float(v[0]), int(v[1])) for k, v in doc.get("attachments", {}).items()}
         netns = {str(k): str(v) for k, v in doc.get("sandbox_netns", {}).items()}
         first_seen = {str(k): float(v) for k, v in doc.get("sandbox_first_seen", {}).items()}
-    except (ValueError, TypeError, KeyError, AttributeError) as err:
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as err:  # any shape but ours
         return EMPTY_STATE, f"state file {path} is corrupt ({err}); starting afresh"
     return State(attachments, netns, first_seen), None
 

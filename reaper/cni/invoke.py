@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reaper.cni.requests import DelRequest, at_least, gc_stdin, plugin_stdin
+from reaper.host.jsondoc import parse_json
 from reaper.kinds.netconf import ConfigError, collect_configs, plugin_list
 from reaper.model import GcOutcome
 
@@ -75,7 +76,7 @@ def find_plugin(plugin_type: str, bin_dirs: tuple[str, ...]) -> str:
 def _error_message(stdout: bytes, stderr: bytes, returncode: int) -> tuple[str, int | None]:
     text = stdout.decode("utf-8", "replace").strip()
     try:
-        doc = json.loads(text) if text else None
+        doc = parse_json(text) if text else None
     except ValueError:
         doc = None
     if isinstance(doc, dict) and ("msg" in doc or "code" in doc):
@@ -144,7 +145,7 @@ def run_plugin(
     if not text:
         return {}
     try:
-        doc = json.loads(text)
+        doc = parse_json(text)
     except ValueError:
         raise PluginFailure(plugin_type, f"printed something that is not JSON: {text[:80]!r}") from None
     return doc if isinstance(doc, dict) else {}

@@ -24,7 +24,9 @@ class CommandResult:
 
 def run_command(argv: list[str], timeout: float, input_text: str | None = None) -> CommandResult:
     try:
-        proc = subprocess.run(argv, input=input_text, capture_output=True, text=True, timeout=timeout, check=False)
+        proc = subprocess.run(
+            argv, input=input_text, capture_output=True, text=True, errors="replace", timeout=timeout, check=False
+        )  # a comment or name in another encoding is replaced, never a failed pass
     except subprocess.TimeoutExpired:
         return CommandResult(EXIT_TIMED_OUT, "", f"{argv[0]} timed out after {timeout:g}s")
     except OSError as err:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import os
 import re
 from collections.abc import Sequence, Set
@@ -26,6 +25,7 @@ from reaper.host.files import (
     read_file_nofollow,
     read_file_with_stat,
 )
+from reaper.host.jsondoc import parse_json
 from reaper.host.memo import FileMemo
 from reaper.host.quarantine import remove_or_quarantine
 from reaper.kinds import Found, Kind, Look, ReclaimContext
@@ -125,8 +125,8 @@ def parse_cache_file(name: str, data: bytes, known_networks: Set[str]) -> CacheD
     if not data.strip():
         raise CacheCorrupt("empty file")
     try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as err:
+        doc = parse_json(data)
+    except ValueError as err:
         raise CacheCorrupt(f"truncated or invalid JSON: {err}") from None
     if not isinstance(doc, dict):
         raise CacheCorrupt("not a JSON object")

@@ -83,11 +83,17 @@ def chain_name(prefix: str, network: str, container_id: str) -> str:
     return ("CNI-" + prefix + digest)[:28]
 
 
+# A rule as iptables-save prints it: words, and double-quoted strings with \" escapes.
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\S+')
+
+
 def _target(line: str) -> str | None:
-    for flag in (" -j ", " -g "):
-        at = line.rfind(flag)
-        if at >= 0:
-            return line[at + 4 :].split(" ", 1)[0]
+    """The chain a rule jumps or goes to, read from its words: a `-j CNI-...` inside a quoted
+    string (an NFLOG prefix, a comment) is text, not a jump."""
+    tokens: list[str] = _TOKEN.findall(line)
+    for i, token in enumerate(tokens[:-1]):
+        if token in ("-j", "-g"):
+            return tokens[i + 1]
     return None
 
 
@@ -177,7 +183,11 @@ class ChainCollector:
         for tool in tools:
             try:
                 proc = subprocess.Popen(
-                    [tool.save, "-t", "nat"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                    [tool.save, "-t", "nat"],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    errors="replace",
                 )
             except OSError as err:
                 self.errors.append(SourceError(tool.save, str(err)))

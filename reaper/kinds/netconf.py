@@ -7,11 +7,11 @@ DEL and GC requests and the range gauges all take a config apart with `plugin_li
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 from typing import Any
 
 from reaper.host.files import UnfitFile, describe_oserror, read_file_nofollow
+from reaper.host.jsondoc import parse_json
 from reaper.model import CorruptFile, HostLocalRange, NetworkConfig
 from reaper.names import is_cni_id
 
@@ -58,8 +58,8 @@ def plugin_list(raw: bytes) -> tuple[str, str, list[dict[str, Any]]]:
 
 def _read(raw: bytes) -> tuple[dict[str, Any], str, str, list[dict[str, Any]]]:
     try:
-        doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        doc = parse_json(raw)
+    except ValueError as err:
         raise ConfigError(f"invalid JSON: {err}") from None
     if not isinstance(doc, dict):
         raise ConfigError("not a JSON object")

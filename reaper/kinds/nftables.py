@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import re
 import shutil
 from collections import defaultdict
@@ -17,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from reaper.host.commands import run_command
+from reaper.host.jsondoc import parse_json
 from reaper.kinds import Found, Kind, Look, ReclaimContext
 from reaper.model import Claim, DetailValue, Done, Identity, NftRule, ResourceRef, SourceError
 from reaper.names import is_cni_id, is_ifname
@@ -29,6 +29,10 @@ CNI_TABLES = {("inet", "cni_plugins_masquerade"), ("ip", "cni_hostport"), ("ip6"
 # instance hash, then a description, all cut at knftables' 128 characters.
 _MASQ_COMMENT = re.compile(r"([0-9a-f]{16}-[0-9a-f]{16})(?:, net: ([^,]*)(?:, if: ([^,]*)(?:, id: (.*))?)?)?")
 HASH_CHARS = 16
+# What may go into `nft -f` script text as a family and a chain name: nothing that ends a
+# statement or starts another (a crafted name once flushed the whole ruleset).
+_FAMILIES_ALLOWED = frozenset({"inet", "ip", "ip6"})
+_CHAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
 
 
 class NftOutputError(ValueError):
@@ -37,8 +41,8 @@ class NftOutputError(ValueError):
 
 def _items(text: str) -> list[dict[str, Any]]:
     try:
-        doc = json.loads(text)
-    except (ValueError, RecursionError) as err:
+        doc = parse_json(text)
+    except ValueError as err:
         raise NftOutputError(f"invalid JSON from nft: {err}") from None
     items = doc.get("nftables") if isinstance(doc, dict) else None
     if not isinstance(items, list):
@@ -58,6 +62,8 @@ def parse_rules(text: str) -> list[NftRule]:
         if not (isinstance(comment, str) and isinstance(handle, int)):
             continue
         if not (isinstance(family, str) and isinstance(table, str) and isinstance(chain, str)):
+            continue
+        if family not in _FAMILIES_ALLOWED or _CHAIN_NAME.fullmatch(chain) is None or handle < 0:
             continue
         if table == "cni_plugins_masquerade":
             match = _MASQ_COMMENT.fullmatch(comment)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from reaper.host.files import namespace_of
+from reaper.host.jsondoc import parse_json
 from reaper.model import RuntimeAnswer, RuntimeView, Sandbox
 from reaper.runtime import api_pb2 as pb
 from reaper.runtime.client import CriError, RuntimeClient
@@ -20,7 +20,7 @@ def netns_path_from_info(info: Mapping[str, str]) -> str | None:
     if not raw:
         return None
     try:
-        doc = json.loads(raw)
+        doc = parse_json(raw)
     except ValueError:
         return None
     if not isinstance(doc, dict):

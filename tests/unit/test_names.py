@@ -18,3 +18,8 @@ def test_names() -> None:
     assert is_runtime_netns_name("test-1", patterns)
     assert not is_runtime_netns_name("cni-not-a-uuid", patterns)
     assert not is_runtime_netns_name("lab", patterns)
+
+
+def test_an_ifname_with_a_control_byte_is_no_ifname() -> None:
+    for bad in ("eth\x000", "eth\n0", "\x7f", "a\tb"):
+        assert not is_ifname(bad), repr(bad)

@@ -152,3 +152,10 @@ def test_whose_entry_it_is_by_the_args_its_runtime_passed(tmp_path: Path) -> Non
     (results / f"net1-{4:064x}-eth0").write_text(json.dumps({"cniVersion": "0.3.1", "interfaces": []}))
     owners = {e.container_id[-1]: e.owner for e in collect_cache(str(tmp_path), {"net1"}).entries}
     assert owners == {"1": "cri", "2": "other", "3": "unknown", "4": "unknown"}
+
+
+def test_a_cache_file_nested_past_the_recursion_limit_is_one_corrupt_record(tmp_path: Path) -> None:
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / f"net1-{CID}-eth0").write_bytes(b"[" * 100_000)
+    inventory = collect_cache(str(tmp_path), {"net1"})
+    assert [c.error for c in inventory.corrupt] == ["truncated or invalid JSON: nested too deeply"]

@@ -73,3 +73,22 @@ def test_iptables_save_parser_takes_any_text(lines: list[str]) -> None:
     for chain in parse_save("\n".join(lines), "ipv4"):
         assert chain.chain.startswith("CNI-")
         assert chain.container_id is None or is_cni_id(chain.container_id)
+
+
+def test_a_jump_inside_a_quoted_string_is_text() -> None:
+    """An admin's NFLOG rule whose prefix reads like a jump to a CNI chain is no jump to it:
+    removing the chain must not remove that rule."""
+    chain = chain_name("", "mynet", CID)
+    comment = f'"name: \\"mynet\\" id: \\"{CID}\\""'
+    text = "\n".join(
+        [
+            "*nat",
+            f":{chain} - [0:0]",
+            f"-A POSTROUTING -s 10.88.0.5/32 -m comment --comment {comment} -j {chain}",
+            f'-A POSTROUTING -j NFLOG --nflog-prefix "seen -j {chain}"',
+            f"-A {chain} -m comment --comment {comment} -j MASQUERADE",
+            "COMMIT",
+        ]
+    )
+    (found,) = parse_save(text, "ipv4")
+    assert [j.split(" -j ")[-1] for j in found.jumps] == [chain] and "NFLOG" not in " ".join(found.jumps)

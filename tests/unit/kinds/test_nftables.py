@@ -59,3 +59,14 @@ def test_nft_parser_takes_any_json(doc: object) -> None:
     except NftOutputError:
         return
     assert all(r.container_id is None or is_cni_id(r.container_id) for r in rules)
+
+
+def test_names_that_would_be_script_text_are_never_read() -> None:
+    """A chain name or family could end the `delete rule` statement and start another."""
+    hostile = [
+        {"rule": {"family": "ip", "table": "cni_hostport", "chain": "x; flush ruleset", "handle": 1, "comment": CID}},
+        {"rule": {"family": "ip\nflush ruleset", "table": "cni_hostport", "chain": "c", "handle": 2, "comment": CID}},
+        {"rule": {"family": "ip", "table": "cni_hostport", "chain": "c", "handle": -3, "comment": CID}},
+        {"rule": {"family": "ip", "table": "cni_hostport", "chain": "hostports", "handle": 4, "comment": CID}},
+    ]
+    assert [r.handle for r in parse_rules(json.dumps({"nftables": hostile}))] == [4]
