@@ -17,3 +17,15 @@ def parse_json(data: bytes | str) -> Any:
         raise ValueError(f"not UTF-8: {err.reason}") from None
     except ValueError as err:
         raise ValueError(str(err).splitlines()[0]) from None
+
+
+class NotAnObject(ValueError):
+    """Valid JSON, but not the object a format needs."""
+
+
+def parse_object(data: bytes | str) -> dict[str, Any]:
+    """A JSON object; ValueError (NotAnObject when the JSON is valid) otherwise."""
+    doc = parse_json(data)
+    if not isinstance(doc, dict):
+        raise NotAnObject("not a JSON object")
+    return doc

@@ -25,7 +25,7 @@ from reaper.host.files import (
     read_file_nofollow,
     read_file_with_stat,
 )
-from reaper.host.jsondoc import parse_json
+from reaper.host.jsondoc import NotAnObject, parse_object
 from reaper.host.memo import FileMemo
 from reaper.host.quarantine import remove_or_quarantine
 from reaper.kinds import Found, Kind, Look, ReclaimContext
@@ -125,11 +125,11 @@ def parse_cache_file(name: str, data: bytes, known_networks: Set[str]) -> CacheD
     if not data.strip():
         raise CacheCorrupt("empty file")
     try:
-        doc = parse_json(data)
+        doc = parse_object(data)
+    except NotAnObject as err:
+        raise CacheCorrupt(str(err)) from None
     except ValueError as err:
         raise CacheCorrupt(f"truncated or invalid JSON: {err}") from None
-    if not isinstance(doc, dict):
-        raise CacheCorrupt("not a JSON object")
     if doc.get("kind") == "cniCacheV1":
         cid, net, ifname = doc.get("containerId"), doc.get("networkName"), doc.get("ifName")
         if not (isinstance(cid, str) and is_cni_id(cid)):

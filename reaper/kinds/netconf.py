@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from reaper.host.files import UnfitFile, describe_oserror, read_file_nofollow
-from reaper.host.jsondoc import parse_json
+from reaper.host.jsondoc import NotAnObject, parse_object
 from reaper.model import CorruptFile, HostLocalRange, NetworkConfig
 from reaper.names import is_cni_id
 
@@ -58,11 +58,11 @@ def plugin_list(raw: bytes) -> tuple[str, str, list[dict[str, Any]]]:
 
 def _read(raw: bytes) -> tuple[dict[str, Any], str, str, list[dict[str, Any]]]:
     try:
-        doc = parse_json(raw)
+        doc = parse_object(raw)
+    except NotAnObject as err:
+        raise ConfigError(str(err)) from None
     except ValueError as err:
         raise ConfigError(f"invalid JSON: {err}") from None
-    if not isinstance(doc, dict):
-        raise ConfigError("not a JSON object")
     name = doc.get("name")
     if not isinstance(name, str) or not is_cni_id(name):
         raise ConfigError(f"invalid or missing network name {str(name)[:80]!r}")
