@@ -581,7 +581,7 @@ class ReapResult:
         if not self.report.runtime.reachable:
             return f"runtime unreachable: {self.report.runtime.error}"
         if self.recheck_error is not None:
-            return f"runtime unreachable at the re-check, nothing reclaimed: {self.recheck_error}"
+            return f"runtime unreachable at a re-check, what was not yet reclaimed was left: {self.recheck_error}"
         if self.breaker_open:
             return f"breaker open: {self.breaker_reason}"
         return None

@@ -42,6 +42,7 @@ from reaper.stopwatch import Stopwatch
 DEL_WORKERS = min(8, 2 * (os.cpu_count() or 1))
 
 Records = Mapping[Identity, Any]
+UNREACHABLE_AT_RECHECK = "runtime unreachable at the re-check"
 
 
 def index(snapshot: NodeSnapshot) -> dict[Identity, Any]:
@@ -99,7 +100,7 @@ class Reclaimer:
         runtimes list now and who is in its netns now. Unreachable runtimes leave them all."""
         view = self.observe()
         if not view.reachable:
-            return {a.key: f"runtime unreachable at the re-check: {view.error}" for a in attachments}
+            return {a.key: f"{UNREACHABLE_AT_RECHECK}: {view.error}" for a in attachments}
         self.live_netns = self.live_netns | {s.netns for s in view.sandboxes if s.netns is not None}
         only = attachments[0].netns if len(attachments) == 1 else None
         busy = busy_namespaces(self.bin_dirs, only) if only is not None or len(attachments) > 1 else {}

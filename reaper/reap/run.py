@@ -13,7 +13,7 @@ from reaper.cni.invoke import gc_networks
 from reaper.host.memo import InventoryMemo
 from reaper.host.quarantine import Quarantine
 from reaper.model import AttachmentKey, GcOutcome, ReapResult, ScanReport, SkippedAttachment
-from reaper.reap.act import Reclaimer, del_request, index
+from reaper.reap.act import UNREACHABLE_AT_RECHECK, Reclaimer, del_request, index
 from reaper.reap.plan import ReapPolicy, breaker_counts, breaker_reason, plan_attachment, select
 from reaper.runtime.liveness import LivenessSource
 from reaper.scan import find_options, scan_pass
@@ -75,7 +75,7 @@ def reap_pass(
     view = liveness.observe(scan.known_netns)
     watch.lap("recheck")
     if not view.reachable:
-        skipped += [SkippedAttachment(a.key, "runtime unreachable at the re-check") for a in selected]
+        skipped += [SkippedAttachment(a.key, UNREACHABLE_AT_RECHECK) for a in selected]
         return result(plan=plan, skipped=tuple(skipped), recheck_error=view.error)
     options = find_options(settings)
     reclaimer = Reclaimer(
@@ -92,6 +92,8 @@ def reap_pass(
     )
     outcomes, left = reclaimer.run(selected, requests)
     skipped += left
+    # A runtime that stopped answering during the pass makes it undecided, as at the first re-check.
+    lost = next((s.reason.split(": ", 1)[-1] for s in left if s.reason.startswith(UNREACHABLE_AT_RECHECK)), None)
     for outcome in outcomes:
         log.info(
             "reclaimed" if outcome.ok else "reclaim incomplete",
@@ -103,7 +105,7 @@ def reap_pass(
             },
         )
     gc = _gc(settings, reap, report, {o.key for o in outcomes}) if reap.cni_gc else ()
-    return result(plan=plan, reclaimed=tuple(outcomes), skipped=tuple(skipped), gc=gc)
+    return result(plan=plan, reclaimed=tuple(outcomes), skipped=tuple(skipped), gc=gc, recheck_error=lost)
 
 
 def _valid_attachments(report: ScanReport, reclaimed: Set[AttachmentKey]) -> Iterable[tuple[str, str, str]]:

@@ -547,6 +547,19 @@ def test_runtime_unreachable_at_the_recheck_reclaims_nothing(kept: tuple[Lab, st
     assert lab.run_in_netns(["ping", "-c", "1", "-W", "2", lab.pod_ip(web)]).returncode == 0
 
 
+def test_a_runtime_lost_during_the_pass_leaves_the_rest_and_the_pass_undecided(
+    kept: tuple[Lab, str, str, str], tmp_path: Path
+) -> None:
+    lab, _, _, web = kept
+    leak = lab.make_leak(with_cache=True)
+    doc = racing_reap(lab, "unreachable-late", [], tmp_path / "state.json")
+    assert doc["recheck_error"] == "connection refused (injected)" and doc["reclaimed"] == []
+    assert any(s["container_id"] == leak.container_id and "unreachable" in s["reason"] for s in doc["skipped"])
+    assert len(leak_left(lab, leak)) == 5 and pings(lab, web)
+    run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
+    assert run.returncode == 0 and leak_left(lab, leak) == []
+
+
 def test_runtime_down_reclaims_nothing(kept: tuple[Lab, str, str, str], tmp_path: Path) -> None:
     lab = kept[0]
     leak = lab.make_leak(with_cache=False)

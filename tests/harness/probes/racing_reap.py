@@ -4,7 +4,8 @@ Usage: racing_reap.py MODE HIDE_IDS -- <reaper flags>. MODE `reappear`: the firs
 HIDE_IDS (comma-separated), the re-check shows them. MODE `unreachable`: the re-check fails.
 MODE `empty`: the runtime answers every time with an empty list. MODE `reappear-late`: the
 first two lists (the scan's and the re-check of the whole plan) hide HIDE_IDS, every later one
-(the re-check right before each attachment's DEL) shows them.
+(the re-check right before each attachment's DEL) shows them. MODE `unreachable-late`: the
+runtime stops answering after the plan's re-check, before the DELs.
 Prints reap_json; run it inside the lab netns.
 """
 
@@ -36,7 +37,7 @@ class ChangingRuntime:
         hidden = (self.mode == "reappear" and self.calls == 1) or (self.mode == "reappear-late" and self.calls <= 2)
         if hidden:
             return replace(view, sandboxes=tuple(s for s in view.sandboxes if s.id not in self.hide))
-        if self.calls == 2 and self.mode == "unreachable":
+        if (self.calls == 2 and self.mode == "unreachable") or (self.calls > 2 and self.mode == "unreachable-late"):
             return RuntimeView(view.endpoint, None, None, False, "connection refused (injected)", ())
         return view
 
