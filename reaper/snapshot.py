@@ -74,7 +74,6 @@ def _take(
 ) -> NodeSnapshot:
     conf_configs, corrupt = collect_configs(opts.conf_dir)
     configs: list[NetworkConfig] = list(conf_configs)  # one per network: the conf dir's win
-    every_config: list[NetworkConfig] = list(conf_configs)  # all, for the data dirs they name
     watch.lap("configs")
     host = host_netns()
     holders = netns_holders(host, opts.bin_dirs)
@@ -82,12 +81,13 @@ def _take(
     errors: list[SourceError] = []
     found: dict[str, tuple[Any, ...]] = {}
     for kind in kinds:
-        look = Look(opts, memo, tuple(every_config), holders, dict(found), started.get(kind.name))
+        # Kinds see only the node's own configs: a path in a cached config (an ipam.dataDir) is
+        # whatever the writer of the cache dir wanted it to be.
+        look = Look(opts, memo, tuple(conf_configs), holders, dict(found), started.get(kind.name))
         result = kind.find(look)
         found[kind.name] = result.records
         corrupt.extend(result.corrupt)
         errors.extend(result.errors)
-        every_config.extend(result.configs)
         named = {c.name for c in configs}
         configs.extend(c for c in result.configs if c.name not in named)
         watch.lap(kind.name)

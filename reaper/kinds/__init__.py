@@ -55,7 +55,7 @@ class Look:
 
     options: FindOptions
     memo: InventoryMemo
-    configs: tuple[NetworkConfig, ...]  # the conf dir's, then those the kinds before carried
+    configs: tuple[NetworkConfig, ...]  # the node's own: the conf dir's, never a cached one
     holders: Mapping[NsKey, tuple[Holder, ...]]  # processes in each namespace but the host's
     earlier: Mapping[str, tuple[Any, ...]]  # records of the kinds found before this one
     started: Any = None  # what the kind's `start` returned
