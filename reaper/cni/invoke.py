@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import re
+import selectors
 import signal
 import subprocess
 import threading
@@ -90,8 +91,68 @@ def _error_message(stdout: bytes, stderr: bytes, returncode: int) -> tuple[str, 
 
 
 STOP_GRACE = 5.0  # seconds a running plugin gets once the agent is asked to stop
+KILL_WAIT = 5.0  # seconds to reap a plugin after SIGKILL (it cannot refuse; this bounds a D state)
+PIPE_CHUNK = 65536
 _WAIT_STEP = 0.5  # seconds between looks at the stop flag while a plugin runs
 GC_FROM = (1, 1, 0)  # the CNI version that brought the GC verb
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """The plugin and everything it started; its pipes are not read again."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(KILL_WAIT)
+
+
+def _exchange(
+    proc: subprocess.Popen[bytes], data: bytes, plugin_type: str, timeout: float, stop: threading.Event | None
+) -> tuple[bytes, bytes]:
+    """Write the plugin's stdin and read its stdout and stderr, each read capped at MAX_OUTPUT
+    as it arrives and every wait bounded by the deadline; (stdout, stderr) once it exited."""
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    deadline = time.monotonic() + timeout
+    out_fd, err_fd, in_fd = proc.stdout.fileno(), proc.stderr.fileno(), proc.stdin.fileno()
+    read: dict[int, bytearray] = {out_fd: bytearray(), err_fd: bytearray()}
+    todo = memoryview(data)
+    with selectors.DefaultSelector() as selector:
+        for fd in (out_fd, err_fd, in_fd):
+            os.set_blocking(fd, False)
+        for fd in read:
+            selector.register(fd, selectors.EVENT_READ)
+        selector.register(in_fd, selectors.EVENT_WRITE)
+        while len(selector.get_map()) > 0:
+            if stop is not None and stop.is_set():
+                deadline = min(deadline, time.monotonic() + STOP_GRACE)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                _kill(proc)
+                why = "stopping" if stop is not None and stop.is_set() else f"timed out after {timeout:g}s"
+                raise PluginFailure(plugin_type, f"{why}, killed")
+            for key, _ in selector.select(min(_WAIT_STEP, left)):
+                if key.fd == in_fd:
+                    try:
+                        todo = todo[os.write(key.fd, todo[:PIPE_CHUNK]) :]
+                    except BrokenPipeError:
+                        todo = todo[len(todo) :]  # it stopped reading: what it says next tells why
+                    if not todo:
+                        selector.unregister(key.fd)
+                        proc.stdin.close()
+                    continue
+                chunk = os.read(key.fd, PIPE_CHUNK)
+                if not chunk:
+                    selector.unregister(key.fd)
+                    continue
+                read[key.fd] += chunk
+                if len(read[key.fd]) > MAX_OUTPUT:
+                    _kill(proc)
+                    raise PluginFailure(plugin_type, f"printed more than {MAX_OUTPUT} bytes, killed")
+    try:
+        proc.wait(max(KILL_WAIT, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        raise PluginFailure(plugin_type, f"timed out after {timeout:g}s, killed") from None
+    return bytes(read[out_fd]), bytes(read[err_fd])
 
 
 def run_plugin(
@@ -105,7 +166,8 @@ def run_plugin(
 
     The plugin gets its own process group, so a timeout kills whatever it started too. Once
     `stop` is set it gets STOP_GRACE more seconds at most (DEL is idempotent: the next pass
-    runs it again).
+    runs it again). Its output is capped as it is read: a plugin printing without end is
+    killed at MAX_OUTPUT, not held in memory.
     """
     binary = find_plugin(plugin_type, env.bin_dirs)
     try:
@@ -121,27 +183,16 @@ def run_plugin(
         )
     except OSError as err:
         raise PluginFailure(plugin_type, f"cannot execute: {err.strerror}") from None
-    deadline = time.monotonic() + timeout
-    stdin: bytes | None = json.dumps(conf).encode()
-    while True:
-        if stop is not None and stop.is_set():
-            deadline = min(deadline, time.monotonic() + STOP_GRACE)
-        try:
-            stdout, stderr = proc.communicate(stdin, timeout=max(0.0, min(_WAIT_STEP, deadline - time.monotonic())))
-            break
-        except subprocess.TimeoutExpired:
-            stdin = None  # already written; communicate() goes on from where it was
-            if time.monotonic() < deadline:
-                continue
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            why = "stopping" if stop is not None and stop.is_set() else f"timed out after {timeout:g}s"
-            raise PluginFailure(plugin_type, f"{why}, killed") from None
+    try:
+        stdout, stderr = _exchange(proc, json.dumps(conf).encode(), plugin_type, timeout, stop)
+    finally:
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
     if proc.returncode != 0:
         message, code = _error_message(stdout, stderr, proc.returncode)
         raise PluginFailure(plugin_type, message, code)
-    text = stdout[:MAX_OUTPUT].decode("utf-8", "replace").strip()
+    text = stdout.decode("utf-8", "replace").strip()
     if not text:
         return {}
     try:
