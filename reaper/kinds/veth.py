@@ -102,8 +102,9 @@ def _peer_in_use(veth: VethLink, ctx: ReclaimContext, busy: Mapping[NsKey, str])
 
 
 def reclaim(veths: Sequence[VethLink], ctx: ReclaimContext) -> dict[Identity, Done]:
-    """Delete host veths that outlived their pin (their netns is held elsewhere), each only if
-    its index still has the same name, kind and peer."""
+    """Delete host veths still there after their pin went (their namespace kept by a mount
+    elsewhere), each only if its index still has the same name, kind and peer, and never while
+    its peer's namespace is a live sandbox's, has a process in it, or cannot be inspected."""
     if not veths:
         return {}
     if any(ident[0] == "netns" and done.ok for ident, done in ctx.done.items()):
