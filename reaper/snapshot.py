@@ -9,7 +9,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from reaper.host.memo import InventoryMemo
-from reaper.host.procs import describe, netns_members, unseen_processes
+from reaper.host.procs import holders_by_netns, unseen_processes
 from reaper.kinds import FindOptions, Kind, Look
 from reaper.kinds.hostlocal import range_usage
 from reaper.kinds.netconf import collect_configs
@@ -33,9 +33,7 @@ def host_netns() -> NsKey:
 
 def netns_holders(host: NsKey, bin_dirs: tuple[str, ...]) -> dict[NsKey, tuple[Holder, ...]]:
     """The processes in every namespace but the host's."""
-    members = {ns: pids for ns, pids in netns_members().items() if ns != host}
-    described = describe({pid for pids in members.values() for pid in pids}, bin_dirs)
-    return {ns: tuple(described[pid] for pid in sorted(pids)) for ns, pids in members.items()}
+    return {ns: holders for ns, holders in holders_by_netns(bin_dirs).items() if ns != host}
 
 
 @contextmanager

@@ -103,16 +103,20 @@ def _started_by(process: psutil.Process, ancestor: psutil.Process) -> bool:
     return False
 
 
-def busy_namespaces(bin_dirs: tuple[str, ...], only: NsKey | None = None) -> dict[NsKey, str]:
-    """Namespaces some process is in right now (not a plugin of this reaper's), with why; with
-    `only`, just that one is looked into."""
+def holders_by_netns(bin_dirs: tuple[str, ...], only: NsKey | None = None) -> dict[NsKey, tuple[Holder, ...]]:
+    """The processes in each namespace some process is in (with `only`, just that one)."""
     members = netns_members()
     if only is not None:
         members = {only: members[only]} if only in members else {}
     described = describe({pid for pids in members.values() for pid in pids}, bin_dirs)
+    return {ns: tuple(described[pid] for pid in sorted(pids)) for ns, pids in members.items()}
+
+
+def busy_namespaces(bin_dirs: tuple[str, ...], only: NsKey | None = None) -> dict[NsKey, str]:
+    """Namespaces some process is in right now (not a plugin of this reaper's), with why."""
     busy = {}
-    for ns, pids in members.items():
-        inside = [described[p] for p in sorted(pids) if described[p].keeps_netns_busy]
+    for ns, holders in holders_by_netns(bin_dirs, only).items():
+        inside = [h for h in holders if h.keeps_netns_busy]
         if inside:
             busy[ns] = f"its netns is in use now (pid {inside[0].pid}, {inside[0].comm})"
     return busy

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from reaper.host.files import NSFS_MAGIC, PROC_SUPER_MAGIC, DirLister, describe_oserror, fs_type
 from reaper.host.mounts import unpin_hazard
-from reaper.host.procs import describe, netns_members
+from reaper.host.procs import busy_namespaces
 from reaper.kinds import Found, Kind, Look, ReclaimContext
 from reaper.model import CorruptFile, DetailValue, Done, Holder, Identity, NetnsPin, NetnsTie, NsKey, ResourceRef
 from reaper.names import is_runtime_netns_name
@@ -106,11 +106,11 @@ def reclaim(pins: Sequence[NetnsPin], ctx: ReclaimContext) -> dict[Identity, Don
     hazard = unpin_hazard(ctx.netns_dirs)
     if hazard is not None:
         return {identity(pin): Done.left(hazard) for pin in pins}
-    members = netns_members()
-    return {identity(pin): _unpin(pin, ctx, members) for pin in pins}
+    busy = busy_namespaces(ctx.bin_dirs)
+    return {identity(pin): _unpin(pin, ctx, busy) for pin in pins}
 
 
-def _unpin(pin: NetnsPin, ctx: ReclaimContext, members: Mapping[NsKey, set[int]]) -> Done:
+def _unpin(pin: NetnsPin, ctx: ReclaimContext, busy: Mapping[NsKey, str]) -> Done:
     path = pin.path
     if not _inside(path, ctx.netns_dirs):
         return Done.left("not directly inside a netns dir")
@@ -136,9 +136,8 @@ def _unpin(pin: NetnsPin, ctx: ReclaimContext, members: Mapping[NsKey, set[int]]
             return Done.left("it pins another namespace now")
         if key in ctx.live_netns:
             return Done.left("a live sandbox names this netns")
-        inside = [h for h in describe(members.get(key, ()), ctx.bin_dirs).values() if h.keeps_netns_busy]
-        if inside:
-            return Done.left(f"pid {inside[0].pid} ({inside[0].comm}) is inside")
+        if key in busy:
+            return Done.left(busy[key])
         if _libc.umount2(os.fsencode(path), MNT_DETACH | UMOUNT_NOFOLLOW) != 0:
             code = ctypes.get_errno()
             if code != errno.EINVAL:  # not a mount point: already unmounted

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reaper.runtime.discovery import as_url, endpoint_in_config, flag_value
+from reaper.runtime.discovery import as_url, endpoint_in_config, flag_value, kubelet_endpoints
 from tests.harness.fuzz import FUZZ
 
 
@@ -46,3 +49,34 @@ def test_hostile_configs_and_command_lines_never_raise(text: str, argv: list[str
     value = flag_value(argv, "--container-runtime-endpoint")
     url = as_url(value) if value is not None else None
     assert url is None or url.startswith("unix:///")
+
+
+def _kubelet(proc: Path, pid: int, argv: bytes, root_files: dict[str, bytes | None]) -> None:
+    """A fake /proc/<pid> of a process named kubelet; a None file is a FIFO."""
+    (proc / str(pid) / "root").mkdir(parents=True)
+    (proc / str(pid) / "comm").write_bytes(b"kubelet\n")
+    (proc / str(pid) / "cmdline").write_bytes(argv)
+    for name, data in root_files.items():
+        path = proc / str(pid) / "root" / name.lstrip("/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if data is None:
+            os.mkfifo(path)
+        else:
+            path.write_bytes(data)
+
+
+def test_hostile_kubelets_never_hang_or_break_discovery(tmp_path: Path) -> None:
+    """Anyone can name a process kubelet: a FIFO for its config, bytes that are not UTF-8, a
+    huge command line. Discovery reads each within bounds and takes only unix endpoints."""
+    _kubelet(tmp_path, 10, b"kubelet\0--config=/etc/k.yaml\0", {"/etc/k.yaml": None})
+    _kubelet(tmp_path, 11, b"kubelet\0--container-runtime-endpoint=\xff\xfe\0", {})
+    _kubelet(tmp_path, 12, b"kubelet\0" + b"x" * (1 << 20), {})
+    config = b"kind: KubeletConfiguration\ncontainerRuntimeEndpoint: unix:///run/good.sock\n"
+    _kubelet(
+        tmp_path, 13, b"kubelet\0--config\0/var/lib/kubelet/config.yaml\0", {"/var/lib/kubelet/config.yaml": config}
+    )
+    _kubelet(tmp_path, 14, b"kubelet\0--container-runtime-endpoint=tcp://10.0.0.1:1\0", {})
+    found = kubelet_endpoints(str(tmp_path))
+    assert [(e.url, e.source) for e in found] == [
+        ("unix:///run/good.sock", "kubelet (pid 13) config /var/lib/kubelet/config.yaml")
+    ]
