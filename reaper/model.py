@@ -114,6 +114,7 @@ class CacheEntry:
     host_ifnames: tuple[str, ...]
     legacy: bool  # a bare pre-0.8 result with no `kind`
     mtime: float
+    cache_dir: str  # the root it was found beneath, and every later access is confined to
     # Why the file could not be read, when its name alone ties it to an attachment (a zero-byte
     # or truncated file left by a crash: libcni then fails DEL, so it leaks for good).
     corrupt: str | None = None
@@ -122,6 +123,7 @@ class CacheEntry:
     # Whose it is, by the CNI_ARGS its runtime passed: "cri" (K8S_POD_NAMESPACE, which every CRI
     # runtime passes), "other" (podman, nerdctl: without it), "unknown" (nothing to tell by).
     owner: Owner = "unknown"
+    ips: tuple[str, ...] = ()  # the addresses its result holds
 
 
 @dataclass(frozen=True)
@@ -459,6 +461,7 @@ class PlannedAttachment:
     key: AttachmentKey
     config_source: str | None  # the cache file or conf file DEL takes its config from; None: kernel only
     steps: tuple[PlannedStep, ...]
+    config_note: str | None = None  # why the cache entry's own config does not run, when it does not
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 # CNI spec: container IDs and network names.
 _CNI_ID = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.\-]*")
+PLUGIN_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")  # a file name in a bin dir, never a path
 _IFNAME = re.compile(r"[^/:\s\x00-\x1f\x7f]{1,15}")  # no slash, colon, space or control byte
 # Runtime-made netns pin names: containerd `cni-<uuid>`, CRI-O a bare uuid.
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"

@@ -167,6 +167,7 @@ def reap_json(result: ReapResult) -> dict[str, Any]:
             "ifname": p.key.ifname,
             "netns_pin": p.key.pin,
             "config": p.config_source,
+            "config_note": p.config_note,
             "steps": [{"kind": s.kind, "name": s.name, "method": s.method} for s in p.steps],
         }
         for p in result.plan
@@ -202,6 +203,8 @@ def reap_table(result: ReapResult, dry_run: bool) -> str:
         for p in result.plan:
             who = f"{_short(p.key.container_id, 13)} {p.key.network or '-'}/{p.key.ifname or '-'}"
             lines.append(f"  {who}  config: {p.config_source or 'none (kernel only)'}")
+            if p.config_note:
+                lines.append(f"  {' ' * len(who)}  {p.config_note}")
             for step in p.steps:
                 lines.append(f"      {step.method:<10} {step.kind} {_elide(step.name)}")
     if result.reclaimed:

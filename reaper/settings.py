@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from reaper.durations import parse_duration
 from reaper.model import Policy
-from reaper.names import compile_netns_patterns
+from reaper.names import PLUGIN_TYPE, compile_netns_patterns
 
 Group = Literal["paths", "reap", "agent", "output"]
 GROUP_TITLES: dict[Group, str] = {
@@ -96,6 +96,12 @@ def _regex(text: str) -> str:
         re.compile(text)
     except re.error as err:
         raise ValueError(f"invalid regex: {err}") from None
+    return text
+
+
+def _plugin_type(text: str) -> str:
+    if not PLUGIN_TYPE.fullmatch(text):
+        raise ValueError(f"{text[:60]!r} is not a plugin type name (letters, digits, '.', '_', '-')")
     return text
 
 
@@ -182,6 +188,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("--plugin-timeout", "REAPER_PLUGIN_TIMEOUT", "60s",
            "kill a plugin (and what it started) that runs longer than this", "reap",
            _positive_duration, metavar="DURATION"),
+    Option("--allow-plugin", "REAPER_ALLOW_PLUGIN", None,
+           "a plugin type a cache entry's config may run for DEL though no config in the conf dir uses it "
+           "(repeatable); by default a cached config runs only the plugins the node's own configs use",
+           "reap", _plugin_type, ",", "TYPE"),
     Option("--force", None, None, "reclaim even when the breaker would open", "reap", switch=True),
     Option("--dry-run", None, None, "print the plan (each step and method); change nothing", "reap", switch=True),
     Option("--cni-gc", None, None,
@@ -277,6 +287,7 @@ class ReapSettings:
     force: bool
     dry_run: bool
     cni_gc: bool
+    allow_plugins: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -311,7 +322,9 @@ def reap_settings_from(args: argparse.Namespace, env: Mapping[str, str] | None =
     v = resolve(args, env)
     kernel_only = v["method"] == "kernel"
     limits = (v["max_reap"], v["max_orphan_ratio"], kernel_only, v["quarantine_dir"], v["plugin_timeout"])
-    return ReapSettings(*limits, force=v["force"], dry_run=v["dry_run"], cni_gc=v["cni_gc"])
+    return ReapSettings(
+        *limits, force=v["force"], dry_run=v["dry_run"], cni_gc=v["cni_gc"], allow_plugins=tuple(v["allow_plugin"])
+    )
 
 
 def agent_settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> AgentSettings:

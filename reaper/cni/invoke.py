@@ -10,9 +10,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import selectors
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -21,11 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from reaper.cni.requests import DelRequest, at_least, gc_stdin, plugin_stdin
+from reaper.host.confined import open_root
+from reaper.host.files import describe_oserror
 from reaper.host.jsondoc import parse_json
 from reaper.kinds.netconf import ConfigError, collect_configs, plugin_list
 from reaper.model import GcOutcome
+from reaper.names import PLUGIN_TYPE
 
-_PLUGIN_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 _ENV_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 MAX_OUTPUT = 1 << 20
 
@@ -64,14 +66,29 @@ class PluginEnv:
 
 
 def find_plugin(plugin_type: str, bin_dirs: tuple[str, ...]) -> str:
-    """The executable for `plugin_type` in the first bin dir that has it."""
-    if not _PLUGIN_TYPE.fullmatch(plugin_type):
+    """The executable for `plugin_type` in the first bin dir that has it. A bin dir that is a
+    symlink is refused; links inside are followed, as libcni's FindInPath follows them."""
+    if not PLUGIN_TYPE.fullmatch(plugin_type):
         raise PluginFailure(plugin_type[:60], "invalid plugin type name")
+    refused = []
     for directory in bin_dirs:
-        path = os.path.join(directory, plugin_type)
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    raise PluginFailure(plugin_type, f"not found in {':'.join(bin_dirs)}")
+        try:
+            root_fd = open_root(directory)
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            refused.append(f"{directory} {describe_oserror(err)}")
+            continue
+        try:
+            st = os.stat(plugin_type, dir_fd=root_fd)
+        except OSError:
+            continue
+        finally:
+            os.close(root_fd)
+        if stat.S_ISREG(st.st_mode) and st.st_mode & 0o111:
+            return os.path.join(directory, plugin_type)
+    where = "; ".join(refused) if refused else ":".join(bin_dirs)
+    raise PluginFailure(plugin_type, f"not found in {where}")
 
 
 def _error_message(stdout: bytes, stderr: bytes, returncode: int) -> tuple[str, int | None]:

@@ -16,15 +16,8 @@ from collections.abc import Sequence, Set
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from reaper.host.files import (
-    DirLister,
-    UnfitFile,
-    describe_oserror,
-    namespace_of,
-    namespace_uninspectable,
-    read_file_nofollow,
-    read_file_with_stat,
-)
+from reaper.host.confined import UnfitFile, read_at, read_beneath
+from reaper.host.files import DirLister, describe_oserror, namespace_of, namespace_uninspectable
 from reaper.host.jsondoc import NotAnObject, parse_object
 from reaper.host.memo import FileMemo
 from reaper.host.quarantine import remove_or_quarantine
@@ -82,6 +75,14 @@ def _netns_from(doc: dict[str, Any], result: Any, ifname: str) -> str | None:
         if iface.get("name") == ifname:
             return str(iface["sandbox"])
     return str(sandboxes[0]["sandbox"]) if sandboxes else None
+
+
+def _addresses(result: Any) -> tuple[str, ...]:
+    ips = result.get("ips") if isinstance(result, dict) else None
+    if not isinstance(ips, list):
+        return ()
+    found = (ip.get("address") for ip in ips if isinstance(ip, dict))
+    return tuple(a.split("/")[0] for a in found if isinstance(a, str) and len(a) < 64)
 
 
 def _host_ifnames(result: Any) -> tuple[str, ...]:
@@ -161,13 +162,14 @@ def collect_cache(cache_dir: str, known_networks: Set[str], memo: FileMemo[objec
     memo = memo if memo is not None else FileMemo()
     entries: list[CacheEntry] = []
     corrupt: list[CorruptFile] = []
+    corrupt_mtimes: dict[str, float] = {}
     configs: dict[str, NetworkConfig] = {}
     bad_configs: set[str] = set()
     lister = DirLister("cache")
     for sub in RESULT_SUBDIRS:
-        files = lister.entries(os.path.join(cache_dir, sub))
-        for entry in files:
-            path = entry.path
+        directory = os.path.join(cache_dir, sub)
+        for dir_fd, entry in lister.scan(cache_dir, directory):
+            path = os.path.join(directory, entry.name)
             if entry.is_symlink():
                 corrupt.append(CorruptFile("cache", path, "symlink, not followed"))
                 continue
@@ -181,6 +183,7 @@ def collect_cache(cache_dir: str, known_networks: Set[str], memo: FileMemo[objec
             known = memo.get(path, lst)
             if isinstance(known, CorruptFile):
                 corrupt.append(known)
+                corrupt_mtimes[path] = lst.st_mtime
                 continue
             if isinstance(known, _Parsed):
                 netns_path = known.entry.netns_path
@@ -194,7 +197,7 @@ def collect_cache(cache_dir: str, known_networks: Set[str], memo: FileMemo[objec
                 _remember_config(known.config, path, configs, bad_configs)
                 continue
             try:
-                data, st = read_file_with_stat(path, MAX_CACHE_BYTES)
+                data, st = read_at(dir_fd, entry.name, MAX_CACHE_BYTES)
                 mtime = st.st_mtime
                 doc, cid, net, ifname, legacy = parse_cache_file(entry.name, data, known_networks)
             except OSError as err:
@@ -204,12 +207,14 @@ def collect_cache(cache_dir: str, known_networks: Set[str], memo: FileMemo[objec
                 bad = CorruptFile("cache", path, str(err))
                 memo.put(path, lst, bad)
                 corrupt.append(bad)
+                corrupt_mtimes[path] = lst.st_mtime
                 continue
             result = doc.get("result")
             netns_path = _netns_from(doc, result, ifname)
             cache_entry = CacheEntry(
                 path, entry.name, cid, net, ifname, netns_path, namespace_of(netns_path), _host_ifnames(result),
-                legacy, mtime, netns_uninspectable=namespace_uninspectable(netns_path), owner=_owner(doc, legacy),
+                legacy, mtime, cache_dir, netns_uninspectable=namespace_uninspectable(netns_path),
+                owner=_owner(doc, legacy), ips=_addresses(result),
             )  # fmt: skip
             entries.append(cache_entry)
             encoded = doc.get("config")
@@ -219,25 +224,25 @@ def collect_cache(cache_dir: str, known_networks: Set[str], memo: FileMemo[objec
             _remember_config(config, path, configs, bad_configs)
     corrupt.extend(lister.corrupt)
     networks = known_networks | {c.name for c in configs.values()}
-    named = [named_entry for bad in corrupt if (named_entry := _entry_from_name(bad, networks)) is not None]
+    named = [
+        named_entry
+        for bad in corrupt
+        if bad.path in corrupt_mtimes
+        and (named_entry := _entry_from_name(bad, corrupt_mtimes[bad.path], cache_dir, networks)) is not None
+    ]
     return CacheInventory(tuple(entries + named), tuple(configs.values()), tuple(corrupt))
 
 
-def _entry_from_name(bad: CorruptFile, networks: Set[str]) -> CacheEntry | None:
-    """A corrupt cache file whose name is `<known network>-<container ID>-<ifname>`."""
-    if bad.kind != "cache" or "symlink" in bad.error:
-        return None
+def _entry_from_name(bad: CorruptFile, mtime: float, cache_dir: str, networks: Set[str]) -> CacheEntry | None:
+    """A corrupt cache file (a regular file that is no cache entry) whose name is
+    `<known network>-<container ID>-<ifname>`."""
     name = os.path.basename(bad.path)
     for network in sorted(networks, key=len, reverse=True):
         if not name.startswith(network + "-"):
             continue
         cid, sep, ifname = name[len(network) + 1 :].rpartition("-")
         if sep and is_cni_id(cid) and is_ifname(ifname):
-            try:
-                mtime = os.stat(bad.path, follow_symlinks=False).st_mtime
-            except OSError:
-                return None
-            return CacheEntry(bad.path, name, cid, network, ifname, None, None, (), False, mtime, bad.error)
+            return CacheEntry(bad.path, name, cid, network, ifname, None, None, (), False, mtime, cache_dir, bad.error)
     return None
 
 
@@ -259,9 +264,9 @@ def _decode_config(encoded: str, path: str) -> NetworkConfig | None:
         return None
 
 
-def read_cache_file(path: str, known_networks: Set[str]) -> CacheDocument:
-    """Read and parse one cache file again; OSError, UnfitFile or CacheCorrupt when it cannot."""
-    return parse_cache_file(os.path.basename(path), read_file_nofollow(path, MAX_CACHE_BYTES), known_networks)
+def read_cache_file(entry: CacheEntry) -> tuple[bytes, os.stat_result]:
+    """The entry's file as it is now, reached beneath its cache dir; OSError or UnfitFile."""
+    return read_beneath(entry.cache_dir, entry.path, MAX_CACHE_BYTES)
 
 
 def _names(document: CacheDocument, entry: CacheEntry) -> bool:
@@ -275,7 +280,8 @@ def _names(document: CacheDocument, entry: CacheEntry) -> bool:
 def current_document(entry: CacheEntry) -> CacheDocument | None:
     """The file as it is now, when it still names this entry's attachment; None otherwise."""
     try:
-        document = read_cache_file(entry.path, {entry.network})
+        data, _ = read_cache_file(entry)
+        document = parse_cache_file(entry.name, data, {entry.network})
     except (OSError, UnfitFile, CacheCorrupt):
         return None
     return document if _names(document, entry) else None
@@ -311,18 +317,20 @@ def tie(entry: CacheEntry) -> OwnKey:
 
 def _remove(entry: CacheEntry, ctx: ReclaimContext) -> Done:
     try:
-        document = read_cache_file(entry.path, {entry.network})
+        data, st = read_cache_file(entry)
     except FileNotFoundError:
         return Done.freed()
     except (OSError, UnfitFile) as err:
         return Done.left(f"cannot re-read: {err}")
+    try:
+        document = parse_cache_file(entry.name, data, {entry.network})
     except CacheCorrupt:
         if entry.corrupt is None:
             return Done.left("unreadable now, though it was read before; left alone")
-        return remove_or_quarantine(entry.path, ctx.quarantine)  # as unreadable as when judged
+        return remove_or_quarantine(entry.cache_dir, entry.path, st, ctx.quarantine)  # as unreadable as judged
     if not _names(document, entry):
         return Done.left("now names another attachment; left alone")
-    return remove_or_quarantine(entry.path, ctx.quarantine)
+    return remove_or_quarantine(entry.cache_dir, entry.path, st, ctx.quarantine)
 
 
 def reclaim(entries: Sequence[CacheEntry], ctx: ReclaimContext) -> dict[Identity, Done]:

@@ -9,15 +9,18 @@ lock, only while the file still names the orphan.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import ipaddress
 import os
 import socket
+import stat
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 
-from reaper.host.files import DirLister, UnfitFile, describe_oserror, read_file_nofollow, read_file_with_stat
+from reaper.host.confined import UnfitFile, opened_dir, read_at
+from reaper.host.files import DirLister, describe_oserror
 from reaper.host.memo import FileMemo
 from reaper.host.quarantine import Quarantine, remove_or_quarantine
 from reaper.kinds import Found, Kind, Look, ReclaimContext
@@ -90,29 +93,30 @@ def collect_leases(
     corrupt: list[CorruptFile] = []
     lister = DirLister("ipam")
     for data_dir in data_dirs:
-        for net_entry in lister.entries(data_dir):
+        for _, net_entry in lister.scan(data_dir, data_dir):
             if not net_entry.is_dir(follow_symlinks=False):
                 continue
             network = net_entry.name
+            net_dir = os.path.join(data_dir, network)
             if not is_cni_id(network):
-                corrupt.append(CorruptFile("ipam", net_entry.path, "directory name is not a CNI network name"))
+                corrupt.append(CorruptFile("ipam", net_dir, "directory name is not a CNI network name"))
                 continue
-            files = lister.entries(net_entry.path)
-            for entry in files:
+            for dir_fd, entry in lister.scan(data_dir, net_dir):
                 name = entry.name
                 if name in _NOT_LEASES or name.startswith(_RESERVED_PREFIX):
                     continue
+                path = os.path.join(net_dir, name)
                 try:
                     lst = entry.stat(follow_symlinks=False)
                 except OSError as err:
-                    corrupt.append(CorruptFile("ipam", entry.path, describe_oserror(err)))
+                    corrupt.append(CorruptFile("ipam", path, describe_oserror(err)))
                     continue
-                known = memo.get(entry.path, lst)
+                known = memo.get(path, lst)
                 if isinstance(known, (HostLocalLease, CorruptFile)):
                     lease = known
                 else:
-                    lease = _read_lease(entry, network, data_dir)
-                    memo.put(entry.path, lst, lease)
+                    lease = _read_lease(dir_fd, entry, path, network, data_dir)
+                    memo.put(path, lst, lease)
                 if isinstance(lease, CorruptFile):
                     corrupt.append(lease)
                 else:
@@ -120,14 +124,15 @@ def collect_leases(
     return leases, corrupt + lister.corrupt
 
 
-def _read_lease(entry: os.DirEntry[str], network: str, data_dir: str) -> HostLocalLease | CorruptFile:
-    path = entry.path
+def _read_lease(
+    dir_fd: int, entry: os.DirEntry[str], path: str, network: str, data_dir: str
+) -> HostLocalLease | CorruptFile:
     if ip_key(entry.name) is None:
         return CorruptFile("ipam", path, "file name is not an IP address")
     if entry.is_symlink():
         return CorruptFile("ipam", path, "symlink, not followed")
     try:
-        data, st = read_file_with_stat(path, MAX_LEASE_BYTES)
+        data, st = read_at(dir_fd, entry.name, MAX_LEASE_BYTES)
         container_id, ifname = parse_lease(data)
     except OSError as err:
         return CorruptFile("ipam", path, describe_oserror(err))
@@ -203,53 +208,61 @@ def tie(lease: HostLocalLease) -> OwnKey | ContainerTie:
 
 
 @contextlib.contextmanager
-def locked(directory: str, timeout: float = LOCK_WAIT) -> Iterator[None]:
-    """flock(LOCK_EX) on <network dir>/lock, as host-local takes it."""
-    fd = os.open(os.path.join(directory, "lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"lock {directory}/lock held for over {timeout:g}s") from None
-                time.sleep(_LOCK_POLL)
-        yield
-    finally:
-        os.close(fd)
+def locked(data_dir: str, directory: str, timeout: float = LOCK_WAIT) -> Iterator[int]:
+    """flock(LOCK_EX) on <network dir>/lock, as host-local takes it; the network dir's fd."""
+    with opened_dir(data_dir, directory) as dir_fd:
+        fd = os.open(
+            "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600, dir_fd=dir_fd
+        )
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, f"{directory}/lock is not a regular file")
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"lock {directory}/lock held for over {timeout:g}s") from None
+                    time.sleep(_LOCK_POLL)
+            yield dir_fd
+        finally:
+            os.close(fd)
 
 
 def release_leases(
     leases: Sequence[HostLocalLease], quarantine: Quarantine | None, lock_wait: float = LOCK_WAIT
 ) -> dict[Identity, Done]:
     """Remove leases that still name their orphan, one lock hold per network directory."""
-    by_dir: dict[str, list[HostLocalLease]] = defaultdict(list)
+    by_dir: dict[tuple[str, str], list[HostLocalLease]] = defaultdict(list)
     for lease in leases:
-        by_dir[os.path.dirname(lease.path)].append(lease)
+        by_dir[(lease.data_dir, os.path.dirname(lease.path))].append(lease)
     done: dict[Identity, Done] = {}
-    for directory, group in by_dir.items():
+    for (data_dir, directory), group in by_dir.items():
         try:
-            with locked(directory, lock_wait):
+            with locked(data_dir, directory, lock_wait) as dir_fd:
                 for lease in group:
-                    done[identity(lease)] = _release(lease, quarantine)
+                    done[identity(lease)] = _release(dir_fd, lease, quarantine)
         except (OSError, TimeoutError) as err:
             for lease in group:
-                done.setdefault(identity(lease), Done.left(str(err)))
+                done.setdefault(
+                    identity(lease), Done.left(describe_oserror(err) if isinstance(err, OSError) else str(err))
+                )
     return done
 
 
-def _release(lease: HostLocalLease, quarantine: Quarantine | None) -> Done:
+def _release(dir_fd: int, lease: HostLocalLease, quarantine: Quarantine | None) -> Done:
     try:
-        cid, ifname = parse_lease(read_file_nofollow(lease.path, MAX_LEASE_BYTES))
+        data, st = read_at(dir_fd, lease.ip, MAX_LEASE_BYTES)
+        cid, ifname = parse_lease(data)
     except FileNotFoundError:
         return Done.freed()
     except (OSError, UnfitFile, ValueError) as err:
         return Done.left(f"cannot re-read: {err}")
     if cid != lease.container_id or (lease.ifname is not None and ifname is not None and ifname != lease.ifname):
         return Done.left("now names another container; left alone")
-    return remove_or_quarantine(lease.path, quarantine)
+    return remove_or_quarantine(lease.data_dir, lease.path, st, quarantine)
 
 
 def reclaim(leases: Sequence[HostLocalLease], ctx: ReclaimContext) -> dict[Identity, Done]:

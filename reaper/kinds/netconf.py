@@ -10,7 +10,8 @@ import ipaddress
 import os
 from typing import Any
 
-from reaper.host.files import UnfitFile, describe_oserror, read_file_nofollow
+from reaper.host.confined import UnfitFile, open_root, read_fd
+from reaper.host.files import describe_oserror
 from reaper.host.jsondoc import NotAnObject, parse_object
 from reaper.model import CorruptFile, HostLocalRange, NetworkConfig
 from reaper.names import is_cni_id
@@ -121,20 +122,31 @@ def collect_configs(conf_dir: str) -> tuple[list[NetworkConfig], list[CorruptFil
     configs: list[NetworkConfig] = []
     corrupt: list[CorruptFile] = []
     try:
-        names = sorted(os.listdir(conf_dir))
+        root_fd = open_root(conf_dir)
     except FileNotFoundError:
         return configs, corrupt
     except OSError as err:
         return configs, [CorruptFile("netconf", conf_dir, describe_oserror(err))]
-    for name in names:
-        if not name.endswith(CONFIG_EXTENSIONS):
-            continue
-        path = os.path.join(conf_dir, name)
-        try:
-            # The conf dir is the admin's and is never cleaned: links there are followed.
-            raw = read_file_nofollow(path, MAX_CONFIG_BYTES, follow=True)
-            configs.append(parse_network_config(raw, path))
-        except (OSError, UnfitFile, ConfigError) as err:
-            msg = describe_oserror(err) if isinstance(err, OSError) else str(err)
-            corrupt.append(CorruptFile("netconf", path, msg))
+    try:
+        names = sorted(os.listdir(root_fd))
+        for name in names:
+            if not name.endswith(CONFIG_EXTENSIONS):
+                continue
+            path = os.path.join(conf_dir, name)
+            try:
+                # The conf dir is the admin's and is never cleaned, and libcni follows links there
+                # (the runtime loads what they point at): so does the reaper, to read only.
+                fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=root_fd)
+                try:
+                    raw, _ = read_fd(fd, MAX_CONFIG_BYTES)
+                finally:
+                    os.close(fd)
+                configs.append(parse_network_config(raw, path))
+            except (OSError, UnfitFile, ConfigError) as err:
+                msg = describe_oserror(err) if isinstance(err, OSError) else str(err)
+                corrupt.append(CorruptFile("netconf", path, msg))
+    except OSError as err:
+        corrupt.append(CorruptFile("netconf", conf_dir, describe_oserror(err)))
+    finally:
+        os.close(root_fd)
     return configs, corrupt

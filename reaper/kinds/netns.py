@@ -13,9 +13,10 @@ import errno
 import os
 import re
 import stat
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
-from reaper.host.files import NSFS_MAGIC, PROC_SUPER_MAGIC, DirLister, describe_oserror, fs_type
+from reaper.host.confined import fstatfs_type, opened_dir, unlink_beneath
+from reaper.host.files import NSFS_MAGIC, PROC_SUPER_MAGIC, DirLister, describe_oserror
 from reaper.host.mounts import unpin_hazard
 from reaper.host.procs import busy_namespaces
 from reaper.kinds import Found, Kind, Look, ReclaimContext
@@ -23,7 +24,6 @@ from reaper.model import CorruptFile, DetailValue, Done, Holder, Identity, Netns
 from reaper.names import is_runtime_netns_name
 
 MNT_DETACH = 2  # umount2(2) flag: detach now, free once unused
-UMOUNT_NOFOLLOW = 8  # umount2(2) flag: a symlink swapped in after the checks is not followed
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
@@ -36,21 +36,19 @@ def collect_pins(
     lister = DirLister("netns")
     corrupt = lister.corrupt
     for directory in dirs:
-        entries = lister.entries(directory)
-        for entry in entries:
-            path = entry.path
+        for dir_fd, entry in lister.scan(directory, directory):
+            path = os.path.join(directory, entry.name)
             if entry.is_symlink():
                 corrupt.append(CorruptFile("netns", path, "symlink, not followed"))
                 continue
+            if entry.is_dir(follow_symlinks=False):
+                continue
             try:
-                st = os.stat(path)
-                ftype = fs_type(path)
+                st, ftype = _look_at(dir_fd, entry.name)
             except OSError as err:
                 corrupt.append(CorruptFile("netns", path, describe_oserror(err)))
                 continue
             if not stat.S_ISREG(st.st_mode):
-                if entry.is_dir(follow_symlinks=False):
-                    continue
                 corrupt.append(CorruptFile("netns", path, "not a regular file"))
                 continue
             key = NsKey(st.st_dev, st.st_ino)
@@ -68,6 +66,20 @@ def collect_pins(
                 )
             )
     return pins, corrupt
+
+
+def _open_pin(dir_fd: int, name: str) -> int:
+    """An O_PATH fd on the pin (on the namespace mounted there, if any), never through a
+    symlink and never opening a FIFO or device for reading."""
+    return os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+
+
+def _look_at(dir_fd: int, name: str) -> tuple[os.stat_result, int]:
+    fd = _open_pin(dir_fd, name)
+    try:
+        return os.fstat(fd), fstatfs_type(fd)
+    finally:
+        os.close(fd)
 
 
 def find(look: Look) -> Found[NetnsPin]:
@@ -96,11 +108,6 @@ def tie(pin: NetnsPin) -> NetnsTie:
 # ------------------------------------------------------------------------------ reclaiming
 
 
-def _inside(path: str, dirs: Iterable[str]) -> bool:
-    parent = os.path.realpath(os.path.dirname(path))
-    return any(parent == os.path.realpath(d) for d in dirs)
-
-
 def reclaim(pins: Sequence[NetnsPin], ctx: ReclaimContext) -> dict[Identity, Done]:
     """Unmount and unlink every pin at once, so the kernel drops their veths in one batch."""
     hazard = unpin_hazard(ctx.netns_dirs)
@@ -111,44 +118,66 @@ def reclaim(pins: Sequence[NetnsPin], ctx: ReclaimContext) -> dict[Identity, Don
 
 
 def _unpin(pin: NetnsPin, ctx: ReclaimContext, busy: Mapping[NsKey, str]) -> Done:
-    path = pin.path
-    if not _inside(path, ctx.netns_dirs):
+    if pin.directory not in ctx.netns_dirs or os.path.join(pin.directory, pin.name) != pin.path or "/" in pin.name:
         return Done.left("not directly inside a netns dir")
     try:
-        lst = os.lstat(path)
+        with opened_dir(pin.directory, pin.directory) as dir_fd:
+            return _unpin_at(dir_fd, pin, ctx, busy)
     except FileNotFoundError:
         return Done.freed()
-    if stat.S_ISLNK(lst.st_mode):
-        return Done.left("a symlink now; not followed")
-    try:
-        st = os.stat(path)
-        is_ns = fs_type(path) in (NSFS_MAGIC, PROC_SUPER_MAGIC)
     except OSError as err:
         return Done.left(describe_oserror(err))
-    if not pin.is_namespace:
-        if is_ns:
-            return Done.left("a namespace is mounted on it now")
-    else:
-        if not is_ns:
-            return Done.left("no namespace is mounted on it any more")
-        key = NsKey(st.st_dev, st.st_ino)
-        if key != pin.ns:
-            return Done.left("it pins another namespace now")
-        if key in ctx.live_netns:
-            return Done.left("a live sandbox names this netns")
-        if key in busy:
-            return Done.left(busy[key])
-        if _libc.umount2(os.fsencode(path), MNT_DETACH | UMOUNT_NOFOLLOW) != 0:
-            code = ctypes.get_errno()
-            if code != errno.EINVAL:  # not a mount point: already unmounted
-                return Done.left(f"umount: {os.strerror(code)}")
+
+
+def _unpin_at(dir_fd: int, pin: NetnsPin, ctx: ReclaimContext, busy: Mapping[NsKey, str]) -> Done:
     try:
-        os.unlink(path)
+        fd = _open_pin(dir_fd, pin.name)
+    except FileNotFoundError:
+        return Done.freed()
+    except OSError as err:
+        return Done.left("a symlink now; not followed" if err.errno == errno.ELOOP else describe_oserror(err))
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISLNK(st.st_mode):
+            return Done.left("a symlink now; not followed")
+        is_ns = fstatfs_type(fd) in (NSFS_MAGIC, PROC_SUPER_MAGIC)
+        if not pin.is_namespace:
+            if is_ns:
+                return Done.left("a namespace is mounted on it now")
+        else:
+            if not is_ns:
+                return Done.left("no namespace is mounted on it any more")
+            key = NsKey(st.st_dev, st.st_ino)
+            if key != pin.ns:
+                return Done.left("it pins another namespace now")
+            if key in ctx.live_netns:
+                return Done.left("a live sandbox names this netns")
+            if key in busy:
+                return Done.left(busy[key])
+            # The mount the fd holds, whatever the name points at by now: the fd's magic link
+            # names exactly the namespace just checked.
+            if _libc.umount2(f"/proc/self/fd/{fd}".encode(), MNT_DETACH) != 0:
+                code = ctypes.get_errno()
+                if code != errno.EINVAL:  # not a mount point: already unmounted
+                    return Done.left(f"umount: {os.strerror(code)}")
+    finally:
+        os.close(fd)
+    try:
+        unlink_beneath(pin.directory, pin.path, _plain_file)
     except FileNotFoundError:
         pass
     except OSError as err:
-        return Done.left(f"unlink: {err.strerror}")
+        return Done.left(f"unlink: {describe_oserror(err)}")
     return Done.freed()
+
+
+def _plain_file(now: os.stat_result) -> str | None:
+    """What is left once the namespace is unmounted: the pin's own empty file."""
+    if not stat.S_ISREG(now.st_mode):
+        return "not a regular file now"
+    if now.st_size != 0:
+        return "holds data: not a pin"
+    return None
 
 
 KIND: Kind[NetnsPin] = Kind("netns", find, identity, ref, tie, reclaim)

@@ -23,6 +23,7 @@ from reaper.model import (
     AttachmentKey,
     CacheEntry,
     Done,
+    HostLocalLease,
     Identity,
     NetnsPin,
     NetworkConfig,
@@ -33,8 +34,10 @@ from reaper.model import (
     ResourceOutcome,
     RuntimeView,
     SkippedAttachment,
+    VethLink,
 )
 from reaper.reap.plan import recheck_reason
+from reaper.reap.trust import NodeTrust, cached_config_refusal, corroborated
 from reaper.stopwatch import Stopwatch
 
 # Plugins are processes that spend part of their time waiting (host-local's lock, the
@@ -59,25 +62,54 @@ def _netns_for_del(attachment: Attachment, records: Records) -> str:
     return ""
 
 
-def del_request(attachment: Attachment, records: Records, configs: Sequence[NetworkConfig]) -> DelRequest | None:
-    """What DEL would run for this attachment, or None when there is no config to run it with:
-    its cache entry's config when the entry still names it, else the conf dir's config."""
+def held_by_others(records: Records, orphans: Sequence[Attachment]) -> tuple[set[str], set[str]]:
+    """(addresses, veth names) that records outside every orphan attachment hold. Only veths:
+    a result's other host interfaces are shared ones (the bridge every pod hangs off)."""
+    judged = {ref.identity for a in orphans for ref in a.resources}
+    ips: set[str] = set()
+    ifnames: set[str] = set()
+    for ident, record in records.items():
+        if ident in judged:
+            continue
+        if isinstance(record, HostLocalLease):
+            ips.add(record.ip)
+        elif isinstance(record, VethLink):
+            ifnames.add(record.name)
+        elif isinstance(record, CacheEntry):
+            ips.update(record.ips)
+    return ips, ifnames
+
+
+def del_request(
+    attachment: Attachment, records: Records, configs: Sequence[NetworkConfig], trust: NodeTrust
+) -> tuple[DelRequest | None, str | None]:
+    """What DEL would run for this attachment, and why its cache entry's config does not run
+    when it does not: that config when the node corroborates it (reaper.reap.trust), else the
+    conf dir's config, else nothing (the kinds reclaim what is left)."""
     key = attachment.key
     if key.container_id is None or key.network is None:
-        return None
+        return None, None
     netns = _netns_for_del(attachment, records)
     entries = [records.get(ref.identity) for ref in attachment.resources if ref.kind == cache.KIND.name]
     usable = [e for e in entries if isinstance(e, CacheEntry) and not e.legacy and e.corrupt is None]
+    refusal = None
     if usable and key.ifname is not None:
         document = cache.current_document(usable[0])
         if document is not None and not document.legacy:
             request = request_from_cache(document.doc, key.container_id, key.network, key.ifname, netns, usable[0].path)
             if request is not None:
-                return request
+                refusal = cached_config_refusal(attachment, request.config, request.prev_result, trust)
+                if refusal is None:
+                    return request, None
+    if refusal is not None and not corroborated(attachment):
+        return None, f"cached config not run: {refusal}"
+    note = f"cached config not run: {refusal}" if refusal is not None else None
     for config in configs:
         if config.name == key.network and not config.path.startswith("cache:"):
-            return DelRequest(key.container_id, key.network, safe_ifname(key.ifname), netns, config.raw, config.path)
-    return None
+            return DelRequest(
+                key.container_id, key.network, safe_ifname(key.ifname), netns, config.raw, config.path
+            ), note
+    return None, note
 
 
 @dataclass

@@ -29,7 +29,9 @@ class ReapPolicy:
     force: bool
 
 
-def plan_attachment(attachment: Attachment, request: DelRequest | None, quarantine: bool) -> PlannedAttachment:
+def plan_attachment(
+    attachment: Attachment, request: DelRequest | None, note: str | None, quarantine: bool
+) -> PlannedAttachment:
     """Each resource's method: the plugins' DEL when there is a config to run it with, else
     the kernel (or the quarantine, for the files a kind can move there)."""
     first: ReclaimMethod = "cni-del" if request is not None else "kernel"
@@ -39,7 +41,7 @@ def plan_attachment(attachment: Attachment, request: DelRequest | None, quaranti
         if first == "kernel" and quarantine and ref.kind in QUARANTINABLE:
             method = "quarantine"
         steps.append(PlannedStep(ref.kind, ref.name, method))
-    return PlannedAttachment(attachment.key, request.source if request else None, tuple(steps))
+    return PlannedAttachment(attachment.key, request.source if request else None, tuple(steps), note)
 
 
 def breaker_trips(orphans: int, attachments: int, max_ratio: float) -> bool:

@@ -13,8 +13,9 @@ from reaper.cni.invoke import gc_networks
 from reaper.host.memo import InventoryMemo
 from reaper.host.quarantine import Quarantine
 from reaper.model import AttachmentKey, GcOutcome, ReapResult, ScanReport, SkippedAttachment
-from reaper.reap.act import UNREACHABLE_AT_RECHECK, Reclaimer, del_request, index
+from reaper.reap.act import UNREACHABLE_AT_RECHECK, Reclaimer, del_request, held_by_others, index
 from reaper.reap.plan import ReapPolicy, breaker_counts, breaker_reason, plan_attachment, select
+from reaper.reap.trust import node_trust
 from reaper.runtime.liveness import LivenessSource
 from reaper.scan import find_options, scan_pass
 from reaper.settings import ReapSettings, Settings
@@ -61,8 +62,15 @@ def reap_pass(
         return result(breaker_open=True, breaker_reason=refused)
     selected, skipped = select(orphans, policy)
     records = index(scan.snapshot)
-    requests = {a.key: None if policy.kernel_only else del_request(a, records, scan.snapshot.configs) for a in selected}
-    plan = tuple(plan_attachment(a, requests[a.key], policy.quarantine) for a in selected)
+    configs = scan.snapshot.configs
+    trust = node_trust((c for c in configs if not c.path.startswith("cache:")), reap.allow_plugins,
+                       *held_by_others(records, orphans))  # fmt: skip
+    asked = {a.key: (None, None) if policy.kernel_only else del_request(a, records, configs, trust) for a in selected}
+    requests = {key: request for key, (request, _) in asked.items()}
+    plan = tuple(plan_attachment(a, *asked[a.key], policy.quarantine) for a in selected)
+    for key, (_, note) in asked.items():
+        if note is not None:
+            log.warning("cached config refused", extra={"attachment": key.as_text(), "reason": note})
     if reap.dry_run:
         return result(plan=plan, skipped=tuple(skipped))
 

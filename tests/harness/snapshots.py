@@ -51,6 +51,7 @@ def cache(n: int, mtime: float = 0.0, with_netns: bool = True, net: str = NET) -
         host_ifnames=(f"veth{n:08x}",),
         legacy=False,
         mtime=mtime,
+        cache_dir="/cache",
     )
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from reaper.host.files import NSFS_MAGIC, fs_type, namespace_of
-from reaper.host.quarantine import Quarantine, QuarantineError
+from reaper.host.quarantine import Quarantine
 from reaper.kinds import ReclaimContext, cache, hostlocal, netns
 from reaper.model import CacheEntry, Done, HostLocalLease, NetnsPin, NsKey
 from tests.harness.lab.kernel import umount
@@ -151,7 +151,7 @@ def test_a_cache_file_is_removed_only_while_it_names_the_attachment(tmp_path: Pa
     entry = {"kind": "cniCacheV1", "containerId": CID, "networkName": "net1", "ifName": "eth0"}
     path = tmp_path / f"net1-{CID}-eth0"
     path.write_text(json.dumps({**entry, "containerId": "e" * 64}))  # another attachment's now
-    record = CacheEntry(str(path), path.name, CID, "net1", "eth0", None, None, (), False, 0.0)
+    record = CacheEntry(str(path), path.name, CID, "net1", "eth0", None, None, (), False, 0.0, str(tmp_path))
     key = ("cache", str(path))
     done = cache.reclaim([record], context(tmp_path))
     assert not done[key].ok and "another attachment" in str(done[key].error) and path.exists()
@@ -167,17 +167,18 @@ def test_a_cache_file_is_removed_only_while_it_names_the_attachment(tmp_path: Pa
 def test_quarantine_refuses_a_symlinked_path(tmp_path: Path) -> None:
     qdir = tmp_path / "q"
     quarantine = Quarantine(str(qdir))
-    source = tmp_path / "data" / "lease"
+    data = tmp_path / "data"
+    source = data / "lease"
     source.parent.mkdir()
     source.write_text("x")
     # An attacker links a directory inside the quarantine to somewhere else.
     outside = tmp_path / "outside"
     outside.mkdir()
-    target_parent = Path(quarantine.base + str(source.parent))
+    target_parent = Path(quarantine.destination(str(source))).parent
     target_parent.parent.mkdir(parents=True)
     target_parent.symlink_to(outside)
-    with pytest.raises(QuarantineError, match="symlink"):
-        quarantine.move(str(source))
+    with pytest.raises(OSError, match="Too many levels of symbolic links"):
+        quarantine.move(str(data), str(source), source.stat())
     assert source.exists() and not any(outside.iterdir())
 
 

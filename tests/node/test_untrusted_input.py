@@ -1,17 +1,203 @@
-"""What a writer of the CNI cache dir can make the reaper do: nothing outside the node's own
-configuration. (More of the untrusted-input issue lands here as it is built.)"""
+"""What a writer of the CNI cache and IPAM dirs (a pod with a hostPath on /var/lib/cni) can make
+the reaper do, tried with the real plugins against a real containerd: nothing outside the
+roots, no plugin the node does not use, no forged config, and the real leaks still go."""
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import re
+import secrets
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from reaper.kinds import FindOptions
 from reaper.snapshot import take_snapshot
 from tests.harness.configs import cache_doc, conflist
+from tests.harness.lab import Lab, Leak
+from tests.harness.lab import cni as labcni
+from tests.harness.reap_helpers import REAP, leak_left, pings
+from tests.harness.reaper_cli import run_reaper
 
 CID = "c" * 64
+CANARY = "reaper-canary"
+# A plugin no config of the node uses: it records every run, and succeeds.
+CANARY_SCRIPT = """#!/bin/sh
+if [ "$CNI_COMMAND" = "VERSION" ]; then
+    printf '%s\\n' '{"cniVersion":"1.0.0","supportedVersions":["0.4.0","1.0.0"]}'
+    exit 0
+fi
+cat > "{marker}.$CNI_CONTAINERID"
+exit 0
+"""
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lab, str, Path]]:
+    """A lab with one live pod and the canary plugin in its bin dir: (lab, pod, marker dir)."""
+    markers = tmp_path_factory.mktemp("canary")
+    with Lab() as lab:
+        canary = lab.bin_dir / CANARY
+        canary.write_text(CANARY_SCRIPT.replace("{marker}", str(markers / "ran")))
+        canary.chmod(0o755)
+        web = lab.run_pod("web")
+        yield lab, web, markers
+
+
+def _cached(lab: Lab, container_id: str) -> dict[str, Any]:
+    path = lab.cache_dir / "results" / f"{lab.network_name}-{container_id}-eth0"
+    doc: dict[str, Any] = json.loads(path.read_bytes())
+    return doc
+
+
+def _write_cached(path: Path, doc: dict[str, Any], config: dict[str, Any]) -> None:
+    doc = dict(doc, config=base64.b64encode(json.dumps(config).encode()).decode())
+    path.write_text(json.dumps(doc))
+
+
+def _ran(markers: Path) -> set[str]:
+    return {p.name.split(".", 1)[1] for p in markers.glob("ran.*")}
+
+
+def _filter_rules(lab: Lab) -> str:
+    return lab.run_in_netns(["iptables-save", "-t", "filter"], check=True).stdout
+
+
+def test_symlinks_planted_in_every_root_reach_nothing_outside(lab: tuple[Lab, str, Path], tmp_path: Path) -> None:
+    """results/, a network dir and a pin replaced by links to the host's files (with host PID,
+    /proc/1/root/... reaches them from a pod): before, each file there named like a cache entry
+    or lease of a dead container was deleted. Now nothing outside the roots changes, the links
+    are reported, and the real leak beside them goes."""
+    the_lab, web, _ = lab
+    net = the_lab.network_name
+    host = tmp_path / "host-files"
+    host.mkdir()
+    dead = secrets.token_hex(32)
+    victims = {
+        host / f"{net}-{dead}-eth0": b"a kubelet client certificate",
+        host / "10.123.0.5": f"{dead}\r\neth0".encode(),
+        host / "pinned": b"",
+    }
+    for path, data in victims.items():
+        path.write_bytes(data)
+    legacy = the_lab.cache_dir / "cache"
+    legacy.mkdir(exist_ok=True)
+    (legacy / "results").symlink_to(host)
+    (the_lab.ipam_dir / "evilnet").symlink_to(host)
+    pin_link = the_lab.netns_dir / f"cni-{uuid.uuid4()}"
+    pin_link.symlink_to(host / "pinned")
+    leak = the_lab.make_leak(with_cache=True)
+    try:
+        run = run_reaper(the_lab, "reap", tmp_path / "state.json", "--json", *REAP)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr
+        for path, data in victims.items():
+            assert path.read_bytes() == data, f"{path.name} outside the roots was changed"
+        assert leak_left(the_lab, leak) == []
+        assert pings(the_lab, web)
+        reported = {c["path"]: c["error"] for c in run.doc["corrupt"]}
+        assert "symlink" in reported[str(pin_link)]
+        assert any(p.startswith(str(legacy)) for p in reported), reported
+    finally:
+        (legacy / "results").unlink()
+        (the_lab.ipam_dir / "evilnet").unlink()
+        pin_link.unlink(missing_ok=True)
+
+
+def test_a_forged_entry_runs_no_plugin_and_a_live_pods_firewall_rules_stay(
+    lab: tuple[Lab, str, Path], tmp_path: Path
+) -> None:
+    """A cache entry for an ID nothing else on the node knows, whose config is the real
+    `firewall` plugin and whose prevResult is the live pod's: before, the reaper ran firewall's
+    DEL, which deleted the pod's CNI-FORWARD accept rules. Now no plugin runs; the file goes."""
+    the_lab, web, markers = lab
+    net = the_lab.network_name
+    pod_result = _cached(the_lab, web)["result"]
+    pod_ip = labcni.result_ip(pod_result)
+    netns = the_lab.pod_netns_path(web)
+    assert netns is not None
+    call = labcni.PluginCall("ADD", web, str(netns), "eth0", (), the_lab.bin_dir, the_lab.netns_path)
+    labcni.exec_plugin(call, {"type": "firewall", "name": net, "cniVersion": "1.0.0", "prevResult": pod_result})
+    assert pod_ip in _filter_rules(the_lab)
+    forged_id = secrets.token_hex(32)
+    forged = the_lab.cache_dir / "results" / f"{net}-{forged_id}-eth0"
+    plugins = [{"type": "firewall"}, {"type": CANARY}]
+    # No netns: one naming the pod's would make it the pod's (and so live, left alone).
+    interfaces = [{k: v for k, v in i.items() if k != "sandbox"} for i in pod_result["interfaces"]]
+    forged_result = {**pod_result, "interfaces": interfaces}
+    doc = cache_doc(forged_id, net, result=forged_result, cniArgs=[["K8S_POD_NAMESPACE", "x"]])
+    _write_cached(forged, doc, {"cniVersion": "1.0.0", "name": net, "plugins": plugins})
+
+    run = run_reaper(the_lab, "reap", tmp_path / "state.json", "--json", *REAP, "--allow-plugin", "firewall")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr
+    assert pod_ip in _filter_rules(the_lab), "the live pod's firewall rules were deleted"
+    assert forged_id not in _ran(markers)
+    assert not forged.exists(), "an entry nothing corroborates is removed as a file"
+    (outcome,) = [o for o in run.doc["reclaimed"] if o["container_id"] == forged_id]
+    assert [r["method"] for r in outcome["resources"]] == ["kernel"]
+    assert pings(the_lab, web)
+
+
+def _recache(lab: Lab, leak: Leak, plugins: list[dict[str, Any]]) -> None:
+    assert leak.cache_path is not None
+    config = {"cniVersion": "1.0.0", "name": lab.network_name, "plugins": plugins}
+    _write_cached(leak.cache_path, _cached(lab, leak.container_id), config)
+
+
+def test_a_cached_config_runs_only_the_plugins_and_paths_the_node_uses(
+    lab: tuple[Lab, str, Path], tmp_path: Path
+) -> None:
+    """Real leaks whose cache entries carry a plugin no conf dir config uses, or a path the
+    conf dir's config does not hold: DEL runs the node's own config instead, and the leak goes.
+    --allow-plugin lets the plugin run (so this test would see it run)."""
+    the_lab, web, markers = lab
+    node_plugins = json.loads(the_lab.network_spec.conflist_bytes("normal"))["plugins"]
+    extra_plugin, steered = the_lab.make_leak(with_cache=True), the_lab.make_leak(with_cache=True)
+    _recache(the_lab, extra_plugin, [*node_plugins, {"type": CANARY}])
+    _recache(the_lab, steered, [{**node_plugins[0], "binDir": str(the_lab.cache_dir)}, *node_plugins[1:]])
+    plan = run_reaper(the_lab, "reap", tmp_path / "plan.json", "--json", *REAP, "--dry-run")
+    notes = {p["container_id"]: p["config_note"] or "" for p in plan.doc["plan"]}
+    assert CANARY in notes[extra_plugin.container_id] and "binDir" in notes[steered.container_id]
+
+    run = run_reaper(the_lab, "reap", tmp_path / "one.json", "--json", *REAP)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr
+    assert leak_left(the_lab, extra_plugin) == [] and leak_left(the_lab, steered) == []
+    via = {r["kind"]: r["method"] for o in run.doc["reclaimed"] for r in o["resources"]
+           if o["container_id"] == extra_plugin.container_id}  # fmt: skip
+    assert via["ipam"] == "cni-del", "the node's own config ran DEL"
+    assert extra_plugin.container_id not in _ran(markers)
+    assert pings(the_lab, web)
+    # --allow-plugin makes the same plugin run.
+    allowed = the_lab.make_leak(with_cache=True)
+    _recache(the_lab, allowed, [*node_plugins, {"type": CANARY}])
+    run = run_reaper(the_lab, "reap", tmp_path / "two.json", "--json", *REAP, "--allow-plugin", CANARY)
+    assert run.returncode == 0 and leak_left(the_lab, allowed) == []
+    assert allowed.container_id in _ran(markers), run.stdout[-3000:] + run.stderr[-3000:]
+
+
+def test_a_prev_result_naming_a_live_pods_address_never_reaches_a_plugin(
+    lab: tuple[Lab, str, Path], tmp_path: Path
+) -> None:
+    """A real leak whose cache entry's prevResult was rewritten to name the live pod's address
+    (what `firewall` deletes by): its DEL runs the node's own config, without that prevResult."""
+    the_lab, web, markers = lab
+    net = the_lab.network_name
+    node_plugins = json.loads(the_lab.network_spec.conflist_bytes("normal"))["plugins"]
+    leak = the_lab.make_leak(with_cache=True)
+    assert leak.cache_path is not None
+    doc = _cached(the_lab, leak.container_id)
+    doc["result"]["ips"] = _cached(the_lab, web)["result"]["ips"]
+    config = {"cniVersion": "1.0.0", "name": net, "plugins": [*node_plugins, {"type": CANARY}]}
+    _write_cached(leak.cache_path, doc, config)
+    run = run_reaper(the_lab, "reap", tmp_path / "state.json", "--json", *REAP, "--allow-plugin", CANARY)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr
+    assert leak.container_id not in _ran(markers)
+    assert leak_left(the_lab, leak) == []
+    assert pings(the_lab, web)
 
 
 def test_a_data_dir_named_only_by_a_cached_config_is_never_read(tmp_path: Path) -> None:
@@ -30,3 +216,16 @@ def test_a_data_dir_named_only_by_a_cached_config_is_never_read(tmp_path: Path) 
     # The same config in the conf dir is the node's own: its dataDir is read.
     (conf_dir / "10-net1.conflist").write_text(json.dumps(config))
     assert [lease.ip for lease in take_snapshot(options).of("ipam")] == ["10.0.0.9"]
+
+
+def test_a_root_that_is_a_symlink_is_reported_and_not_used(tmp_path: Path) -> None:
+    real = tmp_path / "real-cache"
+    (real / "results").mkdir(parents=True)
+    (real / "results" / f"net1-{CID}-eth0").write_text(json.dumps(cache_doc(CID, "net1")))
+    linked = tmp_path / "cache"
+    linked.symlink_to(real)
+    options = FindOptions((), (), str(linked), str(tmp_path / "none"), (), (re.compile("x"),))
+    snapshot = take_snapshot(options)
+    assert snapshot.of("cache") == ()
+    assert any(c.path.startswith(str(linked)) and "symlink" in c.error for c in snapshot.corrupt)
+    assert os.path.exists(real / "results" / f"net1-{CID}-eth0")

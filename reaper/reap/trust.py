@@ -1,0 +1,139 @@
+"""Whether a cache entry's config may run as root. Pure: no I/O.
+
+A cache file is written by whoever can write the cache dir, so what it says is a claim. Its
+config runs for DEL only when the node corroborates it: something else found on the node
+independently of the file belongs to the same attachment; every plugin it would execute is one
+the node's own conf dir uses (or the operator allowed); every path or execution-steering value
+in it is the one the conf dir's config of that network holds; and its prevResult names no
+address or host interface that an attachment still in use holds (plugins such as `firewall`
+delete by what prevResult says). Otherwise the node's own config runs, or nothing does and the
+file is removed as a file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Set
+from dataclasses import dataclass
+from typing import Any
+
+from reaper.kinds.netconf import ConfigError, plugin_list
+from reaper.model import Attachment, NetworkConfig
+
+# Keys whose value names a path, a socket or what to execute. Any absolute path or `..` in a
+# string value counts too, whatever its key.
+STEERING_KEYS = frozenset(
+    k.lower()
+    for k in (
+        "binDir", "binPath", "cniPath", "cniDir", "confDir", "cniConfigDir", "dataDir", "socketDir",
+        "socketPath", "daemonSocketPath", "kubeconfig", "logFile", "multusConfigFile", "readinessindicatorfile",
+        "runDir", "stateDir", "path", "exec", "command",
+    )
+)  # fmt: skip
+CACHE_KIND = "cache"
+
+
+@dataclass(frozen=True)
+class NodeTrust:
+    """What the node itself says, to weigh cache entries against."""
+
+    types: frozenset[str]  # plugin and IPAM types the conf dir's configs execute, and --allow-plugin's
+    configs: Mapping[str, NetworkConfig]  # the conf dir's config of each network (libcni's first)
+    held_ips: frozenset[str]  # addresses of attachments that are not orphans
+    held_ifnames: frozenset[str]  # host-side interfaces of attachments that are not orphans
+
+
+def executed_types(plugins: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The plugin types a list executes: each plugin and its IPAM plugin."""
+    types = set()
+    for plugin in plugins:
+        types.add(str(plugin.get("type")))
+        ipam = plugin.get("ipam")
+        if isinstance(ipam, dict) and isinstance(ipam.get("type"), str):
+            types.add(ipam["type"])
+    return types
+
+
+def node_trust(
+    conf_configs: Iterable[NetworkConfig], allowed: Iterable[str], held_ips: Set[str], held_ifnames: Set[str]
+) -> NodeTrust:
+    types = set(allowed)
+    by_network: dict[str, NetworkConfig] = {}
+    for config in conf_configs:
+        by_network.setdefault(config.name, config)
+        try:
+            types |= executed_types(plugin_list(config.raw)[2])
+        except ConfigError:
+            continue
+    return NodeTrust(frozenset(types), by_network, frozenset(held_ips), frozenset(held_ifnames))
+
+
+def _steering(value: Any, where: str = "") -> Iterator[tuple[str, str]]:
+    """(place, value) of every string that names a path or steers execution."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            place = f"{where}.{key}"
+            if isinstance(item, str) and (str(key).lower() in STEERING_KEYS or _path_like(item)):
+                yield place, item
+            else:
+                yield from _steering(item, place)
+    elif isinstance(value, list):
+        for n, item in enumerate(value):
+            if isinstance(item, str) and _path_like(item):
+                yield f"{where}[{n}]", item
+            else:
+                yield from _steering(item, f"{where}[{n}]")
+
+
+def _path_like(text: str) -> bool:
+    return text.startswith("/") or "../" in text or text.startswith("~")
+
+
+def _plugins_by_type(raw: bytes) -> dict[str, Mapping[str, Any]]:
+    try:
+        return {str(p["type"]): p for p in plugin_list(raw)[2]}
+    except ConfigError:
+        return {}
+
+
+def corroborated(attachment: Attachment) -> bool:
+    """Something found independently of the cache file belongs to this attachment."""
+    return any(ref.kind != CACHE_KIND for ref in attachment.resources)
+
+
+def cached_config_refusal(
+    attachment: Attachment, raw: bytes, prev_result: Mapping[str, Any] | None, trust: NodeTrust
+) -> str | None:
+    """Why a cache entry's config (`raw`, with `prev_result`) may not run; None when it may."""
+    if not corroborated(attachment):
+        return "nothing on the node but the cache file names this attachment"
+    try:
+        name, _, plugins = plugin_list(raw)
+    except ConfigError as err:
+        return f"its config is unreadable: {err}"
+    unknown = sorted(executed_types(plugins) - trust.types)
+    if unknown:
+        return f"it runs plugins no config in the conf dir uses: {', '.join(unknown)[:200]}"
+    own = trust.configs.get(name)
+    own_plugins = _plugins_by_type(own.raw) if own is not None else {}
+    for plugin in plugins:
+        theirs = set(_steering(own_plugins.get(str(plugin["type"]), {})))
+        for place, value in _steering(plugin):
+            if (place, value) not in theirs:
+                return f"{plugin['type']}{place} = {value[:120]!r} is not what the conf dir's config says"
+    held = _held(prev_result, trust)
+    if held is not None:
+        return f"its prevResult names {held}, which an attachment in use holds"
+    return None
+
+
+def _held(result: Mapping[str, Any] | None, trust: NodeTrust) -> str | None:
+    if result is None:
+        return None
+    for ip in result.get("ips") or ():
+        address = ip.get("address") if isinstance(ip, dict) else None
+        if isinstance(address, str) and address.split("/")[0] in trust.held_ips:
+            return address.split("/")[0]
+    for iface in result.get("interfaces") or ():
+        if isinstance(iface, dict) and not iface.get("sandbox") and iface.get("name") in trust.held_ifnames:
+            return str(iface["name"])
+    return None
