@@ -10,7 +10,7 @@ from typing import Any
 
 from reaper.host.memo import InventoryMemo
 from reaper.host.procs import holders_by_netns, unseen_processes
-from reaper.kinds import FindOptions, Kind, Look
+from reaper.kinds import FindOptions, Found, Kind, Look
 from reaper.kinds.hostlocal import range_usage
 from reaper.kinds.netconf import collect_configs
 from reaper.kinds.registry import KINDS
@@ -82,7 +82,12 @@ def _take(
         # Kinds see only the node's own configs: a path in a cached config (an ipam.dataDir) is
         # whatever the writer of the cache dir wanted it to be.
         look = Look(opts, memo, tuple(conf_configs), holders, dict(found), started.get(kind.name))
-        result = kind.find(look)
+        try:
+            result = kind.find(look)
+        except Exception as err:  # a bug in one kind costs that kind only
+            # Fewer records never make a live attachment look orphaned: liveness comes from the
+            # runtimes, and a missing record only goes unreclaimed.
+            result = Found((), errors=(SourceError(kind.name, f"failed unexpectedly: {type(err).__name__}: {err}"),))
         found[kind.name] = result.records
         corrupt.extend(result.corrupt)
         errors.extend(result.errors)

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from reaper.host.atomic import write_atomically
+from reaper.host.confined import UnfitFile, read_beneath
+from reaper.host.files import describe_oserror
 from reaper.host.jsondoc import parse_json
 from reaper.model import AttachmentHistory
 
@@ -38,15 +40,14 @@ def load_state(path: str) -> tuple[State, str | None]:
     An unusable file only costs confirmations (they start again), never a wrong verdict.
     """
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_STATE_BYTES + 1)
+        raw, _ = read_beneath(os.path.dirname(path), path, MAX_STATE_BYTES)
     except FileNotFoundError:
         return EMPTY_STATE, None
     except OSError as err:
-        return EMPTY_STATE, f"cannot read state file {path}: {err.strerror}; starting afresh"
+        return EMPTY_STATE, f"cannot read state file {path}: {describe_oserror(err)}; starting afresh"
+    except UnfitFile as err:
+        return EMPTY_STATE, f"state file {path} is unusable ({err}); {_set_aside(path)}; starting afresh"
     try:
-        if len(raw) > MAX_STATE_BYTES:
-            raise ValueError("too large")
         doc = parse_json(raw)
         if not isinstance(doc, dict) or doc.get("version") != STATE_VERSION:
             raise ValueError("unknown version")
@@ -54,8 +55,18 @@ def load_state(path: str) -> tuple[State, str | None]:
         netns = {str(k): str(v) for k, v in doc.get("sandbox_netns", {}).items()}
         first_seen = {str(k): float(v) for k, v in doc.get("sandbox_first_seen", {}).items()}
     except (ValueError, TypeError, KeyError, AttributeError, IndexError) as err:  # any shape but ours
-        return EMPTY_STATE, f"state file {path} is corrupt ({err}); starting afresh"
+        return EMPTY_STATE, f"state file {path} is corrupt ({str(err)[:200]}); {_set_aside(path)}; starting afresh"
     return State(attachments, netns, first_seen), None
+
+
+def _set_aside(path: str) -> str:
+    """Keep an unusable state file for a look (the next save writes a new one)."""
+    aside = f"{path}.corrupt"
+    try:
+        os.replace(path, aside)
+    except OSError as err:
+        return f"could not set it aside: {err.strerror}"
+    return f"set aside as {aside}"
 
 
 def save_state(path: str, state: State) -> None:

@@ -4,25 +4,36 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
+
+from reaper.host.confined import open_root
 
 
 def write_atomically(path: str, data: bytes, mode: int) -> None:
     """A temp file created exclusively beside `path`, given `mode`, fsynced, renamed over `path`.
 
-    A symlink at `path` is replaced by the rename, not followed. Raises OSError; leaves no temp
-    file behind.
+    The directory is opened once (a directory that is a symlink is refused) and both files are
+    reached through it; a symlink at `path` is replaced by the rename, not followed. Raises
+    OSError; leaves no temp file behind.
     """
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    directory, name = os.path.split(os.path.abspath(path))
+    dir_fd = open_root(directory)
+    tmp = f".{name}.{secrets.token_hex(6)}.tmp"
     try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+        try:
+            os.fchmod(fd, mode)  # whatever the umask took away
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        os.fsync(dir_fd)
     except OSError:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dir_fd)
         raise
+    finally:
+        os.close(dir_fd)

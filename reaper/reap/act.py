@@ -15,7 +15,7 @@ from reaper.cni.invoke import del_network
 from reaper.cni.requests import DelRequest, request_from_cache, safe_ifname
 from reaper.host.procs import busy_namespaces
 from reaper.host.quarantine import Quarantine
-from reaper.kinds import COMMAND_TIMEOUT, ReclaimContext, cache
+from reaper.kinds import COMMAND_TIMEOUT, Kind, ReclaimContext, cache
 from reaper.kinds.netconf import off_node_ipam
 from reaper.kinds.registry import KINDS, RECLAIM_ORDER
 from reaper.model import (
@@ -202,7 +202,10 @@ class Reclaimer:
             why = self.recheck([attachment]).get(key)
             if why is not None or request is None:
                 return key, (), why
-            outcomes = del_network(request, self.bin_dirs, self.plugin_timeout, self.stop)
+            try:
+                outcomes = del_network(request, self.bin_dirs, self.plugin_timeout, self.stop)
+            except Exception as err:  # this attachment's error; the others go on
+                return key, (f"DEL failed unexpectedly: {type(err).__name__}: {err}",), None
             return key, tuple(o.error for o in outcomes if o.error), None
 
         with ThreadPoolExecutor(max_workers=DEL_WORKERS) as pool:
@@ -245,5 +248,20 @@ class Reclaimer:
             ctx = ReclaimContext(
                 self.netns_dirs, self.bin_dirs, self.live_netns, self.quarantine, COMMAND_TIMEOUT, dict(done)
             )
-            done.update(kind.reclaim(records, ctx))
+            done.update(self._reclaim_isolated(kind, records, ctx))
+        return done
+
+    def _reclaim_isolated(self, kind: Kind[Any], records: list[Any], ctx: ReclaimContext) -> dict[Identity, Done]:
+        """The kind's reclaim of the batch; if it fails unexpectedly, of each record alone, so
+        one bad record is its own attachment's error and the rest go on."""
+        try:
+            return dict(kind.reclaim(records, ctx))
+        except Exception:
+            self.log.exception("reclaim failed; retrying one by one", extra={"kind": kind.name})
+        done: dict[Identity, Done] = {}
+        for record in records:
+            try:
+                done.update(kind.reclaim([record], ctx))
+            except Exception as err:
+                done[kind.identity(record)] = Done.left(f"failed unexpectedly: {type(err).__name__}: {err}")
         return done

@@ -124,6 +124,7 @@ def test_a_corrupt_or_missing_state_file(lab: tuple[Lab, str, str, str], tmp_pat
     assert run.returncode == 0
     assert any("is corrupt" in line and "starting afresh" in line for line in run.stderr.splitlines())
     assert json.loads(state.read_text())["version"] == 2, "rewritten whole"
+    assert (tmp_path / "state.json.corrupt").read_bytes().startswith(b'{"version": 2, "attachments": {"x"')
     state.unlink()
     run = run_reaper(the_lab, "scan", state, "--json", *SCAN)
     assert run.returncode == 0 and "warning" not in run.stderr and state.exists()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from reaper.state import EMPTY_STATE, load_state
+from reaper.state import EMPTY_STATE, StateError, load_state, save_state
 
 
 @pytest.mark.parametrize(
@@ -27,3 +27,21 @@ def test_a_state_file_of_another_shape_starts_afresh(tmp_path: Path, content: st
     path.write_text(content, errors="surrogateescape")
     state, warning = load_state(str(path))
     assert state == EMPTY_STATE and warning is not None and "starting afresh" in warning
+    aside = tmp_path / "state.json.corrupt"
+    assert f"set aside as {aside}" in warning and not path.exists()
+    assert aside.read_bytes() == content.encode(errors="surrogateescape"), "kept as it was, for a look"
+
+
+def test_a_state_file_planted_as_a_symlink_is_neither_read_nor_written_through(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text(json.dumps({"version": 2, "attachments": {}}))
+    path = tmp_path / "state.json"
+    path.symlink_to(secret)
+    state, warning = load_state(str(path))
+    assert state == EMPTY_STATE and warning is not None and "symbolic link" in warning
+    save_state(str(path), state)
+    assert not path.is_symlink() and secret.read_text() == json.dumps({"version": 2, "attachments": {}})
+    linked_dir = tmp_path / "linked"
+    linked_dir.symlink_to(tmp_path)
+    with pytest.raises(StateError, match="symlink"):
+        save_state(str(linked_dir / "state.json"), state)
