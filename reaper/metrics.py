@@ -97,7 +97,7 @@ class ReaperMetrics:
         self.stuck.set(len(report.stuck_sandboxes))
         corrupt = dict.fromkeys(CORRUPT_KINDS, 0)
         for c in report.corrupt:
-            corrupt[c.kind] = corrupt.get(c.kind, 0) + 1
+            corrupt[c.kind] = corrupt.get(c.kind, 0) + c.count
         for file_kind, n in corrupt.items():
             self.corrupt.labels(file_kind).set(n)
         self.runtime_up.set(1 if report.runtime.reachable else 0)

@@ -191,6 +191,7 @@ class CorruptFile:
     kind: str
     path: str
     error: str
+    count: int = 1  # more than one: a line standing for that many files not listed one by one
 
 
 @dataclass(frozen=True)

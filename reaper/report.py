@@ -64,7 +64,7 @@ def report_json(report: ScanReport) -> dict[str, Any]:
             }
             for a in report.attachments
         ],
-        "corrupt": [{"kind": c.kind, "path": c.path, "error": c.error} for c in report.corrupt],
+        "corrupt": [{"kind": c.kind, "path": c.path, "error": c.error, "count": c.count} for c in report.corrupt],
         "errors": [{"source": e.source, "error": e.error} for e in report.errors],
         "ipam_ranges": [
             {"network": r.network, "range": r.range, "size": r.size, "used": r.used} for r in report.ranges
@@ -126,7 +126,7 @@ def report_table(report: ScanReport) -> str:
             lines.append(f"  {s.id[:13]:<13} {s.namespace}/{s.name}  {format_duration(s.age_seconds)}  holds: {held}")
     if report.corrupt:
         lines.append("")
-        lines.append(f"CORRUPT OR UNREADABLE FILES ({len(report.corrupt)})")
+        lines.append(f"CORRUPT OR UNREADABLE FILES ({sum(c.count for c in report.corrupt)})")
         for c in report.corrupt:
             lines.append(f"  {c.kind:<7} {c.path}: {c.error}")
     if report.errors:

@@ -118,7 +118,7 @@ def _scan_pass(
             "runtime_reachable": runtime.reachable,
             **{v: report.count(v) for v in VERDICTS},
             "stuck_sandboxes": len(report.stuck_sandboxes),
-            "corrupt_files": len(report.corrupt),
+            "corrupt_files": sum(c.count for c in report.corrupt),
         },
     )
     return ScanResult(

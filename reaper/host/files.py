@@ -56,6 +56,39 @@ def namespace_uninspectable(path: str | None) -> bool:
     return False
 
 
+MAX_LISTED_CORRUPT = 1000  # per kind and pass: 100,000 junk files cost a count, not 100,000 records
+
+
+class CorruptLog:
+    """The corrupt records of one kind in one pass: the first MAX_LISTED_CORRUPT one by one,
+    the rest counted per directory."""
+
+    def __init__(self, kind: str, cap: int = MAX_LISTED_CORRUPT) -> None:
+        self.kind = kind
+        self.cap = cap
+        self._listed: list[CorruptFile] = []
+        self._unlisted: dict[str, int] = {}
+
+    def append(self, record: CorruptFile) -> bool:
+        """Keep `record`; False when it was only counted."""
+        if len(self._listed) < self.cap:
+            self._listed.append(record)
+            return True
+        directory = os.path.dirname(record.path)
+        self._unlisted[directory] = self._unlisted.get(directory, 0) + 1
+        return False
+
+    def listed(self) -> tuple[CorruptFile, ...]:
+        return tuple(self._listed)
+
+    def records(self) -> tuple[CorruptFile, ...]:
+        summary = tuple(
+            CorruptFile(self.kind, directory, f"{n} more corrupt files here, counted, not listed", n)
+            for directory, n in sorted(self._unlisted.items())
+        )
+        return self.listed() + summary
+
+
 class DirLister:
     """Lists directories beneath their roots (see reaper.host.confined), each once (by device
     and inode: /var/run/netns and /run/netns are usually one), streaming the entries. A missing
@@ -63,7 +96,7 @@ class DirLister:
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
-        self.corrupt: list[CorruptFile] = []
+        self.corrupt = CorruptLog(kind)
         self._seen: set[tuple[int, int]] = set()
 
     def scan(self, root: str, directory: str) -> Iterator[tuple[int, os.DirEntry[str]]]:

@@ -34,6 +34,10 @@ class FileMemo(Generic[T]):
     def put(self, path: str, st: os.stat_result, value: T) -> None:
         self._current[path] = (stamp(st), value)
 
+    def __len__(self) -> int:
+        """Files remembered this pass."""
+        return len(self._current)
+
     def end_pass(self) -> None:
         """Forget files not seen this pass."""
         self._previous, self._current = self._current, {}

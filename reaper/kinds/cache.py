@@ -161,11 +161,11 @@ class _Parsed:
 def collect_cache(cache_dir: str, known_networks: Set[str], memo: FileMemo[object] | None = None) -> CacheInventory:
     memo = memo if memo is not None else FileMemo()
     entries: list[CacheEntry] = []
-    corrupt: list[CorruptFile] = []
     corrupt_mtimes: dict[str, float] = {}
     configs: dict[str, NetworkConfig] = {}
     bad_configs: set[str] = set()
     lister = DirLister("cache")
+    corrupt = lister.corrupt
     for sub in RESULT_SUBDIRS:
         directory = os.path.join(cache_dir, sub)
         for dir_fd, entry in lister.scan(cache_dir, directory):
@@ -182,8 +182,8 @@ def collect_cache(cache_dir: str, known_networks: Set[str], memo: FileMemo[objec
                 continue
             known = memo.get(path, lst)
             if isinstance(known, CorruptFile):
-                corrupt.append(known)
-                corrupt_mtimes[path] = lst.st_mtime
+                if corrupt.append(known):
+                    corrupt_mtimes[path] = lst.st_mtime
                 continue
             if isinstance(known, _Parsed):
                 netns_path = known.entry.netns_path
@@ -205,9 +205,9 @@ def collect_cache(cache_dir: str, known_networks: Set[str], memo: FileMemo[objec
                 continue
             except (UnfitFile, CacheCorrupt) as err:
                 bad = CorruptFile("cache", path, str(err))
-                memo.put(path, lst, bad)
-                corrupt.append(bad)
-                corrupt_mtimes[path] = lst.st_mtime
+                if corrupt.append(bad):  # only what is listed is kept: junk costs no memory
+                    memo.put(path, lst, bad)
+                    corrupt_mtimes[path] = lst.st_mtime
                 continue
             result = doc.get("result")
             netns_path = _netns_from(doc, result, ifname)
@@ -222,15 +222,14 @@ def collect_cache(cache_dir: str, known_networks: Set[str], memo: FileMemo[objec
             if not legacy:  # a legacy entry's reading depends on the known networks
                 memo.put(path, lst, _Parsed(cache_entry, config))
             _remember_config(config, path, configs, bad_configs)
-    corrupt.extend(lister.corrupt)
     networks = known_networks | {c.name for c in configs.values()}
     named = [
         named_entry
-        for bad in corrupt
+        for bad in corrupt.listed()
         if bad.path in corrupt_mtimes
         and (named_entry := _entry_from_name(bad, corrupt_mtimes[bad.path], cache_dir, networks)) is not None
     ]
-    return CacheInventory(tuple(entries + named), tuple(configs.values()), tuple(corrupt))
+    return CacheInventory(tuple(entries + named), tuple(configs.values()), corrupt.records())
 
 
 def _entry_from_name(bad: CorruptFile, mtime: float, cache_dir: str, networks: Set[str]) -> CacheEntry | None:

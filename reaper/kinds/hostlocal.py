@@ -90,8 +90,8 @@ def collect_leases(
 ) -> tuple[list[HostLocalLease], list[CorruptFile]]:
     memo = memo if memo is not None else FileMemo()
     leases: list[HostLocalLease] = []
-    corrupt: list[CorruptFile] = []
     lister = DirLister("ipam")
+    corrupt = lister.corrupt
     for data_dir in data_dirs:
         for _, net_entry in lister.scan(data_dir, data_dir):
             if not net_entry.is_dir(follow_symlinks=False):
@@ -116,12 +116,14 @@ def collect_leases(
                     lease = known
                 else:
                     lease = _read_lease(dir_fd, entry, path, network, data_dir)
-                    memo.put(path, lst, lease)
                 if isinstance(lease, CorruptFile):
-                    corrupt.append(lease)
+                    if corrupt.append(lease) and known is None:
+                        memo.put(path, lst, lease)  # only what is listed: junk costs no memory
                 else:
+                    if known is None:
+                        memo.put(path, lst, lease)
                     leases.append(lease)
-    return leases, corrupt + lister.corrupt
+    return leases, list(corrupt.records())
 
 
 def _read_lease(

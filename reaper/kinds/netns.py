@@ -65,7 +65,7 @@ def collect_pins(
                     runtime_named=is_runtime_netns_name(entry.name, patterns),
                 )
             )
-    return pins, corrupt
+    return pins, list(corrupt.records())
 
 
 def _open_pin(dir_fd: int, name: str) -> int:

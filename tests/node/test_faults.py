@@ -60,7 +60,7 @@ def test_a_crashing_or_babbling_plugin(
     path.chmod(0o755)
     leak = the_lab.make_leak(with_cache=True)
     rewrite_cached_config(leak, [*the_lab.network_spec.plugins("normal"), {"type": f"reaper-{plugin}"}])
-    run = run_reaper(the_lab, "reap", tmp_path / "state.json", "--json", *REAP)
+    run = run_reaper(the_lab, "reap", tmp_path / "state.json", "--json", *REAP, "--allow-plugin", f"reaper-{plugin}")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr
     assert leak_left(the_lab, leak) == []
     (outcome,) = [o for o in run.doc["reclaimed"] if o["container_id"] == leak.container_id]
@@ -181,7 +181,8 @@ def test_sigterm_while_a_plugin_hangs_stops_within_seconds(lab: tuple[Lab, str, 
     plugin.chmod(0o755)
     leak = the_lab.make_leak(with_cache=True)
     rewrite_cached_config(leak, [*the_lab.network_spec.plugins("normal"), {"type": "reaper-hang"}])
-    agent = LabAgent(the_lab, tmp_path / "state.json", "--interval", "60s", "--plugin-timeout", "10m", *REAP)
+    flags = ("--interval", "60s", "--plugin-timeout", "10m", "--allow-plugin", "reaper-hang")
+    agent = LabAgent(the_lab, tmp_path / "state.json", *flags, *REAP)
     try:
         deadline = time.monotonic() + 30
         while not _running("reaper-hang") and time.monotonic() < deadline:

@@ -139,7 +139,8 @@ def test_del_impossible_then_the_kernel_frees_it_all(forgotten: Forgotten, tmp_p
     spec = lab.network_spec
     rewrite_cached_config(failing, [*spec.plugins("normal"), {"type": labcni.FAIL_PLUGIN}])
 
-    run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
+    allow = ("--allow-plugin", "bridge-that-is-not-installed", "--allow-plugin", labcni.FAIL_PLUGIN)
+    run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP, *allow)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr
     assert leak_left(lab, missing) == [] and leak_left(lab, failing) == []
     gone = reclaimed(run, missing.container_id)
@@ -161,7 +162,8 @@ def test_a_hanging_plugin_is_killed_with_its_children(forgotten: Forgotten, tmp_
     leak = lab.make_leak(with_cache=True)
     rewrite_cached_config(leak, [*lab.network_spec.plugins("normal"), {"type": "reaper-hang"}])
     started = time.monotonic()
-    run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP, "--plugin-timeout", "2s")
+    run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP, "--plugin-timeout", "2s",
+                     "--allow-plugin", "reaper-hang")  # fmt: skip
     assert time.monotonic() - started < 30
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr
     assert leak_left(lab, leak) == []
@@ -310,7 +312,7 @@ def test_an_address_held_off_the_node_keeps_the_entry_its_plugin_needs(forgotten
     entry = lab.cache_dir / "results" / f"{net}-{dead}-eth0"
     entry.write_text(json.dumps(cache_doc(dead, net, config=config, netns=str(pin), cniArgs=[["IgnoreUnknown", "1"]])))
     try:
-        run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
+        run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP, "--allow-plugin", "dhcp")
         assert run.returncode == 1, run.stdout[-2000:] + run.stderr  # not everything could be freed
         outcome = reclaimed(run, dead)
         assert outcome["needs_plugin"] == "dhcp" and any("dhcp" in e for e in outcome["plugin_errors"])

@@ -11,6 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from reaper.host.files import MAX_LISTED_CORRUPT
+from reaper.host.memo import FileMemo
 from reaper.kinds.cache import CacheCorrupt, collect_cache, parse_cache_file
 from reaper.names import is_cni_id, is_ifname
 from tests.harness.configs import cache_doc, conflist
@@ -159,3 +161,19 @@ def test_a_cache_file_nested_past_the_recursion_limit_is_one_corrupt_record(tmp_
     (tmp_path / "results" / f"net1-{CID}-eth0").write_bytes(b"[" * 100_000)
     inventory = collect_cache(str(tmp_path), {"net1"})
     assert [c.error for c in inventory.corrupt] == ["truncated or invalid JSON: nested too deeply"]
+
+
+def test_junk_files_past_the_cap_are_counted_not_held(tmp_path: Path) -> None:
+    """100,000 junk files cost a count: at most MAX_LISTED_CORRUPT records, the rest one line."""
+    results = tmp_path / "results"
+    results.mkdir()
+    extra = 25
+    for n in range(MAX_LISTED_CORRUPT + extra):
+        (results / f"junk-{n:05}").touch()
+    memo: FileMemo[object] = FileMemo()
+    inventory = collect_cache(str(tmp_path), set(), memo)
+    assert len(inventory.corrupt) == MAX_LISTED_CORRUPT + 1
+    summary = inventory.corrupt[-1]
+    assert summary.path == str(results) and summary.count == extra and str(extra) in summary.error
+    assert sum(c.count for c in inventory.corrupt) == MAX_LISTED_CORRUPT + extra
+    assert len(memo) <= MAX_LISTED_CORRUPT
