@@ -185,9 +185,10 @@ def test_sigterm_while_a_plugin_hangs_stops_within_seconds(lab: tuple[Lab, str, 
     agent = LabAgent(the_lab, tmp_path / "state.json", *flags, *REAP)
     try:
         deadline = time.monotonic() + 30
-        while not _running("reaper-hang") and time.monotonic() < deadline:
+        # By its path: the agent's own command line names the plugin's type (--allow-plugin).
+        while not _running(str(plugin)) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _running("reaper-hang"), "the agent's DEL is under way"
+        assert _running(str(plugin)), "the agent's DEL is under way"
         started = time.monotonic()
         assert agent.stop() == 0
         assert time.monotonic() - started < 15, "a hung plugin does not hold the stop for its timeout"
