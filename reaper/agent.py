@@ -50,19 +50,22 @@ class Agent:
         self.last_pass_at: float | None = None
         self.last_runtime_up_at: float | None = None
         self.started_at = clock()
+        self.pass_started: float | None = None  # monotonic, while a pass runs
 
     # ------------------------------------------------------------------ one pass
 
     def run_pass(self) -> None:
         if self.stop.is_set():
             return
-        started = time.monotonic()
+        started = self.pass_started = time.monotonic()
         outcome: PassOutcome
         try:
             outcome, fields = self._pass()
         except Exception as err:  # a pass must never kill the agent; the next one tries again
             self.log.exception("pass failed", extra={"error": str(err)})
             outcome, fields = "error", {}
+        finally:
+            self.pass_started = None
         seconds = time.monotonic() - started
         now = self.clock()
         self.metrics.observe_pass(seconds, outcome, now)
@@ -105,6 +108,15 @@ class Agent:
             return False, f"the runtime has not answered for {age:.0f}s"
         return True, "ok"
 
+    def health(self) -> tuple[bool, str]:
+        """Unhealthy while a pass has run past --stall-after: wedged, the kubelet restarts it."""
+        started = self.pass_started
+        if started is not None:
+            running = time.monotonic() - started
+            if running > self.agent.stall_after:
+                return False, f"a pass has run for {running:.0f}s, over --stall-after {self.agent.stall_after:g}s"
+        return True, "ok"
+
     # ------------------------------------------------------------------ lifecycle
 
     def request_stop(self, signum: int, _frame: FrameType | None) -> None:
@@ -112,7 +124,9 @@ class Agent:
         self.stop.set()
 
     def run(self) -> int:
-        server = HealthServer(self.agent.listen_host, self.agent.listen_port, self.metrics.exposition, self.readiness)
+        server = HealthServer(
+            self.agent.listen_host, self.agent.listen_port, self.metrics.exposition, self.readiness, self.health
+        )
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.request_stop)
         scheduler = BackgroundScheduler(timezone=datetime.UTC)

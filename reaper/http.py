@@ -49,7 +49,10 @@ class _IPv6Server(_BoundedServer):
     address_family = socket.AF_INET6
 
 
-def _handler(metrics: Callable[[], bytes], readiness: Callable[[], tuple[bool, str]]) -> type[BaseHTTPRequestHandler]:
+Check = Callable[[], tuple[bool, str]]
+
+
+def _handler(metrics: Callable[[], bytes], readiness: Check, health: Check) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "cni-reaper"
         timeout = IDLE_TIMEOUT
@@ -58,10 +61,8 @@ def _handler(metrics: Callable[[], bytes], readiness: Callable[[], tuple[bool, s
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
                 self._send(HTTPStatus.OK, metrics(), CONTENT_TYPE_LATEST)
-            elif path == "/healthz":
-                self._send(HTTPStatus.OK, b"ok\n", "text/plain")
-            elif path == "/readyz":
-                ok, why = readiness()
+            elif path in ("/healthz", "/readyz"):
+                ok, why = health() if path == "/healthz" else readiness()
                 status = HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE
                 self._send(status, f"{why}\n".encode(), "text/plain")
             else:
@@ -85,10 +86,15 @@ class HealthServer:
     listen."""
 
     def __init__(
-        self, host: str, port: int, metrics: Callable[[], bytes], readiness: Callable[[], tuple[bool, str]]
+        self,
+        host: str,
+        port: int,
+        metrics: Callable[[], bytes],
+        readiness: Check,
+        health: Check = lambda: (True, "ok"),
     ) -> None:
         server_class = _IPv6Server if ":" in host else _BoundedServer
-        self._server = server_class((host, port), _handler(metrics, readiness))
+        self._server = server_class((host, port), _handler(metrics, readiness, health))
         self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
         self._thread.start()
 

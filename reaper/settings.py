@@ -201,6 +201,9 @@ OPTIONS: tuple[Option, ...] = (
            _one_of("scan", "reap"), metavar="MODE"),
     Option("--interval", "REAPER_INTERVAL", "60s", "time between passes (10%% jitter)", "agent",
            _interval, metavar="DURATION"),
+    Option("--stall-after", "REAPER_STALL_AFTER", "30m",
+           "/healthz fails while a pass has run longer than this: a wedged agent is restarted by its liveness probe",
+           "agent", _positive_duration, metavar="DURATION"),
     Option("--listen", "REAPER_LISTEN", "127.0.0.1:9753", "HOST:PORT for /metrics, /healthz and /readyz", "agent",
            parse_listen, metavar="HOST:PORT"),
 )  # fmt: skip
@@ -296,6 +299,7 @@ class AgentSettings:
     interval: float
     listen_host: str
     listen_port: int
+    stall_after: float
 
 
 def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Settings:
@@ -330,4 +334,4 @@ def reap_settings_from(args: argparse.Namespace, env: Mapping[str, str] | None =
 def agent_settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> AgentSettings:
     v = resolve(args, env)
     host, port = v["listen"]
-    return AgentSettings(v["mode"], v["interval"], host, port)
+    return AgentSettings(v["mode"], v["interval"], host, port, v["stall_after"])

@@ -9,6 +9,8 @@ import json
 import os
 import re
 import secrets
+import stat
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,10 +20,11 @@ import pytest
 
 from reaper.kinds import FindOptions
 from reaper.snapshot import take_snapshot
+from tests.harness.agent import LabAgent, metric
 from tests.harness.configs import cache_doc, conflist
 from tests.harness.lab import Lab, Leak
 from tests.harness.lab import cni as labcni
-from tests.harness.reap_helpers import REAP, leak_left, pings
+from tests.harness.reap_helpers import HANG_PLUGIN, REAP, leak_left, pings
 from tests.harness.reaper_cli import run_reaper
 
 CID = "c" * 64
@@ -229,3 +232,63 @@ def test_a_root_that_is_a_symlink_is_reported_and_not_used(tmp_path: Path) -> No
     assert snapshot.of("cache") == ()
     assert any(c.path.startswith(str(linked)) and "symlink" in c.error for c in snapshot.corrupt)
     assert os.path.exists(real / "results" / f"net1-{CID}-eth0")
+
+
+def _plant_hostile_files(lab: Lab, outside: Path) -> list[Path]:
+    """What stopped every pass before: a FIFO where a cache entry would be, JSON nested past the
+    recursion limit, NUL and non-UTF-8 bytes, a results dir linked outside. The planted paths."""
+    net = lab.network_name
+    results = lab.cache_dir / "results"
+    fifo = results / f"{net}-{secrets.token_hex(32)}-eth0"
+    os.mkfifo(fifo)
+    nested = results / f"{net}-{secrets.token_hex(32)}-eth0"
+    nested.write_bytes(b"[" * 4096)
+    binary = results / f"{net}-{secrets.token_hex(32)}-eth0"
+    binary.write_bytes(b'{"kind":"cniCacheV1","containerId":"\xff\x00"}')
+    lease = lab.ipam_dir / net / "10.123.254.254"
+    lease.write_bytes(f"{secrets.token_hex(32)}\r\neth\x000".encode())
+    outside.mkdir(exist_ok=True)
+    (outside / f"{net}-{secrets.token_hex(32)}-eth0").write_text("a host file")
+    legacy = lab.cache_dir / "cache"
+    legacy.mkdir(exist_ok=True)
+    (legacy / "results").symlink_to(outside)
+    return [fifo, nested, binary, lease, legacy / "results"]
+
+
+def test_the_agent_keeps_reclaiming_beside_hostile_files_and_healthz_tells_a_stall(
+    lab: tuple[Lab, str, Path], tmp_path: Path
+) -> None:
+    the_lab, web, _ = lab
+    planted = _plant_hostile_files(the_lab, tmp_path / "outside")
+    leak = the_lab.make_leak(with_cache=True)
+    hang = the_lab.bin_dir / "reaper-hang"
+    hang.write_text(HANG_PLUGIN)
+    hang.chmod(0o755)
+    flags = ("--interval", "2s", "--stall-after", "4s", "--plugin-timeout", "10m", "--allow-plugin", "reaper-hang")
+    agent = LabAgent(the_lab, tmp_path / "state.json", *flags, *REAP, port=9754)
+    try:
+        deadline = time.monotonic() + 30
+        while leak_left(the_lab, leak) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert leak_left(the_lab, leak) == [], "the real leak went, beside the hostile files"
+        assert agent.wait_for("/healthz", 200) == "ok\n"
+        body = agent.wait_for("/metrics", 200)
+        assert metric(body, "cni_reaper_corrupt_files", kind="cache") >= 3
+        assert metric(body, "cni_reaper_corrupt_files", kind="ipam") >= 1
+        fifo, _, _, lease, link = planted  # cut cache files named for dead containers may go: they are leaks
+        assert stat.S_ISFIFO(fifo.lstat().st_mode) and lease.exists() and link.is_symlink()
+        assert [p.read_text() for p in (tmp_path / "outside").iterdir()] == ["a host file"]
+        assert pings(the_lab, web)
+        # A pass wedged in a plugin that never returns: /healthz says so, /metrics still answers.
+        wedged = the_lab.make_leak(with_cache=True)
+        node_plugins = json.loads(the_lab.network_spec.conflist_bytes("normal"))["plugins"]
+        _recache(the_lab, wedged, [*node_plugins, {"type": "reaper-hang"}])
+        why = agent.wait_for("/healthz", 503, timeout=40)
+        assert "over --stall-after 4s" in why
+        assert agent.get("/metrics")[0] == 200
+    finally:
+        assert agent.stop() == 0
+        for path in planted:
+            path.unlink(missing_ok=True)
+    run = run_reaper(the_lab, "reap", tmp_path / "after.json", "--json", *REAP, "--method", "kernel")
+    assert run.returncode == 0 and leak_left(the_lab, wedged) == []
