@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from reaper.cli import build_parser
+from reaper.durations import parse_duration
 from reaper.settings import agent_settings_from, reap_settings_from, settings_from
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,6 +44,8 @@ CUSTOM: dict[str, Any] = {
     "maxOrphanRatio": 0.25,
     "method": "kernel",
     "pluginTimeout": "20s",
+    "allowPlugins": ["dhcp", "firewall"],
+    "stallAfter": "45m",
     "force": True,
     "cniGc": True,
     "runtimeEndpoint": "unix:///var/run/crio/crio.sock",
@@ -206,6 +209,8 @@ BAD_VALUES: list[dict[str, Any]] = [
     {"interval": "soon"},
     {"cniBinDirs": []},
     {"method": "plugins"},
+    {"allowPlugins": ["../bin/sh"]},
+    {"stallAfter": "never"},
 ]
 
 
@@ -280,6 +285,8 @@ def test_default_args_and_listen_on_the_node_ip(chart: helm.Chart) -> None:
         "--max-orphan-ratio": ["0.5"],
         "--method": ["auto"],
         "--plugin-timeout": ["60s"],
+        "--allow-plugin": [],
+        "--stall-after": ["30m"],
         "--quarantine-dir": [],
         "--log-format": ["json"],
         "--log-level": ["info"],
@@ -341,6 +348,8 @@ def test_args_are_what_the_agent_takes(chart: helm.Chart) -> None:
         assert reap.quarantine_dir == (merged["quarantineDir"] or None)
         assert reap.force == merged["force"]
         assert reap.cni_gc == merged["cniGc"]
+        assert reap.allow_plugins == tuple(merged["allowPlugins"])
+        assert agent.stall_after == parse_duration(str(merged["stallAfter"]))
         assert settings.log_format == merged["logFormat"]
         assert settings.log_level == flag_values(args, "--log-level")[-1]  # extraArgs, if any, win
 
@@ -360,6 +369,8 @@ def test_custom_values_reach_the_args(chart: helm.Chart) -> None:
     assert flag_values(args, "--max-orphan-ratio") == ["0.25"]
     assert flag_values(args, "--method") == ["kernel"]
     assert flag_values(args, "--plugin-timeout") == ["20s"]
+    assert flag_values(args, "--allow-plugin") == ["dhcp", "firewall"]
+    assert flag_values(args, "--stall-after") == ["45m"]
     assert flag_values(args, "--runtime-endpoint") == ["unix:///var/run/crio/crio.sock"]
     assert flag_values(args, "--runtime-timeout") == ["5s"]
     assert flag_values(args, "--netns-dir") == CUSTOM["netnsDirs"]
