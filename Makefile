@@ -19,6 +19,7 @@ demo: deps venv
 
 bench: deps venv
 	$(BIN)/python -m bench.scan_bench
+	$(BIN)/python -m bench.hostile_memory
 
 bench-reap: deps venv
 	$(BIN)/python -m bench.reap_bench

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
+import time
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -13,12 +15,17 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 NOT_FOUND = b"not found: try /metrics, /healthz, /readyz\n"
 MAX_CONNECTIONS = 32  # served at once; more are closed at once (a scraper needs one or two)
-IDLE_TIMEOUT = 10.0  # seconds a connection may send nothing before it is closed
+PER_CLIENT = 4  # at once from one address: one client cannot take every slot from the probes
+REQUEST_DEADLINE = 5.0  # seconds a connection has, in all, to send its request and take the answer
+_WATCH_EVERY = 0.25
 
 
 class _BoundedServer(ThreadingHTTPServer):
-    """A thread per connection, but never more than MAX_CONNECTIONS of them: a flood of idle
-    connections costs a few threads for IDLE_TIMEOUT seconds, not memory without end."""
+    """A thread per connection, but never more than MAX_CONNECTIONS of them, PER_CLIENT from
+    one address, each cut off REQUEST_DEADLINE after it was accepted whatever it sends (a
+    per-read timeout would restart with every byte a slow client drips). A flood of idle or
+    dripping connections costs a few threads for a few seconds, and the kubelet's probes,
+    from the node's own address, keep their slots."""
 
     daemon_threads = True
     max_connections = MAX_CONNECTIONS
@@ -26,23 +33,55 @@ class _BoundedServer(ThreadingHTTPServer):
 
     def server_activate(self) -> None:
         super().server_activate()
-        self._slots = threading.BoundedSemaphore(self.max_connections)
+        self._lock = threading.Lock()
+        self._per_client: dict[str, int] = {}
+        self._deadlines: dict[socket.socket, float] = {}
+        self._closing = threading.Event()
+        threading.Thread(target=self._cut_off_late, name="http-deadlines", daemon=True).start()
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
+        client = str(client_address[0])
+        with self._lock:
+            admitted = len(self._deadlines) < self.max_connections and self._per_client.get(client, 0) < PER_CLIENT
+            if admitted:
+                self._per_client[client] = self._per_client.get(client, 0) + 1
+                self._deadlines[request] = time.monotonic() + REQUEST_DEADLINE
+        if not admitted:
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._release(request, client)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._release(request, str(client_address[0]))
+
+    def _release(self, request: socket.socket, client: str) -> None:
+        with self._lock:
+            self._deadlines.pop(request, None)
+            left = self._per_client.get(client, 1) - 1
+            if left:
+                self._per_client[client] = left
+            else:
+                self._per_client.pop(client, None)
+
+    def _cut_off_late(self) -> None:
+        while not self._closing.wait(_WATCH_EVERY):
+            now = time.monotonic()
+            with self._lock:
+                late = [conn for conn, deadline in self._deadlines.items() if deadline < now]
+            for conn in late:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)  # the worker's read or write returns at once
+
+    def server_close(self) -> None:
+        self._closing.set()
+        super().server_close()
 
 
 class _IPv6Server(_BoundedServer):
@@ -55,7 +94,7 @@ Check = Callable[[], tuple[bool, str]]
 def _handler(metrics: Callable[[], bytes], readiness: Check, health: Check) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "cni-reaper"
-        timeout = IDLE_TIMEOUT
+        timeout = REQUEST_DEADLINE
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]

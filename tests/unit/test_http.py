@@ -1,14 +1,15 @@
-"""The agent's endpoints hold up: a flood of idle connections costs a bounded number of
-threads, and a scrape still gets its answer once they time out or go."""
+"""The agent's endpoints hold up: a flood of idle or dripping connections costs a bounded
+number of threads for a few seconds, and the probes still get their answers."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
 import urllib.request
 
-from reaper.http import MAX_CONNECTIONS, HealthServer
+from reaper.http import MAX_CONNECTIONS, REQUEST_DEADLINE, HealthServer
 
 
 def test_idle_connections_cost_a_bounded_number_of_threads() -> None:
@@ -34,3 +35,62 @@ def test_idle_connections_cost_a_bounded_number_of_threads() -> None:
                 raise
             time.sleep(0.1)
     server.close()
+
+
+def _healthz_from(server: HealthServer, source: str, timeout: float = 2.0) -> int | None:
+    """The status /healthz answers a client on `source`, or None when it is closed unanswered."""
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=timeout, source_address=(source, 0)) as conn:
+            conn.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+            answer = conn.recv(64)
+    except OSError:
+        return None
+    return int(answer.split()[1]) if answer.startswith(b"HTTP/") else None
+
+
+def _drip(server: HealthServer, sources: list[str]) -> list[socket.socket]:
+    conns = []
+    for source in sources:
+        conn = socket.create_connection(("127.0.0.1", server.port), timeout=5, source_address=(source, 0))
+        conn.sendall(b"G")
+        conns.append(conn)
+    return conns
+
+
+def test_one_client_dripping_bytes_never_takes_the_probes_slots() -> None:
+    server = HealthServer("127.0.0.1", 0, lambda: b"metrics\n", lambda: (True, "ok"))
+    conns = _drip(server, ["127.0.0.2"] * MAX_CONNECTIONS)
+    try:
+        for _ in range(3):
+            for conn in conns:
+                with contextlib.suppress(OSError):
+                    conn.sendall(b"E")  # a byte now and then: a per-read timeout would never fire
+            assert _healthz_from(server, "127.0.0.1") == 200
+            time.sleep(0.5)
+    finally:
+        for conn in conns:
+            conn.close()
+        server.close()
+
+
+def test_connections_from_many_clients_are_cut_off_at_the_deadline_whatever_they_send() -> None:
+    server = HealthServer("127.0.0.1", 0, lambda: b"metrics\n", lambda: (True, "ok"))
+    sources = [f"127.0.1.{n}" for n in range(1, MAX_CONNECTIONS + 1)]
+    conns = _drip(server, sources)
+    try:
+        time.sleep(0.3)
+        assert _healthz_from(server, "127.0.0.1") is None, "every slot is taken"
+        started = time.monotonic()
+        answered = None
+        while answered != 200 and time.monotonic() - started < REQUEST_DEADLINE + 3:
+            for conn in conns:
+                with contextlib.suppress(OSError):
+                    conn.sendall(b"E")
+            answered = _healthz_from(server, "127.0.0.1")
+            time.sleep(0.2)
+        assert answered == 200, "the dripping connections were cut off"
+        assert time.monotonic() - started < REQUEST_DEADLINE + 3
+    finally:
+        for conn in conns:
+            conn.close()
+        server.close()
