@@ -136,14 +136,16 @@ def correlate(snapshot: NodeSnapshot, runtime: RuntimeView, kinds: Sequence[Kind
     for part, ref in ties.container:
         groups.add(groups.primary(part.container_id, part.network), ref)
 
-    # Namespaces: a pin joins the container that a resource or a sandbox says it belongs to.
+    # Namespaces: a pin joins the container its runtime lists it with, else the container a
+    # resource says it belongs to. The runtime first: a file anyone can write (a forged cache
+    # entry naming a live pod's netns) must not take that pod's pin into a dead attachment.
     ns_owner: dict[NsKey, str] = {}
-    for own, _ in sorted(ties.own, key=lambda t: t[0].container_id):
-        if own.netns is not None:
-            ns_owner.setdefault(own.netns, own.container_id)
     for sandbox in sorted(runtime.sandboxes, key=lambda s: s.id):
         if sandbox.netns is not None:
             ns_owner.setdefault(sandbox.netns, sandbox.id)
+    for own, _ in sorted(ties.own, key=lambda t: t[0].container_id):
+        if own.netns is not None:
+            ns_owner.setdefault(own.netns, own.container_id)
 
     pin_group: dict[NsKey, _Key] = {}
     foreign: set[_Key] = set()

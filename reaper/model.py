@@ -220,6 +220,8 @@ class NodeSnapshot:
     timings: tuple[tuple[str, float], ...] = ()
     # Why not every process on the node could be seen (no host PID namespace); None: all were.
     unseen_processes: str | None = None
+    # Kinds this look could not read whole: a record of theirs it lacks may still be there.
+    partly_read: frozenset[str] = frozenset()
 
     def of(self, kind: str) -> tuple[Any, ...]:
         return self.resources.get(kind, ())

@@ -77,6 +77,7 @@ def _take(
     holders = netns_holders(host, opts.bin_dirs)
     watch.lap("processes")
     errors: list[SourceError] = []
+    partly_read: set[str] = set()
     found: dict[str, tuple[Any, ...]] = {}
     for kind in kinds:
         # Kinds see only the node's own configs: a path in a cached config (an ipam.dataDir) is
@@ -91,6 +92,8 @@ def _take(
         found[kind.name] = result.records
         corrupt.extend(result.corrupt)
         errors.extend(result.errors)
+        if result.errors:
+            partly_read.add(kind.name)
         named = {c.name for c in configs}
         configs.extend(c for c in result.configs if c.name not in named)
         watch.lap(kind.name)
@@ -99,4 +102,5 @@ def _take(
     return NodeSnapshot(
         taken_at, host, found, tuple(ranges), tuple(configs), tuple(corrupt), tuple(errors),
         netns_holders=tuple(sorted(holders.items())), timings=tuple(watch.laps), unseen_processes=unseen_processes(),
+        partly_read=frozenset(partly_read),
     )  # fmt: skip

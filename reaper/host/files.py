@@ -37,7 +37,7 @@ def namespace_of(path: str | None) -> NsKey | None:
         return None
     try:
         st = os.stat(path)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL or an unencodable character in it
         return None
     return NsKey(st.st_dev, st.st_ino)
 
@@ -51,6 +51,8 @@ def namespace_uninspectable(path: str | None) -> bool:
         os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
         return path.startswith("/proc/") and os.path.isdir(path.split("/ns/")[0])
+    except ValueError:  # a NUL or an unencodable character: no such path can exist
+        return False
     except OSError:
         return True
     return False

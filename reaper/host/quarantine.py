@@ -48,8 +48,9 @@ class Quarantine:
                 problem = same_file(judged)(st)
                 if problem is not None:
                     raise Changed(errno.ESTALE, problem, path)
-                os.fchmod(src, 0o600)  # cache files carry configs: owner only
-                st = os.fstat(src)  # the ctime the chmod gave it
+                if st.st_nlink == 1:  # never the mode of a file linked from elsewhere too
+                    os.fchmod(src, 0o600)  # cache files carry configs: owner only
+                    st = os.fstat(src)  # the ctime the chmod gave it
                 with self._dest_dir(dest) as dest_dir:
                     self._move_at(src, st, src_dir, name, dest_dir, dest, root, path)
             finally:

@@ -66,11 +66,24 @@ def _result_interfaces(result: Any) -> list[dict[str, Any]]:
     return [i for i in result["interfaces"] if isinstance(i, dict)]
 
 
+def _is_path(text: str) -> bool:
+    """A string the kernel could take as a path: no NUL, nothing that does not encode."""
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError:
+        return False
+    return "\0" not in text and len(text) < 4096
+
+
 def _netns_from(doc: dict[str, Any], result: Any, ifname: str) -> str | None:
     netns = doc.get("netns")
     if isinstance(netns, str) and netns:
         return netns
-    sandboxes = [i for i in _result_interfaces(result) if isinstance(i.get("sandbox"), str) and i["sandbox"]]
+    sandboxes = [
+        i
+        for i in _result_interfaces(result)
+        if isinstance(i.get("sandbox"), str) and i["sandbox"] and _is_path(i["sandbox"])
+    ]
     for iface in sandboxes:
         if iface.get("name") == ifname:
             return str(iface["sandbox"])
@@ -139,6 +152,9 @@ def parse_cache_file(name: str, data: bytes, known_networks: Set[str]) -> CacheD
             raise CacheCorrupt(f"invalid networkName {str(net)[:80]!r}")
         if not (isinstance(ifname, str) and is_ifname(ifname)):
             raise CacheCorrupt(f"invalid ifName {str(ifname)[:80]!r}")
+        netns = doc.get("netns")
+        if isinstance(netns, str) and not _is_path(netns):
+            raise CacheCorrupt(f"invalid netns {netns[:80]!r}")
         return CacheDocument(doc, cid, net, ifname, False)
     if "kind" in doc:
         raise CacheCorrupt(f"unknown cache kind {str(doc['kind'])[:80]!r}")
