@@ -75,7 +75,14 @@ def parts_beneath(root: str, path: str) -> tuple[str, ...]:
 def _openat2(dir_fd: int, rel: str, flags: int, mode: int, resolve: int) -> int | None:
     """openat2(2), or None when this kernel (or a seccomp filter) does not offer it."""
     how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0, resolve)
-    fd = _libc.syscall(SYS_OPENAT2, dir_fd, os.fsencode(rel), ctypes.byref(how), ctypes.sizeof(how))
+    # syscall(2) is variadic: every argument a full register wide.
+    fd = _libc.syscall(
+        ctypes.c_long(SYS_OPENAT2),
+        ctypes.c_long(dir_fd),
+        ctypes.c_char_p(os.fsencode(rel)),
+        ctypes.byref(how),
+        ctypes.c_size_t(ctypes.sizeof(how)),
+    )
     if fd >= 0:
         return int(fd)
     code = ctypes.get_errno()

@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 
 from reaper.host.confined import (
+    NO_SYMLINKS,
     Changed,
     Escapes,
     RootRefused,
     UnfitFile,
+    _openat2,
     open_beneath,
     open_root,
     opened_dir,
@@ -191,3 +193,19 @@ def test_quarantine_across_filesystems_copies_from_the_checked_fd(tree: tuple[Pa
                 os.rmdir(os.path.join(dirpath, name))
         if qdir.exists():
             qdir.rmdir()
+
+
+def test_openat2_is_what_runs_here_and_refuses_links_itself(tree: tuple[Path, Path]) -> None:
+    """The openat2 branch is exercised, not only the walk: this kernel (5.6+) has it."""
+    root, victim = tree
+    (root / "results" / "f").write_text("x")
+    (root / "results" / "link").symlink_to(victim / "net-a-eth0")
+    with _root(root) as fd:
+        opened = _openat2(fd, "results/f", os.O_RDONLY, 0, NO_SYMLINKS)
+        assert opened is not None, "openat2 unavailable: only the walk was tested"
+        os.close(opened)
+        with pytest.raises(OSError) as err:
+            _openat2(fd, "results/link", os.O_RDONLY, 0, NO_SYMLINKS)
+        assert err.value.errno == errno.ELOOP
+        with pytest.raises(Escapes):
+            _openat2(fd, "../victim/net-a-eth0", os.O_RDONLY, 0, NO_SYMLINKS)
