@@ -11,13 +11,21 @@ import time
 from collections.abc import Sequence
 
 from reaper.agent import Agent
+from reaper.layout import detect_layout
 from reaper.logs import setup_logging
 from reaper.metrics import ReaperMetrics, TextfileError, write_textfile
 from reaper.reap import reap_pass
-from reaper.report import reap_json, reap_table, report_json, report_table
+from reaper.report import layout_json, reap_json, reap_table, report_json, report_table
 from reaper.runtime.cri import CriLiveness
 from reaper.scan import scan_pass
-from reaper.settings import SettingsError, add_options, agent_settings_from, reap_settings_from, settings_from
+from reaper.settings import (
+    Settings,
+    SettingsError,
+    add_options,
+    agent_settings_from,
+    reap_settings_from,
+    settings_from,
+)
 
 EXIT_CLEAN = 0
 EXIT_ORPHANS = 1
@@ -97,8 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _settings(args: argparse.Namespace) -> Settings:
+    """The settings, the dirs no flag or variable gave detected from the runtimes' configs."""
+    return settings_from(args, layout=detect_layout())
+
+
 def _scan(args: argparse.Namespace) -> int:
-    settings = settings_from(args)
+    settings = _settings(args)
     log = setup_logging(settings.log_format, settings.log_level)
     if os.geteuid() != 0:
         log.warning("not running as root: namespaces, /proc and iptables may be partly unreadable")
@@ -110,7 +123,7 @@ def _scan(args: argparse.Namespace) -> int:
     metrics.observe_pass(result.seconds, result.outcome, time.time())
     _write_textfile(settings.textfile, metrics, log)
     if settings.json_output:
-        json.dump(report_json(report), sys.stdout, indent=2)
+        json.dump({**report_json(report), "layout": layout_json(settings)}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(report_table(report))
@@ -130,7 +143,7 @@ def _write_textfile(path: str | None, metrics: ReaperMetrics, log: logging.Logge
 
 
 def _run(args: argparse.Namespace) -> int:
-    settings = settings_from(args)
+    settings = _settings(args)
     reap = reap_settings_from(args)
     agent_settings = agent_settings_from(args)
     log = setup_logging(settings.log_format, settings.log_level)
@@ -147,7 +160,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _reap(args: argparse.Namespace) -> int:
-    settings = settings_from(args)
+    settings = _settings(args)
     reap = reap_settings_from(args)
     log = setup_logging(settings.log_format, settings.log_level)
     if os.geteuid() != 0:
@@ -159,7 +172,7 @@ def _reap(args: argparse.Namespace) -> int:
     metrics.observe_pass(time.monotonic() - started, result.outcome, time.time())
     _write_textfile(settings.textfile, metrics, log)
     if settings.json_output:
-        json.dump(reap_json(result), sys.stdout, indent=2)
+        json.dump({**reap_json(result), "layout": layout_json(settings)}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(reap_table(result, reap.dry_run))

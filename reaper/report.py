@@ -6,6 +6,7 @@ from typing import Any
 
 from reaper.durations import format_duration
 from reaper.model import VERDICTS, ReapResult, ResourceRef, ScanReport
+from reaper.settings import Settings
 
 
 def _resource(ref: ResourceRef, now: float) -> dict[str, Any]:
@@ -14,6 +15,19 @@ def _resource(ref: ResourceRef, now: float) -> dict[str, Any]:
         out["age_seconds"] = round(max(0.0, now - ref.created_at), 3)
     out.update(dict(ref.details))
     return out
+
+
+def layout_json(settings: Settings) -> dict[str, Any]:
+    """The dirs layout detection may fill in: each value, and where it came from."""
+    values = {
+        "--cni-conf-dir": settings.cni_conf_dir,
+        "--cni-bin-dir": list(settings.cni_bin_dirs),
+        "--netns-dir": list(settings.netns_dirs),
+    }
+    return {
+        "dirs": {flag: {"value": values[flag], "from": origin} for flag, origin in settings.origins},
+        "problems": list(settings.layout_problems),
+    }
 
 
 def report_json(report: ScanReport) -> dict[str, Any]:

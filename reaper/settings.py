@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from reaper.durations import parse_duration
+from reaper.layout import Layout
 from reaper.model import Policy
 from reaper.names import PLUGIN_TYPE, compile_netns_patterns
 
@@ -278,6 +279,10 @@ class Settings:
     log_format: str
     log_level: str
     textfile: str | None = None
+    # (flag, where its value came from: "flag", its variable, "default" or the runtime configs
+    # it was detected in) for the dirs layout detection may fill in
+    origins: tuple[tuple[str, str], ...] = ()
+    layout_problems: tuple[str, ...] = ()  # runtime configs found but not readable
 
 
 @dataclass(frozen=True)
@@ -302,8 +307,38 @@ class AgentSettings:
     stall_after: float
 
 
-def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Settings:
+def given(flag: str, args: argparse.Namespace, env: Mapping[str, str] | None = None) -> str | None:
+    """Where an option's value came from when the operator gave it: "flag" or its variable."""
+    opt = next(o for o in OPTIONS if o.flag == flag)
+    env = os.environ if env is None else env
+    if getattr(args, opt.dest, None) is not None:
+        return "flag"
+    if opt.env and env.get(opt.env):
+        return opt.env
+    return None
+
+
+# What layout detection may fill in, when neither a flag nor a variable gave it.
+DETECTED = ("--cni-conf-dir", "--cni-bin-dir", "--netns-dir")
+
+
+def settings_from(
+    args: argparse.Namespace, env: Mapping[str, str] | None = None, layout: Layout | None = None
+) -> Settings:
+    """The settings; with a `layout` (reaper.layout.detect_layout), the dirs neither a flag nor
+    a variable gave come from the runtimes' own configs, and `origins` says so."""
     v = resolve(args, env)
+    origins: dict[str, str] = {}
+    for flag in DETECTED:
+        origins[flag] = given(flag, args, env) or "default"
+    if layout is not None and layout.runtimes:
+        sources = ", ".join(f"{r.runtime} ({', '.join(r.sources)})" for r in layout.runtimes)
+        if origins["--cni-conf-dir"] == "default" and layout.conf_dir is not None:
+            v["cni_conf_dir"], origins["--cni-conf-dir"] = layout.conf_dir, sources
+        if origins["--cni-bin-dir"] == "default":
+            v["cni_bin_dir"], origins["--cni-bin-dir"] = list(layout.bin_dirs), sources
+        if origins["--netns-dir"] == "default":
+            v["netns_dir"], origins["--netns-dir"] = list(layout.netns_dirs), sources
     return Settings(
         netns_dirs=tuple(v["netns_dir"]),
         netns_patterns=compile_netns_patterns(tuple(v["netns_pattern"])),
@@ -319,6 +354,8 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
         log_format=v["log_format"],
         log_level=v["log_level"],
         textfile=v["textfile"],
+        origins=tuple(origins.items()),
+        layout_problems=layout.problems if layout is not None else (),
     )
 
 

@@ -1,0 +1,237 @@
+"""Where this node's runtimes keep CNI: their conf, bin and netns dirs, read from their own
+configs, so the reaper needs no flags on the nodes people run (kubeadm, k3s, rke2, microk8s,
+CRI-O). Flags and REAPER_* variables always win over what is detected here.
+
+Read the way each runtime reads them:
+- containerd: `config.toml` (and its `imports`, globs relative to the file), the CNI table of
+  the CRI plugin under each name it has had: `plugins."io.containerd.cri.v1.runtime".cni` (2.x),
+  `plugins."io.containerd.grpc.v1.cri".cni` (1.x, version 2), `plugins.cri.cni` (version 1);
+  `bin_dirs` (2.1+) or `bin_dir`; `netns_mounts_under_state_dir` puts pins under
+  `<state>/io.containerd.grpc.v1.cri/netns` instead of /var/run/netns.
+- CRI-O: `/etc/crio/crio.conf`, then every file under `/etc/crio/crio.conf.d`, recursively in
+  lexical order, each overriding the last; `[crio.network] network_dir, plugin_dirs, plugin_dir`;
+  `[crio.runtime] namespaces_dir` (pins in `<namespaces_dir>/netns`).
+Every path is read under `root` (a test's tree, or "/").
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import tomllib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from reaper.host.confined import UnfitFile, read_fd
+
+MAX_CONFIG_BYTES = 1 << 20
+MAX_IMPORTS = 64
+CONTAINERD_CRI = ("io.containerd.cri.v1.runtime", "io.containerd.grpc.v1.cri", "cri")
+CRI_STATE_SUBDIR = "io.containerd.grpc.v1.cri"
+DEFAULT_NETNS_DIR = "/var/run/netns"
+CRIO_CONFIG = "/etc/crio/crio.conf"
+CRIO_DROP_INS = "/etc/crio/crio.conf.d"
+
+
+@dataclass(frozen=True)
+class ContainerdInstall:
+    """Where one distribution's containerd keeps its config and state."""
+
+    name: str
+    config: str
+    state: str  # --state: where CRI's netns dir is when mounts go under the state dir
+    socket: str  # [grpc] address
+
+
+CONTAINERD_INSTALLS: tuple[ContainerdInstall, ...] = (
+    ContainerdInstall(
+        "containerd", "/etc/containerd/config.toml", "/run/containerd", "/run/containerd/containerd.sock"
+    ),
+    ContainerdInstall(
+        "k3s",
+        "/var/lib/rancher/k3s/agent/etc/containerd/config.toml",
+        "/run/k3s/containerd",
+        "/run/k3s/containerd/containerd.sock",
+    ),
+    ContainerdInstall(
+        "rke2",
+        "/var/lib/rancher/rke2/agent/etc/containerd/config.toml",
+        "/run/k3s/containerd",
+        "/run/k3s/containerd/containerd.sock",
+    ),
+    ContainerdInstall(
+        "microk8s",
+        "/var/snap/microk8s/current/args/containerd.toml",
+        "/var/snap/microk8s/common/run/containerd",
+        "/var/snap/microk8s/common/run/containerd.sock",
+    ),
+)
+CRIO_SOCKET = "/var/run/crio/crio.sock"
+
+
+@dataclass(frozen=True)
+class RuntimeLayout:
+    """One runtime's CNI dirs, as its own config says, and which files said so."""
+
+    runtime: str
+    conf_dir: str
+    bin_dirs: tuple[str, ...]
+    netns_dir: str
+    sources: tuple[str, ...]
+    socket: str  # where the runtime would serve CRI
+    serving: bool  # that socket exists: the runtime is there, not only its config
+
+
+@dataclass(frozen=True)
+class Layout:
+    # Those whose socket exists first: a config a runtime left behind says least.
+    runtimes: tuple[RuntimeLayout, ...] = ()
+    problems: tuple[str, ...] = field(default=())  # configs found but not readable
+
+    @property
+    def conf_dir(self) -> str | None:
+        return self.runtimes[0].conf_dir if self.runtimes else None
+
+    @property
+    def bin_dirs(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(d for r in self.runtimes for d in r.bin_dirs))
+
+    @property
+    def netns_dirs(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.netns_dir for r in self.runtimes))
+
+
+class LayoutError(ValueError):
+    """A runtime config that is there but cannot be read as its runtime reads it."""
+
+
+def _read_toml(root: str, path: str) -> dict[str, Any]:
+    # Links are followed, as the runtime follows them (NixOS links all of /etc): these are the
+    # admin's files, only read; a FIFO or a device is refused, and the size is bounded.
+    fd = os.open(_under(root, path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        data, _ = read_fd(fd, MAX_CONFIG_BYTES)
+        return tomllib.loads(data.decode("utf-8"))
+    except (UnfitFile, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        raise LayoutError(f"{path}: {err}") from None
+    finally:
+        os.close(fd)
+
+
+def _under(root: str, path: str) -> str:
+    return os.path.join(root, path.lstrip("/")) if root not in ("", "/") else path
+
+
+def _table(doc: Mapping[str, Any], *keys: str) -> Mapping[str, Any]:
+    node: Any = doc
+    for key in keys:
+        node = node.get(key) if isinstance(node, Mapping) else None
+    return node if isinstance(node, Mapping) else {}
+
+
+def _clean(path: Any) -> str | None:
+    if isinstance(path, str) and path.startswith("/") and "\0" not in path:
+        return os.path.normpath(path)
+    return None
+
+
+def _containerd_documents(root: str, config: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The config and the files it imports, breadth-first, each once (as containerd loads them)."""
+    pending: list[str] = [config]
+    seen: set[str] = set()
+    while pending and len(seen) < MAX_IMPORTS:
+        path = pending.pop(0)
+        if path in seen:
+            continue
+        seen.add(path)
+        doc = _read_toml(root, path)
+        yield path, doc
+        imports = doc.get("imports")
+        for item in imports if isinstance(imports, list) else []:
+            if not isinstance(item, str):
+                continue
+            target = item if item.startswith("/") else os.path.join(os.path.dirname(path), item)
+            if "*" in target:
+                base = _under(root, "/")
+                matched = sorted(glob.glob(_under(root, target)))
+                pending.extend("/" + os.path.relpath(m, base) if root not in ("", "/") else m for m in matched)
+            else:
+                pending.append(target)
+
+
+def containerd_layout(root: str, install: ContainerdInstall) -> RuntimeLayout | None:
+    """containerd's CNI dirs from its config; None when there is no such config file."""
+    if not os.path.exists(_under(root, install.config)):
+        return None
+    conf_dir, under_state, state, socket = "/etc/cni/net.d", False, install.state, install.socket
+    bin_dirs: tuple[str, ...] = ("/opt/cni/bin",)
+    sources = []
+    for path, doc in _containerd_documents(root, install.config):
+        sources.append(path)
+        state = _clean(doc.get("state")) or state
+        socket = _clean(_table(doc, "grpc").get("address")) or socket
+        for name in CONTAINERD_CRI:
+            cri = _table(doc, "plugins", name)
+            cni = _table(cri, "cni")
+            conf_dir = _clean(cni.get("conf_dir")) or conf_dir
+            listed = cni.get("bin_dirs")
+            if isinstance(listed, list) and listed:
+                bin_dirs = tuple(d for d in (_clean(x) for x in listed) if d is not None) or bin_dirs
+            elif _clean(cni.get("bin_dir")) is not None:
+                bin_dirs = (str(_clean(cni.get("bin_dir"))),)
+            if isinstance(cri.get("netns_mounts_under_state_dir"), bool):
+                under_state = bool(cri["netns_mounts_under_state_dir"])
+    netns = os.path.join(state, CRI_STATE_SUBDIR, "netns") if under_state else DEFAULT_NETNS_DIR
+    serving = os.path.exists(_under(root, socket))
+    return RuntimeLayout(install.name, conf_dir, bin_dirs, netns, tuple(sources), socket, serving)
+
+
+def _crio_files(root: str) -> list[str]:
+    files = [CRIO_CONFIG] if os.path.isfile(_under(root, CRIO_CONFIG)) else []
+    drop_ins = _under(root, CRIO_DROP_INS)
+    for dirpath, dirnames, filenames in os.walk(drop_ins):
+        dirnames.sort()
+        for name in sorted(filenames):
+            rel = os.path.relpath(os.path.join(dirpath, name), drop_ins)
+            files.append(os.path.join(CRIO_DROP_INS, rel))
+    return files
+
+
+def crio_layout(root: str) -> RuntimeLayout | None:
+    """CRI-O's CNI dirs from crio.conf and its drop-ins; None when it has no config here."""
+    files = _crio_files(root)
+    if not files:
+        return None
+    conf_dir, namespaces, socket = "/etc/cni/net.d", "/var/run", CRIO_SOCKET
+    bin_dirs: tuple[str, ...] = ("/opt/cni/bin",)
+    for path in files:
+        doc = _read_toml(root, path)
+        socket = _clean(_table(doc, "crio", "api").get("listen")) or socket
+        network = _table(doc, "crio", "network")
+        conf_dir = _clean(network.get("network_dir")) or conf_dir
+        listed = network.get("plugin_dirs")
+        if isinstance(listed, list):
+            bin_dirs = tuple(d for d in (_clean(x) for x in listed) if d is not None) or bin_dirs
+        single = _clean(network.get("plugin_dir"))
+        if single is not None and single not in bin_dirs:
+            bin_dirs += (single,)
+        namespaces = _clean(_table(doc, "crio", "runtime").get("namespaces_dir")) or namespaces
+    serving = os.path.exists(_under(root, socket))
+    return RuntimeLayout("cri-o", conf_dir, bin_dirs, os.path.join(namespaces, "netns"), tuple(files), socket, serving)
+
+
+def detect_layout(root: str = "/") -> Layout:
+    """Every runtime config on this node, in a fixed order: containerd's installs, then CRI-O."""
+    found: list[RuntimeLayout] = []
+    problems: list[str] = []
+    for install in (*CONTAINERD_INSTALLS, None):
+        try:
+            layout = containerd_layout(root, install) if install is not None else crio_layout(root)
+        except (LayoutError, OSError) as err:
+            problems.append(str(err))
+            continue
+        if layout is not None:
+            found.append(layout)
+    found.sort(key=lambda r: not r.serving)  # stable: the fixed order within each group
+    return Layout(tuple(found), tuple(problems))

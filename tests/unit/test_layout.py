@@ -1,0 +1,194 @@
+"""Layout detection reads each runtime's config as the runtime does; flags and variables win.
+
+The configs below are written in the shapes their producers write (citations in each test):
+containerd's `containerd config default` and migration rules, k3s' and microk8s' templates,
+CRI-O's crio.conf and drop-ins."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import pytest
+
+from reaper.layout import detect_layout
+from reaper.settings import add_options, settings_from
+
+
+def _write(root: Path, path: str, text: str) -> None:
+    target = root / path.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+
+
+def test_a_node_without_runtime_configs_detects_nothing(tmp_path: Path) -> None:
+    layout = detect_layout(str(tmp_path))
+    assert layout.runtimes == () and layout.problems == ()
+
+
+def test_containerd_1x_with_netns_under_the_state_dir(tmp_path: Path) -> None:
+    # containerd 1.7 pkg/cri/config/config.go: CniConfig bin_dir/conf_dir; sandbox_run.go puts
+    # pins in <state>/io.containerd.grpc.v1.cri/netns with netns_mounts_under_state_dir.
+    _write(
+        tmp_path,
+        "/etc/containerd/config.toml",
+        'version = 2\nstate = "/run/ctd"\n[plugins."io.containerd.grpc.v1.cri"]\n'
+        "  netns_mounts_under_state_dir = true\n"
+        '[plugins."io.containerd.grpc.v1.cri".cni]\n  bin_dir = "/usr/lib/cni"\n  conf_dir = "/etc/cni/other"\n',
+    )
+    (runtime,) = detect_layout(str(tmp_path)).runtimes
+    assert (runtime.runtime, runtime.conf_dir, runtime.bin_dirs) == ("containerd", "/etc/cni/other", ("/usr/lib/cni",))
+    assert runtime.netns_dir == "/run/ctd/io.containerd.grpc.v1.cri/netns"
+    assert runtime.sources == ("/etc/containerd/config.toml",)
+
+
+def test_containerd_2x_bin_dirs_and_imports(tmp_path: Path) -> None:
+    # containerd 2.1+: [plugins."io.containerd.cri.v1.runtime".cni] bin_dirs (a list); `imports`
+    # globs, relative to the file, loaded breadth-first, later files winning.
+    _write(tmp_path, "/etc/containerd/config.toml", 'version = 3\nimports = ["conf.d/*.toml"]\n')
+    _write(
+        tmp_path,
+        "/etc/containerd/conf.d/10-cni.toml",
+        'version = 3\n[plugins."io.containerd.cri.v1.runtime".cni]\n'
+        '  bin_dirs = ["/opt/cni/bin", "/usr/libexec/cni"]\n',
+    )
+    _write(
+        tmp_path,
+        "/etc/containerd/conf.d/20-conf.toml",
+        'version = 3\n[plugins."io.containerd.cri.v1.runtime".cni]\n  conf_dir = "/etc/cni/custom"\n',
+    )
+    (runtime,) = detect_layout(str(tmp_path)).runtimes
+    assert runtime.bin_dirs == ("/opt/cni/bin", "/usr/libexec/cni") and runtime.conf_dir == "/etc/cni/custom"
+    assert runtime.netns_dir == "/var/run/netns"
+    assert runtime.sources[1:] == ("/etc/containerd/conf.d/10-cni.toml", "/etc/containerd/conf.d/20-conf.toml")
+
+
+def test_containerd_version_1_config_keys_the_plugin_by_its_bare_id(tmp_path: Path) -> None:
+    # services/server/config/config.go: version 1 keys plugins by ID, so [plugins.cri.cni].
+    _write(tmp_path, "/etc/containerd/config.toml", '[plugins.cri.cni]\n  conf_dir = "/etc/cni/v1"\n')
+    (runtime,) = detect_layout(str(tmp_path)).runtimes
+    assert runtime.conf_dir == "/etc/cni/v1" and runtime.bin_dirs == ("/opt/cni/bin",)
+
+
+def test_k3s_and_microk8s_layouts(tmp_path: Path) -> None:
+    # k3s pkg/agent/templates (version 2): cni bin_dir/conf_dir in its data dir; microk8s
+    # containerd-template.toml: ${SNAP_DATA}/opt/cni/bin and ${SNAP_DATA}/args/cni-network.
+    _write(
+        tmp_path,
+        "/var/lib/rancher/k3s/agent/etc/containerd/config.toml",
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".cni]\n'
+        '  bin_dir = "/var/lib/rancher/k3s/data/cni"\n  conf_dir = "/var/lib/rancher/k3s/agent/etc/cni/net.d"\n',
+    )
+    _write(
+        tmp_path,
+        "/var/snap/microk8s/current/args/containerd.toml",
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".cni]\n'
+        '  bin_dir = "/var/snap/microk8s/current/opt/cni/bin"\n'
+        '  conf_dir = "/var/snap/microk8s/current/args/cni-network"\n',
+    )
+    k3s, microk8s = detect_layout(str(tmp_path)).runtimes
+    assert (k3s.runtime, k3s.conf_dir, k3s.bin_dirs) == (
+        "k3s",
+        "/var/lib/rancher/k3s/agent/etc/cni/net.d",
+        ("/var/lib/rancher/k3s/data/cni",),
+    )
+    assert microk8s.runtime == "microk8s" and microk8s.conf_dir == "/var/snap/microk8s/current/args/cni-network"
+
+
+def test_crio_drop_ins_override_in_lexical_order(tmp_path: Path) -> None:
+    # CRI-O pkg/config: crio.conf, then every file under crio.conf.d walked in lexical order;
+    # plugin_dirs is replaced whole, the deprecated plugin_dir appended; namespaces_dir/netns.
+    _write(tmp_path, "/etc/crio/crio.conf", '[crio.network]\nnetwork_dir = "/etc/cni/a"\nplugin_dirs = ["/opt/a"]\n')
+    _write(tmp_path, "/etc/crio/crio.conf.d/01-b.conf", '[crio.network]\nplugin_dirs = ["/opt/b"]\n')
+    _write(tmp_path, "/etc/crio/crio.conf.d/00-c", '[crio.network]\nnetwork_dir = "/etc/cni/c"\n')
+    _write(tmp_path, "/etc/crio/crio.conf.d/02/x.conf", '[crio.network]\nplugin_dir = "/opt/old"\n')
+    _write(tmp_path, "/etc/crio/crio.conf.d/03.conf", '[crio.runtime]\nnamespaces_dir = "/run/crio-ns"\n')
+    (runtime,) = detect_layout(str(tmp_path)).runtimes
+    assert runtime.runtime == "cri-o" and runtime.conf_dir == "/etc/cni/c"
+    assert runtime.bin_dirs == ("/opt/b", "/opt/old") and runtime.netns_dir == "/run/crio-ns/netns"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "version = [",
+        "\xff",
+        '[plugins."io.containerd.grpc.v1.cri".cni]\nconf_dir = "relative/dir"\nbin_dir = 7\n',
+    ],
+)
+def test_a_config_that_cannot_be_read_as_the_runtime_reads_it_is_a_problem_not_a_crash(
+    tmp_path: Path, text: str
+) -> None:
+    path = tmp_path / "etc/containerd/config.toml"
+    path.parent.mkdir(parents=True)
+    path.write_text(text, errors="surrogateescape")
+    layout = detect_layout(str(tmp_path))
+    if layout.runtimes:  # readable, but its values are not paths: the defaults stand
+        assert layout.runtimes[0].conf_dir == "/etc/cni/net.d" and layout.runtimes[0].bin_dirs == ("/opt/cni/bin",)
+    else:
+        assert len(layout.problems) == 1 and "config.toml" in layout.problems[0]
+
+
+def test_a_config_that_is_a_symlink_is_followed_as_the_runtime_follows_it(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "store" / "config.toml"  # NixOS links /etc files into its store
+    elsewhere.parent.mkdir()
+    elsewhere.write_text('[plugins.cri.cni]\nconf_dir = "/etc/cni/linked"\n')
+    link = tmp_path / "etc/containerd/config.toml"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(elsewhere)
+    (runtime,) = detect_layout(str(tmp_path)).runtimes
+    assert runtime.conf_dir == "/etc/cni/linked"
+
+
+def test_a_fifo_for_a_config_is_a_problem_and_never_blocks(tmp_path: Path) -> None:
+    path = tmp_path / "etc/containerd/config.toml"
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    layout = detect_layout(str(tmp_path))
+    assert layout.runtimes == () and "not a regular file" in layout.problems[0]
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_options(parser, ("paths", "output"))
+    return parser.parse_args(list(argv))
+
+
+def test_flags_and_variables_win_over_what_is_detected(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        "/etc/containerd/config.toml",
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".cni]\n'
+        '  bin_dir = "/usr/lib/cni"\n  conf_dir = "/etc/cni/x"\n',
+    )
+    layout = detect_layout(str(tmp_path))
+    detected = settings_from(_args(), {}, layout)
+    assert detected.cni_conf_dir == "/etc/cni/x" and detected.cni_bin_dirs == ("/usr/lib/cni",)
+    assert dict(detected.origins)["--cni-bin-dir"].startswith("containerd (/etc/containerd/config.toml")
+    flagged = settings_from(_args("--cni-bin-dir", "/opt/mine"), {"REAPER_CNI_CONF_DIR": "/etc/env"}, layout)
+    assert flagged.cni_bin_dirs == ("/opt/mine",) and flagged.cni_conf_dir == "/etc/env"
+    assert dict(flagged.origins) == {
+        "--cni-conf-dir": "REAPER_CNI_CONF_DIR",
+        "--cni-bin-dir": "flag",
+        "--netns-dir": dict(detected.origins)["--netns-dir"],
+    }
+    plain = settings_from(_args(), {}, None)
+    assert plain.cni_bin_dirs == ("/opt/cni/bin",) and dict(plain.origins)["--cni-bin-dir"] == "default"
+
+
+def test_the_runtime_that_serves_comes_first(tmp_path: Path) -> None:
+    """A k3s node that also carries a stock /etc/containerd/config.toml (a package left it):
+    the dirs of the runtime whose socket is there win."""
+    _write(tmp_path, "/etc/containerd/config.toml", '[plugins.cri.cni]\nconf_dir = "/etc/cni/stock"\n')
+    _write(
+        tmp_path,
+        "/var/lib/rancher/k3s/agent/etc/containerd/config.toml",
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".cni]\n'
+        '  conf_dir = "/var/lib/rancher/k3s/agent/etc/cni/net.d"\n',
+    )
+    assert detect_layout(str(tmp_path)).conf_dir == "/etc/cni/stock", "neither serves: the fixed order"
+    _write(tmp_path, "/run/k3s/containerd/containerd.sock", "")
+    layout = detect_layout(str(tmp_path))
+    assert [r.runtime for r in layout.runtimes] == ["k3s", "containerd"]
+    assert layout.conf_dir == "/var/lib/rancher/k3s/agent/etc/cni/net.d"
