@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 
 from reaper.agent import Agent
+from reaper.doctor import doctor_json, doctor_table, run_checks
 from reaper.layout import detect_layout
 from reaper.logs import setup_logging
 from reaper.metrics import ReaperMetrics, TextfileError, write_textfile
@@ -52,6 +53,20 @@ examples:
   reaper scan                                   # containerd/CRI-O on their default sockets
   reaper scan --json | jq '.attachments[] | select(.verdict=="orphan")'
   reaper scan --runtime-endpoint unix:///run/k3s/containerd/containerd.sock --min-age 30m
+"""
+
+
+DOCTOR_EPILOG = """\
+checks: every CRI runtime answers (and how many sandboxes it lists); the CNI conf, bin, netns,
+cache and IPAM dirs detected or given, and readable here; every plugin of each network's DEL
+in the bin dirs, and the daemon sockets some need; the host's PID namespace and netns mount
+propagation visible; iptables-save and nft present, and which backends hold CNI rules.
+
+exit status: 0 no check failed, 1 a check failed (the reaper would be blind or unsafe here)
+
+examples:
+  reaper doctor
+  reaper doctor --json | jq '.checks[] | select(.status != "ok")'
 """
 
 
@@ -102,6 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_options(run, ("paths", "reap", "agent"))
+    doctor = sub.add_parser(
+        "doctor",
+        help="check everything the reaper needs on this node: runtimes, dirs, namespaces, plugins",
+        description="One line a check: ok, warn or fail, with the fix. Changes nothing.",
+        epilog=DOCTOR_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_options(doctor, ("paths", "output"))
     return parser
 
 
@@ -187,6 +210,20 @@ def _reap(args: argparse.Namespace) -> int:
     return EXIT_CLEAN if all(o.ok for o in result.reclaimed) else EXIT_ORPHANS
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    layout = detect_layout()
+    settings = settings_from(args, layout=layout)
+    setup_logging(settings.log_format, "error")
+    view = CriLiveness(settings.runtime_endpoints, settings.runtime_timeout).observe({})
+    checks = run_checks(settings, layout, view)
+    if settings.json_output:
+        json.dump({**doctor_json(checks), "layout": layout_json(settings)}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(doctor_table(checks))
+    return EXIT_ORPHANS if any(c.status == "fail" for c in checks) else EXIT_CLEAN
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
@@ -197,6 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _reap(args)
         if args.command == "run":
             return _run(args)
+        if args.command == "doctor":
+            return _doctor(args)
     except SettingsError as err:
         print(f"reaper: {err}", file=sys.stderr)
         return EXIT_UNDECIDED

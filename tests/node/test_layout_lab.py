@@ -40,7 +40,9 @@ state = "{K3S_STATE}"
 """
 
 
-def _k3s_shaped(lab: Lab, config: Path, *reaper_args: str) -> subprocess.CompletedProcess[str]:
+def _k3s_shaped(
+    lab: Lab, config: Path, *reaper_args: str, command: str = "scan", leave_out: str = "", wrap: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
     binds = {  # path in the k3s layout -> the lab's
         K3S_SOCKET: lab.endpoint.removeprefix("unix://"),
         K3S_CONF: str(lab.conf_dir),
@@ -51,14 +53,16 @@ def _k3s_shaped(lab: Lab, config: Path, *reaper_args: str) -> subprocess.Complet
     }
     script = [f"mount -t tmpfs cni-reaper-test {d}" for d in ("/run", "/var/lib", "/etc/containerd")]
     for inside, outside in binds.items():
+        if inside == leave_out:
+            continue
         q = shlex.quote(inside)
         if Path(outside).is_dir():
             script.append(f"mkdir -p {q} && mount --rbind {shlex.quote(outside)} {q}")
         else:
             script.append(f"mkdir -p $(dirname {q}) && touch {q} && mount --bind {shlex.quote(outside)} {q}")
-    reaper = [sys.executable, "-m", "reaper", "scan", *reaper_args]
+    reaper = [sys.executable, "-m", "reaper", command, *reaper_args]
     script.append("exec " + " ".join(shlex.quote(a) for a in reaper))
-    argv = ["nsenter", f"--net={lab.netns_path}", "unshare", "--mount", "--propagation", "private"]
+    argv = ["nsenter", f"--net={lab.netns_path}", *wrap, "unshare", "--mount", "--propagation", "private"]
     argv += ["sh", "-c", " && ".join(script)]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
 
@@ -96,3 +100,39 @@ def test_a_flag_still_wins_over_the_layout(k3s_lab: tuple[Lab, str, Leak, Path])
     run = _k3s_shaped(lab, config, "--json", *SCAN, "--state-file", "/run/s.json", "--cni-conf-dir", "/run/none")
     doc: dict[str, Any] = json.loads(run.stdout)
     assert doc["layout"]["dirs"]["--cni-conf-dir"] == {"value": "/run/none", "from": "flag"}
+
+
+def _statuses(run: subprocess.CompletedProcess[str]) -> dict[str, set[str]]:
+    doc: dict[str, Any] = json.loads(run.stdout)
+    found: dict[str, set[str]] = {}
+    for check in doc["checks"]:
+        found.setdefault(check["check"], set()).add(check["status"])
+    return found
+
+
+def test_doctor_passes_on_the_k3s_shaped_node(k3s_lab: tuple[Lab, str, Leak, Path]) -> None:
+    lab, _, _, config = k3s_lab
+    run = _k3s_shaped(lab, config, "--json", command="doctor")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    statuses = _statuses(run)
+    assert statuses["runtime"] == {"ok"} and statuses["plugins"] == {"ok"}
+    assert statuses["pid namespace"] == {"ok"} and statuses["conf dir"] == {"ok"}
+    assert "fail" not in {s for found in statuses.values() for s in found}
+
+
+def test_doctor_fails_with_the_fix_when_the_bin_dir_is_not_mounted(k3s_lab: tuple[Lab, str, Leak, Path]) -> None:
+    lab, _, _, config = k3s_lab
+    run = _k3s_shaped(lab, config, "--json", command="doctor", leave_out=K3S_BIN)
+    assert run.returncode == 1
+    failed = [c for c in json.loads(run.stdout)["checks"] if c["status"] == "fail"]
+    assert {c["check"] for c in failed} == {"bin dir", "plugins"}
+    assert all(c["fix"] for c in failed) and any("bridge" in c["message"] for c in failed)
+
+
+def test_doctor_fails_without_the_hosts_pid_namespace(k3s_lab: tuple[Lab, str, Leak, Path]) -> None:
+    lab, _, _, config = k3s_lab
+    wrap = ("unshare", "--pid", "--fork", "--mount-proc")
+    run = _k3s_shaped(lab, config, "--json", command="doctor", wrap=wrap)
+    assert run.returncode == 1
+    (pid,) = [c for c in json.loads(run.stdout)["checks"] if c["check"] == "pid namespace"]
+    assert pid["status"] == "fail" and "hostPID" in pid["fix"]
