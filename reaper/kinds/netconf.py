@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from reaper.host.confined import UnfitFile, open_root, read_fd
@@ -17,6 +19,9 @@ from reaper.model import CorruptFile, HostLocalRange, NetworkConfig
 from reaper.names import is_cni_id
 
 CONFIG_EXTENSIONS = (".conf", ".conflist", ".json")
+# host-local subnets that Calico's and Canal's plugins fill in from the node's podCIDR
+POD_CIDR_PLACEHOLDERS = frozenset({"usePodCidr", "usePodCidrIPv6"})
+FLANNEL_SUBNET_FILE = "/run/flannel/subnet.env"
 MAX_CONFIG_BYTES = 1 << 20
 
 
@@ -37,18 +42,62 @@ def _ranges(ipam: dict[str, Any]) -> list[HostLocalRange]:
         subnet = spec.get("subnet")
         if not isinstance(subnet, str):
             raise ConfigError("host-local range without a subnet")
-        try:
-            net = ipaddress.ip_network(subnet, strict=False)
-            start = ipaddress.ip_address(spec["rangeStart"]) if spec.get("rangeStart") else net.network_address + 1
-            if spec.get("rangeEnd"):
-                end = ipaddress.ip_address(spec["rangeEnd"])
-            else:
-                end = net.broadcast_address - 1 if net.version == 4 else net.broadcast_address
-            gateway = ipaddress.ip_address(spec["gateway"]) if spec.get("gateway") else net.network_address + 1
-        except (ValueError, TypeError) as err:
-            raise ConfigError(f"bad host-local range: {err}") from None
-        out.append(HostLocalRange(str(net), str(start), str(end), str(gateway)))
+        if subnet in POD_CIDR_PLACEHOLDERS:
+            continue  # filled in by the plugin from the node's podCIDR: not known here
+        out.append(_range(subnet, spec))
     return out
+
+
+def _range(subnet: str, spec: Mapping[str, Any]) -> HostLocalRange:
+    """One range with host-local's defaults: from .1 (the gateway, skipped) to the last address."""
+    try:
+        net = ipaddress.ip_network(subnet, strict=False)
+        start = ipaddress.ip_address(spec["rangeStart"]) if spec.get("rangeStart") else net.network_address + 1
+        if spec.get("rangeEnd"):
+            end = ipaddress.ip_address(spec["rangeEnd"])
+        else:
+            end = net.broadcast_address - 1 if net.version == 4 else net.broadcast_address
+        gateway = ipaddress.ip_address(spec["gateway"]) if spec.get("gateway") else net.network_address + 1
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"bad host-local range: {err}") from None
+    return HostLocalRange(str(net), str(start), str(end), str(gateway))
+
+
+def flannel_ranges(subnet_env: bytes) -> list[HostLocalRange]:
+    """The host-local ranges flannel's plugin gives its delegate: the network of FLANNEL_SUBNET
+    (and FLANNEL_IPV6_SUBNET), which subnet.env holds as its first address with the mask."""
+    ranges = []
+    for line in subnet_env.decode("utf-8", "replace").splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() in ("FLANNEL_SUBNET", "FLANNEL_IPV6_SUBNET") and value.strip():
+            try:
+                ranges.append(_range(value.strip(), {}))
+            except ConfigError:
+                continue
+    return ranges
+
+
+def _with_flannel_ranges(config: NetworkConfig) -> NetworkConfig:
+    """A config with a `flannel` plugin: its ranges are in the subnet file flannel writes."""
+    try:
+        _, _, plugins = plugin_list(config.raw)
+    except ConfigError:
+        return config
+    for plugin in plugins:
+        if plugin.get("type") != "flannel":
+            continue
+        subnet_file = plugin.get("subnetFile")
+        path = subnet_file if isinstance(subnet_file, str) and subnet_file.startswith("/") else FLANNEL_SUBNET_FILE
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                data, _ = read_fd(fd, MAX_CONFIG_BYTES)
+            finally:
+                os.close(fd)
+        except (OSError, UnfitFile):
+            return config  # no flannel on this node yet, or not mounted: no range known
+        return replace(config, ipam_ranges=config.ipam_ranges + tuple(flannel_ranges(data)))
+    return config
 
 
 def plugin_list(raw: bytes) -> tuple[str, str, list[dict[str, Any]]]:
@@ -141,7 +190,7 @@ def collect_configs(conf_dir: str) -> tuple[list[NetworkConfig], list[CorruptFil
                     raw, _ = read_fd(fd, MAX_CONFIG_BYTES)
                 finally:
                     os.close(fd)
-                configs.append(parse_network_config(raw, path))
+                configs.append(_with_flannel_ranges(parse_network_config(raw, path)))
             except (OSError, UnfitFile, ConfigError) as err:
                 msg = describe_oserror(err) if isinstance(err, OSError) else str(err)
                 corrupt.append(CorruptFile("netconf", path, msg))

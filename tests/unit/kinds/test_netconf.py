@@ -73,3 +73,39 @@ def test_broken_and_linked_configs_in_the_conf_dir(tmp_path: Path) -> None:
     configs, corrupt = collect_configs(str(tmp_path))
     assert [c.path.rsplit("/", 1)[1] for c in configs] == ["20-b.conf", "30-link.conflist"]
     assert sorted(c.path.rsplit("/", 1)[1] for c in corrupt) == ["10-a.conflist", "40-dangling.json"]
+
+
+def test_use_pod_cidr_is_a_valid_config_whose_range_is_not_known_here(tmp_path: Path) -> None:
+    # Calico's and Canal's host-local blocks: "subnet": "usePodCidr", filled in by the plugin.
+    config = {
+        "cniVersion": "0.3.1",
+        "name": "k8s-pod-network",
+        "plugins": [
+            {"type": "calico", "ipam": {"type": "host-local", "subnet": "usePodCidr"}},
+            {"type": "portmap", "capabilities": {"portMappings": True}},
+        ],
+    }
+    (tmp_path / "10-calico.conflist").write_text(json.dumps(config))
+    (parsed,), corrupt = collect_configs(str(tmp_path))
+    assert corrupt == [] and parsed.name == "k8s-pod-network" and parsed.ipam_ranges == ()
+
+
+def test_flannels_range_comes_from_its_subnet_file(tmp_path: Path) -> None:
+    # flannel-io/flannel pkg/subnet/subnet.go WriteSubnetFile: the first usable IP with the
+    # lease's mask; the plugin (flannel.go loadFlannelSubnetEnv) takes its network.
+    subnet_env = tmp_path / "subnet.env"
+    subnet_env.write_text(
+        "FLANNEL_NETWORK=10.42.0.0/16\nFLANNEL_SUBNET=10.42.3.1/24\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n"
+    )
+    conf = tmp_path / "net.d"
+    conf.mkdir()
+    # k3s pkg/agent/flannel/setup_linux.go: the conflist k3s writes, with the subnet file named.
+    flannel = {"type": "flannel", "subnetFile": str(subnet_env), "delegate": {"hairpinMode": True}}
+    config = {"name": "cbr0", "cniVersion": "1.0.0", "plugins": [flannel, {"type": "portmap"}]}
+    (conf / "10-flannel.conflist").write_text(json.dumps(config))
+    (parsed,), corrupt = collect_configs(str(conf))
+    assert corrupt == []
+    assert [(r.subnet, r.start, r.end) for r in parsed.ipam_ranges] == [("10.42.3.0/24", "10.42.3.1", "10.42.3.254")]
+    subnet_env.unlink()
+    (parsed,), _ = collect_configs(str(conf))
+    assert parsed.ipam_ranges == (), "no subnet file yet: no range, and not corrupt"
