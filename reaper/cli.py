@@ -215,7 +215,7 @@ def _doctor(args: argparse.Namespace) -> int:
     settings = settings_from(args, layout=layout)
     setup_logging(settings.log_format, "error")
     view = CriLiveness(settings.runtime_endpoints, settings.runtime_timeout).observe({})
-    checks = run_checks(settings, layout, view)
+    checks = run_checks(settings, layout, view, os.environ.get("REAPER_CNI_PRESET"))
     if settings.json_output:
         json.dump({**doctor_json(checks), "layout": layout_json(settings)}, sys.stdout, indent=2)
         sys.stdout.write("\n")

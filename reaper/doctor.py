@@ -37,6 +37,14 @@ DAEMON_DIRS: Mapping[str, tuple[str, str]] = {
     "calico-ipam": ("/var/lib/calico", "calico"),
 }
 SAVE_TIMEOUT = 30.0
+# The chart's cniPreset values, and the plugin types that mark each CNI in the node's configs.
+PRESET_PLUGINS: Mapping[str, frozenset[str]] = {
+    "calico": frozenset({"calico", "calico-ipam"}),
+    "cilium": frozenset({"cilium-cni"}),
+    "multus": frozenset({"multus", "multus-shim"}),
+    "flannel": frozenset({"flannel"}),
+    "aws-vpc-cni": frozenset({"aws-cni"}),
+}
 
 
 @dataclass(frozen=True)
@@ -117,6 +125,32 @@ def _plugins(settings: Settings, configs: Iterable[NetworkConfig]) -> Iterator[C
                 )
 
 
+def _preset(preset: str | None, configs: Iterable[NetworkConfig]) -> Iterator[Check]:
+    """The chart's cniPreset (REAPER_CNI_PRESET) against the plugins the node's configs use."""
+    used: set[str] = set()
+    for config in configs:
+        try:
+            used |= executed_types(plugin_list(config.raw)[2])
+        except ConfigError:
+            continue
+    matching = sorted(name for name, types in PRESET_PLUGINS.items() if types & used)
+    if preset in (None, ""):
+        return
+    if preset == "none":
+        if matching:
+            fix = f"install the chart with --set cniPreset={matching[0]}"
+            yield Check("preset", "warn", f"cniPreset none, but the node's configs use {', '.join(matching)}", fix)
+        return
+    if preset not in PRESET_PLUGINS:
+        yield Check("preset", "warn", f"unknown cniPreset {preset!r}", f"one of: none, {', '.join(PRESET_PLUGINS)}")
+    elif preset in matching:
+        yield Check("preset", "ok", f"cniPreset {preset} matches the node's configs")
+    else:
+        found = ", ".join(matching) if matching else "none of the presets' plugins"
+        fix = f"--set cniPreset={matching[0]}" if matching else "--set cniPreset=none"
+        yield Check("preset", "warn", f"cniPreset {preset}, but the node's configs use {found}", fix)
+
+
 def _namespaces(settings: Settings) -> Iterator[Check]:
     unseen = unseen_processes()
     if unseen is None:
@@ -177,13 +211,15 @@ def _runtimes(view: RuntimeView) -> Iterator[Check]:
         yield Check("runtime", "fail", "no runtime answers: every pass would be undecided", "pass --runtime-endpoint")
 
 
-def run_checks(settings: Settings, layout: Layout, view: RuntimeView) -> list[Check]:
+def run_checks(settings: Settings, layout: Layout, view: RuntimeView, preset: str | None = None) -> list[Check]:
+    """Every check, in the order a first run needs them. `preset`: the chart's cniPreset."""
     configs, _ = collect_configs(settings.cni_conf_dir)
     return [
         *_runtimes(view),
         *_dirs(settings, layout),
         *_cni_dirs(settings, configs),
         *_plugins(settings, configs),
+        *_preset(preset, configs),
         *_namespaces(settings),
         *_firewall(),
     ]

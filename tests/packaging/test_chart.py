@@ -211,6 +211,7 @@ BAD_VALUES: list[dict[str, Any]] = [
     {"method": "plugins"},
     {"allowPlugins": ["../bin/sh"]},
     {"stallAfter": "never"},
+    {"cniPreset": "weave"},
 ]
 
 
@@ -495,3 +496,26 @@ def test_packaged_chart_carries_the_rules(tmp_path: Path) -> None:
     with helm.Chart.load(archive) as packaged:
         rule = one(render(packaged, {"prometheusRule": {"enabled": True}}), "PrometheusRule")
     assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
+
+
+@pytest.mark.parametrize(
+    ("preset", "paths"),
+    [
+        ("none", set()),
+        ("calico", {"/var/run/calico", "/var/lib/calico"}),
+        ("cilium", {"/var/run/cilium"}),
+        ("multus", {"/run/multus"}),
+        ("flannel", {"/run/flannel"}),
+        ("aws-vpc-cni", set()),
+    ],
+)
+def test_a_cni_preset_mounts_what_its_del_needs(chart: helm.Chart, preset: str, paths: set[str]) -> None:
+    default = set(mounts_by_path(render(chart)))
+    for mode in ("reap", "scan"):
+        docs = render(chart, {"cniPreset": preset, "mode": mode})
+        mounts = mounts_by_path(docs)
+        assert set(mounts) - default == paths
+        for path in paths:
+            assert bool(mounts[path][0].get("readOnly")) == (mode == "scan"), (path, mode)
+        env = {e["name"]: e.get("value") for e in container(docs)["env"]}
+        assert env["REAPER_CNI_PRESET"] == preset

@@ -120,4 +120,26 @@ makes and removes under its state dir (container rootfs) are never held by this 
 {{- range $i, $p := $v.cniBinDirs }}
 {{- include "cni-reaper.addMount" (list $ (dict "name" (printf "cni-bin-%d" $i) "path" $p "type" "DirectoryOrCreate" "readOnly" true)) }}
 {{- end }}
+{{- /* What the preset's plugins need for their DEL (values.yaml: cniPreset). */}}
+{{- range $i, $p := (get (include "cni-reaper.presetPaths" . | fromYaml) "paths") }}
+{{- include "cni-reaper.addMount" (list $ (dict "name" (printf "preset-%d" $i) "path" $p "type" "DirectoryOrCreate" "readOnly" $scan)) }}
+{{- end }}
+{{- end }}
+
+{{/*
+cni-reaper.presetPaths: the host paths a CNI's DEL needs beside the CNI dirs, as YAML
+{paths: [...]}. Calico: its datastore files and socket dir; Cilium: the agent's socket dir;
+Multus (thick plugin): the daemon's socket dir; Flannel: subnet.env (the range gauges); AWS VPC
+CNI: ipamd listens on the host's loopback, which the agent (host network) reaches as it is.
+*/}}
+{{- define "cni-reaper.presetPaths" -}}
+{{- $presets := dict
+  "none" (list)
+  "calico" (list "/var/run/calico" "/var/lib/calico")
+  "cilium" (list "/var/run/cilium")
+  "multus" (list "/run/multus")
+  "flannel" (list "/run/flannel")
+  "aws-vpc-cni" (list)
+}}
+paths: {{ get $presets (.root.Values.cniPreset | default "none") | toJson }}
 {{- end }}
