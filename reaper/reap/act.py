@@ -140,7 +140,10 @@ class Reclaimer:
         return {key: why for key, why in reasons.items() if why is not None}
 
     def run(
-        self, attachments: Sequence[Attachment], requests: Mapping[AttachmentKey, DelRequest | None]
+        self,
+        attachments: Sequence[Attachment],
+        requests: Mapping[AttachmentKey, DelRequest | None],
+        judged: Records | None = None,
     ) -> tuple[list[ReclaimOutcome], list[SkippedAttachment]]:
         """Reclaim each attachment, re-checked right before its DEL and again before the kernel
         step; those the first re-check leaves are skipped whole."""
@@ -164,7 +167,8 @@ class Reclaimer:
             kernel_done = {
                 r.identity: Done.left(left[a.key]) for a in attachments if a.key in left for r in a.resources
             }
-            kernel_done.update(self._kernel([a for a in attachments if a.key not in left], after_del, needs_plugin))
+            remaining = [a for a in attachments if a.key not in left]
+            kernel_done.update(self._kernel(remaining, after_del, needs_plugin, judged or {}))
         self.watch.lap("kernel")
         last_look = self.look()
         final = index(last_look)
@@ -221,7 +225,11 @@ class Reclaimer:
         return errors, left
 
     def _kernel(
-        self, attachments: Sequence[Attachment], present: Records, needs_plugin: Mapping[AttachmentKey, str]
+        self,
+        attachments: Sequence[Attachment],
+        present: Records,
+        needs_plugin: Mapping[AttachmentKey, str],
+        judged: Records,
     ) -> dict[Identity, Done]:
         """Each kind reclaims what is still there, in the registry's order. A `last` kind's
         record goes only once every other resource of its attachment is gone, and never while
@@ -245,7 +253,10 @@ class Reclaimer:
                         if not all(done.get(i, Done.freed()).ok for i in others):
                             done[ref.identity] = Done.left("kept: other resources of the attachment remain")
                             continue
-                    records.append(present[ref.identity])
+                    # The record as it was judged, not as the later look found it: a lease file
+                    # host-local gave a new pod meanwhile has the same path, and a kind compares
+                    # the node with the record it is handed before it deletes.
+                    records.append(judged.get(ref.identity, present[ref.identity]))
             if not records:
                 continue
             ctx = ReclaimContext(

@@ -98,7 +98,7 @@ def reap_pass(
         observe=lambda: liveness.observe(scan.known_netns),
         watch=watch,
     )
-    outcomes, left = reclaimer.run(selected, requests)
+    outcomes, left = reclaimer.run(selected, requests, records)
     skipped += left
     # A runtime that stopped answering during the pass makes it undecided, as at the first re-check.
     lost = next((s.reason.split(": ", 1)[-1] for s in left if s.reason.startswith(UNREACHABLE_AT_RECHECK)), None)
