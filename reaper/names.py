@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable
 
@@ -33,3 +34,16 @@ def compile_netns_patterns(extra: tuple[str, ...]) -> tuple[re.Pattern[str], ...
 
 def is_runtime_netns_name(name: str, patterns: Iterable[re.Pattern[str]]) -> bool:
     return any(p.fullmatch(name) for p in patterns)
+
+
+MAX_PATH = 4096  # PATH_MAX
+
+
+def is_path(text: str) -> bool:
+    """A string the kernel could take as a path: no NUL, nothing that does not encode, not
+    longer than PATH_MAX."""
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError:
+        return False
+    return "\0" not in text and len(text) < MAX_PATH

@@ -1,5 +1,10 @@
 """libcni's result cache: `<cache dir>/results/<network>-<container ID>-<ifname>`.
 
+Also `<cache dir>/cache/results` (cri-dockerd's cache dir) and the results of multus'
+delegates, `<cache dir>/multus/results` (multus runs its delegates through libcni with its own
+cniDir as the cache dir), and `<cniDir>/results` of every cniDir the node's multus configs name,
+beneath that cniDir: a pod's secondary attachments are judged with its sandbox, by container ID.
+
 Identity: the file's path. Its content is libcni's key for the attachment (containerId,
 networkName, ifName), the netns it was made in, the host interfaces it made, and the config
 a DEL needs. One reader (`parse_cache_file`) serves the look, the DEL request and the
@@ -21,7 +26,7 @@ from reaper.host.files import DirLister, describe_oserror, namespace_of, namespa
 from reaper.host.jsondoc import NotAnObject, parse_object
 from reaper.host.memo import FileMemo
 from reaper.host.quarantine import remove_or_quarantine
-from reaper.kinds import Found, Kind, Look, ReclaimContext
+from reaper.kinds import Found, Kind, Look, ReclaimContext, multus
 from reaper.kinds.netconf import ConfigError, parse_network_config
 from reaper.model import (
     CacheEntry,
@@ -34,10 +39,10 @@ from reaper.model import (
     OwnKey,
     ResourceRef,
 )
-from reaper.names import is_cni_id, is_ifname
+from reaper.names import is_cni_id, is_ifname, is_path
 
 MAX_CACHE_BYTES = 4 << 20
-RESULT_SUBDIRS = ("results", "cache/results")
+RESULT_SUBDIRS = ("results", "cache/results", "multus/results")
 _HEX_ID = re.compile(r"[0-9a-f]{64}")
 
 
@@ -66,15 +71,6 @@ def _result_interfaces(result: Any) -> list[dict[str, Any]]:
     return [i for i in result["interfaces"] if isinstance(i, dict)]
 
 
-def _is_path(text: str) -> bool:
-    """A string the kernel could take as a path: no NUL, nothing that does not encode."""
-    try:
-        os.fsencode(text)
-    except UnicodeEncodeError:
-        return False
-    return "\0" not in text and len(text) < 4096
-
-
 def _netns_from(doc: dict[str, Any], result: Any, ifname: str) -> str | None:
     netns = doc.get("netns")
     if isinstance(netns, str) and netns:
@@ -82,7 +78,7 @@ def _netns_from(doc: dict[str, Any], result: Any, ifname: str) -> str | None:
     sandboxes = [
         i
         for i in _result_interfaces(result)
-        if isinstance(i.get("sandbox"), str) and i["sandbox"] and _is_path(i["sandbox"])
+        if isinstance(i.get("sandbox"), str) and i["sandbox"] and is_path(i["sandbox"])
     ]
     for iface in sandboxes:
         if iface.get("name") == ifname:
@@ -153,7 +149,7 @@ def parse_cache_file(name: str, data: bytes, known_networks: Set[str]) -> CacheD
         if not (isinstance(ifname, str) and is_ifname(ifname)):
             raise CacheCorrupt(f"invalid ifName {str(ifname)[:80]!r}")
         netns = doc.get("netns")
-        if isinstance(netns, str) and not _is_path(netns):
+        if isinstance(netns, str) and not is_path(netns):
             raise CacheCorrupt(f"invalid netns {netns[:80]!r}")
         return CacheDocument(doc, cid, net, ifname, False)
     if "kind" in doc:
@@ -174,17 +170,22 @@ class _Parsed:
     config: str | None  # the base64 network config it carries
 
 
-def collect_cache(cache_dir: str, known_networks: Set[str], memo: FileMemo[object] | None = None) -> CacheInventory:
+def collect_cache(
+    cache_dir: str, known_networks: Set[str], memo: FileMemo[object] | None = None, other_roots: Sequence[str] = ()
+) -> CacheInventory:
+    """The entries in each of RESULT_SUBDIRS beneath `cache_dir`, and in `results` beneath
+    each of `other_roots` (cache dirs of their own)."""
     memo = memo if memo is not None else FileMemo()
     entries: list[CacheEntry] = []
-    corrupt_mtimes: dict[str, float] = {}
+    corrupt_mtimes: dict[str, tuple[float, str]] = {}  # (mtime, root) of each corrupt file listed
     configs: dict[str, NetworkConfig] = {}
     bad_configs: set[str] = set()
     lister = DirLister("cache")
     corrupt = lister.corrupt
-    for sub in RESULT_SUBDIRS:
-        directory = os.path.join(cache_dir, sub)
-        for dir_fd, entry in lister.scan(cache_dir, directory):
+    roots = [(cache_dir, sub) for sub in RESULT_SUBDIRS] + [(root, "results") for root in other_roots]
+    for root, sub in roots:
+        directory = os.path.join(root, sub)
+        for dir_fd, entry in lister.scan(root, directory):
             path = os.path.join(directory, entry.name)
             if entry.is_symlink():
                 corrupt.append(CorruptFile("cache", path, "symlink, not followed"))
@@ -199,7 +200,7 @@ def collect_cache(cache_dir: str, known_networks: Set[str], memo: FileMemo[objec
             known = memo.get(path, lst)
             if isinstance(known, CorruptFile):
                 if corrupt.append(known):
-                    corrupt_mtimes[path] = lst.st_mtime
+                    corrupt_mtimes[path] = (lst.st_mtime, root)
                 continue
             if isinstance(known, _Parsed):
                 netns_path = known.entry.netns_path
@@ -223,13 +224,13 @@ def collect_cache(cache_dir: str, known_networks: Set[str], memo: FileMemo[objec
                 bad = CorruptFile("cache", path, str(err))
                 if corrupt.append(bad):  # only what is listed is kept: junk costs no memory
                     memo.put(path, lst, bad)
-                    corrupt_mtimes[path] = lst.st_mtime
+                    corrupt_mtimes[path] = (lst.st_mtime, root)
                 continue
             result = doc.get("result")
             netns_path = _netns_from(doc, result, ifname)
             cache_entry = CacheEntry(
                 path, entry.name, cid, net, ifname, netns_path, namespace_of(netns_path), _host_ifnames(result),
-                legacy, mtime, cache_dir, netns_uninspectable=namespace_uninspectable(netns_path),
+                legacy, mtime, root, netns_uninspectable=namespace_uninspectable(netns_path),
                 owner=_owner(doc, legacy), ips=_addresses(result),
             )  # fmt: skip
             entries.append(cache_entry)
@@ -243,7 +244,7 @@ def collect_cache(cache_dir: str, known_networks: Set[str], memo: FileMemo[objec
         named_entry
         for bad in corrupt.listed()
         if bad.path in corrupt_mtimes
-        and (named_entry := _entry_from_name(bad, corrupt_mtimes[bad.path], cache_dir, networks)) is not None
+        and (named_entry := _entry_from_name(bad, *corrupt_mtimes[bad.path], networks)) is not None
     ]
     return CacheInventory(tuple(entries + named), tuple(configs.values()), corrupt.records())
 
@@ -303,7 +304,9 @@ def current_document(entry: CacheEntry) -> CacheDocument | None:
 
 
 def find(look: Look) -> Found[CacheEntry]:
-    inventory = collect_cache(look.options.cache_dir, {c.name for c in look.configs}, look.memo.of("cache"))
+    cache_dir = look.options.cache_dir
+    multus_dirs = [d for d in multus.cni_dirs(look)[0] if d != os.path.join(cache_dir, multus.DEFAULT_SUBDIR)]
+    inventory = collect_cache(cache_dir, {c.name for c in look.configs}, look.memo.of("cache"), multus_dirs)
     return Found(inventory.entries, inventory.corrupt, configs=inventory.configs)
 
 

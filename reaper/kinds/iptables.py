@@ -14,9 +14,9 @@ import re
 import shutil
 import subprocess
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol, TypeVar
 
 from reaper.host.commands import run_command
 from reaper.kinds import FindOptions, Found, Kind, Look, ReclaimContext
@@ -40,25 +40,26 @@ class IptablesTools:
     restore: str
 
 
-def _legacy_nat_loaded(family: Family) -> bool:
-    """The legacy nat table exists in this netns. Asking iptables-legacy-save otherwise would
-    make the kernel load iptable_nat on a node that never used it."""
+def _legacy_table_loaded(family: Family, table: str) -> bool:
+    """The legacy `table` exists in this netns. Asking iptables-legacy-save otherwise would
+    make the kernel load that table (iptable_nat, iptable_filter) on a node that never used it."""
     try:
         with open(_LEGACY_TABLES[family], encoding="ascii", errors="replace") as f:
-            return "nat" in f.read().split()
+            return table in f.read().split()
     except OSError:
         return False
 
 
-def iptables_tools() -> list[IptablesTools]:
-    """Every backend that can hold CNI chains here: nft always when installed, legacy when its
-    nat table is in use (a node can have rules in both: plugins and kube-proxy may disagree)."""
+def iptables_tools(table: str = "nat") -> list[IptablesTools]:
+    """Every backend that can hold CNI rules in `table` here: nft always when installed, legacy
+    when its `table` is in use (a node can have rules in both: plugins and kube-proxy may
+    disagree)."""
     tools = []
     for family, prefix in _PREFIX.items():
         found = []
         for backend in ("nft", "legacy"):
             save, restore = shutil.which(f"{prefix}-{backend}-save"), shutil.which(f"{prefix}-{backend}-restore")
-            if save and restore and (backend == "nft" or _legacy_nat_loaded(family)):
+            if save and restore and (backend == "nft" or _legacy_table_loaded(family, table)):
                 found.append(IptablesTools(family, backend, save, restore))
         if not found and not (shutil.which(f"{prefix}-nft-save") or shutil.which(f"{prefix}-legacy-save")):
             save, restore = shutil.which(f"{prefix}-save"), shutil.which(f"{prefix}-restore")
@@ -166,24 +167,24 @@ def _owner(name: str, prefix: str, lines: list[str]) -> tuple[str, str] | None:
     return None
 
 
-class ChainCollector:
-    """Runs `iptables-save -t nat` per family and backend in the background; `result()` waits
-    and parses.
+class SaveCollector:
+    """Runs `iptables-save -t TABLE` per family and backend in the background; `outputs()`
+    waits and gives each backend's text.
 
     Started first in a snapshot, so the commands run while Python reads files.
     """
 
-    def __init__(self, options: FindOptions) -> None:
-        self.timeout = options.command_timeout
+    def __init__(self, table: str, timeout: float) -> None:
+        self.timeout = timeout
         self.errors: list[SourceError] = []
         self.running: list[tuple[IptablesTools, subprocess.Popen[str]]] = []
-        tools = iptables_tools()
+        tools = iptables_tools(table)
         if not any(t.family == "ipv4" for t in tools):
             self.errors.append(SourceError("iptables-save", "not installed"))
         for tool in tools:
             try:
                 proc = subprocess.Popen(
-                    [tool.save, "-t", "nat"],
+                    [tool.save, "-t", table],
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     text=True,
@@ -194,8 +195,8 @@ class ChainCollector:
                 continue
             self.running.append((tool, proc))
 
-    def result(self) -> tuple[list[IptablesChain], list[SourceError]]:
-        chains: list[IptablesChain] = []
+    def outputs(self) -> tuple[list[tuple[IptablesTools, str]], list[SourceError]]:
+        texts: list[tuple[IptablesTools, str]] = []
         errors = list(self.errors)
         for tool, proc in self.running:
             command = os.path.basename(tool.save)
@@ -208,13 +209,13 @@ class ChainCollector:
                 continue
             if proc.returncode != 0:
                 msg = (err.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-                # A kernel without the nat table for this family has nothing of ours in it.
+                # A kernel without the table for this family has nothing of ours in it.
                 if "does not exist" not in msg:
                     errors.append(SourceError(command, msg))
                 continue
-            chains.extend(parse_save(out, tool.family, tool.backend))
+            texts.append((tool, out))
         self.running = []
-        return chains, errors
+        return texts, errors
 
     def close(self) -> None:
         """Stop whatever is still running (after an error elsewhere in the snapshot)."""
@@ -222,6 +223,17 @@ class ChainCollector:
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
+
+
+class ChainCollector(SaveCollector):
+    """`iptables-save -t nat` of every backend, begun at the start of a look; `result()` parses."""
+
+    def __init__(self, options: FindOptions) -> None:
+        super().__init__("nat", options.command_timeout)
+
+    def result(self) -> tuple[list[IptablesChain], list[SourceError]]:
+        texts, errors = self.outputs()
+        return [c for tool, out in texts for c in parse_save(out, tool.family, tool.backend)], errors
 
 
 def find(look: Look) -> Found[IptablesChain]:
@@ -248,14 +260,59 @@ def tie(chain: IptablesChain) -> Claim | None:
 # ------------------------------------------------------------------------------ reclaiming
 
 
-def _restore_input(table: str, chains: Iterable[IptablesChain]) -> str:
-    lines = [f"*{table}"]
-    for chain in chains:
-        lines.extend("-D " + jump[3:] for jump in chain.jumps)
-        lines.append(f"-F {chain.chain}")
-        lines.append(f"-X {chain.chain}")
-    lines.append("COMMIT")
-    return "\n".join(lines) + "\n"
+class OnBackend(Protocol):
+    """A record read from one family and backend's `iptables-save`."""
+
+    @property
+    def family(self) -> str: ...
+
+    @property
+    def backend(self) -> str: ...
+
+
+B = TypeVar("B", bound=OnBackend)
+
+
+def resaved(records: Sequence[B], table: str, timeout: float) -> Iterator[tuple[list[B], IptablesTools | str, str]]:
+    """The records by family and backend, each group with its tools and a fresh
+    `iptables-save -t TABLE` of that backend, or why there is none (then the text is "")."""
+    tools: dict[tuple[str, str], IptablesTools] = {(t.family, t.backend): t for t in iptables_tools(table)}
+    groups: dict[tuple[str, str], list[B]] = defaultdict(list)
+    for record in records:
+        groups[(record.family, record.backend)].append(record)
+    for (family, backend), group in groups.items():
+        tool = tools.get((family, backend))
+        if tool is None:
+            yield group, f"no {backend} iptables tools here", ""
+            continue
+        saved = run_command([tool.save, "-t", table], timeout)
+        if saved.code != 0:
+            yield group, f"iptables-save: {saved.stderr.strip()[:200]}", ""
+            continue
+        yield group, tool, saved.stdout
+
+
+def _restore_input(table: str, lines: Sequence[str]) -> str:
+    return "\n".join([f"*{table}", *lines, "COMMIT"]) + "\n"
+
+
+def restore_each(
+    tool: IptablesTools, table: str, items: Sequence[tuple[Identity, Sequence[str]]], timeout: float
+) -> dict[Identity, Done]:
+    """Every item's lines in one `iptables-restore --noflush` of `table`; if that batch is
+    refused, one restore per item, so one bad item blocks no other."""
+    argv = [tool.restore, "-w", RESTORE_LOCK_WAIT, "--noflush"]
+    if run_command(argv, timeout, _restore_input(table, [line for _, lines in items for line in lines])).code == 0:
+        return {ident: Done.freed() for ident, _ in items}
+    done: dict[Identity, Done] = {}
+    for ident, lines in items:
+        result = run_command(argv, timeout, _restore_input(table, lines))
+        done[ident] = Done.freed() if result.code == 0 else Done.left(result.last_error_line[:300])
+    return done
+
+
+def _delete_lines(chain: IptablesChain) -> list[str]:
+    return ["-D " + jump[3:] for jump in chain.jumps] + [f"-F {chain.chain}", f"-X {chain.chain}"]
 
 
 def reclaim(chains: Sequence[IptablesChain], ctx: ReclaimContext) -> dict[Identity, Done]:
@@ -263,34 +320,20 @@ def reclaim(chains: Sequence[IptablesChain], ctx: ReclaimContext) -> dict[Identi
     backend and table, as a fresh save shows them now; if that batch is refused, one restore
     per chain so one bad rule blocks no other."""
     done: dict[Identity, Done] = {}
-    tools: dict[tuple[str, str], IptablesTools] = {(t.family, t.backend): t for t in iptables_tools()}
-    groups: dict[tuple[str, str], list[IptablesChain]] = defaultdict(list)
-    for chain in chains:
-        groups[(chain.family, chain.backend)].append(chain)
-    for (family, backend), group in groups.items():
-        tool = tools.get((family, backend))
-        if tool is None:
-            done.update({identity(c): Done.left(f"no {backend} iptables tools here") for c in group})
+    for group, tool, text in resaved(chains, "nat", ctx.command_timeout):
+        if isinstance(tool, str):
+            done.update({identity(c): Done.left(tool) for c in group})
             continue
-        saved = run_command([tool.save, "-t", "nat"], ctx.command_timeout)
-        if saved.code != 0:
-            done.update({identity(c): Done.left(f"iptables-save: {saved.stderr.strip()[:200]}") for c in group})
-            continue
-        fresh = {c.chain: c for c in parse_save(saved.stdout, tool.family, backend)}
+        fresh = {c.chain: c for c in parse_save(text, tool.family, tool.backend)}
         by_table: dict[str, list[IptablesChain]] = defaultdict(list)
         for chain in group:
             if chain.chain in fresh:
                 by_table[chain.table].append(fresh[chain.chain])
             else:
                 done[identity(chain)] = Done.freed()
-        argv = [tool.restore, "-w", RESTORE_LOCK_WAIT, "--noflush"]
         for table, present in by_table.items():
-            if run_command(argv, ctx.command_timeout, _restore_input(table, present)).code == 0:
-                done.update({identity(c): Done.freed() for c in present})
-                continue
-            for chain in present:
-                result = run_command(argv, ctx.command_timeout, _restore_input(table, [chain]))
-                done[identity(chain)] = Done.freed() if result.code == 0 else Done.left(result.last_error_line[:300])
+            items = [(identity(c), _delete_lines(c)) for c in present]
+            done.update(restore_each(tool, table, items, ctx.command_timeout))
     return done
 
 

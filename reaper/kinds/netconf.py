@@ -16,7 +16,7 @@ from reaper.host.confined import UnfitFile, open_root, read_fd
 from reaper.host.files import describe_oserror
 from reaper.host.jsondoc import NotAnObject, parse_object
 from reaper.model import CorruptFile, HostLocalRange, NetworkConfig
-from reaper.names import is_cni_id
+from reaper.names import is_cni_id, is_path
 
 CONFIG_EXTENSIONS = (".conf", ".conflist", ".json")
 # host-local subnets that Calico's and Canal's plugins fill in from the node's podCIDR
@@ -159,7 +159,7 @@ def parse_network_config(raw: bytes, path: str) -> NetworkConfig:
         ipam = plugin.get("ipam")
         if isinstance(ipam, dict) and ipam.get("type") == "host-local":
             data_dir = ipam.get("dataDir")
-            if isinstance(data_dir, str) and data_dir.startswith("/"):
+            if isinstance(data_dir, str) and data_dir.startswith("/") and is_path(data_dir):
                 data_dirs.append(os.path.normpath(data_dir))
             ranges.extend(_ranges(ipam))
     disable_gc = doc.get("disableGC") is True

@@ -9,15 +9,32 @@ from __future__ import annotations
 
 from typing import Any
 
-from reaper.kinds import Kind, cache, hostlocal, iptables, netns, nftables, reclaim_order, veth
+from reaper.kinds import (
+    Kind,
+    bandwidth,
+    cache,
+    firewall,
+    flannel,
+    hostlocal,
+    iptables,
+    multus,
+    netns,
+    nftables,
+    reclaim_order,
+    veth,
+)
 
 KINDS: tuple[Kind[Any], ...] = (
+    flannel.KIND,  # last, like the cache entry, but before it: the cache entry stays the very last
+    multus.KIND,  # the same
     cache.KIND,
     netns.KIND,
     veth.KIND,  # uses the pins and the cache entries
     hostlocal.KIND,  # uses the data dirs in the configs the cache entries carry
+    firewall.KIND,  # uses the leases and the cache entries
     iptables.KIND,
     nftables.KIND,
+    bandwidth.KIND,
 )
 
 KIND_NAMES: tuple[str, ...] = tuple(k.name for k in KINDS)

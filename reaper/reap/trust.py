@@ -29,7 +29,8 @@ STEERING_KEYS = frozenset(
         "runDir", "stateDir", "path", "exec", "command",
     )
 )  # fmt: skip
-CACHE_KIND = "cache"
+# Files in the cache dir beside the cache entry: whoever can forge the one can forge these.
+SAME_WRITER_KINDS = frozenset({"cache", "flannel", "multus"})
 
 
 @dataclass(frozen=True)
@@ -96,8 +97,9 @@ def _plugins_by_type(raw: bytes) -> dict[str, Mapping[str, Any]]:
 
 
 def corroborated(attachment: Attachment) -> bool:
-    """Something found independently of the cache file belongs to this attachment."""
-    return any(ref.kind != CACHE_KIND for ref in attachment.resources)
+    """Something found independently of the cache file (and not written beside it) belongs to
+    this attachment."""
+    return any(ref.kind not in SAME_WRITER_KINDS for ref in attachment.resources)
 
 
 def cached_config_refusal(

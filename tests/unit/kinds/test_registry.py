@@ -16,9 +16,10 @@ from tests.harness.snapshots import cache, chain, cid, lease, pin, runtime, snap
 
 
 def test_the_cache_entry_is_reclaimed_last_and_the_rest_in_registry_order() -> None:
-    assert [k.name for k in RECLAIM_ORDER] == ["netns", "veth", "ipam", "iptables", "nft", "cache"]
-    assert [k.name for k in KINDS if k.last] == ["cache"]
-    assert {"ipam", "cache"} == QUARANTINABLE
+    order = [k.name for k in RECLAIM_ORDER]
+    assert order == ["netns", "veth", "ipam", "firewall", "iptables", "nft", "ifb", "flannel", "multus", "cache"]
+    assert [k.name for k in KINDS if k.last] == ["flannel", "multus", "cache"]
+    assert {"ipam", "flannel", "multus", "cache"} == QUARANTINABLE
 
 
 def test_every_kind_reports_its_records_under_their_identity() -> None:
@@ -70,6 +71,6 @@ def test_a_new_kind_joins_the_attachment_of_its_container() -> None:
     (group,) = correlate(snap, runtime(), kinds).groups
     assert group.key.container_id == cid(1)
     assert sorted(r.kind for r in group.resources) == ["cache", "ipam", "netns", "plugin-state"]
-    # Registered like the others, it is reclaimed with them, before the cache entry.
-    assert [k.name for k in reclaim_order(kinds)][-2:] == ["plugin-state", "cache"]
+    # Registered like the others, it is reclaimed with them, before the `last` ones.
+    assert [k.name for k in reclaim_order(kinds)][-4:] == ["plugin-state", "flannel", "multus", "cache"]
     assert "plugin-state" not in KIND_NAMES

@@ -1,0 +1,274 @@
+"""The firewall plugin's per-pod accept rules in the filter table's CNI-FORWARD chain.
+
+The firewall meta plugin (containernetworking/plugins, plugins/meta/firewall), with its
+iptables backend (it has no nftables one in any release), appends two rules to `CNI-FORWARD`
+for every address of its prevResult, and its DEL deletes them by that address again. As
+`iptables-save -t filter` prints them (captured from Debian's plugin, 1.1.1; the text is the
+same from v1.0.0 to v1.9.1), for 10.88.0.5 and fd00::5:
+
+    -A CNI-FORWARD -d 10.88.0.5/32 -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+    -A CNI-FORWARD -s 10.88.0.5/32 -j ACCEPT
+    -A CNI-FORWARD -d fd00::5/128 -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+    -A CNI-FORWARD -s fd00::5/128 -j ACCEPT
+
+Only a line that is exactly one of these, outside any quoted string, in the filter table, with
+the address in the form iptables-save prints, is a record. The chains CNI-FORWARD and
+CNI-ADMIN, the FORWARD jump and the admin jump are shared by every pod: never records.
+
+Identity: (family, backend, the rule's text). The rules carry no container ID, only the
+address, so the tie comes from the host-local lease that holds it (the ipam kind is found
+first): a Claim on that lease's container and network when exactly one lease holds the
+address and no cache entry of another container names it; otherwise an empty Claim, which
+joins nothing and is never reclaimed. Reclaimed with one `iptables-restore --noflush` per
+family and backend (`-D CNI-FORWARD ...`), after a fresh save shows the same text still
+there, and only while the leases that held its address have been freed this pass.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import socket
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from reaper.kinds import FindOptions, Found, Kind, Look, ReclaimContext, cache, hostlocal
+from reaper.kinds.iptables import Family, SaveCollector, resaved, restore_each
+from reaper.model import CacheEntry, Claim, Done, HostLocalLease, Identity, ResourceRef
+
+TABLE = "filter"
+_BITS: dict[Family, str] = {"ipv4": "32", "ipv6": "128"}
+_AF: dict[Family, socket.AddressFamily] = {"ipv4": socket.AF_INET, "ipv6": socket.AF_INET6}
+# The two rules, exactly: to the pod (replies only) and from it.
+_RULE = re.compile(
+    r"-A CNI-FORWARD (?:-d (?P<dst>[0-9a-f.:]{2,39})/(?P<dbits>32|128)"
+    r" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"
+    r"|-s (?P<src>[0-9a-f.:]{2,39})/(?P<sbits>32|128) -j ACCEPT)"
+)
+# The rest of a quoted string, to its closing quote: iptables-save escapes `"`, `\` and `'`
+# inside one with a backslash, and prints every other byte as it is, a newline included.
+_QUOTED_REST = re.compile(r'(?:[^"\\]|\\.)*"')
+
+
+@dataclass(frozen=True)
+class ForwardRule:
+    """One of the firewall plugin's accept rules for a pod address."""
+
+    family: Family
+    backend: str  # iptables "nft" or "legacy" (or "default" when only one exists)
+    ip: str  # as iptables-save prints it, without the prefix length
+    rule: str  # the whole line, `-A CNI-FORWARD ...`, as iptables-save prints it
+    # The owner, by the one host-local lease holding its address: none when it has none.
+    container_id: str | None = None
+    network: str | None = None
+    # Every lease holding its address when it was found, as the ipam kind identifies them.
+    leases: tuple[Identity, ...] = ()
+    owner: str = "not looked up"  # whose it is, or why it is no one's, in words
+
+    @property
+    def spec(self) -> str:
+        """The rule without `-A `: what iptables-restore's `-D` takes."""
+        return self.rule[3:]
+
+
+def _canonical(text: str, family: Family) -> str | None:
+    """`text` when it is an address of `family` in the form iptables-save prints (inet_ntop's)."""
+    try:
+        packed = socket.inet_pton(_AF[family], text)
+    except (OSError, ValueError):
+        return None
+    return text if socket.inet_ntop(_AF[family], packed) == text else None
+
+
+def _ends_quoted(line: str, quoted: bool) -> bool:
+    """Whether a quoted string is still open at the end of `line`, given whether one was at its
+    start. Outside quotes a backslash is a plain character."""
+    if not quoted and "\\" not in line:
+        return line.count('"') % 2 == 1  # no escapes: every other quote closes one
+    at = 0
+    while True:
+        if quoted:
+            rest = _QUOTED_REST.match(line, at)
+            if rest is None:
+                return True
+            at, quoted = rest.end(), False
+        else:
+            at = line.find('"', at) + 1
+            if at == 0:
+                return False
+            quoted = True
+
+
+def _rule_lines(text: str, family: Family) -> Iterator[tuple[str, str]]:
+    """(line, address) of every copy of the plugin's rules in `iptables-save -t filter` output.
+
+    A comment may hold a newline and anything after it, so a line counts only when it starts
+    outside every quoted string. Only the `*filter` table's lines count.
+    """
+    table = ""
+    quoted = False
+    for line in text.split("\n"):
+        starts_quoted = quoted
+        if quoted or '"' in line:
+            quoted = _ends_quoted(line, quoted)
+        if starts_quoted:
+            continue
+        if line.startswith("*"):
+            table = line[1:].strip()
+            continue
+        if table != TABLE or not line.startswith("-A CNI-FORWARD -"):
+            continue
+        match = _RULE.fullmatch(line)
+        if match is None:
+            continue
+        address, bits = (match["dst"], match["dbits"]) if match["dst"] is not None else (match["src"], match["sbits"])
+        if bits == _BITS[family] and _canonical(address, family) is not None:
+            yield line, address
+
+
+def parse_filter_save(text: str, family: Family, backend: str = "default") -> list[ForwardRule]:
+    """The firewall plugin's rules in the output of `iptables-save -t filter`, each text once."""
+    found: dict[str, ForwardRule] = {}
+    for line, address in _rule_lines(text, family):
+        found.setdefault(line, ForwardRule(family, backend, address, line))
+    return list(found.values())
+
+
+def _address_key(text: str) -> tuple[int, int] | None:
+    """(version, integer) of an address in any form a file may give it; None if it is none."""
+    key = hostlocal.ip_key(text)
+    if key is not None:
+        return key
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    return address.version, int(address)
+
+
+def with_owners(
+    rules: Iterable[ForwardRule], leases: Iterable[HostLocalLease], caches: Iterable[CacheEntry]
+) -> list[ForwardRule]:
+    """Each rule with the owner of its address: the container and network of the one host-local
+    lease that holds it, unless a cache entry of another container names the address (off-node
+    IPAM gave it to a pod). Held by no lease, or by more than one, it has no owner."""
+    held: dict[tuple[int, int], list[HostLocalLease]] = {}
+    for lease in leases:
+        key = hostlocal.ip_key(lease.ip)
+        if key is not None:
+            held.setdefault(key, []).append(lease)
+    named: dict[tuple[int, int], set[str]] = {}
+    for entry in caches:
+        for ip in entry.ips:
+            key = _address_key(ip)
+            if key is not None:
+                named.setdefault(key, set()).add(entry.container_id)
+    out = []
+    for rule in rules:
+        key = hostlocal.ip_key(rule.ip)
+        holding = held.get(key, []) if key is not None else []
+        leases_of = tuple(hostlocal.identity(lease) for lease in holding)
+        if not holding:
+            out.append(replace(rule, owner=f"no host-local lease holds {rule.ip}"))
+            continue
+        if len(holding) > 1:
+            paths = ", ".join(sorted(lease.path for lease in holding))
+            out.append(replace(rule, leases=leases_of, owner=f"{len(holding)} leases hold {rule.ip}: {paths}"))
+            continue
+        (lease,) = holding
+        others = named.get(key, set()) - {lease.container_id} if key is not None else set()
+        if others:
+            who = ", ".join(sorted(cid[:12] for cid in others))
+            owner = f"{rule.ip} is leased to {lease.container_id[:12]}, and a cache entry of {who} names it"
+            out.append(replace(rule, leases=leases_of, owner=owner))
+            continue
+        out.append(
+            replace(
+                rule,
+                container_id=lease.container_id,
+                network=lease.network,
+                leases=leases_of,
+                owner=f"lease {lease.path}",
+            )
+        )
+    return out
+
+
+def _start(options: FindOptions) -> SaveCollector:
+    return SaveCollector(TABLE, options.command_timeout)
+
+
+def find(look: Look) -> Found[ForwardRule]:
+    collector: SaveCollector = look.started
+    texts, errors = collector.outputs()
+    rules = [r for tool, text in texts for r in parse_filter_save(text, tool.family, tool.backend)]
+    leases = [r for r in look.earlier.get(hostlocal.KIND.name, ()) if isinstance(r, HostLocalLease)]
+    caches = [r for r in look.earlier.get(cache.KIND.name, ()) if isinstance(r, CacheEntry)]
+    return Found(tuple(with_owners(rules, leases, caches)), errors=tuple(errors))
+
+
+def identity(rule: ForwardRule) -> Identity:
+    return ("firewall", rule.family, rule.backend, rule.rule)
+
+
+def ref(rule: ForwardRule) -> ResourceRef:
+    details = (
+        ("family", rule.family),
+        ("backend", rule.backend),
+        ("table", TABLE),
+        ("ip", rule.ip),
+        ("owner", rule.owner),
+    )
+    return ResourceRef("firewall", rule.spec, None, details, identity(rule))
+
+
+def tie(rule: ForwardRule) -> Claim:
+    # An address no single lease holds names no one: an empty claim joins nothing, so the rule
+    # is reported unconfirmed and never reclaimed.
+    if rule.container_id is None:
+        return Claim()
+    return Claim(container_id=rule.container_id, network=rule.network)
+
+
+# ------------------------------------------------------------------------------ reclaiming
+
+
+def _still_held(rule: ForwardRule, done: Mapping[Identity, Done]) -> str | None:
+    """Why the rule's address may be someone's now: a lease that held it when the node was last
+    looked at was not freed this pass, or it was shared. None: it may go."""
+    if rule.container_id is None and rule.leases:
+        return f"left: {rule.owner}"
+    for lease in rule.leases:
+        freed = done.get(lease)
+        if freed is None or not freed.ok:
+            return f"left: its address is still leased ({lease[-1]})"
+    return None
+
+
+def reclaim(rules: Sequence[ForwardRule], ctx: ReclaimContext) -> dict[Identity, Done]:
+    """Every copy of each rule that a fresh save still shows with the same text, deleted in one
+    iptables-restore --noflush per family and backend; if that batch is refused, one restore
+    per rule so one bad rule blocks no other. The chains and the jumps to them stay."""
+    done: dict[Identity, Done] = {}
+    for group, tool, text in resaved(rules, TABLE, ctx.command_timeout):
+        if isinstance(tool, str):
+            done.update({identity(r): Done.left(tool) for r in group})
+            continue
+        copies = Counter(line for line, _ in _rule_lines(text, tool.family))
+        items: dict[Identity, list[str]] = {}
+        for rule in group:
+            if rule.rule not in copies:
+                done[identity(rule)] = Done.freed()
+                continue
+            why = _still_held(rule, ctx.done)
+            if why is not None:
+                done[identity(rule)] = Done.left(why)
+                continue
+            items[identity(rule)] = [f"-D {rule.spec}"] * copies[rule.rule]
+        if items:
+            done.update(restore_each(tool, TABLE, list(items.items()), ctx.command_timeout))
+    return done
+
+
+KIND: Kind[ForwardRule] = Kind("firewall", find, identity, ref, tie, reclaim, start=_start)

@@ -1,0 +1,189 @@
+"""Files a plugin keeps for each container it attached, named by the container ID alone:
+`<dir>/<container ID>` (flannel's delegate config, multus' delegate list).
+
+Not a kind: what the kinds that read such files share. A file is found beneath its root, read
+without following a symlink or blocking on a FIFO, and bounded in size. Its name is the
+producer's key, so a name that is no container ID makes a corrupt record, never a resource. A
+file whose content the plugin would not have written (a crash between its open and its write
+leaves an empty one) is still its container's, with the reason. Reclaiming re-reads the file
+beneath the same root and removes it only while it is the very file that was judged, saying
+what it said then: its content names no container, so its name and inode are what tie it.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from reaper.host.confined import UnfitFile, read_at, read_beneath
+from reaper.host.files import DirLister, describe_oserror
+from reaper.host.memo import FileMemo
+from reaper.host.quarantine import Quarantine, remove_or_quarantine
+from reaper.kinds import Look
+from reaper.kinds.netconf import ConfigError, plugin_list
+from reaper.model import CorruptFile, Done, Identity, NetworkConfig
+from reaper.names import is_cni_id, is_path
+
+C = TypeVar("C")
+
+MAX_SCRATCH_BYTES = 4 << 20
+
+# (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns): a file made in its place, or written
+# since, differs in at least one.
+Stamp = tuple[int, int, int, int, int]
+
+
+def stamp_of(st: os.stat_result) -> Stamp:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+@dataclass(frozen=True)
+class ScratchFile(Generic[C]):
+    """One `<dir>/<container ID>` file of a plugin's."""
+
+    container_id: str  # its name
+    path: str
+    root: str  # the root it was found beneath, and every later access is confined to
+    mtime: float
+    stamp: Stamp  # the file as it was read: only that file is ever removed
+    content: C | None  # what it says; None when it is not what the plugin writes
+    corrupt: str | None = None  # why it is not
+
+
+@dataclass(frozen=True)
+class ScratchFormat(Generic[C]):
+    """A plugin's per-container file: the kind that reads it and its parser, which raises
+    ValueError (one line, the reason) on anything the plugin would not have written."""
+
+    kind: str
+    parse: Callable[[bytes], C]
+    limit: int = MAX_SCRATCH_BYTES
+
+
+def _is_dir_path(text: str) -> bool:
+    """An absolute path the kernel could take."""
+    return text.startswith("/") and is_path(text)
+
+
+def config_dirs(configs: Iterable[NetworkConfig], types: Collection[str], key: str) -> list[str]:
+    """The directory `key` names in every plugin of one of `types` in the node's configs, as
+    Go's filepath.Join cleans it; relative or impossible paths are not used."""
+    dirs: list[str] = []
+    for config in configs:
+        try:
+            _, _, plugins = plugin_list(config.raw)
+        except ConfigError:
+            continue
+        for plugin in plugins:
+            value = plugin.get(key)
+            if plugin.get("type") not in types or not isinstance(value, str) or not _is_dir_path(value):
+                continue
+            directory = "/" + os.path.normpath(value).lstrip("/")  # POSIX keeps a leading "//"; Go does not
+            if directory not in dirs:
+                dirs.append(directory)
+    return dirs
+
+
+def config_roots(kind: str, look: Look, types: Collection[str], key: str) -> tuple[list[str], list[CorruptFile]]:
+    """The dirs `key` names in the node's configs (config_dirs), each to be read as a root of its
+    own, and those refused: a dir that is, or holds, a dir the reaper reads for another reason
+    (`/`, the cache dir, ...) holds files that are not the plugin's alone."""
+    options = look.options
+    own = [os.path.normpath(d) for d in (options.cache_dir, options.conf_dir, *options.ipam_dirs)]
+    own += [os.path.normpath(d) for d in (*options.netns_dirs, *options.bin_dirs)]
+    dirs: list[str] = []
+    refused: list[CorruptFile] = []
+    for directory in config_dirs(look.configs, types, key):
+        if any(d == directory or d.startswith(directory.rstrip("/") + "/") for d in own):
+            refused.append(CorruptFile(kind, directory, f"a {key} that is or holds a dir the reaper reads; not read"))
+        else:
+            dirs.append(directory)
+    return dirs, refused
+
+
+def parse_content(fmt: ScratchFormat[C], data: bytes) -> tuple[C | None, str | None]:
+    """(content, None), or (None, why it is not what the plugin writes)."""
+    if not data.strip():
+        return None, "empty file"
+    try:
+        return fmt.parse(data), None
+    except ValueError as err:
+        return None, str(err)[:200]
+
+
+def _read(
+    fmt: ScratchFormat[C], dir_fd: int, name: str, path: str, root: str, lst: os.stat_result
+) -> ScratchFile[C] | CorruptFile:
+    if not is_cni_id(name):
+        return CorruptFile(fmt.kind, path, "file name is not a container ID")
+    if stat.S_ISLNK(lst.st_mode):
+        return CorruptFile(fmt.kind, path, "symlink, not followed")
+    if not stat.S_ISREG(lst.st_mode):  # not even opened: a device's open can do things
+        return CorruptFile(fmt.kind, path, "not a regular file")
+    try:
+        data, st = read_at(dir_fd, name, fmt.limit)
+    except OSError as err:
+        return CorruptFile(fmt.kind, path, describe_oserror(err))
+    except UnfitFile as err:
+        return CorruptFile(fmt.kind, path, str(err))
+    parsed = parse_content(fmt, data)
+    return ScratchFile(name, path, root, st.st_mtime, stamp_of(st), *parsed)
+
+
+def collect(
+    fmt: ScratchFormat[C], dirs: Iterable[tuple[str, str]], memo: FileMemo[object] | None = None
+) -> tuple[list[ScratchFile[C]], list[CorruptFile]]:
+    """Every file in each (root, directory), the directory reached beneath its root; each
+    directory is read once however many times it is named."""
+    memo = memo if memo is not None else FileMemo()
+    files: list[ScratchFile[C]] = []
+    lister = DirLister(fmt.kind)
+    corrupt = lister.corrupt
+    for root, directory in dirs:
+        for dir_fd, entry in lister.scan(root, directory):
+            path = os.path.join(directory, entry.name)
+            try:
+                lst = entry.stat(follow_symlinks=False)
+            except OSError as err:
+                corrupt.append(CorruptFile(fmt.kind, path, describe_oserror(err)))
+                continue
+            if stat.S_ISDIR(lst.st_mode):  # multus' results/, and nothing of the plugin's
+                continue
+            known = memo.get(path, lst)
+            found: ScratchFile[C] | CorruptFile
+            if isinstance(known, CorruptFile) or (isinstance(known, ScratchFile) and known.root == root):
+                found, fresh = known, False
+            else:
+                found, fresh = _read(fmt, dir_fd, entry.name, path, root, lst), True
+            if isinstance(found, CorruptFile):
+                if corrupt.append(found) and fresh:
+                    memo.put(path, lst, found)  # only what is listed: junk costs no memory
+                continue
+            if fresh:
+                memo.put(path, lst, found)
+            files.append(found)
+    return files, list(corrupt.records())
+
+
+def _remove(fmt: ScratchFormat[C], file: ScratchFile[C], quarantine: Quarantine | None) -> Done:
+    try:
+        data, st = read_beneath(file.root, file.path, fmt.limit)
+    except FileNotFoundError:
+        return Done.freed()
+    except (OSError, UnfitFile) as err:
+        return Done.left(f"cannot re-read: {err}")
+    if stamp_of(st) != file.stamp:
+        return Done.left("replaced or written since it was judged; left alone")
+    if parse_content(fmt, data) != (file.content, file.corrupt):
+        return Done.left("now says something else than when it was judged; left alone")
+    return remove_or_quarantine(file.root, file.path, st, quarantine)
+
+
+def reclaim(
+    fmt: ScratchFormat[C], files: Sequence[ScratchFile[C]], quarantine: Quarantine | None
+) -> dict[Identity, Done]:
+    """Remove (or quarantine) each file that is still the one judged."""
+    return {(fmt.kind, file.path): _remove(fmt, file, quarantine) for file in files}
