@@ -58,7 +58,9 @@ def test_running_podman_containers_keep_everything_and_a_dead_ones_leftovers_go(
         attachment = got[(cid, NETWORK, "eth0")]
         assert attachment["verdict"] == "live" and attachment["owner"] == "other", attachment
         assert "inside its netns" in attachment["reason"]
-        assert sorted(r["kind"] for r in attachment["resources"]) == ["cache", "ipam", "iptables", "netns", "veth"]
+        # podman's network runs the firewall plugin too: its two CNI-FORWARD rules are the pod's.
+        kinds = sorted(r["kind"] for r in attachment["resources"])
+        assert kinds == ["cache", "firewall", "firewall", "ipam", "iptables", "netns", "veth"], kinds
         assert answers(lab, ips[name]), f"podman container {name} no longer answers"
     leftover = got[(dead, NETWORK, "eth0")]
     assert leftover["verdict"] == "orphan" and leftover["owner"] == "other"
