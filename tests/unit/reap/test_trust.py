@@ -97,3 +97,12 @@ def test_a_hostile_config_shape_is_refused_not_raised() -> None:
     for raw in (b"[" * 5000, b'{"name": "net1", "plugins": [1]}', b"\xff", b'{"name": "net1", "type": "x", "a": {}}'):
         why = cached_config_refusal(_attachment("cache", "ipam"), raw, {"ips": "x", "interfaces": [1]}, _trust())
         assert why is not None
+
+
+def test_files_written_beside_the_cache_entry_corroborate_nothing() -> None:
+    """Flannel's and multus' files sit in the cache dir too: whoever forged the entry could
+    forge them."""
+    raw = json.dumps(OWN).encode()
+    why = cached_config_refusal(_attachment("cache", "flannel", "multus"), raw, None, _trust())
+    assert why is not None and "nothing on the node" in why
+    assert cached_config_refusal(_attachment("cache", "flannel", "veth"), raw, None, _trust()) is None
