@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -286,8 +287,9 @@ def test_each_rule_is_deleted_as_a_fresh_save_still_shows_it(monkeypatch: pytest
     assert restored == [(firewall.identity(from_pod), [f"-D {from_pod.spec}"] * 2)]
 
 
-def test_a_rule_stays_while_its_address_is_still_leased(monkeypatch: pytest.MonkeyPatch) -> None:
-    held = lease(1)
+def test_a_rule_stays_while_its_address_is_still_leased(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    held = replace(lease(1), path=str(tmp_path / "10.0.0.3"))
+    Path(held.path).write_text(held.container_id)
     rules = with_owners(_rules(held.ip), [held], [])
     now = _filter(*(r.rule for r in rules))
     unfreed: list[dict[Identity, Done]] = [{}, {("ipam", held.path): Done.left("lock busy")}]
@@ -303,4 +305,8 @@ def test_a_rule_stays_while_its_address_is_still_leased(monkeypatch: pytest.Monk
     assert restored == [] and not any(d.ok for d in result.values())
     # No lease holds it any more (DEL released it): the rules go.
     result, restored = _reclaim(monkeypatch, with_owners(_rules(held.ip), [], []), now, {})
+    assert all(d.ok for d in result.values()) and len(restored) == 2
+    # The lease the look judged is gone from its path (the plugins' DEL released it): they go.
+    Path(held.path).unlink()
+    result, restored = _reclaim(monkeypatch, rules, now, {})
     assert all(d.ok for d in result.values()) and len(restored) == 2
