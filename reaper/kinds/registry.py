@@ -21,10 +21,12 @@ from reaper.kinds import (
     netns,
     nftables,
     reclaim_order,
+    tuning,
     veth,
 )
 
 KINDS: tuple[Kind[Any], ...] = (
+    tuning.KIND,  # not last: its DEL needs the netns, and without one the file serves none
     flannel.KIND,  # last, like the cache entry, but before it: the cache entry stays the very last
     multus.KIND,  # the same
     cache.KIND,

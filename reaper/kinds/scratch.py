@@ -1,5 +1,6 @@
-"""Files a plugin keeps for each container it attached, named by the container ID alone:
-`<dir>/<container ID>` (flannel's delegate config, multus' delegate list).
+"""Files a plugin keeps for each container it attached, named by the container ID:
+`<dir>/<container ID>` (flannel's delegate config, multus' delegate list), or a name the
+container ID is part of (tuning's `<container ID>_<ifname>.json`: see ScratchFormat.owner).
 
 Not a kind: what the kinds that read such files share. A file is found beneath its root, read
 without following a symlink or blocking on a FIFO, and bounded in size. Its name is the
@@ -42,15 +43,22 @@ def stamp_of(st: os.stat_result) -> Stamp:
 
 @dataclass(frozen=True)
 class ScratchFile(Generic[C]):
-    """One `<dir>/<container ID>` file of a plugin's."""
+    """One per-container file of a plugin's (`<dir>/<container ID>`, by default)."""
 
-    container_id: str  # its name
+    container_id: str  # the container ID its name carries (the whole name, by default)
     path: str
     root: str  # the root it was found beneath, and every later access is confined to
     mtime: float
     stamp: Stamp  # the file as it was read: only that file is ever removed
     content: C | None  # what it says; None when it is not what the plugin writes
     corrupt: str | None = None  # why it is not
+
+
+def whole_name(name: str) -> str:
+    """The container ID a file named by it alone carries; ValueError when the name is none."""
+    if not is_cni_id(name):
+        raise ValueError("file name is not a container ID")
+    return name
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,9 @@ class ScratchFormat(Generic[C]):
     kind: str
     parse: Callable[[bytes], C]
     limit: int = MAX_SCRATCH_BYTES
+    # The container ID a file's name carries; ValueError (the reason) when it carries none,
+    # which makes the file a corrupt record, never a resource.
+    owner: Callable[[str], str] = whole_name
 
 
 def _is_dir_path(text: str) -> bool:
@@ -117,8 +128,10 @@ def parse_content(fmt: ScratchFormat[C], data: bytes) -> tuple[C | None, str | N
 def _read(
     fmt: ScratchFormat[C], dir_fd: int, name: str, path: str, root: str, lst: os.stat_result
 ) -> ScratchFile[C] | CorruptFile:
-    if not is_cni_id(name):
-        return CorruptFile(fmt.kind, path, "file name is not a container ID")
+    try:
+        container_id = fmt.owner(name)
+    except ValueError as err:
+        return CorruptFile(fmt.kind, path, str(err)[:200])
     if stat.S_ISLNK(lst.st_mode):
         return CorruptFile(fmt.kind, path, "symlink, not followed")
     if not stat.S_ISREG(lst.st_mode):  # not even opened: a device's open can do things
@@ -130,7 +143,7 @@ def _read(
     except UnfitFile as err:
         return CorruptFile(fmt.kind, path, str(err))
     parsed = parse_content(fmt, data)
-    return ScratchFile(name, path, root, st.st_mtime, stamp_of(st), *parsed)
+    return ScratchFile(container_id, path, root, st.st_mtime, stamp_of(st), *parsed)
 
 
 def collect(

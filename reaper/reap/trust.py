@@ -29,8 +29,9 @@ STEERING_KEYS = frozenset(
         "runDir", "stateDir", "path", "exec", "command",
     )
 )  # fmt: skip
-# Files in the cache dir beside the cache entry: whoever can forge the one can forge these.
-SAME_WRITER_KINDS = frozenset({"cache", "flannel", "multus"})
+# Files in the cache dir beside the cache entry, or in /run/cni: whoever can forge the one can
+# forge these.
+SAME_WRITER_KINDS = frozenset({"cache", "flannel", "multus", "tuning"})
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,8 @@ makes and removes under its state dir (container rootfs) are never held by this 
 {{- range $i, $p := $v.cniBinDirs }}
 {{- include "cni-reaper.addMount" (list $ (dict "name" (printf "cni-bin-%d" $i) "path" $p "type" "DirectoryOrCreate" "readOnly" true)) }}
 {{- end }}
+{{- /* The tuning plugin's backups of what it changed (reaper/kinds/tuning.py). */}}
+{{- include "cni-reaper.addMount" (list $ (dict "name" "cni-tuning" "path" "/run/cni/tuning" "type" "DirectoryOrCreate" "readOnly" $scan)) }}
 {{- /* What the preset's plugins need for their DEL (values.yaml: cniPreset). */}}
 {{- range $i, $p := (get (include "cni-reaper.presetPaths" . | fromYaml) "paths") }}
 {{- include "cni-reaper.addMount" (list $ (dict "name" (printf "preset-%d" $i) "path" $p "type" "DirectoryOrCreate" "readOnly" $scan)) }}
