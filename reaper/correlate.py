@@ -116,7 +116,9 @@ def _claim(claim: Claim, kind: Kind[Any], groups: _Groups, keyed: dict[str, dict
         found = keyed[kind.name].get(claim.key)
         return found if found is not None else f"its key {claim.key} is no attachment's on this node"
     cid = claim.container_id
-    if cid is None or not any(claim.network is None or k[1] == claim.network for k in groups.by_cid.get(cid, ())):
+    if cid is None:
+        return "it names no owner of its own (its details say why)"
+    if not any(claim.network is None or k[1] == claim.network for k in groups.by_cid.get(cid, ())):
         on = f" on {claim.network}" if claim.network else ""
         return f"container {str(cid)[:12]}{on} has no other resource on this node"
     return groups.primary(cid, claim.network)

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from reaper.kinds import FindOptions, Found, Kind, Look, ReclaimContext, cache, hostlocal
-from reaper.kinds.iptables import Family, SaveCollector, resaved, restore_each
+from reaper.kinds.iptables import Family, SaveCollector, resaved, restore_each, save_lines
 from reaper.model import CacheEntry, Claim, Done, HostLocalLease, Identity, ResourceRef
 
 TABLE = "filter"
@@ -47,9 +47,6 @@ _RULE = re.compile(
     r" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"
     r"|-s (?P<src>[0-9a-f.:]{2,39})/(?P<sbits>32|128) -j ACCEPT)"
 )
-# The rest of a quoted string, to its closing quote: iptables-save escapes `"`, `\` and `'`
-# inside one with a backslash, and prints every other byte as it is, a newline included.
-_QUOTED_REST = re.compile(r'(?:[^"\\]|\\.)*"')
 
 
 @dataclass(frozen=True)
@@ -82,25 +79,6 @@ def _canonical(text: str, family: Family) -> str | None:
     return text if socket.inet_ntop(_AF[family], packed) == text else None
 
 
-def _ends_quoted(line: str, quoted: bool) -> bool:
-    """Whether a quoted string is still open at the end of `line`, given whether one was at its
-    start. Outside quotes a backslash is a plain character."""
-    if not quoted and "\\" not in line:
-        return line.count('"') % 2 == 1  # no escapes: every other quote closes one
-    at = 0
-    while True:
-        if quoted:
-            rest = _QUOTED_REST.match(line, at)
-            if rest is None:
-                return True
-            at, quoted = rest.end(), False
-        else:
-            at = line.find('"', at) + 1
-            if at == 0:
-                return False
-            quoted = True
-
-
 def _rule_lines(text: str, family: Family) -> Iterator[tuple[str, str]]:
     """(line, address) of every copy of the plugin's rules in `iptables-save -t filter` output.
 
@@ -108,13 +86,7 @@ def _rule_lines(text: str, family: Family) -> Iterator[tuple[str, str]]:
     outside every quoted string. Only the `*filter` table's lines count.
     """
     table = ""
-    quoted = False
-    for line in text.split("\n"):
-        starts_quoted = quoted
-        if quoted or '"' in line:
-            quoted = _ends_quoted(line, quoted)
-        if starts_quoted:
-            continue
+    for line in save_lines(text):
         if line.startswith("*"):
             table = line[1:].strip()
             continue

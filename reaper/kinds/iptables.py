@@ -109,6 +109,42 @@ def _owner_in(line: str) -> tuple[str, str] | None:
     return None
 
 
+# The rest of a quoted string, to its closing quote: iptables-save escapes `"`, `\` and `'`
+# inside one with a backslash, and prints every other byte as it is, a newline included.
+_QUOTED_REST = re.compile(r'(?:[^"\\]|\\.)*"')
+
+
+def _ends_quoted(line: str, quoted: bool) -> bool:
+    """Whether a quoted string is still open at the end of `line`, given whether one was at its
+    start. Outside quotes a backslash is a plain character."""
+    if not quoted and "\\" not in line:
+        return line.count('"') % 2 == 1  # no escapes: every other quote closes one
+    at = 0
+    while True:
+        if quoted:
+            rest = _QUOTED_REST.match(line, at)
+            if rest is None:
+                return True
+            at, quoted = rest.end(), False
+        else:
+            at = line.find('"', at) + 1
+            if at == 0:
+                return False
+            quoted = True
+
+
+def save_lines(text: str) -> Iterator[str]:
+    """The lines of `iptables-save` output that start outside every quoted string: a comment
+    may hold a newline and anything after it, which is text, never a line of its own."""
+    quoted = False
+    for line in text.split("\n"):
+        starts_quoted = quoted
+        if quoted or '"' in line:
+            quoted = _ends_quoted(line, quoted)
+        if not starts_quoted:
+            yield line
+
+
 def parse_save(text: str, family: Family, backend: str = "default") -> list[IptablesChain]:
     """Per-attachment chains in the output of `iptables-save -t nat`.
 
@@ -119,7 +155,7 @@ def parse_save(text: str, family: Family, backend: str = "default") -> list[Ipta
     rules_of: dict[str, list[str]] = {}
     jumps_to: dict[str, list[str]] = {}
     table = "nat"
-    for line in text.splitlines():
+    for line in save_lines(text):
         if line.startswith("-A "):
             end = line.find(" ", 3)
             chain = line[3:end] if end > 0 else line[3:]

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reaper.kinds import ReclaimContext, firewall
+from reaper.kinds import ReclaimContext, firewall, iptables
 from reaper.kinds.firewall import ForwardRule, parse_filter_save, tie, with_owners
 from reaper.kinds.iptables import IptablesTools
 from reaper.model import Claim, Done, Identity
@@ -190,7 +190,7 @@ def _ends_quoted_by_hand(line: str, quoted: bool) -> bool:
 @FUZZ
 @given(st.text(alphabet='ab "\\', max_size=30), st.booleans())
 def test_where_a_quoted_string_ends(line: str, quoted: bool) -> None:
-    assert firewall._ends_quoted(line, quoted) == _ends_quoted_by_hand(line, quoted)
+    assert iptables._ends_quoted(line, quoted) == _ends_quoted_by_hand(line, quoted)
 
 
 # ------------------------------------------------------------------------------ the tie

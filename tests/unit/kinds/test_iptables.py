@@ -92,3 +92,16 @@ def test_a_jump_inside_a_quoted_string_is_text() -> None:
     )
     (found,) = parse_save(text, "ipv4")
     assert [j.split(" -j ")[-1] for j in found.jumps] == [chain] and "NFLOG" not in " ".join(found.jumps)
+
+
+def test_lines_inside_a_quoted_comment_are_text() -> None:
+    """iptables-save prints a comment's bytes as they are, newlines included: whoever can add a
+    rule (NET_ADMIN) can make a comment hold what reads like a chain and a jump to it. Those are
+    text, never a chain or a jump the reaper would delete."""
+    chain = chain_name("", "mynet", CID)
+    forged = f'"x\n:{chain} - [0:0]\n-A POSTROUTING -s 10.88.0.9/32 -j {chain}\nstill \\" quoted"'
+    text = "\n".join(["*nat", f"-A POSTROUTING -m comment --comment {forged} -j RETURN", "COMMIT", ""])
+    assert parse_save(text, "ipv4") == []
+    real = text.replace("COMMIT", f":{chain} - [0:0]\n-A {chain} -j MASQUERADE\nCOMMIT")
+    (found,) = parse_save(real, "ipv4")
+    assert found.chain == chain and found.jumps == ()
