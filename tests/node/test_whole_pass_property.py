@@ -90,7 +90,6 @@ from reaper.model import (
     SourceError,
 )
 from reaper.names import compile_netns_patterns
-from reaper.reap.act import Reclaimer
 from reaper.reap.run import reap_pass
 from reaper.reconcile import reconcile
 from reaper.runtime.static import StaticLiveness
@@ -98,6 +97,7 @@ from reaper.settings import ReapSettings, Settings
 from tests.harness import snapshots
 from tests.harness.configs import cache_doc, conflist
 from tests.harness.lab.kernel import unmount_all_under
+from tests.harness.passes import bare_reclaimer
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_EXAMPLES = 100
@@ -974,17 +974,7 @@ def test_what_the_last_look_could_not_read_is_not_reported_freed(tmp_path: Path)
     request = DelRequest(DEAD, NET, "eth0", "", conflist(NET), "conf")
     up = RuntimeView("unix:///test.sock", "test", "1", True, None, ())
     (tmp_path / "bin").mkdir()
-    reclaimer = Reclaimer(
-        look=lambda: blind,
-        netns_dirs=(),
-        bin_dirs=(str(tmp_path / "bin"),),
-        live_netns=frozenset(),
-        plugin_timeout=5.0,
-        quarantine=None,
-        log=LOG,
-        stop=threading.Event(),
-        observe=lambda: up,
-    )
+    reclaimer = bare_reclaimer(lambda: blind, lambda: up, (str(tmp_path / "bin"),), plugin_timeout=5.0)
     (outcome,), _ = reclaimer.run([orphan], {orphan.key: request})
     assert not outcome.ok or not os.path.exists(entry.path)
 

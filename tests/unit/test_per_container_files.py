@@ -3,9 +3,7 @@ its verdict, and is reclaimed after the rest of it (it is what a DEL of the plug
 
 from __future__ import annotations
 
-import logging
 import re
-import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,12 +13,11 @@ from reaper.kinds import FindOptions, Look, flannel, multus
 from reaper.kinds.flannel import FlannelDelegate, FlannelFile
 from reaper.kinds.hostlocal import collect_leases
 from reaper.kinds.registry import KINDS, QUARANTINABLE, RECLAIM_ORDER
-from reaper.model import AttachmentHistory, NodeSnapshot, ScanReport
-from reaper.reap.act import Reclaimer
+from reaper.model import NodeSnapshot, ScanReport
 from reaper.reap.plan import plan_attachment
-from reaper.reconcile import reconcile
+from tests.harness.passes import bare_reclaimer, confirmed, verdicts_and_kinds, with_records
 from tests.harness.plugin_files import FLANNEL_CONF, flannel_scratch, multus_pod_scratch
-from tests.harness.snapshots import NET, cache, cid, lease, pin, runtime, sandbox, snapshot
+from tests.harness.snapshots import NET, cache, cid, lease, pin, sandbox, snapshot
 from tests.unit.test_reconcile import NOW, OLD, POLICY
 
 
@@ -29,44 +26,33 @@ def _flannel(n: int, mtime: float = OLD) -> FlannelFile:
     return FlannelFile(cid(n), path, "/var/lib/cni", mtime, (1, n, 1, 1, 1), FlannelDelegate(NET, "bridge"))
 
 
-def _with(snap: NodeSnapshot, **more: tuple[Any, ...]) -> NodeSnapshot:
-    return replace(snap, resources={**snap.resources, **more})
-
-
 def _twice(snap: NodeSnapshot, *sandboxes: Any) -> ScanReport:
-    history: dict[str, AttachmentHistory] = {}
-    for _ in range(POLICY.confirmations):
-        report, history = reconcile(snap, runtime(*sandboxes), history, POLICY, NOW)
-    return report
-
-
-def _kinds(report: ScanReport) -> dict[str | None, tuple[str, list[str]]]:
-    return {a.key.container_id: (a.verdict, sorted(r.kind for r in a.resources)) for a in report.attachments}
+    return confirmed(snap, POLICY, NOW, *sandboxes)
 
 
 def test_a_dead_containers_flannel_file_joins_its_lease_and_pin() -> None:
     """The pin joins by the netns the cache entry names (the runtime lists the sandbox no more)."""
-    snap = _with(
+    snap = with_records(
         snapshot(pins=(pin(1, OLD),), leases=(lease(1, OLD),), caches=(cache(1, OLD),)), flannel=(_flannel(1),)
     )
     report = _twice(snap)
-    assert _kinds(report) == {cid(1): ("orphan", ["cache", "flannel", "ipam", "netns"])}
+    assert verdicts_and_kinds(report) == {cid(1): ("orphan", ["cache", "flannel", "ipam", "netns"])}
     (attachment,) = report.attachments
     assert (attachment.key.network, attachment.key.ifname) == (NET, "eth0")
 
 
 def test_a_live_containers_file_is_live() -> None:
-    snap = _with(snapshot(pins=(pin(1, OLD),), leases=(lease(1, OLD),)), flannel=(_flannel(1), _flannel(2)))
+    snap = with_records(snapshot(pins=(pin(1, OLD),), leases=(lease(1, OLD),)), flannel=(_flannel(1), _flannel(2)))
     report = _twice(snap, sandbox(1), sandbox(2, with_netns=False))
-    assert _kinds(report) == {cid(1): ("live", ["flannel", "ipam", "netns"]), cid(2): ("live", ["flannel"])}
+    assert verdicts_and_kinds(report) == {cid(1): ("live", ["flannel", "ipam", "netns"]), cid(2): ("live", ["flannel"])}
 
 
 def test_a_lone_file_of_a_dead_container_is_an_attachment_of_its_own() -> None:
-    report = _twice(_with(snapshot(), flannel=(_flannel(3),)))
+    report = _twice(with_records(snapshot(), flannel=(_flannel(3),)))
     (attachment,) = report.attachments
     assert (attachment.key.container_id, attachment.key.network, attachment.key.ifname) == (cid(3), None, None)
     assert attachment.verdict == "orphan"
-    young = _twice(_with(snapshot(), flannel=(_flannel(3, NOW - 30),)))
+    young = _twice(with_records(snapshot(), flannel=(_flannel(3, NOW - 30),)))
     assert young.attachments[0].verdict == "pending", "flannel writes it before its delegate runs"
 
 
@@ -75,24 +61,10 @@ def test_the_files_are_reclaimed_after_the_rest_and_before_the_cache_entry() -> 
     assert order.index("flannel") > max(order.index(k) for k in ("netns", "veth", "ipam", "iptables", "nft"))
     assert order[-3:] == ["flannel", "multus", "cache"]
     assert {"flannel", "multus"} <= QUARANTINABLE and all(k.last for k in KINDS if k.name in ("flannel", "multus"))
-    snap = _with(snapshot(leases=(lease(1, OLD),)), flannel=(_flannel(1),))
+    snap = with_records(snapshot(leases=(lease(1, OLD),)), flannel=(_flannel(1),))
     (attachment,) = _twice(snap).attachments
     steps = plan_attachment(attachment, None, None, quarantine=True).steps
     assert {(s.kind, s.method) for s in steps} == {("flannel", "quarantine"), ("ipam", "quarantine")}
-
-
-def _reclaimer() -> Reclaimer:
-    return Reclaimer(
-        look=snapshot,
-        netns_dirs=(),
-        bin_dirs=(),
-        live_netns=frozenset(),
-        plugin_timeout=1.0,
-        quarantine=None,
-        log=logging.getLogger("test"),
-        stop=threading.Event(),
-        observe=runtime,
-    )
 
 
 def _node(tmp_path: Path) -> tuple[NodeSnapshot, Path, list[Path]]:
@@ -109,7 +81,7 @@ def _node(tmp_path: Path) -> tuple[NodeSnapshot, Path, list[Path]]:
     options = FindOptions((), (), str(tmp_path / "cni"), str(tmp_path / "none"), (), (re.compile("x"),))
     look = Look(options, InventoryMemo(), (), {}, {})
     leases, _ = collect_leases([str(tmp_path / "ipam")])
-    snap = _with(
+    snap = with_records(
         snapshot(leases=tuple(replace(x, mtime=OLD) for x in leases)),
         flannel=flannel.find(look).records,
         multus=multus.find(look).records,
@@ -125,7 +97,7 @@ def test_the_files_go_once_the_rest_of_the_attachment_is_gone(tmp_path: Path) ->
     snap, lease_file, files = _node(tmp_path)
     (attachment,) = _twice(snap).attachments
     assert sorted(r.kind for r in attachment.resources) == ["flannel", "ipam", "multus"]
-    done = _reclaimer()._kernel([attachment], _present(snap), {}, _present(snap))
+    done = bare_reclaimer()._kernel([attachment], _present(snap), {}, _present(snap))
     assert len(done) == 3 and all(d.ok for d in done.values())
     assert not lease_file.exists() and not any(f.exists() for f in files)
 
@@ -135,7 +107,7 @@ def test_the_files_stay_while_the_rest_of_the_attachment_does(tmp_path: Path) ->
     snap, lease_file, files = _node(tmp_path)
     (attachment,) = _twice(snap).attachments
     lease_file.write_bytes(f"{cid(9)}\r\neth0".encode())
-    done = _reclaimer()._kernel([attachment], _present(snap), {}, _present(snap))
+    done = bare_reclaimer()._kernel([attachment], _present(snap), {}, _present(snap))
     kept = {key[0]: d for key, d in done.items()}
     assert not kept["ipam"].ok and "another container" in str(kept["ipam"].error)
     for kind in ("flannel", "multus"):

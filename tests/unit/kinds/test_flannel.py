@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from pathlib import Path
 
@@ -15,42 +14,26 @@ from hypothesis import strategies as st
 
 from reaper.host.memo import InventoryMemo
 from reaper.host.quarantine import Quarantine
-from reaper.kinds import FindOptions, Look, ReclaimContext, cache, flannel
+from reaper.kinds import ReclaimContext, cache, flannel
 from reaper.kinds.flannel import FlannelDelegate, FlannelFile, parse_delegate
-from reaper.kinds.netconf import parse_network_config
 from reaper.model import ContainerTie, NetworkConfig
 from reaper.names import PLUGIN_TYPE, is_cni_id
 from reaper.snapshot import take_snapshot
 from tests.harness.configs import cache_doc
 from tests.harness.fuzz import FUZZ, json_values
+from tests.harness.passes import look_at, node_config, options_at, write_private
 from tests.harness.plugin_files import FLANNEL_CONF, flannel_scratch
 
 CID = "f" * 64  # a sandbox ID as containerd and CRI-O make them
 OTHER = "e" * 64
 
 
-def _options(cache_dir: Path) -> FindOptions:
-    return FindOptions((), (), str(cache_dir), str(cache_dir / "no-conf-dir"), (), (re.compile("x"),))
-
-
-def _look(cache_dir: Path, *configs: NetworkConfig, memo: InventoryMemo | None = None) -> Look:
-    return Look(_options(cache_dir), memo or InventoryMemo(), configs, {}, {})
-
-
 def _conf(*plugins: dict[str, object], name: str = "cbr0") -> NetworkConfig:
-    raw = json.dumps({"cniVersion": "1.0.0", "name": name, "plugins": list(plugins)}).encode()
-    return parse_network_config(raw, f"/etc/cni/net.d/10-{name}.conflist")
-
-
-def _write(directory: Path, name: str, data: bytes) -> Path:
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = directory / name
-    path.write_bytes(data)
-    return path
+    return node_config(*plugins, name=name)
 
 
 def _found(cache_dir: Path, *configs: NetworkConfig) -> tuple[dict[str, FlannelFile], dict[str, str]]:
-    found = flannel.find(_look(cache_dir, *configs))
+    found = flannel.find(look_at(cache_dir, *configs))
     return {f.container_id: f for f in found.records}, {c.path: c.error for c in found.corrupt}
 
 
@@ -95,10 +78,10 @@ def test_the_parser_takes_any_bytes(data: bytes) -> None:
 
 def test_found_in_the_default_dir_and_in_each_flannel_data_dir_of_the_conf_dir(tmp_path: Path) -> None:
     cni = tmp_path / "cni"
-    default = _write(cni / "flannel", CID, flannel_scratch(FLANNEL_CONF))
+    default = write_private(cni / "flannel", CID, flannel_scratch(FLANNEL_CONF))
     custom_dir = tmp_path / "custom"
-    custom = _write(custom_dir, OTHER, flannel_scratch({**FLANNEL_CONF, "name": "flannel-b"}))
-    _write(tmp_path / "bridge-data", "a" * 64, flannel_scratch(FLANNEL_CONF))
+    custom = write_private(custom_dir, OTHER, flannel_scratch({**FLANNEL_CONF, "name": "flannel-b"}))
+    write_private(tmp_path / "bridge-data", "a" * 64, flannel_scratch(FLANNEL_CONF))
     configs = (
         _conf({"type": "flannel", "dataDir": f"/{custom_dir}/"}),  # cleaned as Go's filepath.Join does
         _conf({"type": "bridge", "dataDir": str(tmp_path / "bridge-data")}, name="other"),  # not flannel's
@@ -121,12 +104,12 @@ def test_a_data_dir_only_a_cached_config_names_is_never_read(tmp_path: Path) -> 
     names nothing the reaper reads (only the node's own conf dir does)."""
     cni = tmp_path / "cni"
     planted = tmp_path / "planted"
-    _write(planted, CID, flannel_scratch(FLANNEL_CONF))
-    _write(cni / "flannel", OTHER, flannel_scratch(FLANNEL_CONF))
+    write_private(planted, CID, flannel_scratch(FLANNEL_CONF))
+    write_private(cni / "flannel", OTHER, flannel_scratch(FLANNEL_CONF))
     conflist = {"cniVersion": "1.0.0", "name": "cbr0", "plugins": [{"type": "flannel", "dataDir": str(planted)}]}
     entry = cache_doc(CID, "cbr0", config=conflist)
-    _write(cni / "results", f"cbr0-{CID}-eth0", json.dumps(entry).encode())
-    taken = take_snapshot(_options(cni), kinds=(cache.KIND, flannel.KIND))
+    write_private(cni / "results", f"cbr0-{CID}-eth0", json.dumps(entry).encode())
+    taken = take_snapshot(options_at(cni), kinds=(cache.KIND, flannel.KIND))
     assert [c.name for c in taken.configs] == ["cbr0"], "the cached config was read"
     assert [f.container_id for f in taken.of("flannel")] == [OTHER]
 
@@ -145,7 +128,7 @@ def test_files_flannel_could_not_have_written_are_still_their_containers(tmp_pat
         "8" * 64: b'{"name":"a b","type":"bridge"}',
     }
     for name, data in bad.items():
-        _write(tmp_path / "flannel", name, data)
+        write_private(tmp_path / "flannel", name, data)
     files, corrupt = _found(tmp_path)
     assert corrupt == {} and set(files) == set(bad)
     reasons = {name[0]: f.corrupt for name, f in files.items()}
@@ -159,14 +142,14 @@ def test_files_flannel_could_not_have_written_are_still_their_containers(tmp_pat
 
 def test_entries_that_are_no_containers_file_are_corrupt_never_records(tmp_path: Path) -> None:
     data_dir = tmp_path / "flannel"
-    _write(data_dir, "not an id", flannel_scratch(FLANNEL_CONF))
-    _write(data_dir, ".hidden", flannel_scratch(FLANNEL_CONF))
+    write_private(data_dir, "not an id", flannel_scratch(FLANNEL_CONF))
+    write_private(data_dir, ".hidden", flannel_scratch(FLANNEL_CONF))
     fd = os.open(os.fsencode(data_dir) + b"/\xff\xfe" + b"a" * 10, os.O_CREAT | os.O_WRONLY, 0o600)
     os.close(fd)
-    victim = _write(tmp_path / "victim", "secret", flannel_scratch(FLANNEL_CONF))
+    victim = write_private(tmp_path / "victim", "secret", flannel_scratch(FLANNEL_CONF))
     (data_dir / ("1" * 64)).symlink_to(victim)
     os.mkfifo(data_dir / ("2" * 64))
-    _write(data_dir, "3" * 64, b" " * (5 << 20))
+    write_private(data_dir, "3" * 64, b" " * (5 << 20))
     (data_dir / ("4" * 64)).mkdir()  # nothing flannel makes: passed over
     started = time.monotonic()
     files, corrupt = _found(tmp_path)
@@ -183,7 +166,7 @@ def test_entries_that_are_no_containers_file_are_corrupt_never_records(tmp_path:
 
 def test_a_symlinked_data_dir_is_never_followed(tmp_path: Path) -> None:
     victim = tmp_path / "victim"
-    _write(victim, CID, flannel_scratch(FLANNEL_CONF))
+    write_private(victim, CID, flannel_scratch(FLANNEL_CONF))
     cni = tmp_path / "cni"
     cni.mkdir()
     (cni / "flannel").symlink_to(victim)  # the default dir, beneath the cache dir
@@ -197,7 +180,7 @@ def test_a_symlinked_data_dir_is_never_followed(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("data_dir", ["relative/dir", "/a\u0000b", "/a\ud800b", "", "/" + "x" * 5000])
 def test_a_data_dir_no_path_can_be_is_passed_over(tmp_path: Path, data_dir: str) -> None:
-    _write(tmp_path / "flannel", CID, flannel_scratch(FLANNEL_CONF))
+    write_private(tmp_path / "flannel", CID, flannel_scratch(FLANNEL_CONF))
     files, corrupt = _found(tmp_path, _conf({"type": "flannel", "dataDir": data_dir}))
     assert set(files) == {CID} and corrupt == {}
 
@@ -206,8 +189,8 @@ def test_a_data_dir_that_is_or_holds_a_dir_the_reaper_reads_is_not_read(tmp_path
     """Files beside the reaper's own roots are not flannel's alone: a config saying `/` (or the
     cache dir, or its parent) must not make every file there named like an ID a flannel file."""
     cni = tmp_path / "cni"
-    _write(cni, CID, b"not flannel's")
-    _write(tmp_path, OTHER, b"not flannel's either")
+    write_private(cni, CID, b"not flannel's")
+    write_private(tmp_path, OTHER, b"not flannel's either")
     configs = [_conf({"type": "flannel", "dataDir": d}) for d in ("/", str(cni), f"{tmp_path}/")]
     files, corrupt = _found(cni, *configs)
     assert files == {}
@@ -216,11 +199,11 @@ def test_a_data_dir_that_is_or_holds_a_dir_the_reaper_reads_is_not_read(tmp_path
 
 
 def test_an_unchanged_file_is_not_read_again(tmp_path: Path) -> None:
-    _write(tmp_path / "flannel", CID, flannel_scratch(FLANNEL_CONF))
+    write_private(tmp_path / "flannel", CID, flannel_scratch(FLANNEL_CONF))
     memo = InventoryMemo()
-    (first,) = flannel.find(_look(tmp_path, memo=memo)).records
+    (first,) = flannel.find(look_at(tmp_path, memo=memo)).records
     memo.end_pass()
-    (again,) = flannel.find(_look(tmp_path, memo=memo)).records
+    (again,) = flannel.find(look_at(tmp_path, memo=memo)).records
     assert again is first
 
 
@@ -232,13 +215,13 @@ def _ctx(quarantine: Quarantine | None = None) -> ReclaimContext:
 
 
 def _judged(cni: Path) -> dict[str, FlannelFile]:
-    return {f.container_id: f for f in flannel.find(_look(cni)).records}
+    return {f.container_id: f for f in flannel.find(look_at(cni)).records}
 
 
 def test_reclaim_removes_the_file_that_was_judged(tmp_path: Path) -> None:
     data_dir = tmp_path / "flannel"
-    kept = _write(data_dir, CID, flannel_scratch(FLANNEL_CONF))
-    empty = _write(data_dir, OTHER, b"")
+    kept = write_private(data_dir, CID, flannel_scratch(FLANNEL_CONF))
+    empty = write_private(data_dir, OTHER, b"")
     judged = _judged(tmp_path)
     done = flannel.reclaim(list(judged.values()), _ctx())
     assert all(d.ok for d in done.values()) and set(done) == {("flannel", str(kept)), ("flannel", str(empty))}
@@ -251,8 +234,8 @@ def test_reclaim_leaves_a_file_replaced_or_rewritten_since_it_was_judged(tmp_pat
     data_dir = tmp_path / "flannel"
     names = ["1" * 64, "2" * 64, "3" * 64]
     for name in names:
-        _write(data_dir, name, flannel_scratch(FLANNEL_CONF))
-    other = _write(data_dir, OTHER, flannel_scratch({**FLANNEL_CONF, "name": "flannel-b"}))
+        write_private(data_dir, name, flannel_scratch(FLANNEL_CONF))
+    other = write_private(data_dir, OTHER, flannel_scratch({**FLANNEL_CONF, "name": "flannel-b"}))
     judged = _judged(tmp_path)
     replaced, rewritten, renamed_over = (data_dir / n for n in names)
     # Another container's file renamed over it (a new inode, what the name now stands for).
@@ -273,7 +256,7 @@ def test_reclaim_leaves_a_file_replaced_or_rewritten_since_it_was_judged(tmp_pat
 
 def test_reclaim_never_follows_a_data_dir_made_a_symlink_since(tmp_path: Path) -> None:
     data_dir = tmp_path / "flannel"
-    _write(data_dir, CID, flannel_scratch(FLANNEL_CONF))
+    write_private(data_dir, CID, flannel_scratch(FLANNEL_CONF))
     judged = _judged(tmp_path)[CID]
     victim = tmp_path / "victim"
     data_dir.rename(victim)
@@ -285,7 +268,7 @@ def test_reclaim_never_follows_a_data_dir_made_a_symlink_since(tmp_path: Path) -
 
 def test_reclaim_with_a_quarantine_moves_the_file(tmp_path: Path) -> None:
     data = flannel_scratch(FLANNEL_CONF)
-    path = _write(tmp_path / "cni" / "flannel", CID, data)
+    path = write_private(tmp_path / "cni" / "flannel", CID, data)
     judged = _judged(tmp_path / "cni")[CID]
     quarantine = Quarantine(str(tmp_path / "quarantine"))
     (result,) = flannel.reclaim([judged], _ctx(quarantine)).values()

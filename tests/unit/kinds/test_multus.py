@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reaper.host.memo import InventoryMemo
 from reaper.host.quarantine import Quarantine
-from reaper.kinds import FindOptions, Look, ReclaimContext, cache, multus
+from reaper.kinds import ReclaimContext, cache, multus
 from reaper.kinds.multus import MultusDelegates, MultusFile, parse_delegates
 from reaper.kinds.netconf import parse_network_config
 from reaper.model import ContainerTie, NetworkConfig, OwnKey
 from tests.harness.configs import cache_doc
 from tests.harness.fuzz import FUZZ, json_values
+from tests.harness.passes import look_at, write_private
 from tests.harness.plugin_files import (
     CLUSTER_CONFLIST,
     MACVLAN_CONFIG,
@@ -33,29 +32,14 @@ OTHER = "c" * 64
 POD = MultusDelegates(2, ("cbr0", "default/macvlan-conf"))
 
 
-def _options(cache_dir: Path) -> FindOptions:
-    return FindOptions((), (), str(cache_dir), str(cache_dir / "no-conf-dir"), (), (re.compile("x"),))
-
-
-def _look(cache_dir: Path, *configs: NetworkConfig) -> Look:
-    return Look(_options(cache_dir), InventoryMemo(), configs, {}, {})
-
-
 def _multus_conf(**more: object) -> NetworkConfig:
     """The thin plugin's 00-multus.conf (multus-cni docs/configuration.md), with `more`."""
     doc = {"cniVersion": "0.3.1", "name": "multus-cni-network", "type": "multus", "clusterNetwork": "cbr0", **more}
     return parse_network_config(json.dumps(doc).encode(), "/etc/cni/net.d/00-multus.conf")
 
 
-def _write(directory: Path, name: str, data: bytes) -> Path:
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = directory / name
-    path.write_bytes(data)
-    return path
-
-
 def _found(cache_dir: Path, *configs: NetworkConfig) -> tuple[dict[str, MultusFile], dict[str, str]]:
-    found = multus.find(_look(cache_dir, *configs))
+    found = multus.find(look_at(cache_dir, *configs))
     return {f.container_id: f for f in found.records}, {c.path: c.error for c in found.corrupt}
 
 
@@ -102,10 +86,10 @@ def test_the_parser_takes_any_bytes(data: bytes) -> None:
 
 def test_found_in_the_default_dir_and_each_cni_dir_of_the_conf_dir(tmp_path: Path) -> None:
     cni = tmp_path / "cni"
-    default = _write(cni / "multus", CID, multus_pod_scratch())
+    default = write_private(cni / "multus", CID, multus_pod_scratch())
     (cni / "multus" / "results").mkdir()  # the delegates' cache: passed over, not corrupt
     custom_dir = tmp_path / "multus-custom"
-    custom = _write(custom_dir, OTHER, multus_pod_scratch(v3=True))
+    custom = write_private(custom_dir, OTHER, multus_pod_scratch(v3=True))
     files, corrupt = _found(cni, _multus_conf(cniDir=str(custom_dir)))
     assert corrupt == {} and set(files) == {CID, OTHER}
     one, two = files[CID], files[OTHER]
@@ -119,7 +103,7 @@ def test_found_in_the_default_dir_and_each_cni_dir_of_the_conf_dir(tmp_path: Pat
 
 def test_the_thick_plugins_shim_config_names_the_daemons_cni_dir(tmp_path: Path) -> None:
     custom_dir = tmp_path / "multus-thick"
-    _write(custom_dir, CID, multus_pod_scratch())
+    write_private(custom_dir, CID, multus_pod_scratch())
     shim = {"cniVersion": "0.3.1", "name": "multus-cni-network", "type": "multus-shim", "cniDir": str(custom_dir)}
     config = parse_network_config(json.dumps(shim).encode(), "/etc/cni/net.d/00-multus.conf")
     files, _ = _found(tmp_path / "cni", config)
@@ -128,11 +112,11 @@ def test_the_thick_plugins_shim_config_names_the_daemons_cni_dir(tmp_path: Path)
 
 def test_a_cni_dir_only_a_cached_config_names_is_never_read(tmp_path: Path) -> None:
     planted = tmp_path / "planted"
-    _write(planted, CID, multus_pod_scratch())
+    write_private(planted, CID, multus_pod_scratch())
     cached = {"cniVersion": "0.3.1", "name": "multus-cni-network", "type": "multus", "cniDir": str(planted)}
     entry = cache_doc(CID, "multus-cni-network", config=cached)
-    _write(tmp_path / "cni" / "results", f"multus-cni-network-{CID}-eth0", json.dumps(entry).encode())
-    look = _look(tmp_path / "cni")
+    write_private(tmp_path / "cni" / "results", f"multus-cni-network-{CID}-eth0", json.dumps(entry).encode())
+    look = look_at(tmp_path / "cni")
     assert [c.name for c in cache.find(look).configs] == ["multus-cni-network"], "the cached config was read"
     assert multus.find(look).records == ()
 
@@ -149,12 +133,12 @@ def test_unreadable_and_hostile_files(tmp_path: Path) -> None:
         "7" * 64: b'{"Name":"cbr0"}',
     }
     for name, data in records.items():
-        _write(data_dir, name, data)
-    _write(data_dir, "not-an-id!", multus_pod_scratch())
-    _write(tmp_path / "victim", "x", multus_pod_scratch())
+        write_private(data_dir, name, data)
+    write_private(data_dir, "not-an-id!", multus_pod_scratch())
+    write_private(tmp_path / "victim", "x", multus_pod_scratch())
     (data_dir / ("8" * 64)).symlink_to(tmp_path / "victim" / "x")
     os.mkfifo(data_dir / ("9" * 64))
-    _write(data_dir, "a" * 64, b" " * (5 << 20))
+    write_private(data_dir, "a" * 64, b" " * (5 << 20))
     files, corrupt = _found(tmp_path)
     assert set(files) == set(records) and all(f.content is None and f.corrupt for f in files.values())
     assert files["1" * 64].corrupt == "empty file" and files["5" * 64].corrupt == "nested too deeply"
@@ -170,14 +154,16 @@ def test_unreadable_and_hostile_files(tmp_path: Path) -> None:
 
 def test_a_symlinked_multus_dir_is_never_followed(tmp_path: Path) -> None:
     victim = tmp_path / "victim"
-    _write(victim, CID, multus_pod_scratch())
-    _write(victim / "results", f"macvlan-conf-{CID}-net1", json.dumps(cache_doc(CID, "macvlan-conf", "net1")).encode())
+    write_private(victim, CID, multus_pod_scratch())
+    write_private(
+        victim / "results", f"macvlan-conf-{CID}-net1", json.dumps(cache_doc(CID, "macvlan-conf", "net1")).encode()
+    )
     cni = tmp_path / "cni"
     cni.mkdir()
     (cni / "multus").symlink_to(victim)
     files, corrupt = _found(cni)
     assert files == {} and list(corrupt) == [str(cni / "multus")]
-    inventory = cache.find(_look(cni))
+    inventory = cache.find(look_at(cni))
     assert inventory.records == () and [c.path for c in inventory.corrupt] == [str(cni / "multus" / "results")]
 
 
@@ -189,11 +175,11 @@ def test_the_delegates_results_are_cache_entries_judged_by_container_id(tmp_path
     `<cniDir>/results/<network>-<container ID>-<ifname>`, net1 the first secondary."""
     cni = tmp_path / "cni"
     results = cni / "multus" / "results"
-    _write(results, f"macvlan-conf-{CID}-net1", json.dumps(cache_doc(CID, "macvlan-conf", "net1")).encode())
-    _write(results, f"cbr0-{CID}-eth0", json.dumps(cache_doc(CID, "cbr0")).encode())
+    write_private(results, f"macvlan-conf-{CID}-net1", json.dumps(cache_doc(CID, "macvlan-conf", "net1")).encode())
+    write_private(results, f"cbr0-{CID}-eth0", json.dumps(cache_doc(CID, "cbr0")).encode())
     custom_dir = tmp_path / "multus-custom"
-    _write(custom_dir / "results", f"sriov-{OTHER}-net1", json.dumps(cache_doc(OTHER, "sriov", "net1")).encode())
-    found = cache.find(_look(cni, _multus_conf(cniDir=str(custom_dir))))
+    write_private(custom_dir / "results", f"sriov-{OTHER}-net1", json.dumps(cache_doc(OTHER, "sriov", "net1")).encode())
+    found = cache.find(look_at(cni, _multus_conf(cniDir=str(custom_dir))))
     assert found.corrupt == ()
     ties = {cache.tie(e) for e in found.records}
     assert ties == {OwnKey(CID, "macvlan-conf", "net1"), OwnKey(CID, "cbr0", "eth0"), OwnKey(OTHER, "sriov", "net1")}
@@ -206,11 +192,11 @@ def test_the_delegates_results_are_cache_entries_judged_by_container_id(tmp_path
 
 def test_a_corrupt_result_of_a_custom_cni_dir_is_named_beneath_that_dir(tmp_path: Path) -> None:
     custom_dir = tmp_path / "multus-custom"
-    path = _write(custom_dir / "results", f"sriov-{OTHER}-net1", b"")
+    path = write_private(custom_dir / "results", f"sriov-{OTHER}-net1", b"")
     conf = parse_network_config(
         json.dumps({"cniVersion": "1.0.0", "name": "sriov", "type": "sriov"}).encode(), "/etc/cni/net.d/sriov.conf"
     )
-    (entry,) = cache.find(_look(tmp_path / "cni", _multus_conf(cniDir=str(custom_dir)), conf)).records
+    (entry,) = cache.find(look_at(tmp_path / "cni", _multus_conf(cniDir=str(custom_dir)), conf)).records
     assert (entry.path, entry.cache_dir, entry.corrupt) == (str(path), str(custom_dir), "empty file")
 
 
@@ -223,9 +209,9 @@ def _ctx(quarantine: Quarantine | None = None) -> ReclaimContext:
 
 def test_reclaim_removes_the_judged_file_and_leaves_one_changed_since(tmp_path: Path) -> None:
     data_dir = tmp_path / "multus"
-    gone = _write(data_dir, CID, multus_pod_scratch())
-    changed = _write(data_dir, OTHER, multus_pod_scratch())
-    judged = {f.container_id: f for f in multus.find(_look(tmp_path)).records}
+    gone = write_private(data_dir, CID, multus_pod_scratch())
+    changed = write_private(data_dir, OTHER, multus_pod_scratch())
+    judged = {f.container_id: f for f in multus.find(look_at(tmp_path)).records}
     changed.write_bytes(multus_scratch([multus_delegate(CLUSTER_CONFLIST)]))
     done = multus.reclaim(list(judged.values()), _ctx())
     assert done[("multus", str(gone))].ok and not gone.exists()
@@ -234,8 +220,8 @@ def test_reclaim_removes_the_judged_file_and_leaves_one_changed_since(tmp_path: 
 
 
 def test_reclaim_into_the_quarantine(tmp_path: Path) -> None:
-    path = _write(tmp_path / "multus", CID, b"[]")  # judged corrupt, and still the same file
-    (judged,) = multus.find(_look(tmp_path)).records
+    path = write_private(tmp_path / "multus", CID, b"[]")  # judged corrupt, and still the same file
+    (judged,) = multus.find(look_at(tmp_path)).records
     quarantine = Quarantine(str(tmp_path / "q"))
     (result,) = multus.reclaim([judged], _ctx(quarantine)).values()
     assert result.ok and result.quarantined is not None and Path(result.quarantined).read_bytes() == b"[]"

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reaper.kinds.netconf import ConfigError, collect_configs, parse_network_config, plugin_list
+from reaper.kinds.netconf import MAX_CONFIG_BYTES, ConfigError, collect_configs, parse_network_config, plugin_list
 from reaper.names import is_cni_id
 from tests.harness.configs import conflist
 from tests.harness.fuzz import FUZZ, json_values
@@ -109,3 +110,23 @@ def test_flannels_range_comes_from_its_subnet_file(tmp_path: Path) -> None:
     subnet_env.unlink()
     (parsed,), _ = collect_configs(str(conf))
     assert parsed.ipam_ranges == (), "no subnet file yet: no range, and not corrupt"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "huge", "garbage", "symlink-to-dev-zero"])
+def test_a_hostile_subnet_file_gives_no_range_and_never_blocks(tmp_path: Path, kind: str) -> None:
+    subnet_env = tmp_path / "subnet.env"
+    if kind == "fifo":
+        os.mkfifo(subnet_env)
+    elif kind == "huge":
+        with subnet_env.open("wb") as f:
+            f.truncate(MAX_CONFIG_BYTES + 1)
+    elif kind == "garbage":
+        subnet_env.write_bytes(b"FLANNEL_SUBNET=not-a-cidr\n\xff\x00FLANNEL_SUBNET=\n" + b"=" * 1000)
+    else:
+        subnet_env.symlink_to("/dev/zero")
+    conf = tmp_path / "net.d"
+    conf.mkdir()
+    config = {"name": "cbr0", "cniVersion": "1.0.0", "plugins": [{"type": "flannel", "subnetFile": str(subnet_env)}]}
+    (conf / "10-flannel.conflist").write_text(json.dumps(config))
+    (parsed,), corrupt = collect_configs(str(conf))
+    assert corrupt == [] and parsed.ipam_ranges == ()

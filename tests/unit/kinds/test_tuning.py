@@ -4,10 +4,8 @@ names and contents, the compare before each one is removed, and the file in an a
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -21,18 +19,25 @@ from reaper.host.memo import InventoryMemo
 from reaper.host.quarantine import Quarantine
 from reaper.kinds import FindOptions, Look, ReclaimContext, cache, tuning
 from reaper.kinds.hostlocal import collect_leases
-from reaper.kinds.netconf import parse_network_config
 from reaper.kinds.registry import KINDS, QUARANTINABLE
 from reaper.kinds.tuning import TuningBackup, TuningFile, parse_backup, split_name
-from reaper.model import AttachmentHistory, ContainerTie, NetworkConfig, NodeSnapshot, ScanReport
+from reaper.model import ContainerTie, NetworkConfig, NodeSnapshot, ScanReport
 from reaper.names import is_cni_id, is_ifname
-from reaper.reap.act import Reclaimer
 from reaper.reap.plan import plan_attachment
-from reaper.reconcile import reconcile
 from reaper.snapshot import take_snapshot
 from tests.harness.configs import cache_doc
 from tests.harness.fuzz import FUZZ, json_values
-from tests.harness.snapshots import NET, cid, lease, pin, runtime, sandbox, snapshot
+from tests.harness.passes import (
+    bare_reclaimer,
+    confirmed,
+    look_at,
+    node_config,
+    options_at,
+    verdicts_and_kinds,
+    with_records,
+    write_private,
+)
+from tests.harness.snapshots import NET, cid, lease, pin, sandbox, snapshot
 from tests.unit.test_reconcile import NOW, OLD, POLICY
 
 CID = "f" * 64  # a sandbox ID as containerd and CRI-O make them
@@ -49,23 +54,11 @@ BACKUP_EMPTY = b"{}"
 
 
 def _options(root: Path) -> FindOptions:
-    return FindOptions((), (), str(root / "cni"), str(root / "no-conf-dir"), (), (re.compile("x"),))
+    return options_at(root / "cni")
 
 
 def _look(root: Path, *configs: NetworkConfig, memo: InventoryMemo | None = None) -> Look:
-    return Look(_options(root), memo or InventoryMemo(), configs, {}, {})
-
-
-def _conf(*plugins: dict[str, object], name: str = "mynet") -> NetworkConfig:
-    raw = json.dumps({"cniVersion": "1.0.0", "name": name, "plugins": list(plugins)}).encode()
-    return parse_network_config(raw, f"/etc/cni/net.d/10-{name}.conflist")
-
-
-def _write(directory: Path, name: str, data: bytes) -> Path:
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = directory / name
-    path.write_bytes(data)
-    return path
+    return look_at(root / "cni", *configs, memo=memo)
 
 
 def _name(container_id: str = CID, ifname: str = "eth0") -> str:
@@ -168,14 +161,14 @@ def test_a_name_split_is_a_container_id_and_an_ifname(name: str) -> None:
 def test_found_in_the_default_dir_and_in_each_tuning_data_dir_of_the_conf_dir(
     tmp_path: Path, default_dir: Path
 ) -> None:
-    default = _write(default_dir, _name(), BACKUP)
+    default = write_private(default_dir, _name(), BACKUP)
     custom_dir = tmp_path / "custom"
-    custom = _write(custom_dir, _name(OTHER, "net1"), BACKUP_ALL)
-    _write(tmp_path / "bridge-data", _name("a" * 64), BACKUP)
+    custom = write_private(custom_dir, _name(OTHER, "net1"), BACKUP_ALL)
+    write_private(tmp_path / "bridge-data", _name("a" * 64), BACKUP)
     configs = (
-        _conf({"type": "bridge"}, {"type": "tuning", "mac": "0a:58:0a:f4:01:05", "dataDir": f"/{custom_dir}/"}),
-        _conf({"type": "bridge", "dataDir": str(tmp_path / "bridge-data")}, name="other"),  # not tuning's
-        _conf({"type": "tuning", "dataDir": str(default_dir)}, name="again"),  # the default, read once
+        node_config({"type": "bridge"}, {"type": "tuning", "mac": "0a:58:0a:f4:01:05", "dataDir": f"/{custom_dir}/"}),
+        node_config({"type": "bridge", "dataDir": str(tmp_path / "bridge-data")}, name="other"),  # not tuning's
+        node_config({"type": "tuning", "dataDir": str(default_dir)}, name="again"),  # the default, read once
     )
     found = tuning.find(_look(tmp_path, *configs))
     assert found.corrupt == ()
@@ -206,10 +199,10 @@ def test_a_missing_dir_is_empty(tmp_path: Path, default_dir: Path) -> None:
 def test_a_data_dir_only_a_cached_config_names_is_never_read(tmp_path: Path, default_dir: Path) -> None:
     """Whoever can write the cache dir writes what its entries' configs say."""
     planted = tmp_path / "planted"
-    _write(planted, _name(), BACKUP)
-    _write(default_dir, _name(OTHER), BACKUP)
+    write_private(planted, _name(), BACKUP)
+    write_private(default_dir, _name(OTHER), BACKUP)
     conflist = {"cniVersion": "1.0.0", "name": "mynet", "plugins": [{"type": "tuning", "dataDir": str(planted)}]}
-    _write(
+    write_private(
         tmp_path / "cni" / "results", f"mynet-{CID}-eth0", json.dumps(cache_doc(CID, "mynet", config=conflist)).encode()
     )
     taken = take_snapshot(_options(tmp_path), kinds=(cache.KIND, tuning.KIND))
@@ -219,8 +212,8 @@ def test_a_data_dir_only_a_cached_config_names_is_never_read(tmp_path: Path, def
 
 def test_a_data_dir_that_is_or_holds_a_dir_the_reaper_reads_is_not_read(tmp_path: Path, default_dir: Path) -> None:
     cni = tmp_path / "cni"
-    _write(cni, _name(), b"{}")
-    configs = [_conf({"type": "tuning", "dataDir": d}) for d in ("/", str(cni), f"{tmp_path}/")]
+    write_private(cni, _name(), b"{}")
+    configs = [node_config({"type": "tuning", "dataDir": d}) for d in ("/", str(cni), f"{tmp_path}/")]
     found = tuning.find(_look(tmp_path, *configs))
     assert found.records == ()
     assert {c.path for c in found.corrupt} == {"/", str(cni), str(tmp_path)}
@@ -229,8 +222,8 @@ def test_a_data_dir_that_is_or_holds_a_dir_the_reaper_reads_is_not_read(tmp_path
 
 @pytest.mark.parametrize("data_dir", ["relative/dir", "/a\u0000b", "/a\ud800b", "", "/" + "x" * 5000])
 def test_a_data_dir_no_path_can_be_is_passed_over(tmp_path: Path, default_dir: Path, data_dir: str) -> None:
-    _write(default_dir, _name(), BACKUP)
-    found = tuning.find(_look(tmp_path, _conf({"type": "tuning", "dataDir": data_dir})))
+    write_private(default_dir, _name(), BACKUP)
+    found = tuning.find(_look(tmp_path, node_config({"type": "tuning", "dataDir": data_dir})))
     assert [f.container_id for f in found.records] == [CID] and found.corrupt == ()
 
 
@@ -246,7 +239,7 @@ def test_files_tuning_could_not_have_written_are_still_their_containers(tmp_path
         "6" * 64: b'{"mac": "not a mac"}',
     }
     for container_id, data in bad.items():
-        _write(tmp_path, _name(container_id), data)
+        write_private(tmp_path, _name(container_id), data)
     files, corrupt = _collected(tmp_path)
     assert corrupt == {} and {f.container_id for f in files.values()} == set(bad)
     reasons = {f.container_id[0]: f.corrupt for f in files.values()}
@@ -266,13 +259,13 @@ def test_entries_that_are_no_containers_backup_are_corrupt_never_records(tmp_pat
         "e": f"{CID}_a b.json",  # no ifname
     }
     for name in names.values():
-        _write(data_dir, name, BACKUP)
+        write_private(data_dir, name, BACKUP)
     fd = os.open(os.fsencode(data_dir) + b"/\xff\xfe_eth0.json", os.O_CREAT | os.O_WRONLY, 0o600)
     os.close(fd)
-    victim = _write(tmp_path / "victim", "secret", BACKUP)
+    victim = write_private(tmp_path / "victim", "secret", BACKUP)
     (data_dir / _name("1" * 64)).symlink_to(victim)
     os.mkfifo(data_dir / _name("2" * 64))
-    _write(data_dir, _name("3" * 64), b" " * (tuning.MAX_TUNING_BYTES + 1))
+    write_private(data_dir, _name("3" * 64), b" " * (tuning.MAX_TUNING_BYTES + 1))
     (data_dir / _name("4" * 64)).mkdir()  # nothing tuning makes: passed over
     started = time.monotonic()
     files, corrupt = _collected(data_dir)
@@ -291,7 +284,7 @@ def test_entries_that_are_no_containers_backup_are_corrupt_never_records(tmp_pat
 
 def test_a_symlinked_data_dir_is_never_followed(tmp_path: Path) -> None:
     victim = tmp_path / "victim"
-    _write(victim, _name(), BACKUP)
+    write_private(victim, _name(), BACKUP)
     linked = tmp_path / "linked"
     linked.symlink_to(victim)
     files, corrupt = _collected(linked)
@@ -299,7 +292,7 @@ def test_a_symlinked_data_dir_is_never_followed(tmp_path: Path) -> None:
 
 
 def test_an_unchanged_file_is_not_read_again(tmp_path: Path, default_dir: Path) -> None:
-    _write(default_dir, _name(), BACKUP)
+    write_private(default_dir, _name(), BACKUP)
     memo = InventoryMemo()
     (first,) = tuning.find(_look(tmp_path, memo=memo)).records
     memo.end_pass()
@@ -315,8 +308,8 @@ def _ctx(quarantine: Quarantine | None = None) -> ReclaimContext:
 
 
 def test_reclaim_removes_the_file_that_was_judged(tmp_path: Path) -> None:
-    kept = _write(tmp_path, _name(), BACKUP)
-    empty = _write(tmp_path, _name(OTHER), b"")
+    kept = write_private(tmp_path, _name(), BACKUP)
+    empty = write_private(tmp_path, _name(OTHER), b"")
     judged, _ = _collected(tmp_path)
     done = tuning.reclaim(list(judged.values()), _ctx())
     assert all(d.ok for d in done.values()) and set(done) == {("tuning", str(kept)), ("tuning", str(empty))}
@@ -328,8 +321,8 @@ def test_reclaim_removes_the_file_that_was_judged(tmp_path: Path) -> None:
 def test_reclaim_leaves_a_file_replaced_or_rewritten_since_it_was_judged(tmp_path: Path) -> None:
     names = [_name("1" * 64), _name("2" * 64), _name("3" * 64)]
     for name in names:
-        _write(tmp_path, name, BACKUP)
-    other = _write(tmp_path / "elsewhere", _name(OTHER), BACKUP_ALL)
+        write_private(tmp_path, name, BACKUP)
+    other = write_private(tmp_path / "elsewhere", _name(OTHER), BACKUP_ALL)
     judged, _ = _collected(tmp_path)
     replaced, rewritten, renamed_over = (tmp_path / n for n in names)
     # A new pod's ADD with the same container ID and ifname: removed and made again with the
@@ -349,7 +342,7 @@ def test_reclaim_leaves_a_file_replaced_or_rewritten_since_it_was_judged(tmp_pat
 
 def test_reclaim_never_follows_a_data_dir_made_a_symlink_since(tmp_path: Path) -> None:
     data_dir = tmp_path / "tuning"
-    _write(data_dir, _name(), BACKUP)
+    write_private(data_dir, _name(), BACKUP)
     judged, _ = _collected(data_dir)
     victim = tmp_path / "victim"
     data_dir.rename(victim)
@@ -360,7 +353,7 @@ def test_reclaim_never_follows_a_data_dir_made_a_symlink_since(tmp_path: Path) -
 
 
 def test_reclaim_with_a_quarantine_moves_the_file(tmp_path: Path) -> None:
-    path = _write(tmp_path / "tuning", _name(), BACKUP)
+    path = write_private(tmp_path / "tuning", _name(), BACKUP)
     judged, _ = _collected(tmp_path / "tuning")
     quarantine = Quarantine(str(tmp_path / "quarantine"))
     (result,) = tuning.reclaim(list(judged.values()), _ctx(quarantine)).values()
@@ -371,19 +364,8 @@ def test_reclaim_with_a_quarantine_moves_the_file(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------- attachments
 
 
-def _with(snap: NodeSnapshot, **more: tuple[Any, ...]) -> NodeSnapshot:
-    return replace(snap, resources={**snap.resources, **more})
-
-
 def _twice(snap: NodeSnapshot, *sandboxes: Any) -> ScanReport:
-    history: dict[str, AttachmentHistory] = {}
-    for _ in range(POLICY.confirmations):
-        report, history = reconcile(snap, runtime(*sandboxes), history, POLICY, NOW)
-    return report
-
-
-def _kinds(report: ScanReport) -> dict[str | None, tuple[str, list[str]]]:
-    return {a.key.container_id: (a.verdict, sorted(r.kind for r in a.resources)) for a in report.attachments}
+    return confirmed(snap, POLICY, NOW, *sandboxes)
 
 
 def _node(tmp_path: Path) -> tuple[NodeSnapshot, Path, Path]:
@@ -393,10 +375,10 @@ def _node(tmp_path: Path) -> tuple[NodeSnapshot, Path, Path]:
     net_dir.mkdir(parents=True)
     lease_file = net_dir / "10.0.0.2"
     lease_file.write_bytes(f"{cid(1)}\r\neth0".encode())
-    backup = _write(tmp_path / "tuning", _name(cid(1)), BACKUP)
+    backup = write_private(tmp_path / "tuning", _name(cid(1)), BACKUP)
     leases, _ = collect_leases([str(tmp_path / "ipam")])
     found = tuning.collect([str(tmp_path / "tuning")])
-    snap = _with(
+    snap = with_records(
         snapshot(leases=tuple(replace(x, mtime=OLD) for x in leases)),
         tuning=tuple(replace(f, mtime=OLD) for f in found.records),
     )
@@ -407,20 +389,6 @@ def _present(snap: NodeSnapshot) -> dict[tuple[str, ...], Any]:
     return {kind.identity(r): r for kind in KINDS for r in snap.of(kind.name)}
 
 
-def _reclaimer() -> Reclaimer:
-    return Reclaimer(
-        look=snapshot,
-        netns_dirs=(),
-        bin_dirs=(),
-        live_netns=frozenset(),
-        plugin_timeout=1.0,
-        quarantine=None,
-        log=logging.getLogger("test"),
-        stop=threading.Event(),
-        observe=runtime,
-    )
-
-
 def test_a_dead_containers_backup_joins_its_lease_and_is_reclaimed(tmp_path: Path) -> None:
     snap, lease_file, backup = _node(tmp_path)
     (attachment,) = _twice(snap).attachments
@@ -428,7 +396,7 @@ def test_a_dead_containers_backup_joins_its_lease_and_is_reclaimed(tmp_path: Pat
     assert attachment.verdict == "orphan" and sorted(r.kind for r in attachment.resources) == ["ipam", "tuning"]
     steps = plan_attachment(attachment, None, None, quarantine=True).steps
     assert {(s.kind, s.method) for s in steps} == {("tuning", "quarantine"), ("ipam", "quarantine")}
-    done = _reclaimer()._kernel([attachment], _present(snap), {}, _present(snap))
+    done = bare_reclaimer()._kernel([attachment], _present(snap), {}, _present(snap))
     assert len(done) == 2 and all(d.ok for d in done.values())
     assert not lease_file.exists() and not backup.exists()
 
@@ -438,20 +406,25 @@ def test_a_live_containers_backup_is_live() -> None:
         path = f"/run/cni/tuning/{_name(cid(n), ifname)}"
         return TuningFile(cid(n), path, "/run/cni/tuning", OLD, (1, n, 1, 1, 1), parse_backup(BACKUP))
 
-    snap = _with(
+    snap = with_records(
         snapshot(pins=(pin(1, OLD),), leases=(lease(1, OLD),)),
         tuning=(_file(1, "eth0"), _file(1, "net1"), _file(2, "eth0")),
     )
     report = _twice(snap, sandbox(1), sandbox(2, with_netns=False))
-    assert _kinds(report) == {cid(1): ("live", ["ipam", "netns", "tuning", "tuning"]), cid(2): ("live", ["tuning"])}
+    assert verdicts_and_kinds(report) == {
+        cid(1): ("live", ["ipam", "netns", "tuning", "tuning"]),
+        cid(2): ("live", ["tuning"]),
+    }
 
 
 def test_a_lone_backup_of_a_dead_container_is_an_attachment_of_its_own(tmp_path: Path) -> None:
     """The commonest leak: everything else of the pod is gone, the backup alone stays."""
     _, _, backup = _node(tmp_path)
     found = tuning.collect([str(backup.parent)])
-    (attachment,) = _twice(_with(snapshot(), tuning=tuple(replace(f, mtime=OLD) for f in found.records))).attachments
+    (attachment,) = _twice(
+        with_records(snapshot(), tuning=tuple(replace(f, mtime=OLD) for f in found.records))
+    ).attachments
     assert (attachment.key.container_id, attachment.key.network, attachment.key.ifname) == (cid(1), None, None)
     assert attachment.verdict == "orphan"
-    young = _twice(_with(snapshot(), tuning=found.records))
+    young = _twice(with_records(snapshot(), tuning=found.records))
     assert young.attachments[0].verdict == "pending"

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import logging
-import threading
 from dataclasses import replace
 from pathlib import Path
 
 from reaper.kinds import hostlocal
 from reaper.model import Attachment, AttachmentKey
-from reaper.reap.act import Reclaimer
-from tests.harness.snapshots import runtime, snapshot
+from tests.harness.passes import bare_reclaimer
 
 DEAD, NEW = "a" * 64, "b" * 64
 
@@ -28,17 +25,7 @@ def test_a_lease_given_to_a_new_pod_between_the_looks_is_not_released(tmp_path: 
     new_lease = replace(orphan_lease, container_id=NEW)
     ref = hostlocal.KIND.ref(orphan_lease)
     orphan = Attachment(AttachmentKey(DEAD, "net1", "eth0"), (ref,), None, "orphan", "", 0.0)
-    reclaimer = Reclaimer(
-        look=snapshot,
-        netns_dirs=(),
-        bin_dirs=(),
-        live_netns=frozenset(),
-        plugin_timeout=1.0,
-        quarantine=None,
-        log=logging.getLogger("test"),
-        stop=threading.Event(),
-        observe=runtime,
-    )
+    reclaimer = bare_reclaimer()
     identity = hostlocal.KIND.identity(orphan_lease)
     done = reclaimer._kernel([orphan], {identity: new_lease}, {}, {identity: orphan_lease})
     assert not done[identity].ok and "another container" in str(done[identity].error)

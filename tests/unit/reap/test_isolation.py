@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import logging
 import re
-import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from reaper.kinds import FindOptions, Found, Kind, Look, ReclaimContext
 from reaper.kinds.registry import KINDS
 from reaper.model import Done, Identity, ResourceRef
-from reaper.reap.act import Reclaimer
 from reaper.snapshot import take_snapshot
-from tests.harness.snapshots import runtime, snapshot
+from tests.harness.passes import bare_reclaimer
 
 
 def _boom_find(look: Look) -> Found[str]:
@@ -43,17 +40,7 @@ def test_a_find_that_raises_is_that_kinds_error_and_the_others_are_read(tmp_path
 
 
 def test_one_record_that_makes_reclaim_raise_is_left_and_the_rest_are_freed() -> None:
-    reclaimer = Reclaimer(
-        look=snapshot,
-        netns_dirs=(),
-        bin_dirs=(),
-        live_netns=frozenset(),
-        plugin_timeout=1.0,
-        quarantine=None,
-        log=logging.getLogger("test"),
-        stop=threading.Event(),
-        observe=runtime,
-    )
+    reclaimer = bare_reclaimer()
     ctx = ReclaimContext((), (), frozenset(), None, 1.0, {})
     done = reclaimer._reclaim_isolated(TOY, ["a", "bad", "b"], ctx)
     assert done[("toy", "a")].ok and done[("toy", "b")].ok
