@@ -18,13 +18,12 @@ was judged.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from reaper.host.jsondoc import parse_object
-from reaper.kinds import Found, Kind, Look, ReclaimContext, scratch
+from reaper.kinds import Found, Kind, Look, scratch
 from reaper.kinds.scratch import ScratchFile, ScratchFormat
-from reaper.model import ContainerTie, CorruptFile, DetailValue, Done, Identity, ResourceRef
+from reaper.model import CorruptFile
 from reaper.names import PLUGIN_TYPE, is_cni_id
 
 NAME = "flannel"
@@ -71,25 +70,10 @@ def find(look: Look) -> Found[FlannelFile]:
     return Found(tuple(files), tuple(refused + corrupt))
 
 
-def identity(file: FlannelFile) -> Identity:
-    return (NAME, file.path)
+def _details(file: FlannelFile) -> scratch.Details:
+    if file.content is None:
+        return ()
+    return (("network", file.content.network), ("type", file.content.plugin_type))
 
 
-def ref(file: FlannelFile) -> ResourceRef:
-    details: tuple[tuple[str, DetailValue], ...] = (("path", file.path),)
-    if file.content is not None:
-        details += (("network", file.content.network), ("type", file.content.plugin_type))
-    if file.corrupt is not None:
-        details += (("corrupt", file.corrupt),)
-    return ResourceRef(NAME, file.container_id, file.mtime, details, identity(file))
-
-
-def tie(file: FlannelFile) -> ContainerTie:
-    return ContainerTie(file.container_id)
-
-
-def reclaim(files: Sequence[FlannelFile], ctx: ReclaimContext) -> dict[Identity, Done]:
-    return scratch.reclaim(FORMAT, files, ctx.quarantine)
-
-
-KIND: Kind[FlannelFile] = Kind(NAME, find, identity, ref, tie, reclaim, last=True, quarantinable=True)
+KIND: Kind[FlannelFile] = scratch.file_kind(FORMAT, find, _details, last=True)

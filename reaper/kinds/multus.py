@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from reaper.host.jsondoc import parse_json
-from reaper.kinds import Found, Kind, Look, ReclaimContext, scratch
+from reaper.kinds import Found, Kind, Look, scratch
 from reaper.kinds.scratch import ScratchFile, ScratchFormat
-from reaper.model import ContainerTie, CorruptFile, DetailValue, Done, Identity, ResourceRef
+from reaper.model import CorruptFile
 
 NAME = "multus"
 # The thin plugin's type, and the thick plugin's shim (whose cniDir is the daemon's; the
@@ -87,29 +86,14 @@ def find(look: Look) -> Found[MultusFile]:
     return Found(tuple(files), tuple(refused + corrupt))
 
 
-def identity(file: MultusFile) -> Identity:
-    return (NAME, file.path)
-
-
 def _shown(names: tuple[str, ...]) -> str:
     return ",".join(n if _SHOWN_NAME.fullmatch(n) else "?" for n in names[:8]) + (",..." if len(names) > 8 else "")
 
 
-def ref(file: MultusFile) -> ResourceRef:
-    details: tuple[tuple[str, DetailValue], ...] = (("path", file.path),)
-    if file.content is not None:
-        details += (("delegates", file.content.count), ("networks", _shown(file.content.names)))
-    if file.corrupt is not None:
-        details += (("corrupt", file.corrupt),)
-    return ResourceRef(NAME, file.container_id, file.mtime, details, identity(file))
+def _details(file: MultusFile) -> scratch.Details:
+    if file.content is None:
+        return ()
+    return (("delegates", file.content.count), ("networks", _shown(file.content.names)))
 
 
-def tie(file: MultusFile) -> ContainerTie:
-    return ContainerTie(file.container_id)
-
-
-def reclaim(files: Sequence[MultusFile], ctx: ReclaimContext) -> dict[Identity, Done]:
-    return scratch.reclaim(FORMAT, files, ctx.quarantine)
-
-
-KIND: Kind[MultusFile] = Kind(NAME, find, identity, ref, tie, reclaim, last=True, quarantinable=True)
+KIND: Kind[MultusFile] = scratch.file_kind(FORMAT, find, _details, last=True)

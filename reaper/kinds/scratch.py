@@ -23,9 +23,9 @@ from reaper.host.confined import UnfitFile, read_at, read_beneath
 from reaper.host.files import DirLister, describe_oserror
 from reaper.host.memo import FileMemo
 from reaper.host.quarantine import Quarantine, remove_or_quarantine
-from reaper.kinds import Look
+from reaper.kinds import Found, Kind, Look, ReclaimContext
 from reaper.kinds.netconf import ConfigError, plugin_list
-from reaper.model import CorruptFile, Done, Identity, NetworkConfig
+from reaper.model import ContainerTie, CorruptFile, DetailValue, Done, Identity, NetworkConfig, ResourceRef
 from reaper.names import is_cni_id, is_path
 
 C = TypeVar("C")
@@ -200,3 +200,35 @@ def reclaim(
 ) -> dict[Identity, Done]:
     """Remove (or quarantine) each file that is still the one judged."""
     return {(fmt.kind, file.path): _remove(fmt, file, quarantine) for file in files}
+
+
+Details = tuple[tuple[str, DetailValue], ...]
+
+
+def file_kind(
+    fmt: ScratchFormat[C],
+    find: Callable[[Look], Found[ScratchFile[C]]],
+    details: Callable[[ScratchFile[C]], Details],
+    *,
+    last: bool,
+) -> Kind[ScratchFile[C]]:
+    """The kind of one plugin's per-container files. Identity: the path. Tie: the container ID
+    of its name (ContainerTie: a lone file of a dead container is an attachment of its own).
+    `details`: what the report shows of its content beside the path (and the corruption)."""
+
+    def identity(file: ScratchFile[C]) -> Identity:
+        return (fmt.kind, file.path)
+
+    def ref(file: ScratchFile[C]) -> ResourceRef:
+        shown: Details = (("path", file.path), *details(file))
+        if file.corrupt is not None:
+            shown += (("corrupt", file.corrupt),)
+        return ResourceRef(fmt.kind, file.container_id, file.mtime, shown, identity(file))
+
+    def tie(file: ScratchFile[C]) -> ContainerTie:
+        return ContainerTie(file.container_id)
+
+    def reclaim_files(files: Sequence[ScratchFile[C]], ctx: ReclaimContext) -> dict[Identity, Done]:
+        return reclaim(fmt, files, ctx.quarantine)
+
+    return Kind(fmt.kind, find, identity, ref, tie, reclaim_files, last=last, quarantinable=True)

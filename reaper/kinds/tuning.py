@@ -35,15 +35,15 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from reaper.host.jsondoc import parse_object
 from reaper.host.memo import FileMemo
-from reaper.kinds import Found, Kind, Look, ReclaimContext, scratch
+from reaper.kinds import Found, Kind, Look, scratch
 from reaper.kinds.scratch import ScratchFile, ScratchFormat
-from reaper.model import ContainerTie, CorruptFile, DetailValue, Done, Identity, ResourceRef
+from reaper.model import CorruptFile
 from reaper.names import is_cni_id, is_ifname
 
 NAME = "tuning"
@@ -157,29 +157,13 @@ def find(look: Look) -> Found[TuningFile]:
     return Found(found.records, tuple(refused) + found.corrupt)
 
 
-def identity(file: TuningFile) -> Identity:
-    return (NAME, file.path)
-
-
 def ifname_of(file: TuningFile) -> str:
     return split_name(os.path.basename(file.path))[1]
 
 
-def ref(file: TuningFile) -> ResourceRef:
-    details: tuple[tuple[str, DetailValue], ...] = (("path", file.path), ("ifname", ifname_of(file)))
-    if file.content is not None:
-        details += (("restores", file.content.restores()),)
-    if file.corrupt is not None:
-        details += (("corrupt", file.corrupt),)
-    return ResourceRef(NAME, file.container_id, file.mtime, details, identity(file))
+def _details(file: TuningFile) -> scratch.Details:
+    restores = (("restores", file.content.restores()),) if file.content is not None else ()
+    return (("ifname", ifname_of(file)), *restores)
 
 
-def tie(file: TuningFile) -> ContainerTie:
-    return ContainerTie(file.container_id)
-
-
-def reclaim(files: Sequence[TuningFile], ctx: ReclaimContext) -> dict[Identity, Done]:
-    return scratch.reclaim(FORMAT, files, ctx.quarantine)
-
-
-KIND: Kind[TuningFile] = Kind(NAME, find, identity, ref, tie, reclaim, quarantinable=True)
+KIND: Kind[TuningFile] = scratch.file_kind(FORMAT, find, _details, last=False)

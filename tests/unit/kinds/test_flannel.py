@@ -93,10 +93,14 @@ def test_found_in_the_default_dir_and_in_each_flannel_data_dir_of_the_conf_dir(t
     assert (one.path, one.root, one.content) == (str(default), str(cni), FlannelDelegate("cbr0", "bridge"))
     assert (two.path, two.root, two.content) == (str(custom), str(custom_dir), FlannelDelegate("flannel-b", "bridge"))
     assert one.mtime == default.stat().st_mtime and one.corrupt is None
-    ref = flannel.ref(one)
-    assert ref.kind == "flannel" and ref.name == CID and ref.identity == flannel.identity(one) == ("flannel", one.path)
+    ref = flannel.KIND.ref(one)
+    assert (
+        ref.kind == "flannel"
+        and ref.name == CID
+        and ref.identity == flannel.KIND.identity(one) == ("flannel", one.path)
+    )
     assert dict(ref.details) == {"path": one.path, "network": "cbr0", "type": "bridge"}
-    assert flannel.tie(one) == ContainerTie(CID)
+    assert flannel.KIND.tie(one) == ContainerTie(CID)
 
 
 def test_a_data_dir_only_a_cached_config_names_is_never_read(tmp_path: Path) -> None:
@@ -132,12 +136,12 @@ def test_files_flannel_could_not_have_written_are_still_their_containers(tmp_pat
     files, corrupt = _found(tmp_path)
     assert corrupt == {} and set(files) == set(bad)
     reasons = {name[0]: f.corrupt for name, f in files.items()}
-    assert all(f.content is None and flannel.tie(f) == ContainerTie(f.container_id) for f in files.values())
+    assert all(f.content is None and flannel.KIND.tie(f) == ContainerTie(f.container_id) for f in files.values())
     assert reasons["1"] == "empty file" and reasons["3"] is not None and "UTF-8" in reasons["3"]
     assert reasons["4"] == "nested too deeply" and reasons["5"] == "not a JSON object"
     assert "delegate type" in str(reasons["6"]) and "delegate type" in str(reasons["7"])
     assert "network name" in str(reasons["8"])
-    assert dict(flannel.ref(files["1" * 64]).details)["corrupt"] == "empty file"
+    assert dict(flannel.KIND.ref(files["1" * 64]).details)["corrupt"] == "empty file"
 
 
 def test_entries_that_are_no_containers_file_are_corrupt_never_records(tmp_path: Path) -> None:
@@ -223,10 +227,10 @@ def test_reclaim_removes_the_file_that_was_judged(tmp_path: Path) -> None:
     kept = write_private(data_dir, CID, flannel_scratch(FLANNEL_CONF))
     empty = write_private(data_dir, OTHER, b"")
     judged = _judged(tmp_path)
-    done = flannel.reclaim(list(judged.values()), _ctx())
+    done = flannel.KIND.reclaim(list(judged.values()), _ctx())
     assert all(d.ok for d in done.values()) and set(done) == {("flannel", str(kept)), ("flannel", str(empty))}
     assert list(data_dir.iterdir()) == []
-    again = flannel.reclaim(list(judged.values()), _ctx())
+    again = flannel.KIND.reclaim(list(judged.values()), _ctx())
     assert all(d.ok for d in again.values()), "already gone: freed"
 
 
@@ -247,7 +251,7 @@ def test_reclaim_leaves_a_file_replaced_or_rewritten_since_it_was_judged(tmp_pat
     os.utime(replaced, ns=(st.st_atime_ns, st.st_mtime_ns))
     # Written in place: another network's config now.
     rewritten.write_bytes(flannel_scratch({**FLANNEL_CONF, "name": "flannel-b"}))
-    done = flannel.reclaim([judged[n] for n in names], _ctx())
+    done = flannel.KIND.reclaim([judged[n] for n in names], _ctx())
     for name in names:
         result = done[("flannel", str(data_dir / name))]
         assert not result.ok and "since it was judged" in str(result.error)
@@ -261,7 +265,7 @@ def test_reclaim_never_follows_a_data_dir_made_a_symlink_since(tmp_path: Path) -
     victim = tmp_path / "victim"
     data_dir.rename(victim)
     data_dir.symlink_to(victim)
-    (result,) = flannel.reclaim([judged], _ctx()).values()
+    (result,) = flannel.KIND.reclaim([judged], _ctx()).values()
     assert not result.ok and "cannot re-read" in str(result.error)
     assert (victim / CID).exists()
 
@@ -271,6 +275,6 @@ def test_reclaim_with_a_quarantine_moves_the_file(tmp_path: Path) -> None:
     path = write_private(tmp_path / "cni" / "flannel", CID, data)
     judged = _judged(tmp_path / "cni")[CID]
     quarantine = Quarantine(str(tmp_path / "quarantine"))
-    (result,) = flannel.reclaim([judged], _ctx(quarantine)).values()
+    (result,) = flannel.KIND.reclaim([judged], _ctx(quarantine)).values()
     assert result.ok and result.quarantined == quarantine.destination(str(path))
     assert not path.exists() and Path(result.quarantined).read_bytes() == data

@@ -95,10 +95,10 @@ def test_found_in_the_default_dir_and_each_cni_dir_of_the_conf_dir(tmp_path: Pat
     one, two = files[CID], files[OTHER]
     assert (one.path, one.root, one.content) == (str(default), str(cni), POD)
     assert (two.path, two.root, two.content) == (str(custom), str(custom_dir), POD)
-    ref = multus.ref(one)
-    assert ref.name == CID and ref.identity == ("multus", one.path) == multus.identity(one)
+    ref = multus.KIND.ref(one)
+    assert ref.name == CID and ref.identity == ("multus", one.path) == multus.KIND.identity(one)
     assert dict(ref.details) == {"path": one.path, "delegates": 2, "networks": "cbr0,default/macvlan-conf"}
-    assert multus.tie(one) == ContainerTie(CID)
+    assert multus.KIND.tie(one) == ContainerTie(CID)
 
 
 def test_the_thick_plugins_shim_config_names_the_daemons_cni_dir(tmp_path: Path) -> None:
@@ -213,7 +213,7 @@ def test_reclaim_removes_the_judged_file_and_leaves_one_changed_since(tmp_path: 
     changed = write_private(data_dir, OTHER, multus_pod_scratch())
     judged = {f.container_id: f for f in multus.find(look_at(tmp_path)).records}
     changed.write_bytes(multus_scratch([multus_delegate(CLUSTER_CONFLIST)]))
-    done = multus.reclaim(list(judged.values()), _ctx())
+    done = multus.KIND.reclaim(list(judged.values()), _ctx())
     assert done[("multus", str(gone))].ok and not gone.exists()
     left = done[("multus", str(changed))]
     assert not left.ok and "since it was judged" in str(left.error) and changed.exists()
@@ -223,6 +223,6 @@ def test_reclaim_into_the_quarantine(tmp_path: Path) -> None:
     path = write_private(tmp_path / "multus", CID, b"[]")  # judged corrupt, and still the same file
     (judged,) = multus.find(look_at(tmp_path)).records
     quarantine = Quarantine(str(tmp_path / "q"))
-    (result,) = multus.reclaim([judged], _ctx(quarantine)).values()
+    (result,) = multus.KIND.reclaim([judged], _ctx(quarantine)).values()
     assert result.ok and result.quarantined is not None and Path(result.quarantined).read_bytes() == b"[]"
     assert not path.exists()

@@ -178,11 +178,13 @@ def test_found_in_the_default_dir_and_in_each_tuning_data_dir_of_the_conf_dir(
     assert (one.path, one.root, one.content) == (str(default), str(default_dir), parse_backup(BACKUP))
     assert (two.path, two.root, two.content) == (str(custom), str(custom_dir), parse_backup(BACKUP_ALL))
     assert one.mtime == default.stat().st_mtime and one.corrupt is None
-    ref = tuning.ref(one)
-    assert ref.kind == "tuning" and ref.name == CID and ref.identity == tuning.identity(one) == ("tuning", one.path)
+    ref = tuning.KIND.ref(one)
+    assert (
+        ref.kind == "tuning" and ref.name == CID and ref.identity == tuning.KIND.identity(one) == ("tuning", one.path)
+    )
     assert dict(ref.details) == {"path": one.path, "ifname": "eth0", "restores": "mac=0a:58:0a:f4:01:05,mtu=1450"}
-    assert dict(tuning.ref(two).details)["ifname"] == "net1"
-    assert tuning.tie(one) == ContainerTie(CID) and tuning.tie(two) == ContainerTie(OTHER)
+    assert dict(tuning.KIND.ref(two).details)["ifname"] == "net1"
+    assert tuning.KIND.tie(one) == ContainerTie(CID) and tuning.KIND.tie(two) == ContainerTie(OTHER)
 
 
 def test_the_default_dir_is_tunings() -> None:
@@ -243,10 +245,10 @@ def test_files_tuning_could_not_have_written_are_still_their_containers(tmp_path
     files, corrupt = _collected(tmp_path)
     assert corrupt == {} and {f.container_id for f in files.values()} == set(bad)
     reasons = {f.container_id[0]: f.corrupt for f in files.values()}
-    assert all(f.content is None and tuning.tie(f) == ContainerTie(f.container_id) for f in files.values())
+    assert all(f.content is None and tuning.KIND.tie(f) == ContainerTie(f.container_id) for f in files.values())
     assert reasons["1"] == "empty file" and "UTF-8" in str(reasons["3"]) and reasons["5"] == "nested too deeply"
     assert reasons["2"] is not None and reasons["4"] is not None and "invalid mac" in str(reasons["6"])
-    assert dict(tuning.ref(files[_name("1" * 64)]).details)["corrupt"] == "empty file"
+    assert dict(tuning.KIND.ref(files[_name("1" * 64)]).details)["corrupt"] == "empty file"
 
 
 def test_entries_that_are_no_containers_backup_are_corrupt_never_records(tmp_path: Path) -> None:
@@ -311,10 +313,10 @@ def test_reclaim_removes_the_file_that_was_judged(tmp_path: Path) -> None:
     kept = write_private(tmp_path, _name(), BACKUP)
     empty = write_private(tmp_path, _name(OTHER), b"")
     judged, _ = _collected(tmp_path)
-    done = tuning.reclaim(list(judged.values()), _ctx())
+    done = tuning.KIND.reclaim(list(judged.values()), _ctx())
     assert all(d.ok for d in done.values()) and set(done) == {("tuning", str(kept)), ("tuning", str(empty))}
     assert list(tmp_path.iterdir()) == []
-    again = tuning.reclaim(list(judged.values()), _ctx())
+    again = tuning.KIND.reclaim(list(judged.values()), _ctx())
     assert all(d.ok for d in again.values()), "already gone: freed"
 
 
@@ -333,7 +335,7 @@ def test_reclaim_leaves_a_file_replaced_or_rewritten_since_it_was_judged(tmp_pat
     os.utime(replaced, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     rewritten.write_bytes(BACKUP_ALL)  # written in place
     os.rename(other, renamed_over)  # another file renamed over it
-    done = tuning.reclaim([judged[n] for n in names], _ctx())
+    done = tuning.KIND.reclaim([judged[n] for n in names], _ctx())
     for name in names:
         result = done[("tuning", str(tmp_path / name))]
         assert not result.ok and "since it was judged" in str(result.error)
@@ -347,7 +349,7 @@ def test_reclaim_never_follows_a_data_dir_made_a_symlink_since(tmp_path: Path) -
     victim = tmp_path / "victim"
     data_dir.rename(victim)
     data_dir.symlink_to(victim)
-    (result,) = tuning.reclaim(list(judged.values()), _ctx()).values()
+    (result,) = tuning.KIND.reclaim(list(judged.values()), _ctx()).values()
     assert not result.ok and "cannot re-read" in str(result.error)
     assert (victim / _name()).exists()
 
@@ -356,7 +358,7 @@ def test_reclaim_with_a_quarantine_moves_the_file(tmp_path: Path) -> None:
     path = write_private(tmp_path / "tuning", _name(), BACKUP)
     judged, _ = _collected(tmp_path / "tuning")
     quarantine = Quarantine(str(tmp_path / "quarantine"))
-    (result,) = tuning.reclaim(list(judged.values()), _ctx(quarantine)).values()
+    (result,) = tuning.KIND.reclaim(list(judged.values()), _ctx(quarantine)).values()
     assert result.ok and result.quarantined == quarantine.destination(str(path))
     assert not path.exists() and Path(result.quarantined).read_bytes() == BACKUP
 
