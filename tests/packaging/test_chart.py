@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import re
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from reaper.settings import agent_settings_from, reap_settings_from, settings_fr
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "cni-reaper"
 RULES = ROOT / "deploy" / "prometheus" / "cni-reaper-rules.yaml"
+DASHBOARD = ROOT / "deploy" / "grafana" / "cni-reaper-dashboard.json"
 RELEASE = "cni-reaper"
 NAMESPACE = "kube-system"
 # Schemas the manifests must pass: a recent Kubernetes and the oldest one still commonly run.
@@ -71,6 +73,7 @@ CUSTOM: dict[str, Any] = {
     "serviceAccount": {"create": False, "name": "reaper-sa"},
     "serviceMonitor": {"enabled": True, "interval": "30s", "labels": {"release": "kube-prometheus-stack"}},
     "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+    "grafanaDashboard": {"enabled": True, "namespace": "monitoring", "annotations": {"grafana_folder": "Kubernetes"}},
 }
 # The same, reclaiming: the CNI state is then writable and the quarantine dir mounted.
 CUSTOM_REAP: dict[str, Any] = {**copy.deepcopy(CUSTOM), "mode": "reap"}
@@ -490,12 +493,42 @@ def test_rule_file_is_a_relative_symlink_to_the_deploy_file() -> None:
     assert link.resolve() == RULES.resolve()
 
 
-def test_packaged_chart_carries_the_rules(tmp_path: Path) -> None:
-    """`helm package` follows the symlink: the archive holds the rule file itself."""
-    archive = helm.package(CHART, destination=tmp_path)
+def test_packaged_chart_holds_the_real_files(tmp_path: Path) -> None:
+    """`helm package` follows the chart's symlinks into deploy/: the archive holds regular files
+    with the linked files' contents, every file of the chart and nothing else, and renders the
+    rule groups and the dashboard as the source files have them."""
+    archive = Path(helm.package(CHART, destination=tmp_path))
+    assert archive.name == "cni-reaper-0.1.0.tgz"
+    expected = {
+        f"cni-reaper/{path.relative_to(CHART)}": path.read_bytes()
+        for path in CHART.rglob("*")
+        if path.is_file() and path.name != ".helmignore"
+    }
+    assert "cni-reaper/files/cni-reaper-rules.yaml" in expected
+    assert "cni-reaper/files/cni-reaper-dashboard.json" in expected
+    with tarfile.open(archive) as tar:
+        members = tar.getmembers()
+        assert [m.name for m in members if not m.isfile()] == [], "no links or devices in the archive"
+        held = {}
+        for member in members:
+            data = tar.extractfile(member)
+            assert data is not None
+            held[member.name] = data.read()
+    held.pop("cni-reaper/.helmignore", None)
+    # Chart.yaml is rewritten by helm (same fields, its own layout); every other file is as is.
+    assert yaml.safe_load(held.pop("cni-reaper/Chart.yaml")) == yaml.safe_load(expected.pop("cni-reaper/Chart.yaml"))
+    assert held == expected
+    # The archive on its own, away from deploy/: it lints and renders what the sources say.
+    unpacked = tmp_path / "unpacked"
+    with tarfile.open(archive) as tar:
+        tar.extractall(unpacked, filter="data")
+    report = helm.lint(unpacked / "cni-reaper", None, strict=True, namespace=NAMESPACE)
+    assert report["errors"] == []
+    enabled = {"prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True}}
     with helm.Chart.load(archive) as packaged:
-        rule = one(render(packaged, {"prometheusRule": {"enabled": True}}), "PrometheusRule")
-    assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
+        docs = render(packaged, enabled)
+    assert one(docs, "PrometheusRule")["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
+    assert one(docs, "ConfigMap")["data"]["cni-reaper.json"] == DASHBOARD.read_text()
 
 
 @pytest.mark.parametrize(
