@@ -1,0 +1,194 @@
+"""The systemd units under a real systemd: booted by systemd-nspawn on the debootstrap tree, the
+reaper installed from this checkout's wheel, deploy/systemd's service and timer installed and
+enabled as the README says, the lab's runtime socket and dirs bound in and its netns as the
+container's. The timer fires, the service succeeds and writes the textfile and the state file.
+
+Two things of nspawn's keep a pin from being freed in its container, whatever the unit says:
+  - the container has a PID namespace of its own, so a reap pass there calls no netns an
+    orphan (the processes that may hold one are out of sight) and says so;
+  - nspawn keeps the host's mount tree, copied, hidden under the container's root, so after
+    the pin is unmounted in the container its unlink fails with EBUSY (a mount point in the
+    caller's own mount namespace); the host's mount is a master the container cannot unmount.
+What the unit's hardening decides is whether the unmount happens in the mount namespace the pins
+are in. The reaper's own unpin code (tests/harness/probes/unpin.py), run as the ExecStart of a
+copy of the shipped service with all its hardening, shows that it does: the pin's mount is gone
+from the container's mount table, and the unlink is the only step left, for nspawn's reason.
+
+Only what a test cannot wait for is changed, in drop-ins: the timer's first run comes 2 s after
+boot instead of 5 minutes, and the service's environment points the reaper at the lab and
+drops the grace (min-age, confirmations, breaker ratio) a node would keep.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness.agent import metric
+from tests.harness.lab import Lab, PortMap
+from tests.harness.nspawn import VENV, BootedNode, build_wheel
+from tests.harness.reap_helpers import SCAN, pings
+from tests.harness.reaper_cli import attachments_by_key, run_reaper
+
+ROOT = Path(__file__).resolve().parents[2]
+UNITS = ROOT / "deploy" / "systemd"
+SYSTEM_CNI_BIN = Path("/usr/lib/cni")  # where the lab's bin dir links point
+TEXTFILE = "var/lib/node_exporter/textfile_collector/cni_reaper.prom"
+STATE = "var/lib/cni-reaper/state.json"
+NSPAWN_RUN = Path("/run/systemd/nspawn")  # nspawn's own dirs on the host, made at its first run
+UNPIN_PROBE = ROOT / "tests" / "harness" / "probes" / "unpin.py"
+UNPIN_AT = "/usr/local/lib/cni-reaper-test/unpin.py"
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("systemd-nspawn") is None or shutil.which("debootstrap") is None,
+    reason="needs systemd-nspawn (systemd-container) and debootstrap (make deps)",
+)
+
+
+@pytest.fixture
+def nspawn_run_dir() -> Iterator[None]:
+    """systemd-nspawn makes /run/systemd/nspawn/{locks,propagate} on the host; if the machine had
+    none before, none is left after (empty dirs only: another container's files stay)."""
+    existed = NSPAWN_RUN.exists()
+    yield
+    if not existed and NSPAWN_RUN.is_dir():
+        for path in sorted(NSPAWN_RUN.rglob("*"), key=lambda p: -len(p.parts)):
+            if path.is_dir() and not any(path.iterdir()):
+                path.rmdir()
+        if not any(NSPAWN_RUN.iterdir()):
+            NSPAWN_RUN.rmdir()
+
+
+def unpin_unit(netns_dir: Path, pin: str) -> str:
+    """The shipped service with only its ExecStart swapped for the unpin probe."""
+    lines = (UNITS / "cni-reaper.service").read_text().splitlines()
+    (at,) = [i for i, line in enumerate(lines) if line.startswith("ExecStart=")]
+    lines[at] = f"ExecStart={VENV}/bin/python {UNPIN_AT} {netns_dir} {pin}"
+    return "\n".join(lines) + "\n"
+
+
+def install_units(node: BootedNode, lab: Lab, pins: list[str]) -> None:
+    """The README's install: the units into /etc/systemd/system, the timer enabled (the symlink
+    `systemctl enable` makes), plus the test's drop-ins and the unpin checks."""
+    system = node.upper / "etc" / "systemd" / "system"
+    probe = node.upper / UNPIN_AT.lstrip("/")
+    probe.parent.mkdir(parents=True)
+    shutil.copy(UNPIN_PROBE, probe)
+    (system / "cni-reaper-unpin.service").parent.mkdir(parents=True)
+    (system / "cni-reaper-unpin.service").write_text(unpin_unit(lab.netns_dir, pins[0]))
+    (system / "timers.target.wants").mkdir()
+    for unit in ("cni-reaper.service", "cni-reaper.timer"):
+        shutil.copy(UNITS / unit, system / unit)
+    (system / "timers.target.wants" / "cni-reaper.timer").symlink_to("/etc/systemd/system/cni-reaper.timer")
+    (system / "cni-reaper.timer.d").mkdir()
+    (system / "cni-reaper.timer.d" / "soon.conf").write_text(
+        "[Timer]\nOnBootSec=\nOnBootSec=2s\nOnUnitActiveSec=5min\nRandomizedDelaySec=0\nAccuracySec=1s\n"
+    )
+    env = {
+        "REAPER_RUNTIME_ENDPOINT": lab.endpoint,
+        "REAPER_NETNS_DIR": str(lab.netns_dir),
+        "REAPER_IPAM_DIR": str(lab.ipam_dir),
+        "REAPER_CNI_CACHE_DIR": str(lab.cache_dir),
+        "REAPER_CNI_CONF_DIR": str(lab.conf_dir),
+        "REAPER_CNI_BIN_DIR": str(lab.bin_dir),
+        "REAPER_MIN_AGE": "0",
+        "REAPER_CONFIRMATIONS": "1",
+        "REAPER_MAX_ORPHAN_RATIO": "1",
+    }
+    (system / "cni-reaper.service.d").mkdir()
+    (system / "cni-reaper.service.d" / "lab.conf").write_text(
+        "[Service]\n" + "".join(f"Environment={k}={v}\n" for k, v in env.items())
+    )
+
+
+def live_attachments(lab: Lab, state: Path) -> dict[tuple[str | None, str | None, str | None], list[str]]:
+    run = run_reaper(lab, "scan", state, "--json", *SCAN)
+    assert run.returncode in (0, 1), run.stderr
+    return {
+        key: sorted(f"{r['kind']} {r['name']}" for r in a["resources"])
+        for key, a in attachments_by_key(run.doc).items()
+        if a["verdict"] == "live"
+    }
+
+
+def wait_for_run(node: BootedNode, timeout: float = 90) -> dict[str, str]:
+    """The service's properties once its first run has ended."""
+    deadline = time.monotonic() + timeout
+    props: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        props = node.show(
+            "cni-reaper.service", "ActiveState", "Result", "ExecMainStatus", "ExecMainExitTimestampMonotonic"
+        )
+        if props.get("ExecMainExitTimestampMonotonic", "0") != "0" and props.get("ActiveState") != "activating":
+            return props
+        time.sleep(0.5)
+    journal = node.run("journalctl", "--no-pager", "-n", "80", check=False).stdout
+    raise AssertionError(f"cni-reaper.service never ran: {props}\n{journal}")
+
+
+@pytest.mark.usefixtures("nspawn_run_dir")
+def test_the_timer_fires_the_hardened_service_which_may_unpin(tmp_path: Path) -> None:
+    with Lab() as lab:
+        web = lab.run_pod("web", port_mappings=[PortMap(8080, 80)])
+        leak = lab.make_leak(with_cache=False)
+        pin = str(leak.netns_path)
+        live = live_attachments(lab, tmp_path / "before.json")
+        assert len(live) == 2
+
+        wheel = build_wheel(tmp_path / "wheels")
+        node = BootedNode(tmp_path / "node", lab.netns_path, binds=[lab.root], ro_binds=[SYSTEM_CNI_BIN])
+        install_units(node, lab, [leak.netns_path.name])
+        try:
+            node.boot(wheel)
+            assert node.run("systemctl", "is-enabled", "cni-reaper.timer").stdout.strip() == "enabled"
+            service = wait_for_run(node)
+            timer = node.show("cni-reaper.timer", "ActiveState", "LastTriggerUSecMonotonic")
+            journal = node.run("journalctl", "--no-pager", "-o", "cat", "-u", "cni-reaper.service").stdout
+            applied = node.show("cni-reaper.service", "NoNewPrivileges", "CapabilityBoundingSet", "RestrictNamespaces")
+            mounted_before = pin in node.run("cat", "/proc/self/mountinfo").stdout
+            node.run("systemctl", "start", "cni-reaper-unpin.service", check=False)
+            unpin_log = node.run("journalctl", "--no-pager", "-o", "cat", "-u", "cni-reaper-unpin.service").stdout
+            mounted_after = pin in node.run("cat", "/proc/self/mountinfo").stdout
+        finally:
+            assert node.poweroff() == 0, node.log.read_text()[-2000:]
+
+        # The timer fired the service, and the pass succeeded.
+        assert timer["ActiveState"] == "active"
+        assert timer["LastTriggerUSecMonotonic"] not in ("", "0"), timer
+        assert service["Result"] == "success" and service["ExecMainStatus"] == "0", (service, journal[-3000:])
+        assert applied["NoNewPrivileges"] == "yes"
+        caps = set(applied["CapabilityBoundingSet"].split())
+        assert "cap_sys_admin" in caps and "cap_sys_module" not in caps, caps
+
+        # The textfile and the state file, written where the units say. The leak's lease (an
+        # attachment with no netns) was freed through the runtime's socket and the bound dirs;
+        # its pin was not judged: the container's PID namespace hides who may hold it.
+        textfile = node.upper / TEXTFILE
+        assert stat.S_IMODE(textfile.stat().st_mode) == 0o644
+        body = textfile.read_text()
+        assert metric(body, "cni_reaper_runtime_up") == 1
+        assert metric(body, "cni_reaper_reclaimed_total", kind="ipam", method="cni-del") == 1
+        assert metric(body, "cni_reaper_attachments", verdict="unknown") >= 1
+        assert metric(body, "cni_reaper_reclaimed_total", kind="netns", method="kernel") == 0
+        assert not leak.lease_path.exists()
+        assert "not in the host's PID namespace" in journal
+        state = node.upper / STATE
+        assert stat.S_IMODE(state.stat().st_mode) == 0o600
+        assert json.loads(state.read_text())
+
+        # Under the unit's hardening the reaper's unpin unmounted the pin in the container's own
+        # mount namespace (no namespace of the unit's, umount2 allowed); only nspawn's hidden
+        # copy of the host's tree kept the unlink from going through.
+        (outcome,) = [json.loads(line) for line in unpin_log.splitlines() if line.startswith("{")]
+        assert outcome["was_namespace"] is True
+        assert mounted_before and not mounted_after, unpin_log
+        assert outcome["error"] == "unlink: Device or resource busy", outcome
+
+        assert live_attachments(lab, tmp_path / "after.json") == live
+        assert pings(lab, web)
