@@ -26,10 +26,11 @@ ROOT = Path(__file__).resolve().parents[2]
 ULIMITS = ("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096")  # no CAP_SYS_RESOURCE here
 # What RUN steps borrow from the host to reach the package index as the host does: its CA bundle
 # and its site-wide pip config (cert, index, proxy). Not /etc/xdg/pip (a constraints file that
-# names the host's own paths) nor root's ~/.config/pip (indexes in local dirs): both name files
-# the build does not have. The pip config is lent as a file under a lent /root (pip's user
-# config), never at /etc/pip.conf: a bind target that does not exist in the base is left in
-# the layer as an empty file, and /root exists in every base.
+# names the host's own paths) nor root's ~/.config/pip (indexes in local dirs), nor the PIP_*
+# variables (podman build passes no environment): they name files the build does not have.
+# The pip config is lent as a file under a lent /root (pip's user config), never at
+# /etc/pip.conf: a bind target that does not exist in the base is left in the layer as an empty
+# file, and /root exists in every base.
 CA_CERTS = Path("/etc/ssl/certs")
 PIP_CONF = Path("/etc/pip.conf")
 
