@@ -9,11 +9,9 @@ missing pod CIDR never changes what is reclaimed.
 
 from __future__ import annotations
 
-import http.client
 import ipaddress
 import os
 import re
-import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -100,6 +98,10 @@ def in_cluster(env: Mapping[str, str]) -> bool:
 
 def from_api(node_name: str, env: Mapping[str, str], timeout: float = API_TIMEOUT) -> PodCidrs:
     """GET /api/v1/nodes/NAME with the pod's service account token, verified against its CA."""
+    # Imported here: only an agent in a pod asks the API, and ssl costs every other start.
+    import http.client  # noqa: PLC0415
+    import ssl  # noqa: PLC0415
+
     if not _NODE_NAME.fullmatch(node_name) or len(node_name) > 253:
         raise PodCidrError(f"{node_name[:80]!r} is not a node name")
     sa_dir = env.get("REAPER_SERVICEACCOUNT_DIR") or SERVICEACCOUNT_DIR
@@ -121,8 +123,10 @@ def from_api(node_name: str, env: Mapping[str, str], timeout: float = API_TIMEOU
         )
         response = conn.getresponse()
         body = response.read(MAX_NODE_BYTES + 1)
-    except (OSError, http.client.HTTPException) as err:
+    except (OSError, http.client.HTTPException) as err:  # TLS failures included
         raise PodCidrError(f"the API server at {host}:{port} did not answer: {err}") from None
+    except ValueError:  # http.client refuses a header value with a line break in it
+        raise PodCidrError(f"{sa_dir}/token is not a bearer token") from None
     finally:
         conn.close()
     if response.status != 200:

@@ -47,6 +47,7 @@ def test_an_older_node_with_only_spec_pod_cidr() -> None:
     ("env_change", "sa_change", "message"),
     [
         ({}, {"token": "someone-else"}, "HTTP 401 (the token was refused)"),
+        ({}, {"token": "abc\r\nX-Injected: 1\n"}, "is not a bearer token"),
         ({}, {"ca.crt": "not a certificate"}, "is not a CA certificate"),
         ({}, {"ca.crt": None}, "cannot read"),
         ({"KUBERNETES_SERVICE_PORT": "1"}, {}, "did not answer"),
