@@ -26,6 +26,7 @@ from reaper.settings import (
     agent_settings_from,
     reap_settings_from,
     settings_from,
+    with_pod_cidrs,
 )
 
 EXIT_CLEAN = 0
@@ -130,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _settings(args: argparse.Namespace) -> Settings:
     """The settings, the dirs no flag or variable gave detected from the runtimes' configs."""
-    return settings_from(args, layout=detect_layout())
+    return with_pod_cidrs(settings_from(args, layout=detect_layout()))
 
 
 def _scan(args: argparse.Namespace) -> int:
@@ -212,7 +213,7 @@ def _reap(args: argparse.Namespace) -> int:
 
 def _doctor(args: argparse.Namespace) -> int:
     layout = detect_layout()
-    settings = settings_from(args, layout=layout)
+    settings = with_pod_cidrs(settings_from(args, layout=layout))
     setup_logging(settings.log_format, "error")
     view = CriLiveness(settings.runtime_endpoints, settings.runtime_timeout).observe({})
     checks = run_checks(settings, layout, view, os.environ.get("REAPER_CNI_PRESET"))

@@ -151,6 +151,23 @@ def _preset(preset: str | None, configs: Iterable[NetworkConfig]) -> Iterator[Ch
         yield Check("preset", "warn", f"cniPreset {preset}, but the node's configs use {found}", fix)
 
 
+def _pod_cidrs(settings: Settings, configs: Iterable[NetworkConfig]) -> Iterator[Check]:
+    """Ranges whose subnet is the node's pod CIDR (Calico, Canal with host-local) need it for
+    their gauges and the range-full alert."""
+    cidrs = settings.pod_cidrs
+    for config in configs:
+        for version in config.pod_cidr_versions:
+            placeholder = "usePodCidr" if version == 4 else "usePodCidrIPv6"
+            cidr = cidrs.of_version(version) if cidrs is not None else None
+            if cidr is not None and cidrs is not None:
+                yield Check("pod CIDR", "ok", f"{config.name}: {placeholder} is {cidr} ({cidrs.source})")
+                continue
+            problems = (p for p in settings.layout_problems if p.startswith("pod CIDR"))
+            why = next(problems, "the node's pod CIDR is unknown")
+            fix = "pass --pod-cidr, or run in the chart (REAPER_NODE_NAME and get on nodes)"
+            yield Check("pod CIDR", "warn", f"{config.name}: {placeholder} range has no gauge: {why}", fix)
+
+
 def _namespaces(settings: Settings) -> Iterator[Check]:
     unseen = unseen_processes()
     if unseen is None:
@@ -220,6 +237,7 @@ def run_checks(settings: Settings, layout: Layout, view: RuntimeView, preset: st
         *_cni_dirs(settings, configs),
         *_plugins(settings, configs),
         *_preset(preset, configs),
+        *_pod_cidrs(settings, configs),
         *_namespaces(settings),
         *_firewall(),
     ]

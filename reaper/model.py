@@ -182,6 +182,9 @@ class NetworkConfig:
     ipam_ranges: tuple[HostLocalRange, ...]
     disable_gc: bool
     raw: bytes = field(repr=False)
+    # IP versions of host-local ranges whose subnet is the node's pod CIDR (usePodCidr: 4,
+    # usePodCidrIPv6: 6), which the plugin fills in and the config does not hold
+    pod_cidr_versions: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

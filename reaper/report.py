@@ -27,6 +27,9 @@ def layout_json(settings: Settings) -> dict[str, Any]:
     return {
         "dirs": {flag: {"value": values[flag], "from": origin} for flag, origin in settings.origins},
         "problems": list(settings.layout_problems),
+        "pod_cidrs": None
+        if settings.pod_cidrs is None
+        else {"v4": settings.pod_cidrs.v4, "v6": settings.pod_cidrs.v6, "from": settings.pod_cidrs.source},
     }
 
 

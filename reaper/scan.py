@@ -27,6 +27,7 @@ def find_options(settings: Settings) -> FindOptions:
         conf_dir=settings.cni_conf_dir,
         bin_dirs=settings.cni_bin_dirs,
         netns_patterns=settings.netns_patterns,
+        pod_cidrs=settings.pod_cidrs,
     )
 
 

@@ -12,13 +12,14 @@ import argparse
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from reaper.durations import parse_duration
 from reaper.layout import Layout
 from reaper.model import Policy
 from reaper.names import PLUGIN_TYPE, compile_netns_patterns
+from reaper.podcidr import PodCidrError, PodCidrs, pod_cidrs_from, resolve_pod_cidrs
 
 Group = Literal["paths", "reap", "agent", "output"]
 GROUP_TITLES: dict[Group, str] = {
@@ -106,6 +107,14 @@ def _plugin_type(text: str) -> str:
     return text
 
 
+def _pod_cidr(text: str) -> str:
+    try:
+        pod_cidrs_from([text], "--pod-cidr")
+    except PodCidrError:
+        raise ValueError(f"{text[:60]!r} is not a network in CIDR notation (like 10.244.3.0/24)") from None
+    return text
+
+
 def parse_listen(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     host = host.strip("[]")
@@ -151,6 +160,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("--cni-bin-dir", "REAPER_CNI_BIN_DIR", "/opt/cni/bin",
            "CNI plugin dir (repeatable); processes running from here do not keep a netns alive", "paths", _absolute,
            ":", "DIR"),
+    Option("--pod-cidr", "REAPER_POD_CIDR", None,
+           "the node's pod CIDR (repeatable, one per family), for host-local ranges whose subnet is usePodCidr "
+           "(Calico, Canal); in a pod with --node-name it is read from the Node object instead",
+           "paths", _pod_cidr, ",", "CIDR"),
+    Option("--node-name", "REAPER_NODE_NAME", None,
+           "this node's Kubernetes name; in a pod, its spec.podCIDRs are read with the pod's service account",
+           "paths", metavar="NAME"),
     Option("--runtime-endpoint", "REAPER_RUNTIME_ENDPOINT", None,
            "CRI socket, unix:///path (repeatable; when given, exactly these are asked); default: the kubelet's "
            "configured endpoint and every known socket that exists (containerd, CRI-O, cri-dockerd, k3s/rke2, "
@@ -282,7 +298,10 @@ class Settings:
     # (flag, where its value came from: "flag", its variable, "default" or the runtime configs
     # it was detected in) for the dirs layout detection may fill in
     origins: tuple[tuple[str, str], ...] = ()
-    layout_problems: tuple[str, ...] = ()  # runtime configs found but not readable
+    layout_problems: tuple[str, ...] = ()  # runtime configs found but not readable, no pod CIDR
+    pod_cidr_values: tuple[str, ...] = ()
+    node_name: str | None = None
+    pod_cidrs: PodCidrs | None = None  # set by with_pod_cidrs
 
 
 @dataclass(frozen=True)
@@ -356,7 +375,19 @@ def settings_from(
         textfile=v["textfile"],
         origins=tuple(origins.items()),
         layout_problems=layout.problems if layout is not None else (),
+        pod_cidr_values=tuple(v["pod_cidr"]),
+        node_name=v["node_name"],
     )
+
+
+def with_pod_cidrs(settings: Settings, env: Mapping[str, str] | None = None) -> Settings:
+    """The settings with the node's pod CIDRs (reaper.podcidr); when they cannot be learnt, a
+    layout problem says why, and ranges that need them are left out of the gauges."""
+    try:
+        cidrs = resolve_pod_cidrs(settings.pod_cidr_values, settings.node_name, os.environ if env is None else env)
+    except PodCidrError as err:
+        return replace(settings, layout_problems=(*settings.layout_problems, f"pod CIDR: {err}"))
+    return replace(settings, pod_cidrs=cidrs)
 
 
 def reap_settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> ReapSettings:

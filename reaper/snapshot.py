@@ -97,7 +97,7 @@ def _take(
         named = {c.name for c in configs}
         configs.extend(c for c in result.configs if c.name not in named)
         watch.lap(kind.name)
-    ranges = range_usage(configs, found.get("ipam", ()))
+    ranges = range_usage(configs, found.get("ipam", ()), opts.pod_cidrs)
     watch.lap("ranges")
     return NodeSnapshot(
         taken_at, host, found, tuple(ranges), tuple(configs), tuple(corrupt), tuple(errors),

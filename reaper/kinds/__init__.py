@@ -26,6 +26,7 @@ from reaper.model import (
     SourceError,
     Tie,
 )
+from reaper.podcidr import PodCidrs
 
 R = TypeVar("R")
 
@@ -41,6 +42,7 @@ class FindOptions:
     bin_dirs: tuple[str, ...]
     netns_patterns: tuple[re.Pattern[str], ...]
     command_timeout: float = COMMAND_TIMEOUT
+    pod_cidrs: PodCidrs | None = None  # for ranges whose subnet is usePodCidr (range gauges only)
 
 
 class Started(Protocol):

@@ -24,6 +24,7 @@ from reaper.host.files import DirLister, describe_oserror
 from reaper.host.memo import FileMemo
 from reaper.host.quarantine import Quarantine, remove_or_quarantine
 from reaper.kinds import Found, Kind, Look, ReclaimContext
+from reaper.kinds.netconf import host_local_range
 from reaper.model import (
     ContainerTie,
     CorruptFile,
@@ -37,6 +38,7 @@ from reaper.model import (
     ResourceRef,
 )
 from reaper.names import is_cni_id, is_ifname
+from reaper.podcidr import PodCidrs
 
 MAX_LEASE_BYTES = 4096
 LOCK_WAIT = 10.0  # seconds to wait for host-local's lock before leaving a network's leases
@@ -143,8 +145,11 @@ def _read_lease(
     return HostLocalLease(network, entry.name, container_id, ifname, path, data_dir, st.st_mtime)
 
 
-def range_usage(configs: Iterable[NetworkConfig], leases: Iterable[HostLocalLease]) -> list[IpamRange]:
-    """Size and leases used of every host-local range a known config declares."""
+def range_usage(
+    configs: Iterable[NetworkConfig], leases: Iterable[HostLocalLease], pod_cidrs: PodCidrs | None = None
+) -> list[IpamRange]:
+    """Size and leases used of every host-local range a known config declares, and of those
+    whose subnet is the node's pod CIDR when `pod_cidrs` has one of that IP version."""
     by_network: dict[str, list[tuple[int, int]]] = {}
     for lease in leases:
         key = ip_key(lease.ip)
@@ -152,7 +157,7 @@ def range_usage(configs: Iterable[NetworkConfig], leases: Iterable[HostLocalLeas
             by_network.setdefault(lease.network, []).append(key)
     out: dict[tuple[str, str], IpamRange] = {}
     for config in configs:
-        for spec in config.ipam_ranges:
+        for spec in (*config.ipam_ranges, *_pod_cidr_ranges(config, pod_cidrs)):
             label = (config.name, _label(spec))
             if label in out:
                 continue
@@ -168,6 +173,13 @@ def range_usage(configs: Iterable[NetworkConfig], leases: Iterable[HostLocalLeas
             )
             out[label] = IpamRange(config.name, label[1], max(size, 0), used)
     return sorted(out.values(), key=lambda r: (r.network, r.range))
+
+
+def _pod_cidr_ranges(config: NetworkConfig, pod_cidrs: PodCidrs | None) -> list[HostLocalRange]:
+    if pod_cidrs is None:
+        return []
+    cidrs = (pod_cidrs.of_version(version) for version in config.pod_cidr_versions)
+    return [host_local_range(cidr, {}) for cidr in cidrs if cidr is not None]
 
 
 def _label(spec: HostLocalRange) -> str:

@@ -19,8 +19,9 @@ from reaper.model import CorruptFile, HostLocalRange, NetworkConfig
 from reaper.names import is_cni_id, is_path
 
 CONFIG_EXTENSIONS = (".conf", ".conflist", ".json")
-# host-local subnets that Calico's and Canal's plugins fill in from the node's podCIDR
-POD_CIDR_PLACEHOLDERS = frozenset({"usePodCidr", "usePodCidrIPv6"})
+# host-local subnets that Calico's and Canal's plugins fill in from the node's podCIDRs, matched
+# without regard to case as Calico's plugin does (strings.EqualFold), by the IP version they take
+POD_CIDR_PLACEHOLDERS = {"usepodcidr": 4, "usepodcidripv6": 6}
 FLANNEL_SUBNET_FILE = "/run/flannel/subnet.env"
 MAX_CONFIG_BYTES = 1 << 20
 
@@ -29,7 +30,9 @@ class ConfigError(ValueError):
     pass
 
 
-def _ranges(ipam: dict[str, Any]) -> list[HostLocalRange]:
+def _ranges(ipam: dict[str, Any]) -> tuple[list[HostLocalRange], list[int]]:
+    """The ranges an IPAM section declares, and the IP versions of those the node's pod CIDR
+    fills in."""
     specs: list[dict[str, Any]] = []
     if isinstance(ipam.get("ranges"), list):
         for rangeset in ipam["ranges"]:
@@ -38,17 +41,20 @@ def _ranges(ipam: dict[str, Any]) -> list[HostLocalRange]:
     elif isinstance(ipam.get("subnet"), str):
         specs.append(ipam)
     out = []
+    pod_cidr_versions = []
     for spec in specs:
         subnet = spec.get("subnet")
         if not isinstance(subnet, str):
             raise ConfigError("host-local range without a subnet")
-        if subnet in POD_CIDR_PLACEHOLDERS:
-            continue  # filled in by the plugin from the node's podCIDR: not known here
-        out.append(_range(subnet, spec))
-    return out
+        version = POD_CIDR_PLACEHOLDERS.get(subnet.lower())
+        if version is not None:
+            pod_cidr_versions.append(version)
+        else:
+            out.append(host_local_range(subnet, spec))
+    return out, pod_cidr_versions
 
 
-def _range(subnet: str, spec: Mapping[str, Any]) -> HostLocalRange:
+def host_local_range(subnet: str, spec: Mapping[str, Any]) -> HostLocalRange:
     """One range with host-local's defaults: from .1 (the gateway, skipped) to the last address."""
     try:
         net = ipaddress.ip_network(subnet, strict=False)
@@ -71,7 +77,7 @@ def flannel_ranges(subnet_env: bytes) -> list[HostLocalRange]:
         key, sep, value = line.partition("=")
         if sep and key.strip() in ("FLANNEL_SUBNET", "FLANNEL_IPV6_SUBNET") and value.strip():
             try:
-                ranges.append(_range(value.strip(), {}))
+                ranges.append(host_local_range(value.strip(), {}))
             except ConfigError:
                 continue
     return ranges
@@ -154,6 +160,7 @@ def parse_network_config(raw: bytes, path: str) -> NetworkConfig:
     types: list[str] = []
     data_dirs: list[str] = []
     ranges: list[HostLocalRange] = []
+    pod_cidr_versions: list[int] = []
     for plugin in plugins:
         types.append(plugin["type"])
         ipam = plugin.get("ipam")
@@ -161,9 +168,13 @@ def parse_network_config(raw: bytes, path: str) -> NetworkConfig:
             data_dir = ipam.get("dataDir")
             if isinstance(data_dir, str) and data_dir.startswith("/") and is_path(data_dir):
                 data_dirs.append(os.path.normpath(data_dir))
-            ranges.extend(_ranges(ipam))
+            declared, from_pod_cidr = _ranges(ipam)
+            ranges.extend(declared)
+            pod_cidr_versions.extend(v for v in from_pod_cidr if v not in pod_cidr_versions)
     disable_gc = doc.get("disableGC") is True
-    return NetworkConfig(name, path, version, tuple(types), tuple(data_dirs), tuple(ranges), disable_gc, raw)
+    return NetworkConfig(
+        name, path, version, tuple(types), tuple(data_dirs), tuple(ranges), disable_gc, raw, tuple(pod_cidr_versions)
+    )
 
 
 def collect_configs(conf_dir: str) -> tuple[list[NetworkConfig], list[CorruptFile]]:

@@ -39,6 +39,42 @@ def host_links(lab: Lab) -> set[str]:
     return {link["ifname"] for link in json.loads(lab.run_in_netns(["ip", "-j", "link", "show"], check=True).stdout)}
 
 
+def ifbs(lab: Lab) -> set[str]:
+    """The IFB devices in the lab's netns."""
+    out = lab.run_in_netns(["ip", "-j", "link", "show", "type", "ifb"], check=True).stdout
+    return {link["ifname"] for link in json.loads(out)}
+
+
+def qdiscs(lab: Lab, dev: str) -> str:
+    return lab.run_in_netns(["tc", "qdisc", "show", "dev", dev], check=True).stdout
+
+
+def firewall_rules_of(ip: str, bits: int = 32) -> set[str]:
+    """The two rules the firewall plugin's iptables backend writes for `ip`, as iptables-save
+    prints them."""
+    return {
+        f"-A CNI-FORWARD -d {ip}/{bits} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+        f"-A CNI-FORWARD -s {ip}/{bits} -j ACCEPT",
+    }
+
+
+def filter_lines(lab: Lab) -> set[str]:
+    """Every line of the lab netns' filter tables, both families, but iptables-save's comments
+    (they carry the time)."""
+    lines: set[str] = set()
+    for save in ("iptables-save", "ip6tables-save"):
+        out = lab.run_in_netns([save, "-t", "filter"], check=True).stdout
+        lines.update(line for line in out.splitlines() if not line.startswith("#"))
+    return lines
+
+
+def cached_result(lab: Lab, container_id: str) -> dict[str, Any]:
+    """The result in the libcni cache entry of the container's attachment to the lab's network."""
+    path = lab.cache_dir / "results" / f"{lab.network_name}-{container_id}-eth0"
+    result: dict[str, Any] = json.loads(path.read_bytes())["result"]
+    return result
+
+
 def nat_chains(lab: Lab) -> str:
     return lab.run_in_netns(["iptables-save", "-t", "nat"], check=True).stdout
 

@@ -11,12 +11,11 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from reaper.kinds.bandwidth import ifb_name
 from tests.harness.lab import Lab
 from tests.harness.lab import cni as labcni
-from tests.harness.reap_helpers import REAP, SCAN, host_links, leak_left, pings
+from tests.harness.reap_helpers import REAP, SCAN, cached_result, host_links, ifbs, leak_left, pings, qdiscs
 from tests.harness.reaper_cli import attachments_by_key, names, run_reaper
 
 # bits/s and bits: shaping, yet loose enough for a ping.
@@ -38,21 +37,6 @@ def shape(lab: Lab, container_id: str, netns: Path, prev_result: Mapping[str, ob
     interfaces = result["interfaces"]
     assert isinstance(interfaces, list)
     return str(interfaces[-1]["name"])  # the plugin appends its IFB, with no sandbox
-
-
-def ifbs(lab: Lab) -> set[str]:
-    out = lab.run_in_netns(["ip", "-j", "link", "show", "type", "ifb"], check=True).stdout
-    return {link["ifname"] for link in json.loads(out)}
-
-
-def qdiscs(lab: Lab, dev: str) -> str:
-    return lab.run_in_netns(["tc", "qdisc", "show", "dev", dev], check=True).stdout
-
-
-def cached_result(lab: Lab, container_id: str) -> dict[str, Any]:
-    path = lab.cache_dir / "results" / f"{lab.network_name}-{container_id}-{labcni.IFNAME}"
-    result: dict[str, Any] = json.loads(path.read_bytes())["result"]
-    return result
 
 
 def test_the_leaks_ifb_is_freed_and_the_live_pods_stays(tmp_path: Path) -> None:

@@ -5,15 +5,13 @@ and the plugin's shared chains and jumps."""
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from tests.harness.lab import Lab
 from tests.harness.lab import cni as labcni
-from tests.harness.reap_helpers import REAP, SCAN, leak_left, pings
+from tests.harness.reap_helpers import REAP, SCAN, cached_result, filter_lines, firewall_rules_of, leak_left, pings
 from tests.harness.reaper_cli import attachments_by_key, names, run_reaper
 
 SHARED = (
@@ -40,30 +38,6 @@ def accept(lab: Lab, container_id: str, netns: str, prev_result: Mapping[str, ob
     labcni.exec_plugin(call, conf)
 
 
-def rules_of(ip: str, bits: int = 32) -> set[str]:
-    """The two rules the plugin writes for `ip`, as iptables-save prints them."""
-    return {
-        f"-A CNI-FORWARD -d {ip}/{bits} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
-        f"-A CNI-FORWARD -s {ip}/{bits} -j ACCEPT",
-    }
-
-
-def filter_lines(lab: Lab) -> set[str]:
-    """Every line of the lab netns' filter tables, both families, but iptables-save's comments
-    (they carry the time)."""
-    lines: set[str] = set()
-    for save in ("iptables-save", "ip6tables-save"):
-        out = lab.run_in_netns([save, "-t", "filter"], check=True).stdout
-        lines.update(line for line in out.splitlines() if not line.startswith("#"))
-    return lines
-
-
-def cached_result(lab: Lab, container_id: str) -> dict[str, Any]:
-    path = lab.cache_dir / "results" / f"{lab.network_name}-{container_id}-{labcni.IFNAME}"
-    result: dict[str, Any] = json.loads(path.read_bytes())["result"]
-    return result
-
-
 def specs(lines: set[str]) -> set[str]:
     return {line.removeprefix("-A ") for line in lines}
 
@@ -86,10 +60,10 @@ def test_the_leaks_rules_go_and_the_live_pods_and_unleased_ones_stay(tmp_path: P
             "ips": [{"address": f"{STRAY_V4}/24", "interface": 0}, {"address": f"{STRAY_V6}/64", "interface": 0}],
         }
         accept(lab, secrets.token_hex(32), str(lab.netns_path), stray)
-        strays = rules_of(STRAY_V4) | rules_of(STRAY_V6, 128)
+        strays = firewall_rules_of(STRAY_V4) | firewall_rules_of(STRAY_V6, 128)
         before = filter_lines(lab)
         # The real plugin's rules read exactly as the reaper expects them.
-        assert rules_of(web_ip) | rules_of(leak.ip) | strays | set(SHARED) <= before, sorted(before)
+        assert firewall_rules_of(web_ip) | firewall_rules_of(leak.ip) | strays | set(SHARED) <= before, sorted(before)
         assert pings(lab, web)
 
         scan = run_reaper(lab, "scan", tmp_path / "scan.json", "--json", *SCAN)
@@ -97,8 +71,8 @@ def test_the_leaks_rules_go_and_the_live_pods_and_unleased_ones_stay(tmp_path: P
         by_key = attachments_by_key(scan.doc)
         orphan = by_key[(leak.container_id, net, labcni.IFNAME)]
         live = by_key[(web, net, labcni.IFNAME)]
-        assert orphan["verdict"] == "orphan" and names(orphan, "firewall") == specs(rules_of(leak.ip))
-        assert live["verdict"] == "live" and names(live, "firewall") == specs(rules_of(web_ip))
+        assert orphan["verdict"] == "orphan" and names(orphan, "firewall") == specs(firewall_rules_of(leak.ip))
+        assert live["verdict"] == "live" and names(live, "firewall") == specs(firewall_rules_of(web_ip))
         unconfirmed = {u["name"]: u for u in scan.doc["unconfirmed"] if u["kind"] == "firewall"}
         assert set(unconfirmed) == specs(strays)
         assert all("no host-local lease holds" in u["owner"] for u in unconfirmed.values())
@@ -109,16 +83,17 @@ def test_the_leaks_rules_go_and_the_live_pods_and_unleased_ones_stay(tmp_path: P
         # The cached config (bridge, portmap) has no firewall: its DEL leaves the rules, the
         # kernel step deletes them.
         freed = {r["name"]: (r["method"], r["ok"]) for r in outcome["resources"] if r["kind"] == "firewall"}
-        assert freed == {spec: ("kernel", True) for spec in specs(rules_of(leak.ip))}, outcome
+        assert freed == {spec: ("kernel", True) for spec in specs(firewall_rules_of(leak.ip))}, outcome
         assert leak_left(lab, leak) == []
 
         after = filter_lines(lab)
-        assert not rules_of(leak.ip) & after, "the leak's rules are left"
-        assert rules_of(web_ip) | strays | set(SHARED) <= after, "a rule not the leak's was deleted"
-        assert after == before - rules_of(leak.ip)
+        assert not firewall_rules_of(leak.ip) & after, "the leak's rules are left"
+        assert firewall_rules_of(web_ip) | strays | set(SHARED) <= after, "a rule not the leak's was deleted"
+        assert after == before - firewall_rules_of(leak.ip)
         assert {u["name"] for u in run.doc["unconfirmed"] if u["kind"] == "firewall"} == specs(strays)
         assert pings(lab, web)
 
         again = run_reaper(lab, "scan", tmp_path / "after.json", "--json", *SCAN)
         assert again.returncode == 0 and again.doc["summary"]["orphan"] == 0
-        assert names(attachments_by_key(again.doc)[(web, net, labcni.IFNAME)], "firewall") == specs(rules_of(web_ip))
+        web_after = attachments_by_key(again.doc)[(web, net, labcni.IFNAME)]
+        assert names(web_after, "firewall") == specs(firewall_rules_of(web_ip))

@@ -50,6 +50,7 @@ CUSTOM: dict[str, Any] = {
     "stallAfter": "45m",
     "force": True,
     "cniGc": True,
+    "podCidrFromNode": True,
     "runtimeEndpoint": "unix:///var/run/crio/crio.sock",
     "runtimeTimeout": "5s",
     "netnsDirs": ["/var/run/netns", "/run/containerd/io.containerd.grpc.v1.cri/netns"],
@@ -257,6 +258,32 @@ def test_daemonset_runs_on_every_node_privileged_in_host_namespaces(chart: helm.
     assert service["spec"]["selector"].items() <= labels.items()
     assert service["spec"]["ports"] == [{"name": "metrics", "port": PORT, "targetPort": "metrics", "protocol": "TCP"}]
     assert {"name": "metrics", "containerPort": PORT, "protocol": "TCP"} in c["ports"]
+
+
+def test_pod_cidr_from_node_reads_only_nodes_with_the_pods_own_account(chart: helm.Chart) -> None:
+    docs = render(chart, {"podCidrFromNode": True})
+    role, binding = one(docs, "ClusterRole"), one(docs, "ClusterRoleBinding")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    account = one(docs, "ServiceAccount")["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is True and pod["serviceAccountName"] == account
+    c = container(docs)
+    assert flag_values(c["args"], "--node-name") == ["$(NODE_NAME)"]
+    node_name = next(e for e in c["env"] if e["name"] == "NODE_NAME")
+    assert node_name["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    # The agent's own parser takes the flag, and NODE_NAME is defined before the args use it.
+    assert settings_from(build_parser().parse_args(c["args"]), {}).node_name == "$(NODE_NAME)"
+
+    off = render(chart)
+    assert not [d for d in off if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    assert one(off, "DaemonSet")["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    assert flag_values(container(off)["args"], "--node-name") == []
 
 
 def test_probes_hit_the_agents_health_endpoints(chart: helm.Chart) -> None:

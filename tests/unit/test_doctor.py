@@ -1,14 +1,18 @@
-"""`reaper doctor`'s checks that are pure: the chart's preset against the node's configs."""
+"""`reaper doctor`'s checks that are pure: the chart's preset and the pod CIDR against the node's configs."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
-from reaper.doctor import _preset
+from reaper.cli import build_parser
+from reaper.doctor import _pod_cidrs, _preset
 from reaper.kinds.netconf import parse_network_config
 from reaper.model import NetworkConfig
+from reaper.podcidr import PodCidrs
+from reaper.settings import settings_from
 
 
 def _config(*types: str) -> NetworkConfig:
@@ -36,3 +40,21 @@ def test_a_preset_that_does_not_match_the_node_is_reported(
 def test_no_preset_and_none_on_a_plain_node_say_nothing() -> None:
     assert list(_preset(None, [_config("bridge")])) == []
     assert list(_preset("none", [_config("bridge", "portmap")])) == []
+
+
+def test_a_use_pod_cidr_range_without_the_pod_cidr_is_a_warning_with_the_fix() -> None:
+    ipam = {"type": "host-local", "ranges": [[{"subnet": "usePodCidr"}], [{"subnet": "usePodCidrIPv6"}]]}
+    doc = {"cniVersion": "0.3.1", "name": "k8s-pod-network", "type": "calico", "ipam": ipam}
+    calico = parse_network_config(json.dumps(doc).encode(), "/etc/cni/net.d/10-calico.conflist")
+    args = build_parser().parse_args(["doctor"])
+    unknown = settings_from(args, {})
+    assert [(c.status, "--pod-cidr" in c.fix) for c in _pod_cidrs(unknown, [calico])] == [("warn", True)] * 2
+    failed = replace(
+        unknown, layout_problems=("pod CIDR: GET node n1: HTTP 403 (the service account may not get nodes)",)
+    )
+    assert all("HTTP 403" in c.message for c in _pod_cidrs(failed, [calico]))
+    v4_only = replace(unknown, pod_cidrs=PodCidrs("10.244.3.0/24", None, "--pod-cidr"))
+    checks = [(c.status, c.message) for c in _pod_cidrs(v4_only, [calico])]
+    assert checks[0] == ("ok", "k8s-pod-network: usePodCidr is 10.244.3.0/24 (--pod-cidr)")
+    assert checks[1][0] == "warn" and "usePodCidrIPv6" in checks[1][1]
+    assert list(_pod_cidrs(unknown, [_config("bridge")])) == []

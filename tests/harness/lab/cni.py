@@ -24,6 +24,14 @@ PLUGIN_TIMEOUT = 60.0
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 NetworkMode = Literal["normal", "empty", "failing"]
+# Plugins a lab may chain after bridge and portmap, as nodes chain them: bandwidth shapes a pod
+# whose annotations ask for it (the runtime passes them as the `bandwidth` capability), firewall
+# accepts every pod's addresses in CNI-FORWARD.
+ChainExtra = Literal["bandwidth", "firewall"]
+CHAIN_EXTRAS: dict[ChainExtra, dict[str, object]] = {
+    "bandwidth": {"type": "bandwidth", "capabilities": {"bandwidth": True}},
+    "firewall": {"type": "firewall", "backend": "iptables"},
+}
 
 # A plugin that answers VERSION and fails every other command with a CNI error, as in the seed
 # report "a chained conflist whose later plugin fails ADD". It fails DEL too, so the runtime's
@@ -84,6 +92,7 @@ class NetworkSpec:
     bridge: str
     subnet: str
     ipam_dir: Path
+    extras: tuple[ChainExtra, ...] = ()
 
     def plugins(self, mode: NetworkMode) -> list[dict[str, object]]:
         if mode == "empty":
@@ -102,6 +111,7 @@ class NetworkSpec:
                 },
             },
             {"type": "portmap", "capabilities": {"portMappings": True}, "snat": True},
+            *(dict(CHAIN_EXTRAS[extra]) for extra in self.extras),
         ]
         if mode == "failing":
             plugins.append({"type": FAIL_PLUGIN})

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -25,7 +25,7 @@ from types import TracebackType
 from reaper.runtime import api_pb2 as pb
 from reaper.runtime.client import CriError
 from tests.harness.lab import cni, kernel, runtime
-from tests.harness.lab.cni import Leak, NetworkMode, NetworkSpec, PortMap
+from tests.harness.lab.cni import ChainExtra, Leak, NetworkMode, NetworkSpec, PortMap
 from tests.harness.lab.cri import LabRuntimeClient
 from tests.harness.lab.image import DEFAULT_CACHE_DIR, PAUSE_IMAGE, build_pause_image
 
@@ -80,6 +80,7 @@ class Lab:
         subnet: str | None = None,
         image_cache_dir: Path = DEFAULT_CACHE_DIR,
         initial_network: NetworkMode = "normal",
+        chain_extras: Sequence[ChainExtra] = (),
         cri_timeout: float = 30.0,
         log_level: str = "info",
     ) -> None:
@@ -102,7 +103,11 @@ class Lab:
             log_level=log_level,
         )
         self._spec = NetworkSpec(
-            name=self._network_name, bridge=self._bridge, subnet=self._subnet, ipam_dir=self.ipam_dir
+            name=self._network_name,
+            bridge=self._bridge,
+            subnet=self._subnet,
+            ipam_dir=self.ipam_dir,
+            extras=tuple(chain_extras),
         )
         self._proc: subprocess.Popen[bytes] | None = None
         self._client: LabRuntimeClient | None = None
@@ -415,11 +420,16 @@ class Lab:
         return runtime.runtime_status_info(self.endpoint, self._cri_timeout)
 
     def pod_config(
-        self, name: str, namespace: str = "default", port_mappings: Sequence[PortMap] = ()
+        self,
+        name: str,
+        namespace: str = "default",
+        port_mappings: Sequence[PortMap] = (),
+        annotations: Mapping[str, str] | None = None,
     ) -> pb.PodSandboxConfig:
         return pb.PodSandboxConfig(
             metadata=pb.PodSandboxMetadata(name=name, uid=str(uuid.uuid4()), namespace=namespace, attempt=0),
             hostname=name,
+            annotations=dict(annotations or {}),
             port_mappings=[
                 pb.PortMapping(
                     protocol=_PROTOCOLS[p.protocol],
@@ -432,9 +442,15 @@ class Lab:
             linux=pb.LinuxPodSandboxConfig(cgroup_parent=self.cgroup_parent),
         )
 
-    def try_run_pod(self, name: str, namespace: str = "default", port_mappings: Sequence[PortMap] = ()) -> PodAttempt:
+    def try_run_pod(
+        self,
+        name: str,
+        namespace: str = "default",
+        port_mappings: Sequence[PortMap] = (),
+        annotations: Mapping[str, str] | None = None,
+    ) -> PodAttempt:
         """RunPodSandbox; on failure return the error and the (NOTREADY) sandbox it left."""
-        config = self.pod_config(name, namespace, port_mappings)
+        config = self.pod_config(name, namespace, port_mappings, annotations)
         uid = config.metadata.uid
         try:
             sandbox_id: str | None = self.client.run_pod_sandbox(config)
@@ -444,9 +460,15 @@ class Lab:
             sandbox_id = next((s.id for s in self.sandboxes() if s.metadata.uid == uid), None)
         return PodAttempt(name=name, namespace=namespace, uid=uid, sandbox_id=sandbox_id, error=error)
 
-    def run_pod(self, name: str, namespace: str = "default", port_mappings: Sequence[PortMap] = ()) -> str:
+    def run_pod(
+        self,
+        name: str,
+        namespace: str = "default",
+        port_mappings: Sequence[PortMap] = (),
+        annotations: Mapping[str, str] | None = None,
+    ) -> str:
         """RunPodSandbox; return the sandbox id, raise CriError with the runtime's message."""
-        attempt = self.try_run_pod(name, namespace, port_mappings)
+        attempt = self.try_run_pod(name, namespace, port_mappings, annotations)
         if attempt.error is not None or attempt.sandbox_id is None:
             raise CriError(attempt.error or f"RunPodSandbox {name}: no sandbox id")
         return attempt.sandbox_id

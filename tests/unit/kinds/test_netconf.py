@@ -89,6 +89,33 @@ def test_use_pod_cidr_is_a_valid_config_whose_range_is_not_known_here(tmp_path: 
     (tmp_path / "10-calico.conflist").write_text(json.dumps(config))
     (parsed,), corrupt = collect_configs(str(tmp_path))
     assert corrupt == [] and parsed.name == "k8s-pod-network" and parsed.ipam_ranges == ()
+    assert parsed.pod_cidr_versions == (4,)
+
+
+@pytest.mark.parametrize(
+    ("ipam", "versions"),
+    [
+        # projectcalico/calico cni-plugin utils.go ReplaceHostLocalIPAMPodCIDRs: the top-level subnet
+        # and every range's, compared with strings.EqualFold
+        ({"subnet": "usepodcidr"}, (4,)),
+        ({"subnet": "USEPODCIDRIPV6"}, (6,)),
+        # the operator's dual-stack block (tigera/operator buildHostLocalIPAM)
+        ({"ranges": [[{"subnet": "usePodCidr"}], [{"subnet": "usePodCidrIPv6"}]]}, (4, 6)),
+        ({"ranges": [[{"subnet": "usePodCidr"}], [{"subnet": "fd00:1::/64"}]]}, (4,)),
+        ({"subnet": "usePodCidrIPv4"}, None),  # not a placeholder: a bad subnet
+    ],
+)
+def test_pod_cidr_placeholders_are_read_as_calico_reads_them(
+    ipam: dict[str, object], versions: tuple[int, ...] | None
+) -> None:
+    raw = json.dumps(
+        {"cniVersion": "0.3.1", "name": "k8s-pod-network", "type": "calico", "ipam": {"type": "host-local", **ipam}}
+    )
+    if versions is None:
+        with pytest.raises(ConfigError):
+            parse_network_config(raw.encode(), "/x.conf")
+        return
+    assert parse_network_config(raw.encode(), "/x.conf").pod_cidr_versions == versions
 
 
 def test_flannels_range_comes_from_its_subnet_file(tmp_path: Path) -> None:
