@@ -12,7 +12,8 @@ Two things of nspawn's keep a pin from being freed in its container, whatever th
 What the unit's hardening decides is whether the unmount happens in the mount namespace the pins
 are in. The reaper's own unpin code (tests/harness/probes/unpin.py), run as the ExecStart of a
 copy of the shipped service with all its hardening, shows that it does: the pin's mount is gone
-from the container's mount table, and the unlink is the only step left, for nspawn's reason.
+from the container's mount table, and the unlink is the only step left, for nspawn's reason (the
+same code run in the container outside any unit stops at the same step).
 
 Only what a test cannot wait for is changed, in drop-ins: the timer's first run comes 2 s after
 boot instead of 5 minutes, and the service's environment points the reaper at the lab and
@@ -138,6 +139,7 @@ def test_the_timer_fires_the_hardened_service_which_may_unpin(tmp_path: Path) ->
         web = lab.run_pod("web", port_mappings=[PortMap(8080, 80)])
         leak = lab.make_leak(with_cache=False)
         pin = str(leak.netns_path)
+        bare_pin = lab.make_pin()  # unpinned outside any unit, for comparison
         live = live_attachments(lab, tmp_path / "before.json")
         assert len(live) == 2
 
@@ -155,6 +157,8 @@ def test_the_timer_fires_the_hardened_service_which_may_unpin(tmp_path: Path) ->
             node.run("systemctl", "start", "cni-reaper-unpin.service", check=False)
             unpin_log = node.run("journalctl", "--no-pager", "-o", "cat", "-u", "cni-reaper-unpin.service").stdout
             mounted_after = pin in node.run("cat", "/proc/self/mountinfo").stdout
+            # The same code with no unit around it: no hardening at all.
+            direct = node.run(f"{VENV}/bin/python", UNPIN_AT, str(lab.netns_dir), bare_pin.name, check=False).stdout
         finally:
             assert node.poweroff() == 0, node.log.read_text()[-2000:]
 
@@ -189,6 +193,8 @@ def test_the_timer_fires_the_hardened_service_which_may_unpin(tmp_path: Path) ->
         assert outcome["was_namespace"] is True
         assert mounted_before and not mounted_after, unpin_log
         assert outcome["error"] == "unlink: Device or resource busy", outcome
+        # Without the unit the same code gets exactly as far: the unlink is nspawn's limit.
+        assert json.loads(direct) == {**outcome, "pin": str(bare_pin)}
 
         assert live_attachments(lab, tmp_path / "after.json") == live
         assert pings(lab, web)
