@@ -125,6 +125,15 @@ def _leak_gone(lab: Lab, leak: Leak, links: set[str]) -> bool:
     )
 
 
+def _passes(log_path: Path) -> int:
+    """Passes the agent has logged so far."""
+    return sum(1 for line in log_path.read_text().splitlines() if '"msg": "pass"' in line)
+
+
+def _churning(elapsed: float, seconds: float, passes: int, min_passes: int) -> bool:
+    return elapsed < seconds or (passes < min_passes and elapsed < 3 * seconds)
+
+
 def run_churn(
     lab: Lab,
     seconds: float,
@@ -134,8 +143,12 @@ def run_churn(
     min_age: str = "3s",
     decoy: Lab | None = None,
     podman: LabPodman | None = None,
+    min_passes: int = 10,
 ) -> ChurnFigures:
-    """Churn for `seconds`. `min_age` must stay above the runtime's RunPodSandbox time: containerd
+    """Churn for `seconds`, and on (up to three times as long) until the agent has made
+    `min_passes` passes: a loaded machine slows the passes, not what each one must get right.
+
+    `min_age` must stay above the runtime's RunPodSandbox time: containerd
     lists a sandbox only once its network is set up and its pause process runs, so a pass that
     looks in between sees a pin, a veth and a lease that nothing lists yet (measured: at --min-age 0
     the agent then breaks pods being created).
@@ -162,7 +175,7 @@ def run_churn(
         agent = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         try:
             n = 0
-            while time.monotonic() - started < seconds:
+            while _churning(time.monotonic() - started, seconds, _passes(log_path), min_passes):
                 n += 1
                 action = rng.choices(["create", "remove", "leak", "podman"], weights=[4, 3, 2, 2 if podman else 0])[0]
                 if action == "podman" and podman is not None:
@@ -220,7 +233,7 @@ def run_churn(
             agent.terminate()
             agent.wait(30)
     figures.seconds = time.monotonic() - started
-    figures.passes = sum(1 for line in log_path.read_text().splitlines() if '"msg": "pass"' in line)
+    figures.passes = _passes(log_path)
     for sandbox_id in list(pods):
         lab.stop_pod(sandbox_id)
         lab.remove_pod(sandbox_id)

@@ -34,7 +34,7 @@ class LabPodman:
         self.root = lab.root / "podman"
         self.bridge = f"cni-pm{secrets.token_hex(2)}"
         self.subnet = subnet
-        for sub in ("storage", "run", "tmp", "net.d", "rootfs/bin"):
+        for sub in ("storage", "run", "tmp", "runc", "net.d", "rootfs/bin"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         lab.cache_dir.mkdir(parents=True, exist_ok=True)  # containerd makes it at its first pod
         self._write_network()
@@ -75,6 +75,7 @@ class LabPodman:
             "podman", "--root", str(self.root / "storage"), "--runroot", str(self.root / "run"),
             "--tmpdir", str(self.root / "tmp"), "--cgroup-manager", "cgroupfs", "--events-backend", "file",
             "--network-backend", "cni", "--cni-config-dir", str(self.root / "net.d"), "--runtime", "runc",
+            "--runtime-flag", f"root={self.root / 'runc'}",  # runc's state too, not the host's /run/runc
         ]  # fmt: skip
         argv = ["nsenter", f"--net={self.lab.netns_path}", *self.node_view(), *base, *args]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
