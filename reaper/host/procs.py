@@ -38,7 +38,10 @@ def netns_members(proc: str = "/proc") -> dict[NsKey, set[int]]:
         except OSError:
             pass
         try:
-            tasks = os.listdir(f"{base}/task")
+            # The task dir's link count is 2 + its threads: listed only when there are several
+            # (a stat costs a fourth of a listing, and most processes have one thread).
+            several = os.stat(f"{base}/task").st_nlink > 3
+            tasks = os.listdir(f"{base}/task") if several else []
         except OSError:
             tasks = []
         if len(tasks) > 1:
