@@ -55,6 +55,21 @@ def namespace_uninspectable(path: str | None) -> bool:
     return False
 
 
+def namespace_at(path: str | None) -> tuple[NsKey | None, bool]:
+    """`namespace_of(path)` and `namespace_uninspectable(path)`, from one stat."""
+    if not path:
+        return None, False
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None, path.startswith("/proc/") and os.path.isdir(path.split("/ns/")[0])
+    except ValueError:
+        return None, False
+    except OSError:
+        return None, True
+    return (NsKey(st.st_dev, st.st_ino) if path.startswith("/") else None), False
+
+
 MAX_LISTED_CORRUPT = 1000  # per kind and pass: 100,000 junk files cost a count, not 100,000 records
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from reaper.host.confined import UnfitFile, read_at, read_beneath
-from reaper.host.files import DirLister, describe_oserror, namespace_of, namespace_uninspectable
+from reaper.host.files import DirLister, describe_oserror, namespace_at
 from reaper.host.jsondoc import NotAnObject, parse_object
 from reaper.host.memo import FileMemo
 from reaper.host.quarantine import remove_or_quarantine
@@ -266,9 +266,10 @@ def _entry(path: str, name: str, root: str, lst: os.stat_result, said: _Said, le
     """The entry at `path`, as the look found it (where it is, when it changed), and as its
     content said (whose it is); its netns looked up now."""
     cid, net, ifname, netns_path, host_ifnames, owner, ips, _ = said
+    netns, uninspectable = namespace_at(netns_path)
     return CacheEntry(
-        path, name, cid, net, ifname, netns_path, namespace_of(netns_path), host_ifnames, legacy, lst.st_mtime,
-        root, netns_uninspectable=namespace_uninspectable(netns_path), owner=owner, ips=ips,
+        path, name, cid, net, ifname, netns_path, netns, host_ifnames, legacy, lst.st_mtime, root,
+        netns_uninspectable=uninspectable, owner=owner, ips=ips,
     )  # fmt: skip
 
 
