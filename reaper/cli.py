@@ -7,6 +7,7 @@ scheduler, HTTP server, Prometheus client or reclaiming code (`python -X importt
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -136,9 +137,19 @@ def _settings(args: argparse.Namespace) -> Settings:
     return settings_from(args, layout=detect_layout())
 
 
+def _one_shot() -> None:
+    """A process that makes one pass and exits: the cycle collector stays off. A pass turns it
+    off while it runs anyway (see reaper.scan); turned on again, its first collection walks
+    every object the pass left alive, 0.1 s at 2,500 attachments, and the process is about to
+    exit."""
+    gc.disable()
+
+
 def _scan(args: argparse.Namespace) -> int:
     from reaper.report import report_json, report_table  # noqa: PLC0415 (see the module's docstring)
     from reaper.scan import scan_pass  # noqa: PLC0415
+
+    _one_shot()
 
     settings = _settings(args)
     log = setup_logging(settings.log_format, settings.log_level)
@@ -198,6 +209,8 @@ def _reap(args: argparse.Namespace) -> int:
     from reaper.metrics import ReaperMetrics  # noqa: PLC0415
     from reaper.reap import reap_pass  # noqa: PLC0415
     from reaper.report import reap_json, reap_table  # noqa: PLC0415
+
+    _one_shot()
 
     settings = _settings(args)
     reap = reap_settings_from(args)
