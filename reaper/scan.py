@@ -9,8 +9,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
-from reaper.host.memo import InventoryMemo
+from reaper.host.memo import InventoryMemo, load_memo, memo_path, save_memo
 from reaper.kinds import FindOptions
+from reaper.kinds.registry import KINDS
 from reaper.model import VERDICTS, ScanResult
 from reaper.reconcile import reconcile
 from reaper.runtime.liveness import LivenessSource
@@ -29,6 +30,10 @@ def find_options(settings: Settings) -> FindOptions:
         netns_patterns=settings.netns_patterns,
         pod_cidrs=settings.pod_cidrs,
     )
+
+
+# The kinds whose memo a one-shot run keeps next to the state file, and their checks of it.
+_MEMO_CHECKS = {kind.name: kind.memo_check for kind in KINDS if kind.memo_check is not None}
 
 
 @contextlib.contextmanager
@@ -53,7 +58,8 @@ def scan_pass(
     memo: InventoryMemo | None = None,
 ) -> ScanResult:
     """One pass. A long-running caller passes the same `memo` every time (files unchanged
-    since the last pass are not read again); a one-shot run passes none."""
+    since the last pass are not read again); a one-shot run passes none, and the memo saved
+    next to the state file is used (and saved again when it changed)."""
     with _no_cycle_collection():
         return _scan_pass(settings, liveness, log, clock, memo)
 
@@ -70,6 +76,11 @@ def _scan_pass(
     state, warning = load_state(settings.state_file)
     if warning:
         warnings.append(warning)
+    one_shot, memo_warning = memo is None, None
+    if memo is None:
+        memo, memo_warning = load_memo(memo_path(settings.state_file), _MEMO_CHECKS)
+        if memo_warning:
+            warnings.append(memo_warning)
     # The node first, the runtime second: a sandbox born in between is then newer than
     # anything in the snapshot that could be mistaken for one of its resources.
     snapshot = take_snapshot(find_options(settings), memo)
@@ -100,6 +111,11 @@ def _scan_pass(
     except StateError as err:
         state_saved = False
         warnings.append(f"{err}; confirmations will not carry to the next pass")
+    if one_shot and state_saved and (memo.changed or memo_warning):
+        try:
+            save_memo(memo_path(settings.state_file), memo, _MEMO_CHECKS)
+        except OSError as err:
+            warnings.append(f"cannot write memo {memo_path(settings.state_file)}: {err.strerror}")
     timings = (
         *snapshot.timings,
         ("liveness", round(liveness_s, 6)),

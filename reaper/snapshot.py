@@ -56,6 +56,7 @@ def take_snapshot(
     taken_at = time.time()
     watch = Stopwatch()
     memo = memo if memo is not None else InventoryMemo()
+    memo.start_pass()
     with _started(kinds, opts) as started:
         snapshot = _take(opts, taken_at, watch, memo, kinds, started)
     memo.end_pass()

@@ -4,23 +4,20 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import os
 from collections.abc import Iterator
 
-from reaper.host.confined import opened_dir
+from reaper.host.confined import libc, opened_dir
 from reaper.model import CorruptFile, NsKey
 
 NSFS_MAGIC = 0x6E736673
 PROC_SUPER_MAGIC = 0x9FA0
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-
 
 def fs_type(path: str) -> int:
     """statfs(2) f_type of the filesystem holding `path` (follows the final mount, not symlinks)."""
     buf = ctypes.create_string_buffer(256)
-    if _libc.statfs(os.fsencode(path), buf) != 0:
+    if libc.statfs(os.fsencode(path), buf) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), path)
     # f_type is the first member, a native long, on every Linux ABI we run on.
@@ -56,6 +53,21 @@ def namespace_uninspectable(path: str | None) -> bool:
     except OSError:
         return True
     return False
+
+
+def namespace_at(path: str | None) -> tuple[NsKey | None, bool]:
+    """`namespace_of(path)` and `namespace_uninspectable(path)`, from one stat."""
+    if not path:
+        return None, False
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None, path.startswith("/proc/") and os.path.isdir(path.split("/ns/")[0])
+    except ValueError:
+        return None, False
+    except OSError:
+        return None, True
+    return (NsKey(st.st_dev, st.st_ino) if path.startswith("/") else None), False
 
 
 MAX_LISTED_CORRUPT = 1000  # per kind and pass: 100,000 junk files cost a count, not 100,000 records

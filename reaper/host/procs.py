@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
+import errno
 import os
-from collections.abc import Callable, Iterable
-
-import psutil
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from reaper.model import Holder, NsKey
 
 MAX_ANCESTRY = 64  # parents walked to tell whether the reaper started a process
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # the unit of a start time in /proc/<pid>/stat
+TASK_COMM_LEN = 16  # the kernel keeps a process name in 16 bytes, its NUL included
 PROC_PID_INIT_INO = 0xEFFFFFFC  # the kernel's fixed inode number of the initial PID namespace
 
 
 def netns_members(proc: str = "/proc") -> dict[NsKey, set[int]]:
     """Map every network namespace some task is in to the pids of those tasks' processes.
 
-    Read from /proc directly: psutil does not expose namespaces, and a thread can setns() on
-    its own, so every task of a many-threaded process counts.
+    Read from /proc directly: a thread can setns() on its own, so every task of a
+    many-threaded process counts.
     """
     members: dict[NsKey, set[int]] = {}
     try:
@@ -36,7 +38,10 @@ def netns_members(proc: str = "/proc") -> dict[NsKey, set[int]]:
         except OSError:
             pass
         try:
-            tasks = os.listdir(f"{base}/task")
+            # The task dir's link count is 2 + its threads: listed only when there are several
+            # (a stat costs a fourth of a listing, and most processes have one thread).
+            several = os.stat(f"{base}/task").st_nlink > 3
+            tasks = os.listdir(f"{base}/task") if several else []
         except OSError:
             tasks = []
         if len(tasks) > 1:
@@ -51,54 +56,101 @@ def netns_members(proc: str = "/proc") -> dict[NsKey, set[int]]:
     return members
 
 
-def describe(pids: Iterable[int], bin_dirs: tuple[str, ...]) -> dict[int, Holder]:
-    """Holders for `pids`, telling apart CNI plugins (executables in a bin dir) from the rest,
-    and the plugins this reaper started from everyone else's.
+@dataclass(frozen=True)
+class ProcStat:
+    """What /proc/<pid>/stat says of a process: its name, parent and start time."""
 
-    psutil gives each process its start time, which makes "started by this reaper" a claim
-    about a process, not about a pid number that may have been reused.
-    """
-    real_dirs = tuple(os.path.realpath(d) for d in bin_dirs)
-    me = psutil.Process()
-    holders = {}
-    for pid in sorted(set(pids)):
-        try:
-            process = psutil.Process(pid)
-            started_at = process.create_time()
-        except psutil.Error:
-            holders[pid] = Holder(pid=pid, comm="", is_cni_plugin=False)  # gone: it held nothing for long
-            continue
-        comm = _quietly(process.name)
-        exe = _quietly(process.exe)
-        plugin = bool(exe) and os.path.dirname(exe) in real_dirs
-        ours = plugin and _started_by(process, me)
-        holders[pid] = Holder(pid=pid, comm=comm, is_cni_plugin=plugin, reapers_own=ours, started_at=started_at)
-    return holders
+    comm: str
+    ppid: int
+    started_at: float  # seconds since the epoch, as `ps` and psutil compute it
 
 
-def _quietly(read: Callable[[], str]) -> str:
+def boot_time(proc: str = "/proc") -> float:
+    with open(f"{proc}/stat", "rb") as f:
+        for line in f:
+            if line.startswith(b"btime "):
+                return float(line.split()[1])
+    raise OSError(errno.EIO, f"no btime in {proc}/stat")
+
+
+def proc_stat(pid: int, boot: float, proc: str = "/proc") -> ProcStat:
+    """OSError when the process is gone or unreadable. The name is cut at 15 characters in
+    /proc; a longer one is taken from the command line when that starts with it."""
+    with open(f"{proc}/{pid}/stat", "rb") as f:
+        raw = f.read()
+    # comm may hold spaces and parentheses: it runs from the first "(" to the last ")".
+    comm = raw[raw.find(b"(") + 1 : raw.rfind(b")")].decode("utf-8", "replace")
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    if len(fields) < 20:
+        raise OSError(errno.EIO, f"short {proc}/{pid}/stat")
+    if len(comm) >= TASK_COMM_LEN - 1:
+        comm = _long_name(pid, comm, proc)
+    return ProcStat(comm, int(fields[1]), boot + int(fields[19]) / CLOCK_TICKS)
+
+
+def _long_name(pid: int, comm: str, proc: str) -> str:
     try:
-        return read()
-    except psutil.Error:
+        with open(f"{proc}/{pid}/cmdline", "rb") as f:
+            argv0 = f.read().split(b"\0", 1)[0].decode("utf-8", "replace")
+    except OSError:
+        return comm
+    name = os.path.basename(argv0)
+    return name if name.startswith(comm) else comm
+
+
+def _exe(pid: int, proc: str) -> str:
+    try:
+        return os.readlink(f"{proc}/{pid}/exe")
+    except OSError:
         return ""
 
 
-def _started_by(process: psutil.Process, ancestor: psutil.Process) -> bool:
-    """Whether `ancestor` started `process` (directly or through its children). A parent is
-    never younger than its child: a younger one is a reused pid, not an ancestor."""
+def describe(pids: Iterable[int], bin_dirs: tuple[str, ...], proc: str = "/proc") -> dict[int, Holder]:
+    """Holders for `pids`, telling apart CNI plugins (executables in a bin dir) from the rest,
+    and the plugins this reaper started from everyone else's.
+
+    Each process's start time makes "started by this reaper" a claim about a process, not
+    about a pid number that may have been reused. Read from /proc directly: a node can have
+    thousands of processes in pod namespaces.
+    """
+    real_dirs = tuple(os.path.realpath(d) for d in bin_dirs)
+    holders = {}
     try:
-        child_started = process.create_time()
+        boot = boot_time(proc)
+        me = (os.getpid(), proc_stat(os.getpid(), boot, proc).started_at)
+    except OSError:
+        return {pid: Holder(pid=pid, comm="", is_cni_plugin=False) for pid in pids}
+    for pid in sorted(set(pids)):
+        try:
+            stat = proc_stat(pid, boot, proc)
+        except (OSError, ValueError):
+            holders[pid] = Holder(pid=pid, comm="", is_cni_plugin=False)  # gone: it held nothing for long
+            continue
+        exe = _exe(pid, proc)
+        plugin = bool(exe) and os.path.dirname(exe) in real_dirs
+        ours = plugin and _started_by(pid, stat, me, boot, proc)
+        holders[pid] = Holder(
+            pid=pid, comm=stat.comm, is_cni_plugin=plugin, reapers_own=ours, started_at=stat.started_at
+        )
+    return holders
+
+
+def _started_by(pid: int, stat: ProcStat, ancestor: tuple[int, float], boot: float, proc: str) -> bool:
+    """Whether `ancestor` (pid, start time) started `pid` (directly or through its children). A
+    parent is never younger than its child: a younger one is a reused pid, not an ancestor."""
+    child_started = stat.started_at
+    try:
         for _ in range(MAX_ANCESTRY):
-            parent = process.parent()
-            if parent is None:
+            parent_pid = stat.ppid
+            if parent_pid <= 0:
                 return False
-            parent_started = parent.create_time()
-            if parent_started > child_started:
+            stat = proc_stat(parent_pid, boot, proc)
+            if stat.started_at > child_started:
                 return False
-            if parent.pid == ancestor.pid:
-                return parent_started == ancestor.create_time()
-            process, child_started = parent, parent_started
-    except psutil.Error:
+            if parent_pid == ancestor[0]:
+                return stat.started_at == ancestor[1]
+            child_started = stat.started_at
+    except (OSError, ValueError):
         return False
     return False
 

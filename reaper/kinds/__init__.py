@@ -105,6 +105,10 @@ class Kind(Generic[R]):
     # For records whose tie is a Claim by key: the kind's key of an attachment
     # (container ID, network, ifname), recomputed as the producer computes it.
     key_of: Callable[[str, str, str], str] | None = None
+    # For kinds whose memo a one-shot run saves next to the state file (their memo values are
+    # plain data): a value read back from that file, checked as the file's content is checked,
+    # or None when it is not valid (then the whole saved memo is set aside).
+    memo_check: Callable[[object], object | None] | None = None
 
 
 def reclaim_order(kinds: Sequence[Kind[Any]]) -> tuple[Kind[Any], ...]:

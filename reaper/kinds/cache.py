@@ -17,12 +17,12 @@ import base64
 import binascii
 import os
 import re
-from collections.abc import Sequence, Set
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence, Set
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from reaper.host.confined import UnfitFile, read_at, read_beneath
-from reaper.host.files import DirLister, describe_oserror, namespace_of, namespace_uninspectable
+from reaper.host.files import DirLister, describe_oserror, namespace_at
 from reaper.host.jsondoc import NotAnObject, parse_object
 from reaper.host.memo import FileMemo
 from reaper.host.quarantine import remove_or_quarantine
@@ -164,10 +164,33 @@ def parse_cache_file(name: str, data: bytes, known_networks: Set[str]) -> CacheD
     return CacheDocument({"result": doc}, cid, network, ifname, True)
 
 
-@dataclass(frozen=True)
-class _Parsed:
-    entry: CacheEntry  # netns is looked up again every pass
-    config: str | None  # the base64 network config it carries
+# What a cache file's content said, as the memo keeps it (plain data: a one-shot run saves it):
+# container ID, network, ifname, netns path, host ifnames, owner, addresses, base64 config.
+_Said = tuple[str, str, str, str | None, tuple[str, ...], Owner, tuple[str, ...], str | None]
+_OWNERS: tuple[Owner, ...] = ("cri", "other", "unknown")
+
+
+def _strings(value: object, valid: Callable[[str], bool]) -> bool:
+    return isinstance(value, (tuple, list)) and all(isinstance(v, str) and valid(v) for v in value)
+
+
+def said_in(value: object) -> _Said | None:
+    """A value read from a saved memo, checked as the file's content is checked (the memo is
+    a file too); None when it is not one this version keeps."""
+    if not (isinstance(value, (tuple, list)) and len(value) == 8):
+        return None
+    cid, net, ifname, netns_path, host_ifnames, owner, ips, config = value
+    if not (isinstance(cid, str) and is_cni_id(cid) and isinstance(net, str) and is_cni_id(net)):
+        return None
+    if not (isinstance(ifname, str) and is_ifname(ifname)):
+        return None
+    if netns_path is not None and not (isinstance(netns_path, str) and netns_path and is_path(netns_path)):
+        return None
+    if not _strings(host_ifnames, is_ifname) or not _strings(ips, lambda a: len(a) < 64) or owner not in _OWNERS:
+        return None
+    if config is not None and not isinstance(config, str):
+        return None
+    return (cid, net, ifname, netns_path, tuple(host_ifnames), owner, tuple(ips), config)
 
 
 def collect_cache(
@@ -202,43 +225,33 @@ def collect_cache(
                 if corrupt.append(known):
                     corrupt_mtimes[path] = (lst.st_mtime, root)
                 continue
-            if isinstance(known, _Parsed):
-                netns_path = known.entry.netns_path
-                entries.append(
-                    replace(
-                        known.entry,
-                        netns=namespace_of(netns_path),
-                        netns_uninspectable=namespace_uninspectable(netns_path),
-                    )
-                )
-                _remember_config(known.config, path, configs, bad_configs)
-                continue
-            try:
-                data, st = read_at(dir_fd, entry.name, MAX_CACHE_BYTES)
-                mtime = st.st_mtime
-                doc, cid, net, ifname, legacy = parse_cache_file(entry.name, data, known_networks)
-            except OSError as err:
-                corrupt.append(CorruptFile("cache", path, describe_oserror(err)))
-                continue
-            except (UnfitFile, CacheCorrupt) as err:
-                bad = CorruptFile("cache", path, str(err))
-                if corrupt.append(bad):  # only what is listed is kept: junk costs no memory
-                    memo.put(path, lst, bad)
-                    corrupt_mtimes[path] = (lst.st_mtime, root)
-                continue
-            result = doc.get("result")
-            netns_path = _netns_from(doc, result, ifname)
-            cache_entry = CacheEntry(
-                path, entry.name, cid, net, ifname, netns_path, namespace_of(netns_path), _host_ifnames(result),
-                legacy, mtime, root, netns_uninspectable=namespace_uninspectable(netns_path),
-                owner=_owner(doc, legacy), ips=_addresses(result),
-            )  # fmt: skip
-            entries.append(cache_entry)
-            encoded = doc.get("config")
-            config = encoded if isinstance(encoded, str) else None
-            if not legacy:  # a legacy entry's reading depends on the known networks
-                memo.put(path, lst, _Parsed(cache_entry, config))
-            _remember_config(config, path, configs, bad_configs)
+            said = known if isinstance(known, tuple) else None
+            if said is None:
+                try:
+                    data, _ = read_at(dir_fd, entry.name, MAX_CACHE_BYTES)
+                    doc, cid, net, ifname, legacy = parse_cache_file(entry.name, data, known_networks)
+                except OSError as err:
+                    corrupt.append(CorruptFile("cache", path, describe_oserror(err)))
+                    continue
+                except (UnfitFile, CacheCorrupt) as err:
+                    bad = CorruptFile("cache", path, str(err))
+                    if corrupt.append(bad):  # only what is listed is kept: junk costs no memory
+                        memo.put(path, lst, bad)
+                        corrupt_mtimes[path] = (lst.st_mtime, root)
+                    continue
+                result = doc.get("result")
+                encoded = doc.get("config")
+                said = (
+                    cid, net, ifname, _netns_from(doc, result, ifname), _host_ifnames(result), _owner(doc, legacy),
+                    _addresses(result), encoded if isinstance(encoded, str) else None,
+                )  # fmt: skip
+                if legacy:
+                    entries.append(_entry(path, entry.name, root, lst, said, legacy=True))
+                    _remember_config(said[7], path, configs, bad_configs)
+                    continue  # not remembered: a legacy entry's reading depends on the known networks
+                memo.put(path, lst, said)
+            entries.append(_entry(path, entry.name, root, lst, said))
+            _remember_config(said[7], path, configs, bad_configs)
     networks = known_networks | {c.name for c in configs.values()}
     named = [
         named_entry
@@ -247,6 +260,17 @@ def collect_cache(
         and (named_entry := _entry_from_name(bad, *corrupt_mtimes[bad.path], networks)) is not None
     ]
     return CacheInventory(tuple(entries + named), tuple(configs.values()), corrupt.records())
+
+
+def _entry(path: str, name: str, root: str, lst: os.stat_result, said: _Said, legacy: bool = False) -> CacheEntry:
+    """The entry at `path`, as the look found it (where it is, when it changed), and as its
+    content said (whose it is); its netns looked up now."""
+    cid, net, ifname, netns_path, host_ifnames, owner, ips, _ = said
+    netns, uninspectable = namespace_at(netns_path)
+    return CacheEntry(
+        path, name, cid, net, ifname, netns_path, netns, host_ifnames, legacy, lst.st_mtime, root,
+        netns_uninspectable=uninspectable, owner=owner, ips=ips,
+    )  # fmt: skip
 
 
 def _entry_from_name(bad: CorruptFile, mtime: float, cache_dir: str, networks: Set[str]) -> CacheEntry | None:
@@ -355,4 +379,6 @@ def reclaim(entries: Sequence[CacheEntry], ctx: ReclaimContext) -> dict[Identity
     return {identity(entry): _remove(entry, ctx) for entry in entries}
 
 
-KIND: Kind[CacheEntry] = Kind("cache", find, identity, ref, tie, reclaim, last=True, quarantinable=True)
+KIND: Kind[CacheEntry] = Kind(
+    "cache", find, identity, ref, tie, reclaim, last=True, quarantinable=True, memo_check=said_in
+)

@@ -114,35 +114,46 @@ def collect_leases(
                     corrupt.append(CorruptFile("ipam", path, describe_oserror(err)))
                     continue
                 known = memo.get(path, lst)
-                if isinstance(known, (HostLocalLease, CorruptFile)):
-                    lease = known
-                else:
-                    lease = _read_lease(dir_fd, entry, path, network, data_dir)
-                if isinstance(lease, CorruptFile):
-                    if corrupt.append(lease) and known is None:
-                        memo.put(path, lst, lease)  # only what is listed: junk costs no memory
-                else:
-                    if known is None:
-                        memo.put(path, lst, lease)
-                    leases.append(lease)
+                if isinstance(known, CorruptFile):
+                    corrupt.append(known)
+                    continue
+                said = known if isinstance(known, tuple) else _read_lease(dir_fd, entry, path)
+                if isinstance(said, CorruptFile):
+                    if corrupt.append(said):
+                        memo.put(path, lst, said)  # only what is listed: junk costs no memory
+                    continue
+                if known is None:
+                    memo.put(path, lst, said)
+                leases.append(HostLocalLease(network, name, said[0], said[1], path, data_dir, lst.st_mtime))
     return leases, list(corrupt.records())
 
 
-def _read_lease(
-    dir_fd: int, entry: os.DirEntry[str], path: str, network: str, data_dir: str
-) -> HostLocalLease | CorruptFile:
+def _read_lease(dir_fd: int, entry: os.DirEntry[str], path: str) -> tuple[str, str | None] | CorruptFile:
+    """(container ID, ifname or None), as the lease's content says."""
     if ip_key(entry.name) is None:
         return CorruptFile("ipam", path, "file name is not an IP address")
     if entry.is_symlink():
         return CorruptFile("ipam", path, "symlink, not followed")
     try:
-        data, st = read_at(dir_fd, entry.name, MAX_LEASE_BYTES)
-        container_id, ifname = parse_lease(data)
+        data, _ = read_at(dir_fd, entry.name, MAX_LEASE_BYTES)
+        return parse_lease(data)
     except OSError as err:
         return CorruptFile("ipam", path, describe_oserror(err))
     except (UnfitFile, ValueError) as err:
         return CorruptFile("ipam", path, str(err))
-    return HostLocalLease(network, entry.name, container_id, ifname, path, data_dir, st.st_mtime)
+
+
+def said_in(value: object) -> tuple[str, str | None] | None:
+    """A value read from a saved memo, checked as a lease's content is checked (the memo is a
+    file too); None when it is not one this version keeps."""
+    if not (isinstance(value, (tuple, list)) and len(value) == 2):
+        return None
+    cid, ifname = value
+    if not (isinstance(cid, str) and is_cni_id(cid)):
+        return None
+    if ifname is not None and not (isinstance(ifname, str) and is_ifname(ifname)):
+        return None
+    return cid, ifname
 
 
 def range_usage(
@@ -283,4 +294,4 @@ def reclaim(leases: Sequence[HostLocalLease], ctx: ReclaimContext) -> dict[Ident
     return release_leases(leases, ctx.quarantine)
 
 
-KIND: Kind[HostLocalLease] = Kind("ipam", find, identity, ref, tie, reclaim, quarantinable=True)
+KIND: Kind[HostLocalLease] = Kind("ipam", find, identity, ref, tie, reclaim, quarantinable=True, memo_check=said_in)

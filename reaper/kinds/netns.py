@@ -8,14 +8,13 @@ name is one a runtime makes.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import re
 import stat
 from collections.abc import Mapping, Sequence
 
-from reaper.host.confined import fstatfs_type, opened_dir, unlink_beneath
+from reaper.host.confined import fstatfs_type, libc, opened_dir, unlink_beneath
 from reaper.host.files import NSFS_MAGIC, PROC_SUPER_MAGIC, DirLister, describe_oserror
 from reaper.host.mounts import unpin_hazard
 from reaper.host.procs import busy_namespaces
@@ -24,7 +23,6 @@ from reaper.model import CorruptFile, DetailValue, Done, Holder, Identity, Netns
 from reaper.names import is_runtime_netns_name
 
 MNT_DETACH = 2  # umount2(2) flag: detach now, free once unused
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
 def collect_pins(
@@ -156,7 +154,7 @@ def _unpin_at(dir_fd: int, pin: NetnsPin, ctx: ReclaimContext, busy: Mapping[NsK
                 return Done.left(busy[key])
             # The mount the fd holds, whatever the name points at by now: the fd's magic link
             # names exactly the namespace just checked.
-            if _libc.umount2(f"/proc/self/fd/{fd}".encode(), MNT_DETACH) != 0:
+            if libc.umount2(f"/proc/self/fd/{fd}".encode(), MNT_DETACH) != 0:
                 code = ctypes.get_errno()
                 if code != errno.EINVAL:  # not a mount point: already unmounted
                     return Done.left(f"umount: {os.strerror(code)}")

@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from reaper.host import netlink
 from reaper.host.commands import run_command
 from reaper.host.jsondoc import parse_json
 from reaper.kinds import Found, Kind, Look, ReclaimContext
@@ -91,20 +92,24 @@ def _list_table(nft: str, family: str, table: str, timeout: float) -> str:
 
 
 _FAMILIES = {1: "inet", 2: "ip", 10: "ip6"}
+NETLINK_NETFILTER = 12
+NFT_GET_TABLES = (10 << 8) | 1  # NFNL_SUBSYS_NFTABLES, NFT_MSG_GETTABLE
+NFTA_TABLE_NAME = 1
+_ANY_FAMILY = b"\0\0\0\0"  # nfgenmsg: family unspecified, version 0, resource id 0
+
+
+def _table(data: bytes | bytearray, offset: int, length: int) -> tuple[str, str]:
+    """(family, name) of one NFT_MSG_NEWTABLE answer: nfgenmsg after the header, then attributes."""
+    attrs = netlink.attrs(data, offset + 20, offset + length, frozenset({NFTA_TABLE_NAME}))
+    name = netlink.cstring(data, attrs[NFTA_TABLE_NAME]) if NFTA_TABLE_NAME in attrs else ""
+    return _FAMILIES.get(data[offset + 16], ""), name
 
 
 def present_cni_tables() -> list[tuple[str, str]]:
     """The CNI tables that exist, asked over nfnetlink: `nft list tables` costs ~90 ms because
     it loads the whole ruleset, this costs ~2 ms, and the common answer is "none"."""
-    from pyroute2.nftables.main import NFTables  # noqa: PLC0415 (only needed here)
-
-    nft = NFTables(nfgen_family=0)
-    try:
-        found = {
-            (_FAMILIES.get(int(t["nfgen_family"]), ""), str(t.get_attr("NFTA_TABLE_NAME"))) for t in nft.get_tables()
-        }
-    finally:
-        nft.close()
+    with netlink.Netlink(NETLINK_NETFILTER) as nl:
+        found = set(nl.dump(NFT_GET_TABLES, _ANY_FAMILY, _table))
     return sorted(found & CNI_TABLES)
 
 

@@ -7,12 +7,13 @@ import json
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from reaper.host.memo import InventoryMemo
+from reaper.host.memo import RACY_NS, InventoryMemo
 from reaper.kinds import FindOptions, Look
 from reaper.kinds.netconf import parse_network_config
 from reaper.model import AttachmentHistory, NetworkConfig, NodeSnapshot, Policy, RuntimeView, ScanReport
@@ -44,6 +45,12 @@ def bare_reclaimer(
 def options_at(cache_dir: Path) -> FindOptions:
     """Find options with only a cache dir (and a conf dir that does not exist)."""
     return FindOptions((), (), str(cache_dir), str(cache_dir / "no-conf-dir"), (), (re.compile("x"),))
+
+
+def settled_memo() -> InventoryMemo:
+    """A memo whose passes run as if long after the test wrote its files: a file changed less
+    than RACY_NS before a pass is never remembered (see reaper.host.memo)."""
+    return InventoryMemo(clock=lambda: time.time_ns() + 10 * RACY_NS)
 
 
 def look_at(cache_dir: Path, *configs: NetworkConfig, memo: InventoryMemo | None = None) -> Look:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from reaper.host.jsondoc import parse_json
+from reaper.host.jsondoc import dumps_indented, parse_json
 
 
 @pytest.mark.parametrize(
@@ -19,3 +21,32 @@ def test_bad_json_is_a_value_error_with_one_line(data: bytes, message: str) -> N
 
 def test_good_json_is_read() -> None:
     assert parse_json(b'{"a": [1, 2]}') == {"a": [1, 2]}
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"a": NaN, "b": -Infinity}',  # not JSON, yet json.loads reads it
+        b'{"a": "\\ud800"}',  # a lone surrogate escape
+        b"\xef\xbb\xbf{}",  # a byte-order mark
+        '{"a": 1}'.encode("utf-16"),
+        b'{"a": 123456789012345678901234567890, "b": 1e400}',
+        b'{"a": 1, "a": 2}',
+        b'  [1, 2.5, "x", null, true, {"b": {}}]  ',
+    ],
+)
+def test_what_the_standard_library_reads_reads_the_same(data: bytes) -> None:
+    assert repr(parse_json(data)) == repr(json.loads(data))
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"attachments": [{"a": 1, "b": [1.5, None, True, "x"], "c": {}, "d": []}], "e": 0.001},
+        {"name": "caf\u00e9", "path": "/var/lib/cni/\udcff"},  # not ASCII; a lone surrogate
+        {1: "an int key"},
+        [],
+    ],
+)
+def test_indented_output_is_the_standard_librarys(doc: object) -> None:
+    assert dumps_indented(doc) == json.dumps(doc, indent=2)

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import subprocess
+import time
 from pathlib import Path
 
-from reaper.host.procs import unseen_processes
+from reaper.host.procs import CLOCK_TICKS, describe, proc_stat, unseen_processes
+from reaper.model import Holder
 
 
 def test_a_proc_of_another_pid_namespace_is_told_apart(tmp_path: Path) -> None:
@@ -19,3 +24,38 @@ def test_a_proc_of_a_pid_namespace_other_than_the_hosts(tmp_path: Path) -> None:
     (tmp_path / str(os.getpid()) / "ns" / "pid").touch()  # not the initial PID namespace's inode
     (tmp_path / "self").symlink_to(str(os.getpid()))
     assert "host's PID namespace" in str(unseen_processes(str(tmp_path)))
+
+
+def test_a_plugin_this_process_started_is_its_own_and_one_it_did_not_start_is_not(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    plugin = bin_dir / "long-plugin-name-over-fifteen"
+    shutil.copy("/bin/sleep", plugin)
+    started = time.time()
+    ours = subprocess.Popen([str(plugin), "30"])
+    # Started, then left by a shell that exits: its parent is no longer this process's child.
+    theirs = int(
+        subprocess.run(["sh", "-c", f"{plugin} 30 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True).stdout
+    )
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        held = describe([ours.pid, theirs, other.pid, 2**22 + 7], (str(bin_dir),))
+    finally:
+        for pid in (ours.pid, theirs, other.pid):
+            os.kill(pid, signal.SIGKILL)
+        ours.wait()
+        other.wait()
+    assert held[ours.pid].is_cni_plugin and held[ours.pid].reapers_own
+    assert held[ours.pid].comm == plugin.name  # the whole name, not /proc's 15 characters
+    assert abs(held[ours.pid].started_at - started) < 2
+    assert held[theirs].is_cni_plugin and not held[theirs].reapers_own
+    assert not held[other.pid].is_cni_plugin and held[other.pid].comm == "sleep"
+    assert held[2**22 + 7] == Holder(pid=2**22 + 7, comm="", is_cni_plugin=False)  # no such process
+
+
+def test_a_stat_line_whose_name_holds_parentheses_and_spaces(tmp_path: Path) -> None:
+    (tmp_path / "42").mkdir()
+    fields = " ".join(["S", "7", *["0"] * 17, "250", *["0"] * 30])  # ppid 7, start time 250 ticks
+    (tmp_path / "42" / "stat").write_text(f"42 (a) b (c) {fields}\n")
+    got = proc_stat(42, 1000.0, str(tmp_path))
+    assert (got.comm, got.ppid, got.started_at) == ("a) b (c", 7, 1000.0 + 250 / CLOCK_TICKS)

@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reaper.host.memo import InventoryMemo
 from reaper.host.quarantine import Quarantine
 from reaper.kinds import ReclaimContext, cache, flannel
 from reaper.kinds.flannel import FlannelDelegate, FlannelFile, parse_delegate
@@ -21,7 +20,7 @@ from reaper.names import PLUGIN_TYPE, is_cni_id
 from reaper.snapshot import take_snapshot
 from tests.harness.configs import cache_doc
 from tests.harness.fuzz import FUZZ, json_values
-from tests.harness.passes import look_at, node_config, options_at, write_private
+from tests.harness.passes import look_at, node_config, options_at, settled_memo, write_private
 from tests.harness.plugin_files import FLANNEL_CONF, flannel_scratch
 
 CID = "f" * 64  # a sandbox ID as containerd and CRI-O make them
@@ -204,7 +203,7 @@ def test_a_data_dir_that_is_or_holds_a_dir_the_reaper_reads_is_not_read(tmp_path
 
 def test_an_unchanged_file_is_not_read_again(tmp_path: Path) -> None:
     write_private(tmp_path / "flannel", CID, flannel_scratch(FLANNEL_CONF))
-    memo = InventoryMemo()
+    memo = settled_memo()
     (first,) = flannel.find(look_at(tmp_path, memo=memo)).records
     memo.end_pass()
     (again,) = flannel.find(look_at(tmp_path, memo=memo)).records

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reaper.kinds.iptables import chain_name, parse_save
+from reaper.kinds.iptables import _QUOTED_REST, chain_name, parse_save
 from reaper.names import is_cni_id
 from tests.harness.fuzz import FUZZ
 
@@ -105,3 +107,10 @@ def test_lines_inside_a_quoted_comment_are_text() -> None:
     real = text.replace("COMMIT", f":{chain} - [0:0]\n-A {chain} -j MASQUERADE\nCOMMIT")
     (found,) = parse_save(real, "ipv4")
     assert found.chain == chain and found.jumps == ()
+
+
+@given(st.text(alphabet='ab"\\ \n', max_size=16), st.integers(min_value=0, max_value=16))
+def test_the_rest_of_a_quoted_string_is_read_as_the_plain_pattern_reads_it(line: str, at: int) -> None:
+    plain = re.compile(r'(?:[^"\\]|\\.)*"')  # the pattern as first written: clear, and 3.6x slower
+    fast, slow = _QUOTED_REST.match(line, at), plain.match(line, at)
+    assert (fast and fast.end()) == (slow and slow.end())

@@ -33,6 +33,7 @@ from tests.harness.passes import (
     look_at,
     node_config,
     options_at,
+    settled_memo,
     verdicts_and_kinds,
     with_records,
     write_private,
@@ -295,7 +296,7 @@ def test_a_symlinked_data_dir_is_never_followed(tmp_path: Path) -> None:
 
 def test_an_unchanged_file_is_not_read_again(tmp_path: Path, default_dir: Path) -> None:
     write_private(default_dir, _name(), BACKUP)
-    memo = InventoryMemo()
+    memo = settled_memo()
     (first,) = tuning.find(_look(tmp_path, memo=memo)).records
     memo.end_pass()
     (again,) = tuning.find(_look(tmp_path, memo=memo)).records
