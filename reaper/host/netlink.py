@@ -27,12 +27,10 @@ T = TypeVar("T")
 NETLINK_ROUTE = 0
 TIMEOUT = 30.0  # seconds the kernel gets to answer one read
 RTM_NEWLINK = 16
-RTM_DELLINK = 17
 RTM_GETLINK = 18
 RTM_NEWNSID = 88
 RTM_GETNSID = 90
 NLM_F_REQUEST = 0x1
-NLM_F_ACK = 0x4
 NLM_F_DUMP = 0x300
 NLMSG_ERROR = 0x2
 NLMSG_DONE = 0x3
@@ -276,16 +274,20 @@ def dump_links_of_kind(kind: str) -> list[RawLink]:
 
 
 def delete_links(indexes: list[int]) -> dict[int, str | None]:
-    """Delete links by index; None for each one gone (or already gone), else the error."""
+    """Delete links by index; None for each one gone (or already gone), else the error.
+
+    Deletes go through pyroute2, the maintained netlink library: only the reads, where its
+    import and decoding cost every pass, are done by hand above. It is imported here, so a
+    pass that deletes nothing never loads it."""
+    from pyroute2 import IPRoute  # noqa: PLC0415
+
     results: dict[int, str | None] = {}
-    with Netlink() as nl:
+    with IPRoute() as ipr:
         for index in indexes:
-            seq, msg = nl.message(RTM_DELLINK, NLM_F_REQUEST | NLM_F_ACK, _IFINFO.pack(0, 0, index, 0, 0))
-            nl.sock.send(msg)
-            for data, off, _, mtype, aseq in nl.answers():
-                if aseq != seq or mtype != NLMSG_ERROR:
-                    continue
-                code = -_I32.unpack_from(data, off + _HDR.size)[0]
-                results[index] = None if code in (0, errno.ENODEV) else os.strerror(code)
-                break
+            try:
+                ipr.link("del", index=index)
+                results[index] = None
+            except Exception as err:  # pyroute2 raises its NetlinkError and OSErrors alike
+                code = getattr(err, "code", None)
+                results[index] = None if code == errno.ENODEV else str(err)
     return results
