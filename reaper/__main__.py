@@ -1,5 +1,3 @@
-import sys
+from reaper.cli import entry
 
-from reaper.cli import main
-
-sys.exit(main())
+entry()

@@ -7,6 +7,7 @@ scheduler, HTTP server, Prometheus client or reclaiming code (`python -X importt
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import logging
 import os
@@ -167,9 +168,9 @@ def _scan(args: argparse.Namespace) -> int:
         metrics.observe_pass(result.seconds, result.outcome, time.time())
         _write_textfile(settings.textfile, metrics, log)
     if settings.json_output:
-        sys.stdout.write(dumps_indented({**report_json(report), "layout": layout_json(settings)}) + "\n")
+        _output(dumps_indented({**report_json(report), "layout": layout_json(settings)}))
     else:
-        print(report_table(report))
+        _output(report_table(report))
     if result.problem is not None:
         print(f"reaper: cannot decide: {result.problem}", file=sys.stderr)
         return EXIT_UNDECIDED
@@ -225,9 +226,9 @@ def _reap(args: argparse.Namespace) -> int:
     metrics.observe_pass(time.monotonic() - started, result.outcome, time.time())
     _write_textfile(settings.textfile, metrics, log)
     if settings.json_output:
-        sys.stdout.write(dumps_indented({**reap_json(result), "layout": layout_json(settings)}) + "\n")
+        _output(dumps_indented({**reap_json(result), "layout": layout_json(settings)}))
     else:
-        print(reap_table(result, reap.dry_run))
+        _output(reap_table(result, reap.dry_run))
     if result.outcome == "breaker":
         print(f"reaper: {result.problem}", file=sys.stderr)
         return EXIT_BREAKER
@@ -248,9 +249,9 @@ def _doctor(args: argparse.Namespace) -> int:
     view = CriLiveness(settings.runtime_endpoints, settings.runtime_timeout).observe({})
     checks = run_checks(settings, layout, view, os.environ.get("REAPER_CNI_PRESET"))
     if settings.json_output:
-        sys.stdout.write(dumps_indented({**doctor_json(checks), "layout": layout_json(settings)}) + "\n")
+        _output(dumps_indented({**doctor_json(checks), "layout": layout_json(settings)}))
     else:
-        print(doctor_table(checks))
+        _output(doctor_table(checks))
     return EXIT_ORPHANS if any(c.status == "fail" for c in checks) else EXIT_CLEAN
 
 
@@ -275,5 +276,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_UNDECIDED
 
 
+def _output(text: str) -> None:
+    """The report on stdout. A reader that went away (`reaper scan --json | head`) loses the rest
+    of it, not the exit status: the pass was made and its state kept."""
+    with contextlib.suppress(BrokenPipeError):
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+
+
+def entry() -> None:
+    """The `reaper` command: main(), then out without tearing the interpreter down. A one-shot
+    pass leaves tens of thousands of objects that a normal exit would free one by one (measured:
+    0.13 s of a `reaper scan` beside 2,000 leaks); everything the command writes is written and
+    closed by then, so only the output streams need flushing."""
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError):  # a reader that went away (`reaper scan --json | head`)
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -1,0 +1,35 @@
+"""How the `reaper` command ends: it leaves without tearing the interpreter down (reaper.cli.entry),
+keeping its exit status, and a reader that goes away early is no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+
+def scan_argv(tmp: Path) -> list[str]:
+    for sub in ("net.d", "networks", "cni", "netns", "bin"):
+        (tmp / sub).mkdir(exist_ok=True)
+    d = str(tmp)
+    return ["unshare", "--net", "--", sys.executable, "-m", "reaper", "scan", "--json",
+            "--cni-conf-dir", f"{d}/net.d", "--ipam-dir", f"{d}/networks", "--cni-cache-dir", f"{d}/cni",
+            "--netns-dir", f"{d}/netns", "--cni-bin-dir", f"{d}/bin", "--runtime-endpoint", f"unix://{d}/none.sock",
+            "--state-file", f"{d}/state.json"]  # fmt: skip
+
+
+def test_the_exit_status_and_the_whole_output_survive_the_fast_exit(tmp_path: Path) -> None:
+    proc = subprocess.run(scan_argv(tmp_path), capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2  # no runtime: undecided
+    assert proc.stdout.rstrip().endswith("}") and '"summary"' in proc.stdout  # flushed whole
+    assert "cannot decide: runtime unreachable" in proc.stderr
+    assert (tmp_path / "state.json").exists()
+
+
+def test_a_reader_that_goes_away_is_no_traceback(tmp_path: Path) -> None:
+    reaper = subprocess.Popen(scan_argv(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert reaper.stdout is not None and reaper.stderr is not None
+    reaper.stdout.close()  # as `| head -c 0` would: gone before the report is written
+    stderr = reaper.stderr.read().decode()
+    assert reaper.wait(timeout=60) == 2
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
