@@ -93,10 +93,25 @@ examples:
 """
 
 
+class _PrintVersion(argparse.Action):
+    """`--version`: the installed distribution's version, looked up only when asked."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+        try:
+            number = version("cni-reaper")
+        except PackageNotFoundError:
+            number = "unknown (not installed)"
+        print(f"reaper {number}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="reaper", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--version", action=_PrintVersion, nargs=0, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     scan = sub.add_parser(
         "scan",

@@ -1,11 +1,15 @@
-"""How the `reaper` command ends: it leaves without tearing the interpreter down (reaper.cli.entry),
-keeping its exit status, and a reader that goes away early is no traceback."""
+"""The `reaper` command itself: it leaves without tearing the interpreter down (reaper.cli.entry),
+keeping its exit status, a reader that goes away early is no traceback, and `--version` says
+which release it is."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def scan_argv(tmp: Path) -> list[str]:
@@ -33,3 +37,9 @@ def test_a_reader_that_goes_away_is_no_traceback(tmp_path: Path) -> None:
     stderr = reaper.stderr.read().decode()
     assert reaper.wait(timeout=60) == 2
     assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
+
+
+def test_version_is_the_packages() -> None:
+    proc = subprocess.run([sys.executable, "-m", "reaper", "--version"], capture_output=True, text=True, check=False)
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"reaper {version}\n", "")
