@@ -18,6 +18,7 @@ from reaper.kinds.netconf import ConfigError, collect_configs, plugin_list
 from reaper.kinds.nftables import present_cni_tables
 from reaper.layout import Layout
 from reaper.model import NetworkConfig, RuntimeView
+from reaper.podcidr import PodCidrs
 from reaper.reap.trust import executed_types
 from reaper.settings import Settings
 
@@ -154,12 +155,12 @@ def _preset(preset: str | None, configs: Iterable[NetworkConfig]) -> Iterator[Ch
 def _pod_cidrs(settings: Settings, configs: Iterable[NetworkConfig]) -> Iterator[Check]:
     """Ranges whose subnet is the node's pod CIDR (Calico, Canal with host-local) need it for
     their gauges and the range-full alert."""
-    cidrs = settings.pod_cidrs
+    cidrs = settings.pod_cidrs or PodCidrs(None, None, "")
     for config in configs:
         for version in config.pod_cidr_versions:
             placeholder = "usePodCidr" if version == 4 else "usePodCidrIPv6"
-            cidr = cidrs.of_version(version) if cidrs is not None else None
-            if cidr is not None and cidrs is not None:
+            cidr = cidrs.of_version(version)
+            if cidr is not None:
                 yield Check("pod CIDR", "ok", f"{config.name}: {placeholder} is {cidr} ({cidrs.source})")
                 continue
             problems = (p for p in settings.layout_problems if p.startswith("pod CIDR"))

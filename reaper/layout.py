@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from reaper.host.confined import UnfitFile, read_fd
+from reaper.host.confined import UnfitFile, read_admins
 
 MAX_CONFIG_BYTES = 1 << 20
 MAX_IMPORTS = 64
@@ -109,14 +109,10 @@ class LayoutError(ValueError):
 def _read_toml(root: str, path: str) -> dict[str, Any]:
     # Links are followed, as the runtime follows them (NixOS links all of /etc): these are the
     # admin's files, only read; a FIFO or a device is refused, and the size is bounded.
-    fd = os.open(_under(root, path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        data, _ = read_fd(fd, MAX_CONFIG_BYTES)
-        return tomllib.loads(data.decode("utf-8"))
+        return tomllib.loads(read_admins(_under(root, path), MAX_CONFIG_BYTES).decode("utf-8"))
     except (UnfitFile, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
         raise LayoutError(f"{path}: {err}") from None
-    finally:
-        os.close(fd)
 
 
 def _under(root: str, path: str) -> str:

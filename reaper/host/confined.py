@@ -198,6 +198,17 @@ def read_at(dir_fd: int, name: str, limit: int) -> tuple[bytes, os.stat_result]:
         os.close(fd)
 
 
+def read_admins(path: str, limit: int) -> bytes:
+    """A regular file the node's admin or the kubelet owns (a runtime config, flannel's
+    subnet.env, a service-account token): links followed, as their readers follow them, but
+    never blocking on a FIFO and never read past `limit`. OSError or UnfitFile otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        return read_fd(fd, limit)[0]
+    finally:
+        os.close(fd)
+
+
 def read_beneath(root: str, path: str, limit: int) -> tuple[bytes, os.stat_result]:
     """Like read_at, for a file `path` beneath `root`."""
     with opened_dir(root, os.path.dirname(path)) as dir_fd:

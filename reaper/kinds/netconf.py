@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from reaper.host.confined import UnfitFile, open_root, read_fd
+from reaper.host.confined import UnfitFile, open_root, read_admins, read_fd
 from reaper.host.files import describe_oserror
 from reaper.host.jsondoc import NotAnObject, parse_object
 from reaper.model import CorruptFile, HostLocalRange, NetworkConfig
@@ -95,11 +95,7 @@ def _with_flannel_ranges(config: NetworkConfig) -> NetworkConfig:
         subnet_file = plugin.get("subnetFile")
         path = subnet_file if isinstance(subnet_file, str) and subnet_file.startswith("/") else FLANNEL_SUBNET_FILE
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-            try:
-                data, _ = read_fd(fd, MAX_CONFIG_BYTES)
-            finally:
-                os.close(fd)
+            data = read_admins(path, MAX_CONFIG_BYTES)
         except (OSError, UnfitFile):
             return config  # no flannel on this node yet, or not mounted: no range known
         return replace(config, ipam_ranges=config.ipam_ranges + tuple(flannel_ranges(data)))

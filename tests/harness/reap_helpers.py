@@ -58,6 +58,11 @@ def firewall_rules_of(ip: str, bits: int = 32) -> set[str]:
     }
 
 
+def rule_specs(lines: set[str]) -> set[str]:
+    """iptables-save lines as the reaper names the rules: without the `-A `."""
+    return {line.removeprefix("-A ") for line in lines}
+
+
 def filter_lines(lab: Lab) -> set[str]:
     """Every line of the lab netns' filter tables, both families, but iptables-save's comments
     (they carry the time)."""

@@ -23,6 +23,7 @@ from tests.harness.reap_helpers import (
     ifbs,
     pings,
     qdiscs,
+    rule_specs,
 )
 from tests.harness.reaper_cli import attachments_by_key, names, run_reaper
 
@@ -35,10 +36,6 @@ def lease_ip(lab: Lab, container_id: str) -> str:
     net_dir = lab.ipam_dir / lab.network_name
     (ip,) = [p.name for p in net_dir.iterdir() if p.name[0].isdigit() and p.read_text().startswith(container_id)]
     return ip
-
-
-def specs(lines: set[str]) -> set[str]:
-    return {line.removeprefix("-A ") for line in lines}
 
 
 def test_bandwidth_and_firewall_in_the_chain_are_reclaimed_with_the_leaks(tmp_path: Path) -> None:
@@ -75,10 +72,10 @@ def test_bandwidth_and_firewall_in_the_chain_are_reclaimed_with_the_leaks(tmp_pa
             leak = by_key[(cid, net, labcni.IFNAME)]
             assert leak["verdict"] == "orphan", leak
             assert names(leak, "ifb") == {ifb_name(net, cid)}, leak
-            assert names(leak, "firewall") == specs(firewall_rules_of(ip)), leak
+            assert names(leak, "firewall") == rule_specs(firewall_rules_of(ip)), leak
         live = by_key[(web, net, labcni.IFNAME)]
         assert live["verdict"] == "live"
-        assert names(live, "ifb") == {web_ifb} and names(live, "firewall") == specs(firewall_rules_of(web_ip))
+        assert names(live, "ifb") == {web_ifb} and names(live, "firewall") == rule_specs(firewall_rules_of(web_ip))
 
         run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr

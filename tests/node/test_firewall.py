@@ -11,7 +11,16 @@ from pathlib import Path
 
 from tests.harness.lab import Lab
 from tests.harness.lab import cni as labcni
-from tests.harness.reap_helpers import REAP, SCAN, cached_result, filter_lines, firewall_rules_of, leak_left, pings
+from tests.harness.reap_helpers import (
+    REAP,
+    SCAN,
+    cached_result,
+    filter_lines,
+    firewall_rules_of,
+    leak_left,
+    pings,
+    rule_specs,
+)
 from tests.harness.reaper_cli import attachments_by_key, names, run_reaper
 
 SHARED = (
@@ -36,10 +45,6 @@ def accept(lab: Lab, container_id: str, netns: str, prev_result: Mapping[str, ob
         "prevResult": dict(prev_result),
     }
     labcni.exec_plugin(call, conf)
-
-
-def specs(lines: set[str]) -> set[str]:
-    return {line.removeprefix("-A ") for line in lines}
 
 
 def test_the_leaks_rules_go_and_the_live_pods_and_unleased_ones_stay(tmp_path: Path) -> None:
@@ -71,10 +76,10 @@ def test_the_leaks_rules_go_and_the_live_pods_and_unleased_ones_stay(tmp_path: P
         by_key = attachments_by_key(scan.doc)
         orphan = by_key[(leak.container_id, net, labcni.IFNAME)]
         live = by_key[(web, net, labcni.IFNAME)]
-        assert orphan["verdict"] == "orphan" and names(orphan, "firewall") == specs(firewall_rules_of(leak.ip))
-        assert live["verdict"] == "live" and names(live, "firewall") == specs(firewall_rules_of(web_ip))
+        assert orphan["verdict"] == "orphan" and names(orphan, "firewall") == rule_specs(firewall_rules_of(leak.ip))
+        assert live["verdict"] == "live" and names(live, "firewall") == rule_specs(firewall_rules_of(web_ip))
         unconfirmed = {u["name"]: u for u in scan.doc["unconfirmed"] if u["kind"] == "firewall"}
-        assert set(unconfirmed) == specs(strays)
+        assert set(unconfirmed) == rule_specs(strays)
         assert all("no host-local lease holds" in u["owner"] for u in unconfirmed.values())
 
         run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
@@ -83,17 +88,17 @@ def test_the_leaks_rules_go_and_the_live_pods_and_unleased_ones_stay(tmp_path: P
         # The cached config (bridge, portmap) has no firewall: its DEL leaves the rules, the
         # kernel step deletes them.
         freed = {r["name"]: (r["method"], r["ok"]) for r in outcome["resources"] if r["kind"] == "firewall"}
-        assert freed == {spec: ("kernel", True) for spec in specs(firewall_rules_of(leak.ip))}, outcome
+        assert freed == {spec: ("kernel", True) for spec in rule_specs(firewall_rules_of(leak.ip))}, outcome
         assert leak_left(lab, leak) == []
 
         after = filter_lines(lab)
         assert not firewall_rules_of(leak.ip) & after, "the leak's rules are left"
         assert firewall_rules_of(web_ip) | strays | set(SHARED) <= after, "a rule not the leak's was deleted"
         assert after == before - firewall_rules_of(leak.ip)
-        assert {u["name"] for u in run.doc["unconfirmed"] if u["kind"] == "firewall"} == specs(strays)
+        assert {u["name"] for u in run.doc["unconfirmed"] if u["kind"] == "firewall"} == rule_specs(strays)
         assert pings(lab, web)
 
         again = run_reaper(lab, "scan", tmp_path / "after.json", "--json", *SCAN)
         assert again.returncode == 0 and again.doc["summary"]["orphan"] == 0
         web_after = attachments_by_key(again.doc)[(web, net, labcni.IFNAME)]
-        assert names(web_after, "firewall") == specs(firewall_rules_of(web_ip))
+        assert names(web_after, "firewall") == rule_specs(firewall_rules_of(web_ip))
