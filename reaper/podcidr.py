@@ -15,13 +15,15 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from reaper.host.confined import UnfitFile, read_fd
+from reaper.host.confined import UnfitFile, read_admins
 from reaper.host.jsondoc import parse_json
 
 SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 API_TIMEOUT = 5.0
 MAX_NODE_BYTES = 8 << 20  # a Node with its image list is tens of KB; more is not a Node
 MAX_SECRET_BYTES = 1 << 20
+# RFC 6750's b64token: what a service-account token (a JWT) is made of
+_BEARER_TOKEN = re.compile(r"[A-Za-z0-9._~+/-]+=*")
 # RFC 1123 subdomain, as Kubernetes names nodes
 _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
@@ -79,16 +81,11 @@ def node_pod_cidrs(doc: object, node_name: str) -> PodCidrs:
 def _read_secret(directory: str, name: str) -> bytes:
     path = os.path.join(directory, name)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        return read_admins(path, MAX_SECRET_BYTES)
     except OSError as err:
-        raise PodCidrError(f"cannot read {path}: {err.strerror}") from None
-    try:
-        data, _ = read_fd(fd, MAX_SECRET_BYTES)
-    except (OSError, UnfitFile) as err:
+        raise PodCidrError(f"cannot read {path}: {err.strerror or err}") from None
+    except UnfitFile as err:
         raise PodCidrError(f"cannot read {path}: {err}") from None
-    finally:
-        os.close(fd)
-    return data
 
 
 def in_cluster(env: Mapping[str, str]) -> bool:
@@ -106,6 +103,8 @@ def from_api(node_name: str, env: Mapping[str, str], timeout: float = API_TIMEOU
         raise PodCidrError(f"{node_name[:80]!r} is not a node name")
     sa_dir = env.get("REAPER_SERVICEACCOUNT_DIR") or SERVICEACCOUNT_DIR
     token = _read_secret(sa_dir, "token").decode("ascii", "replace").strip()
+    if not _BEARER_TOKEN.fullmatch(token):  # nothing else goes into a header
+        raise PodCidrError(f"{sa_dir}/token is not a bearer token")
     context = ssl.create_default_context()
     try:
         context.load_verify_locations(cadata=_read_secret(sa_dir, "ca.crt").decode("ascii", "replace"))
@@ -125,8 +124,6 @@ def from_api(node_name: str, env: Mapping[str, str], timeout: float = API_TIMEOU
         body = response.read(MAX_NODE_BYTES + 1)
     except (OSError, http.client.HTTPException) as err:  # TLS failures included
         raise PodCidrError(f"the API server at {host}:{port} did not answer: {err}") from None
-    except ValueError:  # http.client refuses a header value with a line break in it
-        raise PodCidrError(f"{sa_dir}/token is not a bearer token") from None
     finally:
         conn.close()
     if response.status != 200:

@@ -5,6 +5,7 @@ line and leaves the ranges that need it out of the gauges, never anything else."
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from collections.abc import Iterator
@@ -16,7 +17,15 @@ from reaper.cli import build_parser
 from reaper.kinds.hostlocal import range_usage
 from reaper.kinds.netconf import parse_network_config
 from reaper.model import HostLocalLease
-from reaper.podcidr import MAX_NODE_BYTES, PodCidrError, PodCidrs, from_api, node_pod_cidrs, resolve_pod_cidrs
+from reaper.podcidr import (
+    MAX_NODE_BYTES,
+    MAX_SECRET_BYTES,
+    PodCidrError,
+    PodCidrs,
+    from_api,
+    node_pod_cidrs,
+    resolve_pod_cidrs,
+)
 from reaper.settings import SettingsError, resolve, settings_from, with_pod_cidrs
 from tests.harness.apiserver import ApiServer, api_server, node_doc
 
@@ -156,3 +165,27 @@ def test_the_range_gauge_of_a_pod_cidr_network_counts_its_leases(api: ApiServer)
     failed = with_pod_cidrs(settings_from(args, {"REAPER_NODE_NAME": NODE}), {**api.env(), "REAPER_NODE_NAME": NODE})
     assert failed.pod_cidrs is None
     assert failed.layout_problems == (f"pod CIDR: GET node {NODE}: HTTP 404 (Not Found)",)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "huge", "dir", "nul"])
+def test_a_hostile_service_account_file_is_one_line_and_never_blocks(api: ApiServer, tmp_path: Path, kind: str) -> None:
+    """The kubelet writes these files (its `..data` links are followed, as every client does);
+    still, a FIFO is not waited on, a huge file is not read whole, a dir or a NUL is no token."""
+    api.serve_node(NODE, "10.244.3.0/24")
+    sa_dir = tmp_path / "sa"
+    sa_dir.mkdir()
+    (sa_dir / "ca.crt").write_bytes((api.sa_dir / "ca.crt").read_bytes())
+    token = sa_dir / "token"
+    if kind == "fifo":
+        os.mkfifo(token)
+    elif kind == "huge":
+        token.write_bytes(b"a" * (MAX_SECRET_BYTES + 1))
+    elif kind == "dir":
+        token.mkdir()
+    else:
+        token.write_bytes(b"reaper-test-token\0x")
+    started = time.monotonic()
+    with pytest.raises(PodCidrError) as err:
+        from_api(NODE, {**api.env(), "REAPER_SERVICEACCOUNT_DIR": str(sa_dir)}, timeout=2)
+    assert time.monotonic() - started < 5 and "\n" not in str(err.value)
+    assert ("is not a bearer token" if kind == "nul" else "cannot read") in str(err.value), err.value
