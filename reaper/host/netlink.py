@@ -16,6 +16,7 @@ import errno
 import os
 import re
 import socket
+import stat
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -187,36 +188,53 @@ def _links(nl: Netlink, body: bytes) -> Iterator[RawLink]:
     return nl.dump(RTM_GETLINK, body, parse_link)
 
 
-def _nsids(nl: Netlink, paths: list[str]) -> dict[str, int]:
-    found: dict[str, int] = {}
+def _open_namespace(path: str) -> tuple[os.stat_result, int] | None:
+    """The pin's stat and an fd to ask its nsid with, or None when it is no regular file. It is
+    looked at through an O_PATH fd (never through a symlink), and opened for reading through
+    that fd only once it is known to be a regular file (a namespace shows as one): a FIFO or a
+    device put among the pins is never opened."""
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        return st, os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    finally:
+        os.close(fd)
+
+
+def _nsids(nl: Netlink, paths: list[str]) -> dict[str, tuple[os.stat_result, int]]:
+    found: dict[str, tuple[os.stat_result, int]] = {}
     for i in range(0, len(paths), _NSID_BATCH):
-        fds: list[tuple[str, int]] = []
+        fds: list[tuple[str, os.stat_result, int]] = []
         try:
             for path in paths[i : i + _NSID_BATCH]:
                 try:
-                    fds.append((path, os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)))
+                    pin = _open_namespace(path)
                 except OSError:
                     continue
-            asked: dict[int, str] = {}
+                if pin is not None:
+                    fds.append((path, *pin))
+            asked: dict[int, tuple[str, os.stat_result]] = {}
             batch = []
-            for path, fd in fds:
+            for path, st, fd in fds:
                 # rtgenmsg (family, padded to 4 bytes), then the pin's fd
                 seq, msg = nl.message(RTM_GETNSID, NLM_F_REQUEST, b"\0\0\0\0" + _attr(NETNSA_FD, _U32.pack(fd)))
-                asked[seq] = path
+                asked[seq] = (path, st)
                 batch.append(msg)
             if not batch:
                 continue
             nl.sock.send(b"".join(batch))
             for data, off, length, mtype, seq in nl.answers():
-                path_of = asked.pop(seq, None)
-                if path_of is not None and mtype == RTM_NEWNSID:
+                pin_of = asked.pop(seq, None)
+                if pin_of is not None and mtype == RTM_NEWNSID:
                     nsid = _parse_nsid(data, off, length)
                     if nsid is not None:
-                        found[path_of] = nsid
+                        found[pin_of[0]] = (pin_of[1], nsid)
                 if not asked:
                     break  # every request answered (an error answers too)
         finally:
-            for _, fd in fds:
+            for _, _, fd in fds:
                 os.close(fd)
     return found
 
@@ -229,9 +247,11 @@ RTEXT_FILTER_SKIP_STATS = 1 << 3
 _ALL_LINKS = _IFINFO.pack(0, 0, 0, 0, 0) + _attr(IFLA_EXT_MASK, _U32.pack(RTEXT_FILTER_SKIP_STATS))
 
 
-def dump_links_and_nsids(choose_pins: PinChooser) -> tuple[list[RawLink], dict[str, int]]:
+def dump_links_and_nsids(choose_pins: PinChooser) -> tuple[list[RawLink], dict[str, tuple[os.stat_result, int]]]:
     """All links of this netns, and the nsid (as seen from here) of the pins `choose_pins` picks
-    once it has seen the links (asking costs a request per pin, so ask only where needed)."""
+    once it has seen the links (asking costs a request per pin, so ask only where needed), each
+    with the stat of the namespace it was asked of (the pin may have changed since it was
+    chosen)."""
     with Netlink() as nl:
         links = list(_links(nl, _ALL_LINKS))
         wanted = choose_pins(links)

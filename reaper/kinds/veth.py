@@ -7,6 +7,7 @@ never deleted while its peer's namespace is a live sandbox's, in use, or cannot 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Sequence
 
@@ -19,10 +20,18 @@ UNPIN_GRACE = 2.0  # seconds the kernel gets to drop the veths of namespaces jus
 _POLL = 0.05
 
 
-def veths_from(links: list[RawLink], nsids: dict[str, int], pins: Sequence[NetnsPin]) -> list[VethLink]:
+def veths_from(
+    links: list[RawLink], nsids: Mapping[str, tuple[os.stat_result, int]], pins: Sequence[NetnsPin]
+) -> list[VethLink]:
+    """The veths, each tied to the pinned namespace its peer is in: the one whose nsid is the
+    veth's link-netnsid. An nsid two namespaces claim ties neither (fail closed)."""
     by_index = {link.ifindex: link.name for link in links}
-    pin_ns = {pin.path: pin.ns for pin in pins}
-    nsid_to_ns = {nsid: pin_ns[path] for path, nsid in nsids.items() if path in pin_ns}
+    pinned = {pin.ns for pin in pins if pin.is_namespace}
+    nsid_to_ns: dict[int, NsKey | None] = {}
+    for st, nsid in nsids.values():
+        ns = NsKey(st.st_dev, st.st_ino)
+        if ns in pinned:
+            nsid_to_ns[nsid] = ns if nsid_to_ns.get(nsid, ns) == ns else None
     veths = []
     for link in links:
         if link.kind != "veth":
@@ -41,20 +50,57 @@ def veths_from(links: list[RawLink], nsids: dict[str, int], pins: Sequence[Netns
     return veths
 
 
+def _own_netns() -> tuple[int, int]:
+    st = os.stat("/proc/self/ns/net")
+    return st.st_dev, st.st_ino
+
+
 def find(look: Look) -> Found[VethLink]:
+    """Links, and the nsid of each pin a veth's peer may be in.
+
+    An nsid costs a netlink request a pin, and the kernel looks through every nsid it gave to
+    answer one. So a long-running agent answers a pin from its memo while the pin keeps the
+    same path and the same stat of the namespace mounted there, ctime included: a namespace
+    keeps its nsid while it lives, and the mount keeps it alive; a new namespace reuses a dead
+    one's inode number at once, but its nsfs inode is new, with a ctime later than any the memo
+    keeps (it keeps none of the last two seconds). The nsids are as seen from the namespace
+    this process is in, so that is kept too. A one-shot run asks every pin: this memo is never
+    saved to disk, where whoever could write it would choose which pod a veth belongs to."""
     pins: tuple[NetnsPin, ...] = look.earlier.get("netns", ())
-    real_pins = [pin.path for pin in pins if pin.is_namespace]
+    memo = look.memo.of("veth")
+    try:
+        viewer = _own_netns()
+    except OSError as err:
+        return Found((), errors=(SourceError("netlink", f"cannot tell which netns this is: {err}"),))
+    known: dict[str, tuple[os.stat_result, int]] = {}
 
     def choose_pins(links: list[RawLink]) -> list[str]:
-        # Finding where each peer lives costs a netlink request per pin: only when a veth has
-        # its peer in another namespace.
-        return real_pins if any(link.kind == "veth" and link.link_netnsid is not None for link in links) else []
+        # Only when a veth has its peer in another namespace, and only pins not in the memo.
+        if not any(link.kind == "veth" and link.link_netnsid is not None for link in links):
+            return []
+        ask = []
+        for pin in pins:
+            if not pin.is_namespace:
+                continue
+            try:
+                st = os.stat(pin.path, follow_symlinks=False)
+            except OSError:
+                continue  # gone since the netns kind looked: no veth joins it
+            said = memo.get(pin.path, st)
+            if isinstance(said, tuple) and said[:2] == viewer:
+                known[pin.path] = (st, said[2])
+            else:
+                ask.append(pin.path)
+        return ask
 
     try:
-        links, nsids = dump_links_and_nsids(choose_pins)
+        links, asked = dump_links_and_nsids(choose_pins)
     except OSError as err:
         return Found((), errors=(SourceError("netlink", str(err)),))
-    return Found(tuple(veths_from(links, nsids, pins)))
+    for path, (st, nsid) in asked.items():
+        memo.put(path, st, (*viewer, nsid))
+        known[path] = (st, nsid)
+    return Found(tuple(veths_from(links, known, pins)))
 
 
 def identity(veth: VethLink) -> Identity:

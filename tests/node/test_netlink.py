@@ -26,8 +26,9 @@ batch = "".join(f"link add h{i} type veth peer name eth0 netns {pin}\\n" for i, 
 subprocess.run(["ip", "-batch", "-"], input=batch, text=True, check=True)
 links, nsids = dump_links_and_nsids(lambda links: list(reversed(pins)))
 by_name = {link.name: link for link in links}
-wrong = [i for i, pin in enumerate(pins) if by_name[f"h{i}"].link_netnsid != nsids.get(pin)]
-print(json.dumps({"wrong": wrong, "asked": len(nsids), "distinct": len(set(nsids.values())),
+wrong = [i for i, pin in enumerate(pins) if by_name[f"h{i}"].link_netnsid != nsids[pin][1]]
+moved = [pin for pin in pins if nsids[pin][0].st_ino != os.stat(pin).st_ino]
+print(json.dumps({"wrong": wrong, "moved": moved, "asked": len(nsids), "distinct": len({n for _, n in nsids.values()}),
                   "veths": sum(1 for link in dump_links() if link.kind == "veth")}))
 """
 
@@ -42,4 +43,4 @@ def test_every_pin_gets_the_nsid_of_its_own_namespace() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert out == {"wrong": [], "asked": 1100, "distinct": 1100, "veths": 1100}
+    assert out == {"wrong": [], "moved": [], "asked": 1100, "distinct": 1100, "veths": 1100}

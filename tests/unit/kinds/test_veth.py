@@ -1,0 +1,43 @@
+"""Tying veths to the pinned namespace their peer is in, by nsid. Pure."""
+
+from __future__ import annotations
+
+import os
+
+from reaper.host.netlink import RawLink
+from reaper.kinds.veth import veths_from
+from reaper.model import NetnsPin, NsKey
+
+
+def _pin(name: str, ino: int) -> NetnsPin:
+    return NetnsPin(name, f"/run/netns/{name}", "/run/netns", NsKey(4, ino), True, 0.0, (), True)
+
+
+def _stat(ino: int) -> os.stat_result:
+    return os.stat_result((0o100444, ino, 4, 1, 0, 0, 0, 0, 0, 0))
+
+
+def _veth(name: str, index: int, nsid: int | None) -> RawLink:
+    return RawLink(index, name, "veth", 2, None, nsid)
+
+
+def test_a_veth_joins_the_pin_whose_nsid_is_its_peers() -> None:
+    pins = [_pin("a", 10), _pin("b", 11)]
+    nsids = {"/run/netns/a": (_stat(10), 0), "/run/netns/b": (_stat(11), 1)}
+    veths = veths_from([_veth("va", 5, 0), _veth("vb", 6, 1), _veth("vx", 7, 9)], nsids, pins)
+    assert {v.name: v.peer_netns for v in veths} == {"va": NsKey(4, 10), "vb": NsKey(4, 11), "vx": None}
+
+
+def test_an_nsid_two_namespaces_claim_ties_neither() -> None:
+    # Only a stale answer could say so; neither namespace may then take the veth.
+    pins = [_pin("a", 10), _pin("b", 11)]
+    nsids = {"/run/netns/a": (_stat(10), 3), "/run/netns/b": (_stat(11), 3)}
+    veths = veths_from([_veth("v", 5, 3)], nsids, pins)
+    assert [v.peer_netns for v in veths] == [None]
+
+
+def test_an_nsid_of_a_namespace_no_pin_holds_ties_nothing() -> None:
+    # The pin was swapped between the netns kind's look and the nsid request.
+    nsids = {"/run/netns/a": (_stat(99), 0)}
+    veths = veths_from([_veth("v", 5, 0)], nsids, [_pin("a", 10)])
+    assert [v.peer_netns for v in veths] == [None]
