@@ -111,7 +111,7 @@ def _scan_pass(
     except StateError as err:
         state_saved = False
         warnings.append(f"{err}; confirmations will not carry to the next pass")
-    if one_shot and state_saved and (memo.changed or memo_warning):
+    if one_shot and state_saved and (memo.changed_in(_MEMO_CHECKS) or memo_warning):
         try:
             save_memo(memo_path(settings.state_file), memo, _MEMO_CHECKS)
         except OSError as err:

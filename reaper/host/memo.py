@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import msgspec
 
@@ -92,12 +92,33 @@ class FileMemo(Generic[T]):
         self._previous = {path: (st, value) for path, st, value in rows}
 
 
+class OutputMemo:
+    """What a command's output parsed to last pass: an output whose `key` (the whole text, or
+    the text less what the parse never reads) is the same as last pass's is not parsed again.
+    An exact comparison, so nothing can be stale. Outputs not seen in a pass are forgotten at
+    its end."""
+
+    def __init__(self) -> None:
+        self._previous: dict[str, tuple[str, object]] = {}
+        self._current: dict[str, tuple[str, object]] = {}
+
+    def parsed(self, name: str, key: str, parse: Callable[[], T]) -> T:
+        hit = self._previous.get(name)
+        value = hit[1] if hit is not None and hit[0] == key else parse()
+        self._current[name] = (key, value)
+        return cast(T, value)
+
+    def end_pass(self) -> None:
+        self._previous, self._current = self._current, {}
+
+
 class InventoryMemo:
-    """One FileMemo per kind of file."""
+    """One FileMemo per kind of file, and the memo of command outputs (kept in memory only)."""
 
     def __init__(self, clock: Clock = time.time_ns) -> None:
         self._memos: dict[str, FileMemo[object]] = {}
         self._clock = clock
+        self.outputs = OutputMemo()
 
     def of(self, kind: str) -> FileMemo[object]:
         memo = self._memos.get(kind)
@@ -112,10 +133,15 @@ class InventoryMemo:
     def end_pass(self) -> None:
         for memo in self._memos.values():
             memo.end_pass()
+        self.outputs.end_pass()
 
     @property
     def changed(self) -> bool:
-        return any(memo.changed for memo in self._memos.values())
+        return self.changed_in(self._memos)
+
+    def changed_in(self, kinds: Iterable[str]) -> bool:
+        """Whether the memo of any of `kinds` changed (a one-shot saves only some kinds)."""
+        return any(self._memos[kind].changed for kind in kinds if kind in self._memos)
 
 
 # ------------------------------------------------------------------ saved next to the state file

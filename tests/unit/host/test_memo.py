@@ -16,7 +16,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from reaper.host.memo import MEMO_VERSION, RACY_NS, InventoryMemo, load_memo, memo_path, save_memo, stamp
+from reaper.host.memo import MEMO_VERSION, RACY_NS, InventoryMemo, OutputMemo, load_memo, memo_path, save_memo, stamp
 from reaper.kinds import cache, hostlocal
 from reaper.kinds.cache import collect_cache
 from reaper.kinds.hostlocal import collect_leases
@@ -201,3 +201,28 @@ def test_a_memo_that_is_a_link_or_a_fifo_is_not_read(tmp_path: Path) -> None:
 def test_a_missing_memo_is_no_warning(tmp_path: Path) -> None:
     memo, warning = load_memo(memo_path(str(tmp_path / "state.json")), CHECKS)
     assert warning is None and not memo.changed
+
+
+def test_a_command_output_is_parsed_again_unless_its_key_is_the_same() -> None:
+    outputs = OutputMemo()
+    parses: list[str] = []
+
+    def parsed(name: str, text: str) -> tuple[str, ...]:
+        def parse() -> tuple[str, ...]:
+            parses.append(text)
+            return tuple(text.split())
+
+        return outputs.parsed(name, text, parse)
+
+    assert parsed("save", "a b") == ("a", "b")
+    outputs.end_pass()
+    assert parsed("save", "a b") == ("a", "b")
+    assert parses == ["a b"]  # the same key: last pass's result
+    outputs.end_pass()
+    assert parsed("save", "a c") == ("a", "c")
+    assert parsed("other", "a c") == ("a", "c")  # by command, not by key alone
+    assert parses == ["a b", "a c", "a c"]
+    outputs.end_pass()
+    outputs.end_pass()  # a pass that did not run the command forgets its output
+    assert parsed("save", "a c") == ("a", "c")
+    assert parses == ["a b", "a c", "a c", "a c"]
