@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from reaper.frozen import frozen_record
 from reaper.kinds import Kind
 from reaper.kinds.registry import KINDS
 from reaper.model import (
@@ -32,7 +33,7 @@ from reaper.model import (
 _Key = tuple[str | None, str | None, str | None, str | None]
 
 
-@dataclass(frozen=True)
+@frozen_record
 class ResourceGroup:
     """Resources that belong to one attachment, before any verdict."""
 

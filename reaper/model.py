@@ -7,8 +7,10 @@ says is alive, and the reconcile records what the reaper concluded and why.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal, NamedTuple
+
+from reaper.frozen import frozen_record
 
 ResourceKind = str  # a kind's name, as reaper.kinds.registry lists them
 Verdict = Literal["live", "orphan", "pending", "unknown"]
@@ -34,7 +36,7 @@ class NsKey(NamedTuple):
 # ---------------------------------------------------------------- inventory
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Holder:
     """A process (or one of its threads) inside a network namespace."""
 
@@ -51,7 +53,7 @@ class Holder:
         return not self.reapers_own
 
 
-@dataclass(frozen=True)
+@frozen_record
 class NetnsPin:
     """A file under a netns dir, normally a bind mount of a network namespace."""
 
@@ -65,7 +67,7 @@ class NetnsPin:
     runtime_named: bool  # the name is one a container runtime makes
 
 
-@dataclass(frozen=True)
+@frozen_record
 class VethLink:
     """A veth in the netns the reaper runs in (the host side of a pod's pair)."""
 
@@ -77,7 +79,7 @@ class VethLink:
     peer_netns: NsKey | None  # the pinned namespace the peer lives in, when known
 
 
-@dataclass(frozen=True)
+@frozen_record
 class HostLocalLease:
     """One host-local IPAM allocation file: `<data dir>/<network>/<ip>`."""
 
@@ -90,7 +92,7 @@ class HostLocalLease:
     mtime: float
 
 
-@dataclass(frozen=True)
+@frozen_record
 class IpamRange:
     """How full one host-local range is: its size and the leases held in it."""
 
@@ -100,7 +102,7 @@ class IpamRange:
     used: int
 
 
-@dataclass(frozen=True)
+@frozen_record
 class CacheEntry:
     """A libcni result cache file."""
 
@@ -126,7 +128,7 @@ class CacheEntry:
     ips: tuple[str, ...] = ()  # the addresses its result holds
 
 
-@dataclass(frozen=True)
+@frozen_record
 class IptablesChain:
     """A per-attachment nat chain a CNI plugin made, and the rules that jump to it."""
 
@@ -141,7 +143,7 @@ class IptablesChain:
     backend: str = "default"  # iptables "nft" or "legacy" (or "default" when only one exists)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class NftRule:
     """A rule of the CNI plugins' nftables backend and the key its comment carries.
 
@@ -160,7 +162,7 @@ class NftRule:
     instance: str | None = None  # the masquerade rule's instance hash
 
 
-@dataclass(frozen=True)
+@frozen_record
 class HostLocalRange:
     """One host-local range from a network config, already given its defaults."""
 
@@ -170,7 +172,7 @@ class HostLocalRange:
     gateway: str | None
 
 
-@dataclass(frozen=True)
+@frozen_record
 class NetworkConfig:
     """A network config file, or one a cache entry carries."""
 
@@ -187,7 +189,7 @@ class NetworkConfig:
     pod_cidr_versions: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
+@frozen_record
 class CorruptFile:
     """A file that is not what its place says it should be; reported, never acted on alone."""
 
@@ -197,7 +199,7 @@ class CorruptFile:
     count: int = 1  # more than one: a line standing for that many files not listed one by one
 
 
-@dataclass(frozen=True)
+@frozen_record
 class SourceError:
     """An inventory source that could not be read at all (a command missing or failing)."""
 
@@ -205,7 +207,7 @@ class SourceError:
     error: str
 
 
-@dataclass(frozen=True)
+@frozen_record
 class NodeSnapshot:
     """One look at the node: every kind's records, and what could not be read."""
 
@@ -233,7 +235,7 @@ class NodeSnapshot:
 # ------------------------------------------------------------------ joining
 
 
-@dataclass(frozen=True)
+@frozen_record
 class OwnKey:
     """The resource carries a whole attachment key (container ID, network, ifname): it makes
     an attachment of its own. `netns` is the namespace it names, when it names one."""
@@ -245,7 +247,7 @@ class OwnKey:
     uninspectable_netns: str | None = None  # a netns path it names that cannot be inspected
 
 
-@dataclass(frozen=True)
+@frozen_record
 class ContainerTie:
     """The resource carries a container ID (and perhaps a network) but no ifname: it joins that
     container's primary attachment."""
@@ -254,7 +256,7 @@ class ContainerTie:
     network: str | None = None
 
 
-@dataclass(frozen=True)
+@frozen_record
 class NetnsTie:
     """A netns pin: it joins whoever owns its namespace, or stands alone."""
 
@@ -263,7 +265,7 @@ class NetnsTie:
     runtime_named: bool
 
 
-@dataclass(frozen=True)
+@frozen_record
 class PeerTie:
     """A host veth: it joins the attachment whose pinned namespace holds its peer, and no
     other (names repeat: some plugins name a veth after the pod, not the sandbox)."""
@@ -272,7 +274,7 @@ class PeerTie:
     peer_netns: NsKey | None
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Claim:
     """The resource names its owner by a key that makes no attachment of its own (a container
     ID; a hash of one): it joins an attachment other resources make, one whose key matches, or
@@ -289,7 +291,7 @@ Tie = OwnKey | ContainerTie | Claim | NetnsTie | PeerTie
 # ----------------------------------------------------------------- liveness
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Sandbox:
     """A pod sandbox a runtime lists, READY or NOTREADY."""
 
@@ -306,7 +308,7 @@ class Sandbox:
     status_key: str = ""
 
 
-@dataclass(frozen=True)
+@frozen_record
 class RuntimeAnswer:
     """What one runtime on the node said this pass."""
 
@@ -320,7 +322,7 @@ class RuntimeAnswer:
     skipped: bool = False  # a socket file nobody listens on: reported, not counted as a failure
 
 
-@dataclass(frozen=True)
+@frozen_record
 class RuntimeView:
     """What the runtimes said this pass, together. `reachable` False means nothing may be
     called orphan: some runtime that should have answered did not."""
@@ -337,7 +339,7 @@ class RuntimeView:
 # ---------------------------------------------------------------- reconcile
 
 
-@dataclass(frozen=True)
+@frozen_record
 class ResourceRef:
     """A resource as an attachment lists it."""
 
@@ -351,7 +353,7 @@ class ResourceRef:
         return dict(self.details).get(key)
 
 
-@dataclass(frozen=True, order=True)
+@frozen_record(order=True)
 class AttachmentKey:
     """(container ID, network, ifname); a pin tied to no container is keyed by its path."""
 
@@ -366,7 +368,7 @@ class AttachmentKey:
         return f"{self.container_id}/{self.network or ''}/{self.ifname or ''}"
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Attachment:
     """The resources of one (container ID, network, ifname), with the verdict on them."""
 
@@ -379,7 +381,7 @@ class Attachment:
     owner: Owner = "unknown"  # whose runtime made it, by its cache entry (see CacheEntry.owner)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class AttachmentHistory:
     """What earlier passes saw of an attachment, for the grace rules."""
 
@@ -387,7 +389,7 @@ class AttachmentHistory:
     orphan_streak: int  # consecutive passes on which it had no owner
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Policy:
     """The grace rules: how old and how often ownerless before an attachment is an orphan."""
 
@@ -396,7 +398,7 @@ class Policy:
     stuck_after: float
 
 
-@dataclass(frozen=True)
+@frozen_record
 class StuckSandbox:
     """A NOTREADY sandbox past --stuck-after: the runtime's to clean, reported only."""
 
@@ -407,7 +409,7 @@ class StuckSandbox:
     resources: tuple[ResourceRef, ...]
 
 
-@dataclass(frozen=True)
+@frozen_record
 class ForeignPin:
     """A pin no runtime or cache entry names and whose name is not a runtime's: never touched."""
 
@@ -416,7 +418,7 @@ class ForeignPin:
     holders: int
 
 
-@dataclass(frozen=True)
+@frozen_record
 class UnconfirmedResource:
     """A resource whose key matches no attachment on the node: reported, never reclaimed."""
 
@@ -424,7 +426,7 @@ class UnconfirmedResource:
     why: str
 
 
-@dataclass(frozen=True)
+@frozen_record
 class ScanReport:
     """Everything one read-only look concluded."""
 
@@ -451,7 +453,7 @@ PassOutcome = Literal["ok", "undecided", "breaker", "error"]
 PASS_OUTCOMES: tuple[PassOutcome, ...] = ("ok", "undecided", "breaker", "error")
 
 
-@dataclass(frozen=True)
+@frozen_record
 class PlannedStep:
     """How one resource of an orphan will be reclaimed."""
 
@@ -460,7 +462,7 @@ class PlannedStep:
     method: ReclaimMethod
 
 
-@dataclass(frozen=True)
+@frozen_record
 class PlannedAttachment:
     """How one orphan will be reclaimed, and where DEL takes its config from."""
 
@@ -470,7 +472,7 @@ class PlannedAttachment:
     config_note: str | None = None  # why the cache entry's own config does not run, when it does not
 
 
-@dataclass(frozen=True)
+@frozen_record
 class ResourceOutcome:
     """What reclaiming did to one resource, as the look after it saw."""
 
@@ -481,7 +483,7 @@ class ResourceOutcome:
     error: str | None
 
 
-@dataclass(frozen=True)
+@frozen_record
 class ReclaimOutcome:
     """What reclaiming did to one orphan."""
 
@@ -497,7 +499,7 @@ class ReclaimOutcome:
         return all(r.ok for r in self.resources)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class SkippedAttachment:
     """An orphan left this pass, and why."""
 
@@ -505,7 +507,7 @@ class SkippedAttachment:
     reason: str
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Done:
     """What one reclaiming action did to one resource: freed, or left and why."""
 
@@ -526,7 +528,7 @@ class Done:
         return Done(ok=False, error=why)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class GcOutcome:
     """One plugin's answer to the CNI GC verb."""
 
@@ -539,7 +541,7 @@ class GcOutcome:
 # ------------------------------------------------------------------- results
 
 
-@dataclass(frozen=True)
+@frozen_record
 class ScanResult:
     """One read-only pass."""
 
@@ -563,7 +565,7 @@ class ScanResult:
         return None
 
 
-@dataclass(frozen=True)
+@frozen_record
 class ReapResult:
     """One reclaiming pass: the scan it acted on, and what it did."""
 

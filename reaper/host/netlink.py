@@ -19,9 +19,10 @@ import socket
 import stat
 import struct
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from itertools import count
 from typing import TypeVar
+
+from reaper.frozen import frozen_record
 
 T = TypeVar("T")
 
@@ -57,7 +58,7 @@ _KIND_FILTER_SINCE = (4, 8)
 _NSID_WANTED = frozenset({NETNSA_NSID})
 
 
-@dataclass(frozen=True)
+@frozen_record
 class RawLink:
     ifindex: int
     name: str
