@@ -33,7 +33,7 @@ def host_netns() -> NsKey:
 
 def netns_holders(host: NsKey, bin_dirs: tuple[str, ...]) -> dict[NsKey, tuple[Holder, ...]]:
     """The processes in every namespace but the host's."""
-    return {ns: holders for ns, holders in holders_by_netns(bin_dirs).items() if ns != host}
+    return holders_by_netns(bin_dirs, besides=host)
 
 
 @contextmanager

@@ -5,8 +5,8 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
 
+from reaper.frozen import frozen_record
 from reaper.model import Holder, NsKey
 
 MAX_ANCESTRY = 64  # parents walked to tell whether the reaper started a process
@@ -56,7 +56,7 @@ def netns_members(proc: str = "/proc") -> dict[NsKey, set[int]]:
     return members
 
 
-@dataclass(frozen=True)
+@frozen_record
 class ProcStat:
     """What /proc/<pid>/stat says of a process: its name, parent and start time."""
 
@@ -155,11 +155,17 @@ def _started_by(pid: int, stat: ProcStat, ancestor: tuple[int, float], boot: flo
     return False
 
 
-def holders_by_netns(bin_dirs: tuple[str, ...], only: NsKey | None = None) -> dict[NsKey, tuple[Holder, ...]]:
-    """The processes in each namespace some process is in (with `only`, just that one)."""
+def holders_by_netns(
+    bin_dirs: tuple[str, ...], only: NsKey | None = None, besides: NsKey | None = None
+) -> dict[NsKey, tuple[Holder, ...]]:
+    """The processes in each namespace some process is in (with `only`, just that one; with
+    `besides`, all but that one: most of a node's processes are in the host's, and describing
+    one costs two reads of /proc)."""
     members = netns_members()
     if only is not None:
         members = {only: members[only]} if only in members else {}
+    if besides is not None:
+        members.pop(besides, None)
     described = describe({pid for pids in members.values() for pid in pids}, bin_dirs)
     return {ns: tuple(described[pid] for pid in sorted(pids)) for ns, pids in members.items()}
 
