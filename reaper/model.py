@@ -350,7 +350,10 @@ class ResourceRef:
     identity: Identity = ()  # its kind's identity of it: how a later look finds it again
 
     def detail(self, key: str) -> DetailValue:
-        return dict(self.details).get(key)
+        for name, value in reversed(self.details):  # the last one wins, as in a dict of them
+            if name == key:
+                return value
+        return None
 
 
 @frozen_record(order=True)
