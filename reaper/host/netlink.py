@@ -185,6 +185,44 @@ class Netlink:
             yield decode(data, off, length)
 
 
+def dump_raw(nl: Netlink, mtype: int, body: bytes) -> tuple[int, list[bytes]]:
+    """A dump request's answer as the kernel sent it: (sequence, each read). Nothing is decoded
+    but the message headers, so a thread of its own can wait on the kernel while the
+    interpreter does other work (see reaper.kinds.veth)."""
+    seq, msg = nl.message(mtype, NLM_F_REQUEST | NLM_F_DUMP, body)
+    nl.sock.send(msg)
+    reads: list[bytes] = []
+    while True:
+        data = nl.sock.recv(_RECV_BYTES)
+        reads.append(data)
+        off = 0
+        while off + _HDR.size <= len(data):
+            length, atype, _, aseq, _ = _HDR.unpack_from(data, off)
+            if length < _HDR.size or off + length > len(data):
+                raise OSError(errno.EBADMSG, "malformed netlink message")
+            if aseq == seq and atype in (NLMSG_DONE, NLMSG_ERROR):
+                return seq, reads
+            off += (length + 3) & ~3
+
+
+def decode_raw(seq: int, reads: list[bytes], decode: Callable[[bytes, int, int], T]) -> Iterator[T]:
+    """Each answer in what dump_raw read, decoded; OSError when the kernel refused the dump."""
+    for data in reads:
+        off = 0
+        while off + _HDR.size <= len(data):
+            length, atype, _, aseq, _ = _HDR.unpack_from(data, off)
+            if aseq == seq:
+                if atype == NLMSG_DONE:
+                    return
+                if atype == NLMSG_ERROR:
+                    code = -_I32.unpack_from(data, off + _HDR.size)[0]
+                    if code:
+                        raise OSError(code, os.strerror(code))
+                    return
+                yield decode(data, off, length)
+            off += (length + 3) & ~3
+
+
 def _links(nl: Netlink, body: bytes) -> Iterator[RawLink]:
     return nl.dump(RTM_GETLINK, body, parse_link)
 
@@ -253,10 +291,25 @@ def dump_links_and_nsids(choose_pins: PinChooser) -> tuple[list[RawLink], dict[s
     once it has seen the links (asking costs a request per pin, so ask only where needed), each
     with the stat of the namespace it was asked of (the pin may have changed since it was
     chosen)."""
+    links = dump_links()
+    wanted = choose_pins(links)
+    return links, nsids_of(wanted) if wanted else {}
+
+
+def nsids_of(paths: list[str]) -> dict[str, tuple[os.stat_result, int]]:
+    """The nsid (as seen from here) of the namespace pinned at each path, with its stat."""
     with Netlink() as nl:
-        links = list(_links(nl, _ALL_LINKS))
-        wanted = choose_pins(links)
-        return links, _nsids(nl, wanted) if wanted else {}
+        return _nsids(nl, paths)
+
+
+def dump_links_raw() -> tuple[int, list[bytes]]:
+    """All links of this netns, undecoded (see dump_raw); links_in decodes them."""
+    with Netlink() as nl:
+        return dump_raw(nl, RTM_GETLINK, _ALL_LINKS)
+
+
+def links_in(raw: tuple[int, list[bytes]]) -> list[RawLink]:
+    return list(decode_raw(*raw, parse_link))
 
 
 def dump_links() -> list[RawLink]:

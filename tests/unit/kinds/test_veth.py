@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+import pytest
+
+from reaper.host.memo import InventoryMemo
 from reaper.host.netlink import RawLink
+from reaper.kinds import Look, veth
 from reaper.kinds.veth import veths_from
 from reaper.model import NetnsPin, NsKey
+from tests.harness.passes import options_at
 
 
 def _pin(name: str, ino: int) -> NetnsPin:
@@ -41,3 +47,16 @@ def test_an_nsid_of_a_namespace_no_pin_holds_ties_nothing() -> None:
     nsids = {"/run/netns/a": (_stat(99), 0)}
     veths = veths_from([_veth("v", 5, 0)], nsids, [_pin("a", 10)])
     assert [v.peer_netns for v in veths] == [None]
+
+
+def test_a_dump_that_fails_on_its_thread_is_the_kinds_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    def refused() -> tuple[int, list[bytes]]:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(veth, "dump_links_raw", refused)
+    opts = options_at(tmp_path)
+    dump = veth.LinkDump(opts)
+    found = veth.find(Look(opts, InventoryMemo(), (), {}, {}, dump))
+    dump.close()
+    assert found.records == ()
+    assert [(e.source, e.error) for e in found.errors] == [("netlink", "[Errno 1] Operation not permitted")]
