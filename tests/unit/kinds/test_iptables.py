@@ -7,7 +7,7 @@ import re
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from reaper.kinds.iptables import _QUOTED_REST, chain_name, parse_save, without_stamps
+from reaper.kinds.iptables import _COMMENT, _QUOTED_REST, _TOKEN, chain_name, parse_save, without_stamps
 from reaper.names import is_cni_id
 from tests.harness.fuzz import FUZZ
 
@@ -109,6 +109,19 @@ def test_the_rest_of_a_quoted_string_is_read_as_the_plain_pattern_reads_it(line:
     plain = re.compile(r'(?:[^"\\]|\\.)*"')  # the pattern as first written: clear, and 3.6x slower
     fast, slow = _QUOTED_REST.match(line, at), plain.match(line, at)
     assert (fast and fast.end()) == (slow and slow.end())
+
+
+@FUZZ
+@given(
+    st.text(alphabet='ab"\\ \n-', max_size=24)
+    | st.builds("--comment ".__add__, st.text(alphabet='ab"\\ ', max_size=16))
+)
+def test_words_and_comments_are_read_as_the_plain_patterns_read_them(line: str) -> None:
+    token = re.compile(r'"(?:[^"\\]|\\.)*"|\S+')  # the patterns as first written: clear, and slower
+    comment = re.compile(r'--comment (?:"((?:[^"\\]|\\.)*)"|(\S+))')
+    assert _TOKEN.findall(line) == token.findall(line)
+    fast, slow = _COMMENT.search(line), comment.search(line)
+    assert (fast and (fast.span(), fast.groups())) == (slow and (slow.span(), slow.groups()))
 
 
 STAMPS = [
