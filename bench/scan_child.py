@@ -28,7 +28,7 @@ from reaper.scan import scan_pass  # noqa: E402
 from reaper.settings import settings_from  # noqa: E402
 
 T_IMPORTS = time.perf_counter()
-ROUNDS = 7
+ROUNDS = 9
 
 
 def _read_tree(directory: str) -> int:

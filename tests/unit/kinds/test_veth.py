@@ -12,6 +12,7 @@ from reaper.host.netlink import RawLink
 from reaper.kinds import Look, veth
 from reaper.kinds.veth import veths_from
 from reaper.model import NetnsPin, NsKey
+from reaper.scan import _MEMO_CHECKS
 from tests.harness.passes import options_at
 
 
@@ -60,3 +61,10 @@ def test_a_dump_that_fails_on_its_thread_is_the_kinds_error(monkeypatch: pytest.
     dump.close()
     assert found.records == ()
     assert [(e.source, e.error) for e in found.errors] == [("netlink", "[Errno 1] Operation not permitted")]
+
+
+def test_pin_nsids_are_never_saved_beside_the_state_file() -> None:
+    # A writer of the state dir would choose which pod's namespace a veth's peer is in; the
+    # agent keeps them in memory only, and a one-shot asks the kernel for every pin.
+    assert veth.KIND.memo_check is None
+    assert "veth" not in _MEMO_CHECKS
