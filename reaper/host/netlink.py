@@ -168,21 +168,9 @@ class Netlink:
                 yield self._buf, off, length, mtype, seq
                 off += (length + 3) & ~3
 
-    def dump(self, mtype: int, body: bytes, decode: Callable[[bytearray, int, int], T]) -> Iterator[T]:
+    def dump(self, mtype: int, body: bytes, decode: Callable[[bytes, int, int], T]) -> Iterator[T]:
         """Each answer to a dump request, decoded; OSError when the kernel refuses it."""
-        seq, msg = self.message(mtype, NLM_F_REQUEST | NLM_F_DUMP, body)
-        self.sock.send(msg)
-        for data, off, length, atype, aseq in self.answers():
-            if aseq != seq:
-                continue  # a late answer to an earlier request
-            if atype == NLMSG_DONE:
-                return
-            if atype == NLMSG_ERROR:
-                code = -_I32.unpack_from(data, off + _HDR.size)[0]
-                if code:
-                    raise OSError(code, os.strerror(code))
-                return
-            yield decode(data, off, length)
+        return decode_raw(*dump_raw(self, mtype, body), decode)
 
 
 def dump_raw(nl: Netlink, mtype: int, body: bytes) -> tuple[int, list[bytes]]:

@@ -5,9 +5,7 @@ nsid: a veth then joined another attachment than the one its peer lives in.)"""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
+from tests.harness.probe import run_probe
 
 # In a private mount and network namespace: pins, veths and mounts vanish with the process.
 NSID_PROBE = """
@@ -34,13 +32,5 @@ print(json.dumps({"wrong": wrong, "moved": moved, "asked": len(nsids), "distinct
 
 
 def test_every_pin_gets_the_nsid_of_its_own_namespace() -> None:
-    proc = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "--net", sys.executable, "-c", NSID_PROBE],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
+    out = run_probe(NSID_PROBE, timeout=300)
     assert out == {"wrong": [], "moved": [], "asked": 1100, "distinct": 1100, "veths": 1100}

@@ -4,10 +4,9 @@ garbage is not used (a warning says so) and is written anew. Whole passes, in a 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.harness.probe import run_probe
 
 PROBE = """
 import json, logging, os, stat, sys, time
@@ -65,15 +64,7 @@ print(json.dumps(out))
 
 
 def test_a_one_shot_scan_keeps_its_memo_and_never_trusts_a_stale_or_broken_one(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        ["unshare", "--net", sys.executable, "-c", PROBE, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
+    out = run_probe(PROBE, str(tmp_path), private_mounts=False)
     a, b = "a" * 64, "b" * 64
     assert out["first"] == [[a, "mynet", "eth0", ["cache", "ipam"]]]
     assert out["memo_mode"] == "0o600" and out["saved"] == {"cache": 1, "ipam": 1}

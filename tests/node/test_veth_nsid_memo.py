@@ -6,9 +6,7 @@ plain file) get no nsid and never block the pass."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
+from tests.harness.probe import run_probe
 
 # In a private mount and network namespace: pins, veths and mounts vanish with the process.
 PROBE = """
@@ -81,15 +79,7 @@ print(json.dumps({
 
 
 def test_memo_answers_unchanged_pins_and_never_a_replaced_namespace() -> None:
-    proc = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "--net", sys.executable, "-c", PROBE],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
+    out = run_probe(PROBE)
     # The dangerous case did happen: same path, same inode number, another namespace.
     assert out["a"] == out["a_before"], "the kernel did not reuse the inode number; the test proves nothing"
     assert out["first"] == {"ha": out["a_before"]}
