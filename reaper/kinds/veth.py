@@ -65,14 +65,14 @@ class LinkDump:
 
     def __init__(self, opts: FindOptions) -> None:
         self._raw: tuple[int, list[bytes]] = (0, [])
-        self._error: OSError | None = None
+        self._error: Exception | None = None
         self._thread = threading.Thread(target=self._read, name="link-dump", daemon=True)
         self._thread.start()
 
     def _read(self) -> None:
         try:
             self._raw = dump_links_raw()
-        except OSError as err:
+        except Exception as err:  # raised again by links(), on the look's thread, to be reported
             self._error = err
 
     def links(self) -> list[RawLink]:

@@ -68,3 +68,16 @@ def test_pin_nsids_are_never_saved_beside_the_state_file() -> None:
     # agent keeps them in memory only, and a one-shot asks the kernel for every pin.
     assert veth.KIND.memo_check is None
     assert "veth" not in _MEMO_CHECKS
+
+
+def test_a_bug_on_the_dump_thread_is_raised_on_the_looks_thread(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Not a traceback on stderr and no veths: the snapshot reports the kind as failed.
+    def broken() -> tuple[int, list[bytes]]:
+        raise ValueError("bad answer")
+
+    monkeypatch.setattr(veth, "dump_links_raw", broken)
+    dump = veth.LinkDump(options_at(tmp_path))
+    with pytest.raises(ValueError, match="bad answer"):
+        dump.links()
