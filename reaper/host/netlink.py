@@ -266,7 +266,6 @@ def _nsids(nl: Netlink, paths: list[str]) -> dict[str, tuple[os.stat_result, int
     return found
 
 
-PinChooser = Callable[[list[RawLink]], list[str]]
 IFLA_EXT_MASK = 29
 RTEXT_FILTER_SKIP_STATS = 1 << 3
 # Every link, without its counters (a fifth of each answer; a kernel that predates the flag
@@ -274,18 +273,10 @@ RTEXT_FILTER_SKIP_STATS = 1 << 3
 _ALL_LINKS = _IFINFO.pack(0, 0, 0, 0, 0) + _attr(IFLA_EXT_MASK, _U32.pack(RTEXT_FILTER_SKIP_STATS))
 
 
-def dump_links_and_nsids(choose_pins: PinChooser) -> tuple[list[RawLink], dict[str, tuple[os.stat_result, int]]]:
-    """All links of this netns, and the nsid (as seen from here) of the pins `choose_pins` picks
-    once it has seen the links (asking costs a request per pin, so ask only where needed), each
-    with the stat of the namespace it was asked of (the pin may have changed since it was
-    chosen)."""
-    links = dump_links()
-    wanted = choose_pins(links)
-    return links, nsids_of(wanted) if wanted else {}
-
-
 def nsids_of(paths: list[str]) -> dict[str, tuple[os.stat_result, int]]:
-    """The nsid (as seen from here) of the namespace pinned at each path, with its stat."""
+    """The nsid (as seen from here) of the namespace pinned at each path, with the stat of the
+    namespace it was asked of (the pin may have changed since it was chosen). A path that is
+    no regular file, or no namespace, has none."""
     with Netlink() as nl:
         return _nsids(nl, paths)
 

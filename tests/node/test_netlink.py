@@ -10,7 +10,7 @@ from tests.harness.probe import run_probe
 # In a private mount and network namespace: pins, veths and mounts vanish with the process.
 NSID_PROBE = """
 import json, os, subprocess, tempfile
-from reaper.host.netlink import dump_links, dump_links_and_nsids
+from reaper.host.netlink import dump_links, nsids_of
 PINS = 1100
 work = tempfile.mkdtemp()
 subprocess.run(["mount", "-t", "tmpfs", "tmpfs", work], check=True)
@@ -22,7 +22,7 @@ for i in range(PINS):
     pins.append(pin)
 batch = "".join(f"link add h{i} type veth peer name eth0 netns {pin}\\n" for i, pin in enumerate(pins))
 subprocess.run(["ip", "-batch", "-"], input=batch, text=True, check=True)
-links, nsids = dump_links_and_nsids(lambda links: list(reversed(pins)))
+links, nsids = dump_links(), nsids_of(list(reversed(pins)))
 by_name = {link.name: link for link in links}
 wrong = [i for i, pin in enumerate(pins) if by_name[f"h{i}"].link_netnsid != nsids[pin][1]]
 moved = [pin for pin in pins if nsids[pin][0].st_ino != os.stat(pin).st_ino]

@@ -72,7 +72,7 @@ veth_into("hf", f)
 veth_into("ha2", a)
 third = ties()
 everything = [os.path.join(pins, name) for name in sorted(os.listdir(pins))]
-answered = netlink.dump_links_and_nsids(lambda links: everything)[1]
+answered = netlink.nsids_of(everything)
 print(json.dumps({
     "answered": sorted(os.path.basename(p) for p in answered),
     "first": first, "second": second, "third": third, "asked": asked,

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
-from reaper.host.memo import InventoryMemo
+from reaper.host.memo import MEMO_VERSION, InventoryMemo, load_memo, memo_path
 from reaper.host.netlink import RawLink
 from reaper.kinds import Look, veth
 from reaper.kinds.veth import veths_from
@@ -81,3 +82,14 @@ def test_a_bug_on_the_dump_thread_is_raised_on_the_looks_thread(
     dump = veth.LinkDump(options_at(tmp_path))
     with pytest.raises(ValueError, match="bad answer"):
         dump.links()
+
+
+def test_a_forged_nsid_beside_the_state_file_is_never_read(tmp_path: Path) -> None:
+    # Whoever writes the state dir plants a memo saying a pin's namespace has nsid 7: the whole
+    # memo is set aside, and the pin is asked of the kernel.
+    path = memo_path(str(tmp_path / "state.json"))
+    forged = [["/run/netns/cni-x", [4, 4026532000, 0, 1, 1], [4, 4026531840, 7]]]
+    Path(path).write_text(json.dumps({"version": MEMO_VERSION, "kinds": {"veth": forged}}))
+    memo, warning = load_memo(path, _MEMO_CHECKS)
+    assert warning is not None and "every file is read again" in warning
+    assert list(memo.of("veth").items()) == []
