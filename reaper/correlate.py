@@ -9,10 +9,10 @@ none is unconfirmed), then veths by where their peer lives.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from reaper.frozen import frozen_record
+from msgspec import Struct
+
 from reaper.kinds import Kind
 from reaper.kinds.registry import KINDS
 from reaper.model import (
@@ -33,8 +33,7 @@ from reaper.model import (
 _Key = tuple[str | None, str | None, str | None, str | None]
 
 
-@frozen_record
-class ResourceGroup:
+class ResourceGroup(Struct, frozen=True):
     """Resources that belong to one attachment, before any verdict."""
 
     key: AttachmentKey
@@ -69,8 +68,7 @@ class _Groups:
         return min(keys, key=_primary_order) if keys else (cid, net, None, None)
 
 
-@dataclass
-class _Ties:
+class _Ties(Struct):
     own: list[tuple[OwnKey, ResourceRef]]
     container: list[tuple[ContainerTie, ResourceRef]]
     claims: list[tuple[Claim, ResourceRef, Kind[Any]]]
@@ -78,8 +76,7 @@ class _Ties:
     veths: list[tuple[PeerTie, ResourceRef]]
 
 
-@dataclass(frozen=True)
-class Correlation:
+class Correlation(Struct, frozen=True):
     groups: list[ResourceGroup]
     unconfirmed: list[UnconfirmedResource]
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any, Literal
+
+from msgspec import Struct
 
 from reaper.host.files import describe_oserror
 from reaper.host.mounts import unpin_hazard
@@ -48,8 +49,7 @@ PRESET_PLUGINS: Mapping[str, frozenset[str]] = {
 }
 
 
-@dataclass(frozen=True)
-class Check:
+class Check(Struct, frozen=True):
     name: str
     status: Status
     message: str

@@ -20,8 +20,9 @@ import glob
 import os
 import tomllib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec import Struct, field
 
 from reaper.host.confined import UnfitFile, read_admins
 
@@ -34,8 +35,7 @@ CRIO_CONFIG = "/etc/crio/crio.conf"
 CRIO_DROP_INS = "/etc/crio/crio.conf.d"
 
 
-@dataclass(frozen=True)
-class ContainerdInstall:
+class ContainerdInstall(Struct, frozen=True):
     """Where one distribution's containerd keeps its config and state."""
 
     name: str
@@ -70,8 +70,7 @@ CONTAINERD_INSTALLS: tuple[ContainerdInstall, ...] = (
 CRIO_SOCKET = "/var/run/crio/crio.sock"
 
 
-@dataclass(frozen=True)
-class RuntimeLayout:
+class RuntimeLayout(Struct, frozen=True):
     """One runtime's CNI dirs, as its own config says, and which files said so."""
 
     runtime: str
@@ -83,8 +82,7 @@ class RuntimeLayout:
     serving: bool  # that socket exists: the runtime is there, not only its config
 
 
-@dataclass(frozen=True)
-class Layout:
+class Layout(Struct, frozen=True):
     # Those whose socket exists first: a config a runtime left behind says least.
     runtimes: tuple[RuntimeLayout, ...] = ()
     problems: tuple[str, ...] = field(default=())  # configs found but not readable

@@ -7,10 +7,9 @@ says is alive, and the reconcile records what the reaper concluded and why.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import field
 from typing import Any, Literal, NamedTuple
 
-from reaper.frozen import frozen_record
+from msgspec import Struct
 
 ResourceKind = str  # a kind's name, as reaper.kinds.registry lists them
 Verdict = Literal["live", "orphan", "pending", "unknown"]
@@ -36,8 +35,7 @@ class NsKey(NamedTuple):
 # ---------------------------------------------------------------- inventory
 
 
-@frozen_record
-class Holder:
+class Holder(Struct, frozen=True):
     """A process (or one of its threads) inside a network namespace."""
 
     pid: int
@@ -53,8 +51,7 @@ class Holder:
         return not self.reapers_own
 
 
-@frozen_record
-class NetnsPin:
+class NetnsPin(Struct, frozen=True):
     """A file under a netns dir, normally a bind mount of a network namespace."""
 
     name: str
@@ -67,8 +64,7 @@ class NetnsPin:
     runtime_named: bool  # the name is one a container runtime makes
 
 
-@frozen_record
-class VethLink:
+class VethLink(Struct, frozen=True):
     """A veth in the netns the reaper runs in (the host side of a pod's pair)."""
 
     ifindex: int
@@ -79,8 +75,7 @@ class VethLink:
     peer_netns: NsKey | None  # the pinned namespace the peer lives in, when known
 
 
-@frozen_record
-class HostLocalLease:
+class HostLocalLease(Struct, frozen=True):
     """One host-local IPAM allocation file: `<data dir>/<network>/<ip>`."""
 
     network: str
@@ -92,8 +87,7 @@ class HostLocalLease:
     mtime: float
 
 
-@frozen_record
-class IpamRange:
+class IpamRange(Struct, frozen=True):
     """How full one host-local range is: its size and the leases held in it."""
 
     network: str
@@ -102,8 +96,7 @@ class IpamRange:
     used: int
 
 
-@frozen_record
-class CacheEntry:
+class CacheEntry(Struct, frozen=True):
     """A libcni result cache file."""
 
     path: str
@@ -128,8 +121,7 @@ class CacheEntry:
     ips: tuple[str, ...] = ()  # the addresses its result holds
 
 
-@frozen_record
-class IptablesChain:
+class IptablesChain(Struct, frozen=True):
     """A per-attachment nat chain a CNI plugin made, and the rules that jump to it."""
 
     family: Literal["ipv4", "ipv6"]
@@ -143,8 +135,7 @@ class IptablesChain:
     backend: str = "default"  # iptables "nft" or "legacy" (or "default" when only one exists)
 
 
-@frozen_record
-class NftRule:
+class NftRule(Struct, frozen=True):
     """A rule of the CNI plugins' nftables backend and the key its comment carries.
 
     A masquerade rule's key is `instance`, a hash of (network, ifname, container ID); the
@@ -162,8 +153,7 @@ class NftRule:
     instance: str | None = None  # the masquerade rule's instance hash
 
 
-@frozen_record
-class HostLocalRange:
+class HostLocalRange(Struct, frozen=True):
     """One host-local range from a network config, already given its defaults."""
 
     subnet: str
@@ -172,8 +162,7 @@ class HostLocalRange:
     gateway: str | None
 
 
-@frozen_record
-class NetworkConfig:
+class NetworkConfig(Struct, frozen=True):
     """A network config file, or one a cache entry carries."""
 
     name: str
@@ -183,14 +172,17 @@ class NetworkConfig:
     ipam_data_dirs: tuple[str, ...]
     ipam_ranges: tuple[HostLocalRange, ...]
     disable_gc: bool
-    raw: bytes = field(repr=False)
+    raw: bytes
     # IP versions of host-local ranges whose subnet is the node's pod CIDR (usePodCidr: 4,
     # usePodCidrIPv6: 6), which the plugin fills in and the config does not hold
     pod_cidr_versions: tuple[int, ...] = ()
 
+    def __repr__(self) -> str:  # without raw: the whole file
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__struct_fields__ if name != "raw")
+        return f"NetworkConfig({shown})"
 
-@frozen_record
-class CorruptFile:
+
+class CorruptFile(Struct, frozen=True):
     """A file that is not what its place says it should be; reported, never acted on alone."""
 
     kind: str
@@ -199,16 +191,14 @@ class CorruptFile:
     count: int = 1  # more than one: a line standing for that many files not listed one by one
 
 
-@frozen_record
-class SourceError:
+class SourceError(Struct, frozen=True):
     """An inventory source that could not be read at all (a command missing or failing)."""
 
     source: str
     error: str
 
 
-@frozen_record
-class NodeSnapshot:
+class NodeSnapshot(Struct, frozen=True):
     """One look at the node: every kind's records, and what could not be read."""
 
     taken_at: float
@@ -235,8 +225,7 @@ class NodeSnapshot:
 # ------------------------------------------------------------------ joining
 
 
-@frozen_record
-class OwnKey:
+class OwnKey(Struct, frozen=True):
     """The resource carries a whole attachment key (container ID, network, ifname): it makes
     an attachment of its own. `netns` is the namespace it names, when it names one."""
 
@@ -247,8 +236,7 @@ class OwnKey:
     uninspectable_netns: str | None = None  # a netns path it names that cannot be inspected
 
 
-@frozen_record
-class ContainerTie:
+class ContainerTie(Struct, frozen=True):
     """The resource carries a container ID (and perhaps a network) but no ifname: it joins that
     container's primary attachment."""
 
@@ -256,8 +244,7 @@ class ContainerTie:
     network: str | None = None
 
 
-@frozen_record
-class NetnsTie:
+class NetnsTie(Struct, frozen=True):
     """A netns pin: it joins whoever owns its namespace, or stands alone."""
 
     ns: NsKey | None  # None: a stale file with no namespace on it
@@ -265,8 +252,7 @@ class NetnsTie:
     runtime_named: bool
 
 
-@frozen_record
-class PeerTie:
+class PeerTie(Struct, frozen=True):
     """A host veth: it joins the attachment whose pinned namespace holds its peer, and no
     other (names repeat: some plugins name a veth after the pod, not the sandbox)."""
 
@@ -274,8 +260,7 @@ class PeerTie:
     peer_netns: NsKey | None
 
 
-@frozen_record
-class Claim:
+class Claim(Struct, frozen=True):
     """The resource names its owner by a key that makes no attachment of its own (a container
     ID; a hash of one): it joins an attachment other resources make, one whose key matches, or
     stands `unconfirmed`, never reclaimed."""
@@ -291,8 +276,7 @@ Tie = OwnKey | ContainerTie | Claim | NetnsTie | PeerTie
 # ----------------------------------------------------------------- liveness
 
 
-@frozen_record
-class Sandbox:
+class Sandbox(Struct, frozen=True):
     """A pod sandbox a runtime lists, READY or NOTREADY."""
 
     id: str
@@ -308,8 +292,7 @@ class Sandbox:
     status_key: str = ""
 
 
-@frozen_record
-class RuntimeAnswer:
+class RuntimeAnswer(Struct, frozen=True):
     """What one runtime on the node said this pass."""
 
     endpoint: str
@@ -322,8 +305,7 @@ class RuntimeAnswer:
     skipped: bool = False  # a socket file nobody listens on: reported, not counted as a failure
 
 
-@frozen_record
-class RuntimeView:
+class RuntimeView(Struct, frozen=True):
     """What the runtimes said this pass, together. `reachable` False means nothing may be
     called orphan: some runtime that should have answered did not."""
 
@@ -339,8 +321,7 @@ class RuntimeView:
 # ---------------------------------------------------------------- reconcile
 
 
-@frozen_record
-class ResourceRef:
+class ResourceRef(Struct, frozen=True):
     """A resource as an attachment lists it."""
 
     kind: ResourceKind
@@ -356,8 +337,7 @@ class ResourceRef:
         return None
 
 
-@frozen_record(order=True)
-class AttachmentKey:
+class AttachmentKey(Struct, frozen=True, order=True):
     """(container ID, network, ifname); a pin tied to no container is keyed by its path."""
 
     container_id: str | None
@@ -371,8 +351,7 @@ class AttachmentKey:
         return f"{self.container_id}/{self.network or ''}/{self.ifname or ''}"
 
 
-@frozen_record
-class Attachment:
+class Attachment(Struct, frozen=True):
     """The resources of one (container ID, network, ifname), with the verdict on them."""
 
     key: AttachmentKey
@@ -384,16 +363,14 @@ class Attachment:
     owner: Owner = "unknown"  # whose runtime made it, by its cache entry (see CacheEntry.owner)
 
 
-@frozen_record
-class AttachmentHistory:
+class AttachmentHistory(Struct, frozen=True):
     """What earlier passes saw of an attachment, for the grace rules."""
 
     first_seen: float
     orphan_streak: int  # consecutive passes on which it had no owner
 
 
-@frozen_record
-class Policy:
+class Policy(Struct, frozen=True):
     """The grace rules: how old and how often ownerless before an attachment is an orphan."""
 
     min_age: float
@@ -401,8 +378,7 @@ class Policy:
     stuck_after: float
 
 
-@frozen_record
-class StuckSandbox:
+class StuckSandbox(Struct, frozen=True):
     """A NOTREADY sandbox past --stuck-after: the runtime's to clean, reported only."""
 
     id: str
@@ -412,8 +388,7 @@ class StuckSandbox:
     resources: tuple[ResourceRef, ...]
 
 
-@frozen_record
-class ForeignPin:
+class ForeignPin(Struct, frozen=True):
     """A pin no runtime or cache entry names and whose name is not a runtime's: never touched."""
 
     name: str
@@ -421,16 +396,14 @@ class ForeignPin:
     holders: int
 
 
-@frozen_record
-class UnconfirmedResource:
+class UnconfirmedResource(Struct, frozen=True):
     """A resource whose key matches no attachment on the node: reported, never reclaimed."""
 
     resource: ResourceRef
     why: str
 
 
-@frozen_record
-class ScanReport:
+class ScanReport(Struct, frozen=True):
     """Everything one read-only look concluded."""
 
     taken_at: float
@@ -456,8 +429,7 @@ PassOutcome = Literal["ok", "undecided", "breaker", "error"]
 PASS_OUTCOMES: tuple[PassOutcome, ...] = ("ok", "undecided", "breaker", "error")
 
 
-@frozen_record
-class PlannedStep:
+class PlannedStep(Struct, frozen=True):
     """How one resource of an orphan will be reclaimed."""
 
     kind: ResourceKind
@@ -465,8 +437,7 @@ class PlannedStep:
     method: ReclaimMethod
 
 
-@frozen_record
-class PlannedAttachment:
+class PlannedAttachment(Struct, frozen=True):
     """How one orphan will be reclaimed, and where DEL takes its config from."""
 
     key: AttachmentKey
@@ -475,8 +446,7 @@ class PlannedAttachment:
     config_note: str | None = None  # why the cache entry's own config does not run, when it does not
 
 
-@frozen_record
-class ResourceOutcome:
+class ResourceOutcome(Struct, frozen=True):
     """What reclaiming did to one resource, as the look after it saw."""
 
     kind: ResourceKind
@@ -486,8 +456,7 @@ class ResourceOutcome:
     error: str | None
 
 
-@frozen_record
-class ReclaimOutcome:
+class ReclaimOutcome(Struct, frozen=True):
     """What reclaiming did to one orphan."""
 
     key: AttachmentKey
@@ -502,16 +471,14 @@ class ReclaimOutcome:
         return all(r.ok for r in self.resources)
 
 
-@frozen_record
-class SkippedAttachment:
+class SkippedAttachment(Struct, frozen=True):
     """An orphan left this pass, and why."""
 
     key: AttachmentKey
     reason: str
 
 
-@frozen_record
-class Done:
+class Done(Struct, frozen=True):
     """What one reclaiming action did to one resource: freed, or left and why."""
 
     ok: bool
@@ -531,8 +498,7 @@ class Done:
         return Done(ok=False, error=why)
 
 
-@frozen_record
-class GcOutcome:
+class GcOutcome(Struct, frozen=True):
     """One plugin's answer to the CNI GC verb."""
 
     network: str
@@ -544,8 +510,7 @@ class GcOutcome:
 # ------------------------------------------------------------------- results
 
 
-@frozen_record
-class ScanResult:
+class ScanResult(Struct, frozen=True):
     """One read-only pass."""
 
     report: ScanReport
@@ -568,8 +533,7 @@ class ScanResult:
         return None
 
 
-@frozen_record
-class ReapResult:
+class ReapResult(Struct, frozen=True):
     """One reclaiming pass: the scan it acted on, and what it did."""
 
     report: ScanReport

@@ -13,7 +13,8 @@ import ipaddress
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from reaper.host.confined import UnfitFile, read_admins
 from reaper.host.jsondoc import parse_json
@@ -32,8 +33,7 @@ class PodCidrError(Exception):
     """The pod CIDRs could not be learnt; the message is one line for the operator."""
 
 
-@dataclass(frozen=True)
-class PodCidrs:
+class PodCidrs(Struct, frozen=True):
     """At most one pod CIDR per family, and where they came from."""
 
     v4: str | None

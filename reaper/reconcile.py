@@ -6,7 +6,8 @@ A pure function of (snapshot, runtime view, history, policy, now): no I/O, no cl
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from reaper.correlate import ResourceGroup, correlate
 from reaper.durations import format_duration
@@ -27,8 +28,7 @@ from reaper.model import (
 )
 
 
-@dataclass(frozen=True)
-class _Owners:
+class _Owners(Struct, frozen=True):
     host_netns: NsKey
     by_id: Mapping[str, Sandbox]
     by_netns: Mapping[NsKey, Sandbox]

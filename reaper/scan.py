@@ -7,7 +7,8 @@ import gc
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+
+from msgspec.structs import replace
 
 from reaper.host.memo import InventoryMemo, load_memo, memo_path, save_memo
 from reaper.kinds import FindOptions

@@ -12,8 +12,10 @@ import argparse
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
 from typing import Any, Literal
+
+from msgspec import Struct
+from msgspec.structs import replace
 
 from reaper.durations import parse_duration
 from reaper.layout import Layout
@@ -126,8 +128,7 @@ def parse_listen(text: str) -> tuple[str, int]:
 # ------------------------------------------------------------------------------ the table
 
 
-@dataclass(frozen=True)
-class Option:
+class Option(Struct, frozen=True):
     flag: str
     env: str | None  # None: a flag only
     default: str | None
@@ -279,8 +280,7 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> d
 # ------------------------------------------------------------------------------ settings
 
 
-@dataclass(frozen=True)
-class Settings:
+class Settings(Struct, frozen=True):
     netns_dirs: tuple[str, ...]
     netns_patterns: tuple[re.Pattern[str], ...]
     ipam_dirs: tuple[str, ...]
@@ -304,8 +304,7 @@ class Settings:
     pod_cidrs: PodCidrs | None = None  # set by with_pod_cidrs
 
 
-@dataclass(frozen=True)
-class ReapSettings:
+class ReapSettings(Struct, frozen=True):
     max_reap: int
     max_orphan_ratio: float
     kernel_only: bool
@@ -317,8 +316,7 @@ class ReapSettings:
     allow_plugins: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class AgentSettings:
+class AgentSettings(Struct, frozen=True):
     mode: str
     interval: float
     listen_host: str

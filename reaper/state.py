@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from reaper.host.atomic import write_atomically
 from reaper.host.confined import UnfitFile, read_beneath
@@ -17,8 +18,7 @@ STATE_VERSION = 2
 MAX_STATE_BYTES = 64 << 20
 
 
-@dataclass(frozen=True)
-class State:
+class State(Struct, frozen=True):
     attachments: Mapping[str, AttachmentHistory]
     # Sandbox.status_key -> the netns path PodSandboxStatus gave, so it is asked once per sandbox.
     # Keys of files older than status keys hold no '@' and so match nothing.

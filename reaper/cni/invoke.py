@@ -17,8 +17,9 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from msgspec import Struct
 
 from reaper.cni.requests import DelRequest, at_least, gc_stdin, plugin_stdin
 from reaper.host.confined import open_root
@@ -41,8 +42,7 @@ class PluginFailure(Exception):
         self.code = code
 
 
-@dataclass(frozen=True)
-class PluginEnv:
+class PluginEnv(Struct, frozen=True):
     command: str  # DEL, GC, ...
     container_id: str
     netns: str
@@ -219,8 +219,7 @@ def run_plugin(
     return doc if isinstance(doc, dict) else {}
 
 
-@dataclass(frozen=True)
-class PluginOutcome:
+class PluginOutcome(Struct, frozen=True):
     plugin: str
     ok: bool
     error: str | None

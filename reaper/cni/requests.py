@@ -6,16 +6,16 @@ import base64
 import binascii
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec import Struct, field
 
 from reaper.names import is_ifname
 
 DEFAULT_IFNAME = "eth0"
 
 
-@dataclass(frozen=True)
-class DelRequest:
+class DelRequest(Struct, frozen=True):
     container_id: str
     network: str
     ifname: str

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import subprocess
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 EXIT_TIMED_OUT = 124  # as timeout(1) reports it
 EXIT_NOT_RUN = 127  # as a shell reports a command it could not start
 
 
-@dataclass(frozen=True)
-class CommandResult:
+class CommandResult(Struct, frozen=True):
     code: int
     stdout: str
     stderr: str

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from itertools import count
 from typing import TypeVar
 
-from reaper.frozen import frozen_record
+from msgspec import Struct
 
 T = TypeVar("T")
 
@@ -58,8 +58,7 @@ _KIND_FILTER_SINCE = (4, 8)
 _NSID_WANTED = frozenset({NETNSA_NSID})
 
 
-@frozen_record
-class RawLink:
+class RawLink(Struct, frozen=True):
     ifindex: int
     name: str
     kind: str | None

@@ -6,7 +6,8 @@ import errno
 import os
 from collections.abc import Iterable
 
-from reaper.frozen import frozen_record
+from msgspec import Struct
+
 from reaper.model import Holder, NsKey
 
 MAX_ANCESTRY = 64  # parents walked to tell whether the reaper started a process
@@ -56,8 +57,7 @@ def netns_members(proc: str = "/proc") -> dict[NsKey, set[int]]:
     return members
 
 
-@frozen_record
-class ProcStat:
+class ProcStat(Struct, frozen=True):
     """What /proc/<pid>/stat says of a process: its name, parent and start time."""
 
     comm: str

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
+
+from msgspec import Struct
 
 from reaper.host.memo import InventoryMemo
 from reaper.host.quarantine import Quarantine
@@ -33,8 +34,7 @@ R = TypeVar("R")
 COMMAND_TIMEOUT = 30.0  # seconds for one run of iptables-save, iptables-restore or nft
 
 
-@dataclass(frozen=True)
-class FindOptions:
+class FindOptions(Struct, frozen=True):
     netns_dirs: tuple[str, ...]
     ipam_dirs: tuple[str, ...]
     cache_dir: str
@@ -51,8 +51,7 @@ class Started(Protocol):
     def close(self) -> None: ...
 
 
-@dataclass(frozen=True)
-class Look:
+class Look(Struct, frozen=True):
     """What a kind's find is given: the options, the memo, and what was found before it."""
 
     options: FindOptions
@@ -63,16 +62,14 @@ class Look:
     started: Any = None  # what the kind's `start` returned
 
 
-@dataclass(frozen=True)
-class Found(Generic[R]):
+class Found(Struct, Generic[R], frozen=True):
     records: tuple[R, ...]
     corrupt: tuple[CorruptFile, ...] = ()
     errors: tuple[SourceError, ...] = ()
     configs: tuple[NetworkConfig, ...] = ()  # network configs the records carry (cache entries do)
 
 
-@dataclass(frozen=True)
-class ReclaimContext:
+class ReclaimContext(Struct, frozen=True):
     netns_dirs: tuple[str, ...]
     bin_dirs: tuple[str, ...]
     live_netns: frozenset[NsKey]  # namespaces the runtime named at the re-check
@@ -81,8 +78,7 @@ class ReclaimContext:
     done: Mapping[Identity, Done]  # what the kinds reclaimed before this one did, this pass
 
 
-@dataclass(frozen=True)
-class Kind(Generic[R]):
+class Kind(Struct, Generic[R], frozen=True):
     """One kind of resource. Each module under reaper.kinds defines one as `KIND`."""
 
     name: str

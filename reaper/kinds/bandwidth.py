@@ -20,7 +20,8 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from reaper.host.netlink import RawLink, delete_links, dump_links_of_kind
 from reaper.kinds import Found, Kind, Look, ReclaimContext
@@ -32,8 +33,7 @@ NAME_LENGTH = 15  # the plugin's maxIfbDeviceLength: IFNAMSIZ - 1
 IFB_NAME = re.compile(r"bwp[0-9a-f]{12}")
 
 
-@dataclass(frozen=True)
-class IfbDevice:
+class IfbDevice(Struct, frozen=True):
     """An IFB device named as the bandwidth plugin names its own."""
 
     ifindex: int

@@ -18,8 +18,9 @@ import binascii
 import os
 import re
 from collections.abc import Callable, Sequence, Set
-from dataclasses import dataclass
 from typing import Any, NamedTuple
+
+from msgspec import Struct
 
 from reaper.host.confined import UnfitFile, read_at, read_beneath
 from reaper.host.files import DirLister, describe_oserror, namespace_at
@@ -46,8 +47,7 @@ RESULT_SUBDIRS = ("results", "cache/results", "multus/results")
 _HEX_ID = re.compile(r"[0-9a-f]{64}")
 
 
-@dataclass(frozen=True)
-class CacheInventory:
+class CacheInventory(Struct, frozen=True):
     entries: tuple[CacheEntry, ...]
     configs: tuple[NetworkConfig, ...]  # the network configs cache entries carry
     corrupt: tuple[CorruptFile, ...]

@@ -32,7 +32,9 @@ import re
 import socket
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+
+from msgspec import Struct
+from msgspec.structs import replace
 
 from reaper.kinds import FindOptions, Found, Kind, Look, ReclaimContext, cache, hostlocal
 from reaper.kinds.iptables import Family, SaveCollector, resaved, restore_each, save_lines
@@ -49,8 +51,7 @@ _RULE = re.compile(
 )
 
 
-@dataclass(frozen=True)
-class ForwardRule:
+class ForwardRule(Struct, frozen=True):
     """One of the firewall plugin's accept rules for a pod address."""
 
     family: Family

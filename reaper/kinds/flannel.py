@@ -18,7 +18,8 @@ was judged.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from reaper.host.jsondoc import parse_object
 from reaper.kinds import Found, Kind, Look, scratch
@@ -31,8 +32,7 @@ PLUGIN = "flannel"  # the type of flannel's plugin in a network config
 DEFAULT_SUBDIR = "flannel"  # beneath the cache dir: flannel's default /var/lib/cni/flannel
 
 
-@dataclass(frozen=True)
-class FlannelDelegate:
+class FlannelDelegate(Struct, frozen=True):
     """What the file says: the delegate config flannel ran, and runs again for DEL."""
 
     network: str  # the flannel network's name, which flannel gives its delegate

@@ -16,8 +16,9 @@ import shutil
 import subprocess
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar
+
+from msgspec import Struct
 
 from reaper.host.commands import run_command
 from reaper.host.memo import OutputMemo
@@ -32,8 +33,7 @@ _PREFIX: dict[Family, str] = {"ipv4": "iptables", "ipv6": "ip6tables"}
 _LEGACY_TABLES: dict[Family, str] = {"ipv4": "/proc/net/ip_tables_names", "ipv6": "/proc/net/ip6_tables_names"}
 
 
-@dataclass(frozen=True)
-class IptablesTools:
+class IptablesTools(Struct, frozen=True):
     """One family and backend's save and restore commands."""
 
     family: Family

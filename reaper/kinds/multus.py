@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from reaper.host.jsondoc import parse_json
 from reaper.kinds import Found, Kind, Look, scratch
@@ -39,8 +40,7 @@ MAX_KEPT_NAME = 256
 _SHOWN_NAME = re.compile(r"[!-~]{1,253}")  # printable ASCII: a network, or <namespace>/<name>
 
 
-@dataclass(frozen=True)
-class MultusDelegates:
+class MultusDelegates(Struct, frozen=True):
     """What the file says: the delegates multus attached, in the order it attached them."""
 
     count: int

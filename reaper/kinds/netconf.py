@@ -9,8 +9,9 @@ from __future__ import annotations
 import ipaddress
 import os
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
+
+from msgspec.structs import replace
 
 from reaper.host.confined import UnfitFile, open_root, read_admins, read_fd
 from reaper.host.files import describe_oserror

@@ -16,8 +16,9 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Generic, TypeVar
+
+from msgspec import Struct
 
 from reaper.host.confined import UnfitFile, read_at, read_beneath
 from reaper.host.files import DirLister, describe_oserror
@@ -41,8 +42,7 @@ def stamp_of(st: os.stat_result) -> Stamp:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-@dataclass(frozen=True)
-class ScratchFile(Generic[C]):
+class ScratchFile(Struct, Generic[C], frozen=True):
     """One per-container file of a plugin's (`<dir>/<container ID>`, by default)."""
 
     container_id: str  # the container ID its name carries (the whole name, by default)
@@ -61,8 +61,7 @@ def whole_name(name: str) -> str:
     return name
 
 
-@dataclass(frozen=True)
-class ScratchFormat(Generic[C]):
+class ScratchFormat(Struct, Generic[C], frozen=True):
     """A plugin's per-container file: the kind that reads it and its parser, which raises
     ValueError (one line, the reason) on anything the plugin would not have written."""
 

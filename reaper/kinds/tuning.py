@@ -36,8 +36,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
+
+from msgspec import Struct
 
 from reaper.host.jsondoc import parse_object
 from reaper.host.memo import FileMemo
@@ -58,8 +59,7 @@ _U32 = 1 << 32
 KEYS = ("mac", "promisc", "mtu", "allmulti", "txQLen")  # configToRestore's fields, in order
 
 
-@dataclass(frozen=True)
-class TuningBackup:
+class TuningBackup(Struct, frozen=True):
     """What the file says: the interface's values before tuning changed them (None: not saved)."""
 
     mac: str | None = None

@@ -8,8 +8,9 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec import Struct, field
 
 from reaper.cni.invoke import del_network
 from reaper.cni.requests import DelRequest, request_from_cache, safe_ifname
@@ -112,8 +113,7 @@ def del_request(
     return None, note
 
 
-@dataclass
-class Reclaimer:
+class Reclaimer(Struct):
     """The act and verify steps of one pass."""
 
     look: Callable[[], NodeSnapshot]  # a fresh look at the node

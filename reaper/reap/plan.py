@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from reaper.cni.requests import DelRequest
 from reaper.kinds.registry import QUARANTINABLE
@@ -18,8 +19,7 @@ from reaper.model import (
 )
 
 
-@dataclass(frozen=True)
-class ReapPolicy:
+class ReapPolicy(Struct, frozen=True):
     """The parts of the reap settings the plan depends on."""
 
     max_reap: int

@@ -6,8 +6,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Set
-from dataclasses import replace
 from typing import Any
+
+from msgspec.structs import replace
 
 from reaper.cni.invoke import gc_networks
 from reaper.host.memo import InventoryMemo

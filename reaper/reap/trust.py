@@ -13,8 +13,9 @@ file is removed as a file.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Set
-from dataclasses import dataclass
 from typing import Any
+
+from msgspec import Struct
 
 from reaper.kinds.netconf import ConfigError, plugin_list
 from reaper.model import Attachment, NetworkConfig
@@ -34,8 +35,7 @@ STEERING_KEYS = frozenset(
 SAME_WRITER_KINDS = frozenset({"cache", "flannel", "multus", "tuning"})
 
 
-@dataclass(frozen=True)
-class NodeTrust:
+class NodeTrust(Struct, frozen=True):
     """What the node itself says, to weigh cache entries against."""
 
     types: frozenset[str]  # plugin and IPAM types the conf dir's configs execute, and --allow-plugin's

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 UNIX = "unix://"
 # Where each runtime puts its CRI socket by default.
@@ -32,8 +33,7 @@ _CONFIG_FLAG = "--config"
 _CONFIG_ENDPOINT = re.compile(r"""^containerRuntimeEndpoint:\s*["']?([^"'\s#]+)["']?\s*(?:#.*)?$""", re.MULTILINE)
 
 
-@dataclass(frozen=True)
-class Endpoint:
+class Endpoint(Struct, frozen=True):
     url: str  # unix:///path
     source: str  # where it was found: "flag", "kubelet --container-runtime-endpoint", "known socket (cri-o)"
 

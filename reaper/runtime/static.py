@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from reaper.model import RuntimeView
 
 
-@dataclass(frozen=True)
-class StaticLiveness:
+class StaticLiveness(Struct, frozen=True):
     view: RuntimeView
 
     def observe(self, known_netns: Mapping[str, str]) -> RuntimeView:

@@ -9,9 +9,10 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from msgspec.structs import replace
 
 from reaper.host.memo import RACY_NS, InventoryMemo
 from reaper.kinds import FindOptions, Look

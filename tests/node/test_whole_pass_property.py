@@ -70,6 +70,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+import msgspec.structs
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -952,7 +953,9 @@ def test_a_forged_cache_entry_does_not_put_a_live_pods_pin_in_a_dead_attachment(
     and its veth used to join the dead container's orphaned attachment (the plan listed them;
     with no netns from the runtime, the pass unmounted the pin). The runtime's word comes first."""
     live, dead = snapshots.cache(1), snapshots.cache(0)
-    forged = replace(dead, path=dead.path[:-1] + "1", ifname="eth1", netns_path=live.netns_path, netns=live.netns)
+    forged = msgspec.structs.replace(
+        dead, path=dead.path[:-1] + "1", ifname="eth1", netns_path=live.netns_path, netns=live.netns
+    )
     node = snapshots.snapshot(pins=(snapshots.pin(0), snapshots.pin(1)), caches=(dead, live, forged))
     view = snapshots.runtime(snapshots.sandbox(1))
     report, _ = reconcile(node, view, {}, Policy(0.0, 1, 900.0), 10_000.0)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
+from msgspec.structs import replace
 
 from reaper.cli import build_parser
 from reaper.doctor import _pod_cidrs, _preset

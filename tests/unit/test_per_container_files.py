@@ -4,9 +4,10 @@ its verdict, and is reclaimed after the rest of it (it is what a DEL of the plug
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from msgspec.structs import replace
 
 from reaper.host.memo import InventoryMemo
 from reaper.kinds import FindOptions, Look, flannel, multus

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from msgspec.structs import replace
 
 from reaper.model import AttachmentHistory, Holder, NsKey, Policy, ScanReport
 from reaper.reconcile import reconcile
@@ -88,23 +87,23 @@ def test_unreachable_runtime_resets_confirmations() -> None:
 def test_process_in_netns_keeps_it_live_but_a_plugin_does_not() -> None:
     snap = snapshot(pins=(pin(1, OLD),))
     holders = ((NsKey(4, 1001), (Holder(77, "sleep", False),)),)
-    live_snap = snap.__class__(**{**snap.__dict__, "netns_holders": holders})
+    live_snap = replace(snap, netns_holders=holders)
     report, _ = reconcile(live_snap, runtime(), {}, POLICY, NOW)
     assert report.attachments[0].verdict == "live" and "pid 77" in report.attachments[0].reason
     own = ((NsKey(4, 1001), (Holder(78, "bridge", True, reapers_own=True),)),)
-    own_snap = snap.__class__(**{**snap.__dict__, "netns_holders": own})
+    own_snap = replace(snap, netns_holders=own)
     report, _ = reconcile(own_snap, runtime(), {}, POLICY, NOW)
     assert report.attachments[0].verdict == "pending", "the reaper's own DEL does not keep it alive"
     # A plugin the runtime started is an ADD (or DEL) in progress: hands off.
     theirs = ((NsKey(4, 1001), (Holder(79, "bridge", True),)),)
-    theirs_snap = snap.__class__(**{**snap.__dict__, "netns_holders": theirs})
+    theirs_snap = replace(snap, netns_holders=theirs)
     report, _ = reconcile(theirs_snap, runtime(), {}, POLICY, NOW)
     assert report.attachments[0].verdict == "live" and "ADD or DEL in progress" in report.attachments[0].reason
 
 
 def test_host_netns_named_by_cache_is_live() -> None:
     entry = cache(1, OLD)
-    hostile = entry.__class__(**{**entry.__dict__, "netns_path": "/proc/1/ns/net", "netns": HOST})
+    hostile = replace(entry, netns_path="/proc/1/ns/net", netns=HOST)
     report, _ = reconcile(snapshot(caches=(hostile,)), runtime(), {}, POLICY, NOW)
     assert report.attachments[0].verdict == "live" and "host" in report.attachments[0].reason
 
@@ -154,10 +153,7 @@ def worlds(draw: st.DrawFn) -> tuple:  # type: ignore[type-arg]
     )
     sandboxes = [sandbox(i, ready=i % 3 != 0) for i in sorted(listed)]
     # Sandboxes whose ID the node never saw but whose netns it did (a runtime that renamed).
-    sandboxes += [
-        sandbox(i, with_netns=True).__class__(**{**sandbox(i).__dict__, "id": f"{i + 100:064x}"})
-        for i in sorted(listed_netns_only)
-    ]
+    sandboxes += [replace(sandbox(i), id=f"{i + 100:064x}") for i in sorted(listed_netns_only)]
     history = {k: AttachmentHistory(NOW - 10_000, v) for k, v in streaks.items()}
     policy = Policy(
         min_age=draw(st.sampled_from([0.0, 60.0, 600.0])), confirmations=draw(st.integers(1, 3)), stuck_after=900.0

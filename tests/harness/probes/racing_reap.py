@@ -15,7 +15,8 @@ import json
 import logging
 import sys
 from collections.abc import Mapping
-from dataclasses import replace
+
+from msgspec.structs import replace
 
 from reaper.cli import build_parser
 from reaper.model import RuntimeView

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
+
+from msgspec.structs import replace
 
 from reaper.cni.requests import DelRequest, convert_result, plugin_stdin, request_from_cache
 from reaper.kinds.cache import collect_cache, current_document

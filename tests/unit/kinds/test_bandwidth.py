@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import replace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from msgspec.structs import replace
 
 from reaper.correlate import correlate
 from reaper.host.netlink import RawLink, kernel_filters_by_kind, parse_link

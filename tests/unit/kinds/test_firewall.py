@@ -5,12 +5,12 @@ deleted only as a fresh save still shows them."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from msgspec.structs import replace
 
 from reaper.kinds import ReclaimContext, firewall, iptables
 from reaper.kinds.firewall import ForwardRule, parse_filter_save, tie, with_owners

@@ -5,8 +5,10 @@ registry alone."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
+
+from msgspec.structs import replace
 
 from reaper.correlate import correlate
 from reaper.kinds import Found, Kind, Look, ReclaimContext, reclaim_order

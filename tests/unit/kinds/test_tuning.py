@@ -7,13 +7,13 @@ import json
 import os
 import re
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from msgspec.structs import replace
 
 from reaper.host.memo import InventoryMemo
 from reaper.host.quarantine import Quarantine

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
+
+from msgspec.structs import replace
 
 from reaper.kinds import hostlocal
 from reaper.model import Attachment, AttachmentKey
