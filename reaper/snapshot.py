@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from reaper.host.memo import InventoryMemo
+from reaper.host.memo import InventoryMemo, OutputMemo
 from reaper.host.procs import holders_by_netns, unseen_processes
 from reaper.kinds import FindOptions, Found, Kind, Look
 from reaper.kinds.hostlocal import range_usage
@@ -37,13 +37,13 @@ def netns_holders(host: NsKey, bin_dirs: tuple[str, ...]) -> dict[NsKey, tuple[H
 
 
 @contextmanager
-def _started(kinds: tuple[Kind[Any], ...], opts: FindOptions) -> Iterator[dict[str, Any]]:
+def _started(kinds: tuple[Kind[Any], ...], opts: FindOptions, memo: OutputMemo) -> Iterator[dict[str, Any]]:
     """Begin each kind's background work; whatever is still running at the end is stopped."""
     with ExitStack() as stack:
         started: dict[str, Any] = {}
         for kind in kinds:
             if kind.start is not None:
-                work = kind.start(opts)
+                work = kind.start(opts, memo)
                 stack.callback(work.close)
                 started[kind.name] = work
         yield started
@@ -57,7 +57,7 @@ def take_snapshot(
     watch = Stopwatch()
     memo = memo if memo is not None else InventoryMemo()
     memo.start_pass()
-    with _started(kinds, opts) as started:
+    with _started(kinds, opts, memo.outputs) as started:
         snapshot = _take(opts, taken_at, watch, memo, kinds, started)
     memo.end_pass()
     return snapshot

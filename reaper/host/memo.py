@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar, cast
 
 import msgspec
@@ -95,12 +95,18 @@ class FileMemo(Generic[T]):
 class OutputMemo:
     """What a command's output parsed to last pass: an output whose `key` (the whole text, or
     the text less what the parse never reads) is the same as last pass's is not parsed again.
-    An exact comparison, so nothing can be stale. Outputs not seen in a pass are forgotten at
-    its end."""
+    An exact comparison, so nothing can be stale.
+
+    And a command's output itself, for a command that prints only what a version number of the
+    kernel's stands for (`iptables-nft-save` and the nftables ruleset's generation): the command
+    is not run again while that number is the same, read before each run. Outputs not seen in a
+    pass are forgotten at its end."""
 
     def __init__(self) -> None:
         self._previous: dict[str, tuple[str, object]] = {}
         self._current: dict[str, tuple[str, object]] = {}
+        self._texts_before: dict[str, tuple[Hashable, str]] = {}
+        self._texts_now: dict[str, tuple[Hashable, str]] = {}
 
     def parsed(self, name: str, key: str, parse: Callable[[], T]) -> T:
         hit = self._previous.get(name)
@@ -108,8 +114,18 @@ class OutputMemo:
         self._current[name] = (key, value)
         return cast(T, value)
 
+    def text_at(self, command: str, version: Hashable) -> str | None:
+        """What `command` printed last pass, when it ran at this same `version`; else None."""
+        hit = self._texts_before.get(command)
+        return hit[1] if hit is not None and hit[0] == version else None
+
+    def keep_text(self, command: str, version: Hashable, text: str) -> None:
+        """`command` printed `text`, having been run after `version` was read."""
+        self._texts_now[command] = (version, text)
+
     def end_pass(self) -> None:
         self._previous, self._current = self._current, {}
+        self._texts_before, self._texts_now = self._texts_now, {}
 
 
 class InventoryMemo:

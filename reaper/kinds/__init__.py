@@ -14,7 +14,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from msgspec import Struct
 
-from reaper.host.memo import InventoryMemo
+from reaper.host.memo import InventoryMemo, OutputMemo
 from reaper.host.quarantine import Quarantine
 from reaper.model import (
     CorruptFile,
@@ -91,8 +91,9 @@ class Kind(Struct, Generic[R], frozen=True):
     tie: Callable[[R], Tie | None]
     # Free what is still there, comparing before each delete; every record gets a Done.
     reclaim: Callable[[Sequence[R], ReclaimContext], Mapping[Identity, Done]]
-    # Work to begin before anything is read (a command that runs while files are parsed).
-    start: Callable[[FindOptions], Started] | None = None
+    # Work to begin before anything is read (a command that runs while files are parsed), given
+    # the memo of command outputs (a long-running agent's, carried from pass to pass).
+    start: Callable[[FindOptions, OutputMemo], Started] | None = None
     # What a later DEL would need (the cache entry): reclaimed after every other kind, and only
     # once the rest of its attachment is gone.
     last: bool = False

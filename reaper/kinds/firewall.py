@@ -36,6 +36,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from msgspec import Struct
 from msgspec.structs import replace
 
+from reaper.host.memo import OutputMemo
 from reaper.kinds import FindOptions, Found, Kind, Look, ReclaimContext, cache, hostlocal
 from reaper.kinds.iptables import Family, SaveCollector, resaved, restore_each, save_lines
 from reaper.model import CacheEntry, Claim, Done, HostLocalLease, Identity, ResourceRef
@@ -127,6 +128,9 @@ def with_owners(
     """Each rule with the owner of its address: the container and network of the one host-local
     lease that holds it, unless a cache entry of another container names the address (off-node
     IPAM gave it to a pod). Held by no lease, or by more than one, it has no owner."""
+    rules = list(rules)
+    if not rules:  # the common case: no firewall plugin here; the indexes cost 10 ms at 2,250 leases
+        return []
     held: dict[tuple[int, int], list[HostLocalLease]] = {}
     for lease in leases:
         key = hostlocal.ip_key(lease.ip)
@@ -169,8 +173,8 @@ def with_owners(
     return out
 
 
-def _start(options: FindOptions) -> SaveCollector:
-    return SaveCollector(TABLE, options.command_timeout)
+def _start(options: FindOptions, memo: OutputMemo) -> SaveCollector:
+    return SaveCollector(TABLE, options.command_timeout, memo)
 
 
 def find(look: Look) -> Found[ForwardRule]:

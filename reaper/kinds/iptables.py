@@ -22,6 +22,7 @@ from msgspec import Struct
 
 from reaper.host.commands import run_command
 from reaper.host.memo import OutputMemo
+from reaper.host.nftgen import ruleset_generation
 from reaper.kinds import FindOptions, Found, Kind, Look, ReclaimContext
 from reaper.model import Claim, Done, Identity, IptablesChain, ResourceRef, SourceError
 from reaper.names import is_cni_id
@@ -213,17 +214,31 @@ class SaveCollector:
     """Runs `iptables-save -t TABLE` per family and backend in the background; `outputs()`
     waits and gives each backend's text.
 
-    Started first in a snapshot, so the commands run while Python reads files.
+    Started first in a snapshot, so the commands run while Python reads files. Given a memo (a
+    long-running agent's), an nft backend's save is not run again while the nftables ruleset
+    is at the generation read before its last run, in the same netns: its output is last
+    pass's (iptables-save costs 0.15 s of CPU at 2,250 chains, beside the pass on the node's
+    cores). Reclaiming never acts on that output: it saves afresh before any delete.
     """
 
-    def __init__(self, table: str, timeout: float) -> None:
+    def __init__(self, table: str, timeout: float, memo: OutputMemo | None = None) -> None:
         self.timeout = timeout
         self.errors: list[SourceError] = []
         self.running: list[tuple[IptablesTools, subprocess.Popen[str]]] = []
+        self.unchanged: list[tuple[IptablesTools, str]] = []
+        self.table = table
+        self.memo = memo
+        self.version = _ruleset_version() if memo is not None else None
         tools = iptables_tools(table)
         if not any(t.family == "ipv4" for t in tools):
             self.errors.append(SourceError("iptables-save", "not installed"))
         for tool in tools:
+            if memo is not None and self.version is not None and tool.backend == "nft":
+                text = memo.text_at(self._command(tool), self.version)
+                if text is not None:
+                    memo.keep_text(self._command(tool), self.version, text)
+                    self.unchanged.append((tool, text))
+                    continue
             try:
                 proc = subprocess.Popen(
                     [tool.save, "-t", table],
@@ -256,8 +271,13 @@ class SaveCollector:
                     errors.append(SourceError(command, msg))
                 continue
             texts.append((tool, out))
+            if self.memo is not None and self.version is not None and tool.backend == "nft":
+                self.memo.keep_text(self._command(tool), self.version, out)
         self.running = []
-        return texts, errors
+        return self.unchanged + texts, errors
+
+    def _command(self, tool: IptablesTools) -> str:
+        return f"{tool.save} -t {self.table}"
 
     def close(self) -> None:
         """Stop whatever is still running (after an error elsewhere in the snapshot)."""
@@ -291,6 +311,19 @@ def without_stamps(text: str) -> str:
     return "".join(kept)
 
 
+def _ruleset_version() -> tuple[int, int, int] | None:
+    """The nftables generation and the netns it is of (two namespaces can be at the same
+    generation), or None when either cannot be read."""
+    generation = ruleset_generation()
+    if generation is None:
+        return None
+    try:
+        st = os.stat("/proc/self/ns/net")
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, generation)
+
+
 def _chains_in(text: str, tool: IptablesTools) -> tuple[IptablesChain, ...]:
     return tuple(parse_save(text, tool.family, tool.backend))
 
@@ -298,8 +331,8 @@ def _chains_in(text: str, tool: IptablesTools) -> tuple[IptablesChain, ...]:
 class ChainCollector(SaveCollector):
     """`iptables-save -t nat` of every backend, begun at the start of a look; `result()` parses."""
 
-    def __init__(self, options: FindOptions) -> None:
-        super().__init__("nat", options.command_timeout)
+    def __init__(self, options: FindOptions, memo: OutputMemo) -> None:
+        super().__init__("nat", options.command_timeout, memo)
 
     def result(self, memo: OutputMemo) -> tuple[list[IptablesChain], list[SourceError]]:
         """The chains, each backend's output parsed only when it differs from the last pass's."""

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
+from reaper.host.memo import OutputMemo
 from reaper.host.netlink import RawLink, delete_links, dump_links, dump_links_raw, links_in, nsids_of
 from reaper.host.procs import busy_namespaces
 from reaper.kinds import FindOptions, Found, Kind, Look, ReclaimContext
@@ -63,7 +64,7 @@ class LinkDump:
     the look's own thread (a thread that decoded would hold the lock against it at every
     file read: measured, the pass got slower)."""
 
-    def __init__(self, opts: FindOptions) -> None:
+    def __init__(self, opts: FindOptions, memo: OutputMemo) -> None:
         self._raw: tuple[int, list[bytes]] = (0, [])
         self._error: Exception | None = None
         self._thread = threading.Thread(target=self._read, name="link-dump", daemon=True)

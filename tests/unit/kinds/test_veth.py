@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from reaper.host.memo import MEMO_VERSION, InventoryMemo, load_memo, memo_path
+from reaper.host.memo import MEMO_VERSION, InventoryMemo, OutputMemo, load_memo, memo_path
 from reaper.host.netlink import RawLink
 from reaper.kinds import Look, veth
 from reaper.kinds.veth import veths_from
@@ -57,7 +57,7 @@ def test_a_dump_that_fails_on_its_thread_is_the_kinds_error(monkeypatch: pytest.
 
     monkeypatch.setattr(veth, "dump_links_raw", refused)
     opts = options_at(tmp_path)
-    dump = veth.LinkDump(opts)
+    dump = veth.LinkDump(opts, OutputMemo())
     found = veth.find(Look(opts, InventoryMemo(), (), {}, {}, dump))
     dump.close()
     assert found.records == ()
@@ -79,7 +79,7 @@ def test_a_bug_on_the_dump_thread_is_raised_on_the_looks_thread(
         raise ValueError("bad answer")
 
     monkeypatch.setattr(veth, "dump_links_raw", broken)
-    dump = veth.LinkDump(options_at(tmp_path))
+    dump = veth.LinkDump(options_at(tmp_path), OutputMemo())
     with pytest.raises(ValueError, match="bad answer"):
         dump.links()
 
