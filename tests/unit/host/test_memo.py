@@ -226,3 +226,26 @@ def test_a_command_output_is_parsed_again_unless_its_key_is_the_same() -> None:
     outputs.end_pass()  # a pass that did not run the command forgets its output
     assert parsed("save", "a c") == ("a", "c")
     assert parses == ["a b", "a c", "a c", "a c"]
+
+
+def test_a_command_text_is_given_back_only_at_the_version_it_ran_at_and_never_saved(tmp_path: Path) -> None:
+    outputs = OutputMemo()
+    assert outputs.text_at("save", (1, 2, 7)) is None  # nothing yet
+    outputs.keep_text("save", (1, 2, 7), "rules")
+    assert outputs.text_at("save", (1, 2, 7)) is None  # not before the pass ends
+    outputs.end_pass()
+    assert outputs.text_at("save", (1, 2, 7)) == "rules"
+    assert outputs.text_at("save", (1, 2, 8)) is None  # the generation moved
+    assert outputs.text_at("save", (1, 3, 7)) is None  # another netns at the same generation
+    assert outputs.text_at("other", (1, 2, 7)) is None  # by command
+    outputs.end_pass()  # a pass that neither ran it nor took its text forgets it
+    assert outputs.text_at("save", (1, 2, 7)) is None
+    # Kept in memory only: a one-shot's memo file holds no command output.
+    _tree(tmp_path)
+    memo = settled_memo()
+    memo.outputs.keep_text("save", (1, 2, 7), "CNI-SECRET-RULES")
+    _look(tmp_path, memo)
+    path = memo_path(str(tmp_path / "state.json"))
+    save_memo(path, memo, CHECKS)
+    saved = Path(path).read_bytes()
+    assert REAL.encode() in saved and b"CNI-SECRET-RULES" not in saved
