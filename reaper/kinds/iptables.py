@@ -214,11 +214,12 @@ class SaveCollector:
     """Runs `iptables-save -t TABLE` per family and backend in the background; `outputs()`
     waits and gives each backend's text.
 
-    Started first in a snapshot, so the commands run while Python reads files. Given a memo (a
-    long-running agent's), an nft backend's save is not run again while the nftables ruleset
-    is at the generation read before its last run, in the same netns: its output is last
-    pass's (iptables-save costs 0.15 s of CPU at 2,250 chains, beside the pass on the node's
-    cores). Reclaiming never acts on that output: it saves afresh before any delete.
+    Started first in a snapshot, so the commands run while Python reads files. An nft
+    backend's save is not run again while the nftables ruleset is at the generation read
+    before its last run, in the same netns: its output is last pass's, from the memo (a
+    long-running agent's carries from pass to pass; a one-shot's starts empty, so it always
+    saves). iptables-save costs 0.15 s of CPU at 2,250 chains, beside the pass on the node's
+    cores. Reclaiming never acts on that output: it saves afresh before any delete.
     """
 
     def __init__(self, table: str, timeout: float, memo: OutputMemo | None = None) -> None:
@@ -233,12 +234,11 @@ class SaveCollector:
         if not any(t.family == "ipv4" for t in tools):
             self.errors.append(SourceError("iptables-save", "not installed"))
         for tool in tools:
-            if memo is not None and self.version is not None and tool.backend == "nft":
-                text = memo.text_at(self._command(tool), self.version)
-                if text is not None:
-                    memo.keep_text(self._command(tool), self.version, text)
-                    self.unchanged.append((tool, text))
-                    continue
+            text = self._kept(tool)
+            if text is not None:
+                self._keep(tool, text)
+                self.unchanged.append((tool, text))
+                continue
             try:
                 proc = subprocess.Popen(
                     [tool.save, "-t", table],
@@ -271,12 +271,25 @@ class SaveCollector:
                     errors.append(SourceError(command, msg))
                 continue
             texts.append((tool, out))
-            if self.memo is not None and self.version is not None and tool.backend == "nft":
-                self.memo.keep_text(self._command(tool), self.version, out)
+            self._keep(tool, out)
         self.running = []
         return self.unchanged + texts, errors
 
-    def _command(self, tool: IptablesTools) -> str:
+    def _kept(self, tool: IptablesTools) -> str | None:
+        """Last pass's output of `tool`, if the ruleset it prints is provably the same now."""
+        key = self._key(tool)
+        return self.memo.text_at(key, self.version) if key and self.memo is not None else None
+
+    def _keep(self, tool: IptablesTools, text: str) -> None:
+        key = self._key(tool)
+        if key and self.memo is not None:
+            self.memo.keep_text(key, self.version, text)
+
+    def _key(self, tool: IptablesTools) -> str | None:
+        """What `tool`'s output is kept under, or None when it is never kept: no memo, no
+        generation, or a legacy backend (no generation) or an unknown one (it may be legacy)."""
+        if self.memo is None or self.version is None or tool.backend != "nft":
+            return None
         return f"{tool.save} -t {self.table}"
 
     def close(self) -> None:
