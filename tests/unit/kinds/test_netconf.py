@@ -34,6 +34,10 @@ def test_network_config_list_and_single() -> None:
     )
     assert single.plugin_types == ("bridge",)
     assert single.ipam_ranges[0].end == "fd00::ff"
+    # A config in a log line or a failed assertion shows what was read of it, not the whole file
+    # (a config can hold credentials a plugin takes, and be megabytes long).
+    assert repr(cfg).startswith("NetworkConfig(name='mynet', path='/x.conflist'") and "raw=" not in repr(cfg)
+    assert "10.88.0.1" in repr(cfg) and b"cniVersion" in cfg.raw
 
 
 @pytest.mark.parametrize(
