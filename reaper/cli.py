@@ -1,7 +1,8 @@
 """`reaper`: find (and, in later commands, reclaim) leaked container-network resources.
 
 Each command imports what it uses when it runs: a one-shot `scan` from a timer pays for no
-scheduler, HTTP server, Prometheus client or reclaiming code (`python -X importtime`).
+scheduler, HTTP server, Prometheus client or reclaiming code (`python -X importtime`), and its
+CRI client (grpc, protobuf) is imported in a child forked at the start (reaper.runtime.forked).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from reaper.host.jsondoc import dumps_indented
 from reaper.layout import detect_layout
 from reaper.logs import setup_logging
 from reaper.report import layout_json
-from reaper.runtime.cri import CriLiveness
+from reaper.runtime.forked import ForkedLiveness
 from reaper.settings import (
     Settings,
     SettingsError,
@@ -172,7 +173,8 @@ def _scan(args: argparse.Namespace) -> int:
     log = setup_logging(settings.log_format, settings.log_level)
     if os.geteuid() != 0:
         log.warning("not running as root: namespaces, /proc and iptables may be partly unreadable")
-    result = scan_pass(settings, CriLiveness(settings.runtime_endpoints, settings.runtime_timeout), log)
+    with ForkedLiveness(settings.runtime_endpoints, settings.runtime_timeout) as liveness:
+        result = scan_pass(settings, liveness, log)
     report = result.report
     if settings.textfile is not None:
         from reaper.metrics import ReaperMetrics  # noqa: PLC0415
@@ -205,6 +207,7 @@ def _write_textfile(path: str | None, metrics: ReaperMetrics, log: logging.Logge
 
 def _run(args: argparse.Namespace) -> int:
     from reaper.agent import Agent  # noqa: PLC0415
+    from reaper.runtime.cri import CriLiveness  # noqa: PLC0415
 
     settings = _settings(args)
     reap = reap_settings_from(args)
@@ -235,7 +238,8 @@ def _reap(args: argparse.Namespace) -> int:
     if os.geteuid() != 0:
         log.warning("not running as root: reclaiming will fail")
     started = time.monotonic()
-    result = reap_pass(settings, reap, CriLiveness(settings.runtime_endpoints, settings.runtime_timeout), log)
+    with ForkedLiveness(settings.runtime_endpoints, settings.runtime_timeout) as liveness:
+        result = reap_pass(settings, reap, liveness, log)
     metrics = ReaperMetrics()
     metrics.observe_reap(result)
     metrics.observe_pass(time.monotonic() - started, result.outcome, time.time())
@@ -257,6 +261,7 @@ def _reap(args: argparse.Namespace) -> int:
 
 def _doctor(args: argparse.Namespace) -> int:
     from reaper.doctor import doctor_json, doctor_table, run_checks  # noqa: PLC0415
+    from reaper.runtime.cri import CriLiveness  # noqa: PLC0415
 
     layout = detect_layout()
     settings = with_pod_cidrs(settings_from(args, layout=layout))
