@@ -3,6 +3,7 @@
 Each command imports what it uses when it runs: a one-shot `scan` from a timer pays for no
 scheduler, HTTP server, Prometheus client or reclaiming code (`python -X importtime`), and its
 CRI client (grpc, protobuf) is imported in a child forked at the start (reaper.runtime.forked).
+`reap` asks the runtimes in-process: its DEL workers re-check them at the same time.
 """
 
 from __future__ import annotations
@@ -229,6 +230,7 @@ def _reap(args: argparse.Namespace) -> int:
     from reaper.metrics import ReaperMetrics  # noqa: PLC0415
     from reaper.reap import reap_pass  # noqa: PLC0415
     from reaper.report import reap_json, reap_table  # noqa: PLC0415
+    from reaper.runtime.cri import CriLiveness  # noqa: PLC0415 (its DEL workers ask the runtimes at once)
 
     _one_shot()
 
@@ -238,8 +240,7 @@ def _reap(args: argparse.Namespace) -> int:
     if os.geteuid() != 0:
         log.warning("not running as root: reclaiming will fail")
     started = time.monotonic()
-    with ForkedLiveness(settings.runtime_endpoints, settings.runtime_timeout) as liveness:
-        result = reap_pass(settings, reap, liveness, log)
+    result = reap_pass(settings, reap, CriLiveness(settings.runtime_endpoints, settings.runtime_timeout), log)
     metrics = ReaperMetrics()
     metrics.observe_reap(result)
     metrics.observe_pass(time.monotonic() - started, result.outcome, time.time())

@@ -4,7 +4,8 @@ grpc and protobuf cost a one-shot 0.1 s to import, a third of its start at 250 p
 -X importtime`). Forked before the pass starts, a child imports them on another core while the
 parent looks at the node, and the parent never imports them. The child asks the runtimes only
 when the parent sends it a request, so the node is still looked at before the runtimes are
-asked; it answers each request in turn until the parent closes its end.
+asked; it answers each request in turn until the parent closes its end. Requests from several
+threads wait for each other (one socket, one answer at a time).
 
 Fail closed: a child that died, hung up or answered something that is no view gives a view
 with `reachable=False`, so nothing is called orphan. The parent kills and reaps the child by
@@ -17,6 +18,7 @@ import os
 import signal
 import socket
 import struct
+import threading
 from collections.abc import Mapping
 from types import TracebackType
 from typing import NoReturn
@@ -83,10 +85,12 @@ class ForkedLiveness:
         theirs.close()
         self.pid = pid
         self._sock = ours
+        self._turn = threading.Lock()
 
     def observe(self, known_netns: Mapping[str, str]) -> RuntimeView:
         try:
-            return ask(self._sock, known_netns)
+            with self._turn:
+                return ask(self._sock, known_netns)
         except (OSError, WorkerGone, msgspec.DecodeError) as err:
             return unreachable(f"the CRI client process (pid {self.pid}) gave no answer: {err}")
 
@@ -114,6 +118,11 @@ def _serve(sock: socket.socket, endpoints: tuple[str, ...], timeout: float) -> N
     try:
         # Ctrl-C reaches the whole process group: the parent handles it and kills this child.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # Not a holder of the report's pipe (`reaper scan | jq` ends when the parent does).
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        os.close(null)
         from reaper.runtime.cri import CriLiveness  # noqa: PLC0415 (the import this process exists for)
 
         liveness = CriLiveness(endpoints, timeout)

@@ -5,9 +5,13 @@ kind, and a length that promises more than 256 MiB is never waited for or alloca
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import struct
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -86,3 +90,25 @@ def test_any_answer_is_a_view_or_one_of_three_errors(answer: bytes) -> None:
     finally:
         ours.close()
         theirs.close()
+
+
+# In a fresh interpreter (the parent of a fork must not have imported grpc): eight threads ask
+# at once, as a reap's DEL workers re-check the runtimes, each of them several times.
+AT_ONCE = """
+import json, sys
+from concurrent.futures import ThreadPoolExecutor
+from reaper.runtime.forked import ForkedLiveness
+with ForkedLiveness((sys.argv[1],), 2.0) as liveness:
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        views = list(pool.map(lambda _: liveness.observe({}), range(40)))
+print(json.dumps(sorted({str(v.error) for v in views})))
+"""
+
+
+def test_threads_asking_at_once_each_get_the_childs_answer(tmp_path: Path) -> None:
+    endpoint = f"unix://{tmp_path / 'nobody.sock'}"
+    proc = subprocess.run(
+        [sys.executable, "-c", AT_ONCE, endpoint], capture_output=True, text=True, timeout=120, check=True
+    )
+    (error,) = json.loads(proc.stdout)  # one answer, forty times: the runtime's, never a torn message
+    assert "nobody.sock" in error and "gave no answer" not in error
