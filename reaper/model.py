@@ -121,7 +121,7 @@ class CacheEntry(Struct, frozen=True):
     ips: tuple[str, ...] = ()  # the addresses its result holds
 
 
-class IptablesChain(Struct, frozen=True):
+class IptablesChain(Struct, frozen=True, forbid_unknown_fields=True):
     """A per-attachment nat chain a CNI plugin made, and the rules that jump to it."""
 
     family: Literal["ipv4", "ipv6"]

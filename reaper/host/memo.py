@@ -14,13 +14,15 @@ loads the memo saved next to the state file and saves it back when it changed: v
 written atomically with mode 0600. Its dir is the reaper's own, but a writer of it must gain
 nothing: a memo file that is unreadable, of another version or of any other shape is set aside
 whole and every file is parsed again, and so is one holding any value its kind's check refuses.
+The same holds for what a command's output parsed to at a version the kernel keeps of what the
+command prints (OutputMemo.at_version), saved when that version lasts beyond the process.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar, cast
 
 import msgspec
@@ -35,11 +37,13 @@ T = TypeVar("T")
 Stamp = tuple[int, int, int, int, int]
 
 RACY_NS = 2_000_000_000  # a file changed this close to the start of a pass is read next time too
-MEMO_VERSION = 1  # bump whenever what a kind keeps for a file changes shape or meaning
+MEMO_VERSION = 2  # bump whenever what a kind keeps for a file or an output changes shape or meaning
 MAX_MEMO_BYTES = 64 << 20
 # A kind's check of a value read back from a saved memo: the value as the kind keeps it, or
 # None when it is not one (see reaper.kinds.Kind.memo_check).
 Check = Callable[[object], object | None]
+# A version of what a command prints, as the kernel numbers it: plain strings and integers.
+Version = tuple[str | int, ...]
 
 
 def stamp(st: os.stat_result) -> Stamp:
@@ -97,16 +101,20 @@ class OutputMemo:
     the text less what the parse never reads) is the same as last pass's is not parsed again.
     An exact comparison, so nothing can be stale.
 
-    And a command's output itself, for a command that prints only what a version number of the
-    kernel's stands for (`iptables-nft-save` and the nftables ruleset's generation): the command
-    is not run again while that number is the same, read before each run. Outputs not seen in a
-    pass are forgotten at its end."""
+    And what a command's output parsed to at a version of what it prints, for a command that
+    prints only what a version number of the kernel's stands for (`iptables-nft-save` and the
+    nftables ruleset's generation): the command is not run again while the version is the same,
+    read before each run. A result whose version lasts beyond this process (see
+    reaper.kinds.iptables) is saved with a one-shot's memo, under a command named
+    "<kind>:<command>" so that its kind's check reads it back. Results not used in a pass are
+    forgotten at its end."""
 
     def __init__(self) -> None:
         self._previous: dict[str, tuple[str, object]] = {}
         self._current: dict[str, tuple[str, object]] = {}
-        self._texts_before: dict[str, tuple[Hashable, str]] = {}
-        self._texts_now: dict[str, tuple[Hashable, str]] = {}
+        self._at_before: dict[str, tuple[Version, object, bool]] = {}
+        self._at_now: dict[str, tuple[Version, object, bool]] = {}
+        self.changed = False  # since loaded: a lasting result kept anew or forgotten
 
     def parsed(self, name: str, key: str, parse: Callable[[], T]) -> T:
         hit = self._previous.get(name)
@@ -114,18 +122,33 @@ class OutputMemo:
         self._current[name] = (key, value)
         return cast(T, value)
 
-    def text_at(self, command: str, version: Hashable) -> str | None:
-        """What `command` printed last pass, when it ran at this same `version`; else None."""
-        hit = self._texts_before.get(command)
+    def at_version(self, command: str, version: Version) -> object | None:
+        """What `command`'s output parsed to last pass, when it ran at this same `version`."""
+        hit = self._at_before.get(command)
         return hit[1] if hit is not None and hit[0] == version else None
 
-    def keep_text(self, command: str, version: Hashable, text: str) -> None:
-        """`command` printed `text`, having been run after `version` was read."""
-        self._texts_now[command] = (version, text)
+    def keep_at_version(self, command: str, version: Version, value: object, lasting: bool) -> None:
+        """`command`, run after `version` was read, printed what parsed to `value`. `lasting`:
+        the version means the same in another process (saved with a one-shot's memo)."""
+        self._at_now[command] = (version, value, lasting)
+        before = self._at_before.get(command)
+        if lasting and (before is None or before[0] != version):
+            self.changed = True
+
+    def lasting(self) -> Iterator[tuple[str, Version, object]]:
+        """The lasting results the last finished pass kept."""
+        for command, (version, value, lasting) in self._at_before.items():
+            if lasting:
+                yield command, version, value
+
+    def load(self, rows: Iterable[tuple[str, Version, object]]) -> None:
+        self._at_before = {command: (version, value, True) for command, version, value in rows}
 
     def end_pass(self) -> None:
+        if any(kept[2] for command, kept in self._at_before.items() if command not in self._at_now):
+            self.changed = True
         self._previous, self._current = self._current, {}
-        self._texts_before, self._texts_now = self._texts_now, {}
+        self._at_before, self._at_now = self._at_now, {}
 
 
 class InventoryMemo:
@@ -156,8 +179,9 @@ class InventoryMemo:
         return self.changed_in(self._memos)
 
     def changed_in(self, kinds: Iterable[str]) -> bool:
-        """Whether the memo of any of `kinds` changed (a one-shot saves only some kinds)."""
-        return any(self._memos[kind].changed for kind in kinds if kind in self._memos)
+        """Whether the memo of any of `kinds` changed, or a lasting command result (a one-shot
+        saves only some kinds)."""
+        return self.outputs.changed or any(self._memos[kind].changed for kind in kinds if kind in self._memos)
 
 
 # ------------------------------------------------------------------ saved next to the state file
@@ -166,6 +190,11 @@ class InventoryMemo:
 class _Saved(msgspec.Struct, forbid_unknown_fields=True):
     version: int
     kinds: dict[str, list[tuple[str, tuple[int, int, int, int, int], Any]]]
+    outputs: list[tuple[str, list[str | int], Any]] = []  # (kind:command, version, parsed)
+
+
+def _kind_of(command: str) -> str:
+    return command.split(":", 1)[0]
 
 
 def memo_path(state_file: str) -> str:
@@ -186,6 +215,12 @@ def load_memo(path: str, checks: Mapping[str, Check], clock: Clock = time.time_n
             if check is None:
                 raise ValueError(f"kind {kind[:40]!r} is not one this version saves")
             loaded[kind] = [(p, st, _checked(check(value), kind)) for p, st, value in rows]
+        outputs: list[tuple[str, Version, object]] = []
+        for command, version, value in saved.outputs:
+            check = checks.get(_kind_of(command))
+            if check is None:
+                raise ValueError(f"output {command[:40]!r} is not one this version saves")
+            outputs.append((command, tuple(version), _checked(check(value), _kind_of(command))))
     except FileNotFoundError:
         return InventoryMemo(clock), None
     except (OSError, UnfitFile, ValueError, RecursionError) as err:  # msgspec's errors are ValueErrors
@@ -194,6 +229,7 @@ def load_memo(path: str, checks: Mapping[str, Check], clock: Clock = time.time_n
     memo = InventoryMemo(clock)
     for kind, kept in loaded.items():
         memo.of(kind).load(kept)
+    memo.outputs.load(outputs)
     return memo, None
 
 
@@ -204,7 +240,12 @@ def _checked(value: object | None, kind: str) -> object:
 
 
 def save_memo(path: str, memo: InventoryMemo, kinds: Iterable[str]) -> None:
-    """Write the memos of `kinds` atomically, mode 0600 (their plain values: a kind's memo may
-    also hold records kept in memory only, such as corrupt files); OSError when it cannot be."""
-    saved = {kind: [row for row in memo.of(kind).items() if isinstance(row[2], tuple)] for kind in kinds}
-    write_atomically(path, msgspec.json.encode({"version": MEMO_VERSION, "kinds": saved}), 0o600)
+    """Write the memos of `kinds` and their lasting command results atomically, mode 0600
+    (their plain values: a kind's memo may also hold records kept in memory only, such as
+    corrupt files); OSError when it cannot be."""
+    kinds = set(kinds)
+    rows = {kind: [row for row in memo.of(kind).items() if isinstance(row[2], tuple)] for kind in kinds}
+    saved = {kind: kept for kind, kept in rows.items() if kept}
+    outputs = [row for row in memo.outputs.lasting() if _kind_of(row[0]) in kinds]
+    doc = {"version": MEMO_VERSION, "kinds": saved, "outputs": outputs}
+    write_atomically(path, msgspec.json.encode(doc), 0o600)

@@ -22,6 +22,9 @@ _NLA = struct.Struct("=HH")
 _NLA_TYPE_MASK = 0x3FFF
 _BE32 = struct.Struct(">I")
 _SEQ = 1
+SO_NETNS_COOKIE = 71  # Linux 5.14: a number no other netns gets until the next boot
+_COOKIE = struct.Struct("=Q")
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
 def ruleset_generation(timeout: float = TIMEOUT) -> int | None:
@@ -57,3 +60,26 @@ def generation_in(data: bytes) -> int | None:
             return generation
         at += (nla_len + 3) & ~3
     return None
+
+
+def netns_cookie() -> int | None:
+    """This netns's cookie, or None when the kernel gives none. Unlike the nsfs inode number,
+    which the kernel hands to a new namespace as soon as the old one is gone, a cookie is
+    never reused within a boot."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            raw = sock.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, _COOKIE.size)
+    except OSError:
+        return None
+    cookie: int = _COOKIE.unpack(raw)[0] if len(raw) == _COOKIE.size else 0
+    return cookie or None
+
+
+def boot_id() -> str | None:
+    """This boot's random id: a generation and a cookie mean nothing in another boot."""
+    try:
+        with open(BOOT_ID, encoding="ascii") as f:
+            text = f.read(64).strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text or None

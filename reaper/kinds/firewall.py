@@ -38,9 +38,10 @@ from msgspec.structs import replace
 
 from reaper.host.memo import OutputMemo
 from reaper.kinds import FindOptions, Found, Kind, Look, ReclaimContext, cache, hostlocal
-from reaper.kinds.iptables import Family, SaveCollector, resaved, restore_each, save_lines
+from reaper.kinds.iptables import Family, IptablesTools, SaveCollector, resaved, restore_each, save_lines
 from reaper.model import CacheEntry, Claim, Done, HostLocalLease, Identity, ResourceRef
 
+KIND_NAME = "firewall"
 TABLE = "filter"
 _BITS: dict[Family, str] = {"ipv4": "32", "ipv6": "128"}
 _AF: dict[Family, socket.AddressFamily] = {"ipv4": socket.AF_INET, "ipv6": socket.AF_INET6}
@@ -173,14 +174,18 @@ def with_owners(
     return out
 
 
-def _start(options: FindOptions, memo: OutputMemo) -> SaveCollector:
-    return SaveCollector(TABLE, options.command_timeout, memo)
+def _parse(text: str, tool: IptablesTools) -> tuple[ForwardRule, ...]:
+    return tuple(parse_filter_save(text, tool.family, tool.backend))
+
+
+def _start(options: FindOptions, memo: OutputMemo) -> SaveCollector[ForwardRule]:
+    return SaveCollector(KIND_NAME, TABLE, _parse, options.command_timeout, memo)
 
 
 def find(look: Look) -> Found[ForwardRule]:
-    collector: SaveCollector = look.started
-    texts, errors = collector.outputs()
-    rules = [r for tool, text in texts for r in parse_filter_save(text, tool.family, tool.backend)]
+    collector: SaveCollector[ForwardRule] = look.started
+    results, errors = collector.results()
+    rules = [rule for _, parsed in results for rule in parsed]
     leases = [r for r in look.earlier.get(hostlocal.KIND.name, ()) if isinstance(r, HostLocalLease)]
     caches = [r for r in look.earlier.get(cache.KIND.name, ()) if isinstance(r, CacheEntry)]
     return Found(tuple(with_owners(rules, leases, caches)), errors=tuple(errors))
@@ -253,4 +258,4 @@ def reclaim(rules: Sequence[ForwardRule], ctx: ReclaimContext) -> dict[Identity,
     return done
 
 
-KIND: Kind[ForwardRule] = Kind("firewall", find, identity, ref, tie, reclaim, start=_start)
+KIND: Kind[ForwardRule] = Kind(KIND_NAME, find, identity, ref, tie, reclaim, start=_start)

@@ -15,18 +15,20 @@ import re
 import shutil
 import subprocess
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
-from typing import Literal, Protocol, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Generic, Literal, Protocol, TypeVar
 
+import msgspec
 from msgspec import Struct
 
 from reaper.host.commands import run_command
-from reaper.host.memo import OutputMemo
-from reaper.host.nftgen import ruleset_generation
+from reaper.host.memo import OutputMemo, Version
+from reaper.host.nftgen import boot_id, netns_cookie, ruleset_generation
 from reaper.kinds import FindOptions, Found, Kind, Look, ReclaimContext
 from reaper.model import Claim, Done, Identity, IptablesChain, ResourceRef, SourceError
 from reaper.names import is_cni_id
 
+KIND_NAME = "iptables"
 RESTORE_LOCK_WAIT = "5"  # seconds iptables-restore waits for the xtables lock (its -w)
 
 Family = Literal["ipv4", "ipv6"]
@@ -210,34 +212,51 @@ def _owner(name: str, prefix: str, lines: list[str]) -> tuple[str, str] | None:
     return None
 
 
-class SaveCollector:
-    """Runs `iptables-save -t TABLE` per family and backend in the background; `outputs()`
-    waits and gives each backend's text.
+R = TypeVar("R")
+
+
+class SaveCollector(Generic[R]):
+    """Runs `iptables-save -t TABLE` per family and backend in the background; `results()`
+    waits and gives what each backend's output parsed to.
 
     Started first in a snapshot, so the commands run while Python reads files. An nft
     backend's save is not run again while the nftables ruleset is at the generation read
-    before its last run, in the same netns: its output is last pass's, from the memo (a
-    long-running agent's carries from pass to pass; a one-shot's starts empty, so it always
-    saves). iptables-save costs 0.15 s of CPU at 2,250 chains, beside the pass on the node's
-    cores. Reclaiming never acts on that output: it saves afresh before any delete.
+    before its last run, in the same netns of the same boot: what it parsed to then is taken
+    from the memo (a long-running agent's carries from pass to pass; a one-shot's is the one
+    saved beside the state file, which keeps it only with `saved`, for a kind that checks what
+    it reads back, and only when the netns has a cookie: its inode number is handed on as soon
+    as it is gone).
+    iptables-save costs 0.15 s of CPU at 2,250 chains, beside the pass on the node's cores.
+    Reclaiming never acts on a kept result: it saves afresh before any delete.
     """
 
-    def __init__(self, table: str, timeout: float, memo: OutputMemo | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        table: str,
+        parse: Callable[[str, IptablesTools], tuple[R, ...]],
+        timeout: float,
+        memo: OutputMemo | None = None,
+        saved: bool = False,
+    ) -> None:
+        self.kind = kind
+        self.saved = saved
+        self.table = table
+        self.parse = parse
         self.timeout = timeout
+        self.memo = memo
         self.errors: list[SourceError] = []
         self.running: list[tuple[IptablesTools, subprocess.Popen[str]]] = []
-        self.unchanged: list[tuple[IptablesTools, str]] = []
-        self.table = table
-        self.memo = memo
-        self.version = _ruleset_version() if memo is not None else None
+        self.unchanged: list[tuple[IptablesTools, tuple[R, ...]]] = []
+        self.version = ruleset_version() if memo is not None else None
         tools = iptables_tools(table)
         if not any(t.family == "ipv4" for t in tools):
             self.errors.append(SourceError("iptables-save", "not installed"))
         for tool in tools:
-            text = self._kept(tool)
-            if text is not None:
-                self._keep(tool, text)
-                self.unchanged.append((tool, text))
+            kept = self._kept(tool)
+            if kept is not None:
+                self._keep(tool, kept)
+                self.unchanged.append((tool, kept))
                 continue
             try:
                 proc = subprocess.Popen(
@@ -252,8 +271,8 @@ class SaveCollector:
                 continue
             self.running.append((tool, proc))
 
-    def outputs(self) -> tuple[list[tuple[IptablesTools, str]], list[SourceError]]:
-        texts: list[tuple[IptablesTools, str]] = []
+    def results(self) -> tuple[list[tuple[IptablesTools, tuple[R, ...]]], list[SourceError]]:
+        parsed: list[tuple[IptablesTools, tuple[R, ...]]] = []
         errors = list(self.errors)
         for tool, proc in self.running:
             command = os.path.basename(tool.save)
@@ -270,27 +289,35 @@ class SaveCollector:
                 if "does not exist" not in msg:
                     errors.append(SourceError(command, msg))
                 continue
-            texts.append((tool, out))
-            self._keep(tool, out)
+            records = self.parse(out, tool)
+            parsed.append((tool, records))
+            self._keep(tool, records)
         self.running = []
-        return self.unchanged + texts, errors
+        return self.unchanged + parsed, errors
 
-    def _kept(self, tool: IptablesTools) -> str | None:
-        """Last pass's output of `tool`, if the ruleset it prints is provably the same now."""
-        key = self._key(tool)
-        return self.memo.text_at(key, self.version) if key and self.memo is not None else None
+    def _kept(self, tool: IptablesTools) -> tuple[R, ...] | None:
+        """What `tool`'s output parsed to last pass, if the ruleset it prints is provably the
+        same now, and each record says it came from this family and backend."""
+        command = self._command(tool)
+        if command is None or self.memo is None or self.version is None:
+            return None
+        kept = self.memo.at_version(command, self.version)
+        if not isinstance(kept, tuple) or not all(_from_tool(r, tool) for r in kept):
+            return None
+        return kept
 
-    def _keep(self, tool: IptablesTools, text: str) -> None:
-        key = self._key(tool)
-        if key and self.memo is not None:
-            self.memo.keep_text(key, self.version, text)
+    def _keep(self, tool: IptablesTools, records: tuple[R, ...]) -> None:
+        command = self._command(tool)
+        if command is not None and self.memo is not None and self.version is not None:
+            lasting = self.saved and _lasting(self.version)
+            self.memo.keep_at_version(command, self.version, records, lasting=lasting)
 
-    def _key(self, tool: IptablesTools) -> str | None:
-        """What `tool`'s output is kept under, or None when it is never kept: no memo, no
+    def _command(self, tool: IptablesTools) -> str | None:
+        """What `tool`'s result is kept under, or None when it is never kept: no memo, no
         generation, or a legacy backend (no generation) or an unknown one (it may be legacy)."""
         if self.memo is None or self.version is None or tool.backend != "nft":
             return None
-        return f"{tool.save} -t {self.table}"
+        return f"{self.kind}:{tool.save} -t {self.table}"
 
     def close(self) -> None:
         """Stop whatever is still running (after an error elsewhere in the snapshot)."""
@@ -298,6 +325,10 @@ class SaveCollector:
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
+
+
+def _from_tool(record: object, tool: IptablesTools) -> bool:
+    return getattr(record, "family", None) == tool.family and getattr(record, "backend", None) == tool.backend
 
 
 # A line iptables-save writes itself, before and after each table, with the time in it.
@@ -324,9 +355,12 @@ def without_stamps(text: str) -> str:
     return "".join(kept)
 
 
-def _ruleset_version() -> tuple[int, int, int] | None:
-    """The nftables generation and the netns it is of (two namespaces can be at the same
-    generation), or None when either cannot be read."""
+def ruleset_version() -> Version | None:
+    """(boot id, netns cookie, netns device and inode, nftables generation), or None when the
+    generation or the netns cannot be read. Two namespaces can be at the same generation, and a
+    new one gets a gone one's inode number at once; a cookie is never reused within a boot, and
+    after a reboot the generation starts again. An unknown boot id or cookie is "" or 0, and
+    the version then holds for this process only."""
     generation = ruleset_generation()
     if generation is None:
         return None
@@ -334,32 +368,70 @@ def _ruleset_version() -> tuple[int, int, int] | None:
         st = os.stat("/proc/self/ns/net")
     except OSError:
         return None
-    return (st.st_dev, st.st_ino, generation)
+    return (boot_id() or "", netns_cookie() or 0, st.st_dev, st.st_ino, generation)
+
+
+def _lasting(version: Version) -> bool:
+    return bool(version[0]) and bool(version[1])
+
+
+class ChainCollector(SaveCollector[IptablesChain]):
+    """`iptables-save -t nat` of every backend, begun at the start of a look; `chains()` waits."""
+
+    def __init__(self, options: FindOptions, memo: OutputMemo) -> None:
+        super().__init__(KIND_NAME, "nat", self._parse, options.command_timeout, memo, saved=True)
+
+    def _parse(self, text: str, tool: IptablesTools) -> tuple[IptablesChain, ...]:
+        """A legacy output (no generation to go by) is parsed again only when it differs
+        from the last pass's but for its time stamps."""
+        parse = functools.partial(_chains_in, text, tool)
+        if self.memo is None or self._command(tool) is not None:
+            return parse()
+        return self.memo.parsed(f"{tool.save} -t nat", without_stamps(text), parse)
+
+    def chains(self) -> tuple[list[IptablesChain], list[SourceError]]:
+        results, errors = self.results()
+        return [chain for _, chains in results for chain in chains], errors
 
 
 def _chains_in(text: str, tool: IptablesTools) -> tuple[IptablesChain, ...]:
     return tuple(parse_save(text, tool.family, tool.backend))
 
 
-class ChainCollector(SaveCollector):
-    """`iptables-save -t nat` of every backend, begun at the start of a look; `result()` parses."""
+def saved_chains(value: object) -> tuple[IptablesChain, ...] | None:
+    """Chains read back from a saved memo, or None unless every one is a chain parse_save could
+    have made: a name of a CNI pattern with that pattern's purpose, an owner of CNI names whose
+    hash is the name (or none), its rules in that chain, in the nat table of a family and
+    backend. Which chains there are, and their rules, is never acted on: reclaiming saves
+    afresh and deletes only what that shows."""
+    try:
+        chains = msgspec.convert(value, tuple[IptablesChain, ...])
+    except msgspec.ValidationError:
+        return None
+    return chains if all(_could_be_parsed(c) for c in chains) else None
 
-    def __init__(self, options: FindOptions, memo: OutputMemo) -> None:
-        super().__init__("nat", options.command_timeout, memo)
 
-    def result(self, memo: OutputMemo) -> tuple[list[IptablesChain], list[SourceError]]:
-        """The chains, each backend's output parsed only when it differs from the last pass's."""
-        texts, errors = self.outputs()
-        chains: list[IptablesChain] = []
-        for tool, out in texts:
-            parse = functools.partial(_chains_in, out, tool)
-            chains += memo.parsed(f"{tool.save} -t nat", without_stamps(out), parse)
-        return chains, errors
+def _could_be_parsed(chain: IptablesChain) -> bool:
+    if chain.table != "nat" or chain.backend not in ("nft", "legacy", "default"):
+        return False
+    match = next(((prefix, purpose) for p, prefix, purpose in _CHAIN_PATTERNS if p.fullmatch(chain.chain)), None)
+    if match is None or match[1] != chain.purpose or not _owner_confirmed(chain, match[0]):
+        return False
+    own = f"-A {chain.chain} "
+    return all(r.startswith(own) for r in chain.rules) and all(j.startswith("-A ") for j in chain.jumps)
+
+
+def _owner_confirmed(chain: IptablesChain, prefix: str) -> bool:
+    """No owner, or one of CNI names whose hash is the chain's name, as _owner requires."""
+    network, container_id = chain.network, chain.container_id
+    if network is None or container_id is None:
+        return network is None and container_id is None
+    return is_cni_id(network) and is_cni_id(container_id) and chain_name(prefix, network, container_id) == chain.chain
 
 
 def find(look: Look) -> Found[IptablesChain]:
     collector: ChainCollector = look.started
-    chains, errors = collector.result(look.memo.outputs)
+    chains, errors = collector.chains()
     return Found(tuple(chains), errors=tuple(errors))
 
 
@@ -458,4 +530,6 @@ def reclaim(chains: Sequence[IptablesChain], ctx: ReclaimContext) -> dict[Identi
     return done
 
 
-KIND: Kind[IptablesChain] = Kind("iptables", find, identity, ref, tie, reclaim, start=ChainCollector)
+KIND: Kind[IptablesChain] = Kind(
+    KIND_NAME, find, identity, ref, tie, reclaim, start=ChainCollector, memo_check=saved_chains
+)

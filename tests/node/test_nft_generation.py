@@ -5,6 +5,7 @@ Each probe runs in a network namespace of its own, with the real iptables tools.
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -48,18 +49,20 @@ def test_the_generation_moves_with_every_change_to_the_ruleset_and_only_then() -
 PASSES = """
 import ctypes, json, os, shutil, subprocess
 from reaper.host.memo import OutputMemo
-from reaper.kinds.iptables import SaveCollector
+from reaper.kinds.iptables import SaveCollector, parse_save
 
 CLONE_NEWNET = 0x40000000
 memo = OutputMemo()
 def sh(cmd):
     subprocess.run(cmd, shell=True, check=True, capture_output=True)
+def chains(text, tool):
+    return tuple(parse_save(text, tool.family, tool.backend))
 def one_pass(with_memo=True):
-    collector = SaveCollector("nat", 30.0, memo if with_memo else None)
+    collector = SaveCollector("test", "nat", chains, 30.0, memo if with_memo else None)
     ran = sorted(os.path.basename(tool.save) for tool, _ in collector.running)
-    texts, errors = collector.outputs()
+    results, errors = collector.results()
     memo.end_pass()
-    return {"ran": ran, "texts": {os.path.basename(t.save): text for t, text in texts}}
+    return {"ran": ran, "texts": {os.path.basename(t.save): " ".join(c.chain for c in r) for t, r in results}}
 
 out = {}
 sh("iptables-nft -t nat -N CNI-000000000000000000000001")
@@ -93,13 +96,13 @@ def test_an_nft_save_is_run_again_only_when_the_generation_or_the_netns_changed(
     first, unchanged, changed = out["first"], out["unchanged"], out["changed"]
     assert "iptables-nft-save" in first["ran"]
     assert "CNI-000000000000000000000001" in first["texts"]["iptables-nft-save"]
-    # Nothing changed: not run, last pass's text given.
+    # Nothing changed: not run, last pass's result given.
     assert not any(name.endswith("nft-save") for name in unchanged["ran"])
     assert unchanged["texts"]["iptables-nft-save"] == first["texts"]["iptables-nft-save"]
     # A chain added: run again, and the chain is in what it gives.
     assert "iptables-nft-save" in changed["ran"]
     assert "CNI-000000000000000000000002" in changed["texts"]["iptables-nft-save"]
-    # A one-shot run has no memo: it always runs.
+    # Without a memo it always runs.
     assert "iptables-nft-save" in out["one_shot"]["ran"]
     if "legacy_first" in out:
         # Legacy tables have no generation: their save runs every pass and sees every change.
@@ -111,3 +114,87 @@ def test_an_nft_save_is_run_again_only_when_the_generation_or_the_netns_changed(
     other = out["other_netns"]
     assert "iptables-nft-save" in other["ran"]
     assert "CNI-000000000000000000000001" not in other["texts"]["iptables-nft-save"]
+
+
+ONE_SHOTS = """
+import ctypes, json, os, subprocess, sys, time
+from reaper.host.memo import load_memo, save_memo
+from reaper.host.nftgen import ruleset_generation
+from pathlib import Path
+from reaper.kinds.iptables import ChainCollector, saved_chains
+from tests.harness.passes import options_at
+
+CLONE_NEWNET = 0x40000000
+libc = ctypes.CDLL(None, use_errno=True)
+state_dir = sys.argv[1]
+path = os.path.join(state_dir, "state.json.memo")
+checks = {"iptables": saved_chains}
+def sh(cmd):
+    subprocess.run(cmd, shell=True, check=True, capture_output=True)
+def one_shot(memo_file=path):
+    # As `reaper scan` makes it: the memo read from its file, the look, the memo saved back.
+    memo, warning = load_memo(memo_file, checks)
+    collector = ChainCollector(options_at(Path(state_dir)), memo.outputs)
+    ran = sorted(os.path.basename(tool.save) for tool, _ in collector.running)
+    chains, errors = collector.chains()
+    memo.end_pass()
+    if memo.changed_in(checks):
+        save_memo(memo_file, memo, checks)
+    names = sorted(c.chain for c in chains)
+    return {"ran": ran, "chains": names, "warning": warning, "errors": [e.error for e in errors]}
+def new_netns():
+    assert libc.unshare(CLONE_NEWNET) == 0, os.strerror(ctypes.get_errno())
+    return os.stat("/proc/self/ns/net").st_ino
+
+out = {}
+first_ino = new_netns()
+sh("iptables-nft -t nat -N CNI-000000000000000000000001")
+generation = ruleset_generation()
+out["first"] = one_shot()
+out["unchanged"] = one_shot()
+with open(path, "rb") as f:
+    saved = f.read()
+# Another boot: the same netns and generation numbers mean nothing then.
+doc = json.loads(saved)
+for row in doc["outputs"]:
+    row[1][0] = "00000000-0000-4000-8000-000000000000"
+with open(os.path.join(state_dir, "other-boot.memo"), "w") as f:
+    json.dump(doc, f)
+out["other_boot"] = one_shot(os.path.join(state_dir, "other-boot.memo"))
+sh("iptables-nft -t nat -N CNI-000000000000000000000002")
+out["changed"] = one_shot()
+# A new netns that gets the gone one's inode number (the kernel hands it on at once), brought
+# to the same generation with other rules: only the cookie tells them apart.
+with open(path, "wb") as f:
+    f.write(saved)
+tries = 0
+while new_netns() != first_ino and tries < 300:
+    time.sleep(0.01)  # the kernel frees a gone netns's number from a work queue
+    tries += 1
+out["same_ino"] = os.stat("/proc/self/ns/net").st_ino == first_ino
+sh("iptables-nft -t nat -N CNI-0000000000000000000000ee")
+out["same_generation"] = ruleset_generation() == generation
+out["reborn"] = one_shot()
+print(json.dumps(out))
+"""
+
+
+def test_a_one_shot_reuses_a_saved_parse_only_in_the_same_boot_netns_and_generation(tmp_path: Path) -> None:
+    out = run_probe(ONE_SHOTS, str(tmp_path))
+    first, unchanged = out["first"], out["unchanged"]
+    assert "iptables-nft-save" in first["ran"] and "CNI-000000000000000000000001" in first["chains"]
+    assert first["warning"] is None and first["errors"] == []
+    # A second process, nothing changed: the save is not run and the chains are the same.
+    assert "iptables-nft-save" not in unchanged["ran"] and unchanged["chains"] == first["chains"]
+    assert unchanged["warning"] is None
+    # Another boot id: run again.
+    assert "iptables-nft-save" in out["other_boot"]["ran"] and out["other_boot"]["warning"] is None
+    # A chain added: run again, and seen.
+    assert "iptables-nft-save" in out["changed"]["ran"]
+    assert "CNI-000000000000000000000002" in out["changed"]["chains"]
+    # Same inode number, same generation, another namespace: run again, its own chains seen.
+    if not (out["same_ino"] and out["same_generation"]):
+        pytest.skip(f"no new netns got the same inode number and generation ({out}): proves nothing")
+    reborn = out["reborn"]
+    assert "iptables-nft-save" in reborn["ran"]
+    assert reborn["chains"] == ["CNI-0000000000000000000000ee"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from reaper.host.memo import MEMO_VERSION
 from tests.harness.probe import run_probe
 
 PROBE = """
@@ -72,4 +73,4 @@ def test_a_one_shot_scan_keeps_its_memo_and_never_trusts_a_stale_or_broken_one(t
     assert out["rewritten"] == [[a, "mynet", "eth0", ["cache"]], [b, "mynet", "eth0", ["ipam"]]]
     assert out["garbage"] == out["rewritten"]
     assert sum("every file is read again" in w for w in out["warnings"]) == 1
-    assert out["rewritten_memo"] == 1
+    assert out["rewritten_memo"] == MEMO_VERSION

@@ -16,10 +16,22 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from reaper.host.memo import MEMO_VERSION, RACY_NS, InventoryMemo, OutputMemo, load_memo, memo_path, save_memo, stamp
-from reaper.kinds import cache, hostlocal
+from reaper.host.memo import (
+    MEMO_VERSION,
+    RACY_NS,
+    InventoryMemo,
+    OutputMemo,
+    Version,
+    load_memo,
+    memo_path,
+    save_memo,
+    stamp,
+)
+from reaper.kinds import cache, hostlocal, iptables
 from reaper.kinds.cache import collect_cache
 from reaper.kinds.hostlocal import collect_leases
+from reaper.kinds.iptables import chain_name
+from reaper.model import IptablesChain
 from tests.harness.configs import cache_doc
 from tests.harness.passes import settled_memo, write_private
 
@@ -228,24 +240,130 @@ def test_a_command_output_is_parsed_again_unless_its_key_is_the_same() -> None:
     assert parses == ["a b", "a c", "a c", "a c"]
 
 
-def test_a_command_text_is_given_back_only_at_the_version_it_ran_at_and_never_saved(tmp_path: Path) -> None:
+# (boot id, netns cookie, netns device, netns inode, nftables generation)
+VERSION: Version = ("6f1d0c2e-0000-4000-8000-000000000001", 7, 4, 4026531840, 12)
+NAT = "iptables:/usr/sbin/iptables-nft-save -t nat"
+CHAIN_CHECKS = {**CHECKS, "iptables": iptables.saved_chains}
+
+
+def _chain(network: str = NET, container_id: str = REAL) -> IptablesChain:
+    name = chain_name("", network, container_id)
+    rules = (
+        f'-A {name} -d 10.88.0.0/16 -m comment --comment "name: \\"{network}\\" id: \\"{container_id}\\"" -j ACCEPT',
+    )
+    return IptablesChain(
+        "ipv4",
+        "nat",
+        name,
+        "masquerade",
+        network,
+        container_id,
+        rules,
+        (f"-A POSTROUTING -s 10.88.0.5/32 -j {name}",),
+        "nft",
+    )
+
+
+def test_a_result_is_given_back_only_at_the_version_it_ran_at() -> None:
     outputs = OutputMemo()
-    assert outputs.text_at("save", (1, 2, 7)) is None  # nothing yet
-    outputs.keep_text("save", (1, 2, 7), "rules")
-    assert outputs.text_at("save", (1, 2, 7)) is None  # not before the pass ends
+    assert outputs.at_version("save", VERSION) is None  # nothing yet
+    outputs.keep_at_version("save", VERSION, ("rules",), lasting=False)
+    assert outputs.at_version("save", VERSION) is None  # not before the pass ends
     outputs.end_pass()
-    assert outputs.text_at("save", (1, 2, 7)) == "rules"
-    assert outputs.text_at("save", (1, 2, 8)) is None  # the generation moved
-    assert outputs.text_at("save", (1, 3, 7)) is None  # another netns at the same generation
-    assert outputs.text_at("other", (1, 2, 7)) is None  # by command
-    outputs.end_pass()  # a pass that neither ran it nor took its text forgets it
-    assert outputs.text_at("save", (1, 2, 7)) is None
-    # Kept in memory only: a one-shot's memo file holds no command output.
+    assert outputs.at_version("save", VERSION) == ("rules",)
+    others: Version = ("6f1d0c2e-0000-4000-8000-000000000002", 8, 5, 4026531841, 13)
+    for at, other in enumerate(others):
+        moved: Version = (*VERSION[:at], other, *VERSION[at + 1 :])  # another boot, netns, or generation
+        assert outputs.at_version("save", moved) is None, moved
+    assert outputs.at_version("other", VERSION) is None  # by command
+    outputs.end_pass()  # a pass that neither ran it nor took its result forgets it
+    assert outputs.at_version("save", VERSION) is None
+
+
+def test_only_lasting_results_of_a_kind_that_checks_them_are_saved_and_read_back(tmp_path: Path) -> None:
     _tree(tmp_path)
     memo = settled_memo()
-    memo.outputs.keep_text("save", (1, 2, 7), "CNI-SECRET-RULES")
+    chains = (_chain(),)
+    memo.outputs.keep_at_version(NAT, VERSION, chains, lasting=True)
+    memo.outputs.keep_at_version("iptables:/usr/sbin/ip6tables-nft-save -t nat", VERSION, (), lasting=False)
+    memo.outputs.keep_at_version("firewall:/usr/sbin/iptables-nft-save -t filter", VERSION, ("SECRET",), lasting=True)
     _look(tmp_path, memo)
+    assert memo.changed_in(CHAIN_CHECKS)
     path = memo_path(str(tmp_path / "state.json"))
-    save_memo(path, memo, CHECKS)
+    save_memo(path, memo, CHAIN_CHECKS)
     saved = Path(path).read_bytes()
-    assert REAL.encode() in saved and b"CNI-SECRET-RULES" not in saved
+    assert b"ip6tables" not in saved  # not lasting: this process's netns only
+    assert b"SECRET" not in saved and b"firewall" not in saved  # no check of it: in memory only
+    loaded, warning = load_memo(path, CHAIN_CHECKS, clock=lambda: time.time_ns() + 10 * RACY_NS)
+    assert warning is None
+    assert loaded.outputs.at_version(NAT, VERSION) == chains
+    assert loaded.outputs.at_version(NAT, (*VERSION[:4], 13)) is None
+    loaded.outputs.keep_at_version(NAT, VERSION, chains, lasting=True)  # used again, as it was
+    _look(tmp_path, loaded)
+    assert not loaded.changed_in(CHAIN_CHECKS)  # nothing new: the file is not written again
+    _look(tmp_path, loaded)  # a pass that did not use it: forgotten, so the file is written again
+    assert loaded.changed_in(CHAIN_CHECKS) and list(loaded.outputs.lasting()) == []
+
+
+def _hostile_chain(what: str) -> object:
+    good = msgspec.to_builtins(_chain())
+    assert isinstance(good, dict)
+    forged_name = chain_name("", NET, FORGED)
+    changes: dict[str, dict[str, object]] = {
+        "an owner its name is not the hash of": {"container_id": FORGED},
+        "a name no plugin makes": {"chain": "CNI-not-a-hash", "network": None, "container_id": None},
+        "a purpose its name does not have": {"purpose": "hostport-dnat"},
+        "half an owner": {"container_id": None},
+        "an owner that is a path": {"network": "../../etc", "chain": chain_name("", "../../etc", REAL)},
+        "a rule of another chain": {"rules": [f"-A {forged_name} -j ACCEPT"]},
+        "a jump that is no rule": {"jumps": ["-F POSTROUTING"]},
+        "another table": {"table": "filter"},
+        "another backend": {"backend": "evil"},
+        "another family": {"family": "ipv5"},
+        "a field more": {"extra": 1},
+    }
+    return [{**good, **changes[what]}]
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "an owner its name is not the hash of",
+        "a name no plugin makes",
+        "a purpose its name does not have",
+        "half an owner",
+        "an owner that is a path",
+        "a rule of another chain",
+        "a jump that is no rule",
+        "another table",
+        "another backend",
+        "another family",
+        "a field more",
+        "a kind that saves no output",
+        "a version that is no list",
+        "chains that are no list",
+    ],
+)
+def test_a_hostile_saved_output_sets_the_memo_aside_whole(tmp_path: Path, hostile: str) -> None:
+    doc = _valid_saved(tmp_path)
+    row: list[object] = [NAT, list(VERSION), [msgspec.to_builtins(_chain())]]
+    if hostile == "a kind that saves no output":
+        row[0] = "netns:/usr/sbin/iptables-nft-save -t nat"
+    elif hostile == "a version that is no list":
+        row[1] = "6f1d0c2e"
+    elif hostile == "chains that are no list":
+        row[2] = {"chain": "CNI-x"}
+    else:
+        row[2] = _hostile_chain(hostile)
+    path = memo_path(str(tmp_path / "state.json"))
+    Path(path).write_bytes(msgspec.json.encode({**doc, "outputs": [row]}))
+    memo, warning = load_memo(path, CHAIN_CHECKS)
+    assert warning is not None and "every file is read again" in warning
+    assert memo.outputs.at_version(NAT, VERSION) is None
+    assert _look(tmp_path, memo) == ({REAL}, {REAL})
+    # The same memo with the true chain is read: the case above is refused for its own reason.
+    Path(path).write_bytes(
+        msgspec.json.encode({**doc, "outputs": [[NAT, list(VERSION), [msgspec.to_builtins(_chain())]]]})
+    )
+    memo, warning = load_memo(path, CHAIN_CHECKS)
+    assert warning is None and memo.outputs.at_version(NAT, VERSION) == (_chain(),)
