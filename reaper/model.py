@@ -60,7 +60,7 @@ class NetnsPin(Struct, frozen=True):
     ns: NsKey
     is_namespace: bool  # False: a stale plain file, no namespace mounted on it
     mtime: float
-    holders: tuple[Holder, ...]
+    pids: tuple[int, ...]  # the processes in its namespace
     runtime_named: bool  # the name is one a container runtime makes
 
 
@@ -209,7 +209,10 @@ class NodeSnapshot(Struct, frozen=True):
     configs: tuple[NetworkConfig, ...]
     corrupt: tuple[CorruptFile, ...]
     errors: tuple[SourceError, ...]
-    # Every namespace but the host's that some process is in, with those processes.
+    # Every namespace but the host's that some process is in, with those processes' pids.
+    netns_pids: tuple[tuple[NsKey, tuple[int, ...]], ...] = ()
+    # Those processes described, in the namespaces no listed sandbox owns (see with_holders):
+    # what tells a plugin's ADD in progress from a process that lives there.
     netns_holders: tuple[tuple[NsKey, tuple[Holder, ...]], ...] = ()
     # Seconds each collector took, in order: where a pass's time goes.
     timings: tuple[tuple[str, float], ...] = ()

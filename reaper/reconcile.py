@@ -66,6 +66,7 @@ def reconcile(
     correlation = correlate(snapshot, runtime)
     groups = correlation.groups
     holders = dict(snapshot.netns_holders)
+    pids = dict(snapshot.netns_pids)
     owners = _Owners(
         snapshot.host_netns,
         {s.id: s for s in runtime.sandboxes},
@@ -79,7 +80,7 @@ def reconcile(
         if group.foreign:
             pin = group.resources[0]
             path = dict(pin.details).get("path")
-            foreign.append(ForeignPin(pin.name, str(path), len(holders.get(group.netns, ())) if group.netns else 0))
+            foreign.append(ForeignPin(pin.name, str(path), len(pids.get(group.netns, ())) if group.netns else 0))
             continue
         text_key = group.key.as_text()
         previous = history.get(text_key)

@@ -17,7 +17,7 @@ from reaper.model import VERDICTS, ScanResult
 from reaper.reconcile import reconcile
 from reaper.runtime.liveness import LivenessSource
 from reaper.settings import Settings
-from reaper.snapshot import take_snapshot
+from reaper.snapshot import take_snapshot, with_holders
 from reaper.state import State, StateError, load_state, save_state
 
 
@@ -99,6 +99,10 @@ def _scan_pass(
         ),
     )
     mark = time.monotonic()
+    owned = {s.netns for s in runtime.sandboxes if s.netns is not None}
+    snapshot = with_holders(snapshot, owned, settings.cni_bin_dirs)
+    holders_s = time.monotonic() - mark
+    mark = time.monotonic()
     report, history = reconcile(snapshot, runtime, state.attachments, settings.policy, now)
     reconcile_s = time.monotonic() - mark
     mark = time.monotonic()
@@ -120,6 +124,7 @@ def _scan_pass(
     timings = (
         *snapshot.timings,
         ("liveness", round(liveness_s, 6)),
+        ("holders", round(holders_s, 6)),
         ("reconcile", round(reconcile_s, 6)),
         ("state", round(time.monotonic() - mark, 6)),
     )

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Set
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
+from msgspec.structs import replace
+
 from reaper.host.memo import InventoryMemo, OutputMemo
-from reaper.host.procs import holders_by_netns, unseen_processes
+from reaper.host.procs import describe, netns_members, unseen_processes
 from reaper.kinds import FindOptions, Found, Kind, Look
 from reaper.kinds.hostlocal import range_usage
 from reaper.kinds.netconf import collect_configs
 from reaper.kinds.registry import KINDS
-from reaper.model import Holder, NetworkConfig, NodeSnapshot, NsKey, SourceError
+from reaper.model import NetworkConfig, NodeSnapshot, NsKey, SourceError
 from reaper.stopwatch import Stopwatch
 
 HOST_NETNS_PATHS = ("/proc/1/ns/net", "/proc/2/ns/net")
@@ -31,9 +33,20 @@ def host_netns() -> NsKey:
     raise OSError(f"cannot stat {' or '.join(HOST_NETNS_PATHS)} to identify the host netns")
 
 
-def netns_holders(host: NsKey, bin_dirs: tuple[str, ...]) -> dict[NsKey, tuple[Holder, ...]]:
-    """The processes in every namespace but the host's."""
-    return holders_by_netns(bin_dirs, besides=host)
+def netns_pids(host: NsKey) -> dict[NsKey, tuple[int, ...]]:
+    """The processes in every namespace but the host's (most of a node's are in the host's)."""
+    members = netns_members()
+    members.pop(host, None)
+    return {ns: tuple(sorted(pids)) for ns, pids in members.items()}
+
+
+def with_holders(snapshot: NodeSnapshot, owned: Set[NsKey], bin_dirs: tuple[str, ...]) -> NodeSnapshot:
+    """The snapshot with the processes in each namespace not in `owned` (the listed
+    sandboxes') described. Describing one costs two reads of /proc, and a namespace a sandbox
+    owns is live whoever is in it: on a node of 250 pods that is every process in a pod."""
+    wanted = [(ns, pids) for ns, pids in snapshot.netns_pids if ns not in owned]
+    described = describe({pid for _, pids in wanted for pid in pids}, bin_dirs)
+    return replace(snapshot, netns_holders=tuple((ns, tuple(described[pid] for pid in pids)) for ns, pids in wanted))
 
 
 @contextmanager
@@ -75,7 +88,7 @@ def _take(
     configs: list[NetworkConfig] = list(conf_configs)  # one per network: the conf dir's win
     watch.lap("configs")
     host = host_netns()
-    holders = netns_holders(host, opts.bin_dirs)
+    pids = netns_pids(host)
     watch.lap("processes")
     errors: list[SourceError] = []
     partly_read: set[str] = set()
@@ -83,7 +96,7 @@ def _take(
     for kind in kinds:
         # Kinds see only the node's own configs: a path in a cached config (an ipam.dataDir) is
         # whatever the writer of the cache dir wanted it to be.
-        look = Look(opts, memo, tuple(conf_configs), holders, dict(found), started.get(kind.name))
+        look = Look(opts, memo, tuple(conf_configs), pids, dict(found), started.get(kind.name))
         try:
             result = kind.find(look)
         except Exception as err:  # a bug in one kind costs that kind only
@@ -102,6 +115,6 @@ def _take(
     watch.lap("ranges")
     return NodeSnapshot(
         taken_at, host, found, tuple(ranges), tuple(configs), tuple(corrupt), tuple(errors),
-        netns_holders=tuple(sorted(holders.items())), timings=tuple(watch.laps), unseen_processes=unseen_processes(),
+        netns_pids=tuple(sorted(pids.items())), timings=tuple(watch.laps), unseen_processes=unseen_processes(),
         partly_read=frozenset(partly_read),
     )  # fmt: skip

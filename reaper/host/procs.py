@@ -155,17 +155,11 @@ def _started_by(pid: int, stat: ProcStat, ancestor: tuple[int, float], boot: flo
     return False
 
 
-def holders_by_netns(
-    bin_dirs: tuple[str, ...], only: NsKey | None = None, besides: NsKey | None = None
-) -> dict[NsKey, tuple[Holder, ...]]:
-    """The processes in each namespace some process is in (with `only`, just that one; with
-    `besides`, all but that one: most of a node's processes are in the host's, and describing
-    one costs two reads of /proc)."""
+def holders_by_netns(bin_dirs: tuple[str, ...], only: NsKey | None = None) -> dict[NsKey, tuple[Holder, ...]]:
+    """The processes in each namespace some process is in (with `only`, just that one)."""
     members = netns_members()
     if only is not None:
         members = {only: members[only]} if only in members else {}
-    if besides is not None:
-        members.pop(besides, None)
     described = describe({pid for pids in members.values() for pid in pids}, bin_dirs)
     return {ns: tuple(described[pid] for pid in sorted(pids)) for ns, pids in members.items()}
 

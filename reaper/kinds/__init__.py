@@ -19,7 +19,6 @@ from reaper.host.quarantine import Quarantine
 from reaper.model import (
     CorruptFile,
     Done,
-    Holder,
     Identity,
     NetworkConfig,
     NsKey,
@@ -57,7 +56,7 @@ class Look(Struct, frozen=True):
     options: FindOptions
     memo: InventoryMemo
     configs: tuple[NetworkConfig, ...]  # the node's own: the conf dir's, never a cached one
-    holders: Mapping[NsKey, tuple[Holder, ...]]  # processes in each namespace but the host's
+    pids: Mapping[NsKey, tuple[int, ...]]  # the processes in each namespace but the host's
     earlier: Mapping[str, tuple[Any, ...]]  # records of the kinds found before this one
     started: Any = None  # what the kind's `start` returned
 

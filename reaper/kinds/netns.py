@@ -19,7 +19,7 @@ from reaper.host.files import NSFS_MAGIC, PROC_SUPER_MAGIC, DirLister, describe_
 from reaper.host.mounts import unpin_hazard
 from reaper.host.procs import busy_namespaces
 from reaper.kinds import Found, Kind, Look, ReclaimContext
-from reaper.model import CorruptFile, DetailValue, Done, Holder, Identity, NetnsPin, NetnsTie, NsKey, ResourceRef
+from reaper.model import CorruptFile, DetailValue, Done, Identity, NetnsPin, NetnsTie, NsKey, ResourceRef
 from reaper.names import is_runtime_netns_name
 
 MNT_DETACH = 2  # umount2(2) flag: detach now, free once unused
@@ -27,7 +27,7 @@ MNT_DETACH = 2  # umount2(2) flag: detach now, free once unused
 
 def collect_pins(
     dirs: tuple[str, ...],
-    holders: Mapping[NsKey, tuple[Holder, ...]],
+    pids: Mapping[NsKey, tuple[int, ...]],
     patterns: Sequence[re.Pattern[str]],
 ) -> tuple[list[NetnsPin], list[CorruptFile]]:
     pins: list[NetnsPin] = []
@@ -59,7 +59,7 @@ def collect_pins(
                     ns=key,
                     is_namespace=is_ns,
                     mtime=st.st_mtime,
-                    holders=holders.get(key, ()) if is_ns else (),
+                    pids=pids.get(key, ()) if is_ns else (),
                     runtime_named=is_runtime_netns_name(entry.name, patterns),
                 )
             )
@@ -82,7 +82,7 @@ def _look_at(dir_fd: int, name: str) -> tuple[os.stat_result, int]:
 
 def find(look: Look) -> Found[NetnsPin]:
     opts = look.options
-    pins, corrupt = collect_pins(opts.netns_dirs, look.holders, opts.netns_patterns)
+    pins, corrupt = collect_pins(opts.netns_dirs, look.pids, opts.netns_patterns)
     return Found(tuple(pins), tuple(corrupt))
 
 
@@ -94,8 +94,8 @@ def ref(pin: NetnsPin) -> ResourceRef:
     details: list[tuple[str, DetailValue]] = [("path", pin.path)]
     if not pin.is_namespace:
         details.append(("stale", True))
-    if pin.holders:
-        details.append(("pids", ",".join(str(h.pid) for h in pin.holders)))
+    if pin.pids:
+        details.append(("pids", ",".join(str(pid) for pid in pin.pids)))
     return ResourceRef("netns", pin.name, pin.mtime, tuple(details), identity(pin))
 
 
