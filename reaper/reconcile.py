@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from msgspec import Struct
 
-from reaper.correlate import ResourceGroup, correlate
+from reaper.correlate import Correlation, ResourceGroup, correlate
 from reaper.durations import format_duration
 from reaper.model import (
     Attachment,
@@ -56,14 +56,24 @@ class _Owners(Struct, frozen=True):
         return None
 
 
+def holders_decide(correlation: Correlation, runtime: RuntimeView) -> set[NsKey]:
+    """The namespaces whose processes can decide a verdict: an attachment's that no listed
+    sandbox owns (one a sandbox owns is live whoever is in it)."""
+    owned = {s.netns for s in runtime.sandboxes if s.netns is not None}
+    return {g.netns for g in correlation.groups if g.netns is not None} - owned
+
+
 def reconcile(
     snapshot: NodeSnapshot,
     runtime: RuntimeView,
     history: Mapping[str, AttachmentHistory],
     policy: Policy,
     now: float,
+    correlation: Correlation | None = None,
 ) -> tuple[ScanReport, dict[str, AttachmentHistory]]:
-    correlation = correlate(snapshot, runtime)
+    """The verdicts. `correlation` is correlate(snapshot, runtime), when the caller made it
+    already (to know whose processes to describe)."""
+    correlation = correlation if correlation is not None else correlate(snapshot, runtime)
     groups = correlation.groups
     holders = dict(snapshot.netns_holders)
     pids = dict(snapshot.netns_pids)

@@ -10,11 +10,12 @@ from collections.abc import Callable, Iterator
 
 from msgspec.structs import replace
 
+from reaper.correlate import correlate
 from reaper.host.memo import InventoryMemo, load_memo, memo_path, save_memo
 from reaper.kinds import FindOptions
 from reaper.kinds.registry import KINDS
 from reaper.model import VERDICTS, ScanResult
-from reaper.reconcile import reconcile
+from reaper.reconcile import holders_decide, reconcile
 from reaper.runtime.liveness import LivenessSource
 from reaper.settings import Settings
 from reaper.snapshot import take_snapshot, with_holders
@@ -99,12 +100,14 @@ def _scan_pass(
         ),
     )
     mark = time.monotonic()
-    owned = {s.netns for s in runtime.sandboxes if s.netns is not None}
-    snapshot = with_holders(snapshot, owned, settings.cni_bin_dirs)
+    correlation = correlate(snapshot, runtime)
+    reconcile_s = time.monotonic() - mark
+    mark = time.monotonic()
+    snapshot = with_holders(snapshot, holders_decide(correlation, runtime), settings.cni_bin_dirs)
     holders_s = time.monotonic() - mark
     mark = time.monotonic()
-    report, history = reconcile(snapshot, runtime, state.attachments, settings.policy, now)
-    reconcile_s = time.monotonic() - mark
+    report, history = reconcile(snapshot, runtime, state.attachments, settings.policy, now, correlation)
+    reconcile_s += time.monotonic() - mark
     mark = time.monotonic()
     if runtime.reachable:
         netns_map = {s.status_key: s.netns_path for s in runtime.sandboxes if s.netns_path and s.status_key}

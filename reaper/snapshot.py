@@ -40,13 +40,14 @@ def netns_pids(host: NsKey) -> dict[NsKey, tuple[int, ...]]:
     return {ns: tuple(sorted(pids)) for ns, pids in members.items()}
 
 
-def with_holders(snapshot: NodeSnapshot, owned: Set[NsKey], bin_dirs: tuple[str, ...]) -> NodeSnapshot:
-    """The snapshot with the processes in each namespace not in `owned` (the listed
-    sandboxes') described. Describing one costs two reads of /proc, and a namespace a sandbox
-    owns is live whoever is in it: on a node of 250 pods that is every process in a pod."""
-    wanted = [(ns, pids) for ns, pids in snapshot.netns_pids if ns not in owned]
-    described = describe({pid for _, pids in wanted for pid in pids}, bin_dirs)
-    return replace(snapshot, netns_holders=tuple((ns, tuple(described[pid] for pid in pids)) for ns, pids in wanted))
+def with_holders(snapshot: NodeSnapshot, wanted: Set[NsKey], bin_dirs: tuple[str, ...]) -> NodeSnapshot:
+    """The snapshot with the processes in the `wanted` namespaces described: those whose
+    holders can decide a verdict (an attachment's, that no listed sandbox owns). Describing a
+    process costs two reads of /proc; on a node of 250 pods every process in a pod is in a
+    namespace a sandbox owns, live whoever is in it."""
+    kept = [(ns, pids) for ns, pids in snapshot.netns_pids if ns in wanted]
+    described = describe({pid for _, pids in kept for pid in pids}, bin_dirs)
+    return replace(snapshot, netns_holders=tuple((ns, tuple(described[pid] for pid in pids)) for ns, pids in kept))
 
 
 @contextmanager
