@@ -29,6 +29,7 @@ from reaper.model import Claim, Done, Identity, IptablesChain, ResourceRef, Sour
 from reaper.names import is_cni_id
 
 KIND_NAME = "iptables"
+BACKENDS = ("nft", "legacy", "default")
 RESTORE_LOCK_WAIT = "5"  # seconds iptables-restore waits for the xtables lock (its -w)
 
 Family = Literal["ipv4", "ipv6"]
@@ -412,7 +413,7 @@ def saved_chains(value: object) -> tuple[IptablesChain, ...] | None:
 
 
 def _could_be_parsed(chain: IptablesChain) -> bool:
-    if chain.table != "nat" or chain.backend not in ("nft", "legacy", "default"):
+    if chain.table != "nat" or chain.backend not in BACKENDS:
         return False
     match = next(((prefix, purpose) for p, prefix, purpose in _CHAIN_PATTERNS if p.fullmatch(chain.chain)), None)
     if match is None or match[1] != chain.purpose or not _owner_confirmed(chain, match[0]):

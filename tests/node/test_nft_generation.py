@@ -121,6 +121,7 @@ import ctypes, json, os, subprocess, sys, time
 from reaper.host.memo import load_memo, save_memo
 from reaper.host.nftgen import ruleset_generation
 from pathlib import Path
+from reaper.kinds import firewall
 from reaper.kinds.iptables import ChainCollector, saved_chains
 from tests.harness.passes import options_at
 
@@ -128,20 +129,24 @@ CLONE_NEWNET = 0x40000000
 libc = ctypes.CDLL(None, use_errno=True)
 state_dir = sys.argv[1]
 path = os.path.join(state_dir, "state.json.memo")
-checks = {"iptables": saved_chains}
+checks = {"iptables": saved_chains, "firewall": firewall.saved_rules}
 def sh(cmd):
     subprocess.run(cmd, shell=True, check=True, capture_output=True)
 def one_shot(memo_file=path):
     # As `reaper scan` makes it: the memo read from its file, the look, the memo saved back.
     memo, warning = load_memo(memo_file, checks)
     collector = ChainCollector(options_at(Path(state_dir)), memo.outputs)
+    filters = firewall.KIND.start(options_at(Path(state_dir)), memo.outputs)
     ran = sorted(os.path.basename(tool.save) for tool, _ in collector.running)
+    ran_filter = sorted(os.path.basename(tool.save) for tool, _ in filters.running)
     chains, errors = collector.chains()
+    rules, filter_errors = filters.results()
     memo.end_pass()
     if memo.changed_in(checks):
         save_memo(memo_file, memo, checks)
     names = sorted(c.chain for c in chains)
-    return {"ran": ran, "chains": names, "warning": warning, "errors": [e.error for e in errors]}
+    return {"ran": ran, "chains": names, "warning": warning, "errors": [e.error for e in errors + filter_errors],
+            "ran_filter": ran_filter, "rules": sorted(r.rule for _, parsed in rules for r in parsed)}
 def new_netns():
     assert libc.unshare(CLONE_NEWNET) == 0, os.strerror(ctypes.get_errno())
     return os.stat("/proc/self/ns/net").st_ino
@@ -149,6 +154,7 @@ def new_netns():
 out = {}
 first_ino = new_netns()
 sh("iptables-nft -t nat -N CNI-000000000000000000000001")
+sh("iptables-nft -N CNI-FORWARD && iptables-nft -A CNI-FORWARD -s 10.77.0.5/32 -j ACCEPT")
 generation = ruleset_generation()
 out["first"] = one_shot()
 out["unchanged"] = one_shot()
@@ -172,7 +178,8 @@ while new_netns() != first_ino and tries < 300:
     time.sleep(0.01)  # the kernel frees a gone netns's number from a work queue
     tries += 1
 out["same_ino"] = os.stat("/proc/self/ns/net").st_ino == first_ino
-sh("iptables-nft -t nat -N CNI-0000000000000000000000ee")
+sh("iptables-nft -t nat -N CNI-0000000000000000000000ee")  # the same commits as in the first
+sh("iptables-nft -N CNI-FORWARD && iptables-nft -A CNI-FORWARD -s 10.77.0.9/32 -j ACCEPT")
 out["same_generation"] = ruleset_generation() == generation
 out["reborn"] = one_shot()
 print(json.dumps(out))
@@ -187,6 +194,9 @@ def test_a_one_shot_reuses_a_saved_parse_only_in_the_same_boot_netns_and_generat
     # A second process, nothing changed: the save is not run and the chains are the same.
     assert "iptables-nft-save" not in unchanged["ran"] and unchanged["chains"] == first["chains"]
     assert unchanged["warning"] is None
+    # The firewall plugin's filter rules alike.
+    assert "iptables-nft-save" in first["ran_filter"] and first["rules"] == ["-A CNI-FORWARD -s 10.77.0.5/32 -j ACCEPT"]
+    assert "iptables-nft-save" not in unchanged["ran_filter"] and unchanged["rules"] == first["rules"]
     # Another boot id: run again.
     assert "iptables-nft-save" in out["other_boot"]["ran"] and out["other_boot"]["warning"] is None
     # A chain added: run again, and seen.
@@ -196,5 +206,6 @@ def test_a_one_shot_reuses_a_saved_parse_only_in_the_same_boot_netns_and_generat
     if not (out["same_ino"] and out["same_generation"]):
         pytest.skip(f"no new netns got the same inode number and generation ({out}): proves nothing")
     reborn = out["reborn"]
-    assert "iptables-nft-save" in reborn["ran"]
+    assert "iptables-nft-save" in reborn["ran"] and "iptables-nft-save" in reborn["ran_filter"]
     assert reborn["chains"] == ["CNI-0000000000000000000000ee"]
+    assert reborn["rules"] == ["-A CNI-FORWARD -s 10.77.0.9/32 -j ACCEPT"]
