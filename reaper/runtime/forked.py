@@ -26,6 +26,7 @@ from typing import NoReturn
 import msgspec
 
 from reaper.model import RuntimeView
+from reaper.runtime.liveness import LivenessSource
 
 _LENGTH = struct.Struct(">I")
 MAX_MESSAGE = 256 * 1024 * 1024  # a view of 10,000 sandboxes is about 3 MB
@@ -74,20 +75,33 @@ def unreachable(why: str) -> RuntimeView:
 
 class ForkedLiveness:
     """A LivenessSource answered by a forked child. Fork it before the process starts any
-    thread (a child of a threaded process may inherit a lock some thread held)."""
+    thread (a child of a threaded process may inherit a lock some thread held). When the node
+    lets no process be forked, the runtimes are asked from this process."""
 
     def __init__(self, endpoints: tuple[str, ...], timeout: float) -> None:
+        self.pid: int | None = None
+        self._in_process: LivenessSource | None = None
+        self._turn = threading.Lock()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError:  # out of processes (EAGAIN) or memory
+            ours.close()
+            theirs.close()
+            from reaper.runtime.cri import CriLiveness  # noqa: PLC0415
+
+            self._in_process = CriLiveness(endpoints, timeout)
+            return
         if pid == 0:  # pragma: no cover (the child; its work is tested through the parent)
             ours.close()
             _serve(theirs, endpoints, timeout)
         theirs.close()
         self.pid = pid
         self._sock = ours
-        self._turn = threading.Lock()
 
     def observe(self, known_netns: Mapping[str, str]) -> RuntimeView:
+        if self._in_process is not None:
+            return self._in_process.observe(known_netns)
         try:
             with self._turn:
                 return ask(self._sock, known_netns)
@@ -96,11 +110,15 @@ class ForkedLiveness:
 
     def close(self) -> None:
         """Hang up, then kill and reap the child: whatever it is doing is a read-only call
-        whose answer nobody will read. Not yet reaped, its pid cannot be anyone else's."""
+        whose answer nobody will read. Not yet reaped, its pid cannot be anyone else's; once
+        reaped it is forgotten, so a second close signals no one."""
+        if self.pid is None:
+            return
+        pid, self.pid = self.pid, None
         self._sock.close()
         try:
-            os.kill(self.pid, signal.SIGKILL)
-            os.waitpid(self.pid, 0)
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
         except ChildProcessError:
             pass
 

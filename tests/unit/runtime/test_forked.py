@@ -112,3 +112,25 @@ def test_threads_asking_at_once_each_get_the_childs_answer(tmp_path: Path) -> No
     )
     (error,) = json.loads(proc.stdout)  # one answer, forty times: the runtime's, never a torn message
     assert "nobody.sock" in error and "gave no answer" not in error
+
+
+NO_FORK = """
+import errno, json, os, sys
+def refused():
+    raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+os.fork = refused  # a node out of processes
+from reaper.runtime.forked import ForkedLiveness
+with ForkedLiveness((sys.argv[1],), 2.0) as liveness:
+    view = liveness.observe({})
+print(json.dumps({"pid": liveness.pid, "error": view.error, "grpc_here": "grpc" in sys.modules}))
+"""
+
+
+def test_a_node_that_forks_no_process_is_asked_from_this_one(tmp_path: Path) -> None:
+    endpoint = f"unix://{tmp_path / 'nobody.sock'}"
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_FORK, endpoint], capture_output=True, text=True, timeout=120, check=True
+    )
+    out = json.loads(proc.stdout)
+    assert out["pid"] is None and out["grpc_here"]  # the client ran here
+    assert "nobody.sock" in out["error"] and "gave no answer" not in out["error"]
