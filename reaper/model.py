@@ -211,8 +211,8 @@ class NodeSnapshot(Struct, frozen=True):
     errors: tuple[SourceError, ...]
     # Every namespace but the host's that some process is in, with those processes' pids.
     netns_pids: tuple[tuple[NsKey, tuple[int, ...]], ...] = ()
-    # Those processes described, in the namespaces no listed sandbox owns (see with_holders):
-    # what tells a plugin's ADD in progress from a process that lives there.
+    # Those processes described, in the attachments' namespaces no listed sandbox owns (see
+    # reaper.snapshot.with_holders): what tells a plugin's ADD in progress from a resident.
     netns_holders: tuple[tuple[NsKey, tuple[Holder, ...]], ...] = ()
     # Seconds each collector took, in order: where a pass's time goes.
     timings: tuple[tuple[str, float], ...] = ()
