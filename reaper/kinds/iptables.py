@@ -213,10 +213,20 @@ def _owner(name: str, prefix: str, lines: list[str]) -> tuple[str, str] | None:
     return None
 
 
-R = TypeVar("R")
+class OnBackend(Protocol):
+    """A record read from one family and backend's `iptables-save`."""
+
+    @property
+    def family(self) -> str: ...
+
+    @property
+    def backend(self) -> str: ...
 
 
-class SaveCollector(Generic[R]):
+B = TypeVar("B", bound=OnBackend)
+
+
+class SaveCollector(Generic[B]):
     """Runs `iptables-save -t TABLE` per family and backend in the background; `results()`
     waits and gives what each backend's output parsed to.
 
@@ -235,7 +245,7 @@ class SaveCollector(Generic[R]):
         self,
         kind: str,
         table: str,
-        parse: Callable[[str, IptablesTools], tuple[R, ...]],
+        parse: Callable[[str, IptablesTools], tuple[B, ...]],
         timeout: float,
         memo: OutputMemo | None = None,
         saved: bool = False,
@@ -248,7 +258,7 @@ class SaveCollector(Generic[R]):
         self.memo = memo
         self.errors: list[SourceError] = []
         self.running: list[tuple[IptablesTools, subprocess.Popen[str]]] = []
-        self.unchanged: list[tuple[IptablesTools, tuple[R, ...]]] = []
+        self.unchanged: list[tuple[IptablesTools, tuple[B, ...]]] = []
         self.version = ruleset_version() if memo is not None else None
         tools = iptables_tools(table)
         if not any(t.family == "ipv4" for t in tools):
@@ -272,8 +282,8 @@ class SaveCollector(Generic[R]):
                 continue
             self.running.append((tool, proc))
 
-    def results(self) -> tuple[list[tuple[IptablesTools, tuple[R, ...]]], list[SourceError]]:
-        parsed: list[tuple[IptablesTools, tuple[R, ...]]] = []
+    def results(self) -> tuple[list[tuple[IptablesTools, tuple[B, ...]]], list[SourceError]]:
+        parsed: list[tuple[IptablesTools, tuple[B, ...]]] = []
         errors = list(self.errors)
         for tool, proc in self.running:
             command = os.path.basename(tool.save)
@@ -296,29 +306,32 @@ class SaveCollector(Generic[R]):
         self.running = []
         return self.unchanged + parsed, errors
 
-    def _kept(self, tool: IptablesTools) -> tuple[R, ...] | None:
+    def _kept(self, tool: IptablesTools) -> tuple[B, ...] | None:
         """What `tool`'s output parsed to last pass, if the ruleset it prints is provably the
-        same now, and each record says it came from this family and backend."""
-        command = self._command(tool)
-        if command is None or self.memo is None or self.version is None:
+        same now, and each record says it came from this family and backend (a memo read back
+        from a file could hold one family's records under another's command)."""
+        where = self._kept_under(tool)
+        if where is None:
             return None
-        kept = self.memo.at_version(command, self.version)
-        if not isinstance(kept, tuple) or not all(_from_tool(r, tool) for r in kept):
+        memo, version, command = where
+        kept = memo.at_version(command, version)
+        if not isinstance(kept, tuple) or not all(r.family == tool.family and r.backend == tool.backend for r in kept):
             return None
         return kept
 
-    def _keep(self, tool: IptablesTools, records: tuple[R, ...]) -> None:
-        command = self._command(tool)
-        if command is not None and self.memo is not None and self.version is not None:
-            lasting = self.saved and _lasting(self.version)
-            self.memo.keep_at_version(command, self.version, records, lasting=lasting)
+    def _keep(self, tool: IptablesTools, records: tuple[B, ...]) -> None:
+        where = self._kept_under(tool)
+        if where is not None:
+            memo, version, command = where
+            memo.keep_at_version(command, version, records, lasting=self.saved and _lasting(version))
 
-    def _command(self, tool: IptablesTools) -> str | None:
-        """What `tool`'s result is kept under, or None when it is never kept: no memo, no
-        generation, or a legacy backend (no generation) or an unknown one (it may be legacy)."""
+    def _kept_under(self, tool: IptablesTools) -> tuple[OutputMemo, Version, str] | None:
+        """Where `tool`'s result is kept (the memo, the version read before the save, the
+        command's name), or None when it is never kept: no memo, no generation, or a legacy
+        backend (no generation) or an unknown one (it may be legacy)."""
         if self.memo is None or self.version is None or tool.backend != "nft":
             return None
-        return f"{self.kind}:{tool.save} -t {self.table}"
+        return self.memo, self.version, f"{self.kind}:{tool.save} -t {self.table}"
 
     def close(self) -> None:
         """Stop whatever is still running (after an error elsewhere in the snapshot)."""
@@ -326,10 +339,6 @@ class SaveCollector(Generic[R]):
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
-
-
-def _from_tool(record: object, tool: IptablesTools) -> bool:
-    return getattr(record, "family", None) == tool.family and getattr(record, "backend", None) == tool.backend
 
 
 # A line iptables-save writes itself, before and after each table, with the time in it.
@@ -386,7 +395,7 @@ class ChainCollector(SaveCollector[IptablesChain]):
         """A legacy output (no generation to go by) is parsed again only when it differs
         from the last pass's but for its time stamps."""
         parse = functools.partial(_chains_in, text, tool)
-        if self.memo is None or self._command(tool) is not None:
+        if self.memo is None or self._kept_under(tool) is not None:
             return parse()
         return self.memo.parsed(f"{tool.save} -t nat", without_stamps(text), parse)
 
@@ -452,19 +461,6 @@ def tie(chain: IptablesChain) -> Claim | None:
 
 
 # ------------------------------------------------------------------------------ reclaiming
-
-
-class OnBackend(Protocol):
-    """A record read from one family and backend's `iptables-save`."""
-
-    @property
-    def family(self) -> str: ...
-
-    @property
-    def backend(self) -> str: ...
-
-
-B = TypeVar("B", bound=OnBackend)
 
 
 def resaved(records: Sequence[B], table: str, timeout: float) -> Iterator[tuple[list[B], IptablesTools | str, str]]:

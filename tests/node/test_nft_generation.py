@@ -167,6 +167,15 @@ for row in doc["outputs"]:
 with open(os.path.join(state_dir, "other-boot.memo"), "w") as f:
     json.dump(doc, f)
 out["other_boot"] = one_shot(os.path.join(state_dir, "other-boot.memo"))
+# The IPv4 command's chains filed as IPv6 ones (each a valid chain): not this command's result.
+doc = json.loads(saved)
+for row in doc["outputs"]:
+    if row[0].startswith("iptables:") and "/iptables-nft-save" in row[0]:
+        for chain in row[2]:
+            chain["family"] = "ipv6"
+with open(os.path.join(state_dir, "misfiled.memo"), "w") as f:
+    json.dump(doc, f)
+out["misfiled"] = one_shot(os.path.join(state_dir, "misfiled.memo"))
 sh("iptables-nft -t nat -N CNI-000000000000000000000002")
 out["changed"] = one_shot()
 # A new netns that gets the gone one's inode number (the kernel hands it on at once), brought
@@ -199,6 +208,10 @@ def test_a_one_shot_reuses_a_saved_parse_only_in_the_same_boot_netns_and_generat
     assert "iptables-nft-save" not in unchanged["ran_filter"] and unchanged["rules"] == first["rules"]
     # Another boot id: run again.
     assert "iptables-nft-save" in out["other_boot"]["ran"] and out["other_boot"]["warning"] is None
+    # Another family's records under this command's name: run again, and what it shows is used.
+    misfiled = out["misfiled"]
+    assert misfiled["warning"] is None and "iptables-nft-save" in misfiled["ran"]
+    assert "ip6tables-nft-save" not in misfiled["ran"] and misfiled["chains"] == first["chains"]
     # A chain added: run again, and seen.
     assert "iptables-nft-save" in out["changed"]["ran"]
     assert "CNI-000000000000000000000002" in out["changed"]["chains"]
