@@ -5,6 +5,7 @@ prints the same rules. iptables-legacy's tables are not nftables: they have no g
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 
@@ -75,11 +76,15 @@ def netns_cookie() -> int | None:
     return cookie or None
 
 
-def boot_id() -> str | None:
-    """This boot's random id: a generation and a cookie mean nothing in another boot."""
+def boot_id(path: str = BOOT_ID) -> str | None:
+    """This boot's random id: a generation and a cookie mean nothing in another boot. At most
+    64 bytes of ASCII are read, and never blocking (O_NONBLOCK)."""
     try:
-        with open(BOOT_ID, encoding="ascii") as f:
-            text = f.read(64).strip()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            text = os.read(fd, 64).decode("ascii").strip()
+        finally:
+            os.close(fd)
     except (OSError, UnicodeDecodeError):
         return None
     return text or None

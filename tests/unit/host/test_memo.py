@@ -17,6 +17,7 @@ import msgspec
 import pytest
 
 from reaper.host.memo import (
+    MAX_MEMO_BYTES,
     MEMO_VERSION,
     RACY_NS,
     InventoryMemo,
@@ -367,3 +368,13 @@ def test_a_hostile_saved_output_sets_the_memo_aside_whole(tmp_path: Path, hostil
     )
     memo, warning = load_memo(path, CHAIN_CHECKS)
     assert warning is None and memo.outputs.at_version(NAT, VERSION) == (_chain(),)
+
+
+def test_a_memo_bigger_than_the_cap_is_set_aside_unread(tmp_path: Path) -> None:
+    _tree(tmp_path)
+    path = memo_path(str(tmp_path / "state.json"))
+    with open(path, "wb") as f:
+        f.truncate(MAX_MEMO_BYTES + 1)  # sparse: 64 MiB of NULs on no disk
+    memo, warning = load_memo(path, CHAIN_CHECKS)
+    assert warning is not None and "every file is read again" in warning
+    assert _look(tmp_path, memo) == ({REAL}, {REAL})
