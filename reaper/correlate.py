@@ -102,6 +102,19 @@ def _ties(snapshot: NodeSnapshot, kinds: Sequence[Kind[Any]]) -> _Ties:
     return ties
 
 
+def named_namespaces(snapshot: NodeSnapshot, kinds: Sequence[Kind[Any]] = KINDS) -> set[NsKey]:
+    """Every namespace a record ties itself to (a pin's, one a cache entry names): each
+    attachment's namespace is one of them."""
+    named: set[NsKey] = set()
+    for kind in kinds:
+        for record in snapshot.of(kind.name):
+            tie = kind.tie(record)
+            ns = tie.netns if isinstance(tie, OwnKey) else tie.ns if isinstance(tie, NetnsTie) else None
+            if ns is not None:
+                named.add(ns)
+    return named
+
+
 def _claim(claim: Claim, kind: Kind[Any], groups: _Groups, keyed: dict[str, dict[str, _Key]]) -> _Key | str:
     """The attachment a claim joins, or why it joins none."""
     if claim.key is not None:

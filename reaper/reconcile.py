@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from msgspec import Struct
 
-from reaper.correlate import Correlation, ResourceGroup, correlate
+from reaper.correlate import Correlation, ResourceGroup, correlate, named_namespaces
 from reaper.durations import format_duration
 from reaper.model import (
     Attachment,
@@ -54,6 +54,14 @@ class _Owners(Struct, frozen=True):
                     return f"CNI plugin {h.comm} (pid {h.pid}) runs in its netns: an ADD or DEL in progress"
                 return f"pid {h.pid} ({h.comm}) is inside its netns"
         return None
+
+
+def processes_decide(snapshot: NodeSnapshot, runtime: RuntimeView) -> bool:
+    """Whether who is in a namespace can decide any verdict: the runtimes answered, and a
+    record ties itself to a namespace no listed sandbox owns. On a node without leaks every
+    namespace is a sandbox's, and the walk of /proc is not needed."""
+    owned = {s.netns for s in runtime.sandboxes if s.netns is not None}
+    return runtime.reachable and not named_namespaces(snapshot) <= owned
 
 
 def holders_decide(correlation: Correlation, runtime: RuntimeView) -> set[NsKey]:

@@ -15,14 +15,14 @@ from reaper.host.memo import InventoryMemo, load_memo, memo_path, save_memo
 from reaper.kinds import FindOptions
 from reaper.kinds.registry import KINDS
 from reaper.model import VERDICTS, ScanResult
-from reaper.reconcile import holders_decide, reconcile
+from reaper.reconcile import holders_decide, processes_decide, reconcile
 from reaper.runtime.liveness import LivenessSource
 from reaper.settings import Settings
-from reaper.snapshot import take_snapshot, with_holders
+from reaper.snapshot import begun, take_snapshot, with_holders, with_processes
 from reaper.state import State, StateError, load_state, save_state
 
 
-def find_options(settings: Settings) -> FindOptions:
+def find_options(settings: Settings, fork_workers: bool = False) -> FindOptions:
     return FindOptions(
         netns_dirs=settings.netns_dirs,
         ipam_dirs=settings.ipam_dirs,
@@ -31,6 +31,7 @@ def find_options(settings: Settings) -> FindOptions:
         bin_dirs=settings.cni_bin_dirs,
         netns_patterns=settings.netns_patterns,
         pod_cidrs=settings.pod_cidrs,
+        fork_workers=fork_workers,
     )
 
 
@@ -58,12 +59,14 @@ def scan_pass(
     log: logging.Logger,
     clock: Callable[[], float] = time.time,
     memo: InventoryMemo | None = None,
+    fork_workers: bool = False,
 ) -> ScanResult:
     """One pass. A long-running caller passes the same `memo` every time (files unchanged
     since the last pass are not read again); a one-shot run passes none, and the memo saved
-    next to the state file is used (and saved again when it changed)."""
+    next to the state file is used (and saved again when it changed). `fork_workers`: this
+    process runs no other thread, so some reads may be made in forked children."""
     with _no_cycle_collection():
-        return _scan_pass(settings, liveness, log, clock, memo)
+        return _scan_pass(settings, liveness, log, clock, memo, fork_workers)
 
 
 def _scan_pass(
@@ -72,6 +75,7 @@ def _scan_pass(
     log: logging.Logger,
     clock: Callable[[], float],
     memo: InventoryMemo | None,
+    fork_workers: bool,
 ) -> ScanResult:
     started = time.monotonic()
     warnings: list[str] = []
@@ -79,13 +83,15 @@ def _scan_pass(
     if warning:
         warnings.append(warning)
     one_shot, memo_warning = memo is None, None
-    if memo is None:
-        memo, memo_warning = load_memo(memo_path(settings.state_file), _MEMO_CHECKS)
-        if memo_warning:
-            warnings.append(memo_warning)
+    options = find_options(settings, fork_workers)
     # The node first, the runtime second: a sandbox born in between is then newer than
     # anything in the snapshot that could be mistaken for one of its resources.
-    snapshot = take_snapshot(find_options(settings), memo)
+    with begun(options) as early:  # the link dump, while the memo is loaded
+        if memo is None:
+            memo, memo_warning = load_memo(memo_path(settings.state_file), _MEMO_CHECKS)
+            if memo_warning:
+                warnings.append(memo_warning)
+        snapshot = take_snapshot(options, memo, early=early)
     mark = time.monotonic()
     # What PodSandboxStatus said before, by (sandbox ID, creation time): never a cache entry's word.
     known = dict(state.sandbox_netns)
@@ -99,6 +105,12 @@ def _scan_pass(
             s if s.created_at is not None else replace(s, created_at=first_seen[s.id]) for s in runtime.sandboxes
         ),
     )
+    # Who is in each namespace is evidence of use, as the runtimes' list is: read after it, and
+    # only when it can decide a verdict.
+    mark = time.monotonic()
+    if processes_decide(snapshot, runtime):
+        snapshot = with_processes(snapshot)
+    processes_s = time.monotonic() - mark
     mark = time.monotonic()
     correlation = correlate(snapshot, runtime)
     reconcile_s = time.monotonic() - mark
@@ -127,6 +139,7 @@ def _scan_pass(
     timings = (
         *snapshot.timings,
         ("liveness", round(liveness_s, 6)),
+        ("processes", round(processes_s, 6)),
         ("holders", round(holders_s, 6)),
         ("reconcile", round(reconcile_s, 6)),
         ("state", round(time.monotonic() - mark, 6)),

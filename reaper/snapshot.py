@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Set
+from collections.abc import Iterator, Mapping, Set
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -12,7 +12,7 @@ from msgspec.structs import replace
 
 from reaper.host.memo import InventoryMemo, OutputMemo
 from reaper.host.procs import describe, netns_members, unseen_processes
-from reaper.kinds import FindOptions, Found, Kind, Look
+from reaper.kinds import FindOptions, Found, Kind, Look, Started
 from reaper.kinds.hostlocal import range_usage
 from reaper.kinds.netconf import collect_configs
 from reaper.kinds.registry import KINDS
@@ -34,10 +34,25 @@ def host_netns() -> NsKey:
 
 
 def netns_pids(host: NsKey) -> dict[NsKey, tuple[int, ...]]:
-    """The processes in every namespace but the host's (most of a node's are in the host's)."""
+    """The processes in every namespace but the host's (most of a node's are in the host's):
+    one walk of /proc, every thread of every process."""
     members = netns_members()
     members.pop(host, None)
     return {ns: tuple(sorted(pids)) for ns, pids in members.items()}
+
+
+def with_processes(snapshot: NodeSnapshot) -> NodeSnapshot:
+    """The snapshot with who is in each namespace: the processes by namespace, each pin's pids,
+    and what could not be seen. Evidence of use, like the runtimes' list, so it is read after
+    them (see reaper.scan)."""
+    pids = netns_pids(snapshot.host_netns)
+    pins = tuple(replace(p, pids=pids.get(p.ns, ())) if p.is_namespace else p for p in snapshot.of("netns"))
+    return replace(
+        snapshot,
+        resources={**snapshot.resources, "netns": pins} if pins else snapshot.resources,
+        netns_pids=tuple(sorted(pids.items())),
+        unseen_processes=unseen_processes(),
+    )
 
 
 def with_holders(snapshot: NodeSnapshot, wanted: Set[NsKey], bin_dirs: tuple[str, ...]) -> NodeSnapshot:
@@ -51,10 +66,28 @@ def with_holders(snapshot: NodeSnapshot, wanted: Set[NsKey], bin_dirs: tuple[str
 
 
 @contextmanager
-def _started(kinds: tuple[Kind[Any], ...], opts: FindOptions, memo: OutputMemo) -> Iterator[dict[str, Any]]:
-    """Begin each kind's background work; whatever is still running at the end is stopped."""
+def begun(opts: FindOptions, kinds: tuple[Kind[Any], ...] = KINDS) -> Iterator[dict[str, Started]]:
+    """Begin each kind's work that needs no memo (the link dump), before the memo is loaded;
+    whatever is still running at the end is stopped."""
     with ExitStack() as stack:
-        started: dict[str, Any] = {}
+        work: dict[str, Started] = {}
+        for kind in kinds:
+            if kind.begin is not None:
+                work[kind.name] = kind.begin(opts)
+                stack.callback(work[kind.name].close)
+        yield work
+
+
+@contextmanager
+def _started(
+    kinds: tuple[Kind[Any], ...], opts: FindOptions, memo: OutputMemo, early: Mapping[str, Started] | None
+) -> Iterator[dict[str, Any]]:
+    """Begin each kind's background work (what `early` has begun already is taken as it is);
+    whatever is still running at the end is stopped."""
+    with ExitStack() as stack:
+        if early is None:
+            early = stack.enter_context(begun(opts, kinds))
+        started: dict[str, Any] = dict(early)
         for kind in kinds:
             if kind.start is not None:
                 work = kind.start(opts, memo)
@@ -64,14 +97,18 @@ def _started(kinds: tuple[Kind[Any], ...], opts: FindOptions, memo: OutputMemo) 
 
 
 def take_snapshot(
-    opts: FindOptions, memo: InventoryMemo | None = None, kinds: tuple[Kind[Any], ...] = KINDS
+    opts: FindOptions,
+    memo: InventoryMemo | None = None,
+    kinds: tuple[Kind[Any], ...] = KINDS,
+    early: Mapping[str, Started] | None = None,
 ) -> NodeSnapshot:
-    """Look at the node. `memo` carries parsed files from pass to pass in a long-running agent."""
+    """Look at the node. `memo` carries parsed files from pass to pass in a long-running agent;
+    `early` is the work begun() before it was loaded (else it is begun here)."""
     taken_at = time.time()
     watch = Stopwatch()
     memo = memo if memo is not None else InventoryMemo()
     memo.start_pass()
-    with _started(kinds, opts, memo.outputs) as started:
+    with _started(kinds, opts, memo.outputs, early) as started:
         snapshot = _take(opts, taken_at, watch, memo, kinds, started)
     memo.end_pass()
     return snapshot
@@ -89,15 +126,13 @@ def _take(
     configs: list[NetworkConfig] = list(conf_configs)  # one per network: the conf dir's win
     watch.lap("configs")
     host = host_netns()
-    pids = netns_pids(host)
-    watch.lap("processes")
     errors: list[SourceError] = []
     partly_read: set[str] = set()
     found: dict[str, tuple[Any, ...]] = {}
     for kind in kinds:
         # Kinds see only the node's own configs: a path in a cached config (an ipam.dataDir) is
         # whatever the writer of the cache dir wanted it to be.
-        look = Look(opts, memo, tuple(conf_configs), pids, dict(found), started.get(kind.name))
+        look = Look(opts, memo, tuple(conf_configs), dict(found), started.get(kind.name))
         try:
             result = kind.find(look)
         except Exception as err:  # a bug in one kind costs that kind only
@@ -116,6 +151,5 @@ def _take(
     watch.lap("ranges")
     return NodeSnapshot(
         taken_at, host, found, tuple(ranges), tuple(configs), tuple(corrupt), tuple(errors),
-        netns_pids=tuple(sorted(pids.items())), timings=tuple(watch.laps), unseen_processes=unseen_processes(),
-        partly_read=frozenset(partly_read),
+        timings=tuple(watch.laps), partly_read=frozenset(partly_read),
     )  # fmt: skip

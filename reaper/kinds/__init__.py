@@ -42,6 +42,9 @@ class FindOptions(Struct, frozen=True):
     netns_patterns: tuple[re.Pattern[str], ...]
     command_timeout: float = COMMAND_TIMEOUT
     pod_cidrs: PodCidrs | None = None  # for ranges whose subnet is usePodCidr (range gauges only)
+    # A process with no other thread (a one-shot scan) may fork children to read on other
+    # cores (reaper.host.forkcall); the agent's threads forbid it.
+    fork_workers: bool = False
 
 
 class Started(Protocol):
@@ -56,7 +59,6 @@ class Look(Struct, frozen=True):
     options: FindOptions
     memo: InventoryMemo
     configs: tuple[NetworkConfig, ...]  # the node's own: the conf dir's, never a cached one
-    pids: Mapping[NsKey, tuple[int, ...]]  # the processes in each namespace but the host's
     earlier: Mapping[str, tuple[Any, ...]]  # records of the kinds found before this one
     started: Any = None  # what the kind's `start` returned
 
@@ -93,6 +95,9 @@ class Kind(Struct, Generic[R], frozen=True):
     # Work to begin before anything is read (a command that runs while files are parsed), given
     # the memo of command outputs (a long-running agent's, carried from pass to pass).
     start: Callable[[FindOptions, OutputMemo], Started] | None = None
+    # Work that needs no memo, begun before the memo is loaded (the link dump): in a one-shot
+    # it may be a forked child's, which then has the whole memo load to run beside.
+    begin: Callable[[FindOptions], Started] | None = None
     # What a later DEL would need (the cache entry): reclaimed after every other kind, and only
     # once the rest of its attachment is gone.
     last: bool = False

@@ -26,10 +26,9 @@ MNT_DETACH = 2  # umount2(2) flag: detach now, free once unused
 
 
 def collect_pins(
-    dirs: tuple[str, ...],
-    pids: Mapping[NsKey, tuple[int, ...]],
-    patterns: Sequence[re.Pattern[str]],
+    dirs: tuple[str, ...], patterns: Sequence[re.Pattern[str]]
 ) -> tuple[list[NetnsPin], list[CorruptFile]]:
+    """The pins, their pids not yet known (reaper.snapshot.with_processes fills them in)."""
     pins: list[NetnsPin] = []
     lister = DirLister("netns")
     corrupt = lister.corrupt
@@ -59,7 +58,7 @@ def collect_pins(
                     ns=key,
                     is_namespace=is_ns,
                     mtime=st.st_mtime,
-                    pids=pids.get(key, ()) if is_ns else (),
+                    pids=(),
                     runtime_named=is_runtime_netns_name(entry.name, patterns),
                 )
             )
@@ -82,7 +81,7 @@ def _look_at(dir_fd: int, name: str) -> tuple[os.stat_result, int]:
 
 def find(look: Look) -> Found[NetnsPin]:
     opts = look.options
-    pins, corrupt = collect_pins(opts.netns_dirs, look.pids, opts.netns_patterns)
+    pins, corrupt = collect_pins(opts.netns_dirs, opts.netns_patterns)
     return Found(tuple(pins), tuple(corrupt))
 
 

@@ -15,9 +15,7 @@ its own pid on the way out, whatever happened.
 from __future__ import annotations
 
 import os
-import signal
 import socket
-import struct
 import threading
 from collections.abc import Mapping
 from types import TracebackType
@@ -25,48 +23,33 @@ from typing import NoReturn
 
 import msgspec
 
+from reaper.host.forkcall import MAX_MESSAGE, WorkerGone, detach_from_terminal, kill_and_reap, receive, send
 from reaper.model import RuntimeView
 from reaper.runtime.liveness import LivenessSource
 
-_LENGTH = struct.Struct(">I")
-MAX_MESSAGE = 256 * 1024 * 1024  # a view of 10,000 sandboxes is about 3 MB
+__all__ = ["MAX_MESSAGE", "ForkedLiveness", "WorkerGone", "ask", "unreachable"]
+
+
+class Request(msgspec.Struct, frozen=True):
+    """What the parent asks: the runtimes (sent with every request, so that the child can be
+    forked, and import the client, before the parent has read its settings), the client's
+    timeout, and the netns paths PodSandboxStatus gave before."""
+
+    endpoints: tuple[str, ...]
+    timeout: float
+    known_netns: dict[str, str]
+
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode_view = msgspec.msgpack.Decoder(RuntimeView).decode
-_decode_request = msgspec.msgpack.Decoder(dict[str, str]).decode
+_decode_request = msgspec.msgpack.Decoder(Request).decode
 
 
-class WorkerGone(Exception):
-    """The other end hung up, or sent what is no message."""
-
-
-def _send(sock: socket.socket, payload: bytes) -> None:
-    sock.sendall(_LENGTH.pack(len(payload)) + payload)
-
-
-def _receive_exactly(sock: socket.socket, size: int) -> bytes:
-    chunks, left = [], size
-    while left:
-        chunk = sock.recv(min(left, 1 << 20))
-        if not chunk:
-            raise WorkerGone("hung up")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-def _receive(sock: socket.socket) -> bytes:
-    (size,) = _LENGTH.unpack(_receive_exactly(sock, _LENGTH.size))
-    if size > MAX_MESSAGE:
-        raise WorkerGone(f"a message of {size} bytes")
-    return _receive_exactly(sock, size)
-
-
-def ask(sock: socket.socket, known_netns: Mapping[str, str]) -> RuntimeView:
+def ask(sock: socket.socket, request: Request) -> RuntimeView:
     """One request and its answer. WorkerGone, OSError or msgspec.DecodeError when the other
     end hung up or answered with anything but a view."""
-    _send(sock, _encode(dict(known_netns)))
-    return _decode_view(_receive(sock))
+    send(sock, _encode(request))
+    return _decode_view(receive(sock))
 
 
 def unreachable(why: str) -> RuntimeView:
@@ -75,36 +58,46 @@ def unreachable(why: str) -> RuntimeView:
 
 class ForkedLiveness:
     """A LivenessSource answered by a forked child. Fork it before the process starts any
-    thread (a child of a threaded process may inherit a lock some thread held). When the node
-    lets no process be forked, the runtimes are asked from this process."""
+    thread (a child of a threaded process may inherit a lock some thread held), and as early
+    as may be: the child imports the client at once, and learns which runtimes to ask with
+    each request (aim() them first). When the node lets no process be forked, the runtimes are
+    asked from this process."""
 
-    def __init__(self, endpoints: tuple[str, ...], timeout: float) -> None:
+    def __init__(self, endpoints: tuple[str, ...] = (), timeout: float = 0.0) -> None:
         self.pid: int | None = None
+        self._forked = False
         self._in_process: LivenessSource | None = None
         self._turn = threading.Lock()
+        self.aim(endpoints, timeout)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             pid = os.fork()
         except OSError:  # out of processes (EAGAIN) or memory
             ours.close()
             theirs.close()
-            from reaper.runtime.cri import CriLiveness  # noqa: PLC0415
-
-            self._in_process = CriLiveness(endpoints, timeout)
             return
         if pid == 0:  # pragma: no cover (the child; its work is tested through the parent)
             ours.close()
-            _serve(theirs, endpoints, timeout)
+            _serve(theirs)
         theirs.close()
-        self.pid = pid
+        self.pid, self._forked = pid, True
         self._sock = ours
 
+    def aim(self, endpoints: tuple[str, ...], timeout: float) -> None:
+        """The runtimes every later observe() asks, and the client's timeout."""
+        self._endpoints, self._timeout = endpoints, timeout
+        self._in_process = None
+
     def observe(self, known_netns: Mapping[str, str]) -> RuntimeView:
-        if self._in_process is not None:
+        if not self._forked:
+            if self._in_process is None:
+                from reaper.runtime.cri import CriLiveness  # noqa: PLC0415
+
+                self._in_process = CriLiveness(self._endpoints, self._timeout)
             return self._in_process.observe(known_netns)
         try:
             with self._turn:
-                return ask(self._sock, known_netns)
+                return ask(self._sock, Request(self._endpoints, self._timeout, dict(known_netns)))
         except (OSError, WorkerGone, msgspec.DecodeError) as err:
             return unreachable(f"the CRI client process (pid {self.pid}) gave no answer: {err}")
 
@@ -116,11 +109,7 @@ class ForkedLiveness:
             return
         pid, self.pid = self.pid, None
         self._sock.close()
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
+        kill_and_reap(pid)
 
     def __enter__(self) -> ForkedLiveness:
         return self
@@ -129,32 +118,30 @@ class ForkedLiveness:
         self.close()
 
 
-def _serve(sock: socket.socket, endpoints: tuple[str, ...], timeout: float) -> NoReturn:
-    """The child: import the CRI client, then answer every request until the parent hangs up.
-    Never returns: os._exit, so nothing the parent had buffered or registered runs twice."""
+def _serve(sock: socket.socket) -> NoReturn:
+    """The child: import the CRI client, then answer every request until the parent hangs up
+    (one client for each set of runtimes asked). Never returns: os._exit, so nothing the
+    parent had buffered or registered runs twice."""
     code = 0
     try:
-        # Ctrl-C reaches the whole process group: the parent handles it and kills this child.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        # Not a holder of the report's pipe (`reaper scan | jq` ends when the parent does).
-        null = os.open(os.devnull, os.O_RDWR)
-        os.dup2(null, 0)
-        os.dup2(null, 1)
-        os.close(null)
+        detach_from_terminal()
         from reaper.runtime.cri import CriLiveness  # noqa: PLC0415 (the import this process exists for)
 
-        liveness = CriLiveness(endpoints, timeout)
+        clients: dict[tuple[tuple[str, ...], float], CriLiveness] = {}
         while True:
             try:
-                request = _receive(sock)
+                request = _decode_request(receive(sock))
             except WorkerGone:
                 break
-            known = _decode_request(request)
+            aimed = (request.endpoints, request.timeout)
             try:
-                view = liveness.observe(known)
+                liveness = clients.get(aimed)
+                if liveness is None:
+                    liveness = clients[aimed] = CriLiveness(*aimed)
+                view = liveness.observe(request.known_netns)
             except Exception as err:  # a bug in the client: the parent gets a view that decides nothing
                 view = unreachable(f"the CRI client failed: {type(err).__name__}: {err}")
-            _send(sock, _encode(view))
+            send(sock, _encode(view))
     except BaseException:  # the parent sees the hang-up and says so
         code = 1
     finally:

@@ -55,7 +55,7 @@ def settled_memo() -> InventoryMemo:
 
 
 def look_at(cache_dir: Path, *configs: NetworkConfig, memo: InventoryMemo | None = None) -> Look:
-    return Look(options_at(cache_dir), memo or InventoryMemo(), configs, {}, {})
+    return Look(options_at(cache_dir), memo or InventoryMemo(), configs, {})
 
 
 def node_config(*plugins: dict[str, object], name: str = "mynet") -> NetworkConfig:

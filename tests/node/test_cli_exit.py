@@ -1,13 +1,16 @@
 """The `reaper` command itself: it leaves without tearing the interpreter down (reaper.cli.entry),
-keeping its exit status, a reader that goes away early is no traceback, and `--version` says
-which release it is."""
+keeping its exit status, a reader that goes away early is no traceback, the child `scan` forks
+at its start is gone however the command ends, and `--version` says which release it is."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,3 +46,29 @@ def test_version_is_the_packages() -> None:
     proc = subprocess.run([sys.executable, "-m", "reaper", "--version"], capture_output=True, text=True, check=False)
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"reaper {version}\n", "")
+
+
+def _processes_naming(marker: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmdline:
+            found.append(int(pid))
+    return found
+
+
+@pytest.mark.parametrize("flags", [["--help"], ["--no-such-flag"]], ids=["help", "bad-flag"])
+def test_the_scan_child_forked_at_the_start_is_reaped_however_the_command_ends(
+    tmp_path: Path, flags: list[str]
+) -> None:
+    """`scan` forks the CRI client's child before it parses a flag (reaper.__main__)."""
+    marker = f"--state-file={tmp_path}/marker-{os.getpid()}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "reaper", "scan", *flags, marker], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == (0 if flags == ["--help"] else 2)
+    assert "Traceback" not in proc.stderr
+    assert _processes_naming(marker) == []  # the child, whose command line is its parent's, is gone

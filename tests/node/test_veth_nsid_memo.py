@@ -94,3 +94,65 @@ def test_memo_answers_unchanged_pins_and_never_a_replaced_namespace() -> None:
     # Asked of everything in the dir, only the namespaces answer, and nothing blocks.
     assert out["asked"][2] == ["a", "dir", "f", "fifo", "link", "null", "plain"]
     assert out["answered"] == ["a", "f"]
+
+
+FORKED_PROBE = """
+import json, os, re, subprocess, tempfile
+from msgspec.structs import replace
+import reaper.host.netlink as netlink
+from reaper.kinds import FindOptions, netns, veth
+from reaper.snapshot import take_snapshot
+
+asked_here = []  # nsid requests made by this process (a forked child's count in its own copy)
+real_nsids = netlink._nsids
+def counting(nl, paths):
+    asked_here.append(len(paths))
+    return real_nsids(nl, paths)
+netlink._nsids = counting
+
+work = tempfile.mkdtemp()
+subprocess.run(["mount", "-t", "tmpfs", "tmpfs", work], check=True)
+pins = os.path.join(work, "netns")
+os.mkdir(pins)
+def sh(*argv):
+    subprocess.run(argv, check=True, capture_output=True)
+def pin(name):
+    path = os.path.join(pins, name)
+    open(path, "w").close()
+    sh("unshare", f"--net={path}", "true")
+    return path
+os.mkfifo(os.path.join(pins, "fifo"))
+os.symlink("a", os.path.join(pins, "link"))
+os.mknod(os.path.join(pins, "null"), 0o600 | 0o020000, os.makedev(1, 3))
+open(os.path.join(pins, "plain"), "w").close()
+a, b = pin("a"), pin("b")
+sh("ip", "link", "add", "ha", "type", "veth", "peer", "name", "eth0", "netns", a)
+sh("ip", "link", "add", "hb", "type", "veth", "peer", "name", "eth0", "netns", b)
+# A namespace pinned outside the netns dirs, with a veth: the look knows no pin of it.
+outside = os.path.join(work, "outside")
+open(outside, "w").close()
+sh("unshare", f"--net={outside}", "true")
+sh("ip", "link", "add", "hx", "type", "veth", "peer", "name", "eth0", "netns", outside)
+opts = FindOptions((pins,), (), work, work, (), (re.compile("x"),))
+def ties(options):
+    snap = take_snapshot(options, kinds=(netns.KIND, veth.KIND))
+    veths = {v.name: list(v.peer_netns) if v.peer_netns else None for v in snap.of("veth")}
+    return veths, [e.error for e in snap.errors]
+in_process = ties(opts)
+asked_in_process = list(asked_here)
+forked = ties(replace(opts, fork_workers=True))
+print(json.dumps({"in_process": in_process, "forked": forked, "asked": [asked_in_process, asked_here],
+                  "a": [os.stat(a).st_dev, os.stat(a).st_ino], "b": [os.stat(b).st_dev, os.stat(b).st_ino]}))
+"""
+
+
+def test_a_one_shots_forked_child_ties_every_veth_as_the_look_does() -> None:
+    """The link dump and the pins' nsids asked in a forked child: every veth tied to the pinned
+    namespace its peer is in, one whose peer is in a namespace pinned elsewhere to none, and
+    the FIFO, symlink, device and plain file among the pins neither block nor answer."""
+    out = run_probe(FORKED_PROBE)
+    veths, errors = out["forked"]
+    assert errors == []
+    assert veths == {"ha": out["a"], "hb": out["b"], "hx": None}
+    assert out["forked"] == out["in_process"]
+    assert out["asked"] == [[2], [2]]  # the forked look asked no nsid in this process

@@ -80,7 +80,7 @@ def _node(tmp_path: Path) -> tuple[NodeSnapshot, Path, list[Path]]:
         files.append(tmp_path / "cni" / sub / cid(1))
         files[-1].write_bytes(data)
     options = FindOptions((), (), str(tmp_path / "cni"), str(tmp_path / "none"), (), (re.compile("x"),))
-    look = Look(options, InventoryMemo(), (), {}, {})
+    look = Look(options, InventoryMemo(), (), {})
     leases, _ = collect_leases([str(tmp_path / "ipam")])
     snap = with_records(
         snapshot(leases=tuple(replace(x, mtime=OLD) for x in leases)),

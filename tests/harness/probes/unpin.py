@@ -18,7 +18,7 @@ from reaper.kinds.netns import collect_pins, identity, reclaim
 
 
 def main(directory: str, name: str) -> int:
-    pins, _ = collect_pins((directory,), {}, ())
+    pins, _ = collect_pins((directory,), ())
     (pin,) = [p for p in pins if p.name == name]
     context = ReclaimContext(
         netns_dirs=(directory,), bin_dirs=(), live_netns=frozenset(), quarantine=None, command_timeout=10.0, done={}

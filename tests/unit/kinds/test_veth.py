@@ -7,9 +7,10 @@ import os
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 
-from reaper.host.memo import MEMO_VERSION, InventoryMemo, OutputMemo, load_memo, memo_path
-from reaper.host.netlink import RawLink
+from reaper.host.memo import MEMO_VERSION, InventoryMemo, load_memo, memo_path
+from reaper.host.netlink import RawLink, dump_links
 from reaper.kinds import Look, veth
 from reaper.kinds.veth import veths_from
 from reaper.model import NetnsPin, NsKey
@@ -21,17 +22,13 @@ def _pin(name: str, ino: int) -> NetnsPin:
     return NetnsPin(name, f"/run/netns/{name}", "/run/netns", NsKey(4, ino), True, 0.0, (), True)
 
 
-def _stat(ino: int) -> os.stat_result:
-    return os.stat_result((0o100444, ino, 4, 1, 0, 0, 0, 0, 0, 0))
-
-
 def _veth(name: str, index: int, nsid: int | None) -> RawLink:
     return RawLink(index, name, "veth", 2, None, nsid)
 
 
 def test_a_veth_joins_the_pin_whose_nsid_is_its_peers() -> None:
     pins = [_pin("a", 10), _pin("b", 11)]
-    nsids = {"/run/netns/a": (_stat(10), 0), "/run/netns/b": (_stat(11), 1)}
+    nsids = [(NsKey(4, 10), 0), (NsKey(4, 11), 1)]
     veths = veths_from([_veth("va", 5, 0), _veth("vb", 6, 1), _veth("vx", 7, 9)], nsids, pins)
     assert {v.name: v.peer_netns for v in veths} == {"va": NsKey(4, 10), "vb": NsKey(4, 11), "vx": None}
 
@@ -39,14 +36,14 @@ def test_a_veth_joins_the_pin_whose_nsid_is_its_peers() -> None:
 def test_an_nsid_two_namespaces_claim_ties_neither() -> None:
     # Only a stale answer could say so; neither namespace may then take the veth.
     pins = [_pin("a", 10), _pin("b", 11)]
-    nsids = {"/run/netns/a": (_stat(10), 3), "/run/netns/b": (_stat(11), 3)}
+    nsids = [(NsKey(4, 10), 3), (NsKey(4, 11), 3)]
     veths = veths_from([_veth("v", 5, 3)], nsids, pins)
     assert [v.peer_netns for v in veths] == [None]
 
 
 def test_an_nsid_of_a_namespace_no_pin_holds_ties_nothing() -> None:
     # The pin was swapped between the netns kind's look and the nsid request.
-    nsids = {"/run/netns/a": (_stat(99), 0)}
+    nsids = [(NsKey(4, 99), 0)]
     veths = veths_from([_veth("v", 5, 0)], nsids, [_pin("a", 10)])
     assert [v.peer_netns for v in veths] == [None]
 
@@ -57,8 +54,8 @@ def test_a_dump_that_fails_on_its_thread_is_the_kinds_error(monkeypatch: pytest.
 
     monkeypatch.setattr(veth, "dump_links_raw", refused)
     opts = options_at(tmp_path)
-    dump = veth.LinkDump(opts, OutputMemo())
-    found = veth.find(Look(opts, InventoryMemo(), (), {}, {}, dump))
+    dump = veth.LinkDump(opts)
+    found = veth.find(Look(opts, InventoryMemo(), (), {}, dump))
     dump.close()
     assert found.records == ()
     assert [(e.source, e.error) for e in found.errors] == [("netlink", "[Errno 1] Operation not permitted")]
@@ -79,7 +76,7 @@ def test_a_bug_on_the_dump_thread_is_raised_on_the_looks_thread(
         raise ValueError("bad answer")
 
     monkeypatch.setattr(veth, "dump_links_raw", broken)
-    dump = veth.LinkDump(options_at(tmp_path), OutputMemo())
+    dump = veth.LinkDump(options_at(tmp_path))
     with pytest.raises(ValueError, match="bad answer"):
         dump.links()
 
@@ -93,3 +90,29 @@ def test_a_forged_nsid_beside_the_state_file_is_never_read(tmp_path: Path) -> No
     memo, warning = load_memo(path, _MEMO_CHECKS)
     assert warning is not None and "every file is read again" in warning
     assert list(memo.of("veth").items()) == []
+
+
+def test_a_one_shots_forked_dump_gives_the_links_the_in_process_one_does(tmp_path: Path) -> None:
+    forked_opts = replace(options_at(tmp_path), fork_workers=True)
+    dump = veth.LinkDump(forked_opts)
+    try:
+        child = dump._forked.pid if dump._forked is not None else None
+        assert child is not None  # a child decodes the dump
+        assert dump.links().links == dump_links()
+    finally:
+        dump.close()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child, os.WNOHANG)  # reaped
+
+
+def test_a_forked_dump_that_fails_is_the_kinds_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    def refused() -> list[RawLink]:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(veth, "dump_links", refused)
+    opts = replace(options_at(tmp_path), fork_workers=True)
+    dump = veth.LinkDump(opts)
+    found = veth.find(Look(opts, InventoryMemo(), (), {}, dump))
+    dump.close()
+    assert found.records == ()
+    assert [(e.source, e.error) for e in found.errors] == [("netlink", "[Errno 1] Operation not permitted")]

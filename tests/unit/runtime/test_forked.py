@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reaper.model import NsKey, RuntimeAnswer, RuntimeView, Sandbox
-from reaper.runtime.forked import MAX_MESSAGE, WorkerGone, ask
+from reaper.runtime.forked import MAX_MESSAGE, Request, WorkerGone, ask
 from tests.harness.fuzz import FUZZ
 
 VIEW = RuntimeView(
@@ -32,6 +32,7 @@ VIEW = RuntimeView(
     (RuntimeAnswer("unix:///run/containerd/containerd.sock", "--runtime-endpoint", "containerd", "v2", True, None, 1),),
 )
 FAILURES = (WorkerGone, OSError, msgspec.DecodeError)
+ASKED = Request(("unix:///run/containerd/containerd.sock",), 2.0, {})
 
 
 @pytest.fixture
@@ -48,14 +49,18 @@ def framed(payload: bytes) -> bytes:
     return struct.pack(">I", len(payload)) + payload
 
 
-def test_a_view_comes_back_whole_and_the_request_carries_the_known_paths(
+def test_a_view_comes_back_whole_and_the_request_carries_the_runtimes_and_the_known_paths(
     pair: tuple[socket.socket, socket.socket],
 ) -> None:
     ours, theirs = pair
     theirs.sendall(framed(msgspec.msgpack.encode(VIEW)))
-    assert ask(ours, {"a@1": "/var/run/netns/cni-1"}) == VIEW
+    assert ask(ours, Request(("unix:///a.sock", "unix:///b.sock"), 2.5, {"a@1": "/var/run/netns/cni-1"})) == VIEW
     (size,) = struct.unpack(">I", theirs.recv(4))
-    assert msgspec.msgpack.decode(theirs.recv(size)) == {"a@1": "/var/run/netns/cni-1"}
+    assert msgspec.msgpack.decode(theirs.recv(size)) == {
+        "endpoints": ["unix:///a.sock", "unix:///b.sock"],
+        "timeout": 2.5,
+        "known_netns": {"a@1": "/var/run/netns/cni-1"},
+    }
 
 
 @pytest.mark.parametrize(
@@ -75,7 +80,7 @@ def test_what_is_no_view_is_one_of_three_errors(pair: tuple[socket.socket, socke
     theirs.sendall(answer)
     theirs.shutdown(socket.SHUT_WR)
     with pytest.raises(FAILURES):
-        ask(ours, {})
+        ask(ours, ASKED)
 
 
 @FUZZ
@@ -86,7 +91,7 @@ def test_any_answer_is_a_view_or_one_of_three_errors(answer: bytes) -> None:
         theirs.sendall(framed(answer))
         theirs.shutdown(socket.SHUT_WR)
         with contextlib.suppress(*FAILURES):
-            assert isinstance(ask(ours, {}), RuntimeView)
+            assert isinstance(ask(ours, ASKED), RuntimeView)
     finally:
         ours.close()
         theirs.close()
@@ -134,3 +139,27 @@ def test_a_node_that_forks_no_process_is_asked_from_this_one(tmp_path: Path) -> 
     out = json.loads(proc.stdout)
     assert out["pid"] is None and out["grpc_here"]  # the client ran here
     assert "nobody.sock" in out["error"] and "gave no answer" not in out["error"]
+
+
+AIMED_LATER = """
+import json, sys
+from reaper.runtime.forked import ForkedLiveness
+with ForkedLiveness() as liveness:  # forked before the settings are read
+    liveness.aim((sys.argv[1],), 2.0)
+    first = liveness.observe({})
+    liveness.aim((sys.argv[2],), 2.0)
+    second = liveness.observe({})
+print(json.dumps({"pid": liveness.pid, "errors": [first.error, second.error], "grpc_here": "grpc" in sys.modules}))
+"""
+
+
+def test_a_child_forked_before_the_settings_asks_the_runtimes_aimed_at_since(tmp_path: Path) -> None:
+    first, second = f"unix://{tmp_path / 'first.sock'}", f"unix://{tmp_path / 'second.sock'}"
+    proc = subprocess.run(
+        [sys.executable, "-c", AIMED_LATER, first, second], capture_output=True, text=True, timeout=120, check=True
+    )
+    out = json.loads(proc.stdout)
+    assert out["pid"] is None and not out["grpc_here"]  # closed; the client ran in the child
+    one, two = out["errors"]
+    assert "first.sock" in one and "second.sock" not in one and "gave no answer" not in one
+    assert "second.sock" in two and "first.sock" not in two
