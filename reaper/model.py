@@ -60,7 +60,6 @@ class NetnsPin(Struct, frozen=True):
     ns: NsKey
     is_namespace: bool  # False: a stale plain file, no namespace mounted on it
     mtime: float
-    pids: tuple[int, ...]  # the processes in its namespace
     runtime_named: bool  # the name is one a container runtime makes
 
 

@@ -52,8 +52,16 @@ class _Owners(Struct, frozen=True):
                 h = inside[0]
                 if h.is_cni_plugin:
                     return f"CNI plugin {h.comm} (pid {h.pid}) runs in its netns: an ADD or DEL in progress"
-                return f"pid {h.pid} ({h.comm}) is inside its netns"
+                return f"pid {h.pid} ({h.comm}) is inside its netns{_also(inside[1:])}"
         return None
+
+
+def _also(others: list[Holder], shown: int = 5) -> str:
+    """The other processes inside, by pid (the first few)."""
+    if not others:
+        return ""
+    pids = ", ".join(str(h.pid) for h in others[:shown])
+    return f", and pids {pids}" + (f" and {len(others) - shown} more" if len(others) > shown else "")
 
 
 def processes_decide(snapshot: NodeSnapshot, runtime: RuntimeView) -> bool:

@@ -18,7 +18,7 @@ from reaper.model import VERDICTS, ScanResult
 from reaper.reconcile import holders_decide, processes_decide, reconcile
 from reaper.runtime.liveness import LivenessSource
 from reaper.settings import Settings
-from reaper.snapshot import begun, take_snapshot, with_holders, with_processes
+from reaper.snapshot import ProcessWalk, begun, take_snapshot, with_holders, with_processes
 from reaper.state import State, StateError, load_state, save_state
 
 
@@ -106,14 +106,19 @@ def _scan_pass(
         ),
     )
     # Who is in each namespace is evidence of use, as the runtimes' list is: read after it, and
-    # only when it can decide a verdict.
-    mark = time.monotonic()
-    if processes_decide(snapshot, runtime):
-        snapshot = with_processes(snapshot)
-    processes_s = time.monotonic() - mark
-    mark = time.monotonic()
-    correlation = correlate(snapshot, runtime)
-    reconcile_s = time.monotonic() - mark
+    # only when it can decide a verdict (a one-shot's child walks /proc while this correlates).
+    walk = ProcessWalk(fork_workers) if processes_decide(snapshot, runtime) else None
+    try:
+        mark = time.monotonic()
+        correlation = correlate(snapshot, runtime)
+        reconcile_s = time.monotonic() - mark
+        mark = time.monotonic()
+        if walk is not None:
+            snapshot = with_processes(snapshot, walk)
+        processes_s = time.monotonic() - mark
+    finally:
+        if walk is not None:
+            walk.close()
     mark = time.monotonic()
     snapshot = with_holders(snapshot, holders_decide(correlation, runtime), settings.cni_bin_dirs)
     holders_s = time.monotonic() - mark

@@ -10,6 +10,7 @@ from typing import Any
 
 from msgspec.structs import replace
 
+from reaper.host.forkcall import ForkedCall
 from reaper.host.memo import InventoryMemo, OutputMemo
 from reaper.host.procs import describe, netns_members, unseen_processes
 from reaper.kinds import FindOptions, Found, Kind, Look, Started
@@ -33,25 +34,44 @@ def host_netns() -> NsKey:
     raise OSError(f"cannot stat {' or '.join(HOST_NETNS_PATHS)} to identify the host netns")
 
 
-def netns_pids(host: NsKey) -> dict[NsKey, tuple[int, ...]]:
-    """The processes in every namespace but the host's (most of a node's are in the host's):
-    one walk of /proc, every thread of every process."""
-    members = netns_members()
-    members.pop(host, None)
-    return {ns: tuple(sorted(pids)) for ns, pids in members.items()}
+NetnsMembers = list[tuple[NsKey, list[int]]]
 
 
-def with_processes(snapshot: NodeSnapshot) -> NodeSnapshot:
-    """The snapshot with who is in each namespace: the processes by namespace, each pin's pids,
-    and what could not be seen. Evidence of use, like the runtimes' list, so it is read after
-    them (see reaper.scan)."""
-    pids = netns_pids(snapshot.host_netns)
-    pins = tuple(replace(p, pids=pids.get(p.ns, ())) if p.is_namespace else p for p in snapshot.of("netns"))
+def walk_processes() -> NetnsMembers:
+    """Every namespace some process is in, with those processes' pids: one walk of /proc,
+    every thread of every process."""
+    return [(ns, sorted(pids)) for ns, pids in netns_members().items()]
+
+
+class ProcessWalk:
+    """The walk of /proc, begun now: in a forked child when this process may fork (a one-shot:
+    the child walks while the pass correlates), else in this process when its answer is
+    asked for."""
+
+    def __init__(self, fork: bool) -> None:
+        self._forked = ForkedCall(walk_processes, NetnsMembers) if fork else None
+
+    def members(self) -> NetnsMembers:
+        return self._forked.result() if self._forked is not None else walk_processes()
+
+    def close(self) -> None:
+        if self._forked is not None:
+            self._forked.close()
+
+
+def with_processes(snapshot: NodeSnapshot, walk: ProcessWalk) -> NodeSnapshot:
+    """The snapshot with who is in each namespace but the host's (most of a node's processes
+    are), and what could not be seen. Evidence of use, like the runtimes' list, so it is read
+    after them (see reaper.scan). A walk that gave no answer leaves every process unseen, so
+    that no verdict rests on it."""
+    try:
+        members, unseen = walk.members(), unseen_processes()
+    except OSError as err:
+        members, unseen = [], f"the walk of /proc failed ({err}): the processes that hold a netns cannot be seen"
     return replace(
         snapshot,
-        resources={**snapshot.resources, "netns": pins} if pins else snapshot.resources,
-        netns_pids=tuple(sorted(pids.items())),
-        unseen_processes=unseen_processes(),
+        netns_pids=tuple(sorted((ns, tuple(pids)) for ns, pids in members if ns != snapshot.host_netns)),
+        unseen_processes=unseen,
     )
 
 

@@ -28,7 +28,6 @@ MNT_DETACH = 2  # umount2(2) flag: detach now, free once unused
 def collect_pins(
     dirs: tuple[str, ...], patterns: Sequence[re.Pattern[str]]
 ) -> tuple[list[NetnsPin], list[CorruptFile]]:
-    """The pins, their pids not yet known (reaper.snapshot.with_processes fills them in)."""
     pins: list[NetnsPin] = []
     lister = DirLister("netns")
     corrupt = lister.corrupt
@@ -58,7 +57,6 @@ def collect_pins(
                     ns=key,
                     is_namespace=is_ns,
                     mtime=st.st_mtime,
-                    pids=(),
                     runtime_named=is_runtime_netns_name(entry.name, patterns),
                 )
             )
@@ -93,8 +91,6 @@ def ref(pin: NetnsPin) -> ResourceRef:
     details: list[tuple[str, DetailValue]] = [("path", pin.path)]
     if not pin.is_namespace:
         details.append(("stale", True))
-    if pin.pids:
-        details.append(("pids", ",".join(str(pid) for pid in pin.pids)))
     return ResourceRef("netns", pin.name, pin.mtime, tuple(details), identity(pin))
 
 

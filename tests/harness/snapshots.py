@@ -30,7 +30,6 @@ def pin(n: int, mtime: float = 0.0, runtime_named: bool = True, name: str | None
         ns=NsKey(4, 1000 + n),
         is_namespace=True,
         mtime=mtime,
-        pids=(),
         runtime_named=runtime_named,
     )
 

@@ -29,7 +29,7 @@ def context(
 
 
 def unpin(path: Path, key: NsKey, netns_dir: Path, live: frozenset[NsKey] = frozenset(), stale: bool = False) -> Done:
-    pin = NetnsPin(path.name, str(path), str(path.parent), key, not stale, 0.0, (), True)
+    pin = NetnsPin(path.name, str(path), str(path.parent), key, not stale, 0.0, True)
     return netns.reclaim([pin], context(netns_dir, live))[("netns", str(path))]
 
 

@@ -101,6 +101,17 @@ def test_process_in_netns_keeps_it_live_but_a_plugin_does_not() -> None:
     assert report.attachments[0].verdict == "live" and "ADD or DEL in progress" in report.attachments[0].reason
 
 
+def test_the_reason_names_every_process_inside_but_the_first_few() -> None:
+    snap = snapshot(pins=(pin(1, OLD),))
+    inside = tuple(Holder(100 + i, "sh", False) for i in range(8))
+    report, _ = reconcile(replace(snap, netns_holders=((NsKey(4, 1001), inside),)), runtime(), {}, POLICY, NOW)
+    assert report.attachments[0].reason == (
+        "pid 100 (sh) is inside its netns, and pids 101, 102, 103, 104, 105 and 2 more"
+    )
+    report, _ = reconcile(replace(snap, netns_holders=((NsKey(4, 1001), inside[:2]),)), runtime(), {}, POLICY, NOW)
+    assert report.attachments[0].reason == "pid 100 (sh) is inside its netns, and pids 101"
+
+
 def test_host_netns_named_by_cache_is_live() -> None:
     entry = cache(1, OLD)
     hostile = replace(entry, netns_path="/proc/1/ns/net", netns=HOST)

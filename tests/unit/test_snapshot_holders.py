@@ -6,14 +6,16 @@ decides nothing)."""
 from __future__ import annotations
 
 import os
+import signal
 
+import pytest
 from msgspec.structs import replace
 
 from reaper.correlate import correlate
 from reaper.host.procs import proc_stat
 from reaper.model import NsKey, Policy, RuntimeView
 from reaper.reconcile import holders_decide, processes_decide, reconcile
-from reaper.snapshot import with_holders, with_processes
+from reaper.snapshot import ProcessWalk, with_holders, with_processes
 from tests.harness.snapshots import cache, lease, pin, runtime, sandbox, snapshot, veth
 
 POLICY = Policy(min_age=0.0, confirmations=1, stuck_after=900.0)
@@ -62,20 +64,31 @@ def test_processes_are_looked_for_only_when_a_namespace_is_no_listed_sandboxs() 
     assert not processes_decide(snapshot(pins=(pin(1), stale)), runtime(live))
 
 
-def test_the_walk_gives_each_pin_its_pids_and_the_namespaces_theirs() -> None:
-    """Run in this process's own netns: a pin whose namespace is this process's shows its pid."""
+@pytest.mark.parametrize("fork", [False, True], ids=["in-process", "forked"])
+def test_the_walk_gives_each_namespace_its_processes_but_the_hosts(fork: bool) -> None:
+    """Run in this process's own netns: as the host's, it is left out; as another, it shows
+    this process."""
     st = os.stat("/proc/self/ns/net")
-    here = replace(pin(1), ns=NsKey(st.st_dev, st.st_ino))
-    stale = replace(pin(2), is_namespace=False, ns=NsKey(st.st_dev, st.st_ino))
-    looked = with_processes(replace(snapshot(pins=(here, stale)), host_netns=NsKey(0, 0)))
-    by_ns = dict(looked.netns_pids)
-    assert os.getpid() in by_ns[here.ns]
-    walked_here, walked_stale = looked.of("netns")
-    assert os.getpid() in walked_here.pids and walked_stale.pids == ()
+    mine = NsKey(st.st_dev, st.st_ino)
+    walk = ProcessWalk(fork)
+    try:
+        looked = with_processes(replace(snapshot(), host_netns=NsKey(0, 0)), walk)
+    finally:
+        walk.close()
+    assert os.getpid() in dict(looked.netns_pids)[mine]
     assert looked.unseen_processes is None
+    as_host = with_processes(replace(snapshot(), host_netns=mine), ProcessWalk(False))
+    assert mine not in dict(as_host.netns_pids)
 
 
-def test_the_host_netns_processes_are_not_kept() -> None:
-    st = os.stat("/proc/self/ns/net")
-    looked = with_processes(replace(snapshot(), host_netns=NsKey(st.st_dev, st.st_ino)))
-    assert NsKey(st.st_dev, st.st_ino) not in dict(looked.netns_pids)
+def test_a_walk_that_gave_no_answer_leaves_every_process_unseen_and_a_leak_undecided() -> None:
+    """A one-shot's walking child killed before it answered: no pin is an orphan on its word."""
+    walk = ProcessWalk(True)
+    forked = walk._forked
+    assert forked is not None and forked.pid is not None
+    os.kill(forked.pid, signal.SIGKILL)
+    looked = with_processes(snapshot(pins=(pin(1),)), walk)
+    walk.close()
+    assert looked.unseen_processes is not None and "walk of /proc failed" in looked.unseen_processes
+    report, _ = reconcile(looked, runtime(), {}, POLICY, 10_000.0)
+    assert [a.verdict for a in report.attachments] == ["unknown"]

@@ -19,7 +19,7 @@ from tests.harness.passes import options_at
 
 
 def _pin(name: str, ino: int) -> NetnsPin:
-    return NetnsPin(name, f"/run/netns/{name}", "/run/netns", NsKey(4, ino), True, 0.0, (), True)
+    return NetnsPin(name, f"/run/netns/{name}", "/run/netns", NsKey(4, ino), True, 0.0, True)
 
 
 def _veth(name: str, index: int, nsid: int | None) -> RawLink:
