@@ -8,14 +8,13 @@ from __future__ import annotations
 
 from tests.harness.probe import run_probe
 
-# In a private mount and network namespace: pins, veths and mounts vanish with the process.
-PROBE = """
+# A private tmpfs of pins (a FIFO, a symlink, a device, a plain file and a dir among them),
+# and this process's nsid requests counted by pin (a forked child counts in its own copy).
+SETUP = """
 import json, os, re, subprocess, tempfile, time
 import reaper.host.netlink as netlink
 from reaper.kinds import FindOptions, netns, veth
-from reaper.model import NsKey
 from reaper.snapshot import take_snapshot
-from tests.harness.passes import settled_memo
 
 asked = []
 real_nsids = netlink._nsids
@@ -46,6 +45,13 @@ os.symlink("a", os.path.join(pins, "link"))
 os.mknod(os.path.join(pins, "null"), 0o600 | 0o020000, os.makedev(1, 3))
 open(os.path.join(pins, "plain"), "w").close()
 os.mkdir(os.path.join(pins, "dir"))
+"""
+
+# In a private mount and network namespace: pins, veths and mounts vanish with the process.
+PROBE = (
+    SETUP
+    + """
+from tests.harness.passes import settled_memo
 
 opts = FindOptions((pins,), (), work, work, (), (re.compile("x"),))
 memo = settled_memo()
@@ -79,6 +85,7 @@ print(json.dumps({
     "a_before": a_before, "a": key(a), "f": key(f),
 }))
 """
+)
 
 
 def test_memo_answers_unchanged_pins_and_never_a_replaced_namespace() -> None:
@@ -96,54 +103,31 @@ def test_memo_answers_unchanged_pins_and_never_a_replaced_namespace() -> None:
     assert out["answered"] == ["a", "f"]
 
 
-FORKED_PROBE = """
-import json, os, re, subprocess, tempfile
+FORKED_PROBE = (
+    SETUP
+    + """
 from msgspec.structs import replace
-import reaper.host.netlink as netlink
-from reaper.kinds import FindOptions, netns, veth
-from reaper.snapshot import take_snapshot
 
-asked_here = []  # nsid requests made by this process (a forked child's count in its own copy)
-real_nsids = netlink._nsids
-def counting(nl, paths):
-    asked_here.append(len(paths))
-    return real_nsids(nl, paths)
-netlink._nsids = counting
-
-work = tempfile.mkdtemp()
-subprocess.run(["mount", "-t", "tmpfs", "tmpfs", work], check=True)
-pins = os.path.join(work, "netns")
-os.mkdir(pins)
-def sh(*argv):
-    subprocess.run(argv, check=True, capture_output=True)
-def pin(name):
-    path = os.path.join(pins, name)
-    open(path, "w").close()
-    sh("unshare", f"--net={path}", "true")
-    return path
-os.mkfifo(os.path.join(pins, "fifo"))
-os.symlink("a", os.path.join(pins, "link"))
-os.mknod(os.path.join(pins, "null"), 0o600 | 0o020000, os.makedev(1, 3))
-open(os.path.join(pins, "plain"), "w").close()
 a, b = pin("a"), pin("b")
-sh("ip", "link", "add", "ha", "type", "veth", "peer", "name", "eth0", "netns", a)
-sh("ip", "link", "add", "hb", "type", "veth", "peer", "name", "eth0", "netns", b)
+veth_into("ha", a)
+veth_into("hb", b)
 # A namespace pinned outside the netns dirs, with a veth: the look knows no pin of it.
 outside = os.path.join(work, "outside")
 open(outside, "w").close()
 sh("unshare", f"--net={outside}", "true")
-sh("ip", "link", "add", "hx", "type", "veth", "peer", "name", "eth0", "netns", outside)
+veth_into("hx", outside)
 opts = FindOptions((pins,), (), work, work, (), (re.compile("x"),))
 def ties(options):
     snap = take_snapshot(options, kinds=(netns.KIND, veth.KIND))
     veths = {v.name: list(v.peer_netns) if v.peer_netns else None for v in snap.of("veth")}
     return veths, [e.error for e in snap.errors]
 in_process = ties(opts)
-asked_in_process = list(asked_here)
+asked_in_process = list(asked)
 forked = ties(replace(opts, fork_workers=True))
-print(json.dumps({"in_process": in_process, "forked": forked, "asked": [asked_in_process, asked_here],
-                  "a": [os.stat(a).st_dev, os.stat(a).st_ino], "b": [os.stat(b).st_dev, os.stat(b).st_ino]}))
+print(json.dumps({"in_process": in_process, "forked": forked, "asked": [asked_in_process, asked],
+                  "a": key(a), "b": key(b)}))
 """
+)
 
 
 def test_a_one_shots_forked_child_ties_every_veth_as_the_look_does() -> None:
@@ -155,4 +139,4 @@ def test_a_one_shots_forked_child_ties_every_veth_as_the_look_does() -> None:
     assert errors == []
     assert veths == {"ha": out["a"], "hb": out["b"], "hx": None}
     assert out["forked"] == out["in_process"]
-    assert out["asked"] == [[2], [2]]  # the forked look asked no nsid in this process
+    assert out["asked"] == [[["a", "b"]], [["a", "b"]]]  # the forked look asked no nsid in this process
