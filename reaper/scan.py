@@ -18,7 +18,7 @@ from reaper.model import VERDICTS, ScanResult
 from reaper.reconcile import holders_decide, processes_decide, reconcile
 from reaper.runtime.liveness import LivenessSource
 from reaper.settings import Settings
-from reaper.snapshot import ProcessWalk, begun, take_snapshot, with_holders, with_processes
+from reaper.snapshot import begun, process_walk, take_snapshot, with_holders, with_processes
 from reaper.state import State, StateError, load_state, save_state
 
 
@@ -107,7 +107,7 @@ def _scan_pass(
     )
     # Who is in each namespace is evidence of use, as the runtimes' list is: read after it, and
     # only when it can decide a verdict (a one-shot's child walks /proc while this correlates).
-    walk = ProcessWalk(fork_workers) if processes_decide(snapshot, runtime) else None
+    walk = process_walk(fork_workers) if processes_decide(snapshot, runtime) else None
     try:
         mark = time.monotonic()
         correlation = correlate(snapshot, runtime)

@@ -43,29 +43,19 @@ def walk_processes() -> NetnsMembers:
     return [(ns, sorted(pids)) for ns, pids in netns_members().items()]
 
 
-class ProcessWalk:
-    """The walk of /proc, begun now: in a forked child when this process may fork (a one-shot:
-    the child walks while the pass correlates), else in this process when its answer is
-    asked for."""
-
-    def __init__(self, fork: bool) -> None:
-        self._forked = ForkedCall(walk_processes, NetnsMembers) if fork else None
-
-    def members(self) -> NetnsMembers:
-        return self._forked.result() if self._forked is not None else walk_processes()
-
-    def close(self) -> None:
-        if self._forked is not None:
-            self._forked.close()
+def process_walk(fork: bool) -> ForkedCall[NetnsMembers]:
+    """The walk of /proc, begun now in a forked child when this process may fork (a one-shot:
+    the child walks while the pass correlates), else made in this process when asked for."""
+    return ForkedCall(walk_processes, NetnsMembers, fork=fork)
 
 
-def with_processes(snapshot: NodeSnapshot, walk: ProcessWalk) -> NodeSnapshot:
+def with_processes(snapshot: NodeSnapshot, walk: ForkedCall[NetnsMembers]) -> NodeSnapshot:
     """The snapshot with who is in each namespace but the host's (most of a node's processes
     are), and what could not be seen. Evidence of use, like the runtimes' list, so it is read
     after them (see reaper.scan). A walk that gave no answer leaves every process unseen, so
     that no verdict rests on it."""
     try:
-        members, unseen = walk.members(), unseen_processes()
+        members, unseen = walk.result(), unseen_processes()
     except OSError as err:
         members, unseen = [], f"the walk of /proc failed ({err}): the processes that hold a netns cannot be seen"
     return replace(

@@ -18,8 +18,9 @@ import signal
 import socket
 import struct
 from collections.abc import Callable
+from functools import partial
 from types import TracebackType
-from typing import Generic, NoReturn, TypeVar
+from typing import Generic, NoReturn, Self, TypeVar
 
 import msgspec
 
@@ -78,29 +79,62 @@ def kill_and_reap(pid: int) -> None:
         pass
 
 
-class ForkedCall(Generic[T]):
-    """`call()`'s answer, computed in a child forked now; `result()` waits for it. A node that
-    forks no process (EAGAIN) gets the call made in this process by `result()`."""
+class Child:
+    """A child forked now that runs `serve` on its end of a socket pair and never returns; this
+    process keeps the other end. `pid` is None when the node forked none (EAGAIN, no memory)
+    and once the child is closed."""
 
-    def __init__(self, call: Callable[[], T], answer_type: type[T], timeout: float = ANSWER_TIMEOUT) -> None:
+    def __init__(self, serve: Callable[[socket.socket], NoReturn]) -> None:
         self.pid: int | None = None
-        self._call: Callable[[], T] | None = None
-        self._decode = msgspec.msgpack.Decoder(answer_type).decode
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             pid = os.fork()
         except OSError:  # out of processes or memory
             ours.close()
             theirs.close()
-            self._call = call
             return
         if pid == 0:  # pragma: no cover (the child; its work is tested through the parent)
             ours.close()
-            _answer(theirs, call)
+            serve(theirs)
         theirs.close()
-        ours.settimeout(timeout)
         self.pid = pid
         self._sock = ours
+
+    def close(self) -> None:
+        """Hang up, then kill and reap the child: whatever it is doing is read-only work whose
+        answer nobody will read. Not yet reaped, its pid cannot be anyone else's; once reaped it
+        is forgotten, so a second close signals no one."""
+        if self.pid is None:
+            return
+        pid, self.pid = self.pid, None
+        self._sock.close()
+        kill_and_reap(pid)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+class ForkedCall(Child, Generic[T]):
+    """`call()`'s answer, computed in a child forked now; `result()` waits for it. Told not to
+    fork (a process with other threads), or on a node that forks no process, `result()` makes
+    the call in this process."""
+
+    def __init__(
+        self, call: Callable[[], T], answer_type: type[T], timeout: float = ANSWER_TIMEOUT, fork: bool = True
+    ) -> None:
+        self._call: Callable[[], T] | None = None
+        self._decode = msgspec.msgpack.Decoder(answer_type).decode
+        if fork:
+            super().__init__(partial(_answer, call=call))
+        else:
+            self.pid = None
+        if self.pid is None:
+            self._call = call
+        else:
+            self._sock.settimeout(timeout)
 
     def result(self) -> T:
         """The call's answer; OSError, with what went wrong, when the call raised one or the
@@ -118,21 +152,6 @@ class ForkedCall(Generic[T]):
             raise OSError(f"the forked call (pid {self.pid}) gave no answer: {err}") from None
         finally:
             self.close()
-
-    def close(self) -> None:
-        """Hang up, then kill and reap the child (by its own pid, once: a reaped pid is
-        forgotten, so a second close signals no one)."""
-        if self.pid is None:
-            return
-        pid, self.pid = self.pid, None
-        self._sock.close()
-        kill_and_reap(pid)
-
-    def __enter__(self) -> ForkedCall[T]:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
 
 
 def _answer(sock: socket.socket, call: Callable[[], T]) -> NoReturn:

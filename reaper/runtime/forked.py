@@ -18,12 +18,11 @@ import os
 import socket
 import threading
 from collections.abc import Mapping
-from types import TracebackType
 from typing import NoReturn
 
 import msgspec
 
-from reaper.host.forkcall import MAX_MESSAGE, WorkerGone, detach_from_terminal, kill_and_reap, receive, send
+from reaper.host.forkcall import MAX_MESSAGE, Child, WorkerGone, detach_from_terminal, receive, send
 from reaper.model import RuntimeView
 from reaper.runtime.liveness import LivenessSource
 
@@ -56,7 +55,7 @@ def unreachable(why: str) -> RuntimeView:
     return RuntimeView("", None, None, False, why, ())
 
 
-class ForkedLiveness:
+class ForkedLiveness(Child):
     """A LivenessSource answered by a forked child. Fork it before the process starts any
     thread (a child of a threaded process may inherit a lock some thread held), and as early
     as may be: the child imports the client at once, and learns which runtimes to ask with
@@ -64,24 +63,11 @@ class ForkedLiveness:
     asked from this process."""
 
     def __init__(self, endpoints: tuple[str, ...] = (), timeout: float = 0.0) -> None:
-        self.pid: int | None = None
-        self._forked = False
         self._in_process: LivenessSource | None = None
         self._turn = threading.Lock()
         self.aim(endpoints, timeout)
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            pid = os.fork()
-        except OSError:  # out of processes (EAGAIN) or memory
-            ours.close()
-            theirs.close()
-            return
-        if pid == 0:  # pragma: no cover (the child; its work is tested through the parent)
-            ours.close()
-            _serve(theirs)
-        theirs.close()
-        self.pid, self._forked = pid, True
-        self._sock = ours
+        super().__init__(_serve)
+        self._forked = self.pid is not None
 
     def aim(self, endpoints: tuple[str, ...], timeout: float) -> None:
         """The runtimes every later observe() asks, and the client's timeout."""
@@ -100,22 +86,6 @@ class ForkedLiveness:
                 return ask(self._sock, Request(self._endpoints, self._timeout, dict(known_netns)))
         except (OSError, WorkerGone, msgspec.DecodeError) as err:
             return unreachable(f"the CRI client process (pid {self.pid}) gave no answer: {err}")
-
-    def close(self) -> None:
-        """Hang up, then kill and reap the child: whatever it is doing is a read-only call
-        whose answer nobody will read. Not yet reaped, its pid cannot be anyone else's; once
-        reaped it is forgotten, so a second close signals no one."""
-        if self.pid is None:
-            return
-        pid, self.pid = self.pid, None
-        self._sock.close()
-        kill_and_reap(pid)
-
-    def __enter__(self) -> ForkedLiveness:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
 
 
 def _serve(sock: socket.socket) -> NoReturn:

@@ -116,6 +116,7 @@ outside = os.path.join(work, "outside")
 open(outside, "w").close()
 sh("unshare", f"--net={outside}", "true")
 veth_into("hx", outside)
+os.symlink(outside, os.path.join(pins, "cni-to-outside"))  # planted: a link to a namespace elsewhere
 opts = FindOptions((pins,), (), work, work, (), (re.compile("x"),))
 def ties(options):
     snap = take_snapshot(options, kinds=(netns.KIND, veth.KIND))
@@ -132,8 +133,9 @@ print(json.dumps({"in_process": in_process, "forked": forked, "asked": [asked_in
 
 def test_a_one_shots_forked_child_ties_every_veth_as_the_look_does() -> None:
     """The link dump and the pins' nsids asked in a forked child: every veth tied to the pinned
-    namespace its peer is in, one whose peer is in a namespace pinned elsewhere to none, and
-    the FIFO, symlink, device and plain file among the pins neither block nor answer."""
+    namespace its peer is in, one whose peer is in a namespace pinned elsewhere to none (a
+    symlink to that pin planted among the pins included), and the FIFO, symlink, device and
+    plain file among the pins neither block nor answer."""
     out = run_probe(FORKED_PROBE)
     veths, errors = out["forked"]
     assert errors == []

@@ -15,7 +15,7 @@ from reaper.correlate import correlate
 from reaper.host.procs import proc_stat
 from reaper.model import NsKey, Policy, RuntimeView
 from reaper.reconcile import holders_decide, processes_decide, reconcile
-from reaper.snapshot import ProcessWalk, with_holders, with_processes
+from reaper.snapshot import process_walk, with_holders, with_processes
 from tests.harness.snapshots import cache, lease, pin, runtime, sandbox, snapshot, veth
 
 POLICY = Policy(min_age=0.0, confirmations=1, stuck_after=900.0)
@@ -70,25 +70,21 @@ def test_the_walk_gives_each_namespace_its_processes_but_the_hosts(fork: bool) -
     this process."""
     st = os.stat("/proc/self/ns/net")
     mine = NsKey(st.st_dev, st.st_ino)
-    walk = ProcessWalk(fork)
-    try:
+    with process_walk(fork) as walk:
+        assert (walk.pid is not None) == fork
         looked = with_processes(replace(snapshot(), host_netns=NsKey(0, 0)), walk)
-    finally:
-        walk.close()
     assert os.getpid() in dict(looked.netns_pids)[mine]
     assert looked.unseen_processes is None
-    as_host = with_processes(replace(snapshot(), host_netns=mine), ProcessWalk(False))
+    as_host = with_processes(replace(snapshot(), host_netns=mine), process_walk(False))
     assert mine not in dict(as_host.netns_pids)
 
 
 def test_a_walk_that_gave_no_answer_leaves_every_process_unseen_and_a_leak_undecided() -> None:
     """A one-shot's walking child killed before it answered: no pin is an orphan on its word."""
-    walk = ProcessWalk(True)
-    forked = walk._forked
-    assert forked is not None and forked.pid is not None
-    os.kill(forked.pid, signal.SIGKILL)
-    looked = with_processes(snapshot(pins=(pin(1),)), walk)
-    walk.close()
+    with process_walk(True) as walk:
+        assert walk.pid is not None
+        os.kill(walk.pid, signal.SIGKILL)
+        looked = with_processes(snapshot(pins=(pin(1),)), walk)
     assert looked.unseen_processes is not None and "walk of /proc failed" in looked.unseen_processes
     report, _ = reconcile(looked, runtime(), {}, POLICY, 10_000.0)
     assert [a.verdict for a in report.attachments] == ["unknown"]

@@ -102,6 +102,12 @@ def test_torn_or_hostile_answers_are_oserrors(monkeypatch: pytest.MonkeyPatch, w
     assert pid is not None and _gone(pid)
 
 
+def test_a_call_told_not_to_fork_is_answered_in_this_process() -> None:
+    call = ForkedCall(os.getpid, int, fork=False)
+    assert call.pid is None
+    assert call.result() == os.getpid()
+
+
 def test_a_node_that_forks_nothing_is_answered_in_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_fork() -> int:
         raise BlockingIOError(11, "Resource temporarily unavailable")
