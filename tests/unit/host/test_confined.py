@@ -22,6 +22,7 @@ from reaper.host.confined import (
     open_root,
     opened_dir,
     read_beneath,
+    read_fd,
     same_file,
     unlink_beneath,
 )
@@ -42,6 +43,26 @@ def tree(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     victim.mkdir()
     (victim / "net-a-eth0").write_text("host secret")
     yield root, victim
+
+
+def test_a_file_is_read_whole_whether_or_not_its_size_says_so(tmp_path: Path) -> None:
+    # Its size as fstat gives it: one read. /proc's files say 0 bytes and hold more: read on
+    # until EOF, every chunk kept, and still refused past the limit.
+    data = os.urandom(300_000)
+    (tmp_path / "memo").write_bytes(data)
+    assert read_beneath(str(tmp_path), str(tmp_path / "memo"), len(data))[0] == data
+    fd = os.open("/proc/self/maps", os.O_RDONLY)
+    try:
+        got, st = read_fd(fd, 1 << 20)
+    finally:
+        os.close(fd)
+    assert st.st_size == 0 and len(got) > 1 and got.endswith(b"\n") and b"[stack]" in got
+    fd = os.open("/proc/self/maps", os.O_RDONLY)
+    try:
+        with pytest.raises(UnfitFile):
+            read_fd(fd, 10)
+    finally:
+        os.close(fd)
 
 
 def test_a_symlinked_directory_on_the_way_is_never_followed(tree: tuple[Path, Path], walk_only: bool) -> None:
