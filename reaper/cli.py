@@ -301,11 +301,17 @@ def main(argv: Sequence[str] | None = None, early: ForkedLiveness | None = None)
     return EXIT_UNDECIDED
 
 
-def _output(text: str) -> None:
-    """The report on stdout. A reader that went away (`reaper scan --json | head`) loses the rest
-    of it, not the exit status: the pass was made and its state kept."""
+def _output(text: str | bytes) -> None:
+    """The report on stdout (JSON as the bytes it was made as). A reader that went away
+    (`reaper scan --json | head`) loses the rest of it, not the exit status: the pass was made
+    and its state kept."""
     with contextlib.suppress(BrokenPipeError):
-        sys.stdout.write(text + "\n")
+        if isinstance(text, str):
+            sys.stdout.write(text + "\n")
+        else:
+            sys.stdout.flush()
+            sys.stdout.buffer.write(text)
+            sys.stdout.buffer.write(b"\n")
         sys.stdout.flush()
 
 

@@ -49,4 +49,4 @@ def test_what_the_standard_library_reads_reads_the_same(data: bytes) -> None:
     ],
 )
 def test_indented_output_is_the_standard_librarys(doc: object) -> None:
-    assert dumps_indented(doc) == json.dumps(doc, indent=2)
+    assert dumps_indented(doc) == json.dumps(doc, indent=2).encode("ascii")
