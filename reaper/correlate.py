@@ -68,12 +68,22 @@ class _Groups:
         return min(keys, key=_primary_order) if keys else (cid, net, None, None)
 
 
-class _Ties(Struct):
+class Ties(Struct):
+    """Every record's tie and its ref, by the way it joins. They need the snapshot only: a pass
+    makes them while the runtimes answer."""
+
     own: list[tuple[OwnKey, ResourceRef]]
     container: list[tuple[ContainerTie, ResourceRef]]
     claims: list[tuple[Claim, ResourceRef, Kind[Any]]]
     pins: list[tuple[NetnsTie, ResourceRef]]
     veths: list[tuple[PeerTie, ResourceRef]]
+
+    def namespaces(self) -> set[NsKey]:
+        """Every namespace a record ties itself to (a pin's, one a cache entry names): each
+        attachment's namespace is one of them."""
+        named = {own.netns for own, _ in self.own if own.netns is not None}
+        named.update(pin.ns for pin, _ in self.pins if pin.ns is not None)
+        return named
 
 
 class Correlation(Struct, frozen=True):
@@ -81,8 +91,8 @@ class Correlation(Struct, frozen=True):
     unconfirmed: list[UnconfirmedResource]
 
 
-def _ties(snapshot: NodeSnapshot, kinds: Sequence[Kind[Any]]) -> _Ties:
-    ties = _Ties([], [], [], [], [])
+def tie_all(snapshot: NodeSnapshot, kinds: Sequence[Kind[Any]] = KINDS) -> Ties:
+    ties = Ties([], [], [], [], [])
     for kind in kinds:
         for record in snapshot.of(kind.name):
             tie = kind.tie(record)
@@ -100,19 +110,6 @@ def _ties(snapshot: NodeSnapshot, kinds: Sequence[Kind[Any]]) -> _Ties:
             else:
                 ties.veths.append((tie, ref))
     return ties
-
-
-def named_namespaces(snapshot: NodeSnapshot, kinds: Sequence[Kind[Any]] = KINDS) -> set[NsKey]:
-    """Every namespace a record ties itself to (a pin's, one a cache entry names): each
-    attachment's namespace is one of them."""
-    named: set[NsKey] = set()
-    for kind in kinds:
-        for record in snapshot.of(kind.name):
-            tie = kind.tie(record)
-            ns = tie.netns if isinstance(tie, OwnKey) else tie.ns if isinstance(tie, NetnsTie) else None
-            if ns is not None:
-                named.add(ns)
-    return named
 
 
 def _claim(claim: Claim, kind: Kind[Any], groups: _Groups, keyed: dict[str, dict[str, _Key]]) -> _Key | str:
@@ -136,7 +133,11 @@ def _claim(claim: Claim, kind: Kind[Any], groups: _Groups, keyed: dict[str, dict
 
 
 def correlate(snapshot: NodeSnapshot, runtime: RuntimeView, kinds: Sequence[Kind[Any]] = KINDS) -> Correlation:
-    ties = _ties(snapshot, kinds)
+    return join(tie_all(snapshot, kinds), runtime)
+
+
+def join(ties: Ties, runtime: RuntimeView) -> Correlation:
+    """The attachments the ties make, given who the runtimes list."""
     groups = _Groups()
     uninspectable: dict[_Key, str] = {}
     for own, ref in ties.own:

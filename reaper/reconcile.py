@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from msgspec import Struct
 
-from reaper.correlate import Correlation, ResourceGroup, correlate, named_namespaces
+from reaper.correlate import Correlation, ResourceGroup, correlate
 from reaper.durations import format_duration
 from reaper.model import (
     Attachment,
@@ -64,12 +64,12 @@ def _also(others: list[Holder], shown: int = 5) -> str:
     return f", and pids {pids}" + (f" and {len(others) - shown} more" if len(others) > shown else "")
 
 
-def processes_decide(snapshot: NodeSnapshot, runtime: RuntimeView) -> bool:
+def processes_decide(named: set[NsKey], runtime: RuntimeView) -> bool:
     """Whether who is in a namespace can decide any verdict: the runtimes answered, and a
-    record ties itself to a namespace no listed sandbox owns. On a node without leaks every
-    namespace is a sandbox's, and the walk of /proc is not needed."""
+    record ties itself to a namespace (`named`: Ties.namespaces()) no listed sandbox owns. On a
+    node without leaks every namespace is a sandbox's, and the walk of /proc is not needed."""
     owned = {s.netns for s in runtime.sandboxes if s.netns is not None}
-    return runtime.reachable and not named_namespaces(snapshot) <= owned
+    return runtime.reachable and not named <= owned
 
 
 def holders_decide(correlation: Correlation, runtime: RuntimeView) -> set[NsKey]:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 
 from msgspec.structs import replace
 
-from reaper.correlate import correlate
+from reaper.correlate import join, tie_all
 from reaper.host.memo import InventoryMemo, load_memo, memo_path, save_memo
 from reaper.kinds import FindOptions
 from reaper.kinds.registry import KINDS
@@ -95,8 +95,13 @@ def _scan_pass(
     mark = time.monotonic()
     # What PodSandboxStatus said before, by (sandbox ID, creation time): never a cache entry's word.
     known = dict(state.sandbox_netns)
-    runtime = liveness.observe(known)
-    liveness_s = time.monotonic() - mark
+    answer = liveness.ask(known)
+    try:
+        ties = tie_all(snapshot)  # while a forked client asks the runtimes
+    finally:
+        ties_s = time.monotonic() - mark
+        runtime = answer()
+    liveness_s = time.monotonic() - mark - ties_s  # the wait for the answer (or the asking, in-process)
     now = clock()
     first_seen = {s.id: state.sandbox_first_seen.get(s.id, now) for s in runtime.sandboxes if s.created_at is None}
     runtime = replace(
@@ -107,10 +112,10 @@ def _scan_pass(
     )
     # Who is in each namespace is evidence of use, as the runtimes' list is: read after it, and
     # only when it can decide a verdict (a one-shot's child walks /proc while this correlates).
-    walk = process_walk(fork_workers) if processes_decide(snapshot, runtime) else None
+    walk = process_walk(fork_workers) if processes_decide(ties.namespaces(), runtime) else None
     try:
         mark = time.monotonic()
-        correlation = correlate(snapshot, runtime)
+        correlation = join(ties, runtime)
         reconcile_s = time.monotonic() - mark
         mark = time.monotonic()
         if walk is not None:
@@ -143,6 +148,7 @@ def _scan_pass(
             warnings.append(f"cannot write memo {memo_path(settings.state_file)}: {err.strerror}")
     timings = (
         *snapshot.timings,
+        ("ties", round(ties_s, 6)),
         ("liveness", round(liveness_s, 6)),
         ("processes", round(processes_s, 6)),
         ("holders", round(holders_s, 6)),

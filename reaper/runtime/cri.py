@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from reaper.host.files import namespace_of
@@ -81,6 +82,9 @@ class CriLiveness:
         if self.endpoints:
             return [Endpoint(e, "--runtime-endpoint") for e in self.endpoints]
         return self.find()
+
+    def ask(self, known_netns: Mapping[str, str]) -> Callable[[], RuntimeView]:
+        return partial(self.observe, known_netns)
 
     def observe(self, known_netns: Mapping[str, str]) -> RuntimeView:
         candidates = self._candidates()

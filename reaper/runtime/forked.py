@@ -17,7 +17,8 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import NoReturn
 
 import msgspec
@@ -26,7 +27,7 @@ from reaper.host.forkcall import MAX_MESSAGE, Child, WorkerGone, detach_from_ter
 from reaper.model import RuntimeView
 from reaper.runtime.liveness import LivenessSource
 
-__all__ = ["MAX_MESSAGE", "ForkedLiveness", "WorkerGone", "ask", "unreachable"]
+__all__ = ["MAX_MESSAGE", "ForkedLiveness", "WorkerGone", "read_view", "send_request", "unreachable"]
 
 
 class Request(msgspec.Struct, frozen=True):
@@ -44,10 +45,13 @@ _decode_view = msgspec.msgpack.Decoder(RuntimeView).decode
 _decode_request = msgspec.msgpack.Decoder(Request).decode
 
 
-def ask(sock: socket.socket, request: Request) -> RuntimeView:
-    """One request and its answer. WorkerGone, OSError or msgspec.DecodeError when the other
-    end hung up or answered with anything but a view."""
+def send_request(sock: socket.socket, request: Request) -> None:
     send(sock, _encode(request))
+
+
+def read_view(sock: socket.socket) -> RuntimeView:
+    """The answer to a request. WorkerGone, OSError or msgspec.DecodeError when the other end
+    hung up or answered with anything but a view."""
     return _decode_view(receive(sock))
 
 
@@ -75,17 +79,35 @@ class ForkedLiveness(Child):
         self._in_process = None
 
     def observe(self, known_netns: Mapping[str, str]) -> RuntimeView:
+        return self.ask(known_netns)()
+
+    def ask(self, known_netns: Mapping[str, str]) -> Callable[[], RuntimeView]:
+        """The request sent now; the call returned reads the child's answer (another thread's
+        request waits until it has)."""
         if not self._forked:
             if self._in_process is None:
                 from reaper.runtime.cri import CriLiveness  # noqa: PLC0415
 
                 self._in_process = CriLiveness(self._endpoints, self._timeout)
-            return self._in_process.observe(known_netns)
+            return partial(self._in_process.observe, known_netns)
+        self._turn.acquire()
         try:
-            with self._turn:
-                return ask(self._sock, Request(self._endpoints, self._timeout, dict(known_netns)))
+            send_request(self._sock, Request(self._endpoints, self._timeout, dict(known_netns)))
+        except OSError as err:
+            self._turn.release()
+            return partial(self._no_answer, err)
+        return self._answer
+
+    def _answer(self) -> RuntimeView:
+        try:
+            return read_view(self._sock)
         except (OSError, WorkerGone, msgspec.DecodeError) as err:
-            return unreachable(f"the CRI client process (pid {self.pid}) gave no answer: {err}")
+            return self._no_answer(err)
+        finally:
+            self._turn.release()
+
+    def _no_answer(self, err: Exception) -> RuntimeView:
+        return unreachable(f"the CRI client process (pid {self.pid}) gave no answer: {err}")
 
 
 def _serve(sock: socket.socket) -> NoReturn:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from reaper.model import RuntimeView
@@ -13,4 +13,10 @@ class LivenessSource(Protocol):
         """The runtimes' sandboxes now. `known_netns` maps a sandbox's status_key (its ID and
         creation time) to the netns path its runtime gave before, so the source need not ask
         again. Never raises for runtime failures: a view with `reachable=False` says why."""
+        ...
+
+    def ask(self, known_netns: Mapping[str, str]) -> Callable[[], RuntimeView]:
+        """observe(), begun now by a source that asks from another process (which this one
+        may do other work beside); the call returned waits for the view. Call it once. A source
+        that asks from this process asks when it is called."""
         ...

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 
 from msgspec import Struct
 
@@ -14,3 +15,6 @@ class StaticLiveness(Struct, frozen=True):
 
     def observe(self, known_netns: Mapping[str, str]) -> RuntimeView:
         return self.view
+
+    def ask(self, known_netns: Mapping[str, str]) -> Callable[[], RuntimeView]:
+        return partial(self.observe, known_netns)

@@ -11,9 +11,9 @@ import signal
 import pytest
 from msgspec.structs import replace
 
-from reaper.correlate import correlate
+from reaper.correlate import correlate, tie_all
 from reaper.host.procs import proc_stat
-from reaper.model import NsKey, Policy, RuntimeView
+from reaper.model import NodeSnapshot, NsKey, Policy, RuntimeView
 from reaper.reconcile import holders_decide, processes_decide, reconcile
 from reaper.snapshot import process_walk, with_holders, with_processes
 from tests.harness.snapshots import cache, lease, pin, runtime, sandbox, snapshot, veth
@@ -54,14 +54,19 @@ def test_only_an_unowned_attachments_namespace_is_described_and_its_holder_keeps
 def test_processes_are_looked_for_only_when_a_namespace_is_no_listed_sandboxs() -> None:
     """The /proc walk decides nothing on a node whose every namespace is a listed sandbox's."""
     live = sandbox(1)
-    owned = snapshot(pins=(pin(1),), caches=(cache(1),), leases=(lease(1),), veths=(veth(1),))
+
+    def named(look: NodeSnapshot) -> set[NsKey]:
+        return tie_all(look).namespaces()
+
+    owned = named(snapshot(pins=(pin(1),), caches=(cache(1),), leases=(lease(1),), veths=(veth(1),)))
+    assert owned == {pin(1).ns}
     assert not processes_decide(owned, runtime(live))
-    assert processes_decide(snapshot(pins=(pin(1), pin(2))), runtime(live))  # a pin of no sandbox
-    assert processes_decide(snapshot(pins=(pin(1),), caches=(cache(2),)), runtime(live))  # a cache entry's
+    assert processes_decide(named(snapshot(pins=(pin(1), pin(2)))), runtime(live))  # a pin of no sandbox
+    assert processes_decide(named(snapshot(pins=(pin(1),), caches=(cache(2),))), runtime(live))  # a cache entry's
     assert processes_decide(owned, runtime())  # no sandbox at all
     assert not processes_decide(owned, runtime(reachable=False))  # every verdict is unknown anyway
     stale = replace(pin(2), is_namespace=False)  # a plain file: no namespace anyone could be in
-    assert not processes_decide(snapshot(pins=(pin(1), stale)), runtime(live))
+    assert not processes_decide(named(snapshot(pins=(pin(1), stale))), runtime(live))
 
 
 @pytest.mark.parametrize("fork", [False, True], ids=["in-process", "forked"])

@@ -9,7 +9,8 @@ import json
 import logging
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 
 from reaper.model import Policy, RuntimeView
@@ -31,6 +32,9 @@ class RacingRuntime:
         self.pin.touch()
         subprocess.run(["unshare", f"--net={self.pin}", "true"], check=True)
         return self.inner.observe(known_netns)
+
+    def ask(self, known_netns: Mapping[str, str]) -> Callable[[], RuntimeView]:
+        return partial(self.observe, known_netns)
 
 
 def main(workdir: Path) -> None:

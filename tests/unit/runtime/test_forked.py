@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reaper.model import NsKey, RuntimeAnswer, RuntimeView, Sandbox
-from reaper.runtime.forked import MAX_MESSAGE, Request, WorkerGone, ask
+from reaper.runtime.forked import MAX_MESSAGE, Request, WorkerGone, read_view, send_request
 from tests.harness.fuzz import FUZZ
 
 VIEW = RuntimeView(
@@ -43,6 +43,11 @@ def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
     finally:
         ours.close()
         theirs.close()
+
+
+def ask(sock: socket.socket, request: Request) -> RuntimeView:
+    send_request(sock, request)
+    return read_view(sock)
 
 
 def framed(payload: bytes) -> bytes:
@@ -139,6 +144,31 @@ def test_a_node_that_forks_no_process_is_asked_from_this_one(tmp_path: Path) -> 
     out = json.loads(proc.stdout)
     assert out["pid"] is None and out["grpc_here"]  # the client ran here
     assert "nobody.sock" in out["error"] and "gave no answer" not in out["error"]
+
+
+ASKED_AHEAD = """
+import json, socket, sys
+from reaper.runtime.forked import ForkedLiveness
+runtime = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+runtime.bind(sys.argv[1])
+runtime.listen(8)
+runtime.settimeout(20)
+with ForkedLiveness((f"unix://{sys.argv[1]}",), 5.0) as liveness:
+    answer = liveness.ask({})
+    conn, _ = runtime.accept()  # the child is asking the runtime: nobody has read its answer yet
+    conn.close()
+    view = answer()
+print(json.dumps({"reachable": view.reachable, "error": view.error}))
+"""
+
+
+def test_asking_ahead_starts_the_childs_request_before_its_answer_is_read(tmp_path: Path) -> None:
+    socket_path = tmp_path / "runtime.sock"
+    proc = subprocess.run(
+        [sys.executable, "-c", ASKED_AHEAD, str(socket_path)], capture_output=True, text=True, timeout=120, check=True
+    )
+    out = json.loads(proc.stdout)
+    assert not out["reachable"] and "runtime.sock" in out["error"] and "gave no answer" not in out["error"]
 
 
 AIMED_LATER = """
