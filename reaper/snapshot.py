@@ -139,7 +139,10 @@ def _take(
     errors: list[SourceError] = []
     partly_read: set[str] = set()
     found: dict[str, tuple[Any, ...]] = {}
-    for kind in kinds:
+    # A kind whose work began before the memo was loaded (the link dump: a forked child's in a
+    # one-shot, which the pass waited on) is found after every other: its work has all their
+    # reads to finish beside. No kind uses its records.
+    for kind in sorted(kinds, key=lambda k: k.begin is not None):
         # Kinds see only the node's own configs: a path in a cached config (an ipam.dataDir) is
         # whatever the writer of the cache dir wanted it to be.
         look = Look(opts, memo, tuple(conf_configs), dict(found), started.get(kind.name))

@@ -96,7 +96,8 @@ class Kind(Struct, Generic[R], frozen=True):
     # the memo of command outputs (a long-running agent's, carried from pass to pass).
     start: Callable[[FindOptions, OutputMemo], Started] | None = None
     # Work that needs no memo, begun before the memo is loaded (the link dump): in a one-shot
-    # it may be a forked child's, which then has the whole memo load to run beside.
+    # it may be a forked child's, which then has the whole memo load to run beside. Such a kind
+    # is found after every other (see reaper.snapshot), so none may use its records.
     begin: Callable[[FindOptions], Started] | None = None
     # What a later DEL would need (the cache entry): reclaimed after every other kind, and only
     # once the rest of its attachment is gone.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from msgspec.structs import replace
@@ -14,6 +15,8 @@ from reaper.correlate import correlate
 from reaper.kinds import Found, Kind, Look, ReclaimContext, reclaim_order
 from reaper.kinds.registry import KIND_NAMES, KINDS, QUARANTINABLE, RECLAIM_ORDER
 from reaper.model import ContainerTie, Done, Identity, ResourceRef
+from reaper.snapshot import take_snapshot
+from tests.harness.passes import options_at
 from tests.harness.snapshots import cache, chain, cid, lease, pin, runtime, snapshot, veth
 
 
@@ -77,3 +80,27 @@ def test_a_new_kind_joins_the_attachment_of_its_container() -> None:
     # Registered like the others, it is reclaimed with them, before the `last` ones.
     assert [k.name for k in reclaim_order(kinds)][-4:] == ["plugin-state", "flannel", "multus", "cache"]
     assert "plugin-state" not in KIND_NAMES
+
+
+class NothingBegun:
+    def close(self) -> None:
+        pass
+
+
+def test_a_kind_whose_work_began_early_is_found_after_every_other(tmp_path: Path) -> None:
+    """Its work (the link dump, a forked child's in a one-shot) then has every other kind's
+    reads to finish beside; the rest are found in registry order, each seeing those before."""
+    seen: list[tuple[str, list[str]]] = []
+
+    def kind(name: str, begins: bool) -> Kind[PluginState]:
+        def find(look: Look) -> Found[PluginState]:
+            seen.append((name, sorted(look.earlier)))
+            return Found(())
+
+        begin = (lambda opts: NothingBegun()) if begins else None
+        return replace(NEW_KIND, name=name, find=find, begin=begin)
+
+    kinds = (kind("dump", True), kind("first", False), kind("second", False))
+    take_snapshot(options_at(tmp_path), kinds=kinds)
+    assert seen == [("first", []), ("second", ["first"]), ("dump", ["first", "second"])]
+    assert [k.name for k in KINDS if k.begin is not None] == ["veth"]  # whose records no kind uses
