@@ -64,8 +64,18 @@ class _Groups:
 
     def primary(self, cid: str, net: str | None) -> _Key:
         """The attachment of `cid` (on `net`, if given) that a partial resource joins."""
-        keys = [k for k in self.by_cid.get(cid, ()) if net is None or k[1] == net]
-        return min(keys, key=_primary_order) if keys else (cid, net, None, None)
+        return self.joined(cid, net) or (cid, net, None, None)
+
+    def joined(self, cid: str, net: str | None) -> _Key | None:
+        """The attachment of `cid` (on `net`, if given) a partial resource joins, if it has any."""
+        keys = self.by_cid.get(cid)
+        if keys is None:
+            return None
+        if net is not None:
+            keys = [k for k in keys if k[1] == net]
+        if len(keys) < 2:  # most containers have one attachment (a pod's lo is its second)
+            return keys[0] if keys else None
+        return min(keys, key=_primary_order)
 
 
 class Ties(Struct):
@@ -126,10 +136,11 @@ def _claim(claim: Claim, kind: Kind[Any], groups: _Groups, keyed: dict[str, dict
     cid = claim.container_id
     if cid is None:
         return "it names no owner of its own (its details say why)"
-    if not any(claim.network is None or k[1] == claim.network for k in groups.by_cid.get(cid, ())):
+    joined = groups.joined(cid, claim.network)
+    if joined is None:
         on = f" on {claim.network}" if claim.network else ""
         return f"container {str(cid)[:12]}{on} has no other resource on this node"
-    return groups.primary(cid, claim.network)
+    return joined
 
 
 def correlate(snapshot: NodeSnapshot, runtime: RuntimeView, kinds: Sequence[Kind[Any]] = KINDS) -> Correlation:
