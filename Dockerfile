@@ -18,7 +18,7 @@ COPY pyproject.toml README.md ./
 COPY reaper ./reaper
 
 # A wheel of the project, installed with its dependencies into a venv that the final stage copies
-# whole. Binary wheels only (grpcio and protobuf have them), so no compiler is needed.
+# whole. Binary wheels only (grpcio has them), so no compiler is needed.
 RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
  && python -m venv /opt/venv \
  && /opt/venv/bin/pip install --no-cache-dir --only-binary=:all: /wheels/*.whl

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 import grpc
 
 from reaper.http import MAX_CONNECTIONS
-from reaper.runtime import api_pb2 as pb
+from tests.harness.cri import api_pb2 as pb
 
 ROOT = Path(__file__).resolve().parent.parent
 FILE_STEPS = (0, 10_000, 100_000)

@@ -1,7 +1,7 @@
 """The `reaper` command (and `python -m reaper`).
 
 For `scan`, the child that asks the runtimes is forked before anything else is imported: it
-imports the CRI client (grpc, protobuf: 0.15 s) while this process imports the rest, and the
+imports the CRI client (grpc: 0.1 s) while this process imports the rest, and the
 pass waited on that import at 250 pods (reaper.runtime.forked). Every other command starts
 as it is.
 """

@@ -2,7 +2,7 @@
 
 Each command imports what it uses when it runs: a one-shot `scan` from a timer pays for no
 scheduler, HTTP server, Prometheus client or reclaiming code (`python -X importtime`), and its
-CRI client (grpc, protobuf) is imported in a child forked at the start (reaper.runtime.forked).
+CRI client (grpc) is imported in a child forked at the start (reaper.runtime.forked).
 `reap` asks the runtimes in-process: its DEL workers re-check them at the same time.
 """
 
@@ -167,7 +167,7 @@ def _one_shot() -> None:
 def _scan(args: argparse.Namespace, early: ForkedLiveness | None) -> int:
     _one_shot()
     # The CRI client's child first (`early`, forked by reaper.__main__ before this module was
-    # imported): it imports grpc and protobuf (0.15 s) while this process imports the pass,
+    # imported): it imports grpc (0.1 s) while this process imports the pass,
     # reads its settings and looks at the node.
     with early if early is not None else ForkedLiveness() as liveness:
         from reaper.report import report_json, report_table  # noqa: PLC0415 (see the module's docstring)

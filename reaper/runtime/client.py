@@ -1,19 +1,19 @@
 """A small typed client for the CRI v1 RuntimeService over a unix socket: the read-only calls
-the reaper makes (Version, ListPodSandbox, PodSandboxStatus)."""
+the reaper makes (Version, ListPodSandbox, PodSandboxStatus), their messages written and read
+by reaper.runtime.wire."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import grpc
-from google.protobuf.message import Message
 
-from reaper.runtime import api_pb2 as pb
+from reaper.runtime import wire
 
 _SERVICE = "/runtime.v1.RuntimeService/"
 
-Resp = TypeVar("Resp", bound=Message)
+T = TypeVar("T")
 
 
 class CriError(Exception):
@@ -53,25 +53,30 @@ class RuntimeClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method: str, request: Message, response_type: type[Resp]) -> Resp:
-        stub: Callable[..., Any] = self._channel.unary_unary(
-            _SERVICE + method,
-            request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=response_type.FromString,
+    def call(self, method: str, request: bytes) -> bytes:
+        """One RuntimeService call: the request's bytes in, the answer's bytes out."""
+        # No serializers: the request goes as its bytes, and the answer comes back as its bytes.
+        stub: Callable[..., bytes] = self._channel.unary_unary(
+            _SERVICE + method, request_serializer=None, response_deserializer=None
         )
         try:
-            result: Resp = stub(request, timeout=self.timeout, wait_for_ready=False)
+            return stub(request, timeout=self.timeout, wait_for_ready=False)
         except grpc.RpcError as err:
             raise CriError(f"{method} on {self.endpoint}: {_describe(err)}") from None
-        return result
 
-    def version(self) -> pb.VersionResponse:
-        return self._call("Version", pb.VersionRequest(version="v1"), pb.VersionResponse)
+    def _read(self, method: str, request: bytes, decode: Callable[[bytes], T]) -> T:
+        answer = self.call(method, request)
+        try:
+            return decode(answer)
+        except wire.WireError as err:
+            raise CriError(f"{method} on {self.endpoint}: an answer that is no {method}Response: {err}") from None
 
-    def list_pod_sandboxes(self) -> list[pb.PodSandbox]:
-        resp = self._call("ListPodSandbox", pb.ListPodSandboxRequest(), pb.ListPodSandboxResponse)
-        return list(resp.items)
+    def version(self) -> wire.Version:
+        return self._read("Version", wire.version_request(), wire.version)
 
-    def pod_sandbox_status(self, sandbox_id: str, verbose: bool = True) -> pb.PodSandboxStatusResponse:
-        req = pb.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id, verbose=verbose)
-        return self._call("PodSandboxStatus", req, pb.PodSandboxStatusResponse)
+    def list_pod_sandboxes(self) -> list[wire.PodSandbox]:
+        return self._read("ListPodSandbox", wire.list_pod_sandbox_request(), wire.pod_sandboxes)
+
+    def pod_sandbox_status(self, sandbox_id: str, verbose: bool = True) -> wire.PodSandboxStatus:
+        request = wire.pod_sandbox_status_request(sandbox_id, verbose)
+        return self._read("PodSandboxStatus", request, wire.pod_sandbox_status)

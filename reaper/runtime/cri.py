@@ -10,7 +10,7 @@ from typing import Any
 from reaper.host.files import namespace_of
 from reaper.host.jsondoc import parse_json
 from reaper.model import RuntimeAnswer, RuntimeView, Sandbox
-from reaper.runtime import api_pb2 as pb
+from reaper.runtime import wire
 from reaper.runtime.client import CriError, RuntimeClient
 from reaper.runtime.discovery import KNOWN_SOCKETS, Endpoint, discover
 
@@ -128,7 +128,7 @@ class CriLiveness:
                     name=item.metadata.name,
                     namespace=item.metadata.namespace,
                     uid=item.metadata.uid,
-                    ready=item.state == pb.SANDBOX_READY,
+                    ready=item.state == wire.SANDBOX_READY,
                     # A sandbox that failed early reports Go's zero time (a huge negative number).
                     created_at=item.created_at / 1e9 if item.created_at > 0 else None,
                     netns_path=netns_path or None,
@@ -154,7 +154,7 @@ class CriLiveness:
             if "NOT_FOUND" in str(err):
                 return ""  # removed since it was listed
             raise
-        if status.status.linux.namespaces.options.network == pb.NODE:
+        if status.network_mode == wire.NAMESPACE_NODE:
             return ""  # host network: no netns of its own
         return netns_path_from_info(status.info) or ""
 

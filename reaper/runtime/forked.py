@@ -1,8 +1,8 @@
 """The CRI client in a process of its own, for one-shot commands.
 
-grpc and protobuf cost a one-shot 0.1 s to import, a third of its start at 250 pods (`python
--X importtime`). Forked before the pass starts, a child imports them on another core while the
-parent looks at the node, and the parent never imports them. The child asks the runtimes only
+grpc costs a one-shot 0.1 s to import, a third of its start at 250 pods (`python -X
+importtime`). Forked before the pass starts, a child imports it on another core while the
+parent looks at the node, and the parent never imports it. The child asks the runtimes only
 when the parent sends it a request, so the node is still looked at before the runtimes are
 asked; it answers each request in turn until the parent closes its end. Requests from several
 threads wait for each other (one socket, one answer at a time).

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from reaper.runtime import api_pb2 as pb
 from reaper.runtime.client import CriError, RuntimeClient
+from tests.harness.cri import api_pb2 as pb
 from tests.harness.lab import Lab, Leak, PortMap, is_nsfs, kernel, masq_chain
 
 HOST_CNI_RESULTS = Path("/var/lib/cni/results")

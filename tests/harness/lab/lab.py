@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from reaper.runtime import api_pb2 as pb
 from reaper.runtime.client import CriError
+from tests.harness.cri import api_pb2 as pb
 from tests.harness.lab import cni, kernel, runtime
 from tests.harness.lab.cni import ChainExtra, Leak, NetworkMode, NetworkSpec, PortMap
 from tests.harness.lab.cri import LabRuntimeClient
@@ -410,10 +410,10 @@ class Lab:
         return self._client
 
     def sandboxes(self) -> list[pb.PodSandbox]:
-        return self.client.list_pod_sandboxes()
+        return self.client.pb_sandboxes()
 
     def pod_status(self, sandbox_id: str) -> pb.PodSandboxStatusResponse:
-        return self.client.pod_sandbox_status(sandbox_id, verbose=True)
+        return self.client.pb_status(sandbox_id)
 
     def runtime_info(self) -> dict[str, str]:
         """CRI Status(verbose) info of the lab's containerd (cniconfig, lastCNILoadStatus, ...)."""
