@@ -31,6 +31,7 @@ def collect_pins(
     pins: list[NetnsPin] = []
     lister = DirLister("netns")
     corrupt = lister.corrupt
+    nsfs = _nsfs_device()
     for directory in dirs:
         for dir_fd, entry in lister.scan(directory, directory):
             path = os.path.join(directory, entry.name)
@@ -40,7 +41,7 @@ def collect_pins(
             if entry.is_dir(follow_symlinks=False):
                 continue
             try:
-                st, ftype = _look_at(dir_fd, entry.name)
+                st, is_ns = _look_at(dir_fd, entry.name, nsfs)
             except OSError as err:
                 corrupt.append(CorruptFile("netns", path, describe_oserror(err)))
                 continue
@@ -48,7 +49,6 @@ def collect_pins(
                 corrupt.append(CorruptFile("netns", path, "not a regular file"))
                 continue
             key = NsKey(st.st_dev, st.st_ino)
-            is_ns = ftype in (NSFS_MAGIC, PROC_SUPER_MAGIC)
             pins.append(
                 NetnsPin(
                     name=entry.name,
@@ -69,10 +69,24 @@ def _open_pin(dir_fd: int, name: str) -> int:
     return os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
 
 
-def _look_at(dir_fd: int, name: str) -> tuple[os.stat_result, int]:
+def _nsfs_device() -> int | None:
+    """The device every namespace's inode is on (this process's own netns is one of them)."""
+    try:
+        return os.stat("/proc/self/ns/net").st_dev
+    except OSError:
+        return None
+
+
+def _look_at(dir_fd: int, name: str, nsfs: int | None) -> tuple[os.stat_result, bool]:
+    """The pin's stat, and whether a namespace is mounted on it: an inode on the device of this
+    process's own namespace is one (one filesystem has the device at a time); anything else is
+    asked its filesystem's magic (a statfs: 4 us a pin)."""
     fd = _open_pin(dir_fd, name)
     try:
-        return os.fstat(fd), fstatfs_type(fd)
+        st = os.fstat(fd)
+        if nsfs is not None and st.st_dev == nsfs:
+            return st, True
+        return st, fstatfs_type(fd) in (NSFS_MAGIC, PROC_SUPER_MAGIC)
     finally:
         os.close(fd)
 

@@ -203,3 +203,21 @@ def test_a_chain_that_is_gone_already_counts_as_freed(tmp_path: Path) -> None:
     finally:
         umount(str(scratch), 2)
         scratch.unlink()
+
+
+def test_a_pin_is_a_namespace_by_its_device_or_its_filesystem_and_a_plain_file_is_stale(pins: Path) -> None:
+    """The look tells a pinned namespace by the device every namespace's inode is on, else by
+    its filesystem's magic (no /proc to learn the device from): the same answer either way."""
+    pinned, plain = make_pin(pins), pins / "cni-00000000-0000-0000-0000-000000000000"
+    plain.touch()
+    nsfs = os.stat("/proc/self/ns/net").st_dev
+    dir_fd = os.open(pins, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for device in (nsfs, None):
+            st, is_ns = netns._look_at(dir_fd, pinned.name, device)
+            assert is_ns and NsKey(st.st_dev, st.st_ino) == ns(pinned) and st.st_dev == nsfs
+            assert netns._look_at(dir_fd, plain.name, device)[1] is False
+    finally:
+        os.close(dir_fd)
+    found = {p.name: p.is_namespace for p in netns.collect_pins((str(pins),), ())[0]}
+    assert found == {pinned.name: True, plain.name: False}
