@@ -329,14 +329,13 @@ class ResourceRef(Struct, frozen=True):
     kind: ResourceKind
     name: str
     created_at: float | None  # None: the kernel keeps no timestamp for it
-    details: tuple[tuple[str, DetailValue], ...] = ()
+    # What the report shows of it, in this order: a dict, so that the report's object for it is
+    # made without building one (14,000 of them at 2,500 attachments).
+    details: dict[str, DetailValue] = {}
     identity: Identity = ()  # its kind's identity of it: how a later look finds it again
 
     def detail(self, key: str) -> DetailValue:
-        for name, value in reversed(self.details):  # the last one wins, as in a dict of them
-            if name == key:
-                return value
-        return None
+        return self.details.get(key)
 
 
 class AttachmentKey(Struct, frozen=True, order=True):

@@ -105,7 +105,7 @@ def reconcile(
     for group in groups:
         if group.foreign:
             pin = group.resources[0]
-            path = dict(pin.details).get("path")
+            path = pin.details.get("path")
             foreign.append(ForeignPin(pin.name, str(path), len(pids.get(group.netns, ())) if group.netns else 0))
             continue
         text_key = group.key.as_text()

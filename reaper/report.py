@@ -10,11 +10,9 @@ from reaper.settings import Settings
 
 
 def _resource(ref: ResourceRef, now: float) -> dict[str, Any]:
-    out: dict[str, Any] = {"kind": ref.kind, "name": ref.name}
-    if ref.created_at is not None:
-        out["age_seconds"] = round(max(0.0, now - ref.created_at), 3)
-    out.update(dict(ref.details))
-    return out
+    if ref.created_at is None:
+        return {"kind": ref.kind, "name": ref.name, **ref.details}
+    return {"kind": ref.kind, "name": ref.name, "age_seconds": round(max(0.0, now - ref.created_at), 3), **ref.details}
 
 
 def layout_json(settings: Settings) -> dict[str, Any]:

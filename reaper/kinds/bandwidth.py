@@ -77,7 +77,7 @@ def identity(device: IfbDevice) -> Identity:
 
 
 def ref(device: IfbDevice) -> ResourceRef:
-    return ResourceRef("ifb", device.name, None, (("ifindex", device.ifindex),), identity(device))
+    return ResourceRef("ifb", device.name, None, {"ifindex": device.ifindex}, identity(device))
 
 
 def tie(device: IfbDevice) -> Claim:

@@ -339,13 +339,9 @@ def identity(entry: CacheEntry) -> Identity:
 
 
 def ref(entry: CacheEntry) -> ResourceRef:
-    details: tuple[tuple[str, DetailValue], ...] = (
-        ("path", entry.path),
-        ("legacy", entry.legacy),
-        ("owner", entry.owner),
-    )
+    details: dict[str, DetailValue] = {"path": entry.path, "legacy": entry.legacy, "owner": entry.owner}
     if entry.corrupt is not None:
-        details += (("corrupt", entry.corrupt),)
+        details["corrupt"] = entry.corrupt
     return ResourceRef("cache", entry.name, entry.mtime, details, identity(entry))
 
 

@@ -40,7 +40,7 @@ from msgspec.structs import replace
 from reaper.host.memo import OutputMemo
 from reaper.kinds import FindOptions, Found, Kind, Look, ReclaimContext, cache, hostlocal
 from reaper.kinds.iptables import BACKENDS, Family, IptablesTools, SaveCollector, resaved, restore_each, save_lines
-from reaper.model import CacheEntry, Claim, Done, HostLocalLease, Identity, ResourceRef
+from reaper.model import CacheEntry, Claim, DetailValue, Done, HostLocalLease, Identity, ResourceRef
 
 KIND_NAME = "firewall"
 TABLE = "filter"
@@ -215,13 +215,13 @@ def identity(rule: ForwardRule) -> Identity:
 
 
 def ref(rule: ForwardRule) -> ResourceRef:
-    details = (
-        ("family", rule.family),
-        ("backend", rule.backend),
-        ("table", TABLE),
-        ("ip", rule.ip),
-        ("owner", rule.owner),
-    )
+    details: dict[str, DetailValue] = {
+        "family": rule.family,
+        "backend": rule.backend,
+        "table": TABLE,
+        "ip": rule.ip,
+        "owner": rule.owner,
+    }
     return ResourceRef("firewall", rule.spec, None, details, identity(rule))
 
 

@@ -72,8 +72,8 @@ def find(look: Look) -> Found[FlannelFile]:
 
 def _details(file: FlannelFile) -> scratch.Details:
     if file.content is None:
-        return ()
-    return (("network", file.content.network), ("type", file.content.plugin_type))
+        return {}
+    return {"network": file.content.network, "type": file.content.plugin_type}
 
 
 KIND: Kind[FlannelFile] = scratch.file_kind(FORMAT, find, _details, last=True)

@@ -28,6 +28,7 @@ from reaper.kinds.netconf import host_local_range
 from reaper.model import (
     ContainerTie,
     CorruptFile,
+    DetailValue,
     Done,
     HostLocalLease,
     HostLocalRange,
@@ -219,7 +220,7 @@ def identity(lease: HostLocalLease) -> Identity:
 
 
 def ref(lease: HostLocalLease) -> ResourceRef:
-    details = (("path", lease.path), ("ip", lease.ip))
+    details: dict[str, DetailValue] = {"path": lease.path, "ip": lease.ip}
     return ResourceRef("ipam", f"{lease.network}/{lease.ip}", lease.mtime, details, identity(lease))
 
 

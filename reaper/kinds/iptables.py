@@ -25,7 +25,7 @@ from reaper.host.commands import run_command
 from reaper.host.memo import OutputMemo, Version
 from reaper.host.nftgen import boot_id, netns_cookie, ruleset_generation
 from reaper.kinds import FindOptions, Found, Kind, Look, ReclaimContext
-from reaper.model import Claim, Done, Identity, IptablesChain, ResourceRef, SourceError
+from reaper.model import Claim, DetailValue, Done, Identity, IptablesChain, ResourceRef, SourceError
 from reaper.names import is_cni_id
 
 KIND_NAME = "iptables"
@@ -450,7 +450,12 @@ def identity(chain: IptablesChain) -> Identity:
 
 
 def ref(chain: IptablesChain) -> ResourceRef:
-    details = (("family", chain.family), ("table", chain.table), ("purpose", chain.purpose), ("backend", chain.backend))
+    details: dict[str, DetailValue] = {
+        "family": chain.family,
+        "table": chain.table,
+        "purpose": chain.purpose,
+        "backend": chain.backend,
+    }
     return ResourceRef("iptables", chain.chain, None, details, identity(chain))
 
 

@@ -92,8 +92,8 @@ def _shown(names: tuple[str, ...]) -> str:
 
 def _details(file: MultusFile) -> scratch.Details:
     if file.content is None:
-        return ()
-    return (("delegates", file.content.count), ("networks", _shown(file.content.names)))
+        return {}
+    return {"delegates": file.content.count, "networks": _shown(file.content.names)}
 
 
 KIND: Kind[MultusFile] = scratch.file_kind(FORMAT, find, _details, last=True)

@@ -102,10 +102,10 @@ def identity(pin: NetnsPin) -> Identity:
 
 
 def ref(pin: NetnsPin) -> ResourceRef:
-    details: list[tuple[str, DetailValue]] = [("path", pin.path)]
+    details: dict[str, DetailValue] = {"path": pin.path}
     if not pin.is_namespace:
-        details.append(("stale", True))
-    return ResourceRef("netns", pin.name, pin.mtime, tuple(details), identity(pin))
+        details["stale"] = True
+    return ResourceRef("netns", pin.name, pin.mtime, details, identity(pin))
 
 
 def tie(pin: NetnsPin) -> NetnsTie:

@@ -153,9 +153,10 @@ def identity(rule: NftRule) -> Identity:
 
 
 def ref(rule: NftRule) -> ResourceRef:
-    described: tuple[tuple[str, DetailValue], ...] = (("container_id", rule.container_id),)
+    described: dict[str, DetailValue] = {}
     if rule.instance is not None:
-        described = (("instance", rule.instance), ("network", rule.network), ("ifname", rule.ifname), *described)
+        described = {"instance": rule.instance, "network": rule.network, "ifname": rule.ifname}
+    described["container_id"] = rule.container_id
     name = f"{rule.family} {rule.table} {rule.chain} {rule.handle}"
     return ResourceRef("nft", name, None, described, identity(rule))
 

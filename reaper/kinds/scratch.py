@@ -201,7 +201,7 @@ def reclaim(
     return {(fmt.kind, file.path): _remove(fmt, file, quarantine) for file in files}
 
 
-Details = tuple[tuple[str, DetailValue], ...]
+Details = dict[str, DetailValue]
 
 
 def file_kind(
@@ -219,9 +219,9 @@ def file_kind(
         return (fmt.kind, file.path)
 
     def ref(file: ScratchFile[C]) -> ResourceRef:
-        shown: Details = (("path", file.path), *details(file))
+        shown: Details = {"path": file.path, **details(file)}
         if file.corrupt is not None:
-            shown += (("corrupt", file.corrupt),)
+            shown["corrupt"] = file.corrupt
         return ResourceRef(fmt.kind, file.container_id, file.mtime, shown, identity(file))
 
     def tie(file: ScratchFile[C]) -> ContainerTie:

@@ -162,8 +162,10 @@ def ifname_of(file: TuningFile) -> str:
 
 
 def _details(file: TuningFile) -> scratch.Details:
-    restores = (("restores", file.content.restores()),) if file.content is not None else ()
-    return (("ifname", ifname_of(file)), *restores)
+    shown: scratch.Details = {"ifname": ifname_of(file)}
+    if file.content is not None:
+        shown["restores"] = file.content.restores()
+    return shown
 
 
 KIND: Kind[TuningFile] = scratch.file_kind(FORMAT, find, _details, last=False)

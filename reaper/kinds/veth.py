@@ -190,13 +190,13 @@ def identity(veth: VethLink) -> Identity:
 
 
 def ref(veth: VethLink) -> ResourceRef:
-    details: tuple[tuple[str, DetailValue], ...] = (
-        ("ifindex", veth.ifindex),
-        ("peer_ifindex", veth.peer_ifindex),
-        ("peer_netnsid", veth.peer_netnsid),
-    )
+    details: dict[str, DetailValue] = {
+        "ifindex": veth.ifindex,
+        "peer_ifindex": veth.peer_ifindex,
+        "peer_netnsid": veth.peer_netnsid,
+    }
     if veth.master:
-        details += (("master", veth.master),)
+        details["master"] = veth.master
     return ResourceRef("veth", veth.name, None, details, identity(veth))
 
 

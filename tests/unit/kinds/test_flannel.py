@@ -98,7 +98,7 @@ def test_found_in_the_default_dir_and_in_each_flannel_data_dir_of_the_conf_dir(t
         and ref.name == CID
         and ref.identity == flannel.KIND.identity(one) == ("flannel", one.path)
     )
-    assert dict(ref.details) == {"path": one.path, "network": "cbr0", "type": "bridge"}
+    assert ref.details == {"path": one.path, "network": "cbr0", "type": "bridge"}
     assert flannel.KIND.tie(one) == ContainerTie(CID)
 
 
@@ -140,7 +140,7 @@ def test_files_flannel_could_not_have_written_are_still_their_containers(tmp_pat
     assert reasons["4"] == "nested too deeply" and reasons["5"] == "not a JSON object"
     assert "delegate type" in str(reasons["6"]) and "delegate type" in str(reasons["7"])
     assert "network name" in str(reasons["8"])
-    assert dict(flannel.KIND.ref(files["1" * 64]).details)["corrupt"] == "empty file"
+    assert flannel.KIND.ref(files["1" * 64]).details["corrupt"] == "empty file"
 
 
 def test_entries_that_are_no_containers_file_are_corrupt_never_records(tmp_path: Path) -> None:

@@ -97,7 +97,7 @@ def test_found_in_the_default_dir_and_each_cni_dir_of_the_conf_dir(tmp_path: Pat
     assert (two.path, two.root, two.content) == (str(custom), str(custom_dir), POD)
     ref = multus.KIND.ref(one)
     assert ref.name == CID and ref.identity == ("multus", one.path) == multus.KIND.identity(one)
-    assert dict(ref.details) == {"path": one.path, "delegates": 2, "networks": "cbr0,default/macvlan-conf"}
+    assert ref.details == {"path": one.path, "delegates": 2, "networks": "cbr0,default/macvlan-conf"}
     assert multus.KIND.tie(one) == ContainerTie(CID)
 
 

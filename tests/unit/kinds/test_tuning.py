@@ -183,8 +183,8 @@ def test_found_in_the_default_dir_and_in_each_tuning_data_dir_of_the_conf_dir(
     assert (
         ref.kind == "tuning" and ref.name == CID and ref.identity == tuning.KIND.identity(one) == ("tuning", one.path)
     )
-    assert dict(ref.details) == {"path": one.path, "ifname": "eth0", "restores": "mac=0a:58:0a:f4:01:05,mtu=1450"}
-    assert dict(tuning.KIND.ref(two).details)["ifname"] == "net1"
+    assert ref.details == {"path": one.path, "ifname": "eth0", "restores": "mac=0a:58:0a:f4:01:05,mtu=1450"}
+    assert tuning.KIND.ref(two).details["ifname"] == "net1"
     assert tuning.KIND.tie(one) == ContainerTie(CID) and tuning.KIND.tie(two) == ContainerTie(OTHER)
 
 
@@ -249,7 +249,7 @@ def test_files_tuning_could_not_have_written_are_still_their_containers(tmp_path
     assert all(f.content is None and tuning.KIND.tie(f) == ContainerTie(f.container_id) for f in files.values())
     assert reasons["1"] == "empty file" and "UTF-8" in str(reasons["3"]) and reasons["5"] == "nested too deeply"
     assert reasons["2"] is not None and reasons["4"] is not None and "invalid mac" in str(reasons["6"])
-    assert dict(tuning.KIND.ref(files[_name("1" * 64)]).details)["corrupt"] == "empty file"
+    assert tuning.KIND.ref(files[_name("1" * 64)]).details["corrupt"] == "empty file"
 
 
 def test_entries_that_are_no_containers_backup_are_corrupt_never_records(tmp_path: Path) -> None:
