@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 
@@ -11,7 +10,7 @@ from msgspec import Struct
 from reaper.host.atomic import write_atomically
 from reaper.host.confined import UnfitFile, read_beneath
 from reaper.host.files import describe_oserror
-from reaper.host.jsondoc import parse_json
+from reaper.host.jsondoc import dumps_compact, parse_json
 from reaper.model import AttachmentHistory
 
 STATE_VERSION = 2
@@ -80,6 +79,6 @@ def save_state(path: str, state: State) -> None:
     }
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
-        write_atomically(path, json.dumps(doc, separators=(",", ":")).encode(), 0o600)
+        write_atomically(path, dumps_compact(doc), 0o600)
     except OSError as err:
         raise StateError(f"cannot write state file {path}: {err.strerror}") from None

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from reaper.host.jsondoc import dumps_indented, parse_json
+from reaper.host.jsondoc import dumps_compact, dumps_indented, parse_json
 
 
 @pytest.mark.parametrize(
@@ -46,7 +46,9 @@ def test_what_the_standard_library_reads_reads_the_same(data: bytes) -> None:
         {"name": "caf\u00e9", "path": "/var/lib/cni/\udcff"},  # not ASCII; a lone surrogate
         {1: "an int key"},
         [],
+        {"version": 3, "attachments": {"c/net1/eth0": [1764512345.123456, 2]}, "sandbox_netns": {}},  # a state
     ],
 )
-def test_indented_output_is_the_standard_librarys(doc: object) -> None:
+def test_output_is_the_standard_librarys(doc: object) -> None:
     assert dumps_indented(doc) == json.dumps(doc, indent=2).encode("ascii")
+    assert dumps_compact(doc) == json.dumps(doc, separators=(",", ":")).encode("ascii")
