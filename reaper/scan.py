@@ -60,13 +60,17 @@ def scan_pass(
     clock: Callable[[], float] = time.time,
     memo: InventoryMemo | None = None,
     fork_workers: bool = False,
+    keep_alive: list[object] | None = None,
 ) -> ScanResult:
     """One pass. A long-running caller passes the same `memo` every time (files unchanged
     since the last pass are not read again); a one-shot run passes none, and the memo saved
     next to the state file is used (and saved again when it changed). `fork_workers`: this
-    process runs no other thread, so some reads may be made in forked children."""
+    process runs no other thread, so some reads may be made in forked children. `keep_alive`:
+    a process about to exit passes a list the pass's working objects (the memo, the ties, the
+    correlation) are put in, so that they are not freed one by one on the way out (10-15 ms
+    at 2,250 attachments); they go with the process."""
     with _no_cycle_collection():
-        return _scan_pass(settings, liveness, log, clock, memo, fork_workers)
+        return _scan_pass(settings, liveness, log, clock, memo, fork_workers, keep_alive)
 
 
 def _scan_pass(
@@ -76,6 +80,7 @@ def _scan_pass(
     clock: Callable[[], float],
     memo: InventoryMemo | None,
     fork_workers: bool,
+    keep_alive: list[object] | None,
 ) -> ScanResult:
     started = time.monotonic()
     warnings: list[str] = []
@@ -160,6 +165,8 @@ def _scan_pass(
     for failure in report.errors:
         log.warning("inventory source failed", extra={"source": failure.source, "error": failure.error})
     seconds = time.monotonic() - started
+    if keep_alive is not None:
+        keep_alive.extend((memo, ties, correlation, state))
     log.debug("pass timings", extra=dict(timings))
     log.debug(
         "scan pass",

@@ -4,6 +4,7 @@ at its start is gone however the command ends, and `--version` says which releas
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -72,3 +73,23 @@ def test_the_scan_child_forked_at_the_start_is_reaped_however_the_command_ends(
     assert proc.returncode == (0 if flags == ["--help"] else 2)
     assert "Traceback" not in proc.stderr
     assert _processes_naming(marker) == []  # the child, whose command line is its parent's, is gone
+
+
+KEPT = """
+import json, sys
+from reaper.cli import main
+kept = []
+code = main(sys.argv[1:], kept=kept)
+print(json.dumps({"code": code, "kept": sorted(type(o).__name__ for o in kept)}), file=sys.stderr)
+"""
+
+
+def test_a_one_shot_keeps_what_it_made_for_the_exit_to_drop(tmp_path: Path) -> None:
+    """entry() leaves without freeing anything: the pass's model, the report and the memo are
+    handed to it rather than freed object by object when the functions that made them return."""
+    argv = scan_argv(tmp_path)
+    command = [*argv[: argv.index("-m")], "-c", KEPT, *argv[argv.index("scan") :]]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False, cwd=ROOT)
+    out = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert out["code"] == 2
+    assert out["kept"] == ["Correlation", "InventoryMemo", "ScanResult", "State", "Ties", "dict"]
