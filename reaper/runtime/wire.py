@@ -6,12 +6,15 @@ of its start to import (`python -X importtime`), for messages this small. Field 
 upstream api.proto's (k8s.io/cri-api, package runtime.v1; tests/harness/cri/api.proto is the
 subset, and the tests check every decode against protobuf's own, bit for bit).
 
-Decoded as protobuf does (protobuf.dev/programming-guides/encoding): unknown fields, and a
-field sent with a wire type its declaration does not have, are skipped; of a scalar sent twice
-the last one counts; an embedded message sent twice is the two merged (the fields of both, in
-order); a map entry's key sent twice keeps the last value. Stricter than
-protobuf only where no runtime writes: a group (wire types 3 and 4, proto2 only) is refused.
-Anything malformed is a WireError: cut short, a varint over ten bytes, a string that is no UTF-8.
+Decoded as protobuf does (protobuf.dev/programming-guides/encoding; the Python runtime, upb,
+where the guide is silent): unknown fields, and a field sent with a wire type its declaration
+does not have, are skipped; of a scalar sent twice the last one counts; an embedded message
+sent twice is the two merged (the fields of both, in order, each occurrence whole on its own);
+a map entry's key sent twice keeps the last value, and an entry with a field of its own is left
+out of the map. Stricter than protobuf only where no runtime writes: a group (wire types 3 and
+4, proto2 only) is refused. Anything malformed is a WireError: cut short, a varint over ten
+bytes (a tag or a length over five), a field number of 0 or over 2**29 - 1, a string that is
+no UTF-8.
 """
 
 from __future__ import annotations
@@ -58,19 +61,17 @@ class PodSandboxStatus(Struct, frozen=True):
     info: dict[str, str]  # the verbose info
 
 
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+def _varint(buf: bytes, pos: int, most: int = 10) -> tuple[int, int]:
+    """The varint at `pos` (modulo 2**64, as protobuf keeps it) and where the next field
+    starts; `most` bytes at most (a tag or a length: 5, as protobuf's own reader allows)."""
     value = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise WireError("cut short in a varint")
-        byte = buf[pos]
-        pos += 1
+    for at in range(pos, min(pos + most, len(buf))):
+        byte = buf[at]
         value |= (byte & 0x7F) << shift
         if byte < 0x80:
-            return value & _U64, pos
+            return value & _U64, at + 1
         shift += 7
-        if shift >= 70:
-            raise WireError("a varint over ten bytes")
+    raise WireError(f"a varint cut short or over {most} bytes")
 
 
 def _fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes]]:
@@ -78,7 +79,7 @@ def _fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes]]:
     of a length-delimited field; fixed-width fields give 0 (the reaper reads none)."""
     pos, end = 0, len(buf)
     while pos < end:
-        key, pos = _varint(buf, pos)
+        key, pos = _varint(buf, pos, most=5)
         number, wire = key >> 3, key & 7
         if not 0 < number <= _MAX_FIELD:
             raise WireError(f"field number {number}")
@@ -86,7 +87,7 @@ def _fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes]]:
         if wire == _VARINT:
             value, pos = _varint(buf, pos)
         elif wire == _LEN:
-            size, pos = _varint(buf, pos)
+            size, pos = _varint(buf, pos, most=5)
             if size > end - pos:
                 raise WireError("cut short in a length-delimited field")
             value, pos = buf[pos : pos + size], pos + size

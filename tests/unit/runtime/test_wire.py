@@ -168,10 +168,47 @@ mangled = st.builds(
 )
 
 
+def _varint(value: int, padding: int) -> bytes:
+    """`value` as a varint, written `padding` bytes longer than it needs to be."""
+    out = bytearray()
+    while True:
+        out.append(value & 0x7F)
+        value >>= 7
+        if not value and not padding:
+            return bytes(out)
+        out[-1] |= 0x80
+        if not value:
+            return bytes(out) + b"\x80" * (padding - 1) + b"\x00"
+
+
+# Fields built from parts: numbers at and past the limits, every wire type, varints (tags and
+# lengths too) written longer than they need, values past 64 bits, nested, strings not UTF-8.
+def _field(number: int, wire: int, pad: int, pad_value: int, value: int, inner: bytes) -> bytes:
+    body = {0: _varint(value, pad_value), 2: _varint(len(inner), pad_value) + inner, 1: bytes(8), 5: bytes(4)}
+    return _varint(number << 3 | wire, pad) + body.get(wire, b"")
+
+
+fields: st.SearchStrategy[bytes] = st.deferred(
+    lambda: st.builds(
+        _field,
+        st.sampled_from([1, 2, 3, 4, 5, 6, 7, 0, 2**29 - 1, 2**29]),
+        st.sampled_from([0, 1, 2, 3, 4, 5, 6]),
+        st.integers(0, 6),
+        st.integers(0, 10),
+        st.sampled_from([0, 1, 2, 2**31, 2**63, 2**64 - 1, 2**70]),
+        st.lists(fields, max_size=3).map(b"".join) | st.binary(max_size=6) | st.just(b"\xc3\x28"),
+    )
+)
+
+
 @FUZZ
-@given(st.binary(max_size=200) | mangled)
+@given(st.binary(max_size=200) | mangled | st.lists(fields, max_size=4).map(b"".join))
 @example(b"\x08" + b"\xff" * 9 + b"\x01")  # a ten-byte varint: 2**64 - 1, wrapped
 @example(b"\x08" + b"\xff" * 10 + b"\x01")  # an eleven-byte varint
+@example(b"\x88\x80\x80\x80\x00\x01")  # a tag in five bytes
+@example(b"\x88\x80\x80\x80\x80\x00\x01")  # a tag in six
+@example(b"\x0a\x80\x80\x80\x80\x00")  # a length in five bytes
+@example(b"\x0a\x80\x80\x80\x80\x80\x00")  # a length in six
 @example(b"\x1a\x02\xc3\x28")  # field 3 as a string that is no UTF-8
 @example(b"\x0a\x02\x08")  # a length past the end
 @example(b"\x00\x01")  # field number 0
