@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -87,6 +88,11 @@ class _BoundedServer(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self._release(request, str(client_address[0]))
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exception(), OSError):
+            return  # the client went away or was cut off at the deadline: nothing to log
+        super().handle_error(request, client_address)
 
     def _release(self, request: socket.socket, client: str) -> None:
         with self._lock:
