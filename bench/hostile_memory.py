@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FILE_STEPS = (0, 10_000, 100_000)
 SCAN_TIMEOUT = 180.0
 FLOOD = 3_000
-BATCH = 100  # connections opened at once: below the agent's listen backlog (128)
+BATCH = 100  # connections opened at once: below the agent's listen backlog on any kernel (128 at least)
 HOLD = 15.0  # seconds the flood is held open
 AGENT_PORT = 9753  # free by construction: the agent's netns is new and empty
 # Where the flood comes from: other hosts' addresses, as many as it takes to fill every slot they

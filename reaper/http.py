@@ -47,7 +47,11 @@ class _BoundedServer(ThreadingHTTPServer):
 
     daemon_threads = True
     max_connections = MAX_CONNECTIONS
-    request_queue_size = 128  # the listen backlog: a burst waits to be accepted (and closed)
+    # The listen backlog. Connections turned away wait here to be accepted and closed; while it is
+    # full the kernel drops every new SYN, the kubelet's too (its connect then waits for a
+    # retransmission), so it holds a burst far above the slots (the kernel caps it at
+    # net.core.somaxconn).
+    request_queue_size = 4096
 
     def server_activate(self) -> None:
         super().server_activate()
