@@ -1,6 +1,7 @@
 """Memory under hostile input: one `reaper scan --json` process with 0 / 10,000 / 100,000 junk files
 in the libcni cache and in a host-local dir, and the agent's HTTP endpoint under 3,000 idle
-TCP connections.
+TCP connections from 64 addresses other than its own, with /healthz asked from its own (as the
+kubelet asks it).
 
 Run as root: `make bench` (or `.venv/bin/python -m bench.hostile_memory`). Prints figures.
 
@@ -44,9 +45,13 @@ ROOT = Path(__file__).resolve().parent.parent
 FILE_STEPS = (0, 10_000, 100_000)
 SCAN_TIMEOUT = 180.0
 FLOOD = 3_000
-BATCH = 100  # connections opened at once: below the agent's listen backlog (128)
+BATCH = 100  # connections opened at once: below the agent's listen backlog on any kernel (128 at least)
 HOLD = 15.0  # seconds the flood is held open
 AGENT_PORT = 9753  # free by construction: the agent's netns is new and empty
+# Where the flood comes from: other hosts' addresses, as many as it takes to fill every slot they
+# may have (loopback answers for all of 127/8). /healthz comes from 127.0.0.1, the address the
+# agent listens on: its own, as the node IP is the kubelet's.
+FLOOD_SOURCES = [f"127.0.1.{n}" for n in range(1, 65)]
 NETWORK = "net1"
 CLONE_NEWNET = 0x40000000
 MIB = 1024 * 1024
@@ -335,8 +340,11 @@ def in_netns(pid: int, work: Callable[[], T]) -> T:
     return result[0]
 
 
-def tcp_socket() -> socket.socket:
-    return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+def tcp_socket(source: str | None = None) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if source is not None:
+        sock.bind((source, 0))
+    return sock
 
 
 def http_get(pid: int, path: str, timeout: float = 5.0) -> tuple[int | None, float, str]:
@@ -475,8 +483,8 @@ def agent(tmp: Path, cri: str) -> Iterator[subprocess.Popen[bytes]]:
 def idle_flood(tmp: Path, cri: str) -> None:
     print(
         f"2. resident memory (VmRSS) of `reaper run --mode scan` (empty node, fake CRI, interval 10m) while "
-        f"{FLOOD:,} TCP connections that send nothing are held open to its HTTP endpoint for {HOLD:g} s, "
-        "and /healthz meanwhile",
+        f"{FLOOD:,} TCP connections that send nothing, from {len(FLOOD_SOURCES)} addresses other than its own, are "
+        f"held open to its HTTP endpoint for {HOLD:g} s, and /healthz meanwhile, from its own address",
         flush=True,
     )
     raise_nofile(FLOOD + 1024)
@@ -486,7 +494,7 @@ def idle_flood(tmp: Path, cri: str) -> None:
         idle_rss, idle_threads = proc_status(pid)
         idle_healthz = statistics.median(http_get(pid, "/healthz")[1] for _ in range(5))
 
-        flood = in_netns(pid, lambda: [tcp_socket() for _ in range(FLOOD)])
+        flood = in_netns(pid, lambda: [tcp_socket(FLOOD_SOURCES[i % len(FLOOD_SOURCES)]) for i in range(FLOOD)])
         try:
             started = time.perf_counter()
             refused, unseen = open_flood(flood, ("127.0.0.1", AGENT_PORT), timeout=20)

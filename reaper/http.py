@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -14,38 +15,69 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST
 
 NOT_FOUND = b"not found: try /metrics, /healthz, /readyz\n"
-MAX_CONNECTIONS = 32  # served at once; more are closed at once (a scraper needs one or two)
-PER_CLIENT = 4  # at once from one address: one client cannot take every slot from the probes
+MAX_CONNECTIONS = 32  # served at once from other addresses; more are closed at once (a scraper needs one or two)
+PER_CLIENT = 4  # at once from one other address
+# Served at once from the node's own address, apart from the MAX_CONNECTIONS: the kubelet's
+# liveness and readiness probes come from there, and a host elsewhere cannot connect from it, so
+# no number of other addresses takes these slots.
+NODE_CONNECTIONS = 8
 REQUEST_DEADLINE = 5.0  # seconds a connection has, in all, to send its request and take the answer
 _WATCH_EVERY = 0.25
 
 
+def from_own_address(conn: socket.socket, client: str) -> bool:
+    """Whether the connection comes from the very address it reached: what the kernel picks when
+    a process on this node (the kubelet probing a hostNetwork pod at its pod IP, the node's)
+    connects to one of the node's addresses without choosing a source. Another host cannot make
+    such a connection: the kernel drops a packet that arrives from outside with one of the node's
+    own addresses as its source, and the answer to one would stay on the node."""
+    try:
+        return str(conn.getsockname()[0]) == client
+    except OSError:  # already reset: served as anyone's
+        return False
+
+
 class _BoundedServer(ThreadingHTTPServer):
-    """A thread per connection, but never more than MAX_CONNECTIONS of them, PER_CLIENT from
-    one address, each cut off REQUEST_DEADLINE after it was accepted whatever it sends (a
-    per-read timeout would restart with every byte a slow client drips). A flood of idle or
-    dripping connections costs a few threads for a few seconds, and the kubelet's probes,
-    from the node's own address, keep their slots."""
+    """A thread per connection, but never more than MAX_CONNECTIONS of them from other addresses,
+    PER_CLIENT from one address, and NODE_CONNECTIONS from the node's own address; each cut off
+    REQUEST_DEADLINE after it was accepted whatever it sends (a per-read timeout would restart
+    with every byte a slow client drips). A flood of idle or dripping connections from any number
+    of addresses costs a bounded number of threads for a few seconds, and the kubelet's probes,
+    from the node's own address, have slots no other address can take."""
 
     daemon_threads = True
     max_connections = MAX_CONNECTIONS
-    request_queue_size = 128  # the listen backlog: a burst waits to be accepted (and closed)
+    # The listen backlog. Connections turned away wait here to be accepted and closed; while it is
+    # full the kernel drops every new SYN, the kubelet's too (its connect then waits for a
+    # retransmission), so it holds a burst far above the slots (the kernel caps it at
+    # net.core.somaxconn).
+    request_queue_size = 4096
 
     def server_activate(self) -> None:
         super().server_activate()
         self._lock = threading.Lock()
         self._per_client: dict[str, int] = {}
-        self._deadlines: dict[socket.socket, float] = {}
+        self._others = 0  # admitted connections from other addresses
+        self._own = 0  # admitted connections from the node's own address
+        self._deadlines: dict[socket.socket, tuple[float, bool]] = {}  # connection -> (deadline, own)
         self._closing = threading.Event()
         threading.Thread(target=self._cut_off_late, name="http-deadlines", daemon=True).start()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         client = str(client_address[0])
+        own = from_own_address(request, client)
         with self._lock:
-            admitted = len(self._deadlines) < self.max_connections and self._per_client.get(client, 0) < PER_CLIENT
+            if own:
+                admitted = self._own < NODE_CONNECTIONS
+            else:
+                admitted = self._others < self.max_connections and self._per_client.get(client, 0) < PER_CLIENT
             if admitted:
-                self._per_client[client] = self._per_client.get(client, 0) + 1
-                self._deadlines[request] = time.monotonic() + REQUEST_DEADLINE
+                if own:
+                    self._own += 1
+                else:
+                    self._others += 1
+                    self._per_client[client] = self._per_client.get(client, 0) + 1
+                self._deadlines[request] = (time.monotonic() + REQUEST_DEADLINE, own)
         if not admitted:
             self.shutdown_request(request)
             return
@@ -61,9 +93,20 @@ class _BoundedServer(ThreadingHTTPServer):
         finally:
             self._release(request, str(client_address[0]))
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exception(), OSError):
+            return  # the client went away or was cut off at the deadline: nothing to log
+        super().handle_error(request, client_address)
+
     def _release(self, request: socket.socket, client: str) -> None:
         with self._lock:
-            self._deadlines.pop(request, None)
+            held = self._deadlines.pop(request, None)
+            if held is None:
+                return
+            if held[1]:
+                self._own -= 1
+                return
+            self._others -= 1
             left = self._per_client.get(client, 1) - 1
             if left:
                 self._per_client[client] = left
@@ -74,7 +117,7 @@ class _BoundedServer(ThreadingHTTPServer):
         while not self._closing.wait(_WATCH_EVERY):
             now = time.monotonic()
             with self._lock:
-                late = [conn for conn, deadline in self._deadlines.items() if deadline < now]
+                late = [conn for conn, (deadline, _) in self._deadlines.items() if deadline < now]
             for conn in late:
                 with contextlib.suppress(OSError):
                     conn.shutdown(socket.SHUT_RDWR)  # the worker's read or write returns at once

@@ -287,6 +287,8 @@ def test_pod_cidr_from_node_reads_only_nodes_with_the_pods_own_account(chart: he
 
 
 def test_probes_hit_the_agents_health_endpoints(chart: helm.Chart) -> None:
+    """No host and no other field: the kubelet connects to the pod IP, the node IP the agent
+    listens on, from that same address, which has slots of its own in the agent (issue 23)."""
     c = container(render(chart))
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": PORT}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": PORT}

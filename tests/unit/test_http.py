@@ -1,5 +1,9 @@
 """The agent's endpoints hold up: a flood of idle or dripping connections costs a bounded
-number of threads for a few seconds, and the probes still get their answers."""
+number of threads for a few seconds, and the probes still get their answers.
+
+The server listens on 127.0.0.1 here, so a client on 127.0.0.1 is the node's own address (as
+the kubelet is, probing a hostNetwork pod at the node IP) and one on any other 127.x address is
+another host."""
 
 from __future__ import annotations
 
@@ -9,7 +13,9 @@ import threading
 import time
 import urllib.request
 
-from reaper.http import MAX_CONNECTIONS, REQUEST_DEADLINE, HealthServer
+import pytest
+
+from reaper.http import MAX_CONNECTIONS, NODE_CONNECTIONS, PER_CLIENT, REQUEST_DEADLINE, HealthServer
 
 
 def test_idle_connections_cost_a_bounded_number_of_threads() -> None:
@@ -17,10 +23,11 @@ def test_idle_connections_cost_a_bounded_number_of_threads() -> None:
     idle: list[socket.socket] = []
     try:
         before = threading.active_count()
-        for _ in range(MAX_CONNECTIONS * 6):
-            idle.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
+        for n in range(MAX_CONNECTIONS * 6):
+            for source in ("127.0.0.1", f"127.0.3.{n % 64 + 1}"):  # the node's own address, others
+                idle.append(socket.create_connection(("127.0.0.1", server.port), timeout=5, source_address=(source, 0)))
         time.sleep(0.5)
-        assert threading.active_count() - before <= MAX_CONNECTIONS
+        assert threading.active_count() - before <= MAX_CONNECTIONS + NODE_CONNECTIONS
     finally:
         for conn in idle:
             conn.close()
@@ -48,6 +55,12 @@ def _healthz_from(server: HealthServer, source: str, timeout: float = 2.0) -> in
     return int(answer.split()[1]) if answer.startswith(b"HTTP/") else None
 
 
+def _healthz_within(server: HealthServer, source: str, budget: float) -> None:
+    started = time.monotonic()
+    assert _healthz_from(server, source, timeout=budget) == 200
+    assert time.monotonic() - started < budget
+
+
 def _drip(server: HealthServer, sources: list[str]) -> list[socket.socket]:
     conns = []
     for source in sources:
@@ -73,23 +86,63 @@ def test_one_client_dripping_bytes_never_takes_the_probes_slots() -> None:
         server.close()
 
 
-def test_connections_from_many_clients_are_cut_off_at_the_deadline_whatever_they_send() -> None:
+def test_connections_from_many_clients_are_cut_off_at_the_deadline_whatever_they_send(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     server = HealthServer("127.0.0.1", 0, lambda: b"metrics\n", lambda: (True, "ok"))
     sources = [f"127.0.1.{n}" for n in range(1, MAX_CONNECTIONS + 1)]
     conns = _drip(server, sources)
     try:
         time.sleep(0.3)
-        assert _healthz_from(server, "127.0.0.1") is None, "every slot is taken"
+        assert _healthz_from(server, "127.0.0.2") is None, "every slot of other addresses is taken"
+        _healthz_within(server, "127.0.0.1", 1.0)  # the node's own slots are not theirs
         started = time.monotonic()
         answered = None
         while answered != 200 and time.monotonic() - started < REQUEST_DEADLINE + 3:
             for conn in conns:
                 with contextlib.suppress(OSError):
                     conn.sendall(b"E")
-            answered = _healthz_from(server, "127.0.0.1")
+            answered = _healthz_from(server, "127.0.0.2")
             time.sleep(0.2)
         assert answered == 200, "the dripping connections were cut off"
         assert time.monotonic() - started < REQUEST_DEADLINE + 3
+    finally:
+        for conn in conns:
+            conn.close()
+        server.close()
+    # A connection cut off is no error of the agent's: no traceback on its log (stderr) for it.
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_no_number_of_other_addresses_takes_the_slots_of_the_nodes_own() -> None:
+    """Issue 23, case 5: 8 addresses with PER_CLIENT connections each took every slot, and the
+    kubelet's probes went unanswered. Here 64 addresses drip into as many as they may."""
+    server = HealthServer("127.0.0.1", 0, lambda: b"metrics\n", lambda: (True, "ok"))
+    conns = _drip(server, [f"127.0.2.{n}" for n in range(1, 65) for _ in range(PER_CLIENT)])
+    try:
+        time.sleep(0.3)
+        for _ in range(5):
+            for conn in conns:
+                with contextlib.suppress(OSError):
+                    conn.sendall(b"E")
+            _healthz_within(server, "127.0.0.1", 1.0)
+            assert _healthz_from(server, "127.0.0.2") is None, "another address finds every slot of theirs taken"
+            time.sleep(0.2)
+    finally:
+        for conn in conns:
+            conn.close()
+        server.close()
+
+
+def test_the_nodes_own_address_has_a_bounded_number_of_slots_too() -> None:
+    """A process on the node can hold its own address's slots (until the deadline), never more,
+    and never the slots of other addresses."""
+    server = HealthServer("127.0.0.1", 0, lambda: b"metrics\n", lambda: (True, "ok"))
+    conns = _drip(server, ["127.0.0.1"] * NODE_CONNECTIONS)
+    try:
+        time.sleep(0.3)
+        assert _healthz_from(server, "127.0.0.1") is None, "every slot of the node's own address is taken"
+        _healthz_within(server, "127.0.0.2", 1.0)
     finally:
         for conn in conns:
             conn.close()
