@@ -52,16 +52,20 @@ def process_walk(fork: bool) -> ForkedCall[NetnsMembers]:
 def with_processes(snapshot: NodeSnapshot, walk: ForkedCall[NetnsMembers]) -> NodeSnapshot:
     """The snapshot with who is in each namespace but the host's (most of a node's processes
     are), and what could not be seen. Evidence of use, like the runtimes' list, so it is read
-    after them (see reaper.scan). A walk that gave no answer leaves every process unseen, so
-    that no verdict rests on it."""
+    after them (see reaper.scan). A walk that gave no answer, or not a whole one (see
+    reaper.host.procs.netns_members), leaves every process unseen, so that no verdict rests on
+    it (every attachment with a netns is undecided), and is a failed source in the report."""
+    errors = snapshot.errors
     try:
         members, unseen = walk.result(), unseen_processes()
     except OSError as err:
         members, unseen = [], f"the walk of /proc failed ({err}): the processes that hold a netns cannot be seen"
+        errors = (*errors, SourceError("processes", unseen))
     return replace(
         snapshot,
         netns_pids=tuple(sorted((ns, tuple(pids)) for ns, pids in members if ns != snapshot.host_netns)),
         unseen_processes=unseen,
+        errors=errors,
     )
 
 
