@@ -25,7 +25,7 @@ from reaper.reconcile import holders_decide, processes_decide, reconcile
 from reaper.runtime.liveness import LivenessSource
 from reaper.settings import Settings
 from reaper.snapshot import process_walk, take_snapshot, with_holders, with_processes
-from reaper.state import State, StateError, load_state, save_state
+from reaper.state import KeptState, State, StateError, load_state, save_state
 
 
 def find_options(settings: Settings, fork_workers: bool = False) -> FindOptions:
@@ -63,15 +63,17 @@ def scan_pass(
     memo: InventoryMemo | None = None,
     fork_workers: bool = False,
     keep_alive: list[object] | None = None,
+    kept: KeptState | None = None,
 ) -> ScanResult:
     """One pass. A long-running caller passes the same `memo` every time (files unchanged
     since the last pass are not read again); a one-shot run passes none and reads every file. `fork_workers`: this
     process runs no other thread, so some reads may be made in forked children. `keep_alive`:
     a process about to exit passes a list the pass's working objects (the memo, the ties, the
     correlation) are put in, so that they are not freed one by one on the way out (10-15 ms
-    at 2,250 attachments); they go with the process."""
+    at 2,250 attachments); they go with the process. `kept`: a long-running caller's state of its
+    last pass, counted from instead of the file once it holds one (see reaper.state)."""
     with _no_cycle_collection():
-        return _scan_pass(settings, liveness, log, clock, memo, fork_workers, keep_alive)
+        return _scan_pass(settings, liveness, log, clock, memo, fork_workers, keep_alive, kept)
 
 
 def _scan_pass(
@@ -82,12 +84,16 @@ def _scan_pass(
     memo: InventoryMemo | None,
     fork_workers: bool,
     keep_alive: list[object] | None,
+    kept: KeptState | None,
 ) -> ScanResult:
     started = time.monotonic()
     warnings: list[str] = []
-    state, warning = load_state(settings.state_file)
-    if warning:
-        warnings.append(warning)
+    if kept is not None and kept.state is not None:
+        state = kept.state
+    else:
+        state, warning = load_state(settings.state_file)
+        if warning:
+            warnings.append(warning)
     options = find_options(settings, fork_workers)
     # The node first, the runtime second: a sandbox born in between is then newer than
     # anything in the snapshot that could be mistaken for one of its resources.
@@ -137,8 +143,11 @@ def _scan_pass(
     else:
         netns_map, first_seen = dict(state.sandbox_netns), dict(state.sandbox_first_seen)
     state_saved = True
+    new_state = State(history, netns_map, first_seen)
+    if kept is not None:
+        kept.state = new_state
     try:
-        save_state(settings.state_file, State(history, netns_map, first_seen))
+        save_state(settings.state_file, new_state)
     except StateError as err:
         state_saved = False
         warnings.append(f"{err}; confirmations will not carry to the next pass")

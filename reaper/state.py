@@ -9,7 +9,8 @@ confirmations start over: the reaper writes only entries its reader takes (save_
 any other), so a refused entry is someone else's doing or damage, and the rest of that file
 is no better vouched for. Setting aside costs confirmations, never a wrong verdict.
 
-What the file can still say is bounded where it is used: a count carried from it never
+The agent reads the file once, at its first pass, and then counts from what it saved itself,
+kept in memory (KeptState). What the file can still say is bounded where it is used: a count carried from it never
 stands for more than `confirmations - 1` passes (reaper.reconcile), so every orphan verdict
 rests on at least one fresh pass of this process's own, and a first-seen time after the pass
 is taken as the pass's own time.
@@ -55,6 +56,15 @@ EMPTY_STATE = State({}, {}, {})
 
 class StateError(Exception):
     pass
+
+
+class KeptState:
+    """What a long-running agent's last pass saved, kept in memory: its next pass counts from
+    this, not from the file, which others may have rewritten in between. Only the first pass
+    after a start reads the file (its counts bounded as every loaded count is)."""
+
+    def __init__(self) -> None:
+        self.state: State | None = None
 
 
 class _Doc(Struct, forbid_unknown_fields=True):
