@@ -65,10 +65,10 @@ def wall_and_rss(argv: list[str]) -> tuple[float, float]:
 
 
 def one_shots(lab: Lab, state: Path) -> dict[str, float]:
-    """`reaper scan --json` processes: warm (state and memo saved by the run before), cold (no
-    memo: the first run, or every file changed), and a bare interpreter beside them."""
-    memo = Path(f"{state}.memo")
-    wall_and_rss(scan_argv(lab, state))  # the state file and the memo, as a timer's earlier run left them
+    """`reaper scan --json` processes: warm (the state file saved by the run before), cold (no
+    state file: the first run), and a bare interpreter beside them. A one-shot keeps no memo of
+    parsed files: it reads every file each run."""
+    wall_and_rss(scan_argv(lab, state))  # the state file, as a timer's earlier run left it
     warm, bare, cold = [], [], []
     rss = 0.0
     for _ in range(CLI_RUNS):
@@ -76,7 +76,7 @@ def one_shots(lab: Lab, state: Path) -> dict[str, float]:
         wall, rss = wall_and_rss(scan_argv(lab, state))
         warm.append(wall)
     for _ in range(2):
-        memo.unlink(missing_ok=True)
+        state.unlink(missing_ok=True)
         cold.append(wall_and_rss(scan_argv(lab, state))[0])
     return {"warm_s": min(warm), "cold_s": min(cold), "bare_s": min(bare), "rss_mib": rss}
 
@@ -166,7 +166,7 @@ def report(rows: list[tuple[int, dict[str, Any], dict[str, float], float]]) -> N
         f"(target <= {TARGET_RATIO}x); one-shot `reaper scan --json` +{cli_more:.3f}s = "
         f"{cli_more / floor_more:.2f}x (target <= {TARGET_RATIO}x)"
     )
-    print(f"  the same one-shot without its memo (its first run, or every file changed): +{cold_more:.3f}s = "
+    print(f"  the same one-shot without a state file (its first run): +{cold_more:.3f}s = "
           f"{cold_more / floor_more:.2f}x")  # fmt: skip
     print(f"  one-shot at {LIVE} pods, no leaks: {base[2]['warm_s']:.3f}s - bare python {base[2]['bare_s']:.3f}s = "
           f"{start:.3f}s (target <= {TARGET_START_S}s)")  # fmt: skip
@@ -179,8 +179,8 @@ def report(rows: list[tuple[int, dict[str, Any], dict[str, float], float]]) -> N
     print("where an agent pass goes at the largest size:", {k: round(v, 3) for k, v in last["agent_parts_s"].items()})
     print("floor = ip -j -d link show + iptables-save -t nat + reading every file the scan reads (and /proc)")
     print("agent = a pass keeping an InventoryMemo in memory, as `reaper run` does; in-proc = scan_pass with")
-    print("the memo saved next to the state file, as a one-shot does; CLI = a whole `reaper scan --json` process")
-    print("(interpreter, imports, pass, output) with that memo; CLI cold = without it; bare = `python -c pass`;")
+    print("no memo, every file read, as a one-shot does; CLI = a whole `reaper scan --json` process")
+    print("(interpreter, imports, pass, output) with a state file; CLI cold = without; bare = `python -c pass`;")
     print("agent MiB = VmRSS of `reaper run --mode scan` idle after two passes; all times the least of several")
     print("verdicts at the largest size:", last["summary"])
 

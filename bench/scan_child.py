@@ -79,9 +79,9 @@ def main(argv: list[str]) -> None:
     one_shot = []
     agent = []
     parts: dict[str, list[float]] = {}
-    scan_pass(settings, liveness, log)  # the state file and the saved memo, as a timer's earlier run left them
-    # Interleaved, so that machine noise hits all alike. A one-shot run (a timer) uses the memo
-    # saved next to the state file; the agent keeps an InventoryMemo in memory.
+    scan_pass(settings, liveness, log)  # the state file, as a timer's earlier run left it
+    # Interleaved, so that machine noise hits all alike. A one-shot run (a timer) reads every
+    # file; the agent keeps an InventoryMemo in memory.
     for _ in range(ROUNDS):
         floors.append(
             floor(settings.netns_dirs[0], settings.ipam_dirs[0], settings.cni_cache_dir, settings.cni_conf_dir)

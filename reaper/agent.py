@@ -21,6 +21,7 @@ from reaper.reap import reap_pass
 from reaper.runtime.liveness import LivenessSource
 from reaper.scan import scan_pass
 from reaper.settings import AgentSettings, ReapSettings, Settings
+from reaper.state import KeptState
 
 READY_INTERVALS = 3  # /readyz fails when the runtime has not answered for this many intervals
 STOP_POLL = 0.5  # seconds between looks at the stop flag
@@ -45,6 +46,7 @@ class Agent:
         self.clock = clock
         self.metrics = ReaperMetrics()
         self.memo = InventoryMemo()
+        self.kept = KeptState()  # the state file read once; then counted from what this process saved
         self.stop = threading.Event()
         self.passes = 0
         self.last_pass_at: float | None = None
@@ -79,14 +81,16 @@ class Agent:
 
     def _pass(self) -> tuple[PassOutcome, dict[str, object]]:
         if self.agent.mode == "scan":
-            scanned = scan_pass(self.settings, self.liveness, self.log, self.clock, self.memo)
+            scanned = scan_pass(self.settings, self.liveness, self.log, self.clock, self.memo, kept=self.kept)
             self.metrics.observe_scan(scanned.report)
             self.metrics.observe_state(scanned.state_saved)
             fields: dict[str, object] = {v: scanned.report.count(v) for v in VERDICTS}
             if scanned.problem is not None:
                 fields["error"] = scanned.problem
             return scanned.outcome, fields
-        reaped = reap_pass(self.settings, self.reap, self.liveness, self.log, self.clock, self.memo, self.stop)
+        reaped = reap_pass(
+            self.settings, self.reap, self.liveness, self.log, self.clock, self.memo, self.stop, kept=self.kept
+        )
         self.metrics.observe_reap(reaped)
         fields = {v: reaped.report.count(v) for v in VERDICTS}
         if reaped.problem is not None:

@@ -110,7 +110,8 @@ def reconcile(
             continue
         text_key = group.key.as_text()
         previous = history.get(text_key)
-        first_seen = previous.first_seen if previous is not None else now
+        # The history is read from a file others may write: a time after now is now.
+        first_seen = min(previous.first_seen, now) if previous is not None else now
         stamps = [r.created_at for r in group.resources if r.created_at is not None]
         age = max(0.0, now - max(stamps)) if stamps else max(0.0, now - first_seen)
         verdict: Verdict
@@ -124,7 +125,7 @@ def reconcile(
             elif group.netns is not None and snapshot.unseen_processes is not None:
                 verdict, reason = "unknown", f"{snapshot.unseen_processes}; its netns may be in use"
             else:
-                streak = (previous.orphan_streak if previous is not None else 0) + 1
+                streak = _carried(previous, policy) + 1
                 verdict, reason = _unowned_verdict(age, streak, policy)
         new_history[text_key] = AttachmentHistory(first_seen, streak)
         owner = _owner(group)
@@ -155,6 +156,16 @@ def reconcile(
         unconfirmed=tuple(correlation.unconfirmed),
     )
     return report, new_history
+
+
+def _carried(previous: AttachmentHistory | None, policy: Policy) -> int:
+    """Ownerless passes counted before this one, at most `confirmations - 1`: the count comes
+    from the state file, which others may write, so however high it says, an orphan verdict
+    still needs this pass's own miss. A count saved by an earlier pass is never above
+    `confirmations`, so a streak that reached them stays reached."""
+    if previous is None:
+        return 0
+    return max(0, min(previous.orphan_streak, policy.confirmations - 1))
 
 
 def _unowned_verdict(age: float, streak: int, policy: Policy) -> tuple[Verdict, str]:

@@ -1,4 +1,11 @@
-"""One read-only pass: inventory, then liveness, then reconcile; confirmations kept in the state file."""
+"""One read-only pass: inventory, then liveness, then reconcile; confirmations kept in the state file.
+
+A one-shot run (a timer's `reaper scan` or `reaper reap`) reads every file afresh: it keeps no
+memo of parsed files on disk. A memo there was an input whoever writes the state dir could
+shape (a cache entry's netns taken away made a running container's attachment an orphan,
+issue 23); the state file alone carries from run to run, and it holds no evidence. A
+`<state file>.memo` an older version left is never read, written or removed: it is inert.
+The long-running agent keeps its memo in memory, where no one else writes."""
 
 from __future__ import annotations
 
@@ -11,15 +18,14 @@ from collections.abc import Callable, Iterator
 from msgspec.structs import replace
 
 from reaper.correlate import join, tie_all
-from reaper.host.memo import InventoryMemo, load_memo, memo_path, save_memo
+from reaper.host.memo import InventoryMemo
 from reaper.kinds import FindOptions
-from reaper.kinds.registry import KINDS
 from reaper.model import VERDICTS, ScanResult
 from reaper.reconcile import holders_decide, processes_decide, reconcile
 from reaper.runtime.liveness import LivenessSource
 from reaper.settings import Settings
-from reaper.snapshot import begun, process_walk, take_snapshot, with_holders, with_processes
-from reaper.state import State, StateError, load_state, save_state
+from reaper.snapshot import process_walk, take_snapshot, with_holders, with_processes
+from reaper.state import KeptState, State, StateError, load_state, save_state
 
 
 def find_options(settings: Settings, fork_workers: bool = False) -> FindOptions:
@@ -33,10 +39,6 @@ def find_options(settings: Settings, fork_workers: bool = False) -> FindOptions:
         pod_cidrs=settings.pod_cidrs,
         fork_workers=fork_workers,
     )
-
-
-# The kinds whose memo a one-shot run keeps next to the state file, and their checks of it.
-_MEMO_CHECKS = {kind.name: kind.memo_check for kind in KINDS if kind.memo_check is not None}
 
 
 @contextlib.contextmanager
@@ -61,16 +63,17 @@ def scan_pass(
     memo: InventoryMemo | None = None,
     fork_workers: bool = False,
     keep_alive: list[object] | None = None,
+    kept: KeptState | None = None,
 ) -> ScanResult:
     """One pass. A long-running caller passes the same `memo` every time (files unchanged
-    since the last pass are not read again); a one-shot run passes none, and the memo saved
-    next to the state file is used (and saved again when it changed). `fork_workers`: this
+    since the last pass are not read again); a one-shot run passes none and reads every file. `fork_workers`: this
     process runs no other thread, so some reads may be made in forked children. `keep_alive`:
     a process about to exit passes a list the pass's working objects (the memo, the ties, the
     correlation) are put in, so that they are not freed one by one on the way out (10-15 ms
-    at 2,250 attachments); they go with the process."""
+    at 2,250 attachments); they go with the process. `kept`: a long-running caller's state of its
+    last pass, counted from instead of the file once it holds one (see reaper.state)."""
     with _no_cycle_collection():
-        return _scan_pass(settings, liveness, log, clock, memo, fork_workers, keep_alive)
+        return _scan_pass(settings, liveness, log, clock, memo, fork_workers, keep_alive, kept)
 
 
 def _scan_pass(
@@ -81,22 +84,21 @@ def _scan_pass(
     memo: InventoryMemo | None,
     fork_workers: bool,
     keep_alive: list[object] | None,
+    kept: KeptState | None,
 ) -> ScanResult:
     started = time.monotonic()
     warnings: list[str] = []
-    state, warning = load_state(settings.state_file)
-    if warning:
-        warnings.append(warning)
-    one_shot, memo_warning = memo is None, None
+    if kept is not None and kept.state is not None:
+        state = kept.state
+    else:
+        state, warning = load_state(settings.state_file)
+        if warning:
+            warnings.append(warning)
     options = find_options(settings, fork_workers)
     # The node first, the runtime second: a sandbox born in between is then newer than
     # anything in the snapshot that could be mistaken for one of its resources.
-    with begun(options) as early:  # the link dump, while the memo is loaded
-        if memo is None:
-            memo, memo_warning = load_memo(memo_path(settings.state_file), _MEMO_CHECKS)
-            if memo_warning:
-                warnings.append(memo_warning)
-        snapshot = take_snapshot(options, memo, early=early)
+    memo = memo if memo is not None else InventoryMemo()  # a one-shot's: this pass only
+    snapshot = take_snapshot(options, memo)
     mark = time.monotonic()
     # What PodSandboxStatus said before, by (sandbox ID, creation time): never a cache entry's word.
     known = dict(state.sandbox_netns)
@@ -141,16 +143,14 @@ def _scan_pass(
     else:
         netns_map, first_seen = dict(state.sandbox_netns), dict(state.sandbox_first_seen)
     state_saved = True
+    new_state = State(history, netns_map, first_seen)
+    if kept is not None:
+        kept.state = new_state
     try:
-        save_state(settings.state_file, State(history, netns_map, first_seen))
+        save_state(settings.state_file, new_state)
     except StateError as err:
         state_saved = False
         warnings.append(f"{err}; confirmations will not carry to the next pass")
-    if one_shot and state_saved and (memo.changed_in(_MEMO_CHECKS) or memo_warning):
-        try:
-            save_memo(memo_path(settings.state_file), memo, _MEMO_CHECKS)
-        except OSError as err:
-            warnings.append(f"cannot write memo {memo_path(settings.state_file)}: {err.strerror}")
     timings = (
         *snapshot.timings,
         ("ties", round(ties_s, 6)),

@@ -52,16 +52,20 @@ def process_walk(fork: bool) -> ForkedCall[NetnsMembers]:
 def with_processes(snapshot: NodeSnapshot, walk: ForkedCall[NetnsMembers]) -> NodeSnapshot:
     """The snapshot with who is in each namespace but the host's (most of a node's processes
     are), and what could not be seen. Evidence of use, like the runtimes' list, so it is read
-    after them (see reaper.scan). A walk that gave no answer leaves every process unseen, so
-    that no verdict rests on it."""
+    after them (see reaper.scan). A walk that gave no answer, or not a whole one (see
+    reaper.host.procs.netns_members), leaves every process unseen, so that no verdict rests on
+    it (every attachment with a netns is undecided), and is a failed source in the report."""
+    errors = snapshot.errors
     try:
         members, unseen = walk.result(), unseen_processes()
     except OSError as err:
         members, unseen = [], f"the walk of /proc failed ({err}): the processes that hold a netns cannot be seen"
+        errors = (*errors, SourceError("processes", unseen))
     return replace(
         snapshot,
         netns_pids=tuple(sorted((ns, tuple(pids)) for ns, pids in members if ns != snapshot.host_netns)),
         unseen_processes=unseen,
+        errors=errors,
     )
 
 
@@ -77,7 +81,7 @@ def with_holders(snapshot: NodeSnapshot, wanted: Set[NsKey], bin_dirs: tuple[str
 
 @contextmanager
 def begun(opts: FindOptions, kinds: tuple[Kind[Any], ...] = KINDS) -> Iterator[dict[str, Started]]:
-    """Begin each kind's work that needs no memo (the link dump), before the memo is loaded;
+    """Begin each kind's work that needs no memo (the link dump), before anything else;
     whatever is still running at the end is stopped."""
     with ExitStack() as stack:
         work: dict[str, Started] = {}
@@ -113,7 +117,7 @@ def take_snapshot(
     early: Mapping[str, Started] | None = None,
 ) -> NodeSnapshot:
     """Look at the node. `memo` carries parsed files from pass to pass in a long-running agent;
-    `early` is the work begun() before it was loaded (else it is begun here)."""
+    `early` is the work begun() already (else it is begun here)."""
     taken_at = time.time()
     watch = Stopwatch()
     memo = memo if memo is not None else InventoryMemo()
@@ -139,9 +143,9 @@ def _take(
     errors: list[SourceError] = []
     partly_read: set[str] = set()
     found: dict[str, tuple[Any, ...]] = {}
-    # A kind whose work began before the memo was loaded (the link dump: a forked child's in a
-    # one-shot, which the pass waited on) is found after every other: its work has all their
-    # reads to finish beside. No kind uses its records.
+    # A kind whose work began before anything else (the link dump: a forked child's in a
+    # one-shot) is found after every other: its work has all their reads to finish beside. No
+    # kind uses its records.
     for kind in sorted(kinds, key=lambda k: k.begin is not None):
         # Kinds see only the node's own configs: a path in a cached config (an ipam.dataDir) is
         # whatever the writer of the cache dir wanted it to be.

@@ -1,20 +1,45 @@
-"""The state file: what earlier passes saw, so a one-shot run counts confirmations too."""
+"""The state file: what earlier passes saw, so a one-shot run counts confirmations too.
+
+Its dir is the reaper's own, but whoever can write it must gain nothing. The file is read as
+every other input is: decoded into a fixed shape (no other key, no other type), capped in
+size and in entries, each key and value checked by the rules its source obeys (container IDs
+by the CNI rule, netns paths absolute, normalized and free of NUL, times finite, counts
+bounded). A file with one entry that breaks a rule is set aside whole, with a warning, and
+confirmations start over: the reaper writes only entries its reader takes (save_state drops
+any other), so a refused entry is someone else's doing or damage, and the rest of that file
+is no better vouched for. Setting aside costs confirmations, never a wrong verdict.
+
+The agent reads the file once, at its first pass, and then counts from what it saved itself,
+kept in memory (KeptState). What the file can still say is bounded where it is used: a count carried from it never
+stands for more than `confirmations - 1` passes (reaper.reconcile), so every orphan verdict
+rests on at least one fresh pass of this process's own, and a first-seen time after the pass
+is taken as the pass's own time.
+"""
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from collections.abc import Mapping
 
+import msgspec
 from msgspec import Struct
 
 from reaper.host.atomic import write_atomically
 from reaper.host.confined import UnfitFile, read_beneath
 from reaper.host.files import describe_oserror
-from reaper.host.jsondoc import dumps_compact, parse_json
+from reaper.host.jsondoc import dumps_compact
 from reaper.model import AttachmentHistory
+from reaper.names import is_cni_id, is_ifname, is_path
 
 STATE_VERSION = 2
-MAX_STATE_BYTES = 64 << 20
+# A node's state is a few hundred bytes a pod (2,500 attachments: about 300 KB); the cap keeps
+# what a forged file can make this process hold small beside the chart's memory limit.
+MAX_STATE_BYTES = 8 << 20
+MAX_ENTRIES = 50_000  # in each of the three maps
+MAX_STREAK = 1 << 20  # consecutive passes: far more than any --confirmations
+MAX_TIME = 1 << 40  # seconds since the epoch: beyond any real clock, finite
 
 
 class State(Struct, frozen=True):
@@ -33,6 +58,80 @@ class StateError(Exception):
     pass
 
 
+class KeptState:
+    """What a long-running agent's last pass saved, kept in memory: its next pass counts from
+    this, not from the file, which others may have rewritten in between. Only the first pass
+    after a start reads the file (its counts bounded as every loaded count is)."""
+
+    def __init__(self) -> None:
+        self.state: State | None = None
+
+
+class _Doc(Struct, forbid_unknown_fields=True):
+    """The file as written: key -> [first_seen, orphan_streak], and the two sandbox maps."""
+
+    version: int
+    attachments: dict[str, tuple[float, int]] = {}
+    sandbox_netns: dict[str, str] = {}
+    sandbox_first_seen: dict[str, float] = {}
+
+
+_STATUS_KEY = re.compile(r"(.+)@(-?[0-9]{1,20})")  # "<sandbox ID>@<creation time, ns>"
+
+
+def is_netns_path(path: str) -> bool:
+    """An absolute, normalized path with no NUL that the kernel could take."""
+    return path.startswith("/") and is_path(path) and os.path.normpath(path) == path
+
+
+def is_attachment_key(key: str) -> bool:
+    """AttachmentKey.as_text(): `netns:<pin path>`, or `<container ID>/<network>/<ifname>`
+    with network and ifname each a CNI name or empty."""
+    if key.startswith("netns:"):
+        return is_netns_path(key[6:])
+    parts = key.split("/")
+    if len(parts) != 3:
+        return False
+    cid, network, ifname = parts
+    return is_cni_id(cid) and (network == "" or is_cni_id(network)) and (ifname == "" or is_ifname(ifname))
+
+
+def is_status_key(key: str) -> bool:
+    match = _STATUS_KEY.fullmatch(key)
+    return match is not None and is_cni_id(match.group(1))
+
+
+def _is_time(value: float) -> bool:
+    return math.isfinite(value) and 0 <= value <= MAX_TIME
+
+
+def _history_fits(key: str, first_seen: float, streak: int) -> bool:
+    return is_attachment_key(key) and _is_time(first_seen) and 0 <= streak <= MAX_STREAK
+
+
+def _why_refused(doc: _Doc) -> str | None:
+    """The first rule the decoded file breaks, or None."""
+    if doc.version != STATE_VERSION:
+        return f"version {doc.version}, not {STATE_VERSION}"
+    for name, entries in (
+        ("attachments", doc.attachments),
+        ("sandbox_netns", doc.sandbox_netns),
+        ("sandbox_first_seen", doc.sandbox_first_seen),
+    ):
+        if len(entries) > MAX_ENTRIES:
+            return f"{len(entries)} {name}, over {MAX_ENTRIES}"
+    for key, (first_seen, streak) in doc.attachments.items():
+        if not _history_fits(key, first_seen, streak):
+            return f"attachment {key[:120]!r}: a key, time or count no pass writes"
+    for key, path in doc.sandbox_netns.items():
+        if not (is_status_key(key) and is_netns_path(path)):
+            return f"sandbox netns {key[:120]!r}: a key or path no runtime gives"
+    for key, when in doc.sandbox_first_seen.items():
+        if not (is_cni_id(key) and _is_time(when)):
+            return f"sandbox first seen {key[:120]!r}: an ID or time no pass writes"
+    return None
+
+
 def load_state(path: str) -> tuple[State, str | None]:
     """The saved state, or an empty one and a warning when the file is missing or unusable.
 
@@ -47,15 +146,15 @@ def load_state(path: str) -> tuple[State, str | None]:
     except UnfitFile as err:
         return EMPTY_STATE, f"state file {path} is unusable ({err}); {_set_aside(path)}; starting afresh"
     try:
-        doc = parse_json(raw)
-        if not isinstance(doc, dict) or doc.get("version") != STATE_VERSION:
-            raise ValueError("unknown version")
-        attachments = {str(k): AttachmentHistory(float(v[0]), int(v[1])) for k, v in doc.get("attachments", {}).items()}
-        netns = {str(k): str(v) for k, v in doc.get("sandbox_netns", {}).items()}
-        first_seen = {str(k): float(v) for k, v in doc.get("sandbox_first_seen", {}).items()}
-    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as err:  # any shape but ours
-        return EMPTY_STATE, f"state file {path} is corrupt ({str(err)[:200]}); {_set_aside(path)}; starting afresh"
-    return State(attachments, netns, first_seen), None
+        doc = msgspec.json.decode(raw, type=_Doc)
+        why = _why_refused(doc)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as err:  # any shape but ours
+        why = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+    if why is not None:
+        return EMPTY_STATE, f"state file {path} is corrupt ({why}); {_set_aside(path)}; starting afresh"
+    attachments = {k: AttachmentHistory(float(v[0]), v[1]) for k, v in doc.attachments.items()}
+    first_seen = {k: float(v) for k, v in doc.sandbox_first_seen.items()}
+    return State(attachments, dict(doc.sandbox_netns), first_seen), None
 
 
 def _set_aside(path: str) -> str:
@@ -69,13 +168,25 @@ def _set_aside(path: str) -> str:
 
 
 def save_state(path: str, state: State) -> None:
-    """Write atomically: a temp file in the same dir, fsync, rename. Mode 0600."""
+    """Write atomically: a temp file in the same dir, fsync, rename. Mode 0600.
+
+    Only entries load_state takes are written (a sandbox ID no CNI ID rule allows, a count past
+    MAX_STREAK, entries past MAX_ENTRIES in key order): the reaper never sets aside its own
+    file. An entry left out costs that attachment's or sandbox's count or cached netns, never
+    a wrong verdict."""
+    attachments = sorted(
+        (k, [v.first_seen, min(v.orphan_streak, MAX_STREAK)])
+        for k, v in state.attachments.items()
+        if _history_fits(k, v.first_seen, 0) and v.orphan_streak >= 0
+    )
+    netns = sorted((k, v) for k, v in state.sandbox_netns.items() if is_status_key(k) and is_netns_path(v))
+    first_seen = sorted((k, v) for k, v in state.sandbox_first_seen.items() if is_cni_id(k) and _is_time(v))
     doc = {
         "version": STATE_VERSION,
         # key -> [first_seen, orphan_streak]: compact, a node can have thousands.
-        "attachments": {k: [v.first_seen, v.orphan_streak] for k, v in state.attachments.items()},
-        "sandbox_netns": dict(sorted(state.sandbox_netns.items())),
-        "sandbox_first_seen": dict(sorted(state.sandbox_first_seen.items())),
+        "attachments": dict(attachments[:MAX_ENTRIES]),
+        "sandbox_netns": dict(netns[:MAX_ENTRIES]),
+        "sandbox_first_seen": dict(first_seen[:MAX_ENTRIES]),
     }
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)

@@ -5,7 +5,6 @@ prints the same rules. iptables-legacy's tables are not nftables: they have no g
 
 from __future__ import annotations
 
-import os
 import socket
 import struct
 
@@ -23,9 +22,6 @@ _NLA = struct.Struct("=HH")
 _NLA_TYPE_MASK = 0x3FFF
 _BE32 = struct.Struct(">I")
 _SEQ = 1
-SO_NETNS_COOKIE = 71  # Linux 5.14: a number no other netns gets until the next boot
-_COOKIE = struct.Struct("=Q")
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
 def ruleset_generation(timeout: float = TIMEOUT) -> int | None:
@@ -61,30 +57,3 @@ def generation_in(data: bytes) -> int | None:
             return generation
         at += (nla_len + 3) & ~3
     return None
-
-
-def netns_cookie() -> int | None:
-    """This netns's cookie, or None when the kernel gives none. Unlike the nsfs inode number,
-    which the kernel hands to a new namespace as soon as the old one is gone, a cookie is
-    never reused within a boot."""
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
-            raw = sock.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, _COOKIE.size)
-    except OSError:
-        return None
-    cookie: int = _COOKIE.unpack(raw)[0] if len(raw) == _COOKIE.size else 0
-    return cookie or None
-
-
-def boot_id(path: str = BOOT_ID) -> str | None:
-    """This boot's random id: a generation and a cookie mean nothing in another boot. At most
-    64 bytes of ASCII are read, and never blocking (O_NONBLOCK)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            text = os.read(fd, 64).decode("ascii").strip()
-        finally:
-            os.close(fd)
-    except (OSError, UnicodeDecodeError):
-        return None
-    return text or None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 
 from msgspec import Struct
 
@@ -21,15 +21,20 @@ def netns_members(proc: str = "/proc") -> dict[NsKey, set[int]]:
 
     Read from /proc directly: a thread can setns() on its own, so every task of a
     many-threaded process counts.
+
+    OSError when the walk cannot be whole: /proc cannot be listed, lists no process, or does
+    not list this one (which is running, so a /proc without it is not this node's whole
+    process table). An empty answer would read as "no process in any namespace", which is
+    what lets a namespace go.
     """
     members: dict[NsKey, set[int]] = {}
-    try:
-        entries = os.listdir(proc)
-    except OSError:
-        return members
-    for entry in entries:
-        if not entry.isdigit():
-            continue
+    entries = os.listdir(proc)  # OSError: no walk at all
+    pids = [entry for entry in entries if entry.isdigit()]
+    if not pids:
+        raise OSError(errno.EIO, f"{proc} lists no process")
+    if str(os.getpid()) not in pids:
+        raise OSError(errno.EIO, f"{proc} does not list this process (pid {os.getpid()})")
+    for entry in pids:
         pid = int(entry)
         base = f"{proc}/{entry}"
         seen: set[tuple[int, int]] = set()
@@ -164,10 +169,36 @@ def holders_by_netns(bin_dirs: tuple[str, ...], only: NsKey | None = None) -> di
     return {ns: tuple(described[pid] for pid in sorted(pids)) for ns, pids in members.items()}
 
 
-def busy_namespaces(bin_dirs: tuple[str, ...], only: NsKey | None = None) -> dict[NsKey, str]:
-    """Namespaces some process is in right now (not a plugin of this reaper's), with why."""
+class EveryNamespaceBusy(Mapping[NsKey, str]):
+    """The answer of a walk of /proc that failed: every namespace may be in use, for `reason`.
+    A mapping, as busy_namespaces' answer is, whose every lookup gives the reason, so that a
+    caller asking about any namespace leaves it."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __getitem__(self, key: NsKey) -> str:
+        return self.reason
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+    def __iter__(self) -> Iterator[NsKey]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+def busy_namespaces(bin_dirs: tuple[str, ...], only: NsKey | None = None) -> Mapping[NsKey, str]:
+    """Namespaces some process is in right now (not a plugin of this reaper's), with why. When
+    /proc cannot be walked whole, every namespace is busy (EveryNamespaceBusy)."""
+    try:
+        by_netns = holders_by_netns(bin_dirs, only)
+    except OSError as err:
+        return EveryNamespaceBusy(f"who is in its netns cannot be seen now (the walk of /proc failed: {err})")
     busy = {}
-    for ns, holders in holders_by_netns(bin_dirs, only).items():
+    for ns, holders in by_netns.items():
         inside = [h for h in holders if h.keeps_netns_busy]
         if inside:
             busy[ns] = f"its netns is in use now (pid {inside[0].pid}, {inside[0].comm})"

@@ -95,8 +95,8 @@ class Kind(Struct, Generic[R], frozen=True):
     # Work to begin before anything is read (a command that runs while files are parsed), given
     # the memo of command outputs (a long-running agent's, carried from pass to pass).
     start: Callable[[FindOptions, OutputMemo], Started] | None = None
-    # Work that needs no memo, begun before the memo is loaded (the link dump): in a one-shot
-    # it may be a forked child's, which then has the whole memo load to run beside. Such a kind
+    # Work that needs no memo, begun before anything else (the link dump): in a one-shot it may
+    # be a forked child's, which then has every other kind's reads to run beside. Such a kind
     # is found after every other (see reaper.snapshot), so none may use its records.
     begin: Callable[[FindOptions], Started] | None = None
     # What a later DEL would need (the cache entry): reclaimed after every other kind, and only
@@ -107,10 +107,6 @@ class Kind(Struct, Generic[R], frozen=True):
     # For records whose tie is a Claim by key: the kind's key of an attachment
     # (container ID, network, ifname), recomputed as the producer computes it.
     key_of: Callable[[str, str, str], str] | None = None
-    # For kinds whose memo a one-shot run saves next to the state file (their memo values are
-    # plain data): a value read back from that file, checked as the file's content is checked,
-    # or None when it is not valid (then the whole saved memo is set aside).
-    memo_check: Callable[[object], object | None] | None = None
 
 
 def reclaim_order(kinds: Sequence[Kind[Any]]) -> tuple[Kind[Any], ...]:

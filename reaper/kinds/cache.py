@@ -17,7 +17,7 @@ import base64
 import binascii
 import os
 import re
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Sequence, Set
 from typing import Any, NamedTuple
 
 from msgspec import Struct
@@ -164,33 +164,9 @@ def parse_cache_file(name: str, data: bytes, known_networks: Set[str]) -> CacheD
     return CacheDocument({"result": doc}, cid, network, ifname, True)
 
 
-# What a cache file's content said, as the memo keeps it (plain data: a one-shot run saves it):
+# What a cache file's content said, as the memo keeps it:
 # container ID, network, ifname, netns path, host ifnames, owner, addresses, base64 config.
 _Said = tuple[str, str, str, str | None, tuple[str, ...], Owner, tuple[str, ...], str | None]
-_OWNERS: tuple[Owner, ...] = ("cri", "other", "unknown")
-
-
-def _strings(value: object, valid: Callable[[str], bool]) -> bool:
-    return isinstance(value, (tuple, list)) and all(isinstance(v, str) and valid(v) for v in value)
-
-
-def said_in(value: object) -> _Said | None:
-    """A value read from a saved memo, checked as the file's content is checked (the memo is
-    a file too); None when it is not one this version keeps."""
-    if not (isinstance(value, (tuple, list)) and len(value) == 8):
-        return None
-    cid, net, ifname, netns_path, host_ifnames, owner, ips, config = value
-    if not (isinstance(cid, str) and is_cni_id(cid) and isinstance(net, str) and is_cni_id(net)):
-        return None
-    if not (isinstance(ifname, str) and is_ifname(ifname)):
-        return None
-    if netns_path is not None and not (isinstance(netns_path, str) and netns_path and is_path(netns_path)):
-        return None
-    if not _strings(host_ifnames, is_ifname) or not _strings(ips, lambda a: len(a) < 64) or owner not in _OWNERS:
-        return None
-    if config is not None and not isinstance(config, str):
-        return None
-    return (cid, net, ifname, netns_path, tuple(host_ifnames), owner, tuple(ips), config)
 
 
 def collect_cache(
@@ -375,6 +351,4 @@ def reclaim(entries: Sequence[CacheEntry], ctx: ReclaimContext) -> dict[Identity
     return {identity(entry): _remove(entry, ctx) for entry in entries}
 
 
-KIND: Kind[CacheEntry] = Kind(
-    "cache", find, identity, ref, tie, reclaim, last=True, quarantinable=True, memo_check=said_in
-)
+KIND: Kind[CacheEntry] = Kind("cache", find, identity, ref, tie, reclaim, last=True, quarantinable=True)

@@ -33,13 +33,12 @@ import socket
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
-import msgspec
 from msgspec import Struct
 from msgspec.structs import replace
 
 from reaper.host.memo import OutputMemo
 from reaper.kinds import FindOptions, Found, Kind, Look, ReclaimContext, cache, hostlocal
-from reaper.kinds.iptables import BACKENDS, Family, IptablesTools, SaveCollector, resaved, restore_each, save_lines
+from reaper.kinds.iptables import Family, IptablesTools, SaveCollector, resaved, restore_each, save_lines
 from reaper.model import CacheEntry, Claim, DetailValue, Done, HostLocalLease, Identity, ResourceRef
 
 KIND_NAME = "firewall"
@@ -180,25 +179,7 @@ def _parse(text: str, tool: IptablesTools) -> tuple[ForwardRule, ...]:
 
 
 def _start(options: FindOptions, memo: OutputMemo) -> SaveCollector[ForwardRule]:
-    return SaveCollector(KIND_NAME, TABLE, _parse, options.command_timeout, memo, saved=True)
-
-
-def saved_rules(value: object) -> tuple[ForwardRule, ...] | None:
-    """Rules read back from a saved memo, or None unless each is exactly what the parser makes
-    of its own line (owners are looked up afresh each pass). Which rules there are is never
-    acted on: reclaiming saves afresh and deletes only what that shows."""
-    try:
-        rules = msgspec.convert(value, tuple[ForwardRule, ...])
-    except msgspec.ValidationError:
-        return None
-    for rule in rules:
-        if rule.backend not in BACKENDS or _parse(f"*{TABLE}\n{rule.rule}\n", _tools_of(rule)) != (rule,):
-            return None
-    return rules
-
-
-def _tools_of(rule: ForwardRule) -> IptablesTools:
-    return IptablesTools(rule.family, rule.backend, "", "")
+    return SaveCollector(KIND_NAME, TABLE, _parse, options.command_timeout, memo)
 
 
 def find(look: Look) -> Found[ForwardRule]:
@@ -277,4 +258,4 @@ def reclaim(rules: Sequence[ForwardRule], ctx: ReclaimContext) -> dict[Identity,
     return done
 
 
-KIND: Kind[ForwardRule] = Kind(KIND_NAME, find, identity, ref, tie, reclaim, start=_start, memo_check=saved_rules)
+KIND: Kind[ForwardRule] = Kind(KIND_NAME, find, identity, ref, tie, reclaim, start=_start)

@@ -144,19 +144,6 @@ def _read_lease(dir_fd: int, entry: os.DirEntry[str], path: str) -> tuple[str, s
         return CorruptFile("ipam", path, str(err))
 
 
-def said_in(value: object) -> tuple[str, str | None] | None:
-    """A value read from a saved memo, checked as a lease's content is checked (the memo is a
-    file too); None when it is not one this version keeps."""
-    if not (isinstance(value, (tuple, list)) and len(value) == 2):
-        return None
-    cid, ifname = value
-    if not (isinstance(cid, str) and is_cni_id(cid)):
-        return None
-    if ifname is not None and not (isinstance(ifname, str) and is_ifname(ifname)):
-        return None
-    return cid, ifname
-
-
 def range_usage(
     configs: Iterable[NetworkConfig], leases: Iterable[HostLocalLease], pod_cidrs: PodCidrs | None = None
 ) -> list[IpamRange]:
@@ -295,4 +282,4 @@ def reclaim(leases: Sequence[HostLocalLease], ctx: ReclaimContext) -> dict[Ident
     return release_leases(leases, ctx.quarantine)
 
 
-KIND: Kind[HostLocalLease] = Kind("ipam", find, identity, ref, tie, reclaim, quarantinable=True, memo_check=said_in)
+KIND: Kind[HostLocalLease] = Kind("ipam", find, identity, ref, tie, reclaim, quarantinable=True)

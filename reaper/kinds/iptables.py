@@ -16,20 +16,18 @@ import shutil
 import subprocess
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from typing import Generic, Literal, Protocol, TypeVar
+from typing import Generic, Literal, Protocol, TypeVar, cast
 
-import msgspec
 from msgspec import Struct
 
 from reaper.host.commands import run_command
 from reaper.host.memo import OutputMemo, Version
-from reaper.host.nftgen import boot_id, netns_cookie, ruleset_generation
+from reaper.host.nftgen import ruleset_generation
 from reaper.kinds import FindOptions, Found, Kind, Look, ReclaimContext
 from reaper.model import Claim, DetailValue, Done, Identity, IptablesChain, ResourceRef, SourceError
 from reaper.names import is_cni_id
 
 KIND_NAME = "iptables"
-BACKENDS = ("nft", "legacy", "default")
 RESTORE_LOCK_WAIT = "5"  # seconds iptables-restore waits for the xtables lock (its -w)
 
 Family = Literal["ipv4", "ipv6"]
@@ -232,13 +230,9 @@ class SaveCollector(Generic[B]):
 
     Started first in a snapshot, so the commands run while Python reads files. An nft
     backend's save is not run again while the nftables ruleset is at the generation read
-    before its last run, in the same netns of the same boot: what it parsed to then is taken
-    from the memo (a long-running agent's carries from pass to pass; a one-shot's is the one
-    saved beside the state file, which keeps it only with `saved`, for a kind that checks what
-    it reads back, and only when the netns has a cookie: its inode number is handed on as soon
-    as it is gone).
-    iptables-save costs 0.15 s of CPU at 2,250 chains, beside the pass on the node's cores.
-    Reclaiming never acts on a kept result: it saves afresh before any delete.
+    before its last run, in the same netns: what it parsed to then is taken from the memo (a
+    long-running agent's, carried from pass to pass in memory; a one-shot has none and runs
+    every save). Reclaiming never acts on a kept result: it saves afresh before any delete.
     """
 
     def __init__(
@@ -248,10 +242,8 @@ class SaveCollector(Generic[B]):
         parse: Callable[[str, IptablesTools], tuple[B, ...]],
         timeout: float,
         memo: OutputMemo | None = None,
-        saved: bool = False,
     ) -> None:
         self.kind = kind
-        self.saved = saved
         self.table = table
         self.parse = parse
         self.timeout = timeout
@@ -308,22 +300,19 @@ class SaveCollector(Generic[B]):
 
     def _kept(self, tool: IptablesTools) -> tuple[B, ...] | None:
         """What `tool`'s output parsed to last pass, if the ruleset it prints is provably the
-        same now, and each record says it came from this family and backend (a memo read back
-        from a file could hold one family's records under another's command)."""
+        same now."""
         where = self._kept_under(tool)
         if where is None:
             return None
         memo, version, command = where
         kept = memo.at_version(command, version)
-        if not isinstance(kept, tuple) or not all(r.family == tool.family and r.backend == tool.backend for r in kept):
-            return None
-        return kept
+        return cast(tuple[B, ...], kept) if isinstance(kept, tuple) else None
 
     def _keep(self, tool: IptablesTools, records: tuple[B, ...]) -> None:
         where = self._kept_under(tool)
         if where is not None:
             memo, version, command = where
-            memo.keep_at_version(command, version, records, lasting=self.saved and _lasting(version))
+            memo.keep_at_version(command, version, records)
 
     def _kept_under(self, tool: IptablesTools) -> tuple[OutputMemo, Version, str] | None:
         """Where `tool`'s result is kept (the memo, the version read before the save, the
@@ -366,11 +355,10 @@ def without_stamps(text: str) -> str:
 
 
 def ruleset_version() -> Version | None:
-    """(boot id, netns cookie, netns device and inode, nftables generation), or None when the
-    generation or the netns cannot be read. Two namespaces can be at the same generation, and a
-    new one gets a gone one's inode number at once; a cookie is never reused within a boot, and
-    after a reboot the generation starts again. An unknown boot id or cookie is "" or 0, and
-    the version then holds for this process only."""
+    """(netns device and inode, nftables generation), or None when the generation or the netns
+    cannot be read: two namespaces can be at the same generation. Kept in memory only, by a
+    process that stays in its netns (which is then not gone, so its inode number is not handed
+    on)."""
     generation = ruleset_generation()
     if generation is None:
         return None
@@ -378,18 +366,14 @@ def ruleset_version() -> Version | None:
         st = os.stat("/proc/self/ns/net")
     except OSError:
         return None
-    return (boot_id() or "", netns_cookie() or 0, st.st_dev, st.st_ino, generation)
-
-
-def _lasting(version: Version) -> bool:
-    return bool(version[0]) and bool(version[1])
+    return (st.st_dev, st.st_ino, generation)
 
 
 class ChainCollector(SaveCollector[IptablesChain]):
     """`iptables-save -t nat` of every backend, begun at the start of a look; `chains()` waits."""
 
     def __init__(self, options: FindOptions, memo: OutputMemo) -> None:
-        super().__init__(KIND_NAME, "nat", self._parse, options.command_timeout, memo, saved=True)
+        super().__init__(KIND_NAME, "nat", self._parse, options.command_timeout, memo)
 
     def _parse(self, text: str, tool: IptablesTools) -> tuple[IptablesChain, ...]:
         """A legacy output (no generation to go by) is parsed again only when it differs
@@ -406,37 +390,6 @@ class ChainCollector(SaveCollector[IptablesChain]):
 
 def _chains_in(text: str, tool: IptablesTools) -> tuple[IptablesChain, ...]:
     return tuple(parse_save(text, tool.family, tool.backend))
-
-
-def saved_chains(value: object) -> tuple[IptablesChain, ...] | None:
-    """Chains read back from a saved memo, or None unless every one is a chain parse_save could
-    have made: a name of a CNI pattern with that pattern's purpose, an owner of CNI names whose
-    hash is the name (or none), its rules in that chain, in the nat table of a family and
-    backend. Which chains there are, and their rules, is never acted on: reclaiming saves
-    afresh and deletes only what that shows."""
-    try:
-        chains = msgspec.convert(value, tuple[IptablesChain, ...])
-    except msgspec.ValidationError:
-        return None
-    return chains if all(_could_be_parsed(c) for c in chains) else None
-
-
-def _could_be_parsed(chain: IptablesChain) -> bool:
-    if chain.table != "nat" or chain.backend not in BACKENDS:
-        return False
-    match = next(((prefix, purpose) for p, prefix, purpose in _CHAIN_PATTERNS if p.fullmatch(chain.chain)), None)
-    if match is None or match[1] != chain.purpose or not _owner_confirmed(chain, match[0]):
-        return False
-    own = f"-A {chain.chain} "
-    return all(r.startswith(own) for r in chain.rules) and all(j.startswith("-A ") for j in chain.jumps)
-
-
-def _owner_confirmed(chain: IptablesChain, prefix: str) -> bool:
-    """No owner, or one of CNI names whose hash is the chain's name, as _owner requires."""
-    network, container_id = chain.network, chain.container_id
-    if network is None or container_id is None:
-        return network is None and container_id is None
-    return is_cni_id(network) and is_cni_id(container_id) and chain_name(prefix, network, container_id) == chain.chain
 
 
 def find(look: Look) -> Found[IptablesChain]:
@@ -532,6 +485,4 @@ def reclaim(chains: Sequence[IptablesChain], ctx: ReclaimContext) -> dict[Identi
     return done
 
 
-KIND: Kind[IptablesChain] = Kind(
-    KIND_NAME, find, identity, ref, tie, reclaim, start=ChainCollector, memo_check=saved_chains
-)
+KIND: Kind[IptablesChain] = Kind(KIND_NAME, find, identity, ref, tie, reclaim, start=ChainCollector)

@@ -93,7 +93,7 @@ class LinkDump:
     pin's nsid (0.08 s).
 
     A one-shot that may fork (FindOptions.fork_workers) has a child do all three on another
-    core while this process loads its memo and reads the files (links_and_nsids); the answer
+    core while this process reads the files (links_and_nsids); the answer
     comes back as msgpack. Otherwise (the agent, whose threads forbid a fork) a thread of its
     own reads the dump, in a read that leaves the interpreter's lock free, and decoding is
     left to the look's own thread (a thread that decoded would hold the lock against it at
@@ -141,8 +141,8 @@ def find(look: Look) -> Found[VethLink]:
     one's inode number at once, but its nsfs inode is new, with a ctime later than any the memo
     keeps (it keeps none of the last two seconds). The nsids are as seen from the namespace
     this process is in, so that is kept too. A one-shot run asks every pin (its LinkDump's
-    forked child does, when it may fork): this memo is never saved to disk, where whoever could
-    write it would choose which pod a veth belongs to."""
+    forked child does, when it may fork): no memo is kept on disk, where whoever could write it
+    would choose which pod a veth belongs to."""
     pins: tuple[NetnsPin, ...] = look.earlier.get("netns", ())
     memo = look.memo.of("veth")
     try:

@@ -21,6 +21,7 @@ from reaper.runtime.liveness import LivenessSource
 from reaper.scan import find_options, scan_pass
 from reaper.settings import ReapSettings, Settings
 from reaper.snapshot import take_snapshot
+from reaper.state import KeptState
 from reaper.stopwatch import Stopwatch
 
 
@@ -38,11 +39,13 @@ def reap_pass(
     clock: Callable[[], float] = time.time,
     memo: InventoryMemo | None = None,
     stop: threading.Event | None = None,
+    kept: KeptState | None = None,
 ) -> ReapResult:
-    """One pass. `stop`, once set, lets the step under way finish and starts no new one."""
+    """One pass. `stop`, once set, lets the step under way finish and starts no new one.
+    `memo` and `kept`: what a long-running caller carries from pass to pass (see scan_pass)."""
     stop = stop if stop is not None else threading.Event()
     watch = Stopwatch()
-    scan = scan_pass(settings, liveness, log, clock, memo)
+    scan = scan_pass(settings, liveness, log, clock, memo, kept=kept)
     report = scan.report
     policy = _policy(reap)
     watch.lap("scan")

@@ -75,6 +75,26 @@ def test_confirmations_and_min_age() -> None:
     assert report.attachments[0].verdict == "pending" and "min-age" in report.attachments[0].reason
 
 
+@given(carried=st.integers(0, 2**40), confirmations=st.integers(1, 5))
+def test_a_count_from_the_state_file_never_stands_for_more_than_confirmations_less_one(
+    carried: int, confirmations: int
+) -> None:
+    """Whoever writes the state dir raises a count: this pass's own miss is still needed (the
+    new count is at most `confirmations`, and an owner seen now resets it), and a first-seen
+    time after now is now."""
+    policy = replace(POLICY, confirmations=confirmations)
+    snap = snapshot(leases=(lease(1, OLD),), caches=(cache(1, OLD, with_netns=False),))
+    key = f"{cid(1)}/{snap.of('ipam')[0].network}/eth0"
+    forged = {key: AttachmentHistory(NOW + 10**9, carried)}
+    report, history = reconcile(snap, runtime(), forged, policy, NOW)
+    (a,) = report.attachments
+    assert history[key].orphan_streak == min(carried, confirmations - 1) + 1 <= confirmations
+    assert history[key].first_seen == NOW
+    assert (a.verdict == "orphan") == (min(carried, confirmations - 1) + 1 >= confirmations)
+    owned, history = reconcile(snap, runtime(sandbox(1)), forged, policy, NOW)
+    assert owned.attachments[0].verdict == "live" and history[key].orphan_streak == 0
+
+
 def test_unreachable_runtime_resets_confirmations() -> None:
     snap = snapshot(leases=(lease(1, OLD),))
     _, history = reconcile(snap, runtime(), {}, POLICY, NOW)

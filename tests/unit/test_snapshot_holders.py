@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 from msgspec.structs import replace
 
+import reaper.snapshot as snapshot_module
 from reaper.correlate import correlate, tie_all
+from reaper.host import procs
 from reaper.host.procs import proc_stat
 from reaper.model import NodeSnapshot, NsKey, Policy, RuntimeView
 from reaper.reconcile import holders_decide, processes_decide, reconcile
 from reaper.snapshot import process_walk, with_holders, with_processes
-from tests.harness.snapshots import cache, lease, pin, runtime, sandbox, snapshot, veth
+from tests.harness.snapshots import cache, cid, lease, pin, runtime, sandbox, snapshot, veth
 
 POLICY = Policy(min_age=0.0, confirmations=1, stuck_after=900.0)
 
@@ -93,3 +96,30 @@ def test_a_walk_that_gave_no_answer_leaves_every_process_unseen_and_a_leak_undec
     assert looked.unseen_processes is not None and "walk of /proc failed" in looked.unseen_processes
     report, _ = reconcile(looked, runtime(), {}, POLICY, 10_000.0)
     assert [a.verdict for a in report.attachments] == ["unknown"]
+
+
+@pytest.mark.parametrize("fork", [False, True], ids=["in-process", "forked"])
+@pytest.mark.parametrize("proc", ["missing", "empty", "others-only"])
+def test_a_walk_of_proc_that_is_not_whole_decides_nothing_a_process_could_keep(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fork: bool, proc: str
+) -> None:
+    """/proc unlistable, listing no process, or not this one: the walk fails (never "no one is in
+    any namespace"), a pin's attachment is undecided, a failed source says why, and an attachment
+    no process could keep (a lease alone) is still judged."""
+    root = tmp_path / "proc"
+    if proc != "missing":
+        root.mkdir()
+        (root / "self").mkdir()
+    if proc == "others-only":
+        (root / "1").mkdir()
+    real = procs.netns_members
+    monkeypatch.setattr(snapshot_module, "netns_members", lambda: real(str(root)))
+    look = snapshot(pins=(pin(1),), leases=(lease(2),))
+    with process_walk(fork) as walk:
+        looked = with_processes(look, walk)
+    assert looked.unseen_processes is not None and "walk of /proc failed" in looked.unseen_processes
+    assert [e.source for e in looked.errors] == ["processes"]
+    report, _ = reconcile(looked, runtime(), {}, POLICY, 10_000.0)
+    verdicts = {a.key.container_id: a.verdict for a in report.attachments}
+    assert verdicts == {None: "unknown", cid(2): "orphan"}, report.attachments
+    assert report.errors == looked.errors

@@ -7,7 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from reaper.state import EMPTY_STATE, StateError, load_state, save_state
+from reaper.model import AttachmentHistory
+from reaper.state import (
+    EMPTY_STATE,
+    MAX_ENTRIES,
+    MAX_STATE_BYTES,
+    MAX_STREAK,
+    State,
+    StateError,
+    load_state,
+    save_state,
+)
 
 
 @pytest.mark.parametrize(
@@ -45,3 +55,103 @@ def test_a_state_file_planted_as_a_symlink_is_neither_read_nor_written_through(t
     linked_dir.symlink_to(tmp_path)
     with pytest.raises(StateError, match="symlink"):
         save_state(str(linked_dir / "state.json"), state)
+
+
+CID = "a" * 64
+GOOD_PIN = "/var/run/netns/cni-0a1b2c3d-0000-4000-8000-000000000001"
+
+
+def _doc(**maps: dict[str, object]) -> dict[str, object]:
+    """A state file as a pass writes it, with `maps` in place of its maps."""
+    doc: dict[str, object] = {
+        "version": 2,
+        "attachments": {f"{CID}/mynet/eth0": [1000.0, 1], f"netns:{GOOD_PIN}": [1000.0, 0]},
+        "sandbox_netns": {f"{CID}@1700000000000000000": GOOD_PIN},
+        "sandbox_first_seen": {CID: 1000.0},
+    }
+    doc.update(maps)
+    return doc
+
+
+HOSTILE: dict[str, str] = {
+    "an attachment key that is a path": json.dumps(_doc(attachments={"../../etc/passwd": [1.0, 1]})),
+    "an attachment key with a NUL": json.dumps(_doc(attachments={f"netns:{GOOD_PIN}\0x": [1.0, 1]})),
+    "a pin key that is relative": json.dumps(_doc(attachments={"netns:run/netns/x": [1.0, 1]})),
+    "a pin key not normalized": json.dumps(_doc(attachments={"netns:/run/netns/../../etc/x": [1.0, 1]})),
+    "an ID no CNI rule allows": json.dumps(_doc(attachments={"-x/mynet/eth0": [1.0, 1]})),
+    "an ifname too long": json.dumps(_doc(attachments={f"{CID}/mynet/{'e' * 16}": [1.0, 1]})),
+    "a negative count": json.dumps(_doc(attachments={f"{CID}/mynet/eth0": [1.0, -1]})),
+    "a count past the bound": json.dumps(_doc(attachments={f"{CID}/mynet/eth0": [1.0, 2**40]})),
+    "a count that is true": json.dumps(_doc(attachments={f"{CID}/mynet/eth0": [1.0, True]})),
+    "a count that is a fraction": json.dumps(_doc(attachments={f"{CID}/mynet/eth0": [1.0, 1.5]})),
+    "a time before the epoch": json.dumps(_doc(attachments={f"{CID}/mynet/eth0": [-5.0, 1]})),
+    "an infinite time": json.dumps(_doc(attachments={f"{CID}/mynet/eth0": [1.0, 1]})).replace("[1.0,", "[1e999,"),
+    "a third field": json.dumps(_doc(attachments={f"{CID}/mynet/eth0": [1.0, 1, 1]})),
+    "a netns path that is relative": json.dumps(_doc(sandbox_netns={f"{CID}@1": "run/netns/x"})),
+    "a netns path not normalized": json.dumps(_doc(sandbox_netns={f"{CID}@1": "/run/netns/./x"})),
+    "a netns path with a NUL": json.dumps(_doc(sandbox_netns={f"{CID}@1": "/run/netns/x\0"})),
+    "a netns path past PATH_MAX": json.dumps(_doc(sandbox_netns={f"{CID}@1": "/" + "a" * 5000})),
+    "a netns path that is a number": json.dumps(_doc(sandbox_netns={f"{CID}@1": 7})),
+    "a status key with no time": json.dumps(_doc(sandbox_netns={CID: GOOD_PIN})),
+    "a status key whose ID is a path": json.dumps(_doc(sandbox_netns={"../x@1": GOOD_PIN})),
+    "a first-seen ID that is a path": json.dumps(_doc(sandbox_first_seen={"x/y": 1.0})),
+    "a first-seen time that is text": json.dumps(_doc(sandbox_first_seen={CID: "now"})),
+    "a key more": json.dumps({**_doc(), "extra": 1}),
+    "more entries than the cap": json.dumps(
+        _doc(attachments={f"{CID}/net{n}/eth0": [1.0, 1] for n in range(MAX_ENTRIES + 1)})
+    ),
+}
+
+
+@pytest.mark.parametrize("why", sorted(HOSTILE))
+def test_a_state_file_with_any_entry_no_pass_writes_is_set_aside_whole(tmp_path: Path, why: str) -> None:
+    """Whoever writes the state dir plants one bad entry among good ones: the whole file is set
+    aside with a warning (the good ones are no better vouched for), and confirmations start over."""
+    path = tmp_path / "state.json"
+    path.write_text(HOSTILE[why])
+    state, warning = load_state(str(path))
+    assert state == EMPTY_STATE, why
+    assert warning is not None and "is corrupt" in warning and "starting afresh" in warning, why
+    assert (tmp_path / "state.json.corrupt").read_text() == HOSTILE[why] and not path.exists()
+
+
+def test_a_state_file_a_pass_writes_is_read_back_whole(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(_doc()))
+    state, warning = load_state(str(path))
+    assert warning is None
+    assert state.attachments == {
+        f"{CID}/mynet/eth0": AttachmentHistory(1000.0, 1),
+        f"netns:{GOOD_PIN}": AttachmentHistory(1000.0, 0),
+    }
+    assert state.sandbox_netns == {f"{CID}@1700000000000000000": GOOD_PIN}
+    assert state.sandbox_first_seen == {CID: 1000.0}
+    save_state(str(path), state)
+    assert load_state(str(path)) == (state, None)
+
+
+def test_the_reaper_never_writes_an_entry_its_reader_would_refuse(tmp_path: Path) -> None:
+    """A runtime's sandbox ID no CNI rule allows, a netns path it gave unnormalized, a count past
+    the bound: left out, so the reaper never sets its own file aside (every pass would then start
+    confirmations over, and nothing would ever be reclaimed)."""
+    path = tmp_path / "state.json"
+    odd = State(
+        {f"{CID}/mynet/eth0": AttachmentHistory(1000.0, 2**40), "x/../y/z": AttachmentHistory(1.0, 1)},
+        {f"{CID}@1": GOOD_PIN, "sandbox/1@2": GOOD_PIN, f"{CID}@3": "/run//netns/x/"},
+        {CID: 5.0, "-bad": 5.0},
+    )
+    save_state(str(path), odd)
+    state, warning = load_state(str(path))
+    assert warning is None
+    assert state == State(
+        {f"{CID}/mynet/eth0": AttachmentHistory(1000.0, MAX_STREAK)}, {f"{CID}@1": GOOD_PIN}, {CID: 5.0}
+    )
+
+
+def test_a_state_file_past_the_size_cap_is_set_aside_unread(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    with open(path, "wb") as f:
+        f.truncate(MAX_STATE_BYTES + 1)  # sparse: no disk
+    state, warning = load_state(str(path))
+    assert state == EMPTY_STATE and warning is not None and "starting afresh" in warning
+    assert (tmp_path / "state.json.corrupt").exists() and not path.exists()

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import struct
-from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reaper.host.nftgen import NFNL_SUBSYS_NFTABLES, NFT_MSG_NEWGEN, NLMSG_ERROR, boot_id, generation_in
+from reaper.host.nftgen import NFNL_SUBSYS_NFTABLES, NFT_MSG_NEWGEN, NLMSG_ERROR, generation_in
 
 NEWGEN = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN
 
@@ -52,19 +50,3 @@ def test_no_bytes_make_it_raise(data: bytes) -> None:
 def test_no_attributes_make_it_raise(attrs: bytes) -> None:
     got = generation_in(answer(attrs))
     assert got is None or 0 <= got < 2**32
-
-
-def test_the_boot_id_is_the_kernels_and_anything_else_reads_as_none_or_a_short_text(tmp_path: Path) -> None:
-    real = boot_id()
-    assert real is not None and len(real) == 36 and real.count("-") == 4
-    assert boot_id(str(tmp_path / "missing")) is None
-    (tmp_path / "empty").write_bytes(b"")
-    assert boot_id(str(tmp_path / "empty")) is None
-    (tmp_path / "latin").write_bytes(b"\xe9t\xe9\n")
-    assert boot_id(str(tmp_path / "latin")) is None
-    (tmp_path / "huge").write_bytes(b"a" * (1 << 20))
-    assert boot_id(str(tmp_path / "huge")) == "a" * 64  # 64 bytes read, the rest never
-    os.mkfifo(tmp_path / "fifo")  # with no writer: read at once, never waited on
-    assert boot_id(str(tmp_path / "fifo")) is None
-    (tmp_path / "dir").mkdir()
-    assert boot_id(str(tmp_path / "dir")) is None

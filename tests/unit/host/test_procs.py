@@ -9,8 +9,13 @@ import subprocess
 import time
 from pathlib import Path
 
-from reaper.host.procs import CLOCK_TICKS, describe, proc_stat, unseen_processes
-from reaper.model import Holder
+import pytest
+
+from reaper.host import procs
+from reaper.host.procs import CLOCK_TICKS, describe, netns_members, proc_stat, unseen_processes
+from reaper.model import Attachment, AttachmentKey, Holder, NsKey
+from reaper.reap.plan import recheck_reason
+from tests.harness.snapshots import cid, runtime
 
 
 def test_a_proc_of_another_pid_namespace_is_told_apart(tmp_path: Path) -> None:
@@ -59,3 +64,46 @@ def test_a_stat_line_whose_name_holds_parentheses_and_spaces(tmp_path: Path) -> 
     (tmp_path / "42" / "stat").write_text(f"42 (a) b (c) {fields}\n")
     got = proc_stat(42, 1000.0, str(tmp_path))
     assert (got.comm, got.ppid, got.started_at) == ("a) b (c", 7, 1000.0 + 250 / CLOCK_TICKS)
+
+
+def _proc_listing(tmp_path: Path, pids: list[int]) -> str:
+    """A stand-in /proc that lists `pids` (each with no readable namespace) and a few non-pids."""
+    for name in ("self", "sys", "meminfo", *(str(pid) for pid in pids)):
+        (tmp_path / name).mkdir(exist_ok=True)
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("listed", "why"),
+    [
+        (None, "No such file"),  # cannot be listed at all
+        ([], "lists no process"),
+        ([1, 2, 3], "does not list this process"),
+    ],
+    ids=["unlistable", "no-pids", "not-this-process"],
+)
+def test_a_walk_of_proc_that_cannot_be_whole_raises_instead_of_finding_no_one(
+    tmp_path: Path, listed: list[int] | None, why: str
+) -> None:
+    """An empty answer would read as "no process in any namespace"."""
+    proc = str(tmp_path / "missing") if listed is None else _proc_listing(tmp_path, listed)
+    with pytest.raises(OSError, match=why):
+        netns_members(proc)
+    assert netns_members(_proc_listing(tmp_path, [os.getpid()])) == {}  # listed, nothing readable: no one
+
+
+def test_a_failed_walk_makes_every_namespace_busy_at_the_recheck(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The re-check just before acting asks who is in each namespace again: a walk of /proc that
+    fails there leaves every attachment with a netns, whichever namespace it asks about."""
+    real = procs.netns_members
+    monkeypatch.setattr(procs, "netns_members", lambda: real("/nonexistent-proc"))
+    busy = procs.busy_namespaces(())
+    ns = NsKey(4, 4026532999)
+    assert isinstance(busy, procs.EveryNamespaceBusy)
+    assert ns in busy and "walk of /proc failed" in busy[ns] and busy.get(ns) == busy[ns]
+    only = procs.busy_namespaces((), ns)
+    assert only.get(ns) is not None
+    attachment = Attachment(AttachmentKey(cid(1), "mynet", "eth0"), (), ns, "orphan", "no owner", 700.0)
+    assert recheck_reason(attachment, runtime(), busy) == busy[ns]
+    monkeypatch.setattr(procs, "netns_members", real)
+    assert not isinstance(procs.busy_namespaces(()), procs.EveryNamespaceBusy)

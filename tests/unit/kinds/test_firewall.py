@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -311,28 +310,3 @@ def test_a_rule_stays_while_its_address_is_still_leased(monkeypatch: pytest.Monk
     Path(held.path).unlink()
     result, restored = _reclaim(monkeypatch, rules, now, {})
     assert all(d.ok for d in result.values()) and len(restored) == 2
-
-
-# ------------------------------------------------------------------ kept in a one-shot's memo
-
-
-def test_saved_rules_read_back_are_the_parsers_and_nothing_else() -> None:
-    parsed = tuple(parse_filter_save(CAPTURED_V4, "ipv4", "nft") + parse_filter_save(CAPTURED_V6, "ipv6", "nft"))
-    assert len(parsed) == 4
-    assert firewall.saved_rules(msgspec.to_builtins(parsed)) == parsed
-    good = msgspec.to_builtins(parsed[0])
-    assert isinstance(good, dict)
-    hostile = {
-        "a line the plugin never writes": {"rule": "-A CNI-FORWARD -s 10.77.0.5/32 -j DROP"},
-        "another address than the line's": {"ip": "10.77.0.6"},
-        "another family than the line's": {"family": "ipv6"},
-        "an owner, which is looked up each pass": {"container_id": cid(1), "network": "mynet"},
-        "another backend": {"backend": "evil"},
-        "a rule of another chain": {"rule": "-A FORWARD -s 10.77.0.5/32 -j ACCEPT"},
-        "a second line": {"rule": good["rule"] + "\n-A CNI-FORWARD -s 10.77.0.6/32 -j ACCEPT"},
-        "a field more": {"extra": 1},
-    }
-    for why, change in hostile.items():
-        assert firewall.saved_rules([{**good, **change}]) is None, why
-    assert firewall.saved_rules({"rule": good["rule"]}) is None
-    assert firewall.saved_rules([good, "x"]) is None

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
 from msgspec.structs import replace
 
-from reaper.host.memo import MEMO_VERSION, InventoryMemo, load_memo, memo_path
+from reaper.host.memo import InventoryMemo
 from reaper.host.netlink import RawLink, dump_links
 from reaper.kinds import Look, veth
 from reaper.kinds.veth import veths_from
 from reaper.model import NetnsPin, NsKey
-from reaper.scan import _MEMO_CHECKS
 from tests.harness.passes import options_at
 
 
@@ -61,13 +59,6 @@ def test_a_dump_that_fails_on_its_thread_is_the_kinds_error(monkeypatch: pytest.
     assert [(e.source, e.error) for e in found.errors] == [("netlink", "[Errno 1] Operation not permitted")]
 
 
-def test_pin_nsids_are_never_saved_beside_the_state_file() -> None:
-    # A writer of the state dir would choose which pod's namespace a veth's peer is in; the
-    # agent keeps them in memory only, and a one-shot asks the kernel for every pin.
-    assert veth.KIND.memo_check is None
-    assert "veth" not in _MEMO_CHECKS
-
-
 def test_a_bug_on_the_dump_thread_is_raised_on_the_looks_thread(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -79,17 +70,6 @@ def test_a_bug_on_the_dump_thread_is_raised_on_the_looks_thread(
     dump = veth.LinkDump(options_at(tmp_path))
     with pytest.raises(ValueError, match="bad answer"):
         dump.links()
-
-
-def test_a_forged_nsid_beside_the_state_file_is_never_read(tmp_path: Path) -> None:
-    # Whoever writes the state dir plants a memo saying a pin's namespace has nsid 7: the whole
-    # memo is set aside, and the pin is asked of the kernel.
-    path = memo_path(str(tmp_path / "state.json"))
-    forged = [["/run/netns/cni-x", [4, 4026532000, 0, 1, 1], [4, 4026531840, 7]]]
-    Path(path).write_text(json.dumps({"version": MEMO_VERSION, "kinds": {"veth": forged}}))
-    memo, warning = load_memo(path, _MEMO_CHECKS)
-    assert warning is not None and "every file is read again" in warning
-    assert list(memo.of("veth").items()) == []
 
 
 def test_a_one_shots_forked_dump_gives_the_links_the_in_process_one_does(tmp_path: Path) -> None:

@@ -1,0 +1,74 @@
+"""Confirmation counts and the state file others may rewrite, over whole passes in a scratch
+netns: a one-shot's count carried from the file stands for at most `confirmations - 1` passes,
+and the agent counts from what it saved itself, whatever the file says in between."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.harness.probe import run_probe
+
+PROBE = """
+import json, logging, os, sys
+from pathlib import Path
+from reaper.model import Policy, RuntimeView
+from reaper.names import compile_netns_patterns
+from reaper.runtime.static import StaticLiveness
+from reaper.scan import scan_pass
+from reaper.settings import Settings
+from reaper.state import KeptState
+
+work = Path(sys.argv[1])
+for sub in ("netns", "ipam/mynet", "cache", "conf", "bin"):
+    (work / sub).mkdir(parents=True, exist_ok=True)
+A = "a" * 64
+lease = work / "ipam/mynet/10.88.0.5"
+lease.write_bytes(f"{A}\\r\\neth0".encode())
+os.utime(lease, (1_000_000, 1_000_000))  # old: min-age is met
+state = work / "state.json"
+settings = Settings(
+    netns_dirs=(str(work / "netns"),), netns_patterns=compile_netns_patterns(()), ipam_dirs=(str(work / "ipam"),),
+    cni_cache_dir=str(work / "cache"), cni_conf_dir=str(work / "conf"), cni_bin_dirs=(str(work / "bin"),),
+    runtime_endpoints=(), runtime_timeout=1.0, policy=Policy(min_age=0.0, confirmations=3, stuck_after=900.0),
+    state_file=str(state), json_output=True, log_format="text", log_level="warning",
+)
+runtime = StaticLiveness(RuntimeView("unix:///x.sock", "x", "1", True, None, ()))
+log = logging.getLogger("probe")
+KEY = f"{A}/mynet/eth0"
+
+def forge():
+    # Whoever writes the state dir says the lease has had no owner for a million passes.
+    doc = json.loads(state.read_bytes())
+    doc["attachments"][KEY] = [1.0, 10**6]
+    state.write_text(json.dumps(doc))
+
+def verdict(**kw):
+    (a,) = scan_pass(settings, runtime, log, **kw).report.attachments
+    return [a.verdict, a.reason]
+
+out = {}
+out["fresh"] = verdict()
+forge()
+out["one_shot_after_forgery"] = verdict()
+out["saved_count"] = json.loads(state.read_bytes())["attachments"][KEY][1]
+state.unlink()
+kept = KeptState()
+out["agent_first"] = verdict(kept=kept)
+forge()
+out["agent_second"] = verdict(kept=kept)
+forge()
+out["agent_third"] = verdict(kept=kept)
+print(json.dumps(out))
+"""
+
+
+def test_a_forged_count_costs_a_one_shot_at_most_all_but_one_pass_and_the_agent_none(tmp_path: Path) -> None:
+    out = run_probe(PROBE, str(tmp_path))
+    assert out["fresh"] == ["pending", "no owner on 1 of 3 required passes"]
+    # One-shot: the file is its only memory; a raised count stands for two passes, never three.
+    assert out["one_shot_after_forgery"][0] == "orphan"
+    assert out["saved_count"] == 3, "what a pass saves is never above the confirmations"
+    # The agent: after its first pass it counts its own passes, whatever the file says.
+    assert out["agent_first"] == ["pending", "no owner on 1 of 3 required passes"]
+    assert out["agent_second"] == ["pending", "no owner on 2 of 3 required passes"]
+    assert out["agent_third"][0] == "orphan"
