@@ -499,15 +499,6 @@ class Done(Struct, frozen=True):
         return Done(ok=False, error=why)
 
 
-class GcOutcome(Struct, frozen=True):
-    """One plugin's answer to the CNI GC verb."""
-
-    network: str
-    plugin: str
-    ok: bool
-    error: str | None
-
-
 # ------------------------------------------------------------------- results
 
 
@@ -543,7 +534,6 @@ class ReapResult(Struct, frozen=True):
     plan: tuple[PlannedAttachment, ...]
     reclaimed: tuple[ReclaimOutcome, ...]
     skipped: tuple[SkippedAttachment, ...]
-    gc: tuple[GcOutcome, ...]
     recheck_error: str | None  # the runtime could not be asked again right before acting
     timings: tuple[tuple[str, float], ...] = ()  # seconds per step: scan, recheck, del, look, kernel, verify
     state_saved: bool = True

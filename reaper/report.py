@@ -204,7 +204,6 @@ def reap_json(result: ReapResult) -> dict[str, Any]:
     doc["skipped"] = [
         {"container_id": s.key.container_id, "network": s.key.network, "reason": s.reason} for s in result.skipped
     ]
-    doc["gc"] = [{"network": g.network, "plugin": g.plugin, "ok": g.ok, "error": g.error} for g in result.gc]
     doc["timings"] = dict(result.timings)
     return doc
 
@@ -239,8 +238,4 @@ def reap_table(result: ReapResult, dry_run: bool) -> str:
         lines += ["", f"SKIPPED ({len(result.skipped)})"]
         for skip in result.skipped:
             lines.append(f"  {_short(skip.key.container_id, 13)} {skip.key.network or '-'}: {skip.reason}")
-    if result.gc:
-        lines += ["", "CNI GC"]
-        for g in result.gc:
-            lines.append(f"  {g.network} {g.plugin}: {'ok' if g.ok else g.error}")
     return "\n".join(lines)

@@ -212,9 +212,6 @@ OPTIONS: tuple[Option, ...] = (
            "reap", _plugin_type, ",", "TYPE"),
     Option("--force", None, None, "reclaim even when the breaker would open", "reap", switch=True),
     Option("--dry-run", None, None, "print the plan (each step and method); change nothing", "reap", switch=True),
-    Option("--cni-gc", None, None,
-           "after reclaiming, call the CNI 1.1 GC verb on networks that support it, with the live attachments",
-           "reap", switch=True),
     Option("--mode", "REAPER_MODE", "reap", "reap: reclaim orphans every pass; scan: only report them", "agent",
            _one_of("scan", "reap"), metavar="MODE"),
     Option("--interval", "REAPER_INTERVAL", "60s", "time between passes (10%% jitter)", "agent",
@@ -312,7 +309,6 @@ class ReapSettings(Struct, frozen=True):
     plugin_timeout: float
     force: bool
     dry_run: bool
-    cni_gc: bool
     allow_plugins: tuple[str, ...] = ()
 
 
@@ -392,9 +388,7 @@ def reap_settings_from(args: argparse.Namespace, env: Mapping[str, str] | None =
     v = resolve(args, env)
     kernel_only = v["method"] == "kernel"
     limits = (v["max_reap"], v["max_orphan_ratio"], kernel_only, v["quarantine_dir"], v["plugin_timeout"])
-    return ReapSettings(
-        *limits, force=v["force"], dry_run=v["dry_run"], cni_gc=v["cni_gc"], allow_plugins=tuple(v["allow_plugin"])
-    )
+    return ReapSettings(*limits, force=v["force"], dry_run=v["dry_run"], allow_plugins=tuple(v["allow_plugin"]))
 
 
 def agent_settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> AgentSettings:

@@ -21,12 +21,11 @@ from typing import Any
 
 from msgspec import Struct
 
-from reaper.cni.requests import DelRequest, at_least, gc_stdin, plugin_stdin
+from reaper.cni.requests import DelRequest, at_least, plugin_stdin
 from reaper.host.confined import open_root
 from reaper.host.files import describe_oserror
 from reaper.host.jsondoc import parse_json
-from reaper.kinds.netconf import ConfigError, collect_configs, plugin_list
-from reaper.model import GcOutcome
+from reaper.kinds.netconf import ConfigError, plugin_list
 from reaper.names import PLUGIN_TYPE
 
 _ENV_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -43,7 +42,7 @@ class PluginFailure(Exception):
 
 
 class PluginEnv(Struct, frozen=True):
-    command: str  # DEL, GC, ...
+    command: str  # DEL, STATUS
     container_id: str
     netns: str
     ifname: str
@@ -58,7 +57,7 @@ class PluginEnv(Struct, frozen=True):
         }
         if self.container_id:
             env["CNI_CONTAINERID"] = self.container_id
-        if self.command != "GC":
+        if self.command != "STATUS":  # STATUS is about the plugin, not an attachment
             env["CNI_NETNS"] = self.netns
             env["CNI_IFNAME"] = self.ifname
             env["CNI_ARGS"] = ";".join(f"{k}={v}" for k, v in self.args)
@@ -111,7 +110,6 @@ STOP_GRACE = 5.0  # seconds a running plugin gets once the agent is asked to sto
 KILL_WAIT = 5.0  # seconds to reap a plugin after SIGKILL (it cannot refuse; this bounds a D state)
 PIPE_CHUNK = 65536
 _WAIT_STEP = 0.5  # seconds between looks at the stop flag while a plugin runs
-GC_FROM = (1, 1, 0)  # the CNI version that brought the GC verb
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
@@ -249,34 +247,27 @@ def del_network(
     return tuple(outcomes)
 
 
-def gc_networks(
-    conf_dir: str, live: list[tuple[str, str, str]], bin_dirs: tuple[str, ...], timeout: float
-) -> tuple[GcOutcome, ...]:
-    """The CNI 1.1 GC verb, opt-in: GC every network of the conf dir that speaks CNI >= 1.1.0
-    and does not disable it. `live` holds (network, container ID, ifname) of every attachment
-    not being reclaimed.
+STATUS_FROM = (1, 1, 0)  # the CNI version that brought the STATUS verb
 
-    Never a substitute for reclaiming each orphan: the reference plugins answer GC with
-    success and clean nothing.
-    """
-    configs, _ = collect_configs(conf_dir)
-    outcomes = []
-    for config in configs:
-        if config.disable_gc or not at_least(config.cni_version, GC_FROM):
-            continue
+
+def network_status(
+    config: bytes, bin_dirs: tuple[str, ...], timeout: float, stop: threading.Event | None = None
+) -> str | None:
+    """The CNI 1.1 STATUS verb, as libcni's GetStatusNetworkList asks it: each plugin of the
+    list in order, with the list's name and cniVersion, stopping at the first error. None when
+    every plugin is available or the list predates STATUS; else that plugin's error, one line.
+    An unreadable config answers None: its DEL reports the same error."""
+    try:
+        name, version, plugins = plugin_list(config)
+    except ConfigError:
+        return None
+    if not at_least(version, STATUS_FROM):
+        return None
+    env = PluginEnv("STATUS", "", "", "", (), bin_dirs)
+    for plugin in plugins:
+        conf = {**plugin, "name": name, "cniVersion": version}
         try:
-            name, version, plugins = plugin_list(config.raw)
-        except ConfigError as err:
-            outcomes.append(GcOutcome(config.name, "(config)", False, str(err)))
-            continue
-        valid = [{"containerID": cid, "ifname": ifname} for net, cid, ifname in live if net == name]
-        env = PluginEnv("GC", "", "", "", (), bin_dirs)
-        for plugin in plugins:
-            plugin_type = str(plugin["type"])
-            try:
-                run_plugin(plugin_type, gc_stdin(plugin, name, version, valid), env, timeout)
-            except PluginFailure as err:
-                outcomes.append(GcOutcome(name, plugin_type, False, str(err)))
-            else:
-                outcomes.append(GcOutcome(name, plugin_type, True, None))
-    return tuple(outcomes)
+            run_plugin(str(plugin["type"]), conf, env, timeout, stop)
+        except PluginFailure as err:
+            return str(err) if err.code is None else f"{err} (code {err.code})"
+    return None

@@ -1,4 +1,4 @@
-"""What a DEL or GC sends each plugin: its stdin and CNI_ARGS, built as libcni builds them."""
+"""What a DEL sends each plugin: its stdin and CNI_ARGS, built as libcni builds them."""
 
 from __future__ import annotations
 
@@ -112,12 +112,3 @@ def request_from_cache(
 
 def safe_ifname(ifname: str | None) -> str:
     return ifname if ifname is not None and is_ifname(ifname) else DEFAULT_IFNAME
-
-
-def gc_stdin(plugin: Mapping[str, Any], name: str, version: str, valid: list[dict[str, str]]) -> dict[str, Any]:
-    """A GC request: the plugin's config with the attachments still valid."""
-    conf = dict(plugin)
-    conf.update({"name": name, "cniVersion": version})
-    conf["cni.dev/valid-attachments"] = valid
-    conf["cni.dev/attachments"] = valid  # the older name, which some plugins still read
-    return conf

@@ -104,6 +104,10 @@ class Kind(Struct, Generic[R], frozen=True):
     last: bool = False
     # Its records are files that --quarantine-dir keeps instead of deleting.
     quarantinable: bool = False
+    # A DEL run as the runtime runs it needs these records besides the `last` ones (the pin is
+    # its CNI_NETNS, and the veths live in it): kept while a chain that keeps state elsewhere
+    # has not had that DEL succeed.
+    del_needs: bool = False
     # For records whose tie is a Claim by key: the kind's key of an attachment
     # (container ID, network, ifname), recomputed as the producer computes it.
     key_of: Callable[[str, str, str], str] | None = None

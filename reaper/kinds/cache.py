@@ -303,6 +303,20 @@ def current_document(entry: CacheEntry) -> CacheDocument | None:
     return document if _names(document, entry) else None
 
 
+def cached_config(entry: CacheEntry) -> bytes | None:
+    """The network list the entry says was ADDed, as the file holds it now; None when the file
+    no longer names the attachment, is legacy (no config kept) or its config does not decode."""
+    if entry.legacy or entry.corrupt is not None:
+        return None
+    document = current_document(entry)
+    if document is None or document.legacy:
+        return None
+    try:
+        return base64.b64decode(str(document.doc.get("config", "")), validate=True) or None
+    except (binascii.Error, ValueError):
+        return None
+
+
 def find(look: Look) -> Found[CacheEntry]:
     cache_dir = look.options.cache_dir
     multus_dirs = [d for d in multus.cni_dirs(look)[0] if d != os.path.join(cache_dir, multus.DEFAULT_SUBDIR)]

@@ -136,19 +136,36 @@ def _read(raw: bytes) -> tuple[dict[str, Any], str, str, list[dict[str, Any]]]:
 LOCAL_IPAM = frozenset({"host-local", "static"})
 
 
-def off_node_ipam(raw: bytes) -> str | None:
-    """The first IPAM plugin of a config whose state lives elsewhere (a daemon, a datastore:
-    dhcp, calico-ipam, whereabouts, Cilium, AWS): only its DEL can release the address."""
+# Plugins whose DEL frees nothing the reaper cannot free itself: what they make lives in the
+# pod's netns, on the host's links and firewall, or in files the reaper's kinds know (flannel's
+# per-container file, tuning's saved sysctls, host-local's leases). Any other plugin (cilium-cni,
+# aws-cni, kindnet, ovn-k8s-cni-overlay, azure-vnet, calico, multus, ...) may keep the address or
+# the attachment in a datastore of its own, which only its DEL releases.
+STATELESS_PLUGINS = frozenset(
+    {
+        "bridge", "ptp", "macvlan", "ipvlan", "host-device", "loopback", "portmap", "bandwidth",
+        "tuning", "sbr", "vrf", "firewall", "flannel",
+    }
+)  # fmt: skip
+
+
+def stateful_plugins(raw: bytes) -> tuple[str, ...] | None:
+    """The plugins of a config (IPAM plugins included) that keep state only their own DEL
+    frees, in chain order; None when the config cannot be read (nothing is known stateless)."""
     try:
         _, _, plugins = plugin_list(raw)
     except ConfigError:
         return None
+    found: list[str] = []
     for plugin in plugins:
+        kinds = [str(plugin["type"])]
         ipam = plugin.get("ipam")
-        kind = ipam.get("type") if isinstance(ipam, dict) else None
-        if isinstance(kind, str) and kind not in LOCAL_IPAM:
-            return kind
-    return None
+        if isinstance(ipam, dict):
+            kinds.append(str(ipam.get("type")))
+        for kind in kinds:
+            if kind not in STATELESS_PLUGINS and kind not in LOCAL_IPAM and kind not in found:
+                found.append(kind)
+    return tuple(found)
 
 
 def parse_network_config(raw: bytes, path: str) -> NetworkConfig:

@@ -187,4 +187,4 @@ def _plain_file(now: os.stat_result) -> str | None:
     return None
 
 
-KIND: Kind[NetnsPin] = Kind("netns", find, identity, ref, tie, reclaim)
+KIND: Kind[NetnsPin] = Kind("netns", find, identity, ref, tie, reclaim, del_needs=True)

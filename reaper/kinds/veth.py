@@ -257,4 +257,4 @@ def reclaim(veths: Sequence[VethLink], ctx: ReclaimContext) -> dict[Identity, Do
     return done
 
 
-KIND: Kind[VethLink] = Kind("veth", find, identity, ref, tie, reclaim, begin=LinkDump)
+KIND: Kind[VethLink] = Kind("veth", find, identity, ref, tie, reclaim, begin=LinkDump, del_needs=True)

@@ -12,12 +12,12 @@ from typing import Any
 
 from msgspec import Struct, field
 
-from reaper.cni.invoke import del_network
+from reaper.cni.invoke import del_network, network_status
 from reaper.cni.requests import DelRequest, request_from_cache, safe_ifname
 from reaper.host.procs import busy_namespaces
 from reaper.host.quarantine import Quarantine
 from reaper.kinds import COMMAND_TIMEOUT, Kind, ReclaimContext, cache
-from reaper.kinds.netconf import off_node_ipam
+from reaper.kinds.netconf import stateful_plugins
 from reaper.kinds.registry import KINDS, RECLAIM_ORDER
 from reaper.model import (
     Attachment,
@@ -55,7 +55,8 @@ def index(snapshot: NodeSnapshot) -> dict[Identity, Any]:
 
 
 def _netns_for_del(attachment: Attachment, records: Records) -> str:
-    """CNI_NETNS for DEL: the attachment's pin when it is still a real namespace, else empty."""
+    """CNI_NETNS for DEL: the attachment's pin when it is still a real namespace, else empty
+    (and then no DEL runs)."""
     for ref in attachment.resources:
         pin = records.get(ref.identity)
         if isinstance(pin, NetnsPin) and pin.is_namespace and os.path.exists(pin.path):
@@ -91,6 +92,10 @@ def del_request(
     if key.container_id is None or key.network is None:
         return None, None
     netns = _netns_for_del(attachment, records)
+    if not netns:
+        # A runtime passes the sandbox's netns path; an empty CNI_NETNS is taken by some
+        # plugins (kindnet) as "nothing to do", and they answer success having freed nothing.
+        return None, "no plugin runs: no namespace pin to pass as CNI_NETNS, as the runtime would"
     entries = [records.get(ref.identity) for ref in attachment.resources if ref.kind == cache.KIND.name]
     usable = [e for e in entries if isinstance(e, CacheEntry) and not e.legacy and e.corrupt is None]
     refusal = None
@@ -113,6 +118,37 @@ def del_request(
     return None, note
 
 
+def kept_state(
+    attachment: Attachment, records: Records, configs: Sequence[NetworkConfig], request: DelRequest | None
+) -> str | None:
+    """What makes the attachment's cache entry outlive a failed or missing DEL: a plugin of its
+    chain keeps state (an address, an endpoint) in a datastore only its own DEL frees, and the
+    cache entry is the only record of what that DEL needs. None when every plugin of the chain
+    is known stateless (reaper.kinds.netconf.STATELESS_PLUGINS). The chain is what the cache
+    entry says was ADDed, else the conf dir's config of the network, plus what DEL would run."""
+    records_of = (records.get(ref.identity) for ref in attachment.resources if ref.kind == cache.KIND.name)
+    entries = [e for e in records_of if isinstance(e, CacheEntry)]
+    if not entries:
+        return None
+    raws = [raw for raw in (cache.cached_config(e) for e in entries) if raw is not None]
+    if not raws:
+        network = attachment.key.network
+        raws = [c.raw for c in configs if c.name == network and not c.path.startswith("cache:")][:1]
+    if request is not None:
+        raws.append(request.config)
+    if not raws:
+        return "a chain no config names"
+    stateful: list[str] = []
+    for raw in raws:
+        found = stateful_plugins(raw)
+        if found is None:
+            return "a chain whose config cannot be read"
+        stateful += [kind for kind in found if kind not in stateful]
+    if not stateful:
+        return None
+    return ", ".join(stateful)[:200]
+
+
 class Reclaimer(Struct):
     """The act and verify steps of one pass."""
 
@@ -126,6 +162,11 @@ class Reclaimer(Struct):
     stop: threading.Event
     observe: Callable[[], RuntimeView]  # the runtimes, asked again
     watch: Stopwatch = field(default_factory=Stopwatch)
+    # The conf dir's config of each network: asked for STATUS before the kernel step frees
+    # what an attachment without a DEL holds.
+    network_configs: Mapping[str, bytes] = field(default_factory=dict)
+    _statuses: dict[bytes, str | None] = field(default_factory=dict)
+    _status_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def recheck(self, attachments: Sequence[Attachment]) -> dict[AttachmentKey, str]:
         """Right before acting on them: why each attachment must be left after all, by what the
@@ -144,9 +185,11 @@ class Reclaimer(Struct):
         attachments: Sequence[Attachment],
         requests: Mapping[AttachmentKey, DelRequest | None],
         judged: Records | None = None,
+        keep: Mapping[AttachmentKey, str] | None = None,
     ) -> tuple[list[ReclaimOutcome], list[SkippedAttachment]]:
         """Reclaim each attachment, re-checked right before its DEL and again before the kernel
-        step; those the first re-check leaves are skipped whole."""
+        step; those the first re-check leaves are skipped whole. `keep` names, by attachment,
+        the plugins of its chain that keep state only their DEL frees (see kept_state)."""
         self.watch.restart()
         plugin_errors, left_before_del = self._del_all(attachments, requests)
         skipped = [SkippedAttachment(a.key, left_before_del[a.key]) for a in attachments if a.key in left_before_del]
@@ -154,10 +197,12 @@ class Reclaimer(Struct):
         self.watch.lap("del")
         after_del = index(self.look())
         self.watch.lap("look")
+        # A chain that keeps state elsewhere keeps its cache entry (and the other files DEL
+        # reads) unless its DEL ran as the runtime would run it, with the pin, and succeeded.
         needs_plugin = {
-            key: ipam
-            for key, request in requests.items()
-            if request is not None and plugin_errors.get(key) and (ipam := off_node_ipam(request.config)) is not None
+            key: what
+            for key, what in (keep or {}).items()
+            if (request := requests.get(key)) is None or not request.netns or plugin_errors.get(key)
         }
         if self.stop.is_set():
             # Stopping: no new step starts. What DEL freed is reported; the rest waits.
@@ -196,6 +241,16 @@ class Reclaimer(Struct):
             )
         return outcomes, skipped
 
+    def status(self, config: bytes) -> str | None:
+        """The network's answer to CNI STATUS (reaper.cni.invoke.network_status), asked once a
+        pass for each config: an attachment of a network whose plugin is not available gets
+        neither its DEL nor the kernel step this pass, so that nothing its plugin would still
+        release is freed behind its back."""
+        with self._status_lock:
+            if config not in self._statuses:
+                self._statuses[config] = network_status(config, self.bin_dirs, self.plugin_timeout, self.stop)
+            return self._statuses[config]
+
     def _del_all(
         self, attachments: Sequence[Attachment], requests: Mapping[AttachmentKey, DelRequest | None]
     ) -> tuple[dict[AttachmentKey, tuple[str, ...]], dict[AttachmentKey, str]]:
@@ -207,8 +262,14 @@ class Reclaimer(Struct):
             if self.stop.is_set():
                 return key, (), "stopping"
             why = self.recheck([attachment]).get(key)
-            if why is not None or request is None:
+            if why is not None:
                 return key, (), why
+            config = request.config if request is not None else self.network_configs.get(key.network or "")
+            unavailable = self.status(config) if config is not None else None
+            if unavailable is not None:
+                return key, (), f"waits: a plugin of its network is not available (CNI STATUS): {unavailable}"
+            if request is None:
+                return key, (), None
             try:
                 outcomes = del_network(request, self.bin_dirs, self.plugin_timeout, self.stop)
             except Exception as err:  # this attachment's error; the others go on
@@ -232,8 +293,9 @@ class Reclaimer(Struct):
         judged: Records,
     ) -> dict[Identity, Done]:
         """Each kind reclaims what is still there, in the registry's order. A `last` kind's
-        record goes only once every other resource of its attachment is gone, and never while
-        an off-node IPAM plugin still needs it: it is what a later DEL needs."""
+        record goes only once every other resource of its attachment is gone. While a plugin
+        that keeps state elsewhere still needs its DEL (`needs_plugin`), what that DEL needs
+        stays: the `last` kinds' files and the `del_needs` kinds' pin and veths."""
         done: dict[Identity, Done] = {}
         last_kinds = {k.name for k in RECLAIM_ORDER if k.last}
         for kind in RECLAIM_ORDER:
@@ -242,10 +304,10 @@ class Reclaimer(Struct):
                 for ref in a.resources:
                     if ref.kind != kind.name or ref.identity not in present:
                         continue
-                    if kind.last and a.key in needs_plugin:
-                        ipam = needs_plugin[a.key]
+                    if (kind.last or kind.del_needs) and a.key in needs_plugin:
                         done[ref.identity] = Done.left(
-                            f"kept: {ipam} keeps the address off this node; its DEL needs this"
+                            f"kept: {needs_plugin[a.key]} may keep state that only its DEL frees, and DEL"
+                            " has not succeeded as the runtime would run it; that DEL needs this"
                         )
                         continue
                     if kind.last:

@@ -5,16 +5,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Set
+from collections.abc import Callable
 from typing import Any
 
 from msgspec.structs import replace
 
-from reaper.cni.invoke import gc_networks
 from reaper.host.memo import InventoryMemo
 from reaper.host.quarantine import Quarantine
-from reaper.model import AttachmentKey, GcOutcome, ReapResult, ScanReport, SkippedAttachment
-from reaper.reap.act import UNREACHABLE_AT_RECHECK, Reclaimer, del_request, held_by_others, index
+from reaper.model import ReapResult, SkippedAttachment
+from reaper.reap.act import UNREACHABLE_AT_RECHECK, Reclaimer, del_request, held_by_others, index, kept_state
 from reaper.reap.plan import ReapPolicy, breaker_counts, breaker_reason, plan_attachment, select
 from reaper.reap.trust import node_trust
 from reaper.runtime.liveness import LivenessSource
@@ -51,14 +50,14 @@ def reap_pass(
     watch.lap("scan")
 
     def result(**changes: Any) -> ReapResult:
-        base = ReapResult(report, False, None, (), (), (), (), None, tuple(watch.laps), scan.state_saved)
+        base = ReapResult(report, False, None, (), (), (), None, tuple(watch.laps), scan.state_saved)
         return replace(base, **changes)
 
     if not report.runtime.reachable:
         return result()
     orphans = [a for a in report.attachments if a.verdict == "orphan"]
     if not orphans:
-        return result(gc=_gc(settings, reap, report) if reap.cni_gc and not reap.dry_run else ())
+        return result()
     weighed = breaker_counts(report.attachments)
     refused = breaker_reason(*weighed, policy)
     if refused is not None:
@@ -74,7 +73,9 @@ def reap_pass(
     plan = tuple(plan_attachment(a, *asked[a.key], policy.quarantine) for a in selected)
     for key, (_, note) in asked.items():
         if note is not None:
-            log.warning("cached config refused", extra={"attachment": key.as_text(), "reason": note})
+            by_trust = note.startswith("cached config not run")
+            log.log(logging.WARNING if by_trust else logging.INFO, "cached config refused" if by_trust else "no DEL",
+                    extra={"attachment": key.as_text(), "reason": note})  # fmt: skip
     if reap.dry_run:
         return result(plan=plan, skipped=tuple(skipped))
 
@@ -101,8 +102,10 @@ def reap_pass(
         stop=stop,
         observe=lambda: liveness.observe(scan.known_netns),
         watch=watch,
+        network_configs={c.name: c.raw for c in reversed(configs) if not c.path.startswith("cache:")},
     )
-    outcomes, left = reclaimer.run(selected, requests, records)
+    keep = {a.key: what for a in selected if (what := kept_state(a, records, configs, requests[a.key])) is not None}
+    outcomes, left = reclaimer.run(selected, requests, records, keep)
     skipped += left
     # A runtime that stopped answering during the pass makes it undecided, as at the first re-check.
     lost = next((s.reason.split(": ", 1)[-1] for s in left if s.reason.startswith(UNREACHABLE_AT_RECHECK)), None)
@@ -116,21 +119,4 @@ def reap_pass(
                 ),
             },
         )
-    gc = _gc(settings, reap, report, {o.key for o in outcomes}) if reap.cni_gc else ()
-    return result(plan=plan, reclaimed=tuple(outcomes), skipped=tuple(skipped), gc=gc, recheck_error=lost)
-
-
-def _valid_attachments(report: ScanReport, reclaimed: Set[AttachmentKey]) -> Iterable[tuple[str, str, str]]:
-    """Every attachment not reclaimed now, as the re-checks left it: live, pending, unknown,
-    and the orphans that were skipped or left at a re-check."""
-    for a in report.attachments:
-        k = a.key
-        if k not in reclaimed and k.container_id and k.network and k.ifname:
-            yield k.network, k.container_id, k.ifname
-
-
-def _gc(
-    settings: Settings, reap: ReapSettings, report: ScanReport, reclaimed: Set[AttachmentKey] = frozenset()
-) -> tuple[GcOutcome, ...]:
-    valid = list(_valid_attachments(report, reclaimed))
-    return gc_networks(settings.cni_conf_dir, valid, settings.cni_bin_dirs, reap.plugin_timeout)
+    return result(plan=plan, reclaimed=tuple(outcomes), skipped=tuple(skipped), recheck_error=lost)

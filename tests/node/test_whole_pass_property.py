@@ -599,7 +599,15 @@ class Tree:
             log_level="warning",
         )
         quarantine = str(top / "quarantine") if state.quarantine else None
-        reap = ReapSettings(state.max_reap, 1.0, state.kernel_only, quarantine, 5.0, False, state.dry_run, False)
+        reap = ReapSettings(
+            max_reap=state.max_reap,
+            max_orphan_ratio=1.0,
+            kernel_only=state.kernel_only,
+            quarantine_dir=quarantine,
+            plugin_timeout=5.0,
+            force=False,
+            dry_run=state.dry_run,
+        )
         return node, reap
 
     def plugin_calls(self) -> list[list[str]]:

@@ -49,7 +49,6 @@ CUSTOM: dict[str, Any] = {
     "allowPlugins": ["dhcp", "firewall"],
     "stallAfter": "45m",
     "force": True,
-    "cniGc": True,
     "podCidrFromNode": True,
     "runtimeEndpoint": "unix:///var/run/crio/crio.sock",
     "runtimeTimeout": "5s",
@@ -327,7 +326,6 @@ def test_default_args_and_listen_on_the_node_ip(chart: helm.Chart) -> None:
     for flag, values in expected.items():
         assert flag_values(args, flag) == values, flag
     assert "--force" not in args
-    assert "--cni-gc" not in args
     node_ip = next(e for e in c["env"] if e["name"] == "NODE_IP")
     assert node_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
 
@@ -380,7 +378,6 @@ def test_args_are_what_the_agent_takes(chart: helm.Chart) -> None:
         assert reap.kernel_only == (merged["method"] == "kernel")
         assert reap.quarantine_dir == (merged["quarantineDir"] or None)
         assert reap.force == merged["force"]
-        assert reap.cni_gc == merged["cniGc"]
         assert reap.allow_plugins == tuple(merged["allowPlugins"])
         assert agent.stall_after == parse_duration(str(merged["stallAfter"]))
         assert settings.log_format == merged["logFormat"]
@@ -415,7 +412,6 @@ def test_custom_values_reach_the_args(chart: helm.Chart) -> None:
     assert flag_values(args, "--quarantine-dir") == ["/var/lib/cni-quarantine"]
     assert flag_values(args, "--log-format") == ["text"]
     assert "--force" in args
-    assert "--cni-gc" in args
     assert args[-1] == "--log-level=warning"  # extraArgs come last
 
 
