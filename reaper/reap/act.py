@@ -38,7 +38,7 @@ from reaper.model import (
     VethLink,
 )
 from reaper.reap.plan import recheck_reason
-from reaper.reap.trust import NodeTrust, cached_config_refusal, corroborated
+from reaper.reap.trust import NO_KERNEL_EVIDENCE, NodeTrust, cached_config_refusal, kernel_proven
 from reaper.stopwatch import Stopwatch
 
 # Plugins are processes that spend part of their time waiting (host-local's lock, the
@@ -64,8 +64,9 @@ def _netns_for_del(attachment: Attachment, records: Records) -> str:
 
 
 def held_by_others(records: Records, orphans: Sequence[Attachment]) -> tuple[set[str], set[str]]:
-    """(addresses, veth names) that records outside every orphan attachment hold. Only veths:
-    a result's other host interfaces are shared ones (the bridge every pod hangs off)."""
+    """(addresses, veth names) that records outside every orphan attachment hold, the addresses
+    as written (node_trust compares them by meaning). Only veths: a result's other host
+    interfaces are shared ones (the bridge every pod hangs off)."""
     judged = {ref.identity for a in orphans for ref in a.resources}
     ips: set[str] = set()
     ifnames: set[str] = set()
@@ -81,29 +82,43 @@ def held_by_others(records: Records, orphans: Sequence[Attachment]) -> tuple[set
     return ips, ifnames
 
 
+def _cached_request(attachment: Attachment, records: Records, netns: str) -> tuple[DelRequest, object] | None:
+    """DEL as the attachment's cache entry would run it, and the entry's result as it is written
+    (None when it has none); None when there is no usable entry with a config."""
+    key = attachment.key
+    if key.container_id is None or key.network is None or key.ifname is None:
+        return None
+    entries = [records.get(ref.identity) for ref in attachment.resources if ref.kind == cache.KIND.name]
+    usable = [e for e in entries if isinstance(e, CacheEntry) and not e.legacy and e.corrupt is None]
+    if not usable:
+        return None
+    document = cache.current_document(usable[0])
+    if document is None or document.legacy:
+        return None
+    request = request_from_cache(document.doc, key.container_id, key.network, key.ifname, netns, usable[0].path)
+    return (request, document.doc.get("result")) if request is not None else None
+
+
 def del_request(
     attachment: Attachment, records: Records, configs: Sequence[NetworkConfig], trust: NodeTrust
 ) -> tuple[DelRequest | None, str | None]:
     """What DEL would run for this attachment, and why its cache entry's config does not run
-    when it does not: that config when the node corroborates it (reaper.reap.trust), else the
-    conf dir's config, else nothing (the kinds reclaim what is left)."""
+    when it does not. Nothing, unless a kernel object proves the attachment (reaper.reap.trust);
+    then that config when the node vouches for it, else the conf dir's config, else nothing
+    (the kinds reclaim what is left)."""
     key = attachment.key
     if key.container_id is None or key.network is None:
         return None, None
+    if not kernel_proven(attachment, records, trust):
+        return None, NO_KERNEL_EVIDENCE
     netns = _netns_for_del(attachment, records)
-    entries = [records.get(ref.identity) for ref in attachment.resources if ref.kind == cache.KIND.name]
-    usable = [e for e in entries if isinstance(e, CacheEntry) and not e.legacy and e.corrupt is None]
     refusal = None
-    if usable and key.ifname is not None:
-        document = cache.current_document(usable[0])
-        if document is not None and not document.legacy:
-            request = request_from_cache(document.doc, key.container_id, key.network, key.ifname, netns, usable[0].path)
-            if request is not None:
-                refusal = cached_config_refusal(attachment, request.config, request.prev_result, trust)
-                if refusal is None:
-                    return request, None
-    if refusal is not None and not corroborated(attachment):
-        return None, f"cached config not run: {refusal}"
+    cached = _cached_request(attachment, records, netns)
+    if cached is not None:
+        request, result = cached
+        refusal = cached_config_refusal(attachment, request.config, result, trust)
+        if refusal is None:
+            return request, None
     note = f"cached config not run: {refusal}" if refusal is not None else None
     for config in configs:
         if config.name == key.network and not config.path.startswith("cache:"):
@@ -111,6 +126,16 @@ def del_request(
                 key.container_id, key.network, safe_ifname(key.ifname), netns, config.raw, config.path
             ), note
     return None, note
+
+
+def kept_for_plugin(attachment: Attachment, records: Records, trust: NodeTrust) -> str | None:
+    """The IPAM plugin that keeps this attachment's address off the node, when no plugin may run
+    for it (no kernel object proves it): its cache entry stays, since only that plugin's DEL,
+    which needs the entry, can free the address. None otherwise."""
+    if kernel_proven(attachment, records, trust):
+        return None
+    cached = _cached_request(attachment, records, "")
+    return off_node_ipam(cached[0].config) if cached is not None else None
 
 
 class Reclaimer(Struct):
@@ -126,6 +151,9 @@ class Reclaimer(Struct):
     stop: threading.Event
     observe: Callable[[], RuntimeView]  # the runtimes, asked again
     watch: Stopwatch = field(default_factory=Stopwatch)
+    # Attachments no plugin may run for whose IPAM keeps the address off the node: their cache
+    # entries stay (see kept_for_plugin). Attachment -> that IPAM plugin.
+    keep: Mapping[AttachmentKey, str] = field(default_factory=dict)
 
     def recheck(self, attachments: Sequence[Attachment]) -> dict[AttachmentKey, str]:
         """Right before acting on them: why each attachment must be left after all, by what the
@@ -159,6 +187,7 @@ class Reclaimer(Struct):
             for key, request in requests.items()
             if request is not None and plugin_errors.get(key) and (ipam := off_node_ipam(request.config)) is not None
         }
+        needs_plugin.update({a.key: self.keep[a.key] for a in attachments if a.key in self.keep})
         if self.stop.is_set():
             # Stopping: no new step starts. What DEL freed is reported; the rest waits.
             kernel_done = {i: Done.left("interrupted: stopping") for i in after_del}
@@ -243,10 +272,7 @@ class Reclaimer(Struct):
                     if ref.kind != kind.name or ref.identity not in present:
                         continue
                     if kind.last and a.key in needs_plugin:
-                        ipam = needs_plugin[a.key]
-                        done[ref.identity] = Done.left(
-                            f"kept: {ipam} keeps the address off this node; its DEL needs this"
-                        )
+                        done[ref.identity] = Done.left(self._kept_because(a.key, needs_plugin[a.key]))
                         continue
                     if kind.last:
                         others = [r.identity for r in a.resources if r.kind not in last_kinds and r.identity in present]
@@ -264,6 +290,14 @@ class Reclaimer(Struct):
             )
             done.update(self._reclaim_isolated(kind, records, ctx))
         return done
+
+    def _kept_because(self, key: AttachmentKey, ipam: str) -> str:
+        if key in self.keep:
+            return (
+                f"kept: {ipam} keeps the address off this node and only its DEL frees it, but no plugin "
+                "runs for an attachment no netns pin or veth proves; release it by hand, then remove this"
+            )
+        return f"kept: {ipam} keeps the address off this node; its DEL needs this"
 
     def _reclaim_isolated(self, kind: Kind[Any], records: list[Any], ctx: ReclaimContext) -> dict[Identity, Done]:
         """The kind's reclaim of the batch; if it fails unexpectedly, of each record alone, so

@@ -14,9 +14,9 @@ from reaper.cni.invoke import gc_networks
 from reaper.host.memo import InventoryMemo
 from reaper.host.quarantine import Quarantine
 from reaper.model import AttachmentKey, GcOutcome, ReapResult, ScanReport, SkippedAttachment
-from reaper.reap.act import UNREACHABLE_AT_RECHECK, Reclaimer, del_request, held_by_others, index
+from reaper.reap.act import UNREACHABLE_AT_RECHECK, Reclaimer, del_request, held_by_others, index, kept_for_plugin
 from reaper.reap.plan import ReapPolicy, breaker_counts, breaker_reason, plan_attachment, select
-from reaper.reap.trust import node_trust
+from reaper.reap.trust import kernel_proven, node_trust, proven_namespaces
 from reaper.runtime.liveness import LivenessSource
 from reaper.scan import find_options, scan_pass
 from reaper.settings import ReapSettings, Settings
@@ -65,13 +65,17 @@ def reap_pass(
     records = index(scan.snapshot)
     configs = scan.snapshot.configs
     trust = node_trust((c for c in configs if not c.path.startswith("cache:")), reap.allow_plugins,
-                       *held_by_others(records, orphans))  # fmt: skip
+                       *held_by_others(records, orphans), proven=proven_namespaces(orphans, records))  # fmt: skip
     asked = {a.key: (None, None) if policy.kernel_only else del_request(a, records, configs, trust) for a in selected}
     requests = {key: request for key, (request, _) in asked.items()}
+    keep = {a.key: ipam for a in selected if (ipam := kept_for_plugin(a, records, trust)) is not None}
+    # GC is told every attachment is valid but the reclaimed ones a kernel object proved: a
+    # plugin never acts for an attachment made only of files, by GC no more than by DEL.
+    proven = {a.key for a in selected if kernel_proven(a, records, trust)}
     plan = tuple(plan_attachment(a, *asked[a.key], policy.quarantine) for a in selected)
     for key, (_, note) in asked.items():
         if note is not None:
-            log.warning("cached config refused", extra={"attachment": key.as_text(), "reason": note})
+            log.warning("plugin config refused", extra={"attachment": key.as_text(), "reason": note})
     if reap.dry_run:
         return result(plan=plan, skipped=tuple(skipped))
 
@@ -98,6 +102,7 @@ def reap_pass(
         stop=stop,
         observe=lambda: liveness.observe(scan.known_netns),
         watch=watch,
+        keep=keep,
     )
     outcomes, left = reclaimer.run(selected, requests, records)
     skipped += left
@@ -113,13 +118,14 @@ def reap_pass(
                 ),
             },
         )
-    gc = _gc(settings, reap, report, {o.key for o in outcomes}) if reap.cni_gc else ()
+    gc = _gc(settings, reap, report, {o.key for o in outcomes} & proven) if reap.cni_gc else ()
     return result(plan=plan, reclaimed=tuple(outcomes), skipped=tuple(skipped), gc=gc, recheck_error=lost)
 
 
 def _valid_attachments(report: ScanReport, reclaimed: Set[AttachmentKey]) -> Iterable[tuple[str, str, str]]:
     """Every attachment not reclaimed now, as the re-checks left it: live, pending, unknown,
-    and the orphans that were skipped or left at a re-check."""
+    the orphans that were skipped or left at a re-check, and those reclaimed as files only (no
+    kernel object proved them, so no plugin acts for them)."""
     for a in report.attachments:
         k = a.key
         if k not in reclaimed and k.container_id and k.network and k.ifname:
