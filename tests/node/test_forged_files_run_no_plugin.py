@@ -337,3 +337,45 @@ def test_a_leak_with_a_pin_and_no_cache_entry_still_gets_the_conf_dirs_del(node:
     (plan,) = [p for p in run.doc["plan"] if p["container_id"] == leak.container_id and p["ifname"] == "eth0"]
     assert plan["config"] == str(lab.conf_dir / f"10-{lab.network_name}.conflist"), plan
     guard.check()
+
+
+GC_PROBE = """#!/usr/bin/env python3
+import json, os, sys
+if os.environ.get("CNI_COMMAND") == "VERSION":
+    print(json.dumps({"cniVersion": "1.1.0", "supportedVersions": ["1.0.0", "1.1.0"]}))
+    sys.exit(0)
+conf = json.load(sys.stdin)
+with open("{calls}", "a") as f:
+    f.write(json.dumps({"command": os.environ.get("CNI_COMMAND"), "conf": conf}) + "\\n")
+"""
+
+
+def test_gc_is_never_told_that_an_attachment_only_files_make_is_gone(node: Node, tmp_path: Path) -> None:
+    """GC cleans every attachment it is not told is valid. An orphan made only of forged files
+    is reclaimed as files, and stays in the valid list: no plugin acts for it, by GC no more
+    than by DEL. A real leak reclaimed in the same pass is left out of the list, as before."""
+    lab = node.lab
+    calls = node.markers / "gc-calls.jsonl"
+    probe = lab.bin_dir / "reaper-gc-probe"
+    probe.write_text(GC_PROBE.replace("{calls}", str(calls)))
+    probe.chmod(0o755)
+    gc_conf = lab.conf_dir / "30-gc.conflist"
+    gc_conf.write_text(json.dumps({"cniVersion": "1.1.0", "name": lab.network_name,
+                                   "plugins": [{"type": "reaper-gc-probe"}]}))  # fmt: skip
+    forged = secrets.token_hex(32)
+    lease = _forge_lease(lab, lab.network_name, _free_ip(lab, 2), forged)
+    entry = _forge_cache(lab, forged, _node_plugins(lab), {"cniVersion": "1.0.0"})
+    leak = lab.make_leak(with_cache=True)
+    guard = Guard(node, tmp_path)
+    try:
+        run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP, "--cni-gc")
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr
+        assert not lease.exists() and not entry.exists() and leak_left(lab, leak) == []
+        (call,) = [json.loads(line) for line in calls.read_text().splitlines()]
+        valid = {v["containerID"] for v in call["conf"]["cni.dev/valid-attachments"]}
+        assert forged in valid and node.web in valid, valid
+        assert leak.container_id not in valid, "a reclaimed leak the kernel proved is gone"
+        guard.check()
+    finally:
+        gc_conf.unlink()
+        probe.unlink()

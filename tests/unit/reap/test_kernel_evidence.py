@@ -4,24 +4,28 @@ is chosen (del_request), and a cache entry kept (kept_for_plugin), by that rule.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from msgspec.structs import replace
 
-from reaper.kinds import cache, hostlocal, netns
+from reaper.kinds import FindOptions, cache, hostlocal, netns
 from reaper.kinds.netconf import parse_network_config
 from reaper.model import Attachment, AttachmentKey, Identity, NsKey
 from reaper.reap.act import del_request, kept_for_plugin
 from reaper.reap.trust import NO_KERNEL_EVIDENCE, NodeTrust, node_trust
+from reaper.snapshot import take_snapshot
 from tests.harness import snapshots
 from tests.harness.configs import cache_doc, conflist
+from tests.harness.passes import bare_reclaimer
 
 CID = "a" * 64
 NET = "net1"
 OWN = json.loads(conflist(NET))
 DHCP = {"cniVersion": "1.0.0", "name": NET, "plugins": [{"type": "bridge", "ipam": {"type": "dhcp"}}]}
 NETNS = NsKey(4, 1001)
+NO_PINS = (re.compile("x"),)
 
 
 def _records(tmp: Path, config: dict[str, Any] = OWN) -> dict[Identity, Any]:
@@ -86,3 +90,19 @@ def test_an_off_node_ipams_entry_stays_when_no_plugin_may_run(tmp_path: Path) ->
     assert kept_for_plugin(_attachment(records), records, _trust()) is None, "a plugin may run for it"
     local = _records(tmp_path / "local")
     assert kept_for_plugin(_attachment(local), local, _trust()) is None
+
+
+def test_a_kept_entry_stays_with_its_reason_and_the_rest_goes(tmp_path: Path) -> None:
+    """The reclaimer keeps the entry of an attachment no plugin may run for, and says why; its
+    lease is freed as a file all the same."""
+    records = _records(tmp_path, DHCP)
+    attachment = _attachment(records)
+    options = FindOptions((), (str(tmp_path / "ipam"),), str(tmp_path / "cache"), str(tmp_path / "conf"), (), NO_PINS)
+    reclaimer = bare_reclaimer(look=lambda: take_snapshot(options))
+    reclaimer.keep = {attachment.key: "dhcp"}
+    (outcome,), skipped = reclaimer.run([attachment], {attachment.key: None}, records)
+    assert skipped == [] and outcome.needs_plugin == "dhcp"
+    done = {r.kind: r for r in outcome.resources}
+    assert done["ipam"].ok and not (tmp_path / "ipam" / NET / "10.0.0.9").exists()
+    assert not done["cache"].ok and "no plugin" in str(done["cache"].error)
+    assert (tmp_path / "cache" / "results" / f"{NET}-{CID}-eth0").exists()
