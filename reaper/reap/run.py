@@ -16,7 +16,7 @@ from reaper.host.quarantine import Quarantine
 from reaper.model import AttachmentKey, GcOutcome, ReapResult, ScanReport, SkippedAttachment
 from reaper.reap.act import UNREACHABLE_AT_RECHECK, Reclaimer, del_request, held_by_others, index, kept_for_plugin
 from reaper.reap.plan import ReapPolicy, breaker_counts, breaker_reason, plan_attachment, select
-from reaper.reap.trust import kernel_proven, node_trust, proven_namespaces
+from reaper.reap.trust import NO_KERNEL_EVIDENCE, kernel_proven, node_trust, proven_namespaces
 from reaper.runtime.liveness import LivenessSource
 from reaper.scan import find_options, scan_pass
 from reaper.settings import ReapSettings, Settings
@@ -75,7 +75,9 @@ def reap_pass(
     plan = tuple(plan_attachment(a, *asked[a.key], policy.quarantine) for a in selected)
     for key, (_, note) in asked.items():
         if note is not None:
-            log.warning("plugin config refused", extra={"attachment": key.as_text(), "reason": note})
+            # No kernel object: a partial ADD's leftovers (a lease, a chain) look so too, so it is news, not a warning.
+            level = logging.INFO if note == NO_KERNEL_EVIDENCE else logging.WARNING
+            log.log(level, "plugin config refused", extra={"attachment": key.as_text(), "reason": note})
     if reap.dry_run:
         return result(plan=plan, skipped=tuple(skipped))
 

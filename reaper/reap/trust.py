@@ -41,8 +41,8 @@ STEERING_KEYS = frozenset(
     )
 )  # fmt: skip
 NO_KERNEL_EVIDENCE = (
-    "no plugin runs: no netns pin or host veth of this attachment is on the node, only files, "
-    "which anyone who can write them could have forged; they go as files"
+    "no plugin runs: no netns pin or host veth proves this attachment, only files (which whoever "
+    "can write them could have forged); they go as files, its chains and rules by their hash"
 )
 
 
