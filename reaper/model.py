@@ -444,7 +444,7 @@ class PlannedAttachment(Struct, frozen=True):
     key: AttachmentKey
     config_source: str | None  # the cache file or conf file DEL takes its config from; None: kernel only
     steps: tuple[PlannedStep, ...]
-    config_note: str | None = None  # why the cache entry's own config does not run, when it does not
+    config_note: str | None = None  # why the cache entry's own config (or any plugin) does not run
 
 
 class ResourceOutcome(Struct, frozen=True):
@@ -463,8 +463,9 @@ class ReclaimOutcome(Struct, frozen=True):
     key: AttachmentKey
     resources: tuple[ResourceOutcome, ...]
     plugin_errors: tuple[str, ...]  # every plugin whose DEL failed, and why
-    # DEL failed and this IPAM plugin keeps its state off the node: the cache entry stays, since
-    # only the plugin's DEL (which needs it) can release the address.
+    # DEL failed (or no plugin may run: nothing the kernel holds proves the attachment) and this
+    # IPAM plugin keeps its state off the node: the cache entry stays, since only the plugin's
+    # DEL (which needs it) can release the address.
     needs_plugin: str | None = None
 
     @property

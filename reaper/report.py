@@ -231,7 +231,7 @@ def reap_table(result: ReapResult, dry_run: bool) -> str:
                 state = "freed" if r.ok else f"LEFT: {r.error}"
                 lines.append(f"      {r.method:<10} {r.kind} {_elide(r.name)}  {state}")
             if o.needs_plugin:
-                lines.append(f"      NEEDS PLUGIN {o.needs_plugin}: its cache entry is kept until its DEL succeeds")
+                lines.append(f"      NEEDS PLUGIN {o.needs_plugin}: its cache entry is kept; only its DEL frees it")
             for err in o.plugin_errors:
                 lines.append(f"      plugin DEL error: {err}")
     if result.skipped:

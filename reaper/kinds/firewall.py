@@ -26,7 +26,6 @@ there, and only while the leases that held its address have been freed this pass
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 import socket
@@ -36,6 +35,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from msgspec import Struct
 from msgspec.structs import replace
 
+from reaper.cni.result import address_key
 from reaper.host.memo import OutputMemo
 from reaper.kinds import FindOptions, Found, Kind, Look, ReclaimContext, cache, hostlocal
 from reaper.kinds.iptables import Family, IptablesTools, SaveCollector, resaved, restore_each, save_lines
@@ -112,15 +112,9 @@ def parse_filter_save(text: str, family: Family, backend: str = "default") -> li
 
 
 def _address_key(text: str) -> tuple[int, int] | None:
-    """(version, integer) of an address in any form a file may give it; None if it is none."""
-    key = hostlocal.ip_key(text)
-    if key is not None:
-        return key
-    try:
-        address = ipaddress.ip_address(text)
-    except ValueError:
-        return None
-    return address.version, int(address)
+    """(version, integer) of an address in any form a file may give it (an IPv4-mapped one is
+    its IPv4 address, as the plugins read it); None if it is none."""
+    return address_key(text)
 
 
 def with_owners(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -38,7 +38,7 @@ from reaper.model import (
     VethLink,
 )
 from reaper.reap.plan import recheck_reason
-from reaper.reap.trust import NodeTrust, cached_config_refusal, corroborated
+from reaper.reap.trust import NO_KERNEL_EVIDENCE, NodeTrust, cached_config_refusal, kernel_proven
 from reaper.stopwatch import Stopwatch
 
 # Plugins are processes that spend part of their time waiting (host-local's lock, the
@@ -47,6 +47,7 @@ DEL_WORKERS = min(8, 2 * (os.cpu_count() or 1))
 
 Records = Mapping[Identity, Any]
 UNREACHABLE_AT_RECHECK = "runtime unreachable at the re-check"
+NO_PIN = "no plugin runs: no namespace pin to pass as CNI_NETNS, as the runtime would"
 
 
 def index(snapshot: NodeSnapshot) -> dict[Identity, Any]:
@@ -65,8 +66,9 @@ def _netns_for_del(attachment: Attachment, records: Records) -> str:
 
 
 def held_by_others(records: Records, orphans: Sequence[Attachment]) -> tuple[set[str], set[str]]:
-    """(addresses, veth names) that records outside every orphan attachment hold. Only veths:
-    a result's other host interfaces are shared ones (the bridge every pod hangs off)."""
+    """(addresses, veth names) that records outside every orphan attachment hold, the addresses
+    as written (node_trust compares them by meaning). Only veths: a result's other host
+    interfaces are shared ones (the bridge every pod hangs off)."""
     judged = {ref.identity for a in orphans for ref in a.resources}
     ips: set[str] = set()
     ifnames: set[str] = set()
@@ -82,33 +84,47 @@ def held_by_others(records: Records, orphans: Sequence[Attachment]) -> tuple[set
     return ips, ifnames
 
 
+def _cached_request(attachment: Attachment, records: Records, netns: str) -> tuple[DelRequest, object] | None:
+    """DEL as the attachment's cache entry would run it, and the entry's result as it is written
+    (None when it has none); None when there is no usable entry with a config."""
+    key = attachment.key
+    if key.container_id is None or key.network is None or key.ifname is None:
+        return None
+    entries = [records.get(ref.identity) for ref in attachment.resources if ref.kind == cache.KIND.name]
+    usable = [e for e in entries if isinstance(e, CacheEntry) and not e.legacy and e.corrupt is None]
+    if not usable:
+        return None
+    document = cache.current_document(usable[0])
+    if document is None or document.legacy:
+        return None
+    request = request_from_cache(document.doc, key.container_id, key.network, key.ifname, netns, usable[0].path)
+    return (request, document.doc.get("result")) if request is not None else None
+
+
 def del_request(
     attachment: Attachment, records: Records, configs: Sequence[NetworkConfig], trust: NodeTrust
 ) -> tuple[DelRequest | None, str | None]:
     """What DEL would run for this attachment, and why its cache entry's config does not run
-    when it does not: that config when the node corroborates it (reaper.reap.trust), else the
-    conf dir's config, else nothing (the kinds reclaim what is left)."""
+    when it does not. Nothing, unless a kernel object proves the attachment (reaper.reap.trust);
+    then that config when the node vouches for it, else the conf dir's config, else nothing
+    (the kinds reclaim what is left)."""
     key = attachment.key
     if key.container_id is None or key.network is None:
         return None, None
+    if not kernel_proven(attachment, records, trust):
+        return None, NO_KERNEL_EVIDENCE
     netns = _netns_for_del(attachment, records)
     if not netns:
         # A runtime passes the sandbox's netns path; an empty CNI_NETNS is taken by some
         # plugins (kindnet) as "nothing to do", and they answer success having freed nothing.
-        return None, "no plugin runs: no namespace pin to pass as CNI_NETNS, as the runtime would"
-    entries = [records.get(ref.identity) for ref in attachment.resources if ref.kind == cache.KIND.name]
-    usable = [e for e in entries if isinstance(e, CacheEntry) and not e.legacy and e.corrupt is None]
+        return None, NO_PIN
     refusal = None
-    if usable and key.ifname is not None:
-        document = cache.current_document(usable[0])
-        if document is not None and not document.legacy:
-            request = request_from_cache(document.doc, key.container_id, key.network, key.ifname, netns, usable[0].path)
-            if request is not None:
-                refusal = cached_config_refusal(attachment, request.config, request.prev_result, trust)
-                if refusal is None:
-                    return request, None
-    if refusal is not None and not corroborated(attachment):
-        return None, f"cached config not run: {refusal}"
+    cached = _cached_request(attachment, records, netns)
+    if cached is not None:
+        request, result = cached
+        refusal = cached_config_refusal(attachment, request.config, result, trust)
+        if refusal is None:
+            return request, None
     note = f"cached config not run: {refusal}" if refusal is not None else None
     for config in configs:
         if config.name == key.network and not config.path.startswith("cache:"):
@@ -147,6 +163,16 @@ def kept_state(
     if not stateful:
         return None
     return ", ".join(stateful)[:200]
+
+
+def _kept_because(what: str, no_del: bool) -> str:
+    """Why a record a later DEL needs stays, for an attachment whose chain keeps state elsewhere."""
+    if no_del:
+        return (
+            f"kept: {what} may keep state only its DEL frees, and no DEL runs for an attachment no "
+            "netns pin proves; free it with the plugin's own tools, then remove this"
+        )
+    return f"kept: {what} may keep state only its DEL frees, and that DEL has not succeeded as the runtime would run it"
 
 
 class Reclaimer(Struct):
@@ -213,7 +239,8 @@ class Reclaimer(Struct):
                 r.identity: Done.left(left[a.key]) for a in attachments if a.key in left for r in a.resources
             }
             remaining = [a for a in attachments if a.key not in left]
-            kernel_done.update(self._kernel(remaining, after_del, needs_plugin, judged or {}))
+            no_del = {key for key in needs_plugin if requests.get(key) is None}
+            kernel_done.update(self._kernel(remaining, after_del, needs_plugin, no_del, judged or {}))
         self.watch.lap("kernel")
         last_look = self.look()
         final = index(last_look)
@@ -290,6 +317,7 @@ class Reclaimer(Struct):
         attachments: Sequence[Attachment],
         present: Records,
         needs_plugin: Mapping[AttachmentKey, str],
+        no_del: Set[AttachmentKey],
         judged: Records,
     ) -> dict[Identity, Done]:
         """Each kind reclaims what is still there, in the registry's order. A `last` kind's
@@ -305,10 +333,7 @@ class Reclaimer(Struct):
                     if ref.kind != kind.name or ref.identity not in present:
                         continue
                     if (kind.last or kind.del_needs) and a.key in needs_plugin:
-                        done[ref.identity] = Done.left(
-                            f"kept: {needs_plugin[a.key]} may keep state that only its DEL frees, and DEL"
-                            " has not succeeded as the runtime would run it; that DEL needs this"
-                        )
+                        done[ref.identity] = Done.left(_kept_because(needs_plugin[a.key], a.key in no_del))
                         continue
                     if kind.last:
                         others = [r.identity for r in a.resources if r.kind not in last_kinds and r.identity in present]

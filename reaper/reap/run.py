@@ -13,9 +13,9 @@ from msgspec.structs import replace
 from reaper.host.memo import InventoryMemo
 from reaper.host.quarantine import Quarantine
 from reaper.model import ReapResult, SkippedAttachment
-from reaper.reap.act import UNREACHABLE_AT_RECHECK, Reclaimer, del_request, held_by_others, index, kept_state
+from reaper.reap.act import NO_PIN, UNREACHABLE_AT_RECHECK, Reclaimer, del_request, held_by_others, index, kept_state
 from reaper.reap.plan import ReapPolicy, breaker_counts, breaker_reason, plan_attachment, select
-from reaper.reap.trust import node_trust
+from reaper.reap.trust import NO_KERNEL_EVIDENCE, node_trust, proven_namespaces
 from reaper.runtime.liveness import LivenessSource
 from reaper.scan import find_options, scan_pass
 from reaper.settings import ReapSettings, Settings
@@ -67,15 +67,15 @@ def reap_pass(
     records = index(scan.snapshot)
     configs = scan.snapshot.configs
     trust = node_trust((c for c in configs if not c.path.startswith("cache:")), reap.allow_plugins,
-                       *held_by_others(records, orphans))  # fmt: skip
+                       *held_by_others(records, orphans), proven=proven_namespaces(orphans, records))  # fmt: skip
     asked = {a.key: (None, None) if policy.kernel_only else del_request(a, records, configs, trust) for a in selected}
     requests = {key: request for key, (request, _) in asked.items()}
     plan = tuple(plan_attachment(a, *asked[a.key], policy.quarantine) for a in selected)
     for key, (_, note) in asked.items():
         if note is not None:
-            by_trust = note.startswith("cached config not run")
-            log.log(logging.WARNING if by_trust else logging.INFO, "cached config refused" if by_trust else "no DEL",
-                    extra={"attachment": key.as_text(), "reason": note})  # fmt: skip
+            # No kernel object: a partial ADD's leftovers (a lease, a chain) look so too, so it is news, not a warning.
+            level = logging.INFO if note in (NO_KERNEL_EVIDENCE, NO_PIN) else logging.WARNING
+            log.log(level, "plugin config refused", extra={"attachment": key.as_text(), "reason": note})
     if reap.dry_run:
         return result(plan=plan, skipped=tuple(skipped))
 

@@ -1,62 +1,82 @@
-"""Whether a cache entry's config may run as root. Pure: no I/O.
+"""Whether a plugin may run for an attachment, and with a cache entry's config. Pure: no I/O.
 
-A cache file is written by whoever can write the cache dir, so what it says is a claim. Its
-config runs for DEL only when the node corroborates it: something else found on the node
-independently of the file belongs to the same attachment; every plugin it would execute is one
-the node's own conf dir uses (or the operator allowed); every path or execution-steering value
-in it is the one the conf dir's config of that network holds; and its prevResult names no
-address or host interface that an attachment still in use holds (plugins such as `firewall`
-delete by what prevResult says). Otherwise the node's own config runs, or nothing does and the
-file is removed as a file.
+Everything under /var/lib/cni (cache entries, host-local leases, flannel's, multus' and
+tuning's files) is written by whoever can write that dir, so what each says is a claim, and
+files there never vouch for one another: a forged lease beside a forged cache entry proves
+nothing. What such a writer cannot make is a kernel object. So a plugin (DEL, or GC) runs for an
+attachment only when the kernel proves it: a pin of it with a namespace mounted on it, a host
+veth of it whose peer lives in its namespace, or (for a container's second attachment, its lo
+or another network) its namespace being that of such a pin of the same container. An
+attachment made only of files gets no plugin: its files go as files (leases under host-local's
+lock), its chains and rules by their hash, and a cache entry whose IPAM keeps the address off
+the node stays, reported (only that plugin's DEL could free it).
+
+A proven attachment's cache entry config runs for DEL only when every plugin it would execute
+is one the node's own conf dir uses (or the operator allowed); every path or execution-steering
+value in it is the one the conf dir's config of that network holds; and its prevResult reads as
+a result and names no address or host interface that an attachment still in use holds (plugins
+such as `firewall` delete by what prevResult says), compared by meaning (reaper.cni.result).
+Otherwise the node's own config runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Set
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from typing import Any
 
 from msgspec import Struct
 
+from reaper.cni.result import AddressKey, ResultError, address_keys, fields, go_fold, result_names
 from reaper.kinds.netconf import ConfigError, plugin_list
-from reaper.model import Attachment, NetworkConfig
+from reaper.model import Attachment, Identity, NetnsPin, NetworkConfig, NsKey, VethLink
 
-# Keys whose value names a path, a socket or what to execute. Any absolute path or `..` in a
-# string value counts too, whatever its key.
+# Keys whose value names a path, a socket or what to execute, folded as Go matches keys. Any
+# absolute path or `..` in a string value counts too, whatever its key.
 STEERING_KEYS = frozenset(
-    k.lower()
+    go_fold(k)
     for k in (
         "binDir", "binPath", "cniPath", "cniDir", "confDir", "cniConfigDir", "dataDir", "socketDir",
         "socketPath", "daemonSocketPath", "kubeconfig", "logFile", "multusConfigFile", "readinessindicatorfile",
         "runDir", "stateDir", "path", "exec", "command",
     )
 )  # fmt: skip
-# Files in the cache dir beside the cache entry, or in /run/cni: whoever can forge the one can
-# forge these.
-SAME_WRITER_KINDS = frozenset({"cache", "flannel", "multus", "tuning"})
+NO_KERNEL_EVIDENCE = (
+    "no plugin runs: no netns pin or host veth proves this attachment, only files (which whoever "
+    "can write them could have forged); they go as files, its chains and rules by their hash"
+)
 
 
-class NodeTrust(Struct, frozen=True):
+class NodeTrust(Struct, frozen=True, kw_only=True):
     """What the node itself says, to weigh cache entries against."""
 
     types: frozenset[str]  # plugin and IPAM types the conf dir's configs execute, and --allow-plugin's
     configs: Mapping[str, NetworkConfig]  # the conf dir's config of each network (libcni's first)
-    held_ips: frozenset[str]  # addresses of attachments that are not orphans
+    held_ips: frozenset[AddressKey]  # addresses of attachments that are not orphans, by meaning
     held_ifnames: frozenset[str]  # host-side interfaces of attachments that are not orphans
+    # Container ID -> the namespaces of its orphaned attachments' real pins: what the kernel
+    # proves of a container, for its attachments that hold no pin themselves (its lo, eth1).
+    proven: Mapping[str, frozenset[NsKey]] = {}
 
 
 def executed_types(plugins: Iterable[Mapping[str, Any]]) -> set[str]:
-    """The plugin types a list executes: each plugin and its IPAM plugin."""
+    """The plugin types a list executes: each plugin and its IPAM plugin (every spelling of the
+    `ipam` and `type` keys the plugin's Go decoder would take)."""
     types = set()
     for plugin in plugins:
         types.add(str(plugin.get("type")))
-        ipam = plugin.get("ipam")
-        if isinstance(ipam, dict) and isinstance(ipam.get("type"), str):
-            types.add(ipam["type"])
+        for ipam in fields(plugin, "ipam"):
+            if isinstance(ipam, dict):
+                types.update(t for t in fields(ipam, "type") if isinstance(t, str))
     return types
 
 
 def node_trust(
-    conf_configs: Iterable[NetworkConfig], allowed: Iterable[str], held_ips: Set[str], held_ifnames: Set[str]
+    conf_configs: Iterable[NetworkConfig],
+    allowed: Iterable[str],
+    held_ips: Iterable[str],
+    held_ifnames: Set[str],
+    *,
+    proven: Mapping[str, frozenset[NsKey]] | None = None,
 ) -> NodeTrust:
     types = set(allowed)
     by_network: dict[str, NetworkConfig] = {}
@@ -66,7 +86,43 @@ def node_trust(
             types |= executed_types(plugin_list(config.raw)[2])
         except ConfigError:
             continue
-    return NodeTrust(frozenset(types), by_network, frozenset(held_ips), frozenset(held_ifnames))
+    return NodeTrust(
+        types=frozenset(types),
+        configs=by_network,
+        held_ips=address_keys(held_ips),
+        held_ifnames=frozenset(held_ifnames),
+        proven=dict(proven or {}),
+    )
+
+
+def proven_namespaces(
+    attachments: Sequence[Attachment], records: Mapping[Identity, Any]
+) -> dict[str, frozenset[NsKey]]:
+    """Container ID -> the namespaces of the real pins its attachments hold."""
+    found: dict[str, set[NsKey]] = {}
+    for attachment in attachments:
+        cid = attachment.key.container_id
+        if cid is None:
+            continue
+        for ref in attachment.resources:
+            pin = records.get(ref.identity)
+            if isinstance(pin, NetnsPin) and pin.is_namespace:
+                found.setdefault(cid, set()).add(pin.ns)
+    return {cid: frozenset(namespaces) for cid, namespaces in found.items()}
+
+
+def kernel_proven(attachment: Attachment, records: Mapping[Identity, Any], trust: NodeTrust) -> bool:
+    """A kernel object proves the attachment: a pin of it with a namespace mounted on it, a host
+    veth of it whose peer lives in its namespace, or its namespace is one a real pin of the
+    same container holds. Files (cache entries, leases, flannel's, multus', tuning's) never do."""
+    for ref in attachment.resources:
+        record = records.get(ref.identity)
+        if isinstance(record, NetnsPin) and record.is_namespace:
+            return True
+        if isinstance(record, VethLink) and record.peer_netns is not None and record.peer_netns == attachment.netns:
+            return True
+    cid = attachment.key.container_id
+    return cid is not None and attachment.netns is not None and attachment.netns in trust.proven.get(cid, ())
 
 
 def _steering(value: Any, where: str = "") -> Iterator[tuple[str, str]]:
@@ -74,7 +130,7 @@ def _steering(value: Any, where: str = "") -> Iterator[tuple[str, str]]:
     if isinstance(value, dict):
         for key, item in value.items():
             place = f"{where}.{key}"
-            if isinstance(item, str) and (str(key).lower() in STEERING_KEYS or _path_like(item)):
+            if isinstance(item, str) and (go_fold(str(key)) in STEERING_KEYS or _path_like(item)):
                 yield place, item
             else:
                 yield from _steering(item, place)
@@ -97,18 +153,9 @@ def _plugins_by_type(raw: bytes) -> dict[str, Mapping[str, Any]]:
         return {}
 
 
-def corroborated(attachment: Attachment) -> bool:
-    """Something found independently of the cache file (and not written beside it) belongs to
-    this attachment."""
-    return any(ref.kind not in SAME_WRITER_KINDS for ref in attachment.resources)
-
-
-def cached_config_refusal(
-    attachment: Attachment, raw: bytes, prev_result: Mapping[str, Any] | None, trust: NodeTrust
-) -> str | None:
-    """Why a cache entry's config (`raw`, with `prev_result`) may not run; None when it may."""
-    if not corroborated(attachment):
-        return "nothing on the node but the cache file names this attachment"
+def cached_config_refusal(attachment: Attachment, raw: bytes, prev_result: object, trust: NodeTrust) -> str | None:
+    """Why a cache entry's config (`raw`, with the entry's `result`, None when it has none) may
+    not run for an attachment the kernel proves; None when it may."""
     try:
         name, _, plugins = plugin_list(raw)
     except ConfigError as err:
@@ -123,20 +170,22 @@ def cached_config_refusal(
         for place, value in _steering(plugin):
             if (place, value) not in theirs:
                 return f"{plugin['type']}{place} = {value[:120]!r} is not what the conf dir's config says"
-    held = _held(prev_result, trust)
-    if held is not None:
-        return f"its prevResult names {held}, which an attachment in use holds"
-    return None
+    return prev_result_refusal(prev_result, trust)
 
 
-def _held(result: Mapping[str, Any] | None, trust: NodeTrust) -> str | None:
+def prev_result_refusal(result: object, trust: NodeTrust) -> str | None:
+    """Why a prevResult may not reach a plugin: it does not read as a result, or it names an
+    address or a host veth an attachment in use holds (by meaning, whatever its spelling)."""
     if result is None:
         return None
-    for ip in result.get("ips") or ():
-        address = ip.get("address") if isinstance(ip, dict) else None
-        if isinstance(address, str) and address.split("/")[0] in trust.held_ips:
-            return address.split("/")[0]
-    for iface in result.get("interfaces") or ():
-        if isinstance(iface, dict) and not iface.get("sandbox") and iface.get("name") in trust.held_ifnames:
-            return str(iface["name"])
+    try:
+        names = result_names(result)
+    except ResultError as err:
+        return f"its prevResult cannot be read as a result: {err}"
+    for text, key in names.addresses:
+        if key in trust.held_ips:
+            return f"its prevResult names {text[:80]!r}, an address an attachment in use holds"
+    for name in names.host_ifnames:
+        if name in trust.held_ifnames:
+            return f"its prevResult names {name[:80]!r}, a veth an attachment in use holds"
     return None

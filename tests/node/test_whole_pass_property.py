@@ -13,7 +13,12 @@ reader's size limit; symlinks to the host files outside the roots, to their dire
 through /proc/<pid>/root), to /dev/zero, to a canary's files, dangling or looping; hard links to
 the host files (see the bugs below); directories; FIFOs (a network dir's `lock` included); whole
 directories (results/, a network dir) replaced by symlinks; a hostile state file; symlinks where
-the quarantine will write. The runtime answer lists every canary as READY, a random subset of
+the quarantine will write. And what a writer of /var/lib/cni forges for a container ID to make
+a root plugin act: a lease, a cache entry (eth0, or eth1 beside a pod's own) whose prevResult
+names a canary's address in another spelling (IPv4-mapped IPv6, `IPs`/`Address`, U+017F for
+`s`), and flannel's and multus' per-container files whose delegates carry such a prevResult and
+a dataDir outside the roots; at times the conf dir runs flannel too (its network's leases are
+forged as well). The runtime answer lists every canary as READY, a random subset of
 the other containers (READY or NOTREADY), or is unreachable. The policy is min-age 0, one
 confirmation, no breaker, at times --dry-run, --method kernel, --quarantine-dir or --max-reap 1.
 
@@ -27,6 +32,8 @@ What is proven for every example:
 - the canaries are untouched: their files byte-identical and present, their pins still the same
   namespace, their veths still there; no plan names a canary or its files, no plugin ran for
   one, and no cached config ran the plugin no config uses;
+- a plugin runs only for a container a kernel object proves (a real pin made here is in one of
+  its attachments), and nothing a plugin is given names a canary's address, in any spelling;
 - with --dry-run or an unreachable runtime nothing changes at all but the state file, and no
   plugin runs;
 - every resource reported freed is gone from its path.
@@ -52,6 +59,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import ipaddress
 import itertools
 import json
 import logging
@@ -99,6 +107,7 @@ from tests.harness import snapshots
 from tests.harness.configs import cache_doc, conflist
 from tests.harness.lab.kernel import unmount_all_under
 from tests.harness.passes import bare_reclaimer
+from tests.harness.plugin_files import multus_delegate, multus_scratch
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_EXAMPLES = 100
@@ -213,6 +222,24 @@ class Pod:
     legacy_lease: bool
 
 
+Spelling = Literal["plain", "mapped", "mapped-hex", "keys", "long-s", "own"]
+SPELLINGS: tuple[Spelling, ...] = ("plain", "mapped", "mapped-hex", "keys", "long-s", "own")
+
+
+@dataclass(frozen=True)
+class Forged:
+    """Files forged for one container ID: each names, in `spelling`, a canary's address (`own`:
+    the forged lease's), where a plugin would be handed it."""
+
+    cid: str
+    lease: bool  # a host-local lease (of the conf dir's network, and of flannel's when it runs)
+    cache: Literal["none", "eth0", "eth1"]  # eth1: a second attachment beside the pod's own
+    config: Literal["node", "alien"]
+    spelling: Spelling
+    flannel: bool
+    multus: bool
+
+
 @dataclass(frozen=True)
 class NodeState:
     canaries: tuple[Pod, ...]
@@ -230,6 +257,8 @@ class NodeState:
     quarantine: bool
     max_reap: int
     plugin: Literal["absent", "ok", "fail"]
+    forged: tuple[Forged, ...] = ()
+    flannel_conf: bool = False  # the conf dir holds a flannel config (a stub records its runs)
 
 
 def _plain_name(name: bytes) -> bool:
@@ -357,7 +386,26 @@ def node_states(draw: st.DrawFn) -> NodeState:
         quarantine=quarantine,
         max_reap=draw(st.sampled_from((100, 100, 100, 1))),
         plugin=draw(st.sampled_from(("absent", "ok", "fail"))),
+        forged=tuple(draw(st.lists(forgeries(ids), max_size=4, unique_by=_cid))),
+        flannel_conf=draw(st.booleans()),
     )
+
+
+def forgeries(ids: list[str]) -> st.SearchStrategy[Forged]:
+    return st.builds(
+        Forged,
+        cid=st.sampled_from([*ids, "0" * 64]),
+        lease=st.booleans(),
+        cache=st.sampled_from(("none", "eth0", "eth1")),
+        config=st.sampled_from(("node", "alien")),
+        spelling=st.sampled_from(SPELLINGS),
+        flannel=st.booleans(),
+        multus=st.booleans(),
+    )
+
+
+def _cid(forged: Forged) -> str:
+    return forged.cid
 
 
 def _first(pair: tuple[str, str]) -> str:
@@ -367,10 +415,11 @@ def _first(pair: tuple[str, str]) -> str:
 # ----------------------------------------------------------------------- building the node
 
 STUB = """#!/bin/sh
-cat >/dev/null
+cat > "$(mktemp {log}.stdin.XXXXXX)"
 echo "{name} $CNI_COMMAND $CNI_CONTAINERID" >> {log}
 {tail}
 """
+FLANNEL_NET = "cbr0"  # the network of the conf dir's flannel config, when there is one
 STUB_FAILS = """echo '{"cniVersion":"1.0.0","code":11,"msg":"stub failure"}'; exit 1"""
 
 
@@ -408,7 +457,7 @@ class Tree:
         (self.top / "conf" / f"10-{NET}.conflist").write_bytes(conflist(NET))
         if self.state.plugin != "absent":
             tail = "exit 0" if self.state.plugin == "ok" else STUB_FAILS
-            for plugin in ("bridge", "portmap", "evil"):
+            for plugin in ("bridge", "portmap", "evil", "flannel"):
                 stub = self.top / "bin" / plugin
                 log = self.top / "markers" / "calls"
                 stub.write_text(STUB.format(name=plugin, log=log, tail="exit 0" if plugin == "evil" else tail))
@@ -417,6 +466,11 @@ class Tree:
             self.add_pod(pod, n, canary=True)
         for n, pod in enumerate(self.state.leaks, start=100):
             self.add_pod(pod, n, canary=False)
+        if self.state.flannel_conf:
+            flannel = {"cniVersion": "1.0.0", "name": FLANNEL_NET, "plugins": [{"type": "flannel"}]}
+            (self.top / "conf" / "20-flannel.conflist").write_text(json.dumps(flannel))
+        for n, forged in enumerate(self.state.forged, start=200):
+            self.forge(forged, n)
         for where, ref in self.state.linked:
             self.link_dir(where, ref)
         for plant in self.state.plants:
@@ -456,6 +510,51 @@ class Tree:
         if canary:
             for path in (lease, entry):
                 self.canary_files[path] = path.read_bytes()
+
+    def spelled(self, spelling: Spelling, own: str) -> dict[str, Any]:
+        """A result naming the first canary's address (`own` for "own") as `spelling` says."""
+        ip = "10.88.0.10" if spelling != "own" else own
+        packed = ipaddress.IPv4Address(ip).packed
+        address = {
+            "mapped": f"::ffff:{ip}/120",
+            "mapped-hex": f"::FFFF:{packed[:2].hex()}:{packed[2:].hex()}/120",
+        }.get(spelling, f"{ip}/24")
+        ips, key = ("IPs", "Address") if spelling == "keys" else ("ips", "address")
+        if spelling == "long-s":
+            ips, key = "ip\u017f", "addre\u017f\u017f"
+        return {"cniVersion": "1.0.0", "interfaces": [{"name": "eth0"}], ips: [{key: address, "interface": 0}]}
+
+    def forge(self, forged: Forged, n: int) -> None:
+        """`forged`'s files, each only where no file is yet (a pod's own stays as it is)."""
+        ip = f"10.88.0.{n}"
+        result = self.spelled(forged.spelling, ip)
+        nets = (NET, FLANNEL_NET) if self.state.flannel_conf else (NET,)
+        for net in nets:
+            lease = self.top / "ipam" / net / ip
+            if forged.lease and self.directory(f"ipam/{net}") is not None and not os.path.lexists(lease):
+                lease.write_bytes(f"{forged.cid}\r\neth0".encode())
+        if forged.cache != "none":
+            config = (
+                CONFLIST
+                if forged.config == "node"
+                else {"cniVersion": "1.0.0", "name": NET, "plugins": [{"type": "evil"}]}
+            )
+            entry = self.top / self.state.results_dir / f"{NET}-{forged.cid}-{forged.cache}"
+            doc = cache_doc(
+                forged.cid, NET, forged.cache, config=config, result=result, cniArgs=[["K8S_POD_NAMESPACE", "x"]]
+            )
+            doc["netns"] = str(self.pin_path(forged.cid))  # the pod's own pin, when it has one
+            if self.directory(self.state.results_dir) is not None and not os.path.lexists(entry):
+                entry.write_text(json.dumps(doc))
+        delegate = {"cniVersion": "1.0.0", "name": NET, "type": "bridge" if forged.config == "node" else "evil",
+                    "prevResult": result, "ipam": {"type": "host-local", "dataDir": str(self.host)}}  # fmt: skip
+        for kind, data in (
+            ("flannel", json.dumps(delegate).encode() if forged.flannel else None),
+            ("multus", multus_scratch([multus_delegate(json.dumps(delegate).encode())]) if forged.multus else None),
+        ):
+            path = self.top / "cache" / kind / forged.cid
+            if data is not None and self.directory(f"cache/{kind}") is not None and not os.path.lexists(path):
+                path.write_bytes(data)
 
     def directory(self, rel: str) -> bytes | None:
         """`rel` under the top, made one directory at a time; None when some part of it is
@@ -617,6 +716,22 @@ class Tree:
             return []
         return [line.split() for line in text.splitlines()]
 
+    def canary_addresses_handed_on(self) -> list[str]:
+        """Every string any plugin was given on stdin that is a canary's address, however
+        spelled (an IPv4-mapped address is its IPv4 one, as Go reads it)."""
+        canaries = {ipaddress.IPv4Address(f"10.88.0.{n}") for n in range(10, 10 + len(self.state.canaries))}
+        found = []
+        for path in (self.top / "markers").glob("calls.stdin.*"):
+            for text in _strings(json.loads(path.read_bytes() or b"null")):
+                try:
+                    ip = ipaddress.ip_interface(text).ip
+                except ValueError:
+                    continue
+                mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+                if (mapped or ip) in canaries:
+                    found.append(f"{path.name}: {text}")
+        return found
+
     def remove(self) -> None:
         unmount_all_under(self.top)
         for veth in self.veths:
@@ -625,6 +740,21 @@ class Tree:
                 subprocess.run(["ip", "link", "del", veth], capture_output=True, check=False)
         if self.top.exists():
             shutil.rmtree(self.top)
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string in a JSON value, keys and base64 payloads' JSON included."""
+    if isinstance(value, str):
+        try:
+            inner = json.loads(base64.b64decode(value, validate=True))
+        except ValueError:
+            return [value]
+        return [value, *_strings(inner)]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (str(k), *_strings(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
 
 
 def _links() -> set[tuple[str, int]]:
@@ -774,6 +904,16 @@ def check_pass(tree: Tree, base: Path) -> None:
     calls = tree.plugin_calls()
     assert not [c for c in calls if c[2:] and c[2] in canaries], f"a plugin ran for a canary: {calls}"
     assert not [c for c in calls if c[0] == "evil"], f"a cached config ran a plugin the node does not use: {calls}"
+    pinned = {str(p) for p in tree.pins.values()}
+    proven = {
+        a.key.container_id
+        for a in result.report.attachments
+        if any(r.kind == "netns" and r.identity[1] in pinned for r in a.resources)
+    }
+    unproven = [c for c in calls if c[1] == "DEL" and (not c[2:] or c[2] not in proven)]
+    assert not unproven, f"a plugin ran for a container no real pin proves: {unproven}"
+    named = tree.canary_addresses_handed_on()
+    assert not named, f"a plugin was handed a canary's address: {named}"
     if whole is not None:
         changed = changes(whole, listing(top, {top / "state"}))
         assert not changed, f"changed with --dry-run or the runtime unreachable: {changed}"
@@ -853,6 +993,21 @@ NUL_NETNS = replace(
     ),
 )
 
+# Forged files of each kind, each naming the live canary's address another way: beside a dead
+# container with a pin (its second attachment, proven by that pin: the node's config runs, the
+# prevResult does not), one without, and an ID nothing else names; flannel runs on the node.
+FORGED = replace(
+    HOSTILE,
+    plants=(),
+    forged=(
+        Forged(DEAD, lease=True, cache="eth1", config="node", spelling="mapped", flannel=True, multus=True),
+        Forged(GONE, lease=True, cache="eth1", config="node", spelling="keys", flannel=True, multus=True),
+        Forged("0" * 64, lease=True, cache="eth0", config="node", spelling="long-s", flannel=True, multus=False),
+        Forged("1" * 64, lease=True, cache="none", config="alien", spelling="mapped-hex", flannel=True, multus=True),
+    ),
+    flannel_conf=True,
+)
+
 
 @settings(
     max_examples=MAX_EXAMPLES,
@@ -871,6 +1026,7 @@ NUL_NETNS = replace(
 @example(state=replace(HOSTILE, dry_run=True))
 @example(state=replace(HOSTILE, reachable=False))
 @example(state=NUL_NETNS)
+@example(state=FORGED)
 def whole_pass_stays_in_its_roots(base: Path, state: NodeState) -> None:
     number = next(EXAMPLES)
     tree = Tree(base / f"ex{number}", state, number)

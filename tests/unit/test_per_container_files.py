@@ -98,7 +98,7 @@ def test_the_files_go_once_the_rest_of_the_attachment_is_gone(tmp_path: Path) ->
     snap, lease_file, files = _node(tmp_path)
     (attachment,) = _twice(snap).attachments
     assert sorted(r.kind for r in attachment.resources) == ["flannel", "ipam", "multus"]
-    done = bare_reclaimer()._kernel([attachment], _present(snap), {}, _present(snap))
+    done = bare_reclaimer()._kernel([attachment], _present(snap), {}, set(), _present(snap))
     assert len(done) == 3 and all(d.ok for d in done.values())
     assert not lease_file.exists() and not any(f.exists() for f in files)
 
@@ -108,7 +108,7 @@ def test_the_files_stay_while_the_rest_of_the_attachment_does(tmp_path: Path) ->
     snap, lease_file, files = _node(tmp_path)
     (attachment,) = _twice(snap).attachments
     lease_file.write_bytes(f"{cid(9)}\r\neth0".encode())
-    done = bare_reclaimer()._kernel([attachment], _present(snap), {}, _present(snap))
+    done = bare_reclaimer()._kernel([attachment], _present(snap), {}, set(), _present(snap))
     kept = {key[0]: d for key, d in done.items()}
     assert not kept["ipam"].ok and "another container" in str(kept["ipam"].error)
     for kind in ("flannel", "multus"):

@@ -232,6 +232,8 @@ def test_an_address_a_cache_entry_of_another_container_names_is_no_ones() -> Non
     spelled = replace(cache(2), ips=("FD00:0::5",))  # a file's own spelling of the address
     assert {tie(r) for r in with_owners(v6_rules, [v6], [spelled])} == {Claim()}
     assert {tie(r) for r in with_owners(v6_rules, [v6], [])} == {Claim(cid(1), "mynet")}
+    mapped = replace(cache(2), ips=(f"::ffff:{held.ip}",))  # what net.ParseCIDR reads as the IPv4 one
+    assert {tie(r) for r in with_owners(_rules(held.ip), [held], [mapped])} == {Claim()}
 
 
 def test_a_record_shows_whose_it_is() -> None:

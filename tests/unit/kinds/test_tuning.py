@@ -399,7 +399,7 @@ def test_a_dead_containers_backup_joins_its_lease_and_is_reclaimed(tmp_path: Pat
     assert attachment.verdict == "orphan" and sorted(r.kind for r in attachment.resources) == ["ipam", "tuning"]
     steps = plan_attachment(attachment, None, None, quarantine=True).steps
     assert {(s.kind, s.method) for s in steps} == {("tuning", "quarantine"), ("ipam", "quarantine")}
-    done = bare_reclaimer()._kernel([attachment], _present(snap), {}, _present(snap))
+    done = bare_reclaimer()._kernel([attachment], _present(snap), {}, set(), _present(snap))
     assert len(done) == 2 and all(d.ok for d in done.values())
     assert not lease_file.exists() and not backup.exists()
 

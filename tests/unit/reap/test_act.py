@@ -28,6 +28,6 @@ def test_a_lease_given_to_a_new_pod_between_the_looks_is_not_released(tmp_path: 
     orphan = Attachment(AttachmentKey(DEAD, "net1", "eth0"), (ref,), None, "orphan", "", 0.0)
     reclaimer = bare_reclaimer()
     identity = hostlocal.KIND.identity(orphan_lease)
-    done = reclaimer._kernel([orphan], {identity: new_lease}, {}, {identity: orphan_lease})
+    done = reclaimer._kernel([orphan], {identity: new_lease}, {}, set(), {identity: orphan_lease})
     assert not done[identity].ok and "another container" in str(done[identity].error)
     assert lease_file.read_bytes() == f"{NEW}\r\neth0".encode(), "the new pod's lease stays"
