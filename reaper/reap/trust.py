@@ -12,13 +12,14 @@ file is removed as a file.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Set
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from typing import Any
 
 from msgspec import Struct
 
 from reaper.kinds.netconf import ConfigError, plugin_list
 from reaper.model import Attachment, NetworkConfig
+from reaper.names import is_cni_id
 
 # Keys whose value names a path, a socket or what to execute. Any absolute path or `..` in a
 # string value counts too, whatever its key.
@@ -33,6 +34,9 @@ STEERING_KEYS = frozenset(
 # Files in the cache dir beside the cache entry, or in /run/cni: whoever can forge the one can
 # forge these.
 SAME_WRITER_KINDS = frozenset({"cache", "flannel", "multus", "tuning"})
+# Plugins whose DEL reads a per-container file and runs what it names. A per-container file
+# naming one of them would hand root yet another file to read (or the same one, for ever).
+DELEGATING_TYPES = frozenset({"flannel", "multus", "multus-shim"})
 
 
 class NodeTrust(Struct, frozen=True):
@@ -139,4 +143,51 @@ def _held(result: Mapping[str, Any] | None, trust: NodeTrust) -> str | None:
     for iface in result.get("interfaces") or ():
         if isinstance(iface, dict) and not iface.get("sandbox") and iface.get("name") in trust.held_ifnames:
             return str(iface["name"])
+    return None
+
+
+def delegate_file_refusal(
+    plugins: Sequence[Mapping[str, Any]],
+    own: Sequence[Mapping[str, Any]],
+    trust: NodeTrust,
+    *,
+    handed: Set[str] = frozenset(),
+    prev_results: Iterable[Mapping[str, Any]] = (),
+    delegating: Set[str] = DELEGATING_TYPES,
+) -> str | None:
+    """Why the plugin configs a delegating plugin (flannel, multus) reads from a per-container
+    file may not run as root; None when they may. The rules of a cached config, file by file:
+    `plugins` are what the delegating plugin will run, keys folded by
+    reaper.host.jsondoc.go_keys, each with the network name it will be given; `own` the node's
+    own plugins of that network (folded too), the only place a path or execution-steering
+    value may come from; `handed` the plugin types the node's delegating config itself hands
+    its delegates (flannel's bridge and host-local); `prev_results` what the plugins will be
+    given as prevResult besides their own key; `delegating` the delegating types refused here
+    (a caller that checks the file such a plugin reads may let it through)."""
+    allowed = trust.types | handed
+    own_by_type = {str(p.get("type")): p for p in own}
+    for plugin in plugins:
+        types = executed_types([plugin])
+        nested = sorted(types & delegating)
+        if nested:
+            return f"it names a plugin that runs another per-container file: {', '.join(nested)}"
+        unknown = sorted(types - allowed)
+        if unknown:
+            return f"it runs plugins no config in the conf dir uses: {', '.join(unknown)[:200]}"
+        name = plugin.get("name")
+        if not (isinstance(name, str) and is_cni_id(name)):
+            return f"its network name {str(name)[:80]!r} is not a CNI name"
+        theirs = set(_steering(own_by_type.get(str(plugin.get("type")), {})))
+        for place, value in _steering(plugin):
+            if (place, value) not in theirs:
+                return f"{plugin['type']}{place} = {value[:120]!r} is not what the conf dir's config says"
+        if "prevresult" in plugin:
+            prev = plugin["prevresult"]
+            if not isinstance(prev, dict):
+                return "its prevResult is not a result"
+            prev_results = [*prev_results, prev]
+    for result in prev_results:
+        held = _held(result, trust)
+        if held is not None:
+            return f"its prevResult names {held}, which an attachment in use holds"
     return None
