@@ -25,7 +25,7 @@ class PinnedFile(Struct, frozen=True):
 
 class Delegation(Struct, frozen=True):
     """A plugin of a DEL that reads a per-container file and runs what it names (flannel,
-    multus), with what it will read, as it was checked (reaper.cni.delegates)."""
+    multus), with what it will read, as it was checked (reaper.reap.delegates)."""
 
     index: int  # its place in the list
     plugin_type: str

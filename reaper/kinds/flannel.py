@@ -16,7 +16,7 @@ was judged.
 
 What its DEL runs: the node's flannel config runs DEL only after the file it will read passed
 the rules of a cached config (reaper.reap.trust.delegate_file_refusal, read and pinned by
-reaper.cni.delegates): `scratch_path` says which file that is, `delegate_plugins` what in it
+reaper.reap.delegates): `scratch_path` says which file that is, `delegate_plugins` what in it
 runs, `delegate_baseline` what the node's own config would have put there.
 """
 

@@ -18,7 +18,7 @@ was judged.
 
 What its DEL runs: the node's multus config runs DEL only after the file it will read, and the
 delegates' cached results libcni will hand them as prevResult, passed the rules of a cached
-config (reaper.reap.trust.delegate_file_refusal, read by reaper.cni.delegates):
+config (reaper.reap.trust.delegate_file_refusal, read by reaper.reap.delegates):
 `scratch_path` says which file that is, `delegate_runs` what in it runs and with which result.
 """
 

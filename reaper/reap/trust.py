@@ -187,7 +187,10 @@ def delegate_file_refusal(
                 return "its prevResult is not a result"
             prev_results = [*prev_results, prev]
     for result in prev_results:
-        held = _held(result, trust)
+        try:
+            held = _held(result, trust)
+        except (TypeError, AttributeError, ValueError):  # a shape no result has: one refusal
+            return "its prevResult is not a result"
         if held is not None:
             return f"its prevResult names {held}, which an attachment in use holds"
     return None

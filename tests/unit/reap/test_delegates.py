@@ -3,12 +3,16 @@ cached config before the node's config runs DEL, and what runs is what was check
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from reaper.cni.requests import DelRequest
 from reaper.kinds import flannel, multus
@@ -17,6 +21,7 @@ from reaper.reap.act import del_request
 from reaper.reap.delegates import delegations_of, pinned
 from reaper.reap.trust import NodeTrust, node_trust
 from tests.harness.configs import cache_doc
+from tests.harness.fuzz import FUZZ, json_values
 from tests.harness.passes import node_config, write_private
 from tests.harness.plugin_files import FLANNEL_CONF, MACVLAN_CONFIG, flannel_scratch, multus_delegate, multus_scratch
 
@@ -236,6 +241,8 @@ def test_a_file_as_multus_writes_it_passes_and_each_file_it_reads_is_pinned(tmp_
         ({"name": "cbr0", "type": "firewall", "prevResult": LIVE_RESULT}, None, f"names {HELD}"),
         ({"name": "cbr0", "type": "host-local", "ipam": {"type": "host-local", "dataDir": "/etc"}}, None, "datadir"),
         ({"name": "cbr0", "type": "multus"}, None, "another per-container file"),
+        ({"name": "cbr0", "type": "firewall", "prevResult": {"ips": 5}}, None, "not a result"),
+        ({"name": "cbr0", "type": "firewall"}, {"interfaces": [{"name": ["unhashable"]}]}, "not a result"),
         ({"name": "../../etc", "type": "firewall"}, None, "no CNI name"),
     ],
 )
@@ -291,3 +298,44 @@ def test_multus_runs_nothing_when_a_file_it_reads_changed_since_the_check(tmp_pa
     write_private(result.parent, result.name, json.dumps(LIVE_RESULT).encode())
     with pinned(request) as (ready, why):
         assert ready is None and why is not None and "appeared since it was checked" in why
+
+
+# ---------------------------------------------------------------------------------- any bytes
+
+
+_SHAPES = st.binary(max_size=200) | json_values.map(lambda v: json.dumps(v).encode())
+_DELEGATE = st.fixed_dictionaries(
+    {"name": st.just("cbr0"), "type": st.sampled_from(["bridge", "firewall"])},
+    optional={"prevResult": json_values, "ipam": json_values, "IPAM": json_values, "Type": json_values},
+)
+
+
+@FUZZ
+@given(data=_SHAPES | _DELEGATE.map(lambda d: json.dumps(d).encode()))
+def test_any_flannel_file_is_a_check_or_a_refusal(data: bytes) -> None:
+    """Whatever a writer puts there, the check answers: one bad file is never a failed pass."""
+    with tempfile.TemporaryDirectory() as tmp:
+        write_private(Path(tmp) / "flannel", CID, data)
+        config = _flannel_config(Path(tmp) / "flannel")
+        found, why = delegations_of(_request(config), _trust(config, allowed=("firewall",)))
+        assert (found == ()) is (why is not None)
+
+
+def _raw_delegate(config: dict[str, Any]) -> dict[str, Any]:
+    """A delegate as multus saves it, for any config (multus_delegate decodes the config)."""
+    return {"Name": "x", "ConfList": {}, "Bytes": base64.b64encode(json.dumps(config).encode()).decode()}
+
+
+@FUZZ
+@given(
+    data=_SHAPES | st.lists(_DELEGATE.map(_raw_delegate), min_size=1, max_size=3).map(multus_scratch),
+    result=_SHAPES,
+)
+def test_any_multus_file_or_cached_result_is_a_check_or_a_refusal(data: bytes, result: bytes) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = node_config({"type": "portmap"}, name="cbr0")
+        conf, cluster, path = _multus_setup(Path(tmp), [])
+        path.write_bytes(data)
+        write_private(Path(tmp) / "multus" / "results", f"cbr0-{CID}-eth0", result)
+        found, why = delegations_of(_request(conf), _trust(conf, cluster, allowed=("firewall", "bridge")))
+        assert (found == ()) is (why is not None)
