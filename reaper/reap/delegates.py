@@ -15,7 +15,8 @@ reclaim it, the file as a file). What then runs is what was checked:
   a private dir (0700, made for this DEL) holding a copy of the checked bytes, or nothing when
   there was no file; flannel never opens the original, so a file swapped after the check is
   never read. The original is left to the flannel kind, which removes it only while it is the
-  file that was judged.
+  file that was judged. The private dir is made in the reaper's temp dir (tempfile: /tmp, or
+  TMPDIR), root's and 0700: only root on that dir could swap the copy.
 - multus takes libcni's cache dir from the same cniDir, so pointing it elsewhere would take
   its delegates' cached results away. Right before DEL its file and each cached result are
   read again and must still be the checked file, stamps and bytes; otherwise no plugin runs.
