@@ -15,6 +15,26 @@ from reaper.names import is_ifname
 DEFAULT_IFNAME = "eth0"
 
 
+class PinnedFile(Struct, frozen=True):
+    """A file a delegating plugin reads on DEL, as it was read to be checked."""
+
+    path: str
+    stamp: tuple[int, int, int, int, int] | None  # (dev, ino, size, mtime_ns, ctime_ns); None: no file
+    data: bytes = b""
+
+
+class Delegation(Struct, frozen=True):
+    """A plugin of a DEL that reads a per-container file and runs what it names (flannel,
+    multus), with what it will read, as it was checked (reaper.reap.delegates)."""
+
+    index: int  # its place in the list
+    plugin_type: str
+    file: PinnedFile
+    # multus: the other files its DEL reads (the cached results its delegates get as prevResult,
+    # a flannel delegate's own file)
+    results: tuple[PinnedFile, ...] = ()
+
+
 class DelRequest(Struct, frozen=True):
     container_id: str
     network: str
@@ -25,6 +45,7 @@ class DelRequest(Struct, frozen=True):
     cni_args: tuple[tuple[str, str], ...] = (("IgnoreUnknown", "1"),)
     capability_args: Mapping[str, Any] = field(default_factory=dict)
     prev_result: Mapping[str, Any] | None = None
+    delegations: tuple[Delegation, ...] = ()  # what its delegating plugins will read, checked
 
 
 def _version(text: str) -> tuple[int, ...]:

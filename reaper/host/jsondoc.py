@@ -67,3 +67,28 @@ def dumps_indented(doc: Any) -> bytes:
     except (TypeError, ValueError, OverflowError):  # UnicodeEncodeError is a ValueError
         text = b"\x80"
     return text if text.isascii() else json.dumps(doc, indent=2).encode("ascii")
+
+
+def go_keys(value: Any) -> Any:
+    """`value` with every object key case-folded, as Go's encoding/json matches a key to a
+    struct field (`Type`, `TYPE` and `type` all fill `Type`), so that a check sees what the
+    plugin will read. ValueError when one object holds two keys that fold alike: which of them
+    Go keeps is not something a check can see in a decoded dict."""
+    try:
+        return _folded(value)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def _folded(value: Any) -> Any:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            folded = str(key).casefold()
+            if folded in out:
+                raise ValueError(f"the key {str(key)[:40]!r} is written twice, in spellings Go reads as one")
+            out[folded] = _folded(item)
+        return out
+    if isinstance(value, list):
+        return [_folded(item) for item in value]
+    return value

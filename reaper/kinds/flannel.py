@@ -13,15 +13,22 @@ Identity: the file's path. Tie: its name, the container ID: the file joins that 
 primary attachment, or makes one of its own when the container has nothing else here. What DEL
 needs: it goes last, after the rest of its attachment, and only while it is still the file that
 was judged.
+
+What its DEL runs: the node's flannel config runs DEL only after the file it will read passed
+the rules of a cached config (reaper.reap.trust.delegate_file_refusal, read and pinned by
+reaper.reap.delegates): `scratch_path` says which file that is, `delegate_plugins` what in it
+runs, `delegate_baseline` what the node's own config would have put there.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import Any
 
 from msgspec import Struct
 
-from reaper.host.jsondoc import parse_object
+from reaper.host.jsondoc import go_keys, parse_object
 from reaper.kinds import Found, Kind, Look, scratch
 from reaper.kinds.scratch import ScratchFile, ScratchFormat
 from reaper.model import CorruptFile
@@ -30,6 +37,9 @@ from reaper.names import PLUGIN_TYPE, is_cni_id
 NAME = "flannel"
 PLUGIN = "flannel"  # the type of flannel's plugin in a network config
 DEFAULT_SUBDIR = "flannel"  # beneath the cache dir: flannel's default /var/lib/cni/flannel
+# Where flannel's DEL reads when its config names no dataDir (flannel.go defaultDataDir): its
+# own default, wherever --cni-cache-dir points.
+DATA_DIR = "/var/lib/cni/flannel"
 
 
 class FlannelDelegate(Struct, frozen=True):
@@ -77,3 +87,41 @@ def _details(file: FlannelFile) -> scratch.Details:
 
 
 KIND: Kind[FlannelFile] = scratch.file_kind(FORMAT, find, _details, last=True)
+
+
+def scratch_path(plugin: Mapping[str, Any], container_id: str) -> str:
+    """The file flannel's DEL reads for `plugin` (its config, keys folded by
+    reaper.host.jsondoc.go_keys, as flannel's decoder reads them): `<dataDir>/<container ID>`,
+    dataDir defaulting to DATA_DIR (a JSON null keeps the default, as Go's decoder does).
+    ValueError when dataDir is no string: flannel then fails before it reads anything."""
+    data_dir = plugin.get("datadir")
+    if data_dir is None:
+        data_dir = DATA_DIR
+    if not isinstance(data_dir, str):
+        raise ValueError("its dataDir is not a string")
+    return scratch.go_join(data_dir, container_id)
+
+
+def delegate_plugins(data: bytes) -> list[dict[str, Any]]:
+    """What flannel's DEL runs from a file of these bytes: the file itself, as the stdin of the
+    plugin its `type` names, keys folded by go_keys. ValueError when flannel would not run it as
+    one plugin config, or when it holds a prevResult, which flannel never writes (its ADD makes
+    the file from its own config and the subnet file before any plugin has a result)."""
+    doc = go_keys(parse_object(data))
+    if "prevresult" in doc:
+        raise ValueError("it holds a prevResult, which flannel never writes")
+    return [doc]
+
+
+def delegate_baseline(plugin: Mapping[str, Any]) -> dict[str, Any]:
+    """The delegate the node's flannel plugin config (keys folded) hands its delegate on ADD
+    (flannel_linux.go doCmdAdd): its `delegate` object, type bridge unless it names one, with
+    an IPAM section made from its own `ipam`, type host-local unless it names one. The only
+    place a path or steering value in a flannel file may come from."""
+    delegate = plugin.get("delegate")
+    baseline = dict(delegate) if isinstance(delegate, dict) else {}
+    baseline.setdefault("type", "bridge")
+    ipam = plugin.get("ipam")
+    baseline["ipam"] = dict(ipam) if isinstance(ipam, dict) else {}
+    baseline["ipam"].setdefault("type", "host-local")
+    return baseline

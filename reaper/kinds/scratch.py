@@ -78,6 +78,13 @@ def _is_dir_path(text: str) -> bool:
     return text.startswith("/") and is_path(text)
 
 
+def go_join(directory: str, name: str) -> str:
+    """The absolute path a plugin opens for Go's filepath.Join(directory, name), run with the
+    root as its working dir (as the reaper runs plugins): cleaned, a relative dir taken from /."""
+    path = os.path.normpath(os.path.join("/", directory, name))
+    return "/" + path.lstrip("/")  # POSIX keeps a leading "//"; Go does not
+
+
 def config_dirs(configs: Iterable[NetworkConfig], types: Collection[str], key: str) -> list[str]:
     """The directory `key` names in every plugin of one of `types` in the node's configs, as
     Go's filepath.Join cleans it; relative or impossible paths are not used."""

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from msgspec import Struct, field
+from msgspec.structs import replace
 
 from reaper.cni.invoke import del_network, network_status
 from reaper.cni.requests import DelRequest, request_from_cache, safe_ifname
@@ -37,6 +38,7 @@ from reaper.model import (
     SkippedAttachment,
     VethLink,
 )
+from reaper.reap import delegates
 from reaper.reap.plan import recheck_reason
 from reaper.reap.trust import NO_KERNEL_EVIDENCE, NodeTrust, cached_config_refusal, kernel_proven
 from reaper.stopwatch import Stopwatch
@@ -102,6 +104,21 @@ def _cached_request(attachment: Attachment, records: Records, netns: str) -> tup
 
 
 def del_request(
+    attachment: Attachment, records: Records, configs: Sequence[NetworkConfig], trust: NodeTrust
+) -> tuple[DelRequest | None, str | None]:
+    """What DEL would run for this attachment (_config_request), and why not: when that config
+    runs flannel or multus, only while the per-container file each will read passes the rules
+    of a cached config (reaper.reap.delegates); otherwise no plugin runs."""
+    request, note = _config_request(attachment, records, configs, trust)
+    if request is None:
+        return None, note
+    found, refusal = delegates.delegations_of(request, trust)
+    if refusal is not None:
+        return None, f"delegate file not run: {refusal}"
+    return (replace(request, delegations=found) if found else request), note
+
+
+def _config_request(
     attachment: Attachment, records: Records, configs: Sequence[NetworkConfig], trust: NodeTrust
 ) -> tuple[DelRequest | None, str | None]:
     """What DEL would run for this attachment, and why its cache entry's config does not run
@@ -298,7 +315,10 @@ class Reclaimer(Struct):
             if request is None:
                 return key, (), None
             try:
-                outcomes = del_network(request, self.bin_dirs, self.plugin_timeout, self.stop)
+                with delegates.pinned(request) as (ready, changed):
+                    if ready is None:
+                        return key, (f"no plugin ran: {changed}",), None
+                    outcomes = del_network(ready, self.bin_dirs, self.plugin_timeout, self.stop)
             except Exception as err:  # this attachment's error; the others go on
                 return key, (f"DEL failed unexpectedly: {type(err).__name__}: {err}",), None
             return key, tuple(o.error for o in outcomes if o.error), None

@@ -29,6 +29,7 @@ from msgspec import Struct
 from reaper.cni.result import AddressKey, ResultError, address_keys, fields, go_fold, result_names
 from reaper.kinds.netconf import ConfigError, plugin_list
 from reaper.model import Attachment, Identity, NetnsPin, NetworkConfig, NsKey, VethLink
+from reaper.names import is_cni_id
 
 # Keys whose value names a path, a socket or what to execute, folded as Go matches keys. Any
 # absolute path or `..` in a string value counts too, whatever its key.
@@ -44,6 +45,9 @@ NO_KERNEL_EVIDENCE = (
     "no plugin runs: no netns pin or host veth proves this attachment, only files (which whoever "
     "can write them could have forged); they go as files, its chains and rules by their hash"
 )
+# Plugins whose DEL reads a per-container file and runs what it names. A per-container file
+# naming one of them would hand root yet another file to read (or the same one, for ever).
+DELEGATING_TYPES = frozenset({"flannel", "multus", "multus-shim"})
 
 
 class NodeTrust(Struct, frozen=True, kw_only=True):
@@ -188,4 +192,51 @@ def prev_result_refusal(result: object, trust: NodeTrust) -> str | None:
     for name in names.host_ifnames:
         if name in trust.held_ifnames:
             return f"its prevResult names {name[:80]!r}, a veth an attachment in use holds"
+    return None
+
+
+def delegate_file_refusal(
+    plugins: Sequence[Mapping[str, Any]],
+    own: Sequence[Mapping[str, Any]],
+    trust: NodeTrust,
+    *,
+    handed: Set[str] = frozenset(),
+    prev_results: Iterable[Mapping[str, Any]] = (),
+    delegating: Set[str] = DELEGATING_TYPES,
+) -> str | None:
+    """Why the plugin configs a delegating plugin (flannel, multus) reads from a per-container
+    file may not run as root; None when they may. The rules of a cached config, file by file:
+    `plugins` are what the delegating plugin will run, keys folded by
+    reaper.host.jsondoc.go_keys, each with the network name it will be given; `own` the node's
+    own plugins of that network (folded too), the only place a path or execution-steering
+    value may come from; `handed` the plugin types the node's delegating config itself hands
+    its delegates (flannel's bridge and host-local); `prev_results` what the plugins will be
+    given as prevResult besides their own key; `delegating` the delegating types refused here
+    (a caller that checks the file such a plugin reads may let it through)."""
+    allowed = trust.types | handed
+    own_by_type = {str(p.get("type")): p for p in own}
+    for plugin in plugins:
+        types = executed_types([plugin])
+        nested = sorted(types & delegating)
+        if nested:
+            return f"it names a plugin that runs another per-container file: {', '.join(nested)}"
+        unknown = sorted(types - allowed)
+        if unknown:
+            return f"it runs plugins no config in the conf dir uses: {', '.join(unknown)[:200]}"
+        name = plugin.get("name")
+        if not (isinstance(name, str) and is_cni_id(name)):
+            return f"its network name {str(name)[:80]!r} is not a CNI name"
+        theirs = set(_steering(own_by_type.get(str(plugin.get("type")), {})))
+        for place, value in _steering(plugin):
+            if (place, value) not in theirs:
+                return f"{plugin['type']}{place} = {value[:120]!r} is not what the conf dir's config says"
+        if "prevresult" in plugin:
+            prev = plugin["prevresult"]
+            if not isinstance(prev, dict):
+                return "its prevResult is not a result"
+            prev_results = [*prev_results, prev]
+    for result in prev_results:
+        refusal = prev_result_refusal(result, trust)
+        if refusal is not None:
+            return refusal
     return None

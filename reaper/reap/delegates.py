@@ -1,0 +1,199 @@
+"""Delegating plugins: the per-container file they read on DEL, checked, and nothing else read.
+
+flannel and multus' thin plugin run what a per-container file names. flannel-io/cni-plugin's
+DEL (doCmdDel) reads `<dataDir>/<container ID>`, runs the plugin its `type` names with the
+file's bytes as stdin, and removes it; multus' DEL reads `<cniDir>/<container ID>` and runs
+each delegate it lists through libcni, whose cache dir is cniDir too (so each delegate gets
+`<cniDir>/results/<network>-<container ID>-<ifname>` as its prevResult). Whoever can write
+/var/lib/cni writes these files. So before the node's config runs DEL, each file it will read
+is read here, once, from / without following a symlink, and weighed by the rules of a cached
+config (reaper.reap.trust.delegate_file_refusal); a file that fails them, does not parse, is
+not a regular file or cannot be read means no plugin runs for the attachment (its kinds
+reclaim it, the file as a file). What then runs is what was checked:
+
+- flannel reads its file from the dataDir of its own stdin. DEL runs with that dataDir set to
+  a private dir (0700, made for this DEL) holding a copy of the checked bytes, or nothing when
+  there was no file; flannel never opens the original, so a file swapped after the check is
+  never read. The original is left to the flannel kind, which removes it only while it is the
+  file that was judged. The private dir is made in the reaper's temp dir (tempfile: /tmp, or
+  TMPDIR), root's and 0700: only root on that dir could swap the copy.
+- multus takes libcni's cache dir from the same cniDir, so pointing it elsewhere would take
+  its delegates' cached results away. Right before DEL its file and each cached result are
+  read again and must still be the checked file, stamps and bytes; otherwise no plugin runs.
+  A flannel delegate of multus (its usual cluster network) reads a file of its own: checked by
+  flannel's rules, and read again before DEL the same way.
+  What remains open: a swap in the moment between that look and multus' own read, and a
+  multus-shim whose daemon reads the cniDir of its own config, not of the shim's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from msgspec.structs import replace
+
+from reaper.cni.requests import Delegation, DelRequest, PinnedFile
+from reaper.host.confined import UnfitFile, read_beneath
+from reaper.host.files import describe_oserror
+from reaper.host.jsondoc import go_keys, parse_object
+from reaper.kinds import flannel, multus
+from reaper.kinds.netconf import ConfigError, plugin_list
+from reaper.kinds.scratch import MAX_SCRATCH_BYTES, stamp_of
+from reaper.reap.trust import DELEGATING_TYPES, NodeTrust, delegate_file_refusal, executed_types
+
+# Delegating types a multus delegate may not be: another multus. (flannel may, once the file
+# it reads passed flannel's own rules.)
+NESTED = DELEGATING_TYPES - {flannel.PLUGIN}
+
+
+class Refused(Exception):
+    """No plugin may run: the message says why, in one line."""
+
+
+def read_pinned(path: str) -> PinnedFile:
+    """The file at `path`, reached from / with no symlink on the way (the plugin follows links;
+    a link is refused here), regular and bounded; Refused when it cannot be read so."""
+    try:
+        data, st = read_beneath("/", path, MAX_SCRATCH_BYTES)
+    except FileNotFoundError:
+        return PinnedFile(path, None)
+    except OSError as err:
+        raise Refused(f"{path} cannot be read: {describe_oserror(err)}") from None
+    except UnfitFile as err:
+        raise Refused(f"{path}: {err}") from None
+    return PinnedFile(path, stamp_of(st), data)
+
+
+def _own_plugins(trust: NodeTrust, network: str) -> list[Mapping[str, Any]]:
+    own = trust.configs.get(network)
+    if own is None:
+        return []
+    try:
+        return [go_keys(p) for p in plugin_list(own.raw)[2]]
+    except (ConfigError, ValueError):
+        return []
+
+
+def _cached_results(data: bytes) -> list[Mapping[str, Any]]:
+    """What libcni may hand a delegate as prevResult from its cached result: the `result` of a
+    cniCacheV1 entry, or the whole file read as a result (libcni's legacy reading)."""
+    doc = go_keys(parse_object(data))
+    result = doc.get("result")
+    return [doc, result] if isinstance(result, dict) else [doc]
+
+
+def _flannel(index: int, plugin: Mapping[str, Any], request: DelRequest, trust: NodeTrust) -> Delegation:
+    try:
+        file = read_pinned(flannel.scratch_path(plugin, request.container_id))
+        if file.stamp is not None:
+            baseline = flannel.delegate_baseline(plugin)
+            runs = flannel.delegate_plugins(file.data)
+            why = delegate_file_refusal(runs, [baseline], trust, handed=executed_types([baseline]))
+            if why is not None:
+                raise Refused(f"{file.path}: {why}")
+    except ValueError as err:
+        raise Refused(f"flannel's file: {err}") from None
+    return Delegation(index, flannel.PLUGIN, file)
+
+
+def _multus(index: int, plugin: Mapping[str, Any], request: DelRequest, trust: NodeTrust) -> Delegation:
+    kind = str(plugin.get("type"))
+    try:
+        file = read_pinned(multus.scratch_path(plugin, request.container_id))
+        if file.stamp is None:
+            return Delegation(index, kind, file)
+        results = []
+        for run in multus.delegate_runs(file.data, request.ifname):
+            result = read_pinned(multus.result_path(file.path, run, request.container_id))
+            results.append(result)
+            prev = _cached_results(result.data) if result.stamp is not None else []
+            own = _own_plugins(trust, run.network)
+            why = delegate_file_refusal(run.plugins, own, trust, prev_results=prev, delegating=NESTED)
+            if why is not None:
+                raise Refused(f"{file.path}, delegate {run.network}: {why}")
+            # A flannel delegate (multus' usual cluster network) reads a file of its own.
+            results += [_flannel(0, p, request, trust).file for p in run.plugins if p.get("type") == flannel.PLUGIN]
+    except ValueError as err:
+        raise Refused(f"multus' file: {err}") from None
+    return Delegation(index, kind, file, tuple(results))
+
+
+def delegations_of(request: DelRequest, trust: NodeTrust) -> tuple[tuple[Delegation, ...], str | None]:
+    """(what each delegating plugin of the request will read, as checked; None), or ((), why no
+    plugin may run for it)."""
+    try:
+        _, _, plugins = plugin_list(request.config)
+    except ConfigError:
+        return (), None  # nothing runs: del_network reports the config
+    found = []
+    try:
+        for index, plugin in enumerate(plugins):
+            kind = plugin["type"]
+            if kind != flannel.PLUGIN and kind not in multus.PLUGINS:
+                continue
+            try:
+                folded = go_keys(plugin)
+            except ValueError as err:
+                raise Refused(f"its {kind} config: {err}") from None
+            check = _flannel if kind == flannel.PLUGIN else _multus
+            found.append(check(index, folded, request, trust))
+    except Refused as err:
+        return (), str(err)
+    return tuple(found), None
+
+
+def _changed(file: PinnedFile) -> str | None:
+    try:
+        now = read_pinned(file.path)
+    except Refused as err:
+        return str(err)
+    if now.stamp is None:
+        return None  # none there now: the plugin finds nothing of it to run
+    if file.stamp is None:
+        return f"{file.path} appeared since it was checked"
+    if (now.stamp, now.data) != (file.stamp, file.data):
+        return f"{file.path} changed since it was checked"
+    return None
+
+
+@contextlib.contextmanager
+def pinned(request: DelRequest) -> Iterator[tuple[DelRequest | None, str | None]]:
+    """(the request to run now, None), its delegating plugins reading only what was checked; or
+    (None, why no plugin may run) when a file multus will read is no longer the one checked.
+    The private dirs made for flannel go when the block ends."""
+    for delegation in request.delegations:
+        if delegation.plugin_type in multus.PLUGINS:
+            for file in (delegation.file, *delegation.results):
+                why = _changed(file)
+                if why is not None:
+                    yield None, why
+                    return
+    flannels = [d for d in request.delegations if d.plugin_type == flannel.PLUGIN]
+    if not flannels:
+        yield request, None
+        return
+    private = tempfile.mkdtemp(prefix="cni-reaper-flannel-")
+    try:
+        doc = parse_object(request.config)
+        plugins = doc["plugins"] if isinstance(doc.get("plugins"), list) else [doc]
+        for delegation in flannels:
+            data_dir = os.path.join(private, str(delegation.index))
+            os.mkdir(data_dir, 0o700)
+            if delegation.file.stamp is not None:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                fd = os.open(os.path.join(data_dir, request.container_id), flags, 0o600)
+                with os.fdopen(fd, "wb") as copy:
+                    copy.write(delegation.file.data)
+            plugin = plugins[delegation.index]
+            for key in [k for k in plugin if k.casefold() == "datadir"]:
+                del plugin[key]
+            plugin["dataDir"] = data_dir
+        yield replace(request, config=json.dumps(doc).encode()), None
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
