@@ -13,13 +13,15 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from msgspec.structs import replace
 
 from reaper.cni.requests import DelRequest
-from reaper.kinds import flannel, multus
-from reaper.model import Attachment, AttachmentKey, NetworkConfig, ResourceRef
+from reaper.kinds import flannel, multus, netns
+from reaper.model import Attachment, AttachmentKey, Identity, NetworkConfig
 from reaper.reap.act import del_request
 from reaper.reap.delegates import delegations_of, pinned
 from reaper.reap.trust import NodeTrust, node_trust
+from tests.harness import snapshots
 from tests.harness.configs import cache_doc
 from tests.harness.fuzz import FUZZ, json_values
 from tests.harness.passes import node_config, write_private
@@ -178,17 +180,19 @@ def test_with_no_file_flannel_reads_nothing_even_if_one_appears(tmp_path: Path) 
 
 
 def test_del_request_runs_no_plugin_for_a_forged_flannel_file(tmp_path: Path) -> None:
-    """act.del_request: the conf dir's flannel config for a dead attachment (a veth: kernel
+    """act.del_request: the conf dir's flannel config for a dead attachment (a real pin: kernel
     evidence) runs DEL only with a file that passed; the refusal is the plan's note."""
     config = _flannel_config(tmp_path / "flannel")
-    ref = ResourceRef("veth", "vethdead", None, {}, ("veth", "vethdead", "7"))
-    attachment = Attachment(AttachmentKey(CID, "cbr0", "eth0"), (ref,), None, "orphan", "", 0.0)
+    (tmp_path / "pin").touch()  # DEL is passed the pin's path, so it must be there
+    pin = replace(snapshots.pin(1), path=str(tmp_path / "pin"))
+    records: dict[Identity, Any] = {netns.identity(pin): pin}
+    attachment = Attachment(AttachmentKey(CID, "cbr0", "eth0"), (netns.ref(pin),), pin.ns, "orphan", "", 0.0)
     write_private(tmp_path / "flannel", CID, flannel_scratch(FLANNEL_CONF))
-    request, note = del_request(attachment, {}, [config], _trust(config))
+    request, note = del_request(attachment, records, [config], _trust(config))
     assert request is not None and note is None and [d.plugin_type for d in request.delegations] == ["flannel"]
     forged = {"cniVersion": "1.0.0", "name": "cbr0", "type": "firewall", "prevResult": LIVE_RESULT}
     write_private(tmp_path / "flannel", CID, json.dumps(forged).encode())
-    request, note = del_request(attachment, {}, [config], _trust(config, allowed=("firewall",)))
+    request, note = del_request(attachment, records, [config], _trust(config, allowed=("firewall",)))
     assert request is None and note is not None and note.startswith("delegate file not run:"), note
 
 
@@ -236,13 +240,17 @@ def test_a_file_as_multus_writes_it_passes_and_each_file_it_reads_is_pinned(tmp_
     ("delegate_conf", "cached", "why"),
     [
         # firewall DELs by prevResult: libcni hands it the cached result of its network.
-        ({"name": "cbr0", "type": "firewall"}, LIVE_RESULT, f"prevResult names {HELD}"),
-        ({"name": "cbr0", "type": "firewall"}, {"kind": "cniCacheV1", "result": LIVE_RESULT}, f"names {HELD}"),
-        ({"name": "cbr0", "type": "firewall", "prevResult": LIVE_RESULT}, None, f"names {HELD}"),
+        ({"name": "cbr0", "type": "firewall"}, LIVE_RESULT, f"prevResult names '{HELD}"),
+        ({"name": "cbr0", "type": "firewall"}, {"kind": "cniCacheV1", "result": LIVE_RESULT}, f"names '{HELD}"),
+        ({"name": "cbr0", "type": "firewall", "prevResult": LIVE_RESULT}, None, f"names '{HELD}"),
         ({"name": "cbr0", "type": "host-local", "ipam": {"type": "host-local", "dataDir": "/etc"}}, None, "datadir"),
         ({"name": "cbr0", "type": "multus"}, None, "another per-container file"),
-        ({"name": "cbr0", "type": "firewall", "prevResult": {"ips": 5}}, None, "not a result"),
-        ({"name": "cbr0", "type": "firewall"}, {"interfaces": [{"name": ["unhashable"]}]}, "not a result"),
+        ({"name": "cbr0", "type": "firewall", "prevResult": {"ips": 5}}, None, "cannot be read as a result"),
+        (
+            {"name": "cbr0", "type": "firewall"},
+            {"interfaces": [{"name": ["unhashable"]}]},
+            "cannot be read as a result",
+        ),
         ({"name": "../../etc", "type": "firewall"}, None, "no CNI name"),
     ],
 )
