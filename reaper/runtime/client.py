@@ -4,7 +4,9 @@ by reaper.runtime.wire."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import grpc
@@ -12,6 +14,12 @@ import grpc
 from reaper.runtime import wire
 
 _SERVICE = "/runtime.v1.RuntimeService/"
+# The most a runtime's answer may be: grpc refuses a longer message from its length prefix,
+# before it is taken in, so what a runtime sends costs a bounded amount of memory. 10,000 real
+# sandboxes list in about 3 MB.
+MAX_ANSWER = 16 * 1024 * 1024
+# The most sandboxes one runtime may list: tiny items cost many times their wire size decoded.
+MAX_SANDBOXES = 100_000
 
 T = TypeVar("T")
 
@@ -29,23 +37,31 @@ def _describe(err: grpc.RpcError) -> str:
 
 
 class RuntimeClient:
-    """One gRPC channel to a CRI runtime. Every call has a deadline."""
+    """One gRPC channel to a CRI runtime. Every call has a deadline. `target`: what to connect
+    to when it is not the endpoint's path (the socket discovery checked, /proc/self/fd/N).
+    `deadline` (time.monotonic()): no call runs past it, whatever `timeout` leaves."""
 
-    def __init__(self, endpoint: str, timeout: float) -> None:
-        if not endpoint.startswith("unix://"):
+    def __init__(self, endpoint: str, timeout: float, target: str | None = None, deadline: float | None = None) -> None:
+        if not endpoint.startswith("unix://") or not (target or endpoint).startswith("unix://"):
             raise CriError(f"runtime endpoint {endpoint!r} must be unix:///path/to/socket")
         self.endpoint = endpoint
         self.timeout = timeout
+        self.deadline = deadline
         self._channel = grpc.insecure_channel(
-            endpoint,
+            target or endpoint,
             options=[
-                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ("grpc.max_receive_message_length", MAX_ANSWER),
                 ("grpc.enable_retries", 0),
             ],
         )
 
     def close(self) -> None:
         self._channel.close()
+
+    def _left(self) -> float:
+        if self.deadline is None:
+            return self.timeout
+        return max(min(self.timeout, self.deadline - time.monotonic()), 0.0)
 
     def __enter__(self) -> RuntimeClient:
         return self
@@ -60,7 +76,7 @@ class RuntimeClient:
             _SERVICE + method, request_serializer=None, response_deserializer=None
         )
         try:
-            return stub(request, timeout=self.timeout, wait_for_ready=False)
+            return stub(request, timeout=self._left(), wait_for_ready=False)
         except grpc.RpcError as err:
             raise CriError(f"{method} on {self.endpoint}: {_describe(err)}") from None
 
@@ -75,8 +91,63 @@ class RuntimeClient:
         return self._read("Version", wire.version_request(), wire.version)
 
     def list_pod_sandboxes(self) -> list[wire.PodSandbox]:
-        return self._read("ListPodSandbox", wire.list_pod_sandbox_request(), wire.pod_sandboxes)
+        answer = self.call("ListPodSandbox", wire.list_pod_sandbox_request())
+        try:
+            return wire.pod_sandboxes(answer, MAX_SANDBOXES)
+        except wire.TooMany as err:
+            raise CriError(f"ListPodSandbox on {self.endpoint}: {err}") from None
+        except wire.WireError as err:
+            raise CriError(
+                f"ListPodSandbox on {self.endpoint}: an answer that is no ListPodSandboxResponse: {err}"
+            ) from None
 
     def pod_sandbox_status(self, sandbox_id: str, verbose: bool = True) -> wire.PodSandboxStatus:
         request = wire.pod_sandbox_status_request(sandbox_id, verbose)
         return self._read("PodSandboxStatus", request, wire.pod_sandbox_status)
+
+    def pod_sandbox_statuses(
+        self, sandbox_ids: Sequence[str], *, in_flight: int, deadline: float
+    ) -> dict[str, wire.PodSandboxStatus | None]:
+        """PodSandboxStatus(verbose) of each sandbox, at most `in_flight` asked at once, all
+        answered by `deadline` (time.monotonic(); the client's own, when sooner). None for a
+        sandbox removed since it was listed (NOT_FOUND); CriError at the first other failure,
+        the rest cancelled."""
+        stub = self._channel.unary_unary(
+            _SERVICE + "PodSandboxStatus", request_serializer=None, response_deserializer=None
+        )
+        asked: deque[tuple[str, grpc.Future]] = deque()  # type: ignore[type-arg]
+        out: dict[str, wire.PodSandboxStatus | None] = {}
+        todo = iter(sandbox_ids)
+        if self.deadline is not None:
+            deadline = min(deadline, self.deadline)
+        try:
+            while True:
+                for sandbox_id in todo:
+                    request = wire.pod_sandbox_status_request(sandbox_id, True)
+                    left = max(deadline - time.monotonic(), 0.0)
+                    asked.append((sandbox_id, stub.future(request, timeout=left, wait_for_ready=False)))
+                    if len(asked) >= in_flight:
+                        break
+                if not asked:
+                    return out
+                sandbox_id, future = asked.popleft()
+                out[sandbox_id] = self._status_of(future)
+        finally:
+            for _, future in asked:
+                future.cancel()
+
+    def _status_of(self, future: grpc.Future) -> wire.PodSandboxStatus | None:  # type: ignore[type-arg]
+        try:
+            answer: bytes = future.result()
+        except grpc.RpcError as err:
+            if isinstance(err, grpc.Call) and err.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise CriError(f"PodSandboxStatus on {self.endpoint}: {_describe(err)}") from None
+        except grpc.FutureCancelledError:
+            raise CriError(f"PodSandboxStatus on {self.endpoint}: cancelled") from None
+        try:
+            return wire.pod_sandbox_status(answer)
+        except wire.WireError as err:
+            raise CriError(
+                f"PodSandboxStatus on {self.endpoint}: an answer that is no PodSandboxStatusResponse: {err}"
+            ) from None
