@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
@@ -12,7 +13,12 @@ from reaper.host.jsondoc import parse_json
 from reaper.model import RuntimeAnswer, RuntimeView, Sandbox
 from reaper.runtime import wire
 from reaper.runtime.client import CriError, RuntimeClient
-from reaper.runtime.discovery import KNOWN_SOCKETS, Endpoint, discover
+from reaper.runtime.discovery import KNOWN_SOCKETS, Endpoint, close_all, discover, socket_path
+from reaper.runtime.liveness import OBSERVE_DEADLINES
+
+# PodSandboxStatus calls one runtime has in flight at once: a runtime listing many sandboxes
+# it never said anything of is asked about them a few at a time, all within one deadline.
+STATUS_IN_FLIGHT = 8
 
 
 def netns_path_from_info(info: Mapping[str, str]) -> str | None:
@@ -88,19 +94,37 @@ class CriLiveness:
 
     def observe(self, known_netns: Mapping[str, str]) -> RuntimeView:
         candidates = self._candidates()
+        try:
+            return self._observe_all(candidates, known_netns)
+        finally:
+            close_all(candidates)
+
+    def _observe_all(self, candidates: list[Endpoint], known_netns: Mapping[str, str]) -> RuntimeView:
         if not candidates:
             tried = ", ".join(path for _, path in KNOWN_SOCKETS)
             return RuntimeView("", None, None, False, f"no CRI socket found (tried the kubelet's and {tried})", ())
+        deadline = time.monotonic() + OBSERVE_DEADLINES * self.timeout
         answers: list[RuntimeAnswer] = []
         sandboxes: dict[str, Sandbox] = {}
         problems: list[str] = []
         for endpoint in candidates:
-            if not self.endpoints and _refused(endpoint.path, self.timeout):
+            if endpoint.refused is not None:  # a process that is not the node's kubelet named it
+                answers.append(
+                    RuntimeAnswer(endpoint.url, endpoint.source, None, None, False, endpoint.refused, 0, skipped=True)
+                )
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                why = f"{endpoint.url}: not asked: the time for asking the runtimes ran out"
+                answers.append(RuntimeAnswer(endpoint.url, endpoint.source, None, None, False, why, 0))
+                problems.append(why)
+                continue
+            if not self.endpoints and _refused(socket_path(endpoint.target), min(self.timeout, left)):
                 why = "nobody listens on this socket (connection refused); skipped"
                 answers.append(RuntimeAnswer(endpoint.url, endpoint.source, None, None, False, why, 0, skipped=True))
                 continue
             try:
-                with RuntimeClient(endpoint.url, self.timeout) as client:
+                with RuntimeClient(endpoint.url, self.timeout, endpoint.target, deadline) as client:
                     answer, listed = self._observe(client, endpoint, known_netns)
             except CriError as err:
                 answers.append(RuntimeAnswer(endpoint.url, endpoint.source, None, None, False, str(err), 0))
@@ -116,12 +140,19 @@ class CriLiveness:
     ) -> tuple[RuntimeAnswer, list[Sandbox]]:
         version = client.version()
         items = client.list_pod_sandboxes()
+        # Asked only of sandboxes whose netns no earlier answer gave (by ID and creation time),
+        # each ID once however often it is listed: READY and NOTREADY alike, since a NOTREADY
+        # sandbox's pin is still its own and must not read as no sandbox's.
+        needed = {item.id: None for item in items if item.id and f"{item.id}@{item.created_at}" not in known_netns}
+        statuses = client.pod_sandbox_statuses(
+            list(needed), in_flight=STATUS_IN_FLIGHT, deadline=time.monotonic() + self.timeout
+        )
         sandboxes = []
         for item in items:
             status_key = f"{item.id}@{item.created_at}"
             netns_path = known_netns.get(status_key)
             if netns_path is None:
-                netns_path = self._ask_netns(client, item.id)
+                netns_path = _netns_of(statuses.get(item.id))
             sandboxes.append(
                 Sandbox(
                     id=item.id,
@@ -147,16 +178,13 @@ class CriLiveness:
         )
         return answer, sandboxes
 
-    def _ask_netns(self, client: RuntimeClient, sandbox_id: str) -> str:
-        try:
-            status = client.pod_sandbox_status(sandbox_id, verbose=True)
-        except CriError as err:
-            if "NOT_FOUND" in str(err):
-                return ""  # removed since it was listed
-            raise
-        if status.network_mode == wire.NAMESPACE_NODE:
-            return ""  # host network: no netns of its own
-        return netns_path_from_info(status.info) or ""
+
+def _netns_of(status: wire.PodSandboxStatus | None) -> str:
+    """The netns path a PodSandboxStatus gives; "" for a sandbox removed since it was listed
+    (None), on the host's network, or whose runtime names none."""
+    if status is None or status.network_mode == wire.NAMESPACE_NODE:
+        return ""
+    return netns_path_from_info(status.info) or ""
 
 
 def _together(answers: tuple[RuntimeAnswer, ...], sandboxes: tuple[Sandbox, ...], problems: list[str]) -> RuntimeView:
