@@ -277,10 +277,10 @@ def open_socket(path: str, root: str | None = None) -> tuple[int, tuple[int, int
     return fd, (st.st_dev, st.st_ino)
 
 
-def discover(proc: str = "/proc") -> list[Endpoint]:
-    """Every known socket that exists, then each believed kubelet's endpoint that is another
-    socket, each opened (`fd`); then each endpoint of a process that is not believed
-    (`refused`, no fd). The caller closes the fds (close_all)."""
+def discover(proc: str = "/proc", known: tuple[tuple[str, str], ...] = KNOWN_SOCKETS) -> list[Endpoint]:
+    """Every known socket (`known`: runtime name, path) that exists, then each believed
+    kubelet's endpoint that is another socket, each opened (`fd`); then each endpoint of a
+    process that is not believed (`refused`, no fd). The caller closes the fds (close_all)."""
     seen: set[tuple[int, int]] = set()
     out: list[Endpoint] = []
     refused: list[Endpoint] = []
@@ -297,7 +297,7 @@ def discover(proc: str = "/proc") -> list[Endpoint]:
         out.append(Endpoint(endpoint.url, endpoint.source, fd=fd))
 
     try:
-        for name, path in KNOWN_SOCKETS:
+        for name, path in known:
             add(Endpoint(UNIX + path, f"known socket ({name})"), None)
         for endpoint in kubelet_endpoints(proc):
             if endpoint.refused is not None:
