@@ -71,8 +71,13 @@ def _refused(path: str, timeout: float) -> bool:
 
 class CriLiveness:
     """Every CRI runtime on the node: the endpoints given (exactly those), else the ones
-    discovery finds. A sandbox any of them lists is live; one that cannot be asked makes the
-    whole view unreachable."""
+    discovery finds (each connected through the socket it checked; one that only a process not
+    believed to be the kubelet named is reported as skipped, never asked). A sandbox any of
+    them lists is live; one that cannot be asked makes the whole view unreachable.
+
+    Bounded: a runtime's list over 16 MiB or 100,000 sandboxes is its error; PodSandboxStatus
+    only for listed IDs whose netns no earlier answer gave, STATUS_IN_FLIGHT at once, one
+    deadline for the batch; the whole observe() within OBSERVE_DEADLINES call deadlines."""
 
     def __init__(
         self,
