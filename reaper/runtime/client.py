@@ -52,6 +52,9 @@ class RuntimeClient:
             options=[
                 ("grpc.max_receive_message_length", MAX_ANSWER),
                 ("grpc.enable_retries", 0),
+                # A connection of this channel's own: grpc shares subchannels between channels
+                # by address, and /proc/self/fd/N names another socket once N is reused.
+                ("grpc.use_local_subchannel_pool", 1),
             ],
         )
 

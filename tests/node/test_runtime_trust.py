@@ -24,6 +24,7 @@ from tests.harness.fake_cri import FakeRuntime, sandbox, sandbox_list
 
 PYTHON = "/usr/bin/python3.11"  # a standalone interpreter any user may run, owned by root
 NOBODY = "65534"
+pytestmark = pytest.mark.skipif(not os.path.exists(PYTHON), reason=f"needs {PYTHON}")
 # Names itself kubelet (PR_SET_NAME), goes into the root given (if any), says so on stdout,
 # and waits to be killed; the flags after its own arguments are what discovery reads.
 NAMED = (
