@@ -20,6 +20,9 @@ _SERVICE = "/runtime.v1.RuntimeService/"
 MAX_ANSWER = 16 * 1024 * 1024
 # The most sandboxes one runtime may list: tiny items cost many times their wire size decoded.
 MAX_SANDBOXES = 100_000
+# The most one PodSandboxStatus answer may be (grpc's default; a verbose answer, the sandbox's
+# whole OCI spec included, is tens of KB), several of them in flight at once.
+MAX_STATUS_ANSWER = 4 * 1024 * 1024
 
 T = TypeVar("T")
 
@@ -47,10 +50,16 @@ class RuntimeClient:
         self.endpoint = endpoint
         self.timeout = timeout
         self.deadline = deadline
-        self._channel = grpc.insecure_channel(
-            target or endpoint,
+        self._target = target or endpoint
+        self._channel = self._open(MAX_ANSWER)
+        self._status_channel: grpc.Channel | None = None  # opened for the first status batch
+
+    def _open(self, most: int) -> grpc.Channel:
+        """A channel whose answers grpc refuses past `most` bytes, from their length prefix."""
+        return grpc.insecure_channel(
+            self._target,
             options=[
-                ("grpc.max_receive_message_length", MAX_ANSWER),
+                ("grpc.max_receive_message_length", most),
                 ("grpc.enable_retries", 0),
                 # A connection of this channel's own: grpc shares subchannels between channels
                 # by address, and /proc/self/fd/N names another socket once N is reused.
@@ -60,6 +69,8 @@ class RuntimeClient:
 
     def close(self) -> None:
         self._channel.close()
+        if self._status_channel is not None:
+            self._status_channel.close()
 
     def _left(self) -> float:
         if self.deadline is None:
@@ -109,17 +120,25 @@ class RuntimeClient:
         return self._read("PodSandboxStatus", request, wire.pod_sandbox_status)
 
     def pod_sandbox_statuses(
-        self, sandbox_ids: Sequence[str], *, in_flight: int, deadline: float
-    ) -> dict[str, wire.PodSandboxStatus | None]:
-        """PodSandboxStatus(verbose) of each sandbox, at most `in_flight` asked at once, all
-        answered by `deadline` (time.monotonic(); the client's own, when sooner). None for a
-        sandbox removed since it was listed (NOT_FOUND); CriError at the first other failure,
-        the rest cancelled."""
-        stub = self._channel.unary_unary(
+        self,
+        sandbox_ids: Sequence[str],
+        keep: Callable[[wire.PodSandboxStatus | None], T],
+        *,
+        in_flight: int,
+        deadline: float,
+    ) -> dict[str, T]:
+        """What `keep` takes of each sandbox's PodSandboxStatus(verbose), called as each answer
+        comes (an answer is not held whole past it): None for a sandbox removed since it was
+        listed (NOT_FOUND). At most `in_flight` asked at once, each answer at most
+        MAX_STATUS_ANSWER, all answered by `deadline` (time.monotonic(); the client's own, when
+        sooner). CriError at the first other failure, the rest cancelled."""
+        if self._status_channel is None:
+            self._status_channel = self._open(MAX_STATUS_ANSWER)
+        stub = self._status_channel.unary_unary(
             _SERVICE + "PodSandboxStatus", request_serializer=None, response_deserializer=None
         )
         asked: deque[tuple[str, grpc.Future]] = deque()  # type: ignore[type-arg]
-        out: dict[str, wire.PodSandboxStatus | None] = {}
+        out: dict[str, T] = {}
         todo = iter(sandbox_ids)
         if self.deadline is not None:
             deadline = min(deadline, self.deadline)
@@ -134,7 +153,7 @@ class RuntimeClient:
                 if not asked:
                     return out
                 sandbox_id, future = asked.popleft()
-                out[sandbox_id] = self._status_of(future)
+                out[sandbox_id] = keep(self._status_of(future))
         finally:
             for _, future in asked:
                 future.cancel()

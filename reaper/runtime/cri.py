@@ -19,6 +19,7 @@ from reaper.runtime.liveness import OBSERVE_DEADLINES
 # PodSandboxStatus calls one runtime has in flight at once: a runtime listing many sandboxes
 # it never said anything of is asked about them a few at a time, all within one deadline.
 STATUS_IN_FLIGHT = 8
+MAX_NETNS_PATH = 4096  # PATH_MAX
 
 
 def netns_path_from_info(info: Mapping[str, str]) -> str | None:
@@ -149,15 +150,16 @@ class CriLiveness:
         # each ID once however often it is listed: READY and NOTREADY alike, since a NOTREADY
         # sandbox's pin is still its own and must not read as no sandbox's.
         needed = {item.id: None for item in items if item.id and f"{item.id}@{item.created_at}" not in known_netns}
+        netns_of = partial(_netns_of, client.endpoint)
         statuses = client.pod_sandbox_statuses(
-            list(needed), in_flight=STATUS_IN_FLIGHT, deadline=time.monotonic() + self.timeout
+            list(needed), netns_of, in_flight=STATUS_IN_FLIGHT, deadline=time.monotonic() + self.timeout
         )
         sandboxes = []
         for item in items:
             status_key = f"{item.id}@{item.created_at}"
             netns_path = known_netns.get(status_key)
             if netns_path is None:
-                netns_path = _netns_of(statuses.get(item.id))
+                netns_path = statuses.get(item.id, "")
             sandboxes.append(
                 Sandbox(
                     id=item.id,
@@ -184,12 +186,16 @@ class CriLiveness:
         return answer, sandboxes
 
 
-def _netns_of(status: wire.PodSandboxStatus | None) -> str:
+def _netns_of(endpoint: str, status: wire.PodSandboxStatus | None) -> str:
     """The netns path a PodSandboxStatus gives; "" for a sandbox removed since it was listed
-    (None), on the host's network, or whose runtime names none."""
+    (None), on the host's network, or whose runtime names none. A path longer than any path
+    the kernel takes is the runtime's error."""
     if status is None or status.network_mode == wire.NAMESPACE_NODE:
         return ""
-    return netns_path_from_info(status.info) or ""
+    path = netns_path_from_info(status.info) or ""
+    if len(path.encode("utf-8", "surrogatepass")) > MAX_NETNS_PATH:
+        raise CriError(f"PodSandboxStatus on {endpoint}: a netns path over {MAX_NETNS_PATH} bytes")
+    return path
 
 
 def _together(answers: tuple[RuntimeAnswer, ...], sandboxes: tuple[Sandbox, ...], problems: list[str]) -> RuntimeView:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from reaper.runtime.client import MAX_ANSWER, MAX_SANDBOXES
+from reaper.runtime.client import MAX_ANSWER, MAX_SANDBOXES, MAX_STATUS_ANSWER
 from reaper.runtime.cri import STATUS_IN_FLIGHT, CriLiveness
 from tests.harness.cri import api_pb2 as pb
 from tests.harness.fake_cri import FakeRuntime, sandbox, sandbox_list
@@ -131,3 +131,20 @@ def test_every_pod_sandbox_status_is_answered_within_one_deadline(tmp_path: Path
     assert not view.reachable and view.error is not None
     assert "PodSandboxStatus on unix://" in view.error and "DEADLINE_EXCEEDED" in view.error
     assert asked < len(items) and took < 4 * timeout
+
+
+@pytest.mark.parametrize(
+    ("path", "error"),
+    [
+        ("/run/netns/" + "x" * 5000, "a netns path over 4096 bytes"),
+        ("/run/netns/" + "x" * MAX_STATUS_ANSWER, "RESOURCE_EXHAUSTED"),
+    ],
+)
+def test_a_status_answer_or_netns_path_past_its_bound_is_that_runtimes_error(
+    tmp_path: Path, path: str, error: str
+) -> None:
+    with FakeRuntime(tmp_path / "cri.sock", sandbox_list([sandbox("s")]), {"s": path}) as runtime:
+        view = CriLiveness((runtime.endpoint,), 10.0).observe({})
+    assert not view.reachable and view.error is not None
+    assert view.error.startswith(f"PodSandboxStatus on {runtime.endpoint}: ") and error in view.error
+    assert "\n" not in view.error
