@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from hypothesis import given
@@ -150,3 +152,25 @@ def test_a_socket_swapped_after_the_check_is_never_asked_and_the_known_one_stays
     assert [(a.endpoint, a.source) for a in view.runtimes] == [(f"unix://{known}", "known socket (containerd)")]
     (pinned,) = view.sandboxes
     assert pinned.id == "pinned" and not pinned.ready and pinned.netns_path == "/run/netns/cni-pinned"
+
+
+def test_every_socket_discovery_opens_is_closed_when_the_runtimes_have_answered(tmp_path: Path) -> None:
+    """The agent discovers on every pass: the fds of the sockets it checked go with the pass."""
+    host = tmp_path / "host"
+    (host / "run").mkdir(parents=True)
+    _host_proc(tmp_path / "proc", host)
+    _believed_kubelet(tmp_path / "proc", 4242, host, "unix:///run/k.sock")
+    with FakeRuntime(host / "run" / "k.sock", b"", {}), FakeRuntime(tmp_path / "known.sock", b"", {}):
+        known = (("containerd", str(tmp_path / "known.sock")),)
+        liveness = CriLiveness((), 5.0, find=lambda: discover(str(tmp_path / "proc"), known=known))
+        views = [liveness.observe({}) for _ in range(3)]
+        held = set(_open_files())
+    assert all(v.reachable and len(v.runtimes) == 2 for v in views)
+    assert not held & {str(host / "run" / "k.sock"), str(tmp_path / "known.sock")}
+
+
+def _open_files() -> Iterator[str]:
+    """What each of this process's fds names."""
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own fd, closed since
+            yield os.readlink(f"/proc/self/fd/{fd}")
