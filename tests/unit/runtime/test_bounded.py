@@ -76,7 +76,7 @@ def test_a_list_over_16_mib_is_that_runtimes_error_and_memory_stays_bounded(tmp_
     assert out["peak_kib"] - baseline_kib < 32 * 1024 and out["peak_kib"] < CHART_LIMIT_KIB // 2, out
 
 
-@pytest.mark.parametrize("count", [2 << 20, MAX_SANDBOXES + 1])
+@pytest.mark.parametrize("count", [2 << 20, MAX_SANDBOXES + 1], ids=["4-mib-of-tiny-items", "one-too-many"])
 def test_more_than_100000_sandboxes_is_that_runtimes_error_and_memory_stays_bounded(
     tmp_path: Path, baseline_kib: int, count: int
 ) -> None:
@@ -139,6 +139,7 @@ def test_every_pod_sandbox_status_is_answered_within_one_deadline(tmp_path: Path
         ("/run/netns/" + "x" * 5000, "a netns path over 4096 bytes"),
         ("/run/netns/" + "x" * MAX_STATUS_ANSWER, "RESOURCE_EXHAUSTED"),
     ],
+    ids=["netns-path", "status-answer"],
 )
 def test_a_status_answer_or_netns_path_past_its_bound_is_that_runtimes_error(
     tmp_path: Path, path: str, error: str
