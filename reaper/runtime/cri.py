@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
@@ -12,7 +13,13 @@ from reaper.host.jsondoc import parse_json
 from reaper.model import RuntimeAnswer, RuntimeView, Sandbox
 from reaper.runtime import wire
 from reaper.runtime.client import CriError, RuntimeClient
-from reaper.runtime.discovery import KNOWN_SOCKETS, Endpoint, discover
+from reaper.runtime.discovery import KNOWN_SOCKETS, Endpoint, close_all, discover, socket_path
+from reaper.runtime.liveness import OBSERVE_DEADLINES
+
+# PodSandboxStatus calls one runtime has in flight at once: a runtime listing many sandboxes
+# it never said anything of is asked about them a few at a time, all within one deadline.
+STATUS_IN_FLIGHT = 8
+MAX_NETNS_PATH = 4096  # PATH_MAX
 
 
 def netns_path_from_info(info: Mapping[str, str]) -> str | None:
@@ -65,8 +72,13 @@ def _refused(path: str, timeout: float) -> bool:
 
 class CriLiveness:
     """Every CRI runtime on the node: the endpoints given (exactly those), else the ones
-    discovery finds. A sandbox any of them lists is live; one that cannot be asked makes the
-    whole view unreachable."""
+    discovery finds (each connected through the socket it checked; one that only a process not
+    believed to be the kubelet named is reported as skipped, never asked). A sandbox any of
+    them lists is live; one that cannot be asked makes the whole view unreachable.
+
+    Bounded: a runtime's list over 16 MiB or 100,000 sandboxes is its error; PodSandboxStatus
+    only for listed IDs whose netns no earlier answer gave, STATUS_IN_FLIGHT at once, one
+    deadline for the batch; the whole observe() within OBSERVE_DEADLINES call deadlines."""
 
     def __init__(
         self,
@@ -88,19 +100,37 @@ class CriLiveness:
 
     def observe(self, known_netns: Mapping[str, str]) -> RuntimeView:
         candidates = self._candidates()
+        try:
+            return self._observe_all(candidates, known_netns)
+        finally:
+            close_all(candidates)
+
+    def _observe_all(self, candidates: list[Endpoint], known_netns: Mapping[str, str]) -> RuntimeView:
         if not candidates:
             tried = ", ".join(path for _, path in KNOWN_SOCKETS)
             return RuntimeView("", None, None, False, f"no CRI socket found (tried the kubelet's and {tried})", ())
+        deadline = time.monotonic() + OBSERVE_DEADLINES * self.timeout
         answers: list[RuntimeAnswer] = []
         sandboxes: dict[str, Sandbox] = {}
         problems: list[str] = []
         for endpoint in candidates:
-            if not self.endpoints and _refused(endpoint.path, self.timeout):
+            if endpoint.refused is not None:  # a process that is not the node's kubelet named it
+                answers.append(
+                    RuntimeAnswer(endpoint.url, endpoint.source, None, None, False, endpoint.refused, 0, skipped=True)
+                )
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                why = f"{endpoint.url}: not asked: the time for asking the runtimes ran out"
+                answers.append(RuntimeAnswer(endpoint.url, endpoint.source, None, None, False, why, 0))
+                problems.append(why)
+                continue
+            if not self.endpoints and _refused(socket_path(endpoint.target), min(self.timeout, left)):
                 why = "nobody listens on this socket (connection refused); skipped"
                 answers.append(RuntimeAnswer(endpoint.url, endpoint.source, None, None, False, why, 0, skipped=True))
                 continue
             try:
-                with RuntimeClient(endpoint.url, self.timeout) as client:
+                with RuntimeClient(endpoint.url, self.timeout, endpoint.target, deadline) as client:
                     answer, listed = self._observe(client, endpoint, known_netns)
             except CriError as err:
                 answers.append(RuntimeAnswer(endpoint.url, endpoint.source, None, None, False, str(err), 0))
@@ -116,12 +146,20 @@ class CriLiveness:
     ) -> tuple[RuntimeAnswer, list[Sandbox]]:
         version = client.version()
         items = client.list_pod_sandboxes()
+        # Asked only of sandboxes whose netns no earlier answer gave (by ID and creation time),
+        # each ID once however often it is listed: READY and NOTREADY alike, since a NOTREADY
+        # sandbox's pin is still its own and must not read as no sandbox's.
+        needed = {item.id: None for item in items if item.id and f"{item.id}@{item.created_at}" not in known_netns}
+        netns_of = partial(_netns_of, client.endpoint)
+        statuses = client.pod_sandbox_statuses(
+            list(needed), netns_of, in_flight=STATUS_IN_FLIGHT, deadline=time.monotonic() + self.timeout
+        )
         sandboxes = []
         for item in items:
             status_key = f"{item.id}@{item.created_at}"
             netns_path = known_netns.get(status_key)
             if netns_path is None:
-                netns_path = self._ask_netns(client, item.id)
+                netns_path = statuses.get(item.id, "")
             sandboxes.append(
                 Sandbox(
                     id=item.id,
@@ -147,16 +185,17 @@ class CriLiveness:
         )
         return answer, sandboxes
 
-    def _ask_netns(self, client: RuntimeClient, sandbox_id: str) -> str:
-        try:
-            status = client.pod_sandbox_status(sandbox_id, verbose=True)
-        except CriError as err:
-            if "NOT_FOUND" in str(err):
-                return ""  # removed since it was listed
-            raise
-        if status.network_mode == wire.NAMESPACE_NODE:
-            return ""  # host network: no netns of its own
-        return netns_path_from_info(status.info) or ""
+
+def _netns_of(endpoint: str, status: wire.PodSandboxStatus | None) -> str:
+    """The netns path a PodSandboxStatus gives; "" for a sandbox removed since it was listed
+    (None), on the host's network, or whose runtime names none. A path longer than any path
+    the kernel takes is the runtime's error."""
+    if status is None or status.network_mode == wire.NAMESPACE_NODE:
+        return ""
+    path = netns_path_from_info(status.info) or ""
+    if len(path.encode("utf-8", "surrogatepass")) > MAX_NETNS_PATH:
+        raise CriError(f"PodSandboxStatus on {endpoint}: a netns path over {MAX_NETNS_PATH} bytes")
+    return path
 
 
 def _together(answers: tuple[RuntimeAnswer, ...], sandboxes: tuple[Sandbox, ...], problems: list[str]) -> RuntimeView:

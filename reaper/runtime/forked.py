@@ -7,8 +7,11 @@ when the parent sends it a request, so the node is still looked at before the ru
 asked; it answers each request in turn until the parent closes its end. Requests from several
 threads wait for each other (one socket, one answer at a time).
 
-Fail closed: a child that died, hung up or answered something that is no view gives a view
-with `reachable=False`, so nothing is called orphan. The parent kills and reaps the child by
+Fail closed: a child that died, hung up, answered something that is no view, or did not answer
+by its deadline gives a view with `reachable=False`, so nothing is called orphan. The deadline
+is what the child's own asking is bounded by (OBSERVE_DEADLINES call deadlines) and a margin
+for its discovery and its start; a child past it is killed, and every later request is
+answered with no view. The parent kills and reaps the child by
 its own pid on the way out, whatever happened.
 """
 
@@ -25,7 +28,7 @@ import msgspec
 
 from reaper.host.forkcall import MAX_MESSAGE, Child, WorkerGone, detach_from_terminal, receive, send
 from reaper.model import RuntimeView
-from reaper.runtime.liveness import LivenessSource
+from reaper.runtime.liveness import OBSERVE_DEADLINES, LivenessSource
 
 __all__ = ["MAX_MESSAGE", "ForkedLiveness", "WorkerGone", "read_view", "send_request", "unreachable"]
 
@@ -55,6 +58,11 @@ def read_view(sock: socket.socket) -> RuntimeView:
     return _decode_view(receive(sock))
 
 
+# What a request may take beyond the child's calls: discovery, decoding, and grpc's import when
+# the first request comes right after the fork.
+MARGIN = 30.0
+
+
 def unreachable(why: str) -> RuntimeView:
     return RuntimeView("", None, None, False, why, ())
 
@@ -66,8 +74,9 @@ class ForkedLiveness(Child):
     each request (aim() them first). When the node lets no process be forked, the runtimes are
     asked from this process."""
 
-    def __init__(self, endpoints: tuple[str, ...] = (), timeout: float = 0.0) -> None:
+    def __init__(self, endpoints: tuple[str, ...] = (), timeout: float = 0.0, margin: float = MARGIN) -> None:
         self._in_process: LivenessSource | None = None
+        self._margin = margin
         self._turn = threading.Lock()
         self.aim(endpoints, timeout)
         super().__init__(_serve)
@@ -92,6 +101,7 @@ class ForkedLiveness(Child):
             return partial(self._in_process.observe, known_netns)
         self._turn.acquire()
         try:
+            self._sock.settimeout(OBSERVE_DEADLINES * self._timeout + self._margin)
             send_request(self._sock, Request(self._endpoints, self._timeout, dict(known_netns)))
         except OSError as err:
             self._turn.release()
@@ -101,6 +111,12 @@ class ForkedLiveness(Child):
     def _answer(self) -> RuntimeView:
         try:
             return read_view(self._sock)
+        except TimeoutError:
+            # A late answer would be read as the next request's: the child goes, and every
+            # later request gets no view.
+            pid = self.pid
+            self.close()
+            return unreachable(f"the CRI client process (pid {pid}) gave no answer by its deadline")
         except (OSError, WorkerGone, msgspec.DecodeError) as err:
             return self._no_answer(err)
         finally:

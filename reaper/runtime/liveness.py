@@ -7,6 +7,12 @@ from typing import Protocol
 
 from reaper.model import RuntimeView
 
+# How many call deadlines (--runtime-timeout) one observe() may take, all runtimes together: a
+# runtime's Version, ListPodSandbox and its PodSandboxStatus batch (one deadline for the
+# batch) each have one, and a runtime whose turn comes after the whole has run out is that
+# runtime's error. What a forked client's parent waits for is bounded by it too.
+OBSERVE_DEADLINES = 4
+
 
 class LivenessSource(Protocol):
     def observe(self, known_netns: Mapping[str, str]) -> RuntimeView:

@@ -36,6 +36,10 @@ class WireError(ValueError):
     """Bytes that are no message of the type they answer with."""
 
 
+class TooMany(WireError):
+    """A list with more items than the reader takes."""
+
+
 class Version(Struct, frozen=True):
     runtime_name: str
     runtime_version: str
@@ -174,9 +178,17 @@ def version(buf: bytes) -> Version:
     return Version(name, version_text)
 
 
-def pod_sandboxes(buf: bytes) -> list[PodSandbox]:
-    """ListPodSandboxResponse: items = 1, each a PodSandbox."""
-    return [_pod_sandbox(v) for n, w, v in _fields(buf) if n == 1 and w == _LEN and isinstance(v, bytes)]
+def pod_sandboxes(buf: bytes, most: int | None = None) -> list[PodSandbox]:
+    """ListPodSandboxResponse: items = 1, each a PodSandbox. TooMany past `most` items, raised
+    as the next one is met: tiny items cost far more decoded than on the wire, so they are
+    counted as they are decoded, never all decoded first."""
+    items: list[PodSandbox] = []
+    for number, wire, value in _fields(buf):
+        if number == 1 and wire == _LEN and isinstance(value, bytes):
+            if most is not None and len(items) >= most:
+                raise TooMany(f"more than {most:,} sandboxes")
+            items.append(_pod_sandbox(value))
+    return items
 
 
 def _pod_sandbox(buf: bytes) -> PodSandbox:

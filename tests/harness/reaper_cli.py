@@ -68,13 +68,34 @@ def names(attachment: dict[str, Any], kind: str) -> set[str]:
     return {r["name"] for r in attachment["resources"] if r["kind"] == kind}
 
 
+# A process that names itself kubelet (PR_SET_NAME) and waits; discovery reads the flags after it.
+NAMED_KUBELET = "import ctypes, time; ctypes.CDLL(None).prctl(15, b'kubelet', 0, 0, 0); time.sleep(600)"
+
+
+def kubelet_argv(*flags: str, prefix: Sequence[str] = ()) -> list[str]:
+    """A fake kubelet's command line: `prefix` (unshare, chroot, setpriv ...), then a process
+    named kubelet whose command line holds `flags`."""
+    return [*prefix, sys.executable, "-c", NAMED_KUBELET, *flags]
+
+
 def run_reaper_discovering(
-    lab: Lab, command: str, state_file: Path, sockets: dict[str, Path], *extra: str, timeout: float = 120
+    lab: Lab,
+    command: str,
+    state_file: Path,
+    sockets: dict[str, Path],
+    *extra: str,
+    kubelets: Sequence[Sequence[str]] = (),
+    timeout: float = 120,
 ) -> ReaperRun:
     """`reaper COMMAND` with no --runtime-endpoint, in the lab's netns and a mount namespace of
     its own whose /run is an empty tmpfs holding only `sockets` (path there -> socket file here),
     bind-mounted: the reaper then finds exactly these runtimes, as it would on a node, and the
-    host's /run is neither seen nor touched."""
+    host's /run is neither seen nor touched.
+
+    With `kubelets` (command lines, see kubelet_argv), also in a pid namespace of its own with
+    its own /proc: they are started there first, and the reaper is that namespace's pid 1, the
+    "host's init" a kubelet is compared with (this machine's own may not be inspectable). When
+    the reaper exits, the kernel ends every process left in the namespace."""
     flags = lab_flags(lab, state_file)
     at = flags.index("--runtime-endpoint")
     del flags[at : at + 2]
@@ -82,9 +103,16 @@ def run_reaper_discovering(
     for inside, outside in sockets.items():
         script.append(f"mkdir -p {shlex.quote(os.path.dirname(inside))} && touch {shlex.quote(inside)}")
         script.append(f"mount --bind {shlex.quote(str(outside))} {shlex.quote(inside)}")
+    for kubelet in kubelets:
+        script.append("{ " + " ".join(shlex.quote(a) for a in kubelet) + " & }")
+    if kubelets:
+        named = f'[ "$(grep -lx kubelet /proc/[0-9]*/comm 2>/dev/null | wc -l)" -ge {len(kubelets)} ]'
+        script.append(f"timeout 60 sh -c {shlex.quote(f'until {named}; do sleep 0.05; done')}")
     reaper = [sys.executable, "-m", "reaper", command, *flags, *extra]
     script.append("exec " + " ".join(shlex.quote(a) for a in reaper))
     argv = ["nsenter", f"--net={lab.netns_path}", "unshare", "--mount", "--propagation", "private"]
+    if kubelets:
+        argv += ["--pid", "--fork", "--mount-proc", "--kill-child"]
     argv += ["sh", "-c", " && ".join(script)]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     return ReaperRun(proc.returncode, proc.stdout, proc.stderr)

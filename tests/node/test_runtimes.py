@@ -4,6 +4,7 @@ never turns another runtime's sandboxes into orphans, and one that cannot answer
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 
 from tests.harness.lab import Lab
 from tests.harness.reap_helpers import REAP, pings, reproduce_both_seeds
-from tests.harness.reaper_cli import attachments_by_key, run_reaper_discovering
+from tests.harness.reaper_cli import attachments_by_key, kubelet_argv, run_reaper_discovering
 
 CONTAINERD_SOCK = "/run/containerd/containerd.sock"
 CRIO_SOCK = "/run/crio/crio.sock"
@@ -77,10 +78,11 @@ def test_with_no_flags_every_runtime_is_asked_and_the_decoy_changes_nothing(
 
 
 class _Hangup(threading.Thread):
-    """Something listening on a CRI path that hangs up on every call."""
+    """Something listening on a CRI path that hangs up on every call (and counts them)."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(daemon=True)
+        self.accepted = 0
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(str(path))
         self.listener.listen(16)
@@ -91,6 +93,7 @@ class _Hangup(threading.Thread):
                 conn, _ = self.listener.accept()
             except OSError:
                 return
+            self.accepted += 1
             conn.close()
 
 
@@ -110,26 +113,51 @@ def test_a_runtime_that_cannot_answer_makes_the_pass_undecided(labs: tuple[Lab, 
 
 
 def test_the_kubelets_configured_endpoint_is_found(labs: tuple[Lab, Lab, str, str], tmp_path: Path) -> None:
-    """A kubelet whose --container-runtime-endpoint is no known path: found through /proc."""
+    """A kubelet whose --container-runtime-endpoint is no known path: found through /proc, in a
+    pid namespace whose init is the reaper (the host's init a kubelet is compared with)."""
     lab, _, _, _ = labs
     custom = "/run/custom-runtime/cri.sock"
-    name_it = "import ctypes, time; ctypes.CDLL(None).prctl(15, b'kubelet', 0, 0, 0); time.sleep(120)"  # PR_SET_NAME
-    kubelet = subprocess.Popen(
-        [sys.executable, "-c", name_it, "--v=2", f"--container-runtime-endpoint=unix://{custom}"]
+    kubelet = kubelet_argv("--v=2", f"--container-runtime-endpoint=unix://{custom}")
+    run = run_reaper_discovering(
+        lab, "scan", tmp_path / "state.json", {custom: socket_of(lab)}, "--json", kubelets=[kubelet]
     )
-    try:
-        for _ in range(100):
-            if Path(f"/proc/{kubelet.pid}/comm").read_text().strip() == "kubelet":
-                break
-            threading.Event().wait(0.05)
-        run = run_reaper_discovering(lab, "scan", tmp_path / "state.json", {custom: socket_of(lab)}, "--json")
-    finally:
-        kubelet.kill()
-        kubelet.wait()
     assert run.returncode in (0, 1), run.stderr
     (found,) = run.doc["runtimes"]
     assert found["endpoint"] == f"unix://{custom}" and found["reachable"]
-    assert found["found_by"] == f"kubelet (pid {kubelet.pid}) --container-runtime-endpoint"
+    assert re.fullmatch(r"kubelet \(pid \d+\) --container-runtime-endpoint", found["found_by"])
+
+
+def test_a_kubelet_the_hosts_init_would_not_start_is_reported_and_not_asked(
+    labs: tuple[Lab, Lab, str, str], tmp_path: Path
+) -> None:
+    """Issue 23 case 4a: a process named kubelet in a mount namespace of its own points at a
+    socket that is no CRI runtime. It is reported (scan's runtimes, doctor's warning), never
+    connected to, and the pass stays decided."""
+    lab, _, web, _ = labs
+    not_cri = _Hangup(tmp_path / "not-cri.sock")
+    not_cri.start()
+    evil = "/run/evil/cri.sock"
+    sockets = {CONTAINERD_SOCK: socket_of(lab), evil: tmp_path / "not-cri.sock"}
+    kubelet = kubelet_argv(
+        f"--container-runtime-endpoint=unix://{evil}", prefix=["unshare", "--mount", "--propagation", "private"]
+    )
+    try:
+        scan = run_reaper_discovering(lab, "scan", tmp_path / "state.json", sockets, "--json", kubelets=[kubelet])
+        doctor = run_reaper_discovering(lab, "doctor", tmp_path / "state.json", sockets, "--json", kubelets=[kubelet])
+    finally:
+        not_cri.listener.close()
+    assert scan.returncode in (0, 1), scan.stdout + scan.stderr
+    assert "cannot decide" not in scan.stderr and scan.doc["runtime"]["reachable"]
+    runtimes = {r["endpoint"]: r for r in scan.doc["runtimes"]}
+    assert runtimes[f"unix://{CONTAINERD_SOCK}"]["reachable"]
+    reported = runtimes[f"unix://{evil}"]
+    assert reported["skipped"] and not reported["reachable"]
+    assert reported["error"] == "not asked: it runs in another mount namespace than the host's (pid 1)"
+    assert re.fullmatch(r"kubelet \(pid \d+\) --container-runtime-endpoint", reported["found_by"])
+    assert any(a["container_id"] == web and a["verdict"] == "live" for a in attachments_by_key(scan.doc).values())
+    warned = [c for c in doctor.doc["checks"] if c["check"] == "runtime" and evil in c["message"]]
+    assert [c["status"] for c in warned] == ["warn"] and "not asked" in warned[0]["message"], doctor.stdout
+    assert not_cri.accepted == 0
 
 
 # A fresh process: the forked client is for processes that have not imported grpc (a child

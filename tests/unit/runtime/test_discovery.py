@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reaper.runtime.discovery import as_url, endpoint_in_config, flag_value, kubelet_endpoints
+from reaper.runtime.cri import CriLiveness
+from reaper.runtime.discovery import Endpoint, as_url, discover, endpoint_in_config, flag_value, kubelet_endpoints
+from tests.harness.fake_cri import FakeRuntime, sandbox, sandbox_list
 from tests.harness.fuzz import FUZZ
 
 
@@ -80,3 +85,92 @@ def test_hostile_kubelets_never_hang_or_break_discovery(tmp_path: Path) -> None:
     assert [(e.url, e.source) for e in found] == [
         ("unix:///run/good.sock", "kubelet (pid 13) config /var/lib/kubelet/config.yaml")
     ]
+    # This /proc has no pid 1 to compare with: no process named kubelet is believed.
+    assert found[0].refused is not None and "pid 1" in found[0].refused
+
+
+def _host_proc(proc: Path, host_root: Path) -> None:
+    """A /proc whose pid 1 has `host_root` for its root and this process's mount namespace."""
+    (proc / "1" / "ns").mkdir(parents=True)
+    (proc / "1" / "root").symlink_to(host_root)
+    (proc / "1" / "ns" / "mnt").symlink_to("/proc/self/ns/mnt")
+
+
+def _believed_kubelet(proc: Path, pid: int, host_root: Path, endpoint: str) -> None:
+    """A kubelet as pid 1 would have started it: root, pid 1's root and mount namespace, and a
+    root-owned executable (the interpreter's)."""
+    (proc / str(pid) / "ns").mkdir(parents=True)
+    (proc / str(pid) / "comm").write_bytes(b"kubelet\n")
+    (proc / str(pid) / "cmdline").write_bytes(b"kubelet\0--container-runtime-endpoint=" + endpoint.encode() + b"\0")
+    (proc / str(pid) / "status").write_bytes(b"Name:\tkubelet\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\n")
+    (proc / str(pid) / "root").symlink_to(host_root)
+    (proc / str(pid) / "ns" / "mnt").symlink_to("/proc/self/ns/mnt")
+    (proc / str(pid) / "exe").symlink_to(os.path.realpath(sys.executable))
+
+
+def test_a_kubelets_endpoint_is_the_socket_in_the_hosts_root(tmp_path: Path) -> None:
+    """Resolved with pid 1's root as "/", its absolute symlinks included (/var/run -> /run)."""
+    host = tmp_path / "host"
+    (host / "run").mkdir(parents=True)
+    (host / "var").mkdir()
+    (host / "var" / "run").symlink_to("/run")
+    _host_proc(tmp_path / "proc", host)
+    _believed_kubelet(tmp_path / "proc", 4242, host, "unix:///var/run/k.sock")
+    with FakeRuntime(host / "run" / "k.sock", sandbox_list([sandbox("k1")]), {"k1": "/run/netns/k1"}):
+        found = discover(str(tmp_path / "proc"), known=())
+        view = CriLiveness((), 5.0, find=lambda: found).observe({})
+    assert [(e.url, e.source, e.refused) for e in found] == [
+        ("unix:///var/run/k.sock", "kubelet (pid 4242) --container-runtime-endpoint", None)
+    ]
+    assert view.reachable and [s.id for s in view.sandboxes] == ["k1"], view.error
+
+
+def test_a_socket_swapped_after_the_check_is_never_asked_and_the_known_one_stays(tmp_path: Path) -> None:
+    """The kubelet's endpoint is the known socket (a hard link: the same inode), and right after
+    discovery both paths are swapped for a runtime that lists nothing. The known socket stays
+    the one asked, through the fd that was checked, and its NotReady sandbox keeps its pin."""
+    host = tmp_path / "host"
+    (host / "run").mkdir(parents=True)
+    known, evil = tmp_path / "known.sock", tmp_path / "evil.sock"
+    _host_proc(tmp_path / "proc", host)
+    _believed_kubelet(tmp_path / "proc", 4242, host, "unix:///run/k.sock")
+    listed = sandbox_list([sandbox("pinned", ready=False)])
+    with FakeRuntime(known, listed, {"pinned": "/run/netns/cni-pinned"}) as real, FakeRuntime(evil, b"", {}) as fake:
+        os.link(known, host / "run" / "k.sock")
+
+        def find_then_swap() -> list[Endpoint]:
+            found = discover(str(tmp_path / "proc"), known=(("containerd", str(known)),))
+            os.link(evil, tmp_path / "evil-2.sock")
+            os.rename(evil, known)
+            os.rename(tmp_path / "evil-2.sock", host / "run" / "k.sock")
+            return found
+
+        view = CriLiveness((), 5.0, find=find_then_swap).observe({})
+        assert fake.calls == {"Version": 0, "ListPodSandbox": 0, "PodSandboxStatus": 0}
+        assert real.calls["ListPodSandbox"] == 1
+    assert view.reachable, view.error
+    assert [(a.endpoint, a.source) for a in view.runtimes] == [(f"unix://{known}", "known socket (containerd)")]
+    (pinned,) = view.sandboxes
+    assert pinned.id == "pinned" and not pinned.ready and pinned.netns_path == "/run/netns/cni-pinned"
+
+
+def test_every_socket_discovery_opens_is_closed_when_the_runtimes_have_answered(tmp_path: Path) -> None:
+    """The agent discovers on every pass: the fds of the sockets it checked go with the pass."""
+    host = tmp_path / "host"
+    (host / "run").mkdir(parents=True)
+    _host_proc(tmp_path / "proc", host)
+    _believed_kubelet(tmp_path / "proc", 4242, host, "unix:///run/k.sock")
+    with FakeRuntime(host / "run" / "k.sock", b"", {}), FakeRuntime(tmp_path / "known.sock", b"", {}):
+        known = (("containerd", str(tmp_path / "known.sock")),)
+        liveness = CriLiveness((), 5.0, find=lambda: discover(str(tmp_path / "proc"), known=known))
+        views = [liveness.observe({}) for _ in range(3)]
+        held = set(_open_files())
+    assert all(v.reachable and len(v.runtimes) == 2 for v in views)
+    assert not held & {str(host / "run" / "k.sock"), str(tmp_path / "known.sock")}
+
+
+def _open_files() -> Iterator[str]:
+    """What each of this process's fds names."""
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own fd, closed since
+            yield os.readlink(f"/proc/self/fd/{fd}")

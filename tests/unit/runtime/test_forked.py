@@ -193,3 +193,33 @@ def test_a_child_forked_before_the_settings_asks_the_runtimes_aimed_at_since(tmp
     one, two = out["errors"]
     assert "first.sock" in one and "second.sock" not in one and "gave no answer" not in one
     assert "second.sock" in two and "first.sock" not in two
+
+
+STOPPED = """
+import json, os, signal, sys, time
+from reaper.runtime.forked import ForkedLiveness
+with ForkedLiveness((sys.argv[1],), 0.2, margin=0.5) as liveness:
+    child = liveness.pid
+    os.kill(child, signal.SIGSTOP)  # a child that never answers
+    started = time.monotonic()
+    first = liveness.observe({})
+    waited = time.monotonic() - started
+    again = liveness.observe({})
+    left = os.path.exists(f"/proc/{child}")
+print(json.dumps({"errors": [first.error, again.error], "reachable": [first.reachable, again.reachable],
+                  "waited": waited, "child": child, "child_left": left}))
+"""
+
+
+def test_a_one_shots_wait_for_the_runtimes_has_a_deadline(tmp_path: Path) -> None:
+    """A child that does not answer by its deadline (its calls' deadlines and a margin) is
+    killed and reaped; that request and every later one get a view that decides nothing."""
+    endpoint = f"unix://{tmp_path / 'nobody.sock'}"
+    proc = subprocess.run(
+        [sys.executable, "-c", STOPPED, endpoint], capture_output=True, text=True, timeout=60, check=True
+    )
+    out = json.loads(proc.stdout)
+    assert out["reachable"] == [False, False]
+    assert f"pid {out['child']}" in out["errors"][0] and "deadline" in out["errors"][0]
+    assert "gave no answer" in out["errors"][1]
+    assert out["waited"] < 10 and not out["child_left"]
