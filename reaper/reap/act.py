@@ -182,6 +182,26 @@ def kept_state(
     return ", ".join(stateful)[:200]
 
 
+LAST_KINDS = frozenset(k.name for k in KINDS if k.last)
+
+
+def waits_for_plugin(attachment: Attachment, records: Records, configs: Sequence[NetworkConfig]) -> str | None:
+    """Why a pass has nothing to do for this orphan, when it has not: all that is left of it
+    are the files a DEL needs (its cache entry, flannel's, multus'), its chain keeps state only
+    that DEL frees (kept_state), and no DEL can run, with no namespace to prove it or to pass.
+    Such an orphan is reported but takes no place under --max-reap, so that any number of them
+    (forged, or a plugin gone for good) never holds back the leaks that can be reclaimed."""
+    if attachment.netns is not None or not all(ref.kind in LAST_KINDS for ref in attachment.resources):
+        return None
+    what = kept_state(attachment, records, configs, None)
+    if what is None:
+        return None
+    return (
+        f"waits: only what a DEL needs is left, {what} may keep state only that DEL frees, and no DEL "
+        "runs without a netns pin"
+    )
+
+
 def _kept_because(what: str, no_del: bool) -> str:
     """Why a record a later DEL needs stays, for an attachment whose chain keeps state elsewhere."""
     if no_del:

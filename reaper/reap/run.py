@@ -13,7 +13,16 @@ from msgspec.structs import replace
 from reaper.host.memo import InventoryMemo
 from reaper.host.quarantine import Quarantine
 from reaper.model import ReapResult, SkippedAttachment
-from reaper.reap.act import NO_PIN, UNREACHABLE_AT_RECHECK, Reclaimer, del_request, held_by_others, index, kept_state
+from reaper.reap.act import (
+    NO_PIN,
+    UNREACHABLE_AT_RECHECK,
+    Reclaimer,
+    del_request,
+    held_by_others,
+    index,
+    kept_state,
+    waits_for_plugin,
+)
 from reaper.reap.plan import ReapPolicy, breaker_counts, breaker_reason, plan_attachment, select
 from reaper.reap.trust import NO_KERNEL_EVIDENCE, node_trust, proven_namespaces
 from reaper.runtime.liveness import LivenessSource
@@ -63,9 +72,11 @@ def reap_pass(
     if refused is not None:
         log.error("breaker open", extra={"orphans": weighed[0], "attachments": weighed[1]})
         return result(breaker_open=True, breaker_reason=refused)
-    selected, skipped = select(orphans, policy)
     records = index(scan.snapshot)
     configs = scan.snapshot.configs
+    waiting = {a.key: why for a in orphans if (why := waits_for_plugin(a, records, configs)) is not None}
+    selected, skipped = select([a for a in orphans if a.key not in waiting], policy)
+    skipped = [SkippedAttachment(key, why) for key, why in waiting.items()] + skipped
     trust = node_trust((c for c in configs if not c.path.startswith("cache:")), reap.allow_plugins,
                        *held_by_others(records, orphans), proven=proven_namespaces(orphans, records))  # fmt: skip
     asked = {a.key: (None, None) if policy.kernel_only else del_request(a, records, configs, trust) for a in selected}

@@ -23,7 +23,7 @@ import pytest
 
 from tests.harness.lab import Lab
 from tests.harness.lab import cni as labcni
-from tests.harness.reap_helpers import REAP, pings
+from tests.harness.reap_helpers import REAP, leak_left, pings
 from tests.harness.reaper_cli import ReaperRun, run_reaper
 
 PLUGIN = "reaper-datastore"
@@ -175,17 +175,19 @@ def test_its_del_gets_the_pin_as_the_runtime_would_and_then_the_entry_goes(world
 def test_without_its_pin_no_del_runs_and_the_only_record_is_kept(world: World, tmp_path: Path) -> None:
     """Before: DEL ran with an empty CNI_NETNS, the plugin answered success having freed nothing,
     and the cache entry, the only record of what its DEL needs, was removed: the datastore's
-    record leaked for good."""
+    record leaked for good. Now it is kept, reported, and takes no place under --max-reap."""
     leak = attach(world)
     unpin(leak.pin)
-    run = reap(world, tmp_path)
-    assert run.returncode == 1, run.stdout[-2000:] + run.stderr  # not everything could be freed
+    others = [world.lab.make_leak(with_cache=True) for _ in range(2)]
+    run = run_reaper(world.lab, "reap", tmp_path / "state.json", "--json", *REAP, "--max-reap", "2")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr
     assert [c for c in calls(world, leak.container_id) if c["command"] == "DEL"] == []
     assert leak.record.exists() and leak.cache.exists()
-    outcome = outcome_of(run, leak.container_id)
-    assert outcome["needs_plugin"] == PLUGIN
-    (kept,) = [r for r in outcome["resources"] if r["kind"] == "cache"]
-    assert not kept["ok"] and PLUGIN in kept["error"]
+    (waiting,) = [s for s in run.doc["skipped"] if s["container_id"] == leak.container_id]
+    assert waiting["reason"].startswith("waits:") and PLUGIN in waiting["reason"]
+    # The two leaks that can be reclaimed are, though --max-reap is 2.
+    assert {o["container_id"] for o in run.doc["reclaimed"]} == {o.container_id for o in others}
+    assert all(leak_left(world.lab, o) == [] for o in others)
     leak.cache.unlink()
     leak.record.unlink()
     assert_live_untouched(world)
