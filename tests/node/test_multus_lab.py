@@ -82,8 +82,11 @@ def _reap(ml: MultusLab, tmp_path: Path, *extra: str) -> dict[str, Any]:
 
 
 def _outcome(doc: dict[str, Any], container_id: str, network: str) -> dict[str, Any]:
-    (outcome,) = [o for o in doc["reclaimed"] if (o["container_id"], o["network"]) == (container_id, network)]
-    return outcome
+    found: list[dict[str, Any]] = [
+        o for o in doc["reclaimed"] if (o["container_id"], o["network"]) == (container_id, network)
+    ]
+    assert len(found) == 1, doc["reclaimed"]
+    return found[0]
 
 
 def _kept_for_multus(doc: dict[str, Any], dead: DeadAttachment) -> None:
