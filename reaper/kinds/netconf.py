@@ -13,6 +13,7 @@ from typing import Any
 
 from msgspec.structs import replace
 
+from reaper.cni.result import fields
 from reaper.host.confined import UnfitFile, open_root, read_admins, read_fd
 from reaper.host.files import describe_oserror
 from reaper.host.jsondoc import NotAnObject, parse_object
@@ -159,9 +160,12 @@ def stateful_plugins(raw: bytes) -> tuple[str, ...] | None:
     found: list[str] = []
     for plugin in plugins:
         kinds = [str(plugin["type"])]
-        ipam = plugin.get("ipam")
-        if isinstance(ipam, dict):
-            kinds.append(str(ipam.get("type")))
+        # Every spelling of `ipam` and its `type` that the plugin's Go decoder takes. An IPAM
+        # section without a type string names no IPAM plugin (flannel hands such a section to
+        # its delegate, which gets host-local), so it adds no plugin to the chain.
+        for ipam in fields(plugin, "ipam"):
+            if isinstance(ipam, dict):
+                kinds += [t for t in fields(ipam, "type") if isinstance(t, str)]
         for kind in kinds:
             if kind not in STATELESS_PLUGINS and kind not in LOCAL_IPAM and kind not in found:
                 found.append(kind)

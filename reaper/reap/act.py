@@ -202,8 +202,15 @@ def waits_for_plugin(attachment: Attachment, records: Records, configs: Sequence
     )
 
 
-def _kept_because(what: str, no_del: bool) -> str:
-    """Why a record a later DEL needs stays, for an attachment whose chain keeps state elsewhere."""
+def _kept_because(what: str, no_del: bool, pinned: bool) -> str:
+    """Why a record a later DEL needs stays, for an attachment whose chain keeps state elsewhere.
+    `pinned`: the attachment has a real pin, so what kept its DEL from running was not the want
+    of one (its config was refused, or --method kernel)."""
+    if no_del and pinned:
+        return (
+            f"kept: {what} may keep state only its DEL frees, and that DEL does not run for it (its "
+            "plan says why); free it with the plugin's own tools, then remove this"
+        )
     if no_del:
         return (
             f"kept: {what} may keep state only its DEL frees, and no DEL runs for an attachment no "
@@ -373,7 +380,9 @@ class Reclaimer(Struct):
                     if ref.kind != kind.name or ref.identity not in present:
                         continue
                     if (kind.last or kind.del_needs) and a.key in needs_plugin:
-                        done[ref.identity] = Done.left(_kept_because(needs_plugin[a.key], a.key in no_del))
+                        pinned = bool(_netns_for_del(a, present))
+                        why = _kept_because(needs_plugin[a.key], a.key in no_del, pinned)
+                        done[ref.identity] = Done.left(why)
                         continue
                     if kind.last:
                         others = [r.identity for r in a.resources if r.kind not in last_kinds and r.identity in present]

@@ -9,7 +9,9 @@ each delegate it lists through libcni, whose cache dir is cniDir too (so each de
 is read here, once, from / without following a symlink, and weighed by the rules of a cached
 config (reaper.reap.trust.delegate_file_refusal); a file that fails them, does not parse, is
 not a regular file or cannot be read means no plugin runs for the attachment (its kinds
-reclaim it, the file as a file). What then runs is what was checked:
+reclaim it, the file as a file, unless its chain keeps state only its DEL frees: multus' does,
+and then what that DEL needs stays, see reaper.reap.act.kept_state). What then runs is what
+was checked:
 
 - flannel reads its file from the dataDir of its own stdin. DEL runs with that dataDir set to
   a private dir (0700, made for this DEL) holding a copy of the checked bytes, or nothing when

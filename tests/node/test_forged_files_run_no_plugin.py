@@ -172,27 +172,43 @@ def _node_plugins(lab: Lab) -> list[dict[str, Any]]:
 def test_an_orphan_of_a_forged_lease_and_cache_entry_runs_no_plugin(node: Node, tmp_path: Path) -> None:
     """A lease and a cache entry, both forged for an ID nothing on the node knows. The lease
     used to corroborate the entry: its config (the node's plugins and one the operator allowed)
-    ran as root. Now no plugin runs, and both files go as files."""
+    ran as root. Now no plugin runs: the lease goes as a file, and the entry, whose chain names
+    a plugin not known to be stateless (the canary), stays, reported as needing that plugin's
+    DEL (the pass exits 1). The test then removes it, as an operator would."""
     lab, guard = node.lab, Guard(node, tmp_path)
     forged = secrets.token_hex(32)
     ip = _free_ip(lab, 0)
     lease = _forge_lease(lab, lab.network_name, ip, forged)
     result = {"cniVersion": "1.0.0", "ips": [{"address": f"{ip}/24"}]}
     entry = _forge_cache(lab, forged, [*_node_plugins(lab), {"type": CANARY}], result)
-
-    plan = run_reaper(lab, "reap", tmp_path / "plan.json", "--json", *REAP, "--allow-plugin", CANARY, "--dry-run")
-    planned = _planned(plan, forged)
-    assert planned["config"] is None and "no netns pin or host veth" in planned["config_note"], planned
-    run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP, "--allow-plugin", CANARY)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr
-    assert not [m for m in _ran(node) if forged in m], "a plugin ran for an attachment only files make"
-    outcome = _outcome(run, forged)
-    assert {(r["kind"], r["method"], r["ok"]) for r in outcome["resources"]} == {
-        ("ipam", "kernel", True),
-        ("cache", "kernel", True),
-    }
-    assert not lease.exists() and not entry.exists()
-    guard.check()
+    try:
+        plan = run_reaper(lab, "reap", tmp_path / "plan.json", "--json", *REAP, "--allow-plugin", CANARY, "--dry-run")
+        planned = _planned(plan, forged)
+        assert planned["config"] is None and "no netns pin or host veth" in planned["config_note"], planned
+        run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP, "--allow-plugin", CANARY)
+        assert run.returncode == 1, run.stdout[-3000:] + run.stderr
+        assert not [m for m in _ran(node) if forged in m], "a plugin ran for an attachment only files make"
+        outcome = _outcome(run, forged)
+        assert outcome["needs_plugin"] == CANARY and outcome["plugin_errors"] == [], outcome
+        assert {(r["kind"], r["method"], r["ok"]) for r in outcome["resources"]} == {
+            ("ipam", "kernel", True),
+            ("cache", "kernel", False),
+        }
+        (kept,) = [r for r in outcome["resources"] if r["kind"] == "cache"]
+        assert (
+            kept["error"].startswith(f"kept: {CANARY} may keep state only its DEL frees")
+            and "no DEL runs" in kept["error"]
+        ), kept
+        assert not lease.exists() and entry.exists()
+        assert [o["container_id"] for o in run.doc["reclaimed"] if not all(r["ok"] for r in o["resources"])] == [
+            forged
+        ], "something else was left"
+        guard.check()
+    finally:
+        # What the operator does once the plugin's own state is freed; the next tests of the
+        # module start from a node with nothing left.
+        entry.unlink(missing_ok=True)
+        lease.unlink(missing_ok=True)
 
 
 def test_an_orphan_of_a_forged_lease_and_flannel_file_runs_no_plugin(node: Node, tmp_path: Path) -> None:

@@ -75,9 +75,45 @@ def _dead(ml: MultusLab, container_id: str, delegates: list[bytes]) -> DeadAttac
 
 
 def _reap(ml: MultusLab, tmp_path: Path, *extra: str) -> dict[str, Any]:
+    """A pass that leaves what a multus DEL still needs: it exits 1 (not everything freed)."""
     run = run_reaper(ml.lab, "reap", tmp_path / "state.json", "--json", *REAP, *extra)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
     return run.doc
+
+
+def _outcome(doc: dict[str, Any], container_id: str, network: str) -> dict[str, Any]:
+    found: list[dict[str, Any]] = [
+        o for o in doc["reclaimed"] if (o["container_id"], o["network"]) == (container_id, network)
+    ]
+    assert len(found) == 1, doc["reclaimed"]
+    return found[0]
+
+
+def _kept_for_multus(doc: dict[str, Any], dead: DeadAttachment) -> None:
+    """multus is not known stateless (its delegates may keep state only their DEL frees, and
+    that DEL reads the multus file): with its DEL refused, the dead attachment's cache entry,
+    multus file, pin and veth all stay, reported as needing multus' DEL."""
+    outcome = _outcome(doc, dead.container_id, MULTUS_NET)
+    assert outcome["needs_plugin"] == "multus" and outcome["plugin_errors"] == [], outcome
+    assert {(r["kind"], r["method"], r["ok"]) for r in outcome["resources"]} == {
+        ("cache", "kernel", False),
+        ("multus", "kernel", False),
+        ("netns", "kernel", False),
+        ("veth", "kernel", False),
+    }
+    assert all(r["error"].startswith("kept: multus may keep state only its DEL frees") for r in outcome["resources"])
+
+
+def _clear(ml: MultusLab, tmp_path: Path, dead: DeadAttachment, *kept: Path) -> None:
+    """What the operator does once the delegates' own state is freed: remove the kept files.
+    The pin and veth then go by a kernel-only pass, with no plugin run, and the module's next
+    test starts from a node with nothing of this one left."""
+    for path in (dead.cache, dead.scratch, *kept):
+        path.unlink()
+    run = run_reaper(ml.lab, "reap", tmp_path / "clear.json", "--json", *REAP, "--method", "kernel")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert dead_left(ml.lab, dead) == []
+    assert standin_runs(ml.log, dead.container_id) == []
 
 
 def test_a_forged_multus_delegate_with_a_live_pods_cached_result_runs_no_plugin(
@@ -87,7 +123,8 @@ def test_a_forged_multus_delegate_with_a_live_pods_cached_result_runs_no_plugin(
     network, the real firewall plugin, with a cached result beside it (where libcni finds that
     delegate's prevResult) naming the live pod's address. Before, multus' DEL ran firewall with
     it and the live pod's CNI-FORWARD rules were gone. Now no plugin runs (not even with
-    --allow-plugin firewall)."""
+    --allow-plugin firewall): the attachment stays for multus' DEL, and so does the cached
+    result (its chain is in no config, so it is not known stateless)."""
     ml = multus_lab
     lab, web = ml.lab, ml.web
     dead_id = secrets.token_hex(32)
@@ -110,8 +147,14 @@ def test_a_forged_multus_delegate_with_a_live_pods_cached_result_runs_no_plugin(
     notes = {(p["container_id"], p["network"]): p["config_note"] or "" for p in doc["plan"]}
     note = notes[(dead_id, MULTUS_NET)]
     assert "delegate file not run" in note and "prevResult" in note, notes
-    assert dead_left(lab, dead) == [] and not result.exists()
+    _kept_for_multus(doc, dead)
+    cached = _outcome(doc, dead_id, "fw-net")
+    assert cached["needs_plugin"] == "a chain no config names", cached
+    assert [(r["kind"], r["method"], r["ok"]) for r in cached["resources"]] == [("cache", "kernel", False)]
+    assert result.exists() and len(dead_left(lab, dead)) == 4
     assert all(path.read_bytes() == data for path, data in outside.items())
+    _clear(ml, tmp_path, dead, result)
+    assert live_resources(lab, web) == before and pings(lab, web)
 
 
 def test_a_forged_multus_host_local_delegate_never_releases_outside_the_cni_dirs(
@@ -119,7 +162,7 @@ def test_a_forged_multus_host_local_delegate_never_releases_outside_the_cni_dirs
 ) -> None:
     """A delegate naming the real host-local plugin with an `ipam.dataDir` outside every CNI
     dir. Before, its DEL removed the files there holding the dead ID. Now no plugin runs: they
-    are byte-identical, and the attachment goes by the kernel step."""
+    are byte-identical, and the attachment stays for multus' DEL."""
     ml = multus_lab
     lab, web = ml.lab, ml.web
     dead_id = secrets.token_hex(32)
@@ -130,7 +173,11 @@ def test_a_forged_multus_host_local_delegate_never_releases_outside_the_cni_dirs
     doc = _reap(ml, tmp_path)
     assert all(path.read_bytes() == data for path, data in outside.items()), "a file outside the CNI dirs changed"
     assert standin_runs(ml.log, dead_id) == []
-    assert dead_left(lab, dead) == []
-    (outcome,) = [o for o in doc["reclaimed"] if o["container_id"] == dead_id]
-    assert {r["method"] for r in outcome["resources"]} == {"kernel"}
+    notes = {(p["container_id"], p["network"]): p["config_note"] or "" for p in doc["plan"]}
+    assert "delegate file not run" in notes[(dead_id, MULTUS_NET)], notes
+    _kept_for_multus(doc, dead)
+    assert [o["container_id"] for o in doc["reclaimed"]] == [dead_id], "something else was reclaimed"
+    assert live_resources(lab, web) == before and pings(lab, web)
+    _clear(ml, tmp_path, dead)
+    assert all(path.read_bytes() == data for path, data in outside.items())
     assert live_resources(lab, web) == before and pings(lab, web)

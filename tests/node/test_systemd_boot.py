@@ -171,13 +171,15 @@ def test_the_timer_fires_the_hardened_service_which_may_unpin(tmp_path: Path) ->
         assert "cap_sys_admin" in caps and "cap_sys_module" not in caps, caps
 
         # The textfile and the state file, written where the units say. The leak's lease (an
-        # attachment with no netns) was freed through the runtime's socket and the bound dirs;
-        # its pin was not judged: the container's PID namespace hides who may hold it.
+        # attachment with no netns) was judged through the runtime's socket and freed from the
+        # bound dirs by the kernel step: no pin proves that attachment, so no plugin ran for it.
+        # Its pin was not judged: the container's PID namespace hides who may hold it.
         textfile = node.upper / TEXTFILE
         assert stat.S_IMODE(textfile.stat().st_mode) == 0o644
         body = textfile.read_text()
         assert metric(body, "cni_reaper_runtime_up") == 1
-        assert metric(body, "cni_reaper_reclaimed_total", kind="ipam", method="cni-del") == 1
+        assert metric(body, "cni_reaper_reclaimed_total", kind="ipam", method="kernel") == 1
+        assert metric(body, "cni_reaper_reclaimed_total", kind="ipam", method="cni-del") == 0
         assert metric(body, "cni_reaper_attachments", verdict="unknown") >= 1
         assert metric(body, "cni_reaper_reclaimed_total", kind="netns", method="kernel") == 0
         assert not leak.lease_path.exists()

@@ -116,7 +116,9 @@ def test_a_forged_entry_runs_no_plugin_and_a_live_pods_firewall_rules_stay(
 ) -> None:
     """A cache entry for an ID nothing else on the node knows, whose config is the real
     `firewall` plugin and whose prevResult is the live pod's: before, the reaper ran firewall's
-    DEL, which deleted the pod's CNI-FORWARD accept rules. Now no plugin runs; the file goes."""
+    DEL, which deleted the pod's CNI-FORWARD accept rules. Now no plugin runs. The entry's
+    chain names the canary, which is not known stateless, so the entry stays, reported as
+    needing its DEL (the pass exits 1); the test then removes it, as an operator would."""
     the_lab, web, markers = lab
     net = the_lab.network_name
     pod_result = _cached(the_lab, web)["result"]
@@ -135,14 +137,23 @@ def test_a_forged_entry_runs_no_plugin_and_a_live_pods_firewall_rules_stay(
     doc = cache_doc(forged_id, net, result=forged_result, cniArgs=[["K8S_POD_NAMESPACE", "x"]])
     _write_cached(forged, doc, {"cniVersion": "1.0.0", "name": net, "plugins": plugins})
 
-    run = run_reaper(the_lab, "reap", tmp_path / "state.json", "--json", *REAP, "--allow-plugin", "firewall")
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr
-    assert pod_ip in _filter_rules(the_lab), "the live pod's firewall rules were deleted"
-    assert forged_id not in _ran(markers)
-    assert not forged.exists(), "an entry nothing corroborates is removed as a file"
-    (outcome,) = [o for o in run.doc["reclaimed"] if o["container_id"] == forged_id]
-    assert [r["method"] for r in outcome["resources"]] == ["kernel"]
-    assert pings(the_lab, web)
+    try:
+        run = run_reaper(the_lab, "reap", tmp_path / "state.json", "--json", *REAP, "--allow-plugin", "firewall")
+        assert run.returncode == 1, run.stdout[-2000:] + run.stderr
+        assert pod_ip in _filter_rules(the_lab), "the live pod's firewall rules were deleted"
+        assert forged_id not in _ran(markers)
+        (outcome,) = [o for o in run.doc["reclaimed"] if o["container_id"] == forged_id]
+        assert outcome["needs_plugin"] == CANARY and outcome["plugin_errors"] == [], outcome
+        (kept,) = outcome["resources"]
+        assert (kept["kind"], kept["method"], kept["ok"]) == ("cache", "kernel", False), kept
+        assert kept["error"].startswith(f"kept: {CANARY} may keep state only its DEL frees"), kept
+        assert forged.exists(), "the entry a stateful chain's DEL needs was removed"
+        assert [o["container_id"] for o in run.doc["reclaimed"]] == [forged_id], "something else was reclaimed"
+        assert pings(the_lab, web)
+    finally:
+        # What the operator does once the plugin's own state is freed; the module's next tests
+        # start from a node with nothing of this one left.
+        forged.unlink(missing_ok=True)
 
 
 def _recache(lab: Lab, leak: Leak, plugins: list[dict[str, Any]]) -> None:
@@ -290,5 +301,23 @@ def test_the_agent_keeps_reclaiming_beside_hostile_files_and_healthz_tells_a_sta
         assert agent.stop() == 0
         for path in planted:
             path.unlink(missing_ok=True)
+    # reaper-hang is not known stateless and its DEL never succeeded: a kernel-only pass frees
+    # the lease and the chain, and keeps what that DEL needs (the entry, the pin, the veth).
     run = run_reaper(the_lab, "reap", tmp_path / "after.json", "--json", *REAP, "--method", "kernel")
-    assert run.returncode == 0 and leak_left(the_lab, wedged) == []
+    assert run.returncode == 1, run.stdout[-2000:] + run.stderr
+    (outcome,) = [o for o in run.doc["reclaimed"] if o["container_id"] == wedged.container_id]
+    assert outcome["needs_plugin"] == "reaper-hang", outcome
+    done = {r["kind"]: (r["method"], r["ok"]) for r in outcome["resources"]}
+    assert done == {
+        "ipam": ("kernel", True),
+        "iptables": ("kernel", True),
+        "cache": ("kernel", False),
+        "netns": ("kernel", False),
+        "veth": ("kernel", False),
+    }, outcome
+    assert all(r["error"].startswith("kept: reaper-hang") for r in outcome["resources"] if not r["ok"])
+    # Its chain made stateless again (the node's own plugins): the next pass frees the rest.
+    _recache(the_lab, wedged, node_plugins)
+    run = run_reaper(the_lab, "reap", tmp_path / "last.json", "--json", *REAP, "--method", "kernel")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr
+    assert leak_left(the_lab, wedged) == [] and pings(the_lab, web)

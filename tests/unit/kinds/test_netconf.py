@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reaper.kinds.netconf import MAX_CONFIG_BYTES, ConfigError, collect_configs, parse_network_config, plugin_list
+from reaper.kinds.netconf import (
+    MAX_CONFIG_BYTES,
+    ConfigError,
+    collect_configs,
+    parse_network_config,
+    plugin_list,
+    stateful_plugins,
+)
 from reaper.names import is_cni_id
 from tests.harness.configs import conflist
 from tests.harness.fuzz import FUZZ, json_values
@@ -161,3 +168,25 @@ def test_a_hostile_subnet_file_gives_no_range_and_never_blocks(tmp_path: Path, k
     (conf / "10-flannel.conflist").write_text(json.dumps(config))
     (parsed,), corrupt = collect_configs(str(conf))
     assert corrupt == [] and parsed.ipam_ranges == ()
+
+
+@pytest.mark.parametrize(
+    ("plugins", "stateful"),
+    [
+        # flannel hands an IPAM section without a type to its delegate: no IPAM plugin of its own
+        ([{"type": "flannel", "ipam": {"dataDir": "/var/lib/cni/networks"}}], ()),
+        ([{"type": "bridge", "ipam": {}}], ()),
+        ([{"type": "bridge", "ipam": {"type": 7}}], ()),
+        ([{"type": "bridge", "ipam": {"type": "host-local"}}], ()),
+        # every spelling Go's decoder takes, of the key and of its type
+        ([{"type": "bridge", "IPAM": {"Type": "dhcp"}}], ("dhcp",)),
+        ([{"type": "bridge", "ipam": {"type": "whereabouts"}}, {"type": "cilium-cni"}], ("whereabouts", "cilium-cni")),
+    ],
+)
+def test_stateful_plugins_are_the_plugins_and_ipam_types_a_chain_runs(
+    plugins: list[dict[str, object]], stateful: tuple[str, ...]
+) -> None:
+    """No plugin named "None" for an IPAM section without a type: that kept the whole of every
+    flannel attachment (its pin and veth too) as if a plugin only DEL frees held it."""
+    raw = json.dumps({"cniVersion": "1.0.0", "name": "net1", "plugins": plugins}).encode()
+    assert stateful_plugins(raw) == stateful

@@ -12,7 +12,7 @@ from msgspec.structs import replace
 
 from reaper.kinds import FindOptions, cache, hostlocal, netns
 from reaper.kinds.netconf import parse_network_config
-from reaper.model import Attachment, AttachmentKey, Identity, NsKey
+from reaper.model import Attachment, AttachmentKey, Identity, NodeSnapshot, NsKey
 from reaper.reap.act import del_request, kept_state
 from reaper.reap.trust import NO_KERNEL_EVIDENCE, NodeTrust, node_trust
 from reaper.snapshot import take_snapshot
@@ -104,3 +104,29 @@ def test_a_kept_entry_stays_with_its_reason_and_the_rest_goes(tmp_path: Path) ->
     assert done["ipam"].ok and not (tmp_path / "ipam" / NET / "10.0.0.9").exists()
     assert not done["cache"].ok and "no DEL runs" in str(done["cache"].error)
     assert (tmp_path / "cache" / "results" / f"{NET}-{CID}-eth0").exists()
+
+
+def test_a_kept_pinned_attachment_is_not_said_to_lack_a_pin(tmp_path: Path) -> None:
+    """An attachment with a real pin whose DEL was refused (a delegate file, a cached config
+    with no conf dir config to fall back on, --method kernel) keeps what its DEL needs; the
+    reason says the DEL did not run, not that no pin proves the attachment."""
+    records = _records(tmp_path, DHCP)
+    (tmp_path / "pin").touch()
+    pin = replace(snapshots.pin(1), path=str(tmp_path / "pin"))
+    records[netns.identity(pin)] = pin
+    attachment = _attachment(records)
+    options = FindOptions((), (str(tmp_path / "ipam"),), str(tmp_path / "cache"), str(tmp_path / "conf"), (), NO_PINS)
+
+    def look() -> NodeSnapshot:
+        seen = take_snapshot(options)
+        return replace(seen, resources={**seen.resources, netns.KIND.name: (pin,)})
+
+    reclaimer = bare_reclaimer(look=look)
+    (outcome,), skipped = reclaimer.run([attachment], {attachment.key: None}, records, {attachment.key: "dhcp"})
+    assert skipped == [] and outcome.needs_plugin == "dhcp"
+    done = {r.kind: r for r in outcome.resources}
+    assert done["ipam"].ok
+    for kind in ("cache", "netns"):
+        error = str(done[kind].error)
+        assert not done[kind].ok and "that DEL does not run for it" in error and "no netns pin" not in error, error
+    assert (tmp_path / "pin").exists()
