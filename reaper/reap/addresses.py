@@ -10,7 +10,9 @@ its cache entries' results, its firewall rules, the jumps to its masquerade chai
 with the addresses configured in every namespace on the node but its own pinned one(s): the
 netns the reaper runs in, every pinned namespace, every namespace a process is in. One that is
 configured elsewhere is left this pass, with where; so is every such orphan when some
-namespace could not be read, or not every process could be seen (fail closed).
+namespace could not be read, or not every process could be seen (fail closed). The pins of the
+orphans the pass reclaims, with no process inside, prove nothing live: a runtime that forgot a
+sandbox leaves its pin and its files as two attachments, the address of one in the other.
 
 Addresses are compared by meaning (ipaddress; an IPv4-mapped IPv6 address is its IPv4
 address). Loopback, link-local, unspecified and multicast addresses are no pod's own: every
@@ -102,18 +104,25 @@ def addresses_held(attachment: Attachment, records: Mapping[Identity, Any]) -> H
 
 
 def leave_for_addresses(
-    held: Mapping[AttachmentKey, HeldAddresses], seen: Sequence[NamespaceAddresses], unseen: str | None
+    held: Mapping[AttachmentKey, HeldAddresses],
+    seen: Sequence[NamespaceAddresses],
+    unseen: str | None,
+    dead: frozenset[NsKey] = frozenset(),
 ) -> dict[AttachmentKey, str]:
     """Pure: why each attachment must be left, by what the namespaces other than its own hold.
     `seen`: each namespace read (or why it could not be); `unseen`: why not every namespace on
-    the node could even be listed, which leaves every attachment holding an address."""
+    the node could even be listed, which leaves every attachment holding an address; `dead`:
+    namespaces no attachment's address proves live in (pinned by an orphan this pass reclaims,
+    with no process inside), whose addresses are the leftovers of a pod that is gone."""
     configured: dict[IPAddress, list[NamespaceAddresses]] = {}
     for ns in seen:
+        if ns.ns in dead:
+            continue
         for text in ns.addresses:
             address = address_key(text)
             if address is not None:
                 configured.setdefault(address, []).append(ns)
-    failed = [ns for ns in seen if ns.error is not None]
+    failed = [ns for ns in seen if ns.error is not None and ns.ns not in dead]
     reasons: dict[AttachmentKey, str] = {}
     for key, holds in held.items():
         if not holds.addresses:
@@ -140,10 +149,11 @@ def leave_for_addresses(
     return reasons
 
 
-def node_namespaces(netns_dirs: tuple[str, ...], skip: frozenset[NsKey]) -> list[NamespaceToRead]:
+def node_namespaces(
+    netns_dirs: tuple[str, ...], members: Mapping[NsKey, set[int]], skip: frozenset[NsKey]
+) -> list[NamespaceToRead]:
     """Every network namespace on the node but those in `skip`: the one this thread is in, each
-    pinned under the netns dirs, each some process is in. OSError when /proc cannot be walked."""
-    members = netns_members()
+    pinned under the netns dirs, each some process is in (`members`, from a walk of /proc)."""
     pins, _ = collect_pins(netns_dirs, ())
     here = this_threads_netns()
     handles: dict[NsKey, list[Handle]] = {}
@@ -153,9 +163,8 @@ def node_namespaces(netns_dirs: tuple[str, ...], skip: frozenset[NsKey]) -> list
             handles.setdefault(pin.ns, []).append(Handle(pin.path, pinned=True))
             pinned_at.setdefault(pin.ns, pin.path)
     for ns, inside in members.items():
-        handles.setdefault(ns, []).extend(
-            Handle(f"/proc/{pid}/ns/net", pinned=False) for pid in sorted(inside)[:HANDLES]
-        )
+        ways = [Handle(f"/proc/{pid}/ns/net", pinned=False) for pid in sorted(inside)[:HANDLES]]
+        handles.setdefault(ns, []).extend(ways)
     targets = [] if here in skip else [NamespaceToRead(here, "the netns the reaper runs in", ())]
     for ns, ways in sorted(handles.items()):
         if ns == here or ns in skip:
@@ -177,21 +186,25 @@ def addresses_in_use(
     deadline: float = DEADLINE,
     clock: Callable[[], float] = time.monotonic,
 ) -> dict[AttachmentKey, str]:
-    """Why each of `attachments` must be left because an address it holds is configured in
-    another namespace now, or that cannot be told (see leave_for_addresses). Reads nothing when
-    none of them holds an address."""
+    """Why each of `attachments` (the orphans a pass is about to reclaim) must be left because
+    an address it holds is configured in another namespace now, or that cannot be told (see
+    leave_for_addresses). Reads nothing when none of them holds an address."""
     held = {a.key: holds for a in attachments if (holds := addresses_held(a, records)).addresses}
     if not held:
         return {}
     unseen = unseen_processes()
-    seen: list[NamespaceAddresses] = []
-    if unseen is None:
-        # A namespace that is every such attachment's own is not read: it can prove none of them live.
-        common = frozenset.intersection(*(h.own for h in held.values()))
-        try:
-            targets = node_namespaces(netns_dirs, common)
-        except OSError as err:
-            unseen = f"the walk of /proc failed: {err}"
-        else:
-            seen = read_addresses(targets, deadline=clock() + deadline, clock=clock)
-    return leave_for_addresses(held, seen, unseen)
+    if unseen is not None:
+        return leave_for_addresses(held, [], unseen)
+    try:
+        members = netns_members()
+    except OSError as err:
+        return leave_for_addresses(held, [], f"the walk of /proc failed: {err}")
+    # The pins of the orphans this pass reclaims, nothing inside: a split-off lease's address
+    # configured there is that dead pod's (a runtime that forgot a sandbox leaves its pin and
+    # its files as two attachments).
+    pins = (records.get(ref.identity) for a in attachments for ref in a.resources)
+    dead = frozenset(p.ns for p in pins if isinstance(p, NetnsPin) and p.is_namespace and p.ns not in members)
+    # A namespace that is every such attachment's own, or dead, is not read: it proves none live.
+    skip = dead | frozenset.intersection(*(h.own for h in held.values()))
+    seen = read_addresses(node_namespaces(netns_dirs, members, skip), deadline=clock() + deadline, clock=clock)
+    return leave_for_addresses(held, seen, None, dead)
