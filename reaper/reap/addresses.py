@@ -46,7 +46,7 @@ HANDLES = 4  # ways to reach one namespace kept (its pins, then the lowest pids 
 class HeldAddresses(Struct, frozen=True):
     """The addresses an attachment would free, and the namespaces that are its own."""
 
-    addresses: tuple[tuple[IPAddress, str], ...]  # (by meaning, as its record gave it)
+    addresses: tuple[IPAddress, ...]  # by meaning (see address_key)
     own: frozenset[NsKey]
 
 
@@ -95,12 +95,8 @@ def addresses_held(attachment: Attachment, records: Mapping[Identity, Any]) -> H
             texts.extend(_jump_sources(record))
         elif isinstance(record, NetnsPin) and record.is_namespace:
             own.add(record.ns)
-    keyed: dict[IPAddress, str] = {}
-    for text in texts:
-        key = address_key(text)
-        if key is not None:
-            keyed.setdefault(key, text)
-    return HeldAddresses(tuple(keyed.items()), frozenset(own))
+    keyed = (address_key(text) for text in texts)
+    return HeldAddresses(tuple(dict.fromkeys(k for k in keyed if k is not None)), frozenset(own))
 
 
 def leave_for_addresses(
@@ -127,18 +123,18 @@ def leave_for_addresses(
     for key, holds in held.items():
         if not holds.addresses:
             continue
-        first = holds.addresses[0][1]
+        first = holds.addresses[0]
         if unseen is not None:
             reasons[key] = (
                 f"not every network namespace on the node can be seen ({unseen}): whether a live pod holds its"
                 f" address {first} cannot be told"
             )
             continue
-        where = ((text, ns) for address, text in holds.addresses for ns in configured.get(address, ()))
-        elsewhere = next(((text, ns) for text, ns in where if ns.ns not in holds.own), None)
+        where = ((address, ns) for address in holds.addresses for ns in configured.get(address, ()))
+        elsewhere = next(((address, ns) for address, ns in where if ns.ns not in holds.own), None)
         if elsewhere is not None:
-            text, ns = elsewhere
-            reasons[key] = f"its address {text} is configured in {ns.where}, not its own: a live pod holds it"
+            address, ns = elsewhere
+            reasons[key] = f"its address {address} is configured in {ns.where}, not its own: a live pod holds it"
             continue
         unread = next((ns for ns in failed if ns.ns not in holds.own), None)
         if unread is not None:
