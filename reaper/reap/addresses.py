@@ -5,14 +5,20 @@ running container's cache entry apart from its namespace (no `netns`, no interfa
 `sandbox`): its cache entry, lease, masquerade chain and firewall rules then make an
 attachment of no namespace, apart from the pin, veth and process that show it alive, or one
 joined to some other, dead pin. What the writer cannot forge is where an address is configured
-in the kernel. So, right before acting, every selected orphan that holds addresses (its leases,
-its cache entries' results, its firewall rules, the jumps to its masquerade chain) is compared
+in the kernel. So, right before acting, every selected orphan that holds addresses is compared
 with the addresses configured in every namespace on the node but its own pinned one(s): the
-netns the reaper runs in, every pinned namespace, every namespace a process is in. One that is
-configured elsewhere is left this pass, with where; so is every such orphan when some
+netns the reaper runs in, every pinned namespace, every namespace a process is in. One whose
+address is configured elsewhere is left this pass, with where; so is every such orphan when some
 namespace could not be read, or not every process could be seen (fail closed). The pins of the
 orphans the pass reclaims, with no process inside, prove nothing live: a runtime that forgot a
 sandbox leaves its pin and its files as two attachments, the address of one in the other.
+
+The addresses an orphan holds are those the reaper would free: its leases' and those the kernel
+holds for it, its firewall rules' and the jumps to its masquerade chain (written by the plugins,
+beyond a file writer's reach). Not its cache entries' results: that writer can put any address
+there, and one live address written into a real leak's entry would keep the leak (pin, veth,
+chains) for good. What a cached prevResult would make a plugin do is reaper.reap.trust's to
+check.
 
 Addresses are compared by meaning (ipaddress; an IPv4-mapped IPv6 address is its IPv4
 address). Loopback, link-local, unspecified and multicast addresses are no pod's own: every
@@ -36,7 +42,7 @@ from reaper.host.netns_addrs import Handle, NamespaceAddresses, NamespaceToRead,
 from reaper.host.procs import netns_members, unseen_processes
 from reaper.kinds.firewall import ForwardRule
 from reaper.kinds.netns import collect_pins
-from reaper.model import Attachment, AttachmentKey, CacheEntry, HostLocalLease, Identity, IptablesChain, NetnsPin, NsKey
+from reaper.model import Attachment, AttachmentKey, HostLocalLease, Identity, IptablesChain, NetnsPin, NsKey
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 DEADLINE = 10.0  # seconds for reading every namespace's addresses, all together
@@ -85,11 +91,7 @@ def addresses_held(attachment: Attachment, records: Mapping[Identity, Any]) -> H
     own: set[NsKey] = {attachment.netns} if attachment.netns is not None else set()
     for ref in attachment.resources:
         record = records.get(ref.identity)
-        if isinstance(record, HostLocalLease):
-            texts.append(record.ip)
-        elif isinstance(record, CacheEntry):
-            texts.extend(record.ips)
-        elif isinstance(record, ForwardRule):
+        if isinstance(record, HostLocalLease | ForwardRule):
             texts.append(record.ip)
         elif isinstance(record, IptablesChain) and record.purpose == "masquerade":
             texts.extend(_jump_sources(record))

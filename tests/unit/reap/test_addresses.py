@@ -107,7 +107,7 @@ def test_addresses_in_its_own_pin_or_a_dead_pin_or_nowhere_leave_nothing() -> No
 
 
 def test_a_namespace_that_could_not_be_read_leaves_every_orphan_holding_an_address() -> None:
-    holding, records = attach(entry("10.0.0.5"))
+    holding, records = attach(lease("10.0.0.5"), entry("10.0.0.5"))
     bare, bare_records = attach(pin(OWN), cid=None)
     held = {holding.key: addresses_held(holding, records), bare.key: addresses_held(bare, bare_records)}
     found = [seen(OTHER, "the netns of pid 7", error="Permission denied"), seen(HOST, "host", "192.0.2.2")]
@@ -117,7 +117,7 @@ def test_a_namespace_that_could_not_be_read_leaves_every_orphan_holding_an_addre
         " a live pod holds its address 10.0.0.5 cannot be told"
     }
     # Its own namespace unreadable proves nothing either way: not a reason to leave it.
-    own, own_records = attach(entry("10.0.0.5"), pin(OTHER))
+    own, own_records = attach(rule("10.0.0.5"), pin(OTHER))
     assert leave_for_addresses({own.key: addresses_held(own, own_records)}, found, None) == {}
 
 
@@ -146,8 +146,20 @@ def test_every_record_that_frees_an_address_is_counted_and_its_pins_are_its_own(
     orphan, records = attach(lease("10.0.0.5"), entry("fd00::6/64"), rule("10.0.0.7"), masquerade(*jumps), pin(OWN),
                              netns_key=OTHER)  # fmt: skip
     held = addresses_held(orphan, records)
-    assert sorted(map(str, held.addresses)) == ["10.0.0.5", "10.0.0.7", "10.0.0.8", "fd00::6"]
+    # Not the cache entry's: a writer of the file can name any address there (see the next test).
+    assert sorted(map(str, held.addresses)) == ["10.0.0.5", "10.0.0.7", "10.0.0.8"]
     assert held.own == {OWN, OTHER}
+
+
+def test_a_live_address_written_into_a_leaks_cache_entry_keeps_nothing() -> None:
+    """A writer of /var/lib/cni puts a live pod's address into a real leak's cache entry: the
+    leak (its lease, its chain, with its own address) is still reclaimed, never kept for good."""
+    jump = "-A POSTROUTING -s 10.0.0.5/32 -j CNI-0123456789abcdef01234567"
+    orphan, records = attach(lease("10.0.0.5"), entry("10.0.0.77"), masquerade(jump), pin(OWN))
+    found = [seen(OWN, "its pin", "10.0.0.5"), seen(OTHER, "the netns of pid 7", "10.0.0.77")]
+    assert leave_for_addresses({orphan.key: addresses_held(orphan, records)}, found, None) == {}
+    forged, forged_records = attach(entry("10.0.0.77"), cid=LIVE)
+    assert addresses_held(forged, forged_records).addresses == ()
 
 
 def _fake_node(
