@@ -94,6 +94,8 @@ def this_threads_netns() -> NsKey:
 def parse_address(data: bytes | bytearray, offset: int, length: int) -> str | None:
     """One RTM_NEWADDR message's address: IFA_LOCAL when there is one (the address of this
     end; IFA_ADDRESS is then a point-to-point peer's), else IFA_ADDRESS (IPv6 has only that)."""
+    if length < _HEADER + _IFADDRMSG.size:
+        return None
     family = data[offset + _HEADER]
     size = _FAMILY_BYTES.get(family)
     if size is None:
@@ -195,6 +197,8 @@ def read_addresses(
                     done = NamespaceAddresses(target.ns, target.where, _read_one(target, home, min(left, READ_TIMEOUT)))
                 except OSError as err:
                     done = NamespaceAddresses(target.ns, target.where, (), _why(err))
+                except Exception as err:  # an answer that does not decode: this namespace's error
+                    done = NamespaceAddresses(target.ns, target.where, (), f"{type(err).__name__}: {err}")
                 with lock:
                     results[i] = done
         finally:

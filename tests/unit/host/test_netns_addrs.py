@@ -46,6 +46,7 @@ def test_a_message_without_a_whole_address_gives_none() -> None:
     assert _parse(_message(socket.AF_INET)) is None
     assert _parse(_message(socket.AF_INET, _attr(IFA_LOCAL, b"\x0a\x00\x00"))) is None  # 3 bytes for IPv4
     assert _parse(_message(socket.AF_PACKET, _attr(IFA_ADDRESS, b"\x0a\x00\x00\x05"))) is None
+    assert parse_address(_message(socket.AF_INET), 0, 20) is None, "a message too short for its header"
     cut = _message(socket.AF_INET, _attr(IFA_LOCAL, _v4("10.0.0.5")))
     assert parse_address(cut, 0, len(cut) - 4) is None, "an attribute past the message is not read"
 
