@@ -174,6 +174,8 @@ def _reap_leaves_it(lab: Lab, podman: LabPodman, cid: str, state: Path, *extra: 
     flags = ("--json", "--netns-dir", "/run/netns", *REAP, *extra)
     run = run_reaper(lab, "reap", state, *flags, wrap=podman.node_view())
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr
+    attachment = attachments_by_key(run.doc)[(cid, NETWORK, "eth0")]
+    assert attachment["verdict"] == "orphan", "split from its process, judged by its files"
     assert not [o for o in run.doc["reclaimed"] if o["container_id"] == cid], run.doc["reclaimed"]
     assert {p: p.read_bytes() for p in podman_files(lab, cid)} == files, "its lease or cache entry changed"
     assert _iptables_lines(lab, ip, chain) == rules, "its masquerade chain or firewall rules changed"
