@@ -9,6 +9,7 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ from tests.harness.lab import Lab
 from tests.harness.passes import settled_memo
 from tests.harness.podman import NETWORK, LabPodman
 from tests.harness.reap_helpers import REAP, pings
-from tests.harness.reaper_cli import attachments_by_key, run_reaper
+from tests.harness.reaper_cli import attachments_by_key, names, run_reaper
 
 
 @pytest.fixture(scope="module")
@@ -160,9 +161,10 @@ def _held_in_its_netns(ip: str) -> str:
     return rf"its address {re.escape(ip)} is configured in the netns pinned at \S+/netns-\S+ \(pid \d+ inside\)"
 
 
-def _reap_leaves_it(lab: Lab, podman: LabPodman, cid: str, state: Path, *extra: str) -> str:
+def _reap_leaves_it(lab: Lab, podman: LabPodman, cid: str, state: Path, *extra: str) -> tuple[str, dict[str, Any]]:
     """A one-shot `reaper reap`, as the systemd unit runs it: the running container keeps its
-    lease, cache entry, masquerade chain and firewall rules, and answers. Its skip's reason."""
+    lease, cache entry, masquerade chain and firewall rules, and answers. Its skip's reason, and
+    its attachment as the reap judged it."""
     ip = podman.ip(cid)
     chain = chain_name("", NETWORK, cid)
     rules = _iptables_lines(lab, ip, chain)
@@ -181,7 +183,7 @@ def _reap_leaves_it(lab: Lab, podman: LabPodman, cid: str, state: Path, *extra: 
     assert _iptables_lines(lab, ip, chain) == rules, "its masquerade chain or firewall rules changed"
     assert answers(lab, ip), "the container no longer answers"
     (skip,) = [s for s in run.doc["skipped"] if s["container_id"] == cid]
-    return str(skip["reason"])
+    return str(skip["reason"]), attachment
 
 
 def test_a_cache_entry_edited_to_name_no_netns_leaves_a_running_containers_files_live(
@@ -195,7 +197,8 @@ def test_a_cache_entry_edited_to_name_no_netns_leaves_a_running_containers_files
     lab, podman, web = world
     cid = podman.run("box-edited")
     _split_from_its_netns(lab, cid, None)
-    reason = _reap_leaves_it(lab, podman, cid, tmp_path / "state.json")
+    reason, attachment = _reap_leaves_it(lab, podman, cid, tmp_path / "state.json")
+    assert "netns" not in {r["kind"] for r in attachment["resources"]}, attachment
     assert re.match(_held_in_its_netns(podman.ip(cid)) + ", not its own: a live pod holds it$", reason), reason
     assert pings(lab, web)
 
@@ -214,7 +217,8 @@ def test_a_cache_entry_pointed_at_a_dead_pin_runs_no_del_for_a_running_container
     dead = lab.make_pin()
     _split_from_its_netns(lab, cid, f"/run/netns/{dead.name}")
     conf = ("--cni-conf-dir", str(podman.root / "net.d"))
-    reason = _reap_leaves_it(lab, podman, cid, tmp_path / "state.json", *conf)
+    reason, attachment = _reap_leaves_it(lab, podman, cid, tmp_path / "state.json", *conf)
+    assert names(attachment, "netns") == {dead.name}, "the dead pin joined the live container's files"
     assert re.match(_held_in_its_netns(podman.ip(cid)), reason), reason
     assert dead.exists(), "the dead pin went with the live container's attachment"
     assert pings(lab, web)
