@@ -23,6 +23,7 @@ from reaper.reap.act import (
     kept_state,
     waits_for_plugin,
 )
+from reaper.reap.addresses import addresses_in_use
 from reaper.reap.plan import ReapPolicy, breaker_counts, breaker_reason, plan_attachment, select
 from reaper.reap.trust import NO_KERNEL_EVIDENCE, node_trust, proven_namespaces
 from reaper.runtime.liveness import LivenessSource
@@ -101,6 +102,15 @@ def reap_pass(
     if not view.reachable:
         skipped += [SkippedAttachment(a.key, UNREACHABLE_AT_RECHECK) for a in selected]
         return result(plan=plan, skipped=tuple(skipped), recheck_error=view.error)
+    # Files can split a running container's lease, chain and rules from its namespace; where
+    # the kernel has its addresses configured cannot be forged (reaper.reap.addresses).
+    held = addresses_in_use(selected, records, settings.netns_dirs)
+    if held:
+        skipped += [SkippedAttachment(a.key, held[a.key]) for a in selected if a.key in held]
+        selected = [a for a in selected if a.key not in held]
+        for key, why in held.items():
+            log.warning("left: address in use", extra={"attachment": key.as_text(), "reason": why})
+    watch.lap("addresses")
     options = find_options(settings)
     reclaimer = Reclaimer(
         look=lambda: take_snapshot(options, memo),

@@ -29,11 +29,13 @@ class PodmanError(Exception):
 
 
 class LabPodman:
-    def __init__(self, lab: Lab, subnet: str = "10.124.77.0/24") -> None:
+    def __init__(self, lab: Lab, subnet: str | None = None) -> None:
         self.lab = lab
         self.root = lab.root / "podman"
         self.bridge = f"cni-pm{secrets.token_hex(2)}"
-        self.subnet = subnet
+        # A subnet of its own by default: a reap leaves an orphan whose address is configured in
+        # any other netns on the machine, a parallel lab's podman containers' included.
+        self.subnet = subnet or f"10.124.{secrets.randbelow(256)}.0/24"
         for sub in ("storage", "run", "tmp", "runc", "net.d", "rootfs/bin"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         lab.cache_dir.mkdir(parents=True, exist_ok=True)  # containerd makes it at its first pod

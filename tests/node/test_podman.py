@@ -6,8 +6,10 @@ like any other, reclaimed once proven dead."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +19,7 @@ from tests.harness.lab import Lab
 from tests.harness.passes import settled_memo
 from tests.harness.podman import NETWORK, LabPodman
 from tests.harness.reap_helpers import REAP, pings
-from tests.harness.reaper_cli import attachments_by_key, run_reaper
+from tests.harness.reaper_cli import attachments_by_key, names, run_reaper
 
 
 @pytest.fixture(scope="module")
@@ -138,30 +140,85 @@ def test_a_one_shot_reap_reads_no_memo_a_writer_of_the_state_dir_edited(
     assert pings(lab, web)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (issue 23, case 3's deeper gap): an attachment's files are judged apart from the "
-    "kernel objects of the container they name once a writer of /var/lib/cni takes the netns out "
-    "of its cache entry; a check of the addresses it would free against those configured in live "
-    "or held namespaces would close it",
-)
-def test_a_cache_entry_edited_to_name_no_netns_leaves_a_running_containers_files_live(
-    world: tuple[Lab, LabPodman, str], tmp_path: Path
-) -> None:
-    """A dry run: nothing is changed. The writer edits the cache entry itself (no memo): its
-    netns and every interface's sandbox taken out. The container's lease, chain, rules and cache
-    entry then make an attachment of no namespace, apart from its pin, veth and process."""
-    lab, podman, _ = world
-    cid = podman.run("box-edited")
+def _split_from_its_netns(lab: Lab, cid: str, netns: str | None) -> None:
+    """The container's cache entry as a writer of /var/lib/cni edits it: its `netns` and every
+    interface's `sandbox` taken out (`netns` None), or pointed at another namespace's pin."""
     (entry,) = lab.cache_dir.glob(f"results/{NETWORK}-{cid}-*")
     doc = json.loads(entry.read_text())
     doc.pop("netns", None)
     for iface in doc.get("result", {}).get("interfaces", []):
         iface.pop("sandbox", None)
+        if netns is not None and iface.get("name") == "eth0":
+            iface["sandbox"] = netns
+    if netns is not None:
+        doc["netns"] = netns
     entry.write_text(json.dumps(doc))
-    flags = ("--json", "--dry-run", "--netns-dir", "/run/netns", *REAP)
-    run = run_reaper(lab, "reap", tmp_path / "state.json", *flags, wrap=podman.node_view())
-    assert run.returncode in (0, 1), run.stderr  # 1: a dry run with a plan
+
+
+def _held_in_its_netns(ip: str) -> str:
+    """The start of the reason a reap gives for leaving an attachment whose address `ip` is
+    configured in a podman container's namespace, the container's process inside."""
+    return rf"its address {re.escape(ip)} is configured in the netns pinned at \S+/netns-\S+ \(pid \d+ inside\)"
+
+
+def _reap_leaves_it(lab: Lab, podman: LabPodman, cid: str, state: Path, *extra: str) -> tuple[str, dict[str, Any]]:
+    """A one-shot `reaper reap`, as the systemd unit runs it: the running container keeps its
+    lease, cache entry, masquerade chain and firewall rules, and answers. Its skip's reason, and
+    its attachment as the reap judged it."""
+    ip = podman.ip(cid)
+    chain = chain_name("", NETWORK, cid)
+    rules = _iptables_lines(lab, ip, chain)
+    assert any(f"-A {chain} " in r for r in rules) and sum("CNI-FORWARD" in r for r in rules) >= 2, rules
+    files = {p: p.read_bytes() for p in podman_files(lab, cid)}  # its cache entry, every podman lease
+    assert lab.ipam_dir / NETWORK / ip in files and any(p.name.startswith(f"{NETWORK}-{cid}-") for p in files)
+    assert answers(lab, ip)
+
+    flags = ("--json", "--netns-dir", "/run/netns", *REAP, *extra)
+    run = run_reaper(lab, "reap", state, *flags, wrap=podman.node_view())
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr
     attachment = attachments_by_key(run.doc)[(cid, NETWORK, "eth0")]
-    assert attachment["verdict"] == "live", attachment
-    assert answers(lab, podman.ip(cid))
+    assert attachment["verdict"] == "orphan", "split from its process, judged by its files"
+    assert not [o for o in run.doc["reclaimed"] if o["container_id"] == cid], run.doc["reclaimed"]
+    assert {p: p.read_bytes() for p in podman_files(lab, cid)} == files, "its lease or cache entry changed"
+    assert _iptables_lines(lab, ip, chain) == rules, "its masquerade chain or firewall rules changed"
+    assert answers(lab, ip), "the container no longer answers"
+    (skip,) = [s for s in run.doc["skipped"] if s["container_id"] == cid]
+    return str(skip["reason"]), attachment
+
+
+def test_a_cache_entry_edited_to_name_no_netns_leaves_a_running_containers_files_live(
+    world: tuple[Lab, LabPodman, str], tmp_path: Path
+) -> None:
+    """Issue 23: a writer of /var/lib/cni edits a running container's cache entry itself (no
+    memo): its netns and every interface's sandbox taken out. Its lease, chain, rules and cache
+    entry then make an attachment of no namespace, apart from its pin, veth and process: an
+    orphan, since no CRI runtime lists podman's containers. Its address is configured in its
+    namespace, with its process inside: the reap leaves the attachment whole, and says where."""
+    lab, podman, web = world
+    cid = podman.run("box-edited")
+    _split_from_its_netns(lab, cid, None)
+    reason, attachment = _reap_leaves_it(lab, podman, cid, tmp_path / "state.json")
+    assert "netns" not in {r["kind"] for r in attachment["resources"]}, attachment
+    assert re.match(_held_in_its_netns(podman.ip(cid)) + ", not its own: a live pod holds it$", reason), reason
+    assert pings(lab, web)
+
+
+def test_a_cache_entry_pointed_at_a_dead_pin_runs_no_del_for_a_running_container(
+    world: tuple[Lab, LabPodman, str], tmp_path: Path
+) -> None:
+    """The writer points a running container's cache entry at another, dead pin (nothing inside,
+    named as containerd names them): the pin joins the attachment, and with podman's network in
+    the conf dir (so the cached config is the node's and runs) DEL would run with the live
+    container's ID and that pin as CNI_NETNS, releasing its lease and deleting its masquerade
+    chain and firewall rules; without a DEL the kernel step would. The address check leaves the
+    attachment before any DEL or kernel step: all of it stays, the dead pin too."""
+    lab, podman, web = world
+    cid = podman.run("box-pointed")
+    dead = lab.make_pin()
+    _split_from_its_netns(lab, cid, f"/run/netns/{dead.name}")
+    conf = ("--cni-conf-dir", str(podman.root / "net.d"))
+    reason, attachment = _reap_leaves_it(lab, podman, cid, tmp_path / "state.json", *conf)
+    assert names(attachment, "netns") == {dead.name}, "the dead pin joined the live container's files"
+    assert re.match(_held_in_its_netns(podman.ip(cid)), reason), reason
+    assert dead.exists(), "the dead pin went with the live container's attachment"
+    assert pings(lab, web)

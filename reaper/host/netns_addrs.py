@@ -1,0 +1,217 @@
+"""The addresses configured in other network namespaces, each read from inside it.
+
+What a namespace holds cannot be asked from outside it: an RTM_GETADDR dump answers for the
+namespace of the socket it is sent on, and a netlink socket belongs to the namespace its
+creator was in. So one thread of its own joins each namespace in turn (setns(2) on an fd of
+the namespace, which moves only the calling thread), opens a netlink socket there, dumps the
+addresses, closes the socket and goes on to the next; at the end it joins the namespace it
+started in again, and then ends. No other code ever runs on that thread, so nothing else of
+the process is ever in another namespace.
+
+A namespace is opened by a path (a pin, `/proc/<pid>/ns/net`) and read only when the fd
+opened is the namespace the caller found there ((st_dev, st_ino) by fstat): a pin swapped or
+a pid reused in between is that namespace's error, never another namespace's addresses.
+
+pyroute2's `IPRoute(netns=...)` was the other way: it forks a child per namespace (and makes a
+missing named netns unless told `flags=0`), which costs a process a namespace; a thread and a
+socket per namespace cost neither. Bounded: one thread, one namespace at a time, one deadline
+for them all; what was not read by then is an error, as is what could not be read.
+
+No CNI knowledge here: namespaces and addresses only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import socket
+import stat
+import struct
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from msgspec import Struct
+
+from reaper.host.confined import libc
+from reaper.host.netlink import Netlink, attrs, decode_raw, dump_raw
+from reaper.model import NsKey
+
+CLONE_NEWNET = 0x40000000
+RTM_GETADDR = 22
+IFA_ADDRESS = 1
+IFA_LOCAL = 2
+_IFADDRMSG = struct.Struct("=BBBBI")  # family, prefix length, flags, scope, ifindex
+_HEADER = 16  # nlmsghdr
+_ADDR_WANTED = frozenset({IFA_ADDRESS, IFA_LOCAL})
+_ALL_FAMILIES = _IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)
+_FAMILY_BYTES: dict[int, int] = {int(socket.AF_INET): 4, int(socket.AF_INET6): 16}
+READ_TIMEOUT = 5.0  # seconds the kernel gets to answer one namespace's dump
+
+
+class Handle(Struct, frozen=True):
+    """A path the namespace was found at: a pin, or `/proc/<pid>/ns/net`."""
+
+    path: str
+    pinned: bool  # a file under a netns dir, opened without following a symlink
+
+
+class NamespaceToRead(Struct, frozen=True):
+    """A namespace to read, and the ways to reach it (tried in order until one opens it)."""
+
+    ns: NsKey  # what the caller found there: the fd opened must be this namespace
+    where: str  # in words, for a reason: "the netns pinned at /run/netns/x", "the netns of pid 42"
+    handles: tuple[Handle, ...]  # none: the namespace the reader starts in
+
+
+class NamespaceAddresses(Struct, frozen=True):
+    """What reading one namespace gave: its addresses (as inet_ntop prints them), or why not."""
+
+    ns: NsKey
+    where: str
+    addresses: tuple[str, ...]
+    error: str | None = None
+
+
+def _setns_ctypes(fd: int, nstype: int) -> None:
+    if libc.setns(fd, nstype) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"setns: {os.strerror(code)}")
+
+
+# os.setns arrived in Python 3.12; before that, libc's.
+_setns: Callable[[int, int], None] = getattr(os, "setns", _setns_ctypes)
+
+
+def this_threads_netns() -> NsKey:
+    """The namespace the calling thread is in."""
+    st = os.stat("/proc/thread-self/ns/net")
+    return NsKey(st.st_dev, st.st_ino)
+
+
+def parse_address(data: bytes | bytearray, offset: int, length: int) -> str | None:
+    """One RTM_NEWADDR message's address: IFA_LOCAL when there is one (the address of this
+    end; IFA_ADDRESS is then a point-to-point peer's), else IFA_ADDRESS (IPv6 has only that)."""
+    if length < _HEADER + _IFADDRMSG.size:
+        return None
+    family = data[offset + _HEADER]
+    size = _FAMILY_BYTES.get(family)
+    if size is None:
+        return None
+    at = attrs(data, offset + _HEADER + _IFADDRMSG.size, offset + length, _ADDR_WANTED)
+    span = at.get(IFA_LOCAL) or at.get(IFA_ADDRESS)
+    if span is None or span[1] - span[0] != size:
+        return None
+    return socket.inet_ntop(family, bytes(data[span[0] : span[1]]))
+
+
+def _dump_addresses(timeout: float) -> tuple[str, ...]:
+    """Every address of the namespace the calling thread is in, on a socket made there."""
+    with Netlink(timeout=timeout) as nl:
+        found = decode_raw(*dump_raw(nl, RTM_GETADDR, _ALL_FAMILIES), parse_address)
+        return tuple(sorted({a for a in found if a is not None}))
+
+
+def _open_checked(handle: Handle, ns: NsKey) -> int:
+    """An fd setns can take on namespace `ns`, opened by `handle`, or OSError."""
+    if handle.pinned:
+        # The pin looked at through an O_PATH fd, never through a symlink, and reopened for
+        # reading through that fd only once it is a regular file (a namespace shows as one).
+        path_fd = os.open(handle.path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(path_fd).st_mode):
+                raise OSError(errno.ESTALE, "not a namespace pin now")
+            fd = os.open(f"/proc/self/fd/{path_fd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        finally:
+            os.close(path_fd)
+    else:
+        fd = os.open(handle.path, os.O_RDONLY | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if NsKey(st.st_dev, st.st_ino) != ns:
+        os.close(fd)
+        raise OSError(errno.ESTALE, "another namespace is there now")
+    return fd
+
+
+def _join(target: NamespaceToRead, home: int) -> None:
+    """Move the calling thread into the target's namespace, by the first handle that opens it
+    (a process may have left it, a pin gone, since they were found); OSError when none does."""
+    if not target.handles:
+        _setns(home, CLONE_NEWNET)
+        st = os.fstat(home)
+        if NsKey(st.st_dev, st.st_ino) != target.ns:
+            raise OSError(errno.ESTALE, "the reader did not start in it")
+        return
+    failed: OSError | None = None
+    for handle in target.handles:
+        try:
+            fd = _open_checked(handle, target.ns)
+        except OSError as err:
+            failed = err
+            continue
+        try:
+            _setns(fd, CLONE_NEWNET)
+        finally:
+            os.close(fd)
+        return
+    assert failed is not None
+    raise failed
+
+
+def _read_one(target: NamespaceToRead, home: int, timeout: float) -> tuple[str, ...]:
+    _join(target, home)
+    return _dump_addresses(timeout)
+
+
+def _why(err: OSError) -> str:
+    return err.strerror or str(err)
+
+
+def read_addresses(
+    targets: Sequence[NamespaceToRead], *, deadline: float, clock: Callable[[], float] = time.monotonic
+) -> list[NamespaceAddresses]:
+    """Each target's addresses, in order, read one at a time on one thread of its own until
+    `deadline` (on `clock`); every target not read whole by then has an error instead."""
+    results: dict[int, NamespaceAddresses] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+    finished = threading.Event()
+
+    def work() -> None:
+        try:
+            home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as err:
+            with lock:
+                for i, t in enumerate(targets):
+                    results[i] = NamespaceAddresses(t.ns, t.where, (), f"no fd on the reader's netns: {_why(err)}")
+            finished.set()
+            return
+        try:
+            for i, target in enumerate(targets):
+                left = deadline - clock()
+                if stop.is_set() or left <= 0:
+                    break
+                try:
+                    done = NamespaceAddresses(target.ns, target.where, _read_one(target, home, min(left, READ_TIMEOUT)))
+                except OSError as err:
+                    done = NamespaceAddresses(target.ns, target.where, (), _why(err))
+                except Exception as err:  # an answer that does not decode: this namespace's error
+                    done = NamespaceAddresses(target.ns, target.where, (), f"{type(err).__name__}: {err}")
+                with lock:
+                    results[i] = done
+        finally:
+            with contextlib.suppress(OSError):
+                _setns(home, CLONE_NEWNET)  # back where it started, though it ends next
+            os.close(home)
+            finished.set()
+
+    reader = threading.Thread(target=work, name="netns-addresses", daemon=True)
+    reader.start()
+    finished.wait(max(0.0, deadline - clock()))
+    stop.set()
+    with lock:
+        got = dict(results)
+    late = "not read by the deadline"
+    return [got.get(i) or NamespaceAddresses(t.ns, t.where, (), late) for i, t in enumerate(targets)]

@@ -1,0 +1,208 @@
+"""Whether an orphan's addresses are configured in some other network namespace right now.
+
+Files under /var/lib/cni tie an attachment together, and a writer of those files can take a
+running container's cache entry apart from its namespace (no `netns`, no interface
+`sandbox`): its cache entry, lease, masquerade chain and firewall rules then make an
+attachment of no namespace, apart from the pin, veth and process that show it alive, or one
+joined to some other, dead pin. What the writer cannot forge is where an address is configured
+in the kernel. So, right before acting, every selected orphan that holds addresses is compared
+with the addresses configured in every namespace on the node but its own pinned one(s): the
+netns the reaper runs in, every pinned namespace, every namespace a process is in. One whose
+address is configured elsewhere is left this pass, with where; so is every such orphan when some
+namespace could not be read, or not every process could be seen (fail closed). The pins of the
+orphans the pass reclaims, with no process inside, prove nothing live: a runtime that forgot a
+sandbox leaves its pin and its files as two attachments, the address of one in the other.
+
+The addresses an orphan holds are those the reaper would free: its leases' and those the kernel
+holds for it, its firewall rules' and the jumps to its masquerade chain (written by the plugins,
+beyond a file writer's reach). Not its cache entries' results: that writer can put any address
+there, and one live address written into a real leak's entry would keep the leak (pin, veth,
+chains) for good. What a cached prevResult would make a plugin do is reaper.reap.trust's to
+check.
+
+Addresses are compared by meaning (ipaddress; an IPv4-mapped IPv6 address is its IPv4
+address). Loopback, link-local, unspecified and multicast addresses are no pod's own: every
+namespace has some, so they are left out on both sides.
+
+The cost is paid only when some selected orphan holds an address: one /proc walk, one listing
+of the netns dirs, and one address dump per namespace (reaper.host.netns_addrs), all within
+one deadline.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from msgspec import Struct
+
+from reaper.host.netns_addrs import Handle, NamespaceAddresses, NamespaceToRead, read_addresses, this_threads_netns
+from reaper.host.procs import netns_members, unseen_processes
+from reaper.kinds.firewall import ForwardRule
+from reaper.kinds.netns import collect_pins
+from reaper.model import Attachment, AttachmentKey, HostLocalLease, Identity, IptablesChain, NetnsPin, NsKey
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+DEADLINE = 10.0  # seconds for reading every namespace's addresses, all together
+HANDLES = 4  # ways to reach one namespace kept (its pins, then the lowest pids in it)
+
+
+class HeldAddresses(Struct, frozen=True):
+    """The addresses an attachment would free, and the namespaces that are its own."""
+
+    addresses: tuple[IPAddress, ...]  # by meaning (see address_key)
+    own: frozenset[NsKey]
+
+
+def address_key(text: str) -> IPAddress | None:
+    """An address by meaning: prefix length and zone dropped, IPv4-mapped IPv6 folded to IPv4.
+    None when it is no address, or one no pod holds as its own (loopback, link-local,
+    unspecified, multicast)."""
+    if not isinstance(text, str) or len(text) > 64:
+        return None
+    try:
+        address = ipaddress.ip_address(text.split("/", 1)[0].split("%", 1)[0].strip())
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if address.is_loopback or address.is_link_local or address.is_unspecified or address.is_multicast:
+        return None
+    return address
+
+
+def _jump_sources(chain: IptablesChain) -> list[str]:
+    """The `-s` address of each rule jumping to a masquerade chain: the pod's address, as the
+    bridge or ptp plugin wrote it into the kernel."""
+    found = []
+    for rule in chain.jumps:
+        words = rule.split()
+        for i, word in enumerate(words[:-1]):
+            if word == "-s" and (i == 0 or words[i - 1] != "!"):
+                found.append(words[i + 1])
+    return found
+
+
+def addresses_held(attachment: Attachment, records: Mapping[Identity, Any]) -> HeldAddresses:
+    """What `attachment` would free that is an address, and the namespaces its own pins hold."""
+    texts: list[str] = []
+    own: set[NsKey] = {attachment.netns} if attachment.netns is not None else set()
+    for ref in attachment.resources:
+        record = records.get(ref.identity)
+        if isinstance(record, HostLocalLease | ForwardRule):
+            texts.append(record.ip)
+        elif isinstance(record, IptablesChain) and record.purpose == "masquerade":
+            texts.extend(_jump_sources(record))
+        elif isinstance(record, NetnsPin) and record.is_namespace:
+            own.add(record.ns)
+    keyed = (address_key(text) for text in texts)
+    return HeldAddresses(tuple(dict.fromkeys(k for k in keyed if k is not None)), frozenset(own))
+
+
+def leave_for_addresses(
+    held: Mapping[AttachmentKey, HeldAddresses],
+    seen: Sequence[NamespaceAddresses],
+    unseen: str | None,
+    dead: frozenset[NsKey] = frozenset(),
+) -> dict[AttachmentKey, str]:
+    """Pure: why each attachment must be left, by what the namespaces other than its own hold.
+    `seen`: each namespace read (or why it could not be); `unseen`: why not every namespace on
+    the node could even be listed, which leaves every attachment holding an address; `dead`:
+    namespaces no attachment's address proves live in (pinned by an orphan this pass reclaims,
+    with no process inside), whose addresses are the leftovers of a pod that is gone."""
+    configured: dict[IPAddress, list[NamespaceAddresses]] = {}
+    for ns in seen:
+        if ns.ns in dead:
+            continue
+        for text in ns.addresses:
+            address = address_key(text)
+            if address is not None:
+                configured.setdefault(address, []).append(ns)
+    failed = [ns for ns in seen if ns.error is not None and ns.ns not in dead]
+    reasons: dict[AttachmentKey, str] = {}
+    for key, holds in held.items():
+        if not holds.addresses:
+            continue
+        first = holds.addresses[0]
+        if unseen is not None:
+            reasons[key] = (
+                f"not every network namespace on the node can be seen ({unseen}): whether a live pod holds its"
+                f" address {first} cannot be told"
+            )
+            continue
+        where = ((address, ns) for address in holds.addresses for ns in configured.get(address, ()))
+        elsewhere = next(((address, ns) for address, ns in where if ns.ns not in holds.own), None)
+        if elsewhere is not None:
+            address, ns = elsewhere
+            reasons[key] = f"its address {address} is configured in {ns.where}, not its own: a live pod holds it"
+            continue
+        unread = next((ns for ns in failed if ns.ns not in holds.own), None)
+        if unread is not None:
+            reasons[key] = (
+                f"the addresses configured in {unread.where} could not be read ({unread.error}): whether a live"
+                f" pod holds its address {first} cannot be told"
+            )
+    return reasons
+
+
+def node_namespaces(
+    netns_dirs: tuple[str, ...], members: Mapping[NsKey, set[int]], skip: frozenset[NsKey]
+) -> list[NamespaceToRead]:
+    """Every network namespace on the node but those in `skip`: the one this thread is in, each
+    pinned under the netns dirs, each some process is in (`members`, from a walk of /proc)."""
+    pins, _ = collect_pins(netns_dirs, ())
+    here = this_threads_netns()
+    handles: dict[NsKey, list[Handle]] = {}
+    pinned_at: dict[NsKey, str] = {}
+    for pin in pins:
+        if pin.is_namespace:
+            handles.setdefault(pin.ns, []).append(Handle(pin.path, pinned=True))
+            pinned_at.setdefault(pin.ns, pin.path)
+    for ns, inside in members.items():
+        ways = [Handle(f"/proc/{pid}/ns/net", pinned=False) for pid in sorted(inside)[:HANDLES]]
+        handles.setdefault(ns, []).extend(ways)
+    targets = [] if here in skip else [NamespaceToRead(here, "the netns the reaper runs in", ())]
+    for ns, ways in sorted(handles.items()):
+        if ns == here or ns in skip:
+            continue
+        pids = sorted(members.get(ns, ()))
+        if ns in pinned_at:
+            where = f"the netns pinned at {pinned_at[ns]}" + (f" (pid {pids[0]} inside)" if pids else "")
+        else:
+            where = f"the netns of pid {pids[0]}"
+        targets.append(NamespaceToRead(ns, where, tuple(ways[:HANDLES])))
+    return targets
+
+
+def addresses_in_use(
+    attachments: Sequence[Attachment],
+    records: Mapping[Identity, Any],
+    netns_dirs: tuple[str, ...],
+    *,
+    deadline: float = DEADLINE,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[AttachmentKey, str]:
+    """Why each of `attachments` (the orphans a pass is about to reclaim) must be left because
+    an address it holds is configured in another namespace now, or that cannot be told (see
+    leave_for_addresses). Reads nothing when none of them holds an address."""
+    held = {a.key: holds for a in attachments if (holds := addresses_held(a, records)).addresses}
+    if not held:
+        return {}
+    unseen = unseen_processes()
+    if unseen is not None:
+        return leave_for_addresses(held, [], unseen)
+    try:
+        members = netns_members()
+    except OSError as err:
+        return leave_for_addresses(held, [], f"the walk of /proc failed: {err}")
+    # The pins of the orphans this pass reclaims, nothing inside: a split-off lease's address
+    # configured there is that dead pod's (a runtime that forgot a sandbox leaves its pin and
+    # its files as two attachments).
+    pins = (records.get(ref.identity) for a in attachments for ref in a.resources)
+    dead = frozenset(p.ns for p in pins if isinstance(p, NetnsPin) and p.is_namespace and p.ns not in members)
+    # A namespace that is every such attachment's own, or dead, is not read: it proves none live.
+    skip = dead | frozenset.intersection(*(h.own for h in held.values()))
+    seen = read_addresses(node_namespaces(netns_dirs, members, skip), deadline=clock() + deadline, clock=clock)
+    return leave_for_addresses(held, seen, None, dead)

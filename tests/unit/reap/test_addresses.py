@@ -1,0 +1,229 @@
+"""The address check right before acting: an orphan one of whose addresses another namespace
+has configured is left, addresses compared by meaning; a namespace that cannot be read, or
+processes that cannot all be seen, leave every orphan holding an address."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from reaper.host.netns_addrs import NamespaceAddresses, NamespaceToRead
+from reaper.kinds import cache, firewall, hostlocal, iptables, netns
+from reaper.kinds.firewall import ForwardRule
+from reaper.model import (
+    Attachment,
+    AttachmentKey,
+    CacheEntry,
+    HostLocalLease,
+    Identity,
+    IptablesChain,
+    NetnsPin,
+    NsKey,
+    ResourceRef,
+)
+from reaper.reap import addresses
+from reaper.reap.addresses import addresses_held, addresses_in_use, leave_for_addresses
+
+LIVE, DEAD = "a" * 64, "d" * 64
+OWN, OTHER, GONE, HOST = NsKey(4, 100), NsKey(4, 200), NsKey(4, 300), NsKey(4, 1)
+
+
+def lease(ip: str, cid: str = DEAD) -> HostLocalLease:
+    return HostLocalLease("net1", ip, cid, "eth0", f"/var/lib/cni/networks/net1/{ip}", "/var/lib/cni/networks", 0.0)
+
+
+def entry(*ips: str, cid: str = DEAD) -> CacheEntry:
+    path = f"/var/lib/cni/results/net1-{cid}-eth0"
+    return CacheEntry(path, f"net1-{cid}-eth0", cid, "net1", "eth0", None, None, (), False, 0.0, "/var/lib/cni",
+                      ips=ips)  # fmt: skip
+
+
+def pin(ns: NsKey, name: str = "cni-1") -> NetnsPin:
+    return NetnsPin(name, f"/run/netns/{name}", "/run/netns", ns, True, 0.0, True)
+
+
+def rule(ip: str) -> ForwardRule:
+    return ForwardRule("ipv4", "default", ip, f"-A CNI-FORWARD -s {ip}/32 -j ACCEPT")
+
+
+def masquerade(*jumps: str) -> IptablesChain:
+    return IptablesChain("ipv4", "nat", "CNI-0123456789abcdef01234567", "masquerade", "net1", DEAD, (), jumps)
+
+
+def attach(
+    *records: Any, cid: str | None = DEAD, netns_key: NsKey | None = None
+) -> tuple[Attachment, dict[Identity, Any]]:
+    """An orphan attachment of `records`, and the records by identity as a pass indexes them."""
+    kinds: dict[type, Any] = {HostLocalLease: hostlocal.KIND, CacheEntry: cache.KIND, NetnsPin: netns.KIND,
+             ForwardRule: firewall.KIND, IptablesChain: iptables.KIND}  # fmt: skip
+    refs, index = [], {}
+    for record in records:
+        kind = kinds[type(record)]
+        identity = kind.identity(record)
+        refs.append(ResourceRef(kind.name, str(identity[-1]), 0.0, {}, identity))
+        index[identity] = record
+    key = AttachmentKey(cid, "net1", "eth0") if cid is not None else AttachmentKey(None, None, None, "/run/netns/x")
+    return Attachment(key, tuple(refs), netns_key, "orphan", "no sandbox", 600.0), index
+
+
+def seen(ns: NsKey, where: str, *found: str, error: str | None = None) -> NamespaceAddresses:
+    return NamespaceAddresses(ns, where, found, error)
+
+
+@pytest.mark.parametrize(
+    ("held", "configured"),
+    [
+        ("10.0.0.5", "10.0.0.5"),
+        ("10.0.0.5", "::ffff:10.0.0.5"),  # IPv4-mapped, as a v6 socket or a forged file spells it
+        ("10.0.0.5", "::ffff:a00:5"),
+        ("fd00::5", "fd00:0:0:0:0:0:0:5"),
+        ("FD00::5", "fd00::5"),
+        ("fd00:0::5", "fd00::5"),
+    ],
+)
+def test_an_address_configured_in_another_namespace_leaves_the_orphan(held: str, configured: str) -> None:
+    orphan, records = attach(lease(held), entry(f"{held}/24"))
+    reasons = leave_for_addresses(
+        {orphan.key: addresses_held(orphan, records)},
+        [seen(HOST, "the netns the reaper runs in", "192.0.2.2"), seen(OTHER, "the netns of pid 4242", configured)],
+        None,
+    )
+    canonical = ipaddress.ip_address(held)
+    where = "the netns of pid 4242, not its own: a live pod holds it"
+    assert reasons == {orphan.key: f"its address {canonical} is configured in {where}"}
+
+
+def test_addresses_in_its_own_pin_or_a_dead_pin_or_nowhere_leave_nothing() -> None:
+    orphan, records = attach(lease("10.0.0.5"), pin(OWN))
+    split, split_records = attach(lease("10.0.0.6", cid=LIVE), cid=LIVE)
+    held = {orphan.key: addresses_held(orphan, records), split.key: addresses_held(split, split_records)}
+    found = [seen(HOST, "host", "192.0.2.2"), seen(OWN, "its pin", "10.0.0.5"), seen(GONE, "a dead pin", "10.0.0.6")]
+    assert leave_for_addresses(held, found, None, dead=frozenset({GONE})) == {}
+    # The dead pin is only dead for what it proves: its address in a live namespace still counts.
+    assert set(leave_for_addresses(held, found, None)) == {split.key}
+
+
+def test_a_namespace_that_could_not_be_read_leaves_every_orphan_holding_an_address() -> None:
+    holding, records = attach(lease("10.0.0.5"), entry("10.0.0.5"))
+    bare, bare_records = attach(pin(OWN), cid=None)
+    held = {holding.key: addresses_held(holding, records), bare.key: addresses_held(bare, bare_records)}
+    found = [seen(OTHER, "the netns of pid 7", error="Permission denied"), seen(HOST, "host", "192.0.2.2")]
+    reasons = leave_for_addresses(held, found, None)
+    assert reasons == {
+        holding.key: "the addresses configured in the netns of pid 7 could not be read (Permission denied): whether"
+        " a live pod holds its address 10.0.0.5 cannot be told"
+    }
+    # Its own namespace unreadable proves nothing either way: not a reason to leave it.
+    own, own_records = attach(rule("10.0.0.5"), pin(OTHER))
+    assert leave_for_addresses({own.key: addresses_held(own, own_records)}, found, None) == {}
+
+
+def test_processes_that_cannot_all_be_seen_leave_every_orphan_holding_an_address() -> None:
+    orphan, records = attach(rule("10.0.0.5"))
+    reasons = leave_for_addresses({orphan.key: addresses_held(orphan, records)}, [], "the walk of /proc failed")
+    assert list(reasons) == [orphan.key] and "cannot be told" in reasons[orphan.key]
+
+
+def test_loopback_link_local_and_junk_are_no_pods_address() -> None:
+    orphan, records = attach(
+        entry("127.0.0.1", "::1", "fe80::1", "0.0.0.0", "224.0.0.1", "not-an-ip", "::ffff:127.0.0.1")
+    )
+    held = addresses_held(orphan, records)
+    assert held.addresses == ()
+    found = [seen(HOST, "host", "127.0.0.1", "::1", "fe80::1")]
+    assert leave_for_addresses({orphan.key: held}, found, None) == {}
+
+
+def test_every_record_that_frees_an_address_is_counted_and_its_pins_are_its_own() -> None:
+    chain = "CNI-0123456789abcdef01234567"
+    jumps = (
+        f'-A POSTROUTING -s 10.0.0.8/32 -m comment --comment "name: \\"net1\\" id: \\"x\\"" -j {chain}',
+        f"-A POSTROUTING ! -s 10.0.0.99/32 -j {chain}",
+    )
+    orphan, records = attach(lease("10.0.0.5"), entry("fd00::6/64"), rule("10.0.0.7"), masquerade(*jumps), pin(OWN),
+                             netns_key=OTHER)  # fmt: skip
+    held = addresses_held(orphan, records)
+    # Not the cache entry's: a writer of the file can name any address there (see the next test).
+    assert sorted(map(str, held.addresses)) == ["10.0.0.5", "10.0.0.7", "10.0.0.8"]
+    assert held.own == {OWN, OTHER}
+
+
+def test_a_live_address_written_into_a_leaks_cache_entry_keeps_nothing() -> None:
+    """A writer of /var/lib/cni puts a live pod's address into a real leak's cache entry: the
+    leak (its lease, its chain, with its own address) is still reclaimed, never kept for good."""
+    jump = "-A POSTROUTING -s 10.0.0.5/32 -j CNI-0123456789abcdef01234567"
+    orphan, records = attach(lease("10.0.0.5"), entry("10.0.0.77"), masquerade(jump), pin(OWN))
+    found = [seen(OWN, "its pin", "10.0.0.5"), seen(OTHER, "the netns of pid 7", "10.0.0.77")]
+    assert leave_for_addresses({orphan.key: addresses_held(orphan, records)}, found, None) == {}
+    forged, forged_records = attach(entry("10.0.0.77"), cid=LIVE)
+    assert addresses_held(forged, forged_records).addresses == ()
+
+
+def _fake_node(
+    monkeypatch: pytest.MonkeyPatch,
+    members: Mapping[NsKey, set[int]],
+    pins: Sequence[NetnsPin],
+    configured: Mapping[NsKey, tuple[str, ...]],
+) -> list[list[NamespaceToRead]]:
+    """The node as addresses_in_use sees it; what it asked to read, call by call."""
+    asked: list[list[NamespaceToRead]] = []
+
+    def read(targets: Sequence[NamespaceToRead], **_: Any) -> list[NamespaceAddresses]:
+        asked.append(list(targets))
+        return [NamespaceAddresses(t.ns, t.where, configured.get(t.ns, ())) for t in targets]
+
+    monkeypatch.setattr(addresses, "unseen_processes", lambda: None)
+    monkeypatch.setattr(addresses, "netns_members", lambda: {k: set(v) for k, v in members.items()})
+    monkeypatch.setattr(addresses, "collect_pins", lambda dirs, patterns: (list(pins), []))
+    monkeypatch.setattr(addresses, "this_threads_netns", lambda: HOST)
+    monkeypatch.setattr(addresses, "read_addresses", read)
+    return asked
+
+
+def test_no_orphan_holding_an_address_reads_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked = _fake_node(monkeypatch, {}, [], {})
+    orphan, records = attach(pin(OWN), cid=None)
+    assert addresses_in_use([orphan], records, ("/run/netns",)) == {} and asked == []
+
+
+def test_a_split_off_lease_of_a_pin_reclaimed_this_pass_goes_and_one_a_process_holds_stays(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A runtime that forgot a sandbox: its pin and its lease are two orphans, the lease's address
+    in the pin's namespace. With nothing inside the pin, the lease goes; with a process inside
+    (a container whose cache entry was edited), it stays, by pid."""
+    dead_pin = pin(GONE, "cni-dead")
+    pinned, pin_records = attach(dead_pin, cid=None)
+    split, split_records = attach(lease("10.0.0.6"))
+    records = {**pin_records, **split_records}
+    node = {GONE: ("10.0.0.6",), HOST: ("192.0.2.2",)}
+    asked = _fake_node(monkeypatch, {HOST: {1}}, [dead_pin], node)
+    assert addresses_in_use([pinned, split], records, ("/run/netns",)) == {}
+    assert [t.ns for t in asked[0]] == [HOST], "the dead pin is not even read"
+
+    asked = _fake_node(monkeypatch, {HOST: {1}, GONE: {4242}}, [dead_pin], node)
+    reasons = addresses_in_use([pinned, split], records, ("/run/netns",))
+    assert reasons == {
+        split.key: "its address 10.0.0.6 is configured in the netns pinned at /run/netns/cni-dead (pid 4242 inside),"
+        " not its own: a live pod holds it"
+    }
+    (targets,) = asked
+    assert [(t.ns, [h.path for h in t.handles]) for t in targets] == [
+        (HOST, []),
+        (GONE, ["/run/netns/cni-dead", "/proc/4242/ns/net"]),
+    ]
+
+
+def test_a_walk_of_proc_that_fails_leaves_them_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_node(monkeypatch, {}, [], {})
+
+    def fails() -> dict[NsKey, set[int]]:
+        raise OSError(5, "/proc lists no process")
+
+    monkeypatch.setattr(addresses, "netns_members", fails)
+    orphan, records = attach(lease("10.0.0.5"))
+    reasons = addresses_in_use([orphan], records, ("/run/netns",))
+    assert "the walk of /proc failed" in reasons[orphan.key] and "10.0.0.5 cannot be told" in reasons[orphan.key]
