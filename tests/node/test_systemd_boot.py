@@ -23,6 +23,7 @@ drops the grace (min-age, confirmations, breaker ratio) a node would keep.
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
 import stat
 import time
@@ -140,6 +141,10 @@ def test_the_timer_fires_the_hardened_service_which_may_unpin(tmp_path: Path) ->
         leak = lab.make_leak(with_cache=False)
         pin = str(leak.netns_path)
         bare_pin = lab.make_pin()  # unpinned outside any unit, for comparison
+        # A cache file a crash cut to nothing, of a container no runtime knows: it holds no
+        # address, so the pass may free it though the unit cannot see every namespace.
+        cut = lab.cache_dir / "results" / f"{lab.network_name}-{secrets.token_hex(32)}-eth0"
+        cut.write_bytes(b"")
         live = live_attachments(lab, tmp_path / "before.json")
         assert len(live) == 2
 
@@ -170,19 +175,23 @@ def test_the_timer_fires_the_hardened_service_which_may_unpin(tmp_path: Path) ->
         caps = set(applied["CapabilityBoundingSet"].split())
         assert "cap_sys_admin" in caps and "cap_sys_module" not in caps, caps
 
-        # The textfile and the state file, written where the units say. The leak's lease (an
-        # attachment with no netns) was judged through the runtime's socket and freed from the
-        # bound dirs by the kernel step: no pin proves that attachment, so no plugin ran for it.
-        # Its pin was not judged: the container's PID namespace hides who may hold it.
+        # The textfile and the state file, written where the units say. The cut cache file was
+        # judged through the runtime's socket and freed from the bound dirs by the kernel step.
+        # The leak's lease (an attachment with no netns) is left: the container's PID namespace
+        # hides the namespaces a live pod holding its address could be in. Its pin was not
+        # judged, for the same reason.
         textfile = node.upper / TEXTFILE
         assert stat.S_IMODE(textfile.stat().st_mode) == 0o644
         body = textfile.read_text()
         assert metric(body, "cni_reaper_runtime_up") == 1
-        assert metric(body, "cni_reaper_reclaimed_total", kind="ipam", method="kernel") == 1
+        assert metric(body, "cni_reaper_reclaimed_total", kind="cache", method="kernel") == 1
+        assert not cut.exists()
+        assert metric(body, "cni_reaper_reclaimed_total", kind="ipam", method="kernel") == 0
         assert metric(body, "cni_reaper_reclaimed_total", kind="ipam", method="cni-del") == 0
+        assert leak.lease_path.exists()
+        assert "not every network namespace on the node can be seen" in journal
         assert metric(body, "cni_reaper_attachments", verdict="unknown") >= 1
         assert metric(body, "cni_reaper_reclaimed_total", kind="netns", method="kernel") == 0
-        assert not leak.lease_path.exists()
         assert "not in the host's PID namespace" in journal
         state = node.upper / STATE
         assert stat.S_IMODE(state.stat().st_mode) == 0o600
