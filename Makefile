@@ -59,9 +59,10 @@ typecheck: venv
 unit: venv
 	$(BIN)/python -m pytest tests/unit
 
-# Regenerate the lab's CRI protobuf messages after editing tests/harness/cri/*.proto.
+# Regenerate the CRI protobuf messages after editing a .proto: the reaper's own
+# (reaper/runtime/api.proto) and the lab's (tests/harness/cri/api.proto).
 proto: venv
-	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. tests/harness/cri/api.proto tests/harness/cri/reader.proto
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. reaper/runtime/api.proto tests/harness/cri/api.proto
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -11,7 +11,7 @@ from typing import Any
 from reaper.host.files import namespace_of
 from reaper.host.jsondoc import parse_json
 from reaper.model import RuntimeAnswer, RuntimeView, Sandbox
-from reaper.runtime import wire
+from reaper.runtime import api_pb2 as pb
 from reaper.runtime.client import CriError, RuntimeClient
 from reaper.runtime.discovery import KNOWN_SOCKETS, Endpoint, close_all, discover, socket_path
 from reaper.runtime.liveness import OBSERVE_DEADLINES
@@ -166,7 +166,7 @@ class CriLiveness:
                     name=item.metadata.name,
                     namespace=item.metadata.namespace,
                     uid=item.metadata.uid,
-                    ready=item.state == wire.SANDBOX_READY,
+                    ready=item.state == pb.SANDBOX_READY,
                     # A sandbox that failed early reports Go's zero time (a huge negative number).
                     created_at=item.created_at / 1e9 if item.created_at > 0 else None,
                     netns_path=netns_path or None,
@@ -186,13 +186,13 @@ class CriLiveness:
         return answer, sandboxes
 
 
-def _netns_of(endpoint: str, status: wire.PodSandboxStatus | None) -> str:
+def _netns_of(endpoint: str, answer: pb.PodSandboxStatusResponse | None) -> str:
     """The netns path a PodSandboxStatus gives; "" for a sandbox removed since it was listed
     (None), on the host's network, or whose runtime names none. A path longer than any path
     the kernel takes is the runtime's error."""
-    if status is None or status.network_mode == wire.NAMESPACE_NODE:
+    if answer is None or answer.status.linux.namespaces.options.network == pb.NODE:
         return ""
-    path = netns_path_from_info(status.info) or ""
+    path = netns_path_from_info(answer.info) or ""
     if len(path.encode("utf-8", "surrogatepass")) > MAX_NETNS_PATH:
         raise CriError(f"PodSandboxStatus on {endpoint}: a netns path over {MAX_NETNS_PATH} bytes")
     return path

@@ -1,2 +1,2 @@
-"""The CRI v1 messages as protobuf builds them, for the lab and the tests (the reaper itself
-reads its few fields with reaper.runtime.wire, checked against these)."""
+"""The CRI v1 messages as a runtime writes them, built by protobuf, for the lab and the tests
+(the reaper reads its own subset of them, reaper/runtime/api.proto)."""

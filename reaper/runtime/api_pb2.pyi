@@ -1,10 +1,35 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class PodSandboxState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SANDBOX_READY: _ClassVar[PodSandboxState]
+    SANDBOX_NOTREADY: _ClassVar[PodSandboxState]
+
+class NamespaceMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    POD: _ClassVar[NamespaceMode]
+    CONTAINER: _ClassVar[NamespaceMode]
+    NODE: _ClassVar[NamespaceMode]
+    TARGET: _ClassVar[NamespaceMode]
+SANDBOX_READY: PodSandboxState
+SANDBOX_NOTREADY: PodSandboxState
+POD: NamespaceMode
+CONTAINER: NamespaceMode
+NODE: NamespaceMode
+TARGET: NamespaceMode
+
+class VersionRequest(_message.Message):
+    __slots__ = ("version",)
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    def __init__(self, version: _Optional[str] = ...) -> None: ...
 
 class VersionResponse(_message.Message):
     __slots__ = ("runtime_name", "runtime_version")
@@ -13,6 +38,10 @@ class VersionResponse(_message.Message):
     runtime_name: str
     runtime_version: str
     def __init__(self, runtime_name: _Optional[str] = ..., runtime_version: _Optional[str] = ...) -> None: ...
+
+class ListPodSandboxRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class PodSandboxMetadata(_message.Message):
     __slots__ = ("name", "uid", "namespace")
@@ -32,9 +61,9 @@ class PodSandbox(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     id: str
     metadata: PodSandboxMetadata
-    state: int
+    state: PodSandboxState
     created_at: int
-    def __init__(self, id: _Optional[str] = ..., metadata: _Optional[_Union[PodSandboxMetadata, _Mapping]] = ..., state: _Optional[int] = ..., created_at: _Optional[int] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., metadata: _Optional[_Union[PodSandboxMetadata, _Mapping]] = ..., state: _Optional[_Union[PodSandboxState, str]] = ..., created_at: _Optional[int] = ...) -> None: ...
 
 class ListPodSandboxResponse(_message.Message):
     __slots__ = ("items",)
@@ -42,11 +71,19 @@ class ListPodSandboxResponse(_message.Message):
     items: _containers.RepeatedCompositeFieldContainer[PodSandbox]
     def __init__(self, items: _Optional[_Iterable[_Union[PodSandbox, _Mapping]]] = ...) -> None: ...
 
+class PodSandboxStatusRequest(_message.Message):
+    __slots__ = ("pod_sandbox_id", "verbose")
+    POD_SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    VERBOSE_FIELD_NUMBER: _ClassVar[int]
+    pod_sandbox_id: str
+    verbose: bool
+    def __init__(self, pod_sandbox_id: _Optional[str] = ..., verbose: _Optional[bool] = ...) -> None: ...
+
 class NamespaceOption(_message.Message):
     __slots__ = ("network",)
     NETWORK_FIELD_NUMBER: _ClassVar[int]
-    network: int
-    def __init__(self, network: _Optional[int] = ...) -> None: ...
+    network: NamespaceMode
+    def __init__(self, network: _Optional[_Union[NamespaceMode, str]] = ...) -> None: ...
 
 class Namespace(_message.Message):
     __slots__ = ("options",)
