@@ -66,7 +66,7 @@ class FakeNode:
         self.freed_by: dict[Identity, Path] = {}
         self.partly_read: frozenset[str] = frozenset()
         self.batches: list[list[str]] = []  # the names each reclaim call was handed
-        self.contexts: list[ReclaimContext] = []
+        self.contexts: list[ReclaimContext] = []  # the context each reclaim call was handed
         self.looks = 0
         self.kinds: tuple[Kind[Any], ...] = reclaim_order(
             (self._kind(FAKE, last=False), self._kind(FAKE_LAST, last=True))
@@ -89,11 +89,10 @@ class FakeNode:
         for r in records:
             if r.name in self.leave:
                 done[_identity(r)] = Done.left(self.leave[r.name])
-            elif r.name not in self.lie:
+                continue
+            if r.name not in self.lie:
                 self.records.pop(_identity(r), None)
-                done[_identity(r)] = Done.freed()
-            else:
-                done[_identity(r)] = Done.freed()
+            done[_identity(r)] = Done.freed()
         return done
 
     def add(self, name: str, kind: str = FAKE) -> ResourceRef:

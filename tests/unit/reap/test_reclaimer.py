@@ -53,6 +53,7 @@ def test_every_resource_is_freed_and_the_last_kind_goes_after_the_others(node: F
     assert {r.method for o in outcomes for r in o.resources} == {"kernel"}
     assert node.records == {}
     assert [sorted(b) for b in node.batches] == [["res-1", "res-2"], ["last-1", "last-2"]]
+    assert set(node.contexts[1].done) == {("fake", "res-1"), ("fake", "res-2")}, "the last kind sees what went before"
 
 
 def test_a_resource_the_kind_leaves_is_reported_and_keeps_the_last_kind(node: FakeNode) -> None:
