@@ -1,0 +1,116 @@
+"""Scan reports and reap results with something in every field, for the report and metrics tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from msgspec.structs import replace
+
+from reaper.model import (
+    Attachment,
+    AttachmentKey,
+    CorruptFile,
+    ForeignPin,
+    IpamRange,
+    PlannedAttachment,
+    PlannedStep,
+    ReapResult,
+    ReclaimOutcome,
+    ResourceOutcome,
+    ResourceRef,
+    RuntimeAnswer,
+    RuntimeView,
+    ScanReport,
+    SkippedAttachment,
+    SourceError,
+    StuckSandbox,
+    UnconfirmedResource,
+    Verdict,
+)
+from tests.harness.snapshots import NET, cid, runtime, sandbox
+
+TAKEN_AT = 10_000.0
+LONG_NAME = "cni-" + "ab" * 40  # longer than a table's column
+
+
+def key(n: int, network: str = NET) -> AttachmentKey:
+    return AttachmentKey(cid(n), network, "eth0")
+
+
+def attachment(n: int, verdict: Verdict) -> Attachment:
+    resources = (
+        ResourceRef("ipam", f"10.0.0.{n}", TAKEN_AT - 100.0, {"network": NET}),
+        ResourceRef("veth", LONG_NAME if n == 1 else f"veth{n:08x}", None),
+    )
+    return Attachment(key(n), resources, None, verdict, f"reason of {n}", 3600.0 + n, "cri")
+
+
+def runtime_answers(*, reachable: bool) -> RuntimeView:
+    answers: tuple[RuntimeAnswer, ...] = (
+        RuntimeAnswer("unix:///run/containerd.sock", "kubelet", "containerd", "1.7", True, None, 3),
+        RuntimeAnswer("unix:///run/crio.sock", "known path", None, None, False, "no one listens", 0, skipped=True),
+    )
+    if not reachable:
+        answers += (RuntimeAnswer("unix:///run/other.sock", "flag", None, None, False, "deadline exceeded", 0),)
+    view = runtime(sandbox(7), reachable=reachable)
+    return RuntimeView(
+        view.endpoint,
+        view.name,
+        view.version,
+        reachable,
+        None if reachable else "deadline exceeded",
+        view.sandboxes,
+        answers,
+    )
+
+
+def full_report(*, reachable: bool = True) -> ScanReport:
+    """A report with an attachment of each verdict and an entry in every list."""
+    verdicts: tuple[Verdict, ...] = ("orphan", "pending", "unknown", "live") if reachable else ("unknown",)
+    return ScanReport(
+        taken_at=TAKEN_AT,
+        runtime=runtime_answers(reachable=reachable),
+        attachments=tuple(attachment(n, v) for n, v in enumerate(verdicts, start=1)),
+        stuck_sandboxes=(
+            StuckSandbox(cid(9), "stuck-pod", "kube-system", 7200.0, (ResourceRef("netns", "cni-9", TAKEN_AT - 50),)),
+        ),
+        corrupt=(CorruptFile("ipam", "/var/lib/cni/networks/mynet/10.0.0.99", "not an address", 2),),
+        errors=(SourceError("iptables", "iptables-save: not found"),),
+        ranges=(IpamRange(NET, "10.0.0.0/24", 254, 64), IpamRange("empty", "10.1.0.0/32", 0, 0)),
+        foreign_pins=(ForeignPin("test", "/run/netns/test", 1),),
+        unconfirmed=(UnconfirmedResource(ResourceRef("iptables", "CNI-deadbeef", None), "its key matches none"),),
+    )
+
+
+def reap_result(**changes: Any) -> ReapResult:
+    """A pass that planned two orphans, freed one, failed part of the other and skipped a third."""
+    plan = (
+        PlannedAttachment(key(1), "/var/lib/cni/results/mynet-1", (PlannedStep("ipam", "10.0.0.1", "cni-del"),), None),
+        PlannedAttachment(
+            key(2), None, (PlannedStep("veth", LONG_NAME, "kernel"),), "no kernel object proves the attachment"
+        ),
+    )
+    reclaimed = (
+        ReclaimOutcome(key(1), (ResourceOutcome("ipam", "10.0.0.1", "cni-del", True, None),), ()),
+        ReclaimOutcome(
+            key(2),
+            (
+                ResourceOutcome("veth", LONG_NAME, "kernel", True, None),
+                ResourceOutcome("cache", "mynet-2", "kernel", False, "kept: calico-ipam may keep state"),
+            ),
+            ("calico: DEL broke (code 11)",),
+            "calico-ipam",
+        ),
+    )
+    skipped = (SkippedAttachment(key(3), "over --max-reap 2; next pass"),)
+    base = ReapResult(
+        report=full_report(),
+        breaker_open=False,
+        breaker_reason=None,
+        plan=plan,
+        reclaimed=reclaimed,
+        skipped=skipped,
+        recheck_error=None,
+        timings=(("scan", 0.5), ("kernel", 0.25)),
+    )
+    return replace(base, **changes)

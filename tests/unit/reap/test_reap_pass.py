@@ -1,0 +1,171 @@
+"""reap_pass end to end over a fake node: the scan is faked (its report is the test's), the rest
+of the pass runs as it does on a node. The runtime undecided, no orphans, the breaker, --max-reap,
+the dry-run plan, the stop flag, and a runtime lost at a re-check."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reaper.model import Attachment, ReapResult, RuntimeView
+from reaper.reap import act, reap_pass, run
+from reaper.reap.act import UNREACHABLE_AT_RECHECK
+from tests.harness.reclaim_fakes import (
+    FAKE_LAST,
+    FakeLiveness,
+    FakeNode,
+    fake_settings,
+    reap_settings,
+    report_of,
+    scan_result,
+)
+from tests.harness.snapshots import runtime, sandbox
+
+LOG = logging.getLogger("test")
+
+
+@pytest.fixture
+def node(monkeypatch: pytest.MonkeyPatch) -> FakeNode:
+    """A fake node: the only kinds the reclaim path knows, and every look of the pass is of it."""
+    fake = FakeNode()
+    monkeypatch.setattr(act, "KINDS", fake.kinds)
+    monkeypatch.setattr(act, "RECLAIM_ORDER", fake.kinds)
+    monkeypatch.setattr(run, "take_snapshot", lambda *_a, **_k: fake.look())
+    return fake
+
+
+class Pass:
+    """A reap pass over `node` whose scan reports `attachments` as the runtime `scanned` saw them."""
+
+    def __init__(self, node: FakeNode, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+        self.node = node
+        self.monkeypatch = monkeypatch
+        self.settings = fake_settings(tmp_path)
+        self.scans = 0
+
+    def __call__(
+        self,
+        *attachments: Attachment,
+        views: tuple[RuntimeView, ...] = (runtime(),),
+        scanned: RuntimeView | None = None,
+        stop: threading.Event | None = None,
+        **reap: Any,
+    ) -> ReapResult:
+        report = report_of(scanned or runtime(), *attachments)
+        snap = self.node.look()
+
+        def scan(*_args: Any, **_kwargs: Any) -> Any:
+            self.scans += 1
+            return scan_result(report, snap)
+
+        self.monkeypatch.setattr(run, "scan_pass", scan)
+        return reap_pass(self.settings, reap_settings(**reap), FakeLiveness(*views), LOG, stop=stop)
+
+
+@pytest.fixture
+def reap(node: FakeNode, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Pass:
+    return Pass(node, monkeypatch, tmp_path)
+
+
+def orphans(node: FakeNode, *ns: int) -> list[Attachment]:
+    return [node.attachment(n, node.add(f"res-{n}"), node.add(f"last-{n}", FAKE_LAST)) for n in ns]
+
+
+def live(node: FakeNode, *ns: int) -> list[Attachment]:
+    return [node.attachment(n, node.add(f"live-{n}"), verdict="live") for n in ns]
+
+
+def test_an_unreachable_runtime_makes_the_pass_undecided_and_touches_nothing(reap: Pass, node: FakeNode) -> None:
+    found = orphans(node, 1)
+    result = reap(*found, scanned=runtime(reachable=False))
+    assert result.outcome == "undecided" and "runtime unreachable" in str(result.problem)
+    assert result.plan == () and result.reclaimed == ()
+    assert len(node.records) == 2 and node.looks == 1  # only the test's own look
+
+
+def test_a_pass_without_orphans_plans_nothing(reap: Pass, node: FakeNode) -> None:
+    result = reap(*live(node, 1, 2))
+    assert result.outcome == "ok" and result.problem is None
+    assert result.plan == () and result.reclaimed == () and result.skipped == ()
+
+
+def test_orphans_are_reclaimed_and_live_attachments_stay(reap: Pass, node: FakeNode) -> None:
+    result = reap(*orphans(node, 1), *live(node, 2, 3, 4))
+    assert result.outcome == "ok"
+    assert [o.ok for o in result.reclaimed] == [True]
+    assert {r.name for r in node.records.values()} == {"live-2", "live-3", "live-4"}
+    assert [s.method for p in result.plan for s in p.steps] == ["kernel", "kernel"]
+    assert {name for name, _ in result.timings} >= {"scan", "recheck", "verify"}
+
+
+def test_the_breaker_refuses_a_pass_where_most_attachments_look_orphaned(reap: Pass, node: FakeNode) -> None:
+    result = reap(*orphans(node, 1, 2, 3), *live(node, 4), max_orphan_ratio=0.5)
+    assert result.breaker_open and result.outcome == "breaker"
+    assert result.breaker_reason is not None and "3 of 4" in result.breaker_reason
+    assert "breaker open" in str(result.problem)
+    assert result.reclaimed == () and len(node.records) == 7
+
+
+def test_force_overrides_the_breaker(reap: Pass, node: FakeNode) -> None:
+    result = reap(*orphans(node, 1, 2, 3), *live(node, 4), max_orphan_ratio=0.5, force=True)
+    assert not result.breaker_open
+    assert len(result.reclaimed) == 3 and all(o.ok for o in result.reclaimed)
+
+
+def test_max_reap_takes_that_many_and_defers_the_rest(reap: Pass, node: FakeNode) -> None:
+    one, two, three = orphans(node, 1, 2, 3)
+    result = reap(one, two, three, *live(node, 4, 5, 6, 7), max_reap=2)
+    assert [o.key for o in result.reclaimed] == [one.key, two.key]
+    assert [(s.key, s.reason) for s in result.skipped] == [(three.key, "over --max-reap 2; next pass")]
+    assert {r.name for r in node.records.values() if r.name.endswith("-3")} == {"res-3", "last-3"}
+
+
+def test_a_dry_run_plans_and_changes_nothing(reap: Pass, node: FakeNode) -> None:
+    found = orphans(node, 1, 2)
+    looks_before = node.looks
+    result = reap(*found, *live(node, 3, 4, 5), dry_run=True)
+    assert [p.key for p in result.plan] == [a.key for a in found]
+    assert all(p.config_source is None for p in result.plan), "no kernel object proves a fake attachment"
+    assert all(p.config_note is not None for p in result.plan)
+    assert [(s.kind, s.method) for s in result.plan[0].steps] == [("fake", "kernel"), (FAKE_LAST, "kernel")]
+    assert result.reclaimed == () and len(node.records) == 7
+    assert node.looks == looks_before + 1, "no look but the scan's"
+
+
+def test_a_stop_before_acting_skips_every_selected_orphan(reap: Pass, node: FakeNode) -> None:
+    stop = threading.Event()
+    stop.set()
+    found = orphans(node, 1, 2)
+    result = reap(*found, *live(node, 3, 4, 5), stop=stop)
+    assert {(s.key, s.reason) for s in result.skipped} == {(a.key, "stopping") for a in found}
+    assert len(result.plan) == 2 and result.reclaimed == ()
+    assert len(node.records) == 7
+
+
+def test_a_runtime_unreachable_at_the_first_recheck_leaves_everything(reap: Pass, node: FakeNode) -> None:
+    found = orphans(node, 1)
+    result = reap(*found, *live(node, 2, 3), views=(runtime(reachable=False),))
+    assert result.outcome == "undecided" and result.recheck_error == "connection refused"
+    assert [s.reason for s in result.skipped] == [UNREACHABLE_AT_RECHECK]
+    assert len(node.records) == 4
+
+
+def test_a_runtime_lost_during_the_pass_makes_it_undecided(reap: Pass, node: FakeNode) -> None:
+    found = orphans(node, 1)
+    # The pass's first re-check sees the runtime; the one right before the attachment's step does not.
+    result = reap(*found, *live(node, 2, 3), views=(runtime(), runtime(reachable=False)))
+    assert result.outcome == "undecided" and result.recheck_error == "connection refused"
+    assert result.reclaimed == ()
+    assert result.skipped[0].reason.startswith(UNREACHABLE_AT_RECHECK)
+
+
+def test_an_orphan_whose_sandbox_reappears_at_the_recheck_is_left(reap: Pass, node: FakeNode) -> None:
+    one, two = orphans(node, 1, 2)
+    result = reap(one, two, *live(node, 3, 4, 5), views=(runtime(sandbox(1)),))
+    assert [(s.key, s.reason) for s in result.skipped] == [(one.key, "its sandbox is listed again")]
+    assert [o.key for o in result.reclaimed] == [two.key]
+    assert result.outcome == "ok"
