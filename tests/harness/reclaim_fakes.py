@@ -24,6 +24,7 @@ from reaper.model import (
     Done,
     Identity,
     NodeSnapshot,
+    NsKey,
     Policy,
     ResourceRef,
     RuntimeView,
@@ -120,8 +121,9 @@ class FakeNode:
         )
 
     def attachment(self, n: int, *refs: ResourceRef, verdict: Verdict = "orphan", network: str = "mynet") -> Attachment:
-        """Attachment `n` (container cid(n), `network`, eth0) of the given resources."""
-        return Attachment(AttachmentKey(cid(n), network, "eth0"), refs, None, verdict, "test", 3600.0)
+        """Attachment `n` (container cid(n), `network`, eth0) of the given resources, in a
+        namespace of its own (as a pod's is: the breaker weighs only those)."""
+        return Attachment(AttachmentKey(cid(n), network, "eth0"), refs, NsKey(4, 5000 + n), verdict, "test", 3600.0)
 
 
 class FakeLiveness:
