@@ -65,7 +65,7 @@ def with_processes(snapshot: NodeSnapshot, walk: Callable[[], NetnsMembers] = wa
 def with_holders(snapshot: NodeSnapshot, wanted: Set[NsKey], bin_dirs: tuple[str, ...]) -> NodeSnapshot:
     """The snapshot with the processes in the `wanted` namespaces described: those whose
     holders can decide a verdict (an attachment's, that no listed sandbox owns). Describing a
-    process costs two reads of /proc; on a node of 250 pods every process in a pod is in a
+    process costs reads of its /proc dir; on a node of 250 pods every process in a pod is in a
     namespace a sandbox owns, live whoever is in it."""
     kept = [(ns, pids) for ns, pids in snapshot.netns_pids if ns in wanted]
     described = describe({pid for _, pids in kept for pid in pids}, bin_dirs)

@@ -15,7 +15,7 @@ from msgspec.structs import replace
 import reaper.snapshot as snapshot_module
 from reaper.correlate import correlate, tie_all
 from reaper.host import procs
-from reaper.host.procs import proc_stat
+from reaper.host.procs import process_facts
 from reaper.model import NodeSnapshot, NsKey, Policy, RuntimeView
 from reaper.reconcile import holders_decide, processes_decide, reconcile
 from reaper.snapshot import NetnsMembers, with_holders, with_processes
@@ -31,7 +31,9 @@ def test_only_the_wanted_namespaces_processes_are_described() -> None:
     described = dict(with_holders(look, {wanted}, ()).netns_holders)
     assert list(described) == [wanted]
     mine, gone = described[wanted]
-    assert (mine.pid, mine.comm) == (me, proc_stat(me, 0.0).comm) and mine.keeps_netns_busy
+    facts = process_facts(me)
+    assert facts is not None
+    assert (mine.pid, mine.comm) == (me, facts.comm) and mine.keeps_netns_busy
     assert gone.pid == 2**22 + 7 and gone.keeps_netns_busy  # gone since the look: still counted
 
 
