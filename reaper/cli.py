@@ -1,16 +1,13 @@
 """`reaper`: find (and, in later commands, reclaim) leaked container-network resources.
 
 Each command imports what it uses when it runs: a one-shot `scan` from a timer pays for no
-scheduler, HTTP server, Prometheus client or reclaiming code (`python -X importtime`), and its
-CRI client (grpc) is imported in a child forked at the start (reaper.runtime.forked).
-`reap` asks the runtimes in-process: its DEL workers re-check them at the same time.
+scheduler, HTTP server, Prometheus client or reclaiming code (`python -X importtime`). Every
+command asks the runtimes from this process.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gc
 import logging
 import os
 import sys
@@ -22,7 +19,6 @@ from reaper.host.jsondoc import dumps_indented
 from reaper.layout import detect_layout
 from reaper.logs import setup_logging
 from reaper.report import layout_json
-from reaper.runtime.forked import ForkedLiveness
 from reaper.settings import (
     Settings,
     SettingsError,
@@ -156,29 +152,16 @@ def _settings(args: argparse.Namespace) -> Settings:
     return with_pod_cidrs(settings_from(args, layout=detect_layout()))
 
 
-def _one_shot() -> None:
-    """A process that makes one pass and exits: the cycle collector stays off. A pass turns it
-    off while it runs anyway (see reaper.scan); turned on again, its first collection walks
-    every object the pass left alive, 0.1 s at 2,500 attachments, and the process is about to
-    exit."""
-    gc.disable()
+def _scan(args: argparse.Namespace) -> int:
+    from reaper.report import report_json, report_table  # noqa: PLC0415 (see the module's docstring)
+    from reaper.runtime.cri import CriLiveness  # noqa: PLC0415
+    from reaper.scan import scan_pass  # noqa: PLC0415
 
-
-def _scan(args: argparse.Namespace, early: ForkedLiveness | None, kept: list[object] | None) -> int:
-    _one_shot()
-    # The CRI client's child first (`early`, forked by reaper.__main__ before this module was
-    # imported): it imports grpc (0.1 s) while this process imports the pass,
-    # reads its settings and looks at the node.
-    with early if early is not None else ForkedLiveness() as liveness:
-        from reaper.report import report_json, report_table  # noqa: PLC0415 (see the module's docstring)
-        from reaper.scan import scan_pass  # noqa: PLC0415
-
-        settings = _settings(args)
-        liveness.aim(settings.runtime_endpoints, settings.runtime_timeout)
-        log = setup_logging(settings.log_format, settings.log_level)
-        if os.geteuid() != 0:
-            log.warning("not running as root: namespaces, /proc and iptables may be partly unreadable")
-        result = scan_pass(settings, liveness, log, fork_workers=True, keep_alive=kept)
+    settings = _settings(args)
+    log = setup_logging(settings.log_format, settings.log_level)
+    if os.geteuid() != 0:
+        log.warning("not running as root: namespaces, /proc and iptables may be partly unreadable")
+    result = scan_pass(settings, CriLiveness(settings.runtime_endpoints, settings.runtime_timeout), log)
     report = result.report
     if settings.textfile is not None:
         from reaper.metrics import ReaperMetrics  # noqa: PLC0415
@@ -191,12 +174,8 @@ def _scan(args: argparse.Namespace, early: ForkedLiveness | None, kept: list[obj
     if settings.json_output:
         doc = {**report_json(report), "layout": layout_json(settings)}
         _output(dumps_indented(doc))
-        if kept is not None:
-            kept.append(doc)
     else:
         _output(report_table(report))
-    if kept is not None:
-        kept.append(result)
     if result.problem is not None:
         print(f"reaper: cannot decide: {result.problem}", file=sys.stderr)
         return EXIT_UNDECIDED
@@ -240,8 +219,6 @@ def _reap(args: argparse.Namespace) -> int:
     from reaper.report import reap_json, reap_table  # noqa: PLC0415
     from reaper.runtime.cri import CriLiveness  # noqa: PLC0415 (its DEL workers ask the runtimes at once)
 
-    _one_shot()
-
     settings = _settings(args)
     reap = reap_settings_from(args)
     log = setup_logging(settings.log_format, settings.log_level)
@@ -284,18 +261,12 @@ def _doctor(args: argparse.Namespace) -> int:
     return EXIT_ORPHANS if any(c.status == "fail" for c in checks) else EXIT_CLEAN
 
 
-def main(
-    argv: Sequence[str] | None = None, early: ForkedLiveness | None = None, kept: list[object] | None = None
-) -> int:
-    """`early`: the CRI client's child, forked at the start for a `scan` (see reaper.__main__).
-    `kept`: a process that exits without freeing what it made (entry()) passes a list that a
-    one-shot scan puts what it made in (the pass's model, the report, the memo), so that none of
-    it is freed object by object on the way out: 25-35 ms at 2,250 attachments."""
+def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
         if args.command == "scan":
-            return _scan(args, early, kept)
+            return _scan(args)
         if args.command == "reap":
             return _reap(args)
         if args.command == "run":
@@ -315,7 +286,7 @@ def _output(text: str | bytes) -> None:
     """The report on stdout (JSON as the bytes it was made as). A reader that went away
     (`reaper scan --json | head`) loses the rest of it, not the exit status: the pass was made
     and its state kept."""
-    with contextlib.suppress(BrokenPipeError):
+    try:
         if isinstance(text, str):
             sys.stdout.write(text + "\n")
         else:
@@ -323,24 +294,16 @@ def _output(text: str | bytes) -> None:
             sys.stdout.buffer.write(text)
             sys.stdout.buffer.write(b"\n")
         sys.stdout.flush()
+    except BrokenPipeError:
+        # What is left in the buffer goes nowhere, so the interpreter's flush at exit fails no more.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
-def entry(early: ForkedLiveness | None = None) -> None:
-    """The `reaper` command: main(), then out without tearing the interpreter down. A one-shot
-    pass leaves tens of thousands of objects that a normal exit would free one by one (measured:
-    0.13 s of a `reaper scan` beside 2,000 leaks); everything the command writes is written and
-    closed by then, so only the output streams need flushing. `early`'s child is killed and
-    reaped whatever happened (`--help`, bad flags)."""
-    kept: list[object] = []  # what a one-shot made: it goes with the process, see main()
-    try:
-        code = main(early=early, kept=kept)
-    finally:
-        if early is not None:
-            early.close()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError):  # a reader that went away (`reaper scan --json | head`)
-            stream.flush()
-    os._exit(code)
+def entry() -> None:
+    """The `reaper` command: main(), its exit status the process's."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":

@@ -9,11 +9,9 @@ The long-running agent keeps its memo in memory, where no one else writes."""
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from msgspec.structs import replace
 
@@ -24,11 +22,11 @@ from reaper.model import VERDICTS, ScanResult
 from reaper.reconcile import holders_decide, processes_decide, reconcile
 from reaper.runtime.liveness import LivenessSource
 from reaper.settings import Settings
-from reaper.snapshot import process_walk, take_snapshot, with_holders, with_processes
+from reaper.snapshot import take_snapshot, with_holders, with_processes
 from reaper.state import KeptState, State, StateError, load_state, save_state
 
 
-def find_options(settings: Settings, fork_workers: bool = False) -> FindOptions:
+def find_options(settings: Settings) -> FindOptions:
     return FindOptions(
         netns_dirs=settings.netns_dirs,
         ipam_dirs=settings.ipam_dirs,
@@ -37,22 +35,7 @@ def find_options(settings: Settings, fork_workers: bool = False) -> FindOptions:
         bin_dirs=settings.cni_bin_dirs,
         netns_patterns=settings.netns_patterns,
         pod_cidrs=settings.pod_cidrs,
-        fork_workers=fork_workers,
     )
-
-
-@contextlib.contextmanager
-def _no_cycle_collection() -> Iterator[None]:
-    """A pass makes tens of thousands of short-lived, acyclic objects; the cycle collector
-    would rescan all of them many times over (measured: reconcile 2x slower). Reference
-    counting frees them; the collector runs again once the pass is done."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def scan_pass(
@@ -61,19 +44,13 @@ def scan_pass(
     log: logging.Logger,
     clock: Callable[[], float] = time.time,
     memo: InventoryMemo | None = None,
-    fork_workers: bool = False,
-    keep_alive: list[object] | None = None,
     kept: KeptState | None = None,
 ) -> ScanResult:
     """One pass. A long-running caller passes the same `memo` every time (files unchanged
-    since the last pass are not read again); a one-shot run passes none and reads every file. `fork_workers`: this
-    process runs no other thread, so some reads may be made in forked children. `keep_alive`:
-    a process about to exit passes a list the pass's working objects (the memo, the ties, the
-    correlation) are put in, so that they are not freed one by one on the way out (10-15 ms
-    at 2,250 attachments); they go with the process. `kept`: a long-running caller's state of its
-    last pass, counted from instead of the file once it holds one (see reaper.state)."""
-    with _no_cycle_collection():
-        return _scan_pass(settings, liveness, log, clock, memo, fork_workers, keep_alive, kept)
+    since the last pass are not read again); a one-shot run passes none and reads every file.
+    `kept`: a long-running caller's state of its last pass, counted from instead of the file
+    once it holds one (see reaper.state)."""
+    return _scan_pass(settings, liveness, log, clock, memo, kept)
 
 
 def _scan_pass(
@@ -82,8 +59,6 @@ def _scan_pass(
     log: logging.Logger,
     clock: Callable[[], float],
     memo: InventoryMemo | None,
-    fork_workers: bool,
-    keep_alive: list[object] | None,
     kept: KeptState | None,
 ) -> ScanResult:
     started = time.monotonic()
@@ -94,7 +69,7 @@ def _scan_pass(
         state, warning = load_state(settings.state_file)
         if warning:
             warnings.append(warning)
-    options = find_options(settings, fork_workers)
+    options = find_options(settings)
     # The node first, the runtime second: a sandbox born in between is then newer than
     # anything in the snapshot that could be mistaken for one of its resources.
     memo = memo if memo is not None else InventoryMemo()  # a one-shot's: this pass only
@@ -102,13 +77,11 @@ def _scan_pass(
     mark = time.monotonic()
     # What PodSandboxStatus said before, by (sandbox ID, creation time): never a cache entry's word.
     known = dict(state.sandbox_netns)
-    answer = liveness.ask(known)
-    try:
-        ties = tie_all(snapshot)  # while a forked client asks the runtimes
-    finally:
-        ties_s = time.monotonic() - mark
-        runtime = answer()
-    liveness_s = time.monotonic() - mark - ties_s  # the wait for the answer (or the asking, in-process)
+    runtime = liveness.observe(known)
+    liveness_s = time.monotonic() - mark
+    mark = time.monotonic()
+    ties = tie_all(snapshot)
+    ties_s = time.monotonic() - mark
     now = clock()
     first_seen = {s.id: state.sandbox_first_seen.get(s.id, now) for s in runtime.sandboxes if s.created_at is None}
     runtime = replace(
@@ -118,19 +91,14 @@ def _scan_pass(
         ),
     )
     # Who is in each namespace is evidence of use, as the runtimes' list is: read after it, and
-    # only when it can decide a verdict (a one-shot's child walks /proc while this correlates).
-    walk = process_walk(fork_workers) if processes_decide(ties.namespaces(), runtime) else None
-    try:
-        mark = time.monotonic()
-        correlation = join(ties, runtime)
-        reconcile_s = time.monotonic() - mark
-        mark = time.monotonic()
-        if walk is not None:
-            snapshot = with_processes(snapshot, walk)
-        processes_s = time.monotonic() - mark
-    finally:
-        if walk is not None:
-            walk.close()
+    # only when it can decide a verdict.
+    mark = time.monotonic()
+    correlation = join(ties, runtime)
+    reconcile_s = time.monotonic() - mark
+    mark = time.monotonic()
+    if processes_decide(ties.namespaces(), runtime):
+        snapshot = with_processes(snapshot)
+    processes_s = time.monotonic() - mark
     mark = time.monotonic()
     snapshot = with_holders(snapshot, holders_decide(correlation, runtime), settings.cni_bin_dirs)
     holders_s = time.monotonic() - mark
@@ -165,8 +133,6 @@ def _scan_pass(
     for failure in report.errors:
         log.warning("inventory source failed", extra={"source": failure.source, "error": failure.error})
     seconds = time.monotonic() - started
-    if keep_alive is not None:
-        keep_alive.extend((memo, ties, correlation, state))
     log.debug("pass timings", extra=dict(timings))
     log.debug(
         "scan pass",

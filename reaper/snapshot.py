@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Mapping, Set
+from collections.abc import Callable, Iterator, Mapping, Set
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from msgspec.structs import replace
 
-from reaper.host.forkcall import ForkedCall
 from reaper.host.memo import InventoryMemo, OutputMemo
 from reaper.host.procs import describe, netns_members, unseen_processes
 from reaper.kinds import FindOptions, Found, Kind, Look, Started
@@ -43,13 +42,7 @@ def walk_processes() -> NetnsMembers:
     return [(ns, sorted(pids)) for ns, pids in netns_members().items()]
 
 
-def process_walk(fork: bool) -> ForkedCall[NetnsMembers]:
-    """The walk of /proc, begun now in a forked child when this process may fork (a one-shot:
-    the child walks while the pass correlates), else made in this process when asked for."""
-    return ForkedCall(walk_processes, NetnsMembers, fork=fork)
-
-
-def with_processes(snapshot: NodeSnapshot, walk: ForkedCall[NetnsMembers]) -> NodeSnapshot:
+def with_processes(snapshot: NodeSnapshot, walk: Callable[[], NetnsMembers] = walk_processes) -> NodeSnapshot:
     """The snapshot with who is in each namespace but the host's (most of a node's processes
     are), and what could not be seen. Evidence of use, like the runtimes' list, so it is read
     after them (see reaper.scan). A walk that gave no answer, or not a whole one (see
@@ -57,7 +50,7 @@ def with_processes(snapshot: NodeSnapshot, walk: ForkedCall[NetnsMembers]) -> No
     it (every attachment with a netns is undecided), and is a failed source in the report."""
     errors = snapshot.errors
     try:
-        members, unseen = walk.result(), unseen_processes()
+        members, unseen = walk(), unseen_processes()
     except OSError as err:
         members, unseen = [], f"the walk of /proc failed ({err}): the processes that hold a netns cannot be seen"
         errors = (*errors, SourceError("processes", unseen))
@@ -72,7 +65,7 @@ def with_processes(snapshot: NodeSnapshot, walk: ForkedCall[NetnsMembers]) -> No
 def with_holders(snapshot: NodeSnapshot, wanted: Set[NsKey], bin_dirs: tuple[str, ...]) -> NodeSnapshot:
     """The snapshot with the processes in the `wanted` namespaces described: those whose
     holders can decide a verdict (an attachment's, that no listed sandbox owns). Describing a
-    process costs two reads of /proc; on a node of 250 pods every process in a pod is in a
+    process costs reads of its /proc dir; on a node of 250 pods every process in a pod is in a
     namespace a sandbox owns, live whoever is in it."""
     kept = [(ns, pids) for ns, pids in snapshot.netns_pids if ns in wanted]
     described = describe({pid for _, pids in kept for pid in pids}, bin_dirs)
@@ -80,33 +73,15 @@ def with_holders(snapshot: NodeSnapshot, wanted: Set[NsKey], bin_dirs: tuple[str
 
 
 @contextmanager
-def begun(opts: FindOptions, kinds: tuple[Kind[Any], ...] = KINDS) -> Iterator[dict[str, Started]]:
-    """Begin each kind's work that needs no memo (the link dump), before anything else;
-    whatever is still running at the end is stopped."""
+def _started(kinds: tuple[Kind[Any], ...], opts: FindOptions, memo: OutputMemo) -> Iterator[dict[str, Started]]:
+    """Begin each kind's find that starts early; whatever is still running at the end is
+    stopped."""
     with ExitStack() as stack:
-        work: dict[str, Started] = {}
-        for kind in kinds:
-            if kind.begin is not None:
-                work[kind.name] = kind.begin(opts)
-                stack.callback(work[kind.name].close)
-        yield work
-
-
-@contextmanager
-def _started(
-    kinds: tuple[Kind[Any], ...], opts: FindOptions, memo: OutputMemo, early: Mapping[str, Started] | None
-) -> Iterator[dict[str, Any]]:
-    """Begin each kind's background work (what `early` has begun already is taken as it is);
-    whatever is still running at the end is stopped."""
-    with ExitStack() as stack:
-        if early is None:
-            early = stack.enter_context(begun(opts, kinds))
-        started: dict[str, Any] = dict(early)
+        started: dict[str, Started] = {}
         for kind in kinds:
             if kind.start is not None:
-                work = kind.start(opts, memo)
-                stack.callback(work.close)
-                started[kind.name] = work
+                started[kind.name] = kind.start(opts, memo)
+                stack.callback(started[kind.name].close)
         yield started
 
 
@@ -114,15 +89,13 @@ def take_snapshot(
     opts: FindOptions,
     memo: InventoryMemo | None = None,
     kinds: tuple[Kind[Any], ...] = KINDS,
-    early: Mapping[str, Started] | None = None,
 ) -> NodeSnapshot:
-    """Look at the node. `memo` carries parsed files from pass to pass in a long-running agent;
-    `early` is the work begun() already (else it is begun here)."""
+    """Look at the node. `memo` carries parsed files from pass to pass in a long-running agent."""
     taken_at = time.time()
     watch = Stopwatch()
     memo = memo if memo is not None else InventoryMemo()
     memo.start_pass()
-    with _started(kinds, opts, memo.outputs, early) as started:
+    with _started(kinds, opts, memo.outputs) as started:
         snapshot = _take(opts, taken_at, watch, memo, kinds, started)
     memo.end_pass()
     return snapshot
@@ -134,7 +107,7 @@ def _take(
     watch: Stopwatch,
     memo: InventoryMemo,
     kinds: tuple[Kind[Any], ...],
-    started: dict[str, Any],
+    started: Mapping[str, Started],
 ) -> NodeSnapshot:
     conf_configs, corrupt = collect_configs(opts.conf_dir)
     configs: list[NetworkConfig] = list(conf_configs)  # one per network: the conf dir's win
@@ -143,15 +116,13 @@ def _take(
     errors: list[SourceError] = []
     partly_read: set[str] = set()
     found: dict[str, tuple[Any, ...]] = {}
-    # A kind whose work began before anything else (the link dump: a forked child's in a
-    # one-shot) is found after every other: its work has all their reads to finish beside. No
-    # kind uses its records.
-    for kind in sorted(kinds, key=lambda k: k.begin is not None):
+    for kind in kinds:
         # Kinds see only the node's own configs: a path in a cached config (an ipam.dataDir) is
         # whatever the writer of the cache dir wanted it to be.
-        look = Look(opts, memo, tuple(conf_configs), dict(found), started.get(kind.name))
+        look = Look(opts, memo, tuple(conf_configs), dict(found))
+        begun = started.get(kind.name)
         try:
-            result = kind.find(look)
+            result = begun.find(look) if begun is not None else kind.find(look)
         except Exception as err:  # a bug in one kind costs that kind only
             # Fewer records never make a live attachment look orphaned: liveness comes from the
             # runtimes, and a missing record only goes unreclaimed.

@@ -1,9 +1,16 @@
 """Host links over rtnetlink, on a plain netlink socket, decoding only the attributes read.
 
 A link dump is one request whose answer is read straight from the bytes: the five attributes
-the reaper uses, nothing else (a general-purpose decoder, pyroute2's, cost about 0.85 ms a
-link, and importing it 0.4 s). Asking where each pin's namespace is, as seen from here (its
-nsid), is one RTM_GETNSID a pin, sent in batches.
+the reaper uses, nothing else. pyroute2, which the reaper writes with (delete_links), decodes
+every attribute of every link through its general-purpose message classes, and asks nsids one
+request at a time; read that way, the links and nsids of a node with thousands of veths cost
+each pass many times what the kernel takes to answer. Asking where each pin's namespace is, as
+seen from here (its nsid), is one RTM_GETNSID a pin, sent in batches, each answer matched to its
+request by sequence number.
+
+A dump the kernel flags as interrupted (NLM_F_DUMP_INTR: the table changed while it was sent)
+may miss links or hold stale ones: it is asked again, a few times, and then is an error, never
+a partial inventory.
 
 A kind that wants links of one link kind only (the bandwidth plugin's IFBs) asks the kernel to
 filter the dump by that kind: the kernel then sends only those, so the answer costs next to
@@ -34,6 +41,8 @@ RTM_NEWNSID = 88
 RTM_GETNSID = 90
 NLM_F_REQUEST = 0x1
 NLM_F_DUMP = 0x300
+NLM_F_DUMP_INTR = 0x10
+DUMP_ATTEMPTS = 4  # asks of a dump the kernel keeps flagging as interrupted
 NLMSG_ERROR = 0x2
 NLMSG_DONE = 0x3
 IFLA_IFNAME = 3
@@ -172,23 +181,40 @@ class Netlink:
         return decode_raw(*dump_raw(self, mtype, body), decode)
 
 
+class DumpInterrupted(OSError):
+    """The kernel flagged every answer to a dump as interrupted (NLM_F_DUMP_INTR)."""
+
+
 def dump_raw(nl: Netlink, mtype: int, body: bytes) -> tuple[int, list[bytes]]:
-    """A dump request's answer as the kernel sent it: (sequence, each read). Nothing is decoded
-    but the message headers, so a thread of its own can wait on the kernel while the
-    interpreter does other work (see reaper.kinds.veth)."""
+    """A dump request's answer as the kernel sent it: (sequence, each read), asked again while
+    the kernel flags it as interrupted; DumpInterrupted after DUMP_ATTEMPTS such answers."""
+    for _ in range(DUMP_ATTEMPTS):
+        seq, reads, interrupted = _dump_once(nl, mtype, body)
+        if not interrupted:
+            return seq, reads
+    raise DumpInterrupted(
+        errno.EAGAIN, f"the kernel interrupted the dump {DUMP_ATTEMPTS} times (it changed while being read)"
+    )
+
+
+def _dump_once(nl: Netlink, mtype: int, body: bytes) -> tuple[int, list[bytes], bool]:
+    """One dump: (sequence, each read, whether any answer to it carried NLM_F_DUMP_INTR)."""
     seq, msg = nl.message(mtype, NLM_F_REQUEST | NLM_F_DUMP, body)
     nl.sock.send(msg)
     reads: list[bytes] = []
+    interrupted = False
     while True:
         data = nl.sock.recv(_RECV_BYTES)
         reads.append(data)
         off = 0
         while off + _HDR.size <= len(data):
-            length, atype, _, aseq, _ = _HDR.unpack_from(data, off)
+            length, atype, flags, aseq, _ = _HDR.unpack_from(data, off)
             if length < _HDR.size or off + length > len(data):
                 raise OSError(errno.EBADMSG, "malformed netlink message")
-            if aseq == seq and atype in (NLMSG_DONE, NLMSG_ERROR):
-                return seq, reads
+            if aseq == seq:
+                interrupted = interrupted or bool(flags & NLM_F_DUMP_INTR)
+                if atype in (NLMSG_DONE, NLMSG_ERROR):
+                    return seq, reads, interrupted
             off += (length + 3) & ~3
 
 
@@ -210,8 +236,9 @@ def decode_raw(seq: int, reads: list[bytes], decode: Callable[[bytes, int, int],
             off += (length + 3) & ~3
 
 
-def _links(nl: Netlink, body: bytes) -> Iterator[RawLink]:
-    return nl.dump(RTM_GETLINK, body, parse_link)
+def links_of(nl: Netlink, body: bytes) -> list[RawLink]:
+    """The links a dump request with `body` answers, read whole (see dump_raw)."""
+    return list(decode_raw(*dump_raw(nl, RTM_GETLINK, body), parse_link))
 
 
 def _open_namespace(path: str) -> tuple[os.stat_result, int] | None:
@@ -280,20 +307,10 @@ def nsids_of(paths: list[str]) -> dict[str, tuple[os.stat_result, int]]:
         return _nsids(nl, paths)
 
 
-def dump_links_raw() -> tuple[int, list[bytes]]:
-    """All links of this netns, undecoded (see dump_raw); links_in decodes them."""
-    with Netlink() as nl:
-        return dump_raw(nl, RTM_GETLINK, _ALL_LINKS)
-
-
-def links_in(raw: tuple[int, list[bytes]]) -> list[RawLink]:
-    return list(decode_raw(*raw, parse_link))
-
-
 def dump_links() -> list[RawLink]:
     """All links of this netns, with no nsid look-ups."""
     with Netlink() as nl:
-        return list(_links(nl, _ALL_LINKS))
+        return links_of(nl, _ALL_LINKS)
 
 
 def kernel_filters_by_kind(release: str | None = None) -> bool:
@@ -309,7 +326,7 @@ def links_of_kind(kind: str, filtered: bool) -> list[RawLink]:
     body = _ALL_LINKS + _attr(IFLA_LINKINFO, _attr(IFLA_INFO_KIND, kind.encode() + b"\0"))
     found: list[RawLink] = []
     with Netlink() as nl:
-        for link in _links(nl, body):
+        for link in links_of(nl, body):
             if link.kind == kind:
                 found.append(link)
             elif filtered:

@@ -6,13 +6,12 @@ import errno
 import os
 from collections.abc import Iterable, Iterator, Mapping
 
+import psutil
 from msgspec import Struct
 
 from reaper.model import Holder, NsKey
 
 MAX_ANCESTRY = 64  # parents walked to tell whether the reaper started a process
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # the unit of a start time in /proc/<pid>/stat
-TASK_COMM_LEN = 16  # the kernel keeps a process name in 16 bytes, its NUL included
 PROC_PID_INIT_INO = 0xEFFFFFFC  # the kernel's fixed inode number of the initial PID namespace
 
 
@@ -62,101 +61,73 @@ def netns_members(proc: str = "/proc") -> dict[NsKey, set[int]]:
     return members
 
 
-class ProcStat(Struct, frozen=True):
-    """What /proc/<pid>/stat says of a process: its name, parent and start time."""
+class ProcessFacts(Struct, frozen=True):
+    """What the process table says of a process: its name, parent and start time (seconds
+    since the epoch), and its executable ("" when it cannot be read)."""
 
     comm: str
     ppid: int
-    started_at: float  # seconds since the epoch, as `ps` and psutil compute it
+    started_at: float
+    exe: str
 
 
-def boot_time(proc: str = "/proc") -> float:
-    with open(f"{proc}/stat", "rb") as f:
-        for line in f:
-            if line.startswith(b"btime "):
-                return float(line.split()[1])
-    raise OSError(errno.EIO, f"no btime in {proc}/stat")
-
-
-def proc_stat(pid: int, boot: float, proc: str = "/proc") -> ProcStat:
-    """OSError when the process is gone or unreadable. The name is cut at 15 characters in
-    /proc; a longer one is taken from the command line when that starts with it."""
-    with open(f"{proc}/{pid}/stat", "rb") as f:
-        raw = f.read()
-    # comm may hold spaces and parentheses: it runs from the first "(" to the last ")".
-    comm = raw[raw.find(b"(") + 1 : raw.rfind(b")")].decode("utf-8", "replace")
-    fields = raw[raw.rfind(b")") + 2 :].split()
-    if len(fields) < 20:
-        raise OSError(errno.EIO, f"short {proc}/{pid}/stat")
-    if len(comm) >= TASK_COMM_LEN - 1:
-        comm = _long_name(pid, comm, proc)
-    return ProcStat(comm, int(fields[1]), boot + int(fields[19]) / CLOCK_TICKS)
-
-
-def _long_name(pid: int, comm: str, proc: str) -> str:
+def process_facts(pid: int) -> ProcessFacts | None:
+    """The facts of `pid`, or None when it is gone or cannot be read. The name is the whole
+    one where /proc cuts it at 15 characters and the command line starts with it (psutil)."""
     try:
-        with open(f"{proc}/{pid}/cmdline", "rb") as f:
-            argv0 = f.read().split(b"\0", 1)[0].decode("utf-8", "replace")
-    except OSError:
-        return comm
-    name = os.path.basename(argv0)
-    return name if name.startswith(comm) else comm
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            comm, ppid, started_at = proc.name(), proc.ppid(), proc.create_time()
+            try:
+                exe = proc.exe()
+            except psutil.AccessDenied:
+                exe = ""  # a kernel thread, or another user's process without the rights to see it
+    except psutil.Error:
+        return None
+    return ProcessFacts(comm=comm, ppid=ppid, started_at=started_at, exe=exe)
 
 
-def _exe(pid: int, proc: str) -> str:
-    try:
-        return os.readlink(f"{proc}/{pid}/exe")
-    except OSError:
-        return ""
-
-
-def describe(pids: Iterable[int], bin_dirs: tuple[str, ...], proc: str = "/proc") -> dict[int, Holder]:
+def describe(pids: Iterable[int], bin_dirs: tuple[str, ...]) -> dict[int, Holder]:
     """Holders for `pids`, telling apart CNI plugins (executables in a bin dir) from the rest,
     and the plugins this reaper started from everyone else's.
 
     Each process's start time makes "started by this reaper" a claim about a process, not
-    about a pid number that may have been reused. Read from /proc directly: a node can have
-    thousands of processes in pod namespaces.
+    about a pid number that may have been reused.
     """
     real_dirs = tuple(os.path.realpath(d) for d in bin_dirs)
     holders = {}
-    try:
-        boot = boot_time(proc)
-        me = (os.getpid(), proc_stat(os.getpid(), boot, proc).started_at)
-    except OSError:
+    mine = process_facts(os.getpid())
+    if mine is None:
         return {pid: Holder(pid=pid, comm="", is_cni_plugin=False) for pid in pids}
+    me = (os.getpid(), mine.started_at)
     for pid in sorted(set(pids)):
-        try:
-            stat = proc_stat(pid, boot, proc)
-        except (OSError, ValueError):
+        facts = process_facts(pid)
+        if facts is None:
             holders[pid] = Holder(pid=pid, comm="", is_cni_plugin=False)  # gone: it held nothing for long
             continue
-        exe = _exe(pid, proc)
-        plugin = bool(exe) and os.path.dirname(exe) in real_dirs
-        ours = plugin and _started_by(pid, stat, me, boot, proc)
+        plugin = bool(facts.exe) and os.path.dirname(facts.exe) in real_dirs
+        ours = plugin and _started_by(facts, me)
         holders[pid] = Holder(
-            pid=pid, comm=stat.comm, is_cni_plugin=plugin, reapers_own=ours, started_at=stat.started_at
+            pid=pid, comm=facts.comm, is_cni_plugin=plugin, reapers_own=ours, started_at=facts.started_at
         )
     return holders
 
 
-def _started_by(pid: int, stat: ProcStat, ancestor: tuple[int, float], boot: float, proc: str) -> bool:
-    """Whether `ancestor` (pid, start time) started `pid` (directly or through its children). A
-    parent is never younger than its child: a younger one is a reused pid, not an ancestor."""
-    child_started = stat.started_at
-    try:
-        for _ in range(MAX_ANCESTRY):
-            parent_pid = stat.ppid
-            if parent_pid <= 0:
-                return False
-            stat = proc_stat(parent_pid, boot, proc)
-            if stat.started_at > child_started:
-                return False
-            if parent_pid == ancestor[0]:
-                return stat.started_at == ancestor[1]
-            child_started = stat.started_at
-    except (OSError, ValueError):
-        return False
+def _started_by(facts: ProcessFacts, ancestor: tuple[int, float]) -> bool:
+    """Whether `ancestor` (pid, start time) started the process of `facts` (directly or through
+    its children). A parent is never younger than its child: a younger one is a reused pid, not
+    an ancestor."""
+    child_started = facts.started_at
+    for _ in range(MAX_ANCESTRY):
+        parent_pid = facts.ppid
+        if parent_pid <= 0:
+            return False
+        parent = process_facts(parent_pid)
+        if parent is None or parent.started_at > child_started:
+            return False
+        if parent_pid == ancestor[0]:
+            return parent.started_at == ancestor[1]
+        child_started, facts = parent.started_at, parent
     return False
 
 

@@ -42,15 +42,6 @@ class FindOptions(Struct, frozen=True):
     netns_patterns: tuple[re.Pattern[str], ...]
     command_timeout: float = COMMAND_TIMEOUT
     pod_cidrs: PodCidrs | None = None  # for ranges whose subnet is usePodCidr (range gauges only)
-    # A process with no other thread (a one-shot scan) may fork children to read on other
-    # cores (reaper.host.forkcall); the agent's threads forbid it.
-    fork_workers: bool = False
-
-
-class Started(Protocol):
-    """Work a kind began at the start of a look (a command running in the background)."""
-
-    def close(self) -> None: ...
 
 
 class Look(Struct, frozen=True):
@@ -60,7 +51,18 @@ class Look(Struct, frozen=True):
     memo: InventoryMemo
     configs: tuple[NetworkConfig, ...]  # the node's own: the conf dir's, never a cached one
     earlier: Mapping[str, tuple[Any, ...]]  # records of the kinds found before this one
-    started: Any = None  # what the kind's `start` returned
+
+
+class Started(Protocol):
+    """A kind's find begun at the start of a look (commands running while files are read)."""
+
+    def find(self, look: Look) -> Found[Any]:
+        """What the kind's own find would give, from the work begun."""
+        ...
+
+    def close(self) -> None:
+        """Stop whatever is still running."""
+        ...
 
 
 class Found(Struct, Generic[R], frozen=True):
@@ -92,13 +94,10 @@ class Kind(Struct, Generic[R], frozen=True):
     tie: Callable[[R], Tie | None]
     # Free what is still there, comparing before each delete; every record gets a Done.
     reclaim: Callable[[Sequence[R], ReclaimContext], Mapping[Identity, Done]]
-    # Work to begin before anything is read (a command that runs while files are parsed), given
-    # the memo of command outputs (a long-running agent's, carried from pass to pass).
+    # Its find begun before any kind is found (commands that run while files are read), given
+    # the memo of command outputs (a long-running agent's, carried from pass to pass); the look
+    # then finishes it in the kind's turn instead of calling `find`.
     start: Callable[[FindOptions, OutputMemo], Started] | None = None
-    # Work that needs no memo, begun before anything else (the link dump): in a one-shot it may
-    # be a forked child's, which then has every other kind's reads to run beside. Such a kind
-    # is found after every other (see reaper.snapshot), so none may use its records.
-    begin: Callable[[FindOptions], Started] | None = None
     # What a later DEL would need (the cache entry): reclaimed after every other kind, and only
     # once the rest of its attachment is gone.
     last: bool = False

@@ -172,17 +172,26 @@ def _parse(text: str, tool: IptablesTools) -> tuple[ForwardRule, ...]:
     return tuple(parse_filter_save(text, tool.family, tool.backend))
 
 
-def _start(options: FindOptions, memo: OutputMemo) -> SaveCollector[ForwardRule]:
-    return SaveCollector(KIND_NAME, TABLE, _parse, options.command_timeout, memo)
+class RuleCollector(SaveCollector[ForwardRule]):
+    """`iptables-save -t filter` of every backend, begun at the start of a look."""
+
+    def __init__(self, options: FindOptions, memo: OutputMemo) -> None:
+        super().__init__(KIND_NAME, TABLE, _parse, options.command_timeout, memo)
+
+    def find(self, look: Look) -> Found[ForwardRule]:
+        results, errors = self.results()
+        rules = [rule for _, parsed in results for rule in parsed]
+        leases = [r for r in look.earlier.get(hostlocal.KIND.name, ()) if isinstance(r, HostLocalLease)]
+        caches = [r for r in look.earlier.get(cache.KIND.name, ()) if isinstance(r, CacheEntry)]
+        return Found(tuple(with_owners(rules, leases, caches)), errors=tuple(errors))
 
 
 def find(look: Look) -> Found[ForwardRule]:
-    collector: SaveCollector[ForwardRule] = look.started
-    results, errors = collector.results()
-    rules = [rule for _, parsed in results for rule in parsed]
-    leases = [r for r in look.earlier.get(hostlocal.KIND.name, ()) if isinstance(r, HostLocalLease)]
-    caches = [r for r in look.earlier.get(cache.KIND.name, ()) if isinstance(r, CacheEntry)]
-    return Found(tuple(with_owners(rules, leases, caches)), errors=tuple(errors))
+    collector = RuleCollector(look.options, look.memo.outputs)
+    try:
+        return collector.find(look)
+    finally:
+        collector.close()
 
 
 def identity(rule: ForwardRule) -> Identity:
@@ -252,4 +261,4 @@ def reclaim(rules: Sequence[ForwardRule], ctx: ReclaimContext) -> dict[Identity,
     return done
 
 
-KIND: Kind[ForwardRule] = Kind(KIND_NAME, find, identity, ref, tie, reclaim, start=_start)
+KIND: Kind[ForwardRule] = Kind(KIND_NAME, find, identity, ref, tie, reclaim, start=RuleCollector)

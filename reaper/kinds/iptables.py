@@ -387,15 +387,21 @@ class ChainCollector(SaveCollector[IptablesChain]):
         results, errors = self.results()
         return [chain for _, chains in results for chain in chains], errors
 
+    def find(self, look: Look) -> Found[IptablesChain]:
+        chains, errors = self.chains()
+        return Found(tuple(chains), errors=tuple(errors))
+
 
 def _chains_in(text: str, tool: IptablesTools) -> tuple[IptablesChain, ...]:
     return tuple(parse_save(text, tool.family, tool.backend))
 
 
 def find(look: Look) -> Found[IptablesChain]:
-    collector: ChainCollector = look.started
-    chains, errors = collector.chains()
-    return Found(tuple(chains), errors=tuple(errors))
+    collector = ChainCollector(look.options, look.memo.outputs)
+    try:
+        return collector.find(look)
+    finally:
+        collector.close()
 
 
 def identity(chain: IptablesChain) -> Identity:

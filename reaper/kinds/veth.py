@@ -8,17 +8,12 @@ never deleted while its peer's namespace is a live sandbox's, in use, or cannot 
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from functools import partial
 
-from msgspec import Struct
-
-from reaper.host.forkcall import ForkedCall
-from reaper.host.netlink import RawLink, delete_links, dump_links, dump_links_raw, links_in, nsids_of
+from reaper.host.netlink import RawLink, delete_links, dump_links, nsids_of
 from reaper.host.procs import busy_namespaces
-from reaper.kinds import FindOptions, Found, Kind, Look, ReclaimContext
+from reaper.kinds import Found, Kind, Look, ReclaimContext
 from reaper.model import DetailValue, Done, Identity, NetnsPin, NsKey, PeerTie, ResourceRef, SourceError, VethLink
 
 UNPIN_GRACE = 2.0  # seconds the kernel gets to drop the veths of namespaces just unpinned
@@ -58,79 +53,6 @@ def _own_netns() -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-class LinksAndNsids(Struct, frozen=True):
-    """What a forked link dump answers: the links, and the nsid of each namespace pinned in
-    the netns dirs (its device and inode, as the kernel was asked of it); `nsids` is None when
-    no veth has its peer in another namespace (none was asked)."""
-
-    links: list[RawLink]
-    nsids: list[tuple[NsKey, int]] | None
-
-
-def _regular_files(directory: str) -> list[str]:
-    try:
-        with os.scandir(directory) as entries:
-            return [entry.path for entry in entries if entry.is_file(follow_symlinks=False)]
-    except OSError:
-        return []
-
-
-def links_and_nsids(netns_dirs: tuple[str, ...]) -> LinksAndNsids:
-    """In a forked child: the links, and the nsid of each namespace pinned in `netns_dirs`
-    (each regular file there is asked; nsids_of opens none through a symlink, and none that
-    is no regular file). The look keeps only the nsids of namespaces it found pinned itself
-    (veths_from), so a file this listing sees and the netns kind does not ties nothing."""
-    links = dump_links()
-    if not any(link.kind == "veth" and link.link_netnsid is not None for link in links):
-        return LinksAndNsids(links, None)
-    asked = nsids_of([path for directory in netns_dirs for path in _regular_files(directory)])
-    return LinksAndNsids(links, [(NsKey(st.st_dev, st.st_ino), nsid) for st, nsid in asked.values()])
-
-
-class LinkDump:
-    """The link dump, begun before anything else in a look. Filling it is the kernel's work
-    (0.1 s at 2,250 veths), decoding it the interpreter's (0.1 s more), and so is asking each
-    pin's nsid (0.08 s).
-
-    A one-shot that may fork (FindOptions.fork_workers) has a child do all three on another
-    core while this process reads the files (links_and_nsids); the answer
-    comes back as msgpack. Otherwise (the agent, whose threads forbid a fork) a thread of its
-    own reads the dump, in a read that leaves the interpreter's lock free, and decoding is
-    left to the look's own thread (a thread that decoded would hold the lock against it at
-    every file read: measured, the pass got slower); the nsids are asked by find()."""
-
-    def __init__(self, opts: FindOptions) -> None:
-        self._raw: tuple[int, list[bytes]] = (0, [])
-        self._error: Exception | None = None
-        self._forked: ForkedCall[LinksAndNsids] | None = None
-        if opts.fork_workers:
-            self._forked = ForkedCall(partial(links_and_nsids, opts.netns_dirs), LinksAndNsids)
-            return
-        self._thread = threading.Thread(target=self._read, name="link-dump", daemon=True)
-        self._thread.start()
-
-    def _read(self) -> None:
-        try:
-            self._raw = dump_links_raw()
-        except Exception as err:  # raised again by links(), on the look's thread, to be reported
-            self._error = err
-
-    def links(self) -> LinksAndNsids:
-        """The links, with the pins' nsids when a forked child asked them (else None)."""
-        if self._forked is not None:
-            return self._forked.result()
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return LinksAndNsids(links_in(self._raw), None)
-
-    def close(self) -> None:
-        if self._forked is not None:
-            self._forked.close()
-        else:
-            self._thread.join()
-
-
 def find(look: Look) -> Found[VethLink]:
     """Links, and the nsid of each pin a veth's peer may be in.
 
@@ -140,9 +62,8 @@ def find(look: Look) -> Found[VethLink]:
     keeps its nsid while it lives, and the mount keeps it alive; a new namespace reuses a dead
     one's inode number at once, but its nsfs inode is new, with a ctime later than any the memo
     keeps (it keeps none of the last two seconds). The nsids are as seen from the namespace
-    this process is in, so that is kept too. A one-shot run asks every pin (its LinkDump's
-    forked child does, when it may fork): no memo is kept on disk, where whoever could write it
-    would choose which pod a veth belongs to."""
+    this process is in, so that is kept too. A one-shot run asks every pin: no memo is kept on
+    disk, where whoever could write it would choose which pod a veth belongs to."""
     pins: tuple[NetnsPin, ...] = look.earlier.get("netns", ())
     memo = look.memo.of("veth")
     try:
@@ -171,10 +92,8 @@ def find(look: Look) -> Found[VethLink]:
         return ask
 
     try:
-        dumped = look.started.links() if isinstance(look.started, LinkDump) else LinksAndNsids(dump_links(), None)
-        if dumped.nsids is not None:  # a forked child's, for this pass only
-            return Found(tuple(veths_from(dumped.links, dumped.nsids, pins)))
-        wanted = choose_pins(dumped.links)
+        links = dump_links()
+        wanted = choose_pins(links)
         asked = nsids_of(wanted) if wanted else {}
     except OSError as err:
         return Found((), errors=(SourceError("netlink", str(err)),))
@@ -182,7 +101,7 @@ def find(look: Look) -> Found[VethLink]:
         memo.put(path, st, (*viewer, nsid))
         known[path] = (st, nsid)
     nsids = [(NsKey(st.st_dev, st.st_ino), nsid) for st, nsid in known.values()]
-    return Found(tuple(veths_from(dumped.links, nsids, pins)))
+    return Found(tuple(veths_from(links, nsids, pins)))
 
 
 def identity(veth: VethLink) -> Identity:
@@ -257,4 +176,4 @@ def reclaim(veths: Sequence[VethLink], ctx: ReclaimContext) -> dict[Identity, Do
     return done
 
 
-KIND: Kind[VethLink] = Kind("veth", find, identity, ref, tie, reclaim, begin=LinkDump, del_needs=True)
+KIND: Kind[VethLink] = Kind("veth", find, identity, ref, tie, reclaim, del_needs=True)

@@ -95,9 +95,6 @@ class CriLiveness:
             return [Endpoint(e, "--runtime-endpoint") for e in self.endpoints]
         return self.find()
 
-    def ask(self, known_netns: Mapping[str, str]) -> Callable[[], RuntimeView]:
-        return partial(self.observe, known_netns)
-
     def observe(self, known_netns: Mapping[str, str]) -> RuntimeView:
         candidates = self._candidates()
         try:

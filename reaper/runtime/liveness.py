@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Protocol
 
 from reaper.model import RuntimeView
@@ -10,7 +10,7 @@ from reaper.model import RuntimeView
 # How many call deadlines (--runtime-timeout) one observe() may take, all runtimes together: a
 # runtime's Version, ListPodSandbox and its PodSandboxStatus batch (one deadline for the
 # batch) each have one, and a runtime whose turn comes after the whole has run out is that
-# runtime's error. What a forked client's parent waits for is bounded by it too.
+# runtime's error.
 OBSERVE_DEADLINES = 4
 
 
@@ -19,10 +19,4 @@ class LivenessSource(Protocol):
         """The runtimes' sandboxes now. `known_netns` maps a sandbox's status_key (its ID and
         creation time) to the netns path its runtime gave before, so the source need not ask
         again. Never raises for runtime failures: a view with `reachable=False` says why."""
-        ...
-
-    def ask(self, known_netns: Mapping[str, str]) -> Callable[[], RuntimeView]:
-        """observe(), begun now by a source that asks from another process (which this one
-        may do other work beside); the call returned waits for the view. Call it once. A source
-        that asks from this process asks when it is called."""
         ...

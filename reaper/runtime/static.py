@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from functools import partial
+from collections.abc import Mapping
 
 from msgspec import Struct
 
@@ -15,6 +14,3 @@ class StaticLiveness(Struct, frozen=True):
 
     def observe(self, known_netns: Mapping[str, str]) -> RuntimeView:
         return self.view
-
-    def ask(self, known_netns: Mapping[str, str]) -> Callable[[], RuntimeView]:
-        return partial(self.observe, known_netns)

@@ -3,19 +3,15 @@ never turns another runtime's sandboxes into orphans, and one that cannot answer
 
 from __future__ import annotations
 
-import json
 import re
 import socket
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from reaper.runtime.cri import CriLiveness
 from tests.harness.lab import Lab
 from tests.harness.reap_helpers import REAP, pings, reproduce_both_seeds
 from tests.harness.reaper_cli import attachments_by_key, kubelet_argv, run_reaper_discovering
@@ -160,80 +156,19 @@ def test_a_kubelet_the_hosts_init_would_not_start_is_reported_and_not_asked(
     assert not_cri.accepted == 0
 
 
-# A fresh process: the forked client is for processes that have not imported grpc (a child
-# forked from one that has may inherit grpc's threads' locks). It compares the forked client's
-# views with the in-process client's, asked right after, on the same runtimes.
-FORKED_PROBE = """
-import json, os, signal, sys, time
-from reaper.runtime.forked import ForkedLiveness
-endpoints = tuple(sys.argv[1:])
-out = {}
-with ForkedLiveness(endpoints, 10.0) as liveness:
-    first = liveness.observe({})
-    told = {s.status_key: "/run/netns/told-before-" + s.id for s in first.sandboxes if s.status_key}
-    again = liveness.observe(told)  # the same child, a second request
-    out["grpc_here"] = sorted(m for m in sys.modules if m.startswith(("grpc", "google.protobuf")))
-    child = liveness.pid
-    os.kill(child, signal.SIGKILL)
-    dead = liveness.observe({})
-out["child_left"] = os.path.exists(f"/proc/{child}")
-from reaper.runtime.cri import CriLiveness
-direct = CriLiveness(endpoints, 10.0).observe({})
-from msgspec.structs import replace
-def in_order(view):  # containerd lists sandboxes from a map: in another order each time
-    return replace(view, sandboxes=tuple(sorted(view.sandboxes, key=lambda s: s.id)))
-out["same_as_in_process"] = in_order(first) == in_order(direct)
-out["first"] = {"reachable": first.reachable, "error": first.error, "ids": sorted(s.id for s in first.sandboxes)}
-out["told_used"] = all(s.netns_path == "/run/netns/told-before-" + s.id for s in again.sandboxes)
-out["dead"] = {"reachable": dead.reachable, "error": dead.error, "pid": child}
-print(json.dumps(out))
-"""
-
-
-def forked_probe(*endpoints: str) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, "-c", FORKED_PROBE, *endpoints], capture_output=True, text=True, timeout=120, check=True
-    )
-    doc: dict[str, Any] = json.loads(proc.stdout)
-    return doc
-
-
-def test_the_forked_cri_client_answers_as_the_in_process_one(labs: tuple[Lab, Lab, str, str], tmp_path: Path) -> None:
+def test_the_cri_client_takes_a_netns_told_before_and_fails_closed_on_a_dead_runtime(
+    labs: tuple[Lab, Lab, str, str], tmp_path: Path
+) -> None:
     lab, decoy, web, nocni = labs
-    out = forked_probe(lab.endpoint, decoy.endpoint)
-    assert out["same_as_in_process"] and out["first"]["reachable"], out
-    assert set(out["first"]["ids"]) == {s.id for s in lab.sandboxes()} >= {web, nocni}
-    assert out["told_used"], "a netns path the runtime gave before is taken as given, not asked again"
-    assert out["grpc_here"] == [], "the parent never imports grpc or protobuf"
-    # Killed, the child answers nothing: the view decides nothing, and the child was reaped.
-    assert not out["dead"]["reachable"] and f"pid {out['dead']['pid']}" in out["dead"]["error"]
-    assert not out["child_left"]
-
-    unreachable = forked_probe(lab.endpoint, f"unix://{dead_socket(tmp_path / 'dead.sock')}")
-    assert unreachable["same_as_in_process"] and not unreachable["first"]["reachable"], unreachable
-    assert "dead.sock" in unreachable["first"]["error"]
-
-
-def test_the_forked_cri_client_ends_with_the_process_that_forked_it(labs: tuple[Lab, Lab, str, str]) -> None:
-    """A one-shot killed outright (no close, no cleanup) leaves no CRI client behind."""
-    lab = labs[0]
-    crash = "import os, sys; from reaper.runtime.forked import ForkedLiveness\n"
-    crash += "liveness = ForkedLiveness((sys.argv[1],), 10.0); liveness.observe({})\n"
-    crash += "print(liveness.pid, flush=True); os._exit(9)"
-    proc = subprocess.run([sys.executable, "-c", crash, lab.endpoint], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 9, proc.stderr
-    child = int(proc.stdout)
-    for _ in range(100):
-        if process_state(child) in ("", "Z", "X"):
-            break
-        time.sleep(0.05)
-    assert process_state(child) in ("", "Z", "X"), f"the CRI client {child} outlived its parent"
-
-
-def process_state(pid: int) -> str:
-    """The state letter in /proc/<pid>/stat, "" when there is no such process."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return ""
-    return raw[raw.rfind(b")") + 2 :].split()[0].decode()
+    liveness = CriLiveness((lab.endpoint, decoy.endpoint), 10.0)
+    first = liveness.observe({})
+    assert first.reachable, first.error
+    assert {s.id for s in first.sandboxes} == {s.id for s in lab.sandboxes()} >= {web, nocni}
+    told = {s.status_key: "/run/netns/told-before-" + s.id for s in first.sandboxes if s.status_key}
+    again = liveness.observe(told)
+    assert all(s.netns_path == "/run/netns/told-before-" + s.id for s in again.sandboxes), (
+        "a netns path the runtime gave before is taken as given, not asked again"
+    )
+    dead = CriLiveness((lab.endpoint, f"unix://{dead_socket(tmp_path / 'dead.sock')}"), 10.0).observe({})
+    assert not dead.reachable and dead.sandboxes == ()
+    assert dead.error is not None and "dead.sock" in dead.error

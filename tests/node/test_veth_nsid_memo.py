@@ -9,7 +9,7 @@ from __future__ import annotations
 from tests.harness.probe import run_probe
 
 # A private tmpfs of pins (a FIFO, a symlink, a device, a plain file and a dir among them),
-# and this process's nsid requests counted by pin (a forked child counts in its own copy).
+# and this process's nsid requests counted by pin.
 SETUP = """
 import json, os, re, subprocess, tempfile, time
 import reaper.host.netlink as netlink
@@ -103,11 +103,9 @@ def test_memo_answers_unchanged_pins_and_never_a_replaced_namespace() -> None:
     assert out["answered"] == ["a", "f"]
 
 
-FORKED_PROBE = (
+ONE_SHOT_PROBE = (
     SETUP
     + """
-from msgspec.structs import replace
-
 a, b = pin("a"), pin("b")
 veth_into("ha", a)
 veth_into("hb", b)
@@ -122,23 +120,17 @@ def ties(options):
     snap = take_snapshot(options, kinds=(netns.KIND, veth.KIND))
     veths = {v.name: list(v.peer_netns) if v.peer_netns else None for v in snap.of("veth")}
     return veths, [e.error for e in snap.errors]
-in_process = ties(opts)
-asked_in_process = list(asked)
-forked = ties(replace(opts, fork_workers=True))
-print(json.dumps({"in_process": in_process, "forked": forked, "asked": [asked_in_process, asked],
-                  "a": key(a), "b": key(b)}))
+print(json.dumps({"one_shot": ties(opts), "asked": asked, "a": key(a), "b": key(b)}))
 """
 )
 
 
-def test_a_one_shots_forked_child_ties_every_veth_as_the_look_does() -> None:
-    """The link dump and the pins' nsids asked in a forked child: every veth tied to the pinned
-    namespace its peer is in, one whose peer is in a namespace pinned elsewhere to none (a
-    symlink to that pin planted among the pins included), and the FIFO, symlink, device and
-    plain file among the pins neither block nor answer."""
-    out = run_probe(FORKED_PROBE)
-    veths, errors = out["forked"]
+def test_a_one_shot_ties_every_veth_to_the_pin_its_peer_is_in() -> None:
+    """A look with no memo: every veth tied to the pinned namespace its peer is in, one whose
+    peer is in a namespace pinned elsewhere to none (a symlink to that pin planted among the
+    pins included), and only the namespace pins the netns kind found are asked."""
+    out = run_probe(ONE_SHOT_PROBE)
+    veths, errors = out["one_shot"]
     assert errors == []
     assert veths == {"ha": out["a"], "hb": out["b"], "hx": None}
-    assert out["forked"] == out["in_process"]
-    assert out["asked"] == [[["a", "b"]], [["a", "b"]]]  # the forked look asked no nsid in this process
+    assert out["asked"] == [["a", "b"]]

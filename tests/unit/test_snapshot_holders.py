@@ -5,8 +5,8 @@ decides nothing)."""
 
 from __future__ import annotations
 
+import errno
 import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -15,10 +15,10 @@ from msgspec.structs import replace
 import reaper.snapshot as snapshot_module
 from reaper.correlate import correlate, tie_all
 from reaper.host import procs
-from reaper.host.procs import proc_stat
+from reaper.host.procs import process_facts
 from reaper.model import NodeSnapshot, NsKey, Policy, RuntimeView
 from reaper.reconcile import holders_decide, processes_decide, reconcile
-from reaper.snapshot import process_walk, with_holders, with_processes
+from reaper.snapshot import NetnsMembers, with_holders, with_processes
 from tests.harness.snapshots import cache, cid, lease, pin, runtime, sandbox, snapshot, veth
 
 POLICY = Policy(min_age=0.0, confirmations=1, stuck_after=900.0)
@@ -31,7 +31,9 @@ def test_only_the_wanted_namespaces_processes_are_described() -> None:
     described = dict(with_holders(look, {wanted}, ()).netns_holders)
     assert list(described) == [wanted]
     mine, gone = described[wanted]
-    assert (mine.pid, mine.comm) == (me, proc_stat(me, 0.0).comm) and mine.keeps_netns_busy
+    facts = process_facts(me)
+    assert facts is not None
+    assert (mine.pid, mine.comm) == (me, facts.comm) and mine.keeps_netns_busy
     assert gone.pid == 2**22 + 7 and gone.keeps_netns_busy  # gone since the look: still counted
 
 
@@ -72,36 +74,33 @@ def test_processes_are_looked_for_only_when_a_namespace_is_no_listed_sandboxs() 
     assert not processes_decide(named(snapshot(pins=(pin(1), stale))), runtime(live))
 
 
-@pytest.mark.parametrize("fork", [False, True], ids=["in-process", "forked"])
-def test_the_walk_gives_each_namespace_its_processes_but_the_hosts(fork: bool) -> None:
+def test_the_walk_gives_each_namespace_its_processes_but_the_hosts() -> None:
     """Run in this process's own netns: as the host's, it is left out; as another, it shows
     this process."""
     st = os.stat("/proc/self/ns/net")
     mine = NsKey(st.st_dev, st.st_ino)
-    with process_walk(fork) as walk:
-        assert (walk.pid is not None) == fork
-        looked = with_processes(replace(snapshot(), host_netns=NsKey(0, 0)), walk)
+    looked = with_processes(replace(snapshot(), host_netns=NsKey(0, 0)))
     assert os.getpid() in dict(looked.netns_pids)[mine]
     assert looked.unseen_processes is None
-    as_host = with_processes(replace(snapshot(), host_netns=mine), process_walk(False))
+    as_host = with_processes(replace(snapshot(), host_netns=mine))
     assert mine not in dict(as_host.netns_pids)
 
 
 def test_a_walk_that_gave_no_answer_leaves_every_process_unseen_and_a_leak_undecided() -> None:
-    """A one-shot's walking child killed before it answered: no pin is an orphan on its word."""
-    with process_walk(True) as walk:
-        assert walk.pid is not None
-        os.kill(walk.pid, signal.SIGKILL)
-        looked = with_processes(snapshot(pins=(pin(1),)), walk)
+    """A walk that failed on its way: no pin is an orphan on its word."""
+
+    def failed() -> NetnsMembers:
+        raise OSError(errno.EIO, "the walk stopped")
+
+    looked = with_processes(snapshot(pins=(pin(1),)), failed)
     assert looked.unseen_processes is not None and "walk of /proc failed" in looked.unseen_processes
     report, _ = reconcile(looked, runtime(), {}, POLICY, 10_000.0)
     assert [a.verdict for a in report.attachments] == ["unknown"]
 
 
-@pytest.mark.parametrize("fork", [False, True], ids=["in-process", "forked"])
 @pytest.mark.parametrize("proc", ["missing", "empty", "others-only"])
 def test_a_walk_of_proc_that_is_not_whole_decides_nothing_a_process_could_keep(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fork: bool, proc: str
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, proc: str
 ) -> None:
     """/proc unlistable, listing no process, or not this one: the walk fails (never "no one is in
     any namespace"), a pin's attachment is undecided, a failed source says why, and an attachment
@@ -115,8 +114,7 @@ def test_a_walk_of_proc_that_is_not_whole_decides_nothing_a_process_could_keep(
     real = procs.netns_members
     monkeypatch.setattr(snapshot_module, "netns_members", lambda: real(str(root)))
     look = snapshot(pins=(pin(1),), leases=(lease(2),))
-    with process_walk(fork) as walk:
-        looked = with_processes(look, walk)
+    looked = with_processes(look)
     assert looked.unseen_processes is not None and "walk of /proc failed" in looked.unseen_processes
     assert [e.source for e in looked.errors] == ["processes"]
     report, _ = reconcile(looked, runtime(), {}, POLICY, 10_000.0)

@@ -14,8 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Callable, Mapping
-from functools import partial
+from collections.abc import Mapping
 
 from msgspec.structs import replace
 
@@ -30,9 +29,6 @@ from reaper.settings import reap_settings_from, settings_from
 class ChangingRuntime:
     def __init__(self, inner: CriLiveness, mode: str, hide: set[str]) -> None:
         self.inner, self.mode, self.hide, self.calls = inner, mode, hide, 0
-
-    def ask(self, known_netns: Mapping[str, str]) -> Callable[[], RuntimeView]:
-        return partial(self.observe, known_netns)
 
     def observe(self, known_netns: Mapping[str, str]) -> RuntimeView:
         self.calls += 1

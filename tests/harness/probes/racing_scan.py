@@ -9,8 +9,7 @@ import json
 import logging
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
-from functools import partial
+from collections.abc import Mapping
 from pathlib import Path
 
 from reaper.model import Policy, RuntimeView
@@ -32,9 +31,6 @@ class RacingRuntime:
         self.pin.touch()
         subprocess.run(["unshare", f"--net={self.pin}", "true"], check=True)
         return self.inner.observe(known_netns)
-
-    def ask(self, known_netns: Mapping[str, str]) -> Callable[[], RuntimeView]:
-        return partial(self.observe, known_netns)
 
 
 def main(workdir: Path) -> None:

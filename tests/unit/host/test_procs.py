@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from reaper.host import procs
-from reaper.host.procs import CLOCK_TICKS, describe, netns_members, proc_stat, unseen_processes
+from reaper.host.procs import describe, netns_members, unseen_processes
 from reaper.model import Attachment, AttachmentKey, Holder, NsKey
 from reaper.reap.plan import recheck_reason
 from tests.harness.snapshots import cid, runtime
@@ -56,14 +56,6 @@ def test_a_plugin_this_process_started_is_its_own_and_one_it_did_not_start_is_no
     assert held[theirs].is_cni_plugin and not held[theirs].reapers_own
     assert not held[other.pid].is_cni_plugin and held[other.pid].comm == "sleep"
     assert held[2**22 + 7] == Holder(pid=2**22 + 7, comm="", is_cni_plugin=False)  # no such process
-
-
-def test_a_stat_line_whose_name_holds_parentheses_and_spaces(tmp_path: Path) -> None:
-    (tmp_path / "42").mkdir()
-    fields = " ".join(["S", "7", *["0"] * 17, "250", *["0"] * 30])  # ppid 7, start time 250 ticks
-    (tmp_path / "42" / "stat").write_text(f"42 (a) b (c) {fields}\n")
-    got = proc_stat(42, 1000.0, str(tmp_path))
-    assert (got.comm, got.ppid, got.started_at) == ("a) b (c", 7, 1000.0 + 250 / CLOCK_TICKS)
 
 
 def _proc_listing(tmp_path: Path, pids: list[int]) -> str:

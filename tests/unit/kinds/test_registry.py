@@ -82,14 +82,21 @@ def test_a_new_kind_joins_the_attachment_of_its_container() -> None:
     assert "plugin-state" not in KIND_NAMES
 
 
-class NothingBegun:
+class BegunEarly:
+    def __init__(self, seen: list[tuple[str, list[str]]]) -> None:
+        self.seen = seen
+
+    def find(self, look: Look) -> Found[PluginState]:
+        self.seen.append(("begun", sorted(look.earlier)))
+        return Found(())
+
     def close(self) -> None:
         pass
 
 
-def test_a_kind_whose_work_began_early_is_found_after_every_other(tmp_path: Path) -> None:
-    """Its work (the link dump, a forked child's in a one-shot) then has every other kind's
-    reads to finish beside; the rest are found in registry order, each seeing those before."""
+def test_kinds_are_found_in_registry_order_a_begun_one_finished_in_its_turn(tmp_path: Path) -> None:
+    """Each kind sees the records of those before it; a kind whose find began early (commands
+    running while files are read) is finished by what it began, in its own turn."""
     seen: list[tuple[str, list[str]]] = []
 
     def kind(name: str, begins: bool) -> Kind[PluginState]:
@@ -97,10 +104,10 @@ def test_a_kind_whose_work_began_early_is_found_after_every_other(tmp_path: Path
             seen.append((name, sorted(look.earlier)))
             return Found(())
 
-        begin = (lambda opts: NothingBegun()) if begins else None
-        return replace(NEW_KIND, name=name, find=find, begin=begin)
+        start = (lambda opts, memo: BegunEarly(seen)) if begins else None
+        return replace(NEW_KIND, name=name, find=find, start=start)
 
-    kinds = (kind("dump", True), kind("first", False), kind("second", False))
+    kinds = (kind("first", False), kind("dump", True), kind("second", False))
     take_snapshot(options_at(tmp_path), kinds=kinds)
-    assert seen == [("first", []), ("second", ["first"]), ("dump", ["first", "second"])]
-    assert [k.name for k in KINDS if k.begin is not None] == ["veth"]  # whose records no kind uses
+    assert seen == [("first", []), ("begun", ["first"]), ("second", ["dump", "first"])]
+    assert [k.name for k in KINDS if k.start is not None] == ["firewall", "iptables"]

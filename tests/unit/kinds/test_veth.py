@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-from msgspec.structs import replace
 
 from reaper.host.memo import InventoryMemo
-from reaper.host.netlink import RawLink, dump_links
+from reaper.host.netlink import DumpInterrupted, RawLink
 from reaper.kinds import Look, veth
 from reaper.kinds.veth import veths_from
 from reaper.model import NetnsPin, NsKey
@@ -46,53 +44,18 @@ def test_an_nsid_of_a_namespace_no_pin_holds_ties_nothing() -> None:
     assert [v.peer_netns for v in veths] == [None]
 
 
-def test_a_dump_that_fails_on_its_thread_is_the_kinds_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    def refused() -> tuple[int, list[bytes]]:
-        raise PermissionError(1, "Operation not permitted")
-
-    monkeypatch.setattr(veth, "dump_links_raw", refused)
-    opts = options_at(tmp_path)
-    dump = veth.LinkDump(opts)
-    found = veth.find(Look(opts, InventoryMemo(), (), {}, dump))
-    dump.close()
-    assert found.records == ()
-    assert [(e.source, e.error) for e in found.errors] == [("netlink", "[Errno 1] Operation not permitted")]
-
-
-def test_a_bug_on_the_dump_thread_is_raised_on_the_looks_thread(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+@pytest.mark.parametrize(
+    "error",
+    [PermissionError(1, "Operation not permitted"), DumpInterrupted(11, "the kernel interrupted the dump")],
+    ids=["refused", "interrupted"],
+)
+def test_a_dump_that_fails_is_the_kinds_error_and_no_veth(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, error: OSError
 ) -> None:
-    # Not a traceback on stderr and no veths: the snapshot reports the kind as failed.
-    def broken() -> tuple[int, list[bytes]]:
-        raise ValueError("bad answer")
+    def failing() -> list[RawLink]:
+        raise error
 
-    monkeypatch.setattr(veth, "dump_links_raw", broken)
-    dump = veth.LinkDump(options_at(tmp_path))
-    with pytest.raises(ValueError, match="bad answer"):
-        dump.links()
-
-
-def test_a_one_shots_forked_dump_gives_the_links_the_in_process_one_does(tmp_path: Path) -> None:
-    forked_opts = replace(options_at(tmp_path), fork_workers=True)
-    dump = veth.LinkDump(forked_opts)
-    try:
-        child = dump._forked.pid if dump._forked is not None else None
-        assert child is not None  # a child decodes the dump
-        assert dump.links().links == dump_links()
-    finally:
-        dump.close()
-    with pytest.raises(ChildProcessError):
-        os.waitpid(child, os.WNOHANG)  # reaped
-
-
-def test_a_forked_dump_that_fails_is_the_kinds_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    def refused() -> list[RawLink]:
-        raise PermissionError(1, "Operation not permitted")
-
-    monkeypatch.setattr(veth, "dump_links", refused)
-    opts = replace(options_at(tmp_path), fork_workers=True)
-    dump = veth.LinkDump(opts)
-    found = veth.find(Look(opts, InventoryMemo(), (), {}, dump))
-    dump.close()
+    monkeypatch.setattr(veth, "dump_links", failing)
+    found = veth.find(Look(options_at(tmp_path), InventoryMemo(), (), {}))
     assert found.records == ()
-    assert [(e.source, e.error) for e in found.errors] == [("netlink", "[Errno 1] Operation not permitted")]
+    assert [(e.source, e.error) for e in found.errors] == [("netlink", str(error))]
