@@ -11,6 +11,7 @@ from msgspec import Struct
 
 from reaper.correlate import Correlation, ResourceGroup, correlate
 from reaper.durations import format_duration
+from reaper.kinds.registry import OWNER_SAYING
 from reaper.model import (
     Attachment,
     AttachmentHistory,
@@ -180,5 +181,5 @@ def _unowned_verdict(age: float, streak: int, policy: Policy) -> tuple[Verdict, 
 
 def _owner(group: ResourceGroup) -> Owner:
     """Whose runtime made the attachment, by what its cache entries say; cri wins over other."""
-    said = {ref.detail("owner") for ref in group.resources if ref.kind == "cache"}
+    said = {ref.detail("owner") for ref in group.resources if ref.kind in OWNER_SAYING}
     return "cri" if "cri" in said else "other" if "other" in said else "unknown"

@@ -365,4 +365,24 @@ def reclaim(entries: Sequence[CacheEntry], ctx: ReclaimContext) -> dict[Identity
     return {identity(entry): _remove(entry, ctx) for entry in entries}
 
 
-KIND: Kind[CacheEntry] = Kind("cache", find, identity, ref, tie, reclaim, last=True, quarantinable=True)
+def claims(entry: CacheEntry) -> tuple[str, ...]:
+    return entry.ips
+
+
+def del_document(entries: Sequence[CacheEntry]) -> tuple[dict[str, Any], str] | None:
+    """The cniCacheV1 object a DEL runs from and its file: the first entry that is neither
+    legacy nor corrupt, as its file holds it now; None when there is none, or that file no
+    longer names the attachment or is legacy now."""
+    usable = [e for e in entries if not e.legacy and e.corrupt is None]
+    if not usable:
+        return None
+    document = current_document(usable[0])
+    if document is None or document.legacy:
+        return None
+    return document.doc, usable[0].path
+
+
+KIND: Kind[CacheEntry] = Kind(
+    "cache", find, identity, ref, tie, reclaim, last=True, quarantinable=True,
+    claims=claims, del_document=del_document, added_config=cached_config, says_owner=True,
+)  # fmt: skip

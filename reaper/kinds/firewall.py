@@ -261,4 +261,8 @@ def reclaim(rules: Sequence[ForwardRule], ctx: ReclaimContext) -> dict[Identity,
     return done
 
 
-KIND: Kind[ForwardRule] = Kind(KIND_NAME, find, identity, ref, tie, reclaim, start=RuleCollector)
+def frees(rule: ForwardRule) -> tuple[str, ...]:
+    return (rule.ip,)
+
+
+KIND: Kind[ForwardRule] = Kind(KIND_NAME, find, identity, ref, tie, reclaim, start=RuleCollector, frees=frees)

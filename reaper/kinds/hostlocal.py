@@ -282,4 +282,10 @@ def reclaim(leases: Sequence[HostLocalLease], ctx: ReclaimContext) -> dict[Ident
     return release_leases(leases, ctx.quarantine)
 
 
-KIND: Kind[HostLocalLease] = Kind("ipam", find, identity, ref, tie, reclaim, quarantinable=True)
+def addresses(lease: HostLocalLease) -> tuple[str, ...]:
+    return (lease.ip,)
+
+
+KIND: Kind[HostLocalLease] = Kind(
+    "ipam", find, identity, ref, tie, reclaim, quarantinable=True, claims=addresses, frees=addresses
+)

@@ -491,4 +491,18 @@ def reclaim(chains: Sequence[IptablesChain], ctx: ReclaimContext) -> dict[Identi
     return done
 
 
-KIND: Kind[IptablesChain] = Kind(KIND_NAME, find, identity, ref, tie, reclaim, start=ChainCollector)
+def frees(chain: IptablesChain) -> list[str]:
+    """A masquerade chain's pod address: the `-s` address of each rule jumping to it, as the
+    bridge or ptp plugin wrote it into the kernel. Other chains free no address."""
+    if chain.purpose != "masquerade":
+        return []
+    found = []
+    for rule in chain.jumps:
+        words = rule.split()
+        for i, word in enumerate(words[:-1]):
+            if word == "-s" and (i == 0 or words[i - 1] != "!"):
+                found.append(words[i + 1])
+    return found
+
+
+KIND: Kind[IptablesChain] = Kind(KIND_NAME, find, identity, ref, tie, reclaim, start=ChainCollector, frees=frees)

@@ -18,7 +18,7 @@ from reaper.host.confined import fstatfs_type, libc, opened_dir, unlink_beneath
 from reaper.host.files import NSFS_MAGIC, PROC_SUPER_MAGIC, DirLister, describe_oserror
 from reaper.host.mounts import unpin_hazard
 from reaper.host.procs import busy_namespaces
-from reaper.kinds import Found, Kind, Look, ReclaimContext
+from reaper.kinds import Found, Kind, Look, Pin, ReclaimContext
 from reaper.model import CorruptFile, DetailValue, Done, Identity, NetnsPin, NetnsTie, NsKey, ResourceRef
 from reaper.names import is_runtime_netns_name
 
@@ -187,4 +187,13 @@ def _plain_file(now: os.stat_result) -> str | None:
     return None
 
 
-KIND: Kind[NetnsPin] = Kind("netns", find, identity, ref, tie, reclaim, del_needs=True)
+def as_pin(pin: NetnsPin) -> Pin | None:
+    return Pin(pin.ns, pin.path) if pin.is_namespace else None
+
+
+def proves(pin: NetnsPin, netns: NsKey | None) -> bool:
+    """A namespace mounted on the pin proves its attachment; a stale file does not."""
+    return pin.is_namespace
+
+
+KIND: Kind[NetnsPin] = Kind("netns", find, identity, ref, tie, reclaim, del_needs=True, pin=as_pin, proves=proves)

@@ -176,4 +176,15 @@ def reclaim(veths: Sequence[VethLink], ctx: ReclaimContext) -> dict[Identity, Do
     return done
 
 
-KIND: Kind[VethLink] = Kind("veth", find, identity, ref, tie, reclaim, del_needs=True)
+def host_ifname(veth: VethLink) -> str:
+    return veth.name
+
+
+def proves(veth: VethLink, netns: NsKey | None) -> bool:
+    """A host veth whose peer lives in the attachment's namespace proves it."""
+    return veth.peer_netns is not None and veth.peer_netns == netns
+
+
+KIND: Kind[VethLink] = Kind(
+    "veth", find, identity, ref, tie, reclaim, del_needs=True, host_ifname=host_ifname, proves=proves
+)

@@ -17,17 +17,14 @@ from reaper.cni.invoke import del_network, network_status
 from reaper.cni.requests import DelRequest, request_from_cache, safe_ifname
 from reaper.host.procs import busy_namespaces
 from reaper.host.quarantine import Quarantine
-from reaper.kinds import COMMAND_TIMEOUT, Kind, ReclaimContext, cache
+from reaper.kinds import COMMAND_TIMEOUT, Kind, ReclaimContext
 from reaper.kinds.netconf import stateful_plugins
-from reaper.kinds.registry import KINDS, RECLAIM_ORDER
+from reaper.kinds.registry import KINDS, LAST, RECLAIM_ORDER, pin_of
 from reaper.model import (
     Attachment,
     AttachmentKey,
-    CacheEntry,
     Done,
-    HostLocalLease,
     Identity,
-    NetnsPin,
     NetworkConfig,
     NodeSnapshot,
     NsKey,
@@ -36,7 +33,6 @@ from reaper.model import (
     ResourceOutcome,
     RuntimeView,
     SkippedAttachment,
-    VethLink,
 )
 from reaper.reap import delegates
 from reaper.reap.plan import recheck_reason
@@ -61,28 +57,28 @@ def _netns_for_del(attachment: Attachment, records: Records) -> str:
     """CNI_NETNS for DEL: the attachment's pin when it is still a real namespace, else empty
     (and then no DEL runs)."""
     for ref in attachment.resources:
-        pin = records.get(ref.identity)
-        if isinstance(pin, NetnsPin) and pin.is_namespace and os.path.exists(pin.path):
+        pin = pin_of(ref, records)
+        if pin is not None and os.path.exists(pin.path):
             return pin.path
     return ""
 
 
-def held_by_others(records: Records, orphans: Sequence[Attachment]) -> tuple[set[str], set[str]]:
-    """(addresses, veth names) that records outside every orphan attachment hold, the addresses
-    as written (node_trust compares them by meaning). Only veths: a result's other host
-    interfaces are shared ones (the bridge every pod hangs off)."""
+def held_by_others(snapshot: NodeSnapshot, orphans: Sequence[Attachment]) -> tuple[set[str], set[str]]:
+    """(addresses, host interface names) that records outside every orphan attachment hold, the
+    addresses as written (node_trust compares them by meaning). Host interfaces only as their
+    kinds name them (veths): a result's other host interfaces are shared ones (the bridge
+    every pod hangs off)."""
     judged = {ref.identity for a in orphans for ref in a.resources}
+    found = {kind.identity(r): (kind, r) for kind in KINDS for r in snapshot.of(kind.name)}
     ips: set[str] = set()
     ifnames: set[str] = set()
-    for ident, record in records.items():
+    for ident, (kind, record) in found.items():
         if ident in judged:
             continue
-        if isinstance(record, HostLocalLease):
-            ips.add(record.ip)
-        elif isinstance(record, VethLink):
-            ifnames.add(record.name)
-        elif isinstance(record, CacheEntry):
-            ips.update(record.ips)
+        if kind.claims is not None:
+            ips.update(kind.claims(record))
+        if kind.host_ifname is not None:
+            ifnames.add(kind.host_ifname(record))
     return ips, ifnames
 
 
@@ -92,15 +88,22 @@ def _cached_request(attachment: Attachment, records: Records, netns: str) -> tup
     key = attachment.key
     if key.container_id is None or key.network is None or key.ifname is None:
         return None
-    entries = [records.get(ref.identity) for ref in attachment.resources if ref.kind == cache.KIND.name]
-    usable = [e for e in entries if isinstance(e, CacheEntry) and not e.legacy and e.corrupt is None]
-    if not usable:
-        return None
-    document = cache.current_document(usable[0])
-    if document is None or document.legacy:
-        return None
-    request = request_from_cache(document.doc, key.container_id, key.network, key.ifname, netns, usable[0].path)
-    return (request, document.doc.get("result")) if request is not None else None
+    for kind in KINDS:
+        carried = _records_of(kind, attachment, records) if kind.del_document is not None else []
+        if kind.del_document is None or not carried:
+            continue
+        document = kind.del_document(carried)
+        if document is None:
+            return None
+        doc, path = document
+        request = request_from_cache(doc, key.container_id, key.network, key.ifname, netns, path)
+        return (request, doc.get("result")) if request is not None else None
+    return None
+
+
+def _records_of(kind: Kind[Any], attachment: Attachment, records: Records) -> list[Any]:
+    """The attachment's records of `kind` that the look found, in the attachment's order."""
+    return [records[ref.identity] for ref in attachment.resources if ref.kind == kind.name and ref.identity in records]
 
 
 def del_request(
@@ -159,11 +162,10 @@ def kept_state(
     cache entry is the only record of what that DEL needs. None when every plugin of the chain
     is known stateless (reaper.kinds.netconf.STATELESS_PLUGINS). The chain is what the cache
     entry says was ADDed, else the conf dir's config of the network, plus what DEL would run."""
-    records_of = (records.get(ref.identity) for ref in attachment.resources if ref.kind == cache.KIND.name)
-    entries = [e for e in records_of if isinstance(e, CacheEntry)]
-    if not entries:
+    carriers = [(k.added_config, _records_of(k, attachment, records)) for k in KINDS if k.added_config is not None]
+    if not any(found for _, found in carriers):
         return None
-    raws = [raw for raw in (cache.cached_config(e) for e in entries) if raw is not None]
+    raws = [raw for added, found in carriers for raw in map(added, found) if raw is not None]
     if not raws:
         network = attachment.key.network
         raws = [c.raw for c in configs if c.name == network and not c.path.startswith("cache:")][:1]
@@ -182,16 +184,13 @@ def kept_state(
     return ", ".join(stateful)[:200]
 
 
-LAST_KINDS = frozenset(k.name for k in KINDS if k.last)
-
-
 def waits_for_plugin(attachment: Attachment, records: Records, configs: Sequence[NetworkConfig]) -> str | None:
     """Why a pass has nothing to do for this orphan, when it has not: all that is left of it
     are the files a DEL needs (its cache entry, flannel's, multus'), its chain keeps state only
     that DEL frees (kept_state), and no DEL can run, with no namespace to prove it or to pass.
     Such an orphan is reported but takes no place under --max-reap, so that any number of them
     (forged, or a plugin gone for good) never holds back the leaks that can be reclaimed."""
-    if attachment.netns is not None or not all(ref.kind in LAST_KINDS for ref in attachment.resources):
+    if attachment.netns is not None or not all(ref.kind in LAST for ref in attachment.resources):
         return None
     what = kept_state(attachment, records, configs, None)
     if what is None:
@@ -372,7 +371,6 @@ class Reclaimer(Struct):
         that keeps state elsewhere still needs its DEL (`needs_plugin`), what that DEL needs
         stays: the `last` kinds' files and the `del_needs` kinds' pin and veths."""
         done: dict[Identity, Done] = {}
-        last_kinds = {k.name for k in RECLAIM_ORDER if k.last}
         for kind in RECLAIM_ORDER:
             records = []
             for a in attachments:
@@ -385,7 +383,7 @@ class Reclaimer(Struct):
                         done[ref.identity] = Done.left(why)
                         continue
                     if kind.last:
-                        others = [r.identity for r in a.resources if r.kind not in last_kinds and r.identity in present]
+                        others = [r.identity for r in a.resources if r.kind not in LAST and r.identity in present]
                         if not all(done.get(i, Done.freed()).ok for i in others):
                             done[ref.identity] = Done.left("kept: other resources of the attachment remain")
                             continue

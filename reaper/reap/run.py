@@ -79,7 +79,7 @@ def reap_pass(
     selected, skipped = select([a for a in orphans if a.key not in waiting], policy)
     skipped = [SkippedAttachment(key, why) for key, why in waiting.items()] + skipped
     trust = node_trust((c for c in configs if not c.path.startswith("cache:")), reap.allow_plugins,
-                       *held_by_others(records, orphans), proven=proven_namespaces(orphans, records))  # fmt: skip
+                       *held_by_others(scan.snapshot, orphans), proven=proven_namespaces(orphans, records))  # fmt: skip
     asked = {a.key: (None, None) if policy.kernel_only else del_request(a, records, configs, trust) for a in selected}
     requests = {key: request for key, (request, _) in asked.items()}
     plan = tuple(plan_attachment(a, *asked[a.key], policy.quarantine) for a in selected)
