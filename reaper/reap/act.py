@@ -8,7 +8,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence, Set
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 from msgspec import Struct, field
 from msgspec.structs import replace
@@ -218,13 +218,21 @@ def _kept_because(what: str, no_del: bool, pinned: bool) -> str:
     return f"kept: {what} may keep state only its DEL frees, and that DEL has not succeeded as the runtime would run it"
 
 
+class Recheck(NamedTuple):
+    """What a re-check found: why each attachment must be left after all, and the namespaces
+    the runtimes named at it (live, whatever a record says)."""
+
+    left: dict[AttachmentKey, str]
+    live_netns: frozenset[NsKey] = frozenset()
+
+
 class Reclaimer(Struct):
     """The act and verify steps of one pass."""
 
     look: Callable[[], NodeSnapshot]  # a fresh look at the node
     netns_dirs: tuple[str, ...]
     bin_dirs: tuple[str, ...]
-    live_netns: frozenset[NsKey]  # namespaces the runtime named at the re-check
+    live_netns: frozenset[NsKey]  # namespaces the runtime named when the pass was planned
     plugin_timeout: float
     quarantine: Quarantine | None
     log: logging.Logger
@@ -237,17 +245,19 @@ class Reclaimer(Struct):
     _statuses: dict[bytes, str | None] = field(default_factory=dict)
     _status_lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def recheck(self, attachments: Sequence[Attachment]) -> dict[AttachmentKey, str]:
+    def recheck(self, attachments: Sequence[Attachment]) -> Recheck:
         """Right before acting on them: why each attachment must be left after all, by what the
-        runtimes list now and who is in its netns now. Unreachable runtimes leave them all."""
+        runtimes list now and who is in its netns now, and the namespaces they named. It
+        changes nothing shared (the DEL pool runs it in threads): the caller combines what
+        each re-check learned. Unreachable runtimes leave them all."""
         view = self.observe()
         if not view.reachable:
-            return {a.key: f"{UNREACHABLE_AT_RECHECK}: {view.error}" for a in attachments}
-        self.live_netns = self.live_netns | {s.netns for s in view.sandboxes if s.netns is not None}
+            return Recheck({a.key: f"{UNREACHABLE_AT_RECHECK}: {view.error}" for a in attachments})
+        live = frozenset(s.netns for s in view.sandboxes if s.netns is not None)
         only = attachments[0].netns if len(attachments) == 1 else None
         busy = busy_namespaces(self.bin_dirs, only) if only is not None or len(attachments) > 1 else {}
         reasons = {a.key: recheck_reason(a, view, busy) for a in attachments}
-        return {key: why for key, why in reasons.items() if why is not None}
+        return Recheck({key: why for key, why in reasons.items() if why is not None}, live)
 
     def run(
         self,
@@ -260,7 +270,7 @@ class Reclaimer(Struct):
         step; those the first re-check leaves are skipped whole. `keep` names, by attachment,
         the plugins of its chain that keep state only their DEL frees (see kept_state)."""
         self.watch.restart()
-        plugin_errors, left_before_del = self._del_all(attachments, requests)
+        plugin_errors, left_before_del, live = self._del_all(attachments, requests)
         skipped = [SkippedAttachment(a.key, left_before_del[a.key]) for a in attachments if a.key in left_before_del]
         attachments = [a for a in attachments if a.key not in left_before_del]
         self.watch.lap("del")
@@ -277,13 +287,14 @@ class Reclaimer(Struct):
             # Stopping: no new step starts. What DEL freed is reported; the rest waits.
             kernel_done = {i: Done.left("interrupted: stopping") for i in after_del}
         else:
-            left = self.recheck(attachments) if attachments else {}
+            found = self.recheck(attachments) if attachments else Recheck({})
+            left, live = found.left, live | found.live_netns
             kernel_done = {
                 r.identity: Done.left(left[a.key]) for a in attachments if a.key in left for r in a.resources
             }
             remaining = [a for a in attachments if a.key not in left]
             no_del = {key for key in needs_plugin if requests.get(key) is None}
-            kernel_done.update(self._kernel(remaining, after_del, needs_plugin, no_del, judged or {}))
+            kernel_done.update(self._kernel(remaining, after_del, needs_plugin, no_del, judged or {}, live=live))
         self.watch.lap("kernel")
         last_look = self.look()
         final = index(last_look)
@@ -323,40 +334,43 @@ class Reclaimer(Struct):
 
     def _del_all(
         self, attachments: Sequence[Attachment], requests: Mapping[AttachmentKey, DelRequest | None]
-    ) -> tuple[dict[AttachmentKey, tuple[str, ...]], dict[AttachmentKey, str]]:
+    ) -> tuple[dict[AttachmentKey, tuple[str, ...]], dict[AttachmentKey, str], frozenset[NsKey]]:
         """Each attachment's DEL (where it has a config), right after its own re-check: (plugin
-        errors, why an attachment was left) by attachment."""
+        errors, why an attachment was left) by attachment, and the namespaces the runtimes
+        named at the re-checks."""
 
-        def one(attachment: Attachment) -> tuple[AttachmentKey, tuple[str, ...], str | None]:
+        def one(attachment: Attachment) -> tuple[AttachmentKey, tuple[str, ...], str | None, frozenset[NsKey]]:
             key, request = attachment.key, requests.get(attachment.key)
             if self.stop.is_set():
-                return key, (), "stopping"
-            why = self.recheck([attachment]).get(key)
+                return key, (), "stopping", frozenset()
+            found = self.recheck([attachment])
+            why, live = found.left.get(key), found.live_netns
             if why is not None:
-                return key, (), why
+                return key, (), why, live
             config = request.config if request is not None else self.network_configs.get(key.network or "")
             unavailable = self.status(config) if config is not None else None
             if unavailable is not None:
-                return key, (), f"waits: a plugin of its network is not available (CNI STATUS): {unavailable}"
+                return key, (), f"waits: a plugin of its network is not available (CNI STATUS): {unavailable}", live
             if request is None:
-                return key, (), None
+                return key, (), None, live
             try:
                 with delegates.pinned(request) as (ready, changed):
                     if ready is None:
-                        return key, (f"no plugin ran: {changed}",), None
+                        return key, (f"no plugin ran: {changed}",), None, live
                     outcomes = del_network(ready, self.bin_dirs, self.plugin_timeout, self.stop)
             except Exception as err:  # this attachment's error; the others go on
-                return key, (f"DEL failed unexpectedly: {type(err).__name__}: {err}",), None
-            return key, tuple(o.error for o in outcomes if o.error), None
+                return key, (f"DEL failed unexpectedly: {type(err).__name__}: {err}",), None, live
+            return key, tuple(o.error for o in outcomes if o.error), None, live
 
         with ThreadPoolExecutor(max_workers=DEL_WORKERS) as pool:
             results = list(pool.map(one, attachments))
-        errors = {key: found for key, found, _ in results if found}
-        left = {key: why for key, _, why in results if why is not None}
+        errors = {key: found for key, found, _, _ in results if found}
+        left = {key: why for key, _, why, _ in results if why is not None}
+        live = frozenset[NsKey]().union(*(named for _, _, _, named in results))
         for key, found in errors.items():
             for error in found:
                 self.log.warning("plugin DEL failed", extra={"attachment": key.as_text(), "error": error})
-        return errors, left
+        return errors, left, live
 
     def _kernel(
         self,
@@ -365,11 +379,15 @@ class Reclaimer(Struct):
         needs_plugin: Mapping[AttachmentKey, str],
         no_del: Set[AttachmentKey],
         judged: Records,
+        *,
+        live: frozenset[NsKey] = frozenset(),
     ) -> dict[Identity, Done]:
         """Each kind reclaims what is still there, in the registry's order. A `last` kind's
         record goes only once every other resource of its attachment is gone. While a plugin
         that keeps state elsewhere still needs its DEL (`needs_plugin`), what that DEL needs
-        stays: the `last` kinds' files and the `del_needs` kinds' pin and veths."""
+        stays: the `last` kinds' files and the `del_needs` kinds' pin and veths. `live`: the
+        namespaces the re-checks named, besides those named when the pass was planned."""
+        live_netns = self.live_netns | live
         done: dict[Identity, Done] = {}
         for kind in RECLAIM_ORDER:
             records = []
@@ -394,7 +412,7 @@ class Reclaimer(Struct):
             if not records:
                 continue
             ctx = ReclaimContext(
-                self.netns_dirs, self.bin_dirs, self.live_netns, self.quarantine, COMMAND_TIMEOUT, dict(done)
+                self.netns_dirs, self.bin_dirs, live_netns, self.quarantine, COMMAND_TIMEOUT, dict(done)
             )
             done.update(self._reclaim_isolated(kind, records, ctx))
         return done
