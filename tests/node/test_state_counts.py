@@ -13,7 +13,7 @@ import json, logging, os, sys
 from pathlib import Path
 from reaper.model import Policy, RuntimeView
 from reaper.names import compile_netns_patterns
-from reaper.runtime.static import StaticLiveness
+from tests.harness.static_liveness import StaticLiveness
 from reaper.scan import scan_pass
 from reaper.settings import Settings
 from reaper.state import KeptState

@@ -101,13 +101,13 @@ from reaper.model import (
 from reaper.names import compile_netns_patterns
 from reaper.reap.run import reap_pass
 from reaper.reconcile import reconcile
-from reaper.runtime.static import StaticLiveness
 from reaper.settings import ReapSettings, Settings
 from tests.harness import snapshots
 from tests.harness.configs import cache_doc, conflist
 from tests.harness.lab.kernel import unmount_all_under
 from tests.harness.passes import bare_reclaimer
 from tests.harness.plugin_files import multus_delegate, multus_scratch
+from tests.harness.static_liveness import StaticLiveness
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_EXAMPLES = 100

@@ -15,9 +15,9 @@ from pathlib import Path
 from reaper.model import Policy, RuntimeView
 from reaper.names import compile_netns_patterns
 from reaper.report import report_json
-from reaper.runtime.static import StaticLiveness
 from reaper.scan import scan_pass
 from reaper.settings import Settings
+from tests.harness.static_liveness import StaticLiveness
 
 
 class RacingRuntime:
