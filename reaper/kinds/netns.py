@@ -80,7 +80,7 @@ def _nsfs_device() -> int | None:
 def _look_at(dir_fd: int, name: str, nsfs: int | None) -> tuple[os.stat_result, bool]:
     """The pin's stat, and whether a namespace is mounted on it: an inode on the device of this
     process's own namespace is one (one filesystem has the device at a time); anything else is
-    asked its filesystem's magic (a statfs: 4 us a pin)."""
+    asked its filesystem's magic (a statfs per pin, which the common case never needs)."""
     fd = _open_pin(dir_fd, name)
     try:
         st = os.fstat(fd)

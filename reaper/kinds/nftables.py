@@ -106,8 +106,8 @@ def _table(data: bytes | bytearray, offset: int, length: int) -> tuple[str, str]
 
 
 def present_cni_tables() -> list[tuple[str, str]]:
-    """The CNI tables that exist, asked over nfnetlink: `nft list tables` costs ~90 ms because
-    it loads the whole ruleset, this costs ~2 ms, and the common answer is "none"."""
+    """The CNI tables that exist, asked over nfnetlink rather than with `nft list tables`, which
+    loads the whole ruleset to answer; the common answer is "none"."""
     with netlink.Netlink(NETLINK_NETFILTER) as nl:
         found = set(nl.dump(NFT_GET_TABLES, _ANY_FAMILY, _table))
     return sorted(found & CNI_TABLES)
