@@ -73,12 +73,12 @@ def main(count: int) -> None:
     lease = HostLocalLease("net1", "10.99.0.1", "d" * 64, "eth0", "/nonexistent/10.99.0.1", "/nonexistent", 0.0)
     identity = hostlocal.KIND.identity(lease)
     orphan = Attachment(
-        AttachmentKey("d" * 64, "net1", "eth0"),
-        (ResourceRef("ipam", "net1/10.99.0.1", 0.0, {}, identity),),
-        None,
-        "orphan",
-        "",
-        600.0,
+        key=AttachmentKey("d" * 64, "net1", "eth0"),
+        resources=(ResourceRef("ipam", "net1/10.99.0.1", 0.0, {}, identity),),
+        netns=None,
+        verdict="orphan",
+        reason="",
+        age_seconds=600.0,
     )
 
     def check() -> None:

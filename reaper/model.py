@@ -352,7 +352,7 @@ class AttachmentKey(Struct, frozen=True, order=True):
         return f"{self.container_id}/{self.network or ''}/{self.ifname or ''}"
 
 
-class Attachment(Struct, frozen=True):
+class Attachment(Struct, frozen=True, kw_only=True):
     """The resources of one (container ID, network, ifname), with the verdict on them."""
 
     key: AttachmentKey
@@ -404,7 +404,7 @@ class UnconfirmedResource(Struct, frozen=True):
     why: str
 
 
-class ScanReport(Struct, frozen=True):
+class ScanReport(Struct, frozen=True, kw_only=True):
     """Everything one read-only look concluded."""
 
     taken_at: float
@@ -447,7 +447,7 @@ class PlannedAttachment(Struct, frozen=True):
     config_note: str | None = None  # why the cache entry's own config (or any plugin) does not run
 
 
-class ResourceOutcome(Struct, frozen=True):
+class ResourceOutcome(Struct, frozen=True, kw_only=True):
     """What reclaiming did to one resource, as the look after it saw."""
 
     kind: ResourceKind
@@ -503,7 +503,7 @@ class Done(Struct, frozen=True):
 # ------------------------------------------------------------------- results
 
 
-class ScanResult(Struct, frozen=True):
+class ScanResult(Struct, frozen=True, kw_only=True):
     """One read-only pass."""
 
     report: ScanReport
@@ -526,7 +526,7 @@ class ScanResult(Struct, frozen=True):
         return None
 
 
-class ReapResult(Struct, frozen=True):
+class ReapResult(Struct, frozen=True, kw_only=True):
     """One reclaiming pass: the scan it acted on, and what it did."""
 
     report: ScanReport

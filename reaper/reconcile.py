@@ -130,7 +130,17 @@ def reconcile(
                 verdict, reason = _unowned_verdict(age, streak, policy)
         new_history[text_key] = AttachmentHistory(first_seen, streak)
         owner = _owner(group)
-        attachments.append(Attachment(group.key, group.resources, group.netns, verdict, reason, age, owner))
+        attachments.append(
+            Attachment(
+                key=group.key,
+                resources=group.resources,
+                netns=group.netns,
+                verdict=verdict,
+                reason=reason,
+                age_seconds=age,
+                owner=owner,
+            )
+        )
 
     stuck = []
     for sandbox in runtime.sandboxes:

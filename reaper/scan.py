@@ -88,7 +88,13 @@ def _scan_pass(
     seconds = time.monotonic() - started
     _log_pass(log, warnings, report, runtime.reachable, seconds, timings)
     return ScanResult(
-        report, snapshot, netns_map if runtime.reachable else known, saved, tuple(warnings), seconds, timings
+        report=report,
+        snapshot=snapshot,
+        known_netns=netns_map if runtime.reachable else known,
+        state_saved=saved,
+        warnings=tuple(warnings),
+        seconds=seconds,
+        timings=timings,
     )
 
 

@@ -316,7 +316,9 @@ class Reclaimer(Struct):
                     gone, error = False, f"not verified: the last look could not read all of {ref.kind}"
                 if not gone and error is None:
                     error = "still present after reclaiming"
-                results.append(ResourceOutcome(ref.kind, ref.name, method, gone, None if gone else error))
+                results.append(
+                    ResourceOutcome(kind=ref.kind, name=ref.name, method=method, ok=gone, error=None if gone else error)
+                )
             outcomes.append(
                 ReclaimOutcome(a.key, tuple(results), plugin_errors.get(a.key, ()), needs_plugin.get(a.key))
             )

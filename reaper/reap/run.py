@@ -60,7 +60,17 @@ def reap_pass(
     watch.lap("scan")
 
     def result(**changes: Any) -> ReapResult:
-        base = ReapResult(report, False, None, (), (), (), None, tuple(watch.laps), scan.state_saved)
+        base = ReapResult(
+            report=report,
+            breaker_open=False,
+            breaker_reason=None,
+            plan=(),
+            reclaimed=(),
+            skipped=(),
+            recheck_error=None,
+            timings=tuple(watch.laps),
+            state_saved=scan.state_saved,
+        )
         return replace(base, **changes)
 
     if not report.runtime.reachable:

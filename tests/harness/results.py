@@ -42,7 +42,15 @@ def attachment(n: int, verdict: Verdict) -> Attachment:
         ResourceRef("ipam", f"10.0.0.{n}", TAKEN_AT - 100.0, {"network": NET}),
         ResourceRef("veth", LONG_NAME if n == 1 else f"veth{n:08x}", None),
     )
-    return Attachment(key(n), resources, None, verdict, f"reason of {n}", 3600.0 + n, "cri")
+    return Attachment(
+        key=key(n),
+        resources=resources,
+        netns=None,
+        verdict=verdict,
+        reason=f"reason of {n}",
+        age_seconds=3600.0 + n,
+        owner="cri",
+    )
 
 
 def runtime_answers(*, reachable: bool) -> RuntimeView:
@@ -91,12 +99,16 @@ def reap_result(**changes: Any) -> ReapResult:
         ),
     )
     reclaimed = (
-        ReclaimOutcome(key(1), (ResourceOutcome("ipam", "10.0.0.1", "cni-del", True, None),), ()),
+        ReclaimOutcome(
+            key(1), (ResourceOutcome(kind="ipam", name="10.0.0.1", method="cni-del", ok=True, error=None),), ()
+        ),
         ReclaimOutcome(
             key(2),
             (
-                ResourceOutcome("veth", LONG_NAME, "kernel", True, None),
-                ResourceOutcome("cache", "mynet-2", "kernel", False, "kept: calico-ipam may keep state"),
+                ResourceOutcome(kind="veth", name=LONG_NAME, method="kernel", ok=True, error=None),
+                ResourceOutcome(
+                    kind="cache", name="mynet-2", method="kernel", ok=False, error="kept: calico-ipam may keep state"
+                ),
             ),
             ("calico: DEL broke (code 11)",),
             "calico-ipam",

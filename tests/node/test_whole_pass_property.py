@@ -1137,7 +1137,14 @@ def test_what_the_last_look_could_not_read_is_not_reported_freed(tmp_path: Path)
     (entry,) = cache.collect_cache(str(tmp_path / "cache"), {NET}).entries
     unread = SourceError("cache", "failed unexpectedly: ValueError: embedded null byte")
     blind = NodeSnapshot(0.0, NsKey(0, 0), {"cache": ()}, (), (), (), (unread,), partly_read=frozenset({"cache"}))
-    orphan = Attachment(AttachmentKey(DEAD, NET, "eth0"), (cache.ref(entry),), None, "orphan", "test", 0.0)
+    orphan = Attachment(
+        key=AttachmentKey(DEAD, NET, "eth0"),
+        resources=(cache.ref(entry),),
+        netns=None,
+        verdict="orphan",
+        reason="test",
+        age_seconds=0.0,
+    )
     request = DelRequest(DEAD, NET, "eth0", "", conflist(NET), "conf")
     up = RuntimeView("unix:///test.sock", "test", "1", True, None, ())
     (tmp_path / "bin").mkdir()

@@ -66,7 +66,9 @@ def attach(
         refs.append(ResourceRef(kind.name, str(identity[-1]), 0.0, {}, identity))
         index[identity] = record
     key = AttachmentKey(cid, "net1", "eth0") if cid is not None else AttachmentKey(None, None, None, "/run/netns/x")
-    return Attachment(key, tuple(refs), netns_key, "orphan", "no sandbox", 600.0), index
+    return Attachment(
+        key=key, resources=tuple(refs), netns=netns_key, verdict="orphan", reason="no sandbox", age_seconds=600.0
+    ), index
 
 
 def seen(ns: NsKey, where: str, *found: str, error: str | None = None) -> NamespaceAddresses:

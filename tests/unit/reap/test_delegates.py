@@ -186,7 +186,14 @@ def test_del_request_runs_no_plugin_for_a_forged_flannel_file(tmp_path: Path) ->
     (tmp_path / "pin").touch()  # DEL is passed the pin's path, so it must be there
     pin = replace(snapshots.pin(1), path=str(tmp_path / "pin"))
     records: dict[Identity, Any] = {netns.identity(pin): pin}
-    attachment = Attachment(AttachmentKey(CID, "cbr0", "eth0"), (netns.ref(pin),), pin.ns, "orphan", "", 0.0)
+    attachment = Attachment(
+        key=AttachmentKey(CID, "cbr0", "eth0"),
+        resources=(netns.ref(pin),),
+        netns=pin.ns,
+        verdict="orphan",
+        reason="",
+        age_seconds=0.0,
+    )
     write_private(tmp_path / "flannel", CID, flannel_scratch(FLANNEL_CONF))
     request, note = del_request(attachment, records, [config], _trust(config))
     assert request is not None and note is None and [d.plugin_type for d in request.delegations] == ["flannel"]

@@ -46,7 +46,14 @@ def _attachment(records: dict[Identity, Any]) -> Attachment:
     for record in records.values():
         kind = next(k for k in (cache.KIND, hostlocal.KIND, netns.KIND) if k.identity(record) in records)
         refs.append(replace(kind.ref(record), identity=kind.identity(record)))
-    return Attachment(AttachmentKey(CID, NET, "eth0"), tuple(refs), NETNS, "orphan", "", 0.0)
+    return Attachment(
+        key=AttachmentKey(CID, NET, "eth0"),
+        resources=tuple(refs),
+        netns=NETNS,
+        verdict="orphan",
+        reason="",
+        age_seconds=0.0,
+    )
 
 
 def _trust() -> NodeTrust:
