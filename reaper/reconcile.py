@@ -153,7 +153,9 @@ def reconcile(
             if a.key.container_id == sandbox.id or (sandbox.netns is not None and a.netns == sandbox.netns)
             for r in a.resources
         )
-        stuck.append(StuckSandbox(sandbox.id, sandbox.name, sandbox.namespace, age, held))
+        stuck.append(
+            StuckSandbox(id=sandbox.id, name=sandbox.name, namespace=sandbox.namespace, age_seconds=age, resources=held)
+        )
 
     report = ScanReport(
         taken_at=snapshot.taken_at,

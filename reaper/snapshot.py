@@ -138,6 +138,13 @@ def _take(
     ranges = range_usage(configs, found.get(hostlocal.KIND.name, ()), opts.pod_cidrs)
     watch.lap("ranges")
     return NodeSnapshot(
-        taken_at, host, found, tuple(ranges), tuple(configs), tuple(corrupt), tuple(errors),
-        timings=tuple(watch.laps), partly_read=frozenset(partly_read),
-    )  # fmt: skip
+        taken_at=taken_at,
+        host_netns=host,
+        resources=found,
+        ranges=tuple(ranges),
+        configs=tuple(configs),
+        corrupt=tuple(corrupt),
+        errors=tuple(errors),
+        timings=tuple(watch.laps),
+        partly_read=frozenset(partly_read),
+    )

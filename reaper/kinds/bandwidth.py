@@ -77,7 +77,9 @@ def identity(device: IfbDevice) -> Identity:
 
 
 def ref(device: IfbDevice) -> ResourceRef:
-    return ResourceRef("ifb", device.name, None, {"ifindex": device.ifindex}, identity(device))
+    return ResourceRef(
+        kind="ifb", name=device.name, created_at=None, details={"ifindex": device.ifindex}, identity=identity(device)
+    )
 
 
 def tie(device: IfbDevice) -> Claim:

@@ -244,9 +244,21 @@ def _entry(path: str, name: str, root: str, lst: os.stat_result, said: _Said, le
     cid, net, ifname, netns_path, host_ifnames, owner, ips, _ = said
     netns, uninspectable = namespace_at(netns_path)
     return CacheEntry(
-        path, name, cid, net, ifname, netns_path, netns, host_ifnames, legacy, lst.st_mtime, root,
-        netns_uninspectable=uninspectable, owner=owner, ips=ips,
-    )  # fmt: skip
+        path=path,
+        name=name,
+        container_id=cid,
+        network=net,
+        ifname=ifname,
+        netns_path=netns_path,
+        netns=netns,
+        host_ifnames=host_ifnames,
+        legacy=legacy,
+        mtime=lst.st_mtime,
+        cache_dir=root,
+        netns_uninspectable=uninspectable,
+        owner=owner,
+        ips=ips,
+    )
 
 
 def _entry_from_name(bad: CorruptFile, mtime: float, cache_dir: str, networks: Set[str]) -> CacheEntry | None:
@@ -258,7 +270,20 @@ def _entry_from_name(bad: CorruptFile, mtime: float, cache_dir: str, networks: S
             continue
         cid, sep, ifname = name[len(network) + 1 :].rpartition("-")
         if sep and is_cni_id(cid) and is_ifname(ifname):
-            return CacheEntry(bad.path, name, cid, network, ifname, None, None, (), False, mtime, cache_dir, bad.error)
+            return CacheEntry(
+                path=bad.path,
+                name=name,
+                container_id=cid,
+                network=network,
+                ifname=ifname,
+                netns_path=None,
+                netns=None,
+                host_ifnames=(),
+                legacy=False,
+                mtime=mtime,
+                cache_dir=cache_dir,
+                corrupt=bad.error,
+            )
     return None
 
 
@@ -332,12 +357,18 @@ def ref(entry: CacheEntry) -> ResourceRef:
     details: dict[str, DetailValue] = {"path": entry.path, "legacy": entry.legacy, "owner": entry.owner}
     if entry.corrupt is not None:
         details["corrupt"] = entry.corrupt
-    return ResourceRef("cache", entry.name, entry.mtime, details, identity(entry))
+    return ResourceRef(kind="cache", name=entry.name, created_at=entry.mtime, details=details, identity=identity(entry))
 
 
 def tie(entry: CacheEntry) -> OwnKey:
     uninspectable = entry.netns_path if entry.netns_uninspectable and entry.netns_path else None
-    return OwnKey(entry.container_id, entry.network, entry.ifname, entry.netns, uninspectable)
+    return OwnKey(
+        container_id=entry.container_id,
+        network=entry.network,
+        ifname=entry.ifname,
+        netns=entry.netns,
+        uninspectable_netns=uninspectable,
+    )
 
 
 # ------------------------------------------------------------------------------ reclaiming
@@ -383,6 +414,16 @@ def del_document(entries: Sequence[CacheEntry]) -> tuple[dict[str, Any], str] | 
 
 
 KIND: Kind[CacheEntry] = Kind(
-    "cache", find, identity, ref, tie, reclaim, last=True, quarantinable=True,
-    claims=claims, del_document=del_document, added_config=cached_config, says_owner=True,
-)  # fmt: skip
+    "cache",
+    find,
+    identity,
+    ref,
+    tie,
+    reclaim,
+    last=True,
+    quarantinable=True,
+    claims=claims,
+    del_document=del_document,
+    added_config=cached_config,
+    says_owner=True,
+)

@@ -206,7 +206,7 @@ def ref(rule: ForwardRule) -> ResourceRef:
         "ip": rule.ip,
         "owner": rule.owner,
     }
-    return ResourceRef("firewall", rule.spec, None, details, identity(rule))
+    return ResourceRef(kind="firewall", name=rule.spec, created_at=None, details=details, identity=identity(rule))
 
 
 def tie(rule: ForwardRule) -> Claim:

@@ -126,7 +126,17 @@ def collect_leases(
                     continue
                 if known is None:
                     memo.put(path, lst, said)
-                leases.append(HostLocalLease(network, name, said[0], said[1], path, data_dir, lst.st_mtime))
+                leases.append(
+                    HostLocalLease(
+                        network=network,
+                        ip=name,
+                        container_id=said[0],
+                        ifname=said[1],
+                        path=path,
+                        data_dir=data_dir,
+                        mtime=lst.st_mtime,
+                    )
+                )
     return leases, list(corrupt.records())
 
 
@@ -209,13 +219,19 @@ def identity(lease: HostLocalLease) -> Identity:
 
 def ref(lease: HostLocalLease) -> ResourceRef:
     details: dict[str, DetailValue] = {"path": lease.path, "ip": lease.ip}
-    return ResourceRef("ipam", f"{lease.network}/{lease.ip}", lease.mtime, details, identity(lease))
+    return ResourceRef(
+        kind="ipam",
+        name=f"{lease.network}/{lease.ip}",
+        created_at=lease.mtime,
+        details=details,
+        identity=identity(lease),
+    )
 
 
 def tie(lease: HostLocalLease) -> OwnKey | ContainerTie:
     if lease.ifname is None:
         return ContainerTie(lease.container_id, lease.network)
-    return OwnKey(lease.container_id, lease.network, lease.ifname)
+    return OwnKey(container_id=lease.container_id, network=lease.network, ifname=lease.ifname)
 
 
 # ------------------------------------------------------------------------------ reclaiming

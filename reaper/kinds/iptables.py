@@ -415,7 +415,7 @@ def ref(chain: IptablesChain) -> ResourceRef:
         "purpose": chain.purpose,
         "backend": chain.backend,
     }
-    return ResourceRef("iptables", chain.chain, None, details, identity(chain))
+    return ResourceRef(kind="iptables", name=chain.chain, created_at=None, details=details, identity=identity(chain))
 
 
 def tie(chain: IptablesChain) -> Claim | None:

@@ -192,7 +192,15 @@ def parse_network_config(raw: bytes, path: str) -> NetworkConfig:
             pod_cidr_versions.extend(v for v in from_pod_cidr if v not in pod_cidr_versions)
     disable_gc = doc.get("disableGC") is True
     return NetworkConfig(
-        name, path, version, tuple(types), tuple(data_dirs), tuple(ranges), disable_gc, raw, tuple(pod_cidr_versions)
+        name=name,
+        path=path,
+        cni_version=version,
+        plugin_types=tuple(types),
+        ipam_data_dirs=tuple(data_dirs),
+        ipam_ranges=tuple(ranges),
+        disable_gc=disable_gc,
+        raw=raw,
+        pod_cidr_versions=tuple(pod_cidr_versions),
     )
 
 

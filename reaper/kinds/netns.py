@@ -105,7 +105,7 @@ def ref(pin: NetnsPin) -> ResourceRef:
     details: dict[str, DetailValue] = {"path": pin.path}
     if not pin.is_namespace:
         details["stale"] = True
-    return ResourceRef("netns", pin.name, pin.mtime, details, identity(pin))
+    return ResourceRef(kind="netns", name=pin.name, created_at=pin.mtime, details=details, identity=identity(pin))
 
 
 def tie(pin: NetnsPin) -> NetnsTie:

@@ -71,14 +71,30 @@ def parse_rules(text: str) -> list[NftRule]:
             if not match:
                 continue  # not a plugin's rule (an admin's, or an older format): never ours
             instance, net, ifname, cid = match.groups()
-            described = (
-                net if net and is_cni_id(net) else None,
-                ifname if ifname and is_ifname(ifname) else None,
-                cid if cid and is_cni_id(cid) else None,
+            rules.append(
+                NftRule(
+                    family=family,
+                    table=table,
+                    chain=chain,
+                    handle=handle,
+                    network=net if net and is_cni_id(net) else None,
+                    ifname=ifname if ifname and is_ifname(ifname) else None,
+                    container_id=cid if cid and is_cni_id(cid) else None,
+                    instance=instance,
+                )
             )
-            rules.append(NftRule(family, table, chain, handle, *described, instance=instance))
         elif table == "cni_hostport" and is_cni_id(comment.strip()):
-            rules.append(NftRule(family, table, chain, handle, None, None, comment.strip()))
+            rules.append(
+                NftRule(
+                    family=family,
+                    table=table,
+                    chain=chain,
+                    handle=handle,
+                    network=None,
+                    ifname=None,
+                    container_id=comment.strip(),
+                )
+            )
     return rules
 
 
@@ -158,7 +174,7 @@ def ref(rule: NftRule) -> ResourceRef:
         described = {"instance": rule.instance, "network": rule.network, "ifname": rule.ifname}
     described["container_id"] = rule.container_id
     name = f"{rule.family} {rule.table} {rule.chain} {rule.handle}"
-    return ResourceRef("nft", name, None, described, identity(rule))
+    return ResourceRef(kind="nft", name=name, created_at=None, details=described, identity=identity(rule))
 
 
 def tie(rule: NftRule) -> Claim | None:

@@ -229,7 +229,9 @@ def file_kind(
         shown: Details = {"path": file.path, **details(file)}
         if file.corrupt is not None:
             shown["corrupt"] = file.corrupt
-        return ResourceRef(fmt.kind, file.container_id, file.mtime, shown, identity(file))
+        return ResourceRef(
+            kind=fmt.kind, name=file.container_id, created_at=file.mtime, details=shown, identity=identity(file)
+        )
 
     def tie(file: ScratchFile[C]) -> ContainerTie:
         return ContainerTie(file.container_id)

@@ -116,7 +116,7 @@ def ref(veth: VethLink) -> ResourceRef:
     }
     if veth.master:
         details["master"] = veth.master
-    return ResourceRef("veth", veth.name, None, details, identity(veth))
+    return ResourceRef(kind="veth", name=veth.name, created_at=None, details=details, identity=identity(veth))
 
 
 def tie(veth: VethLink) -> PeerTie:

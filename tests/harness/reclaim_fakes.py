@@ -49,7 +49,7 @@ def _identity(record: FakeRecord) -> Identity:
 
 
 def _ref(record: FakeRecord) -> ResourceRef:
-    return ResourceRef(record.kind, record.name, None, identity=_identity(record))
+    return ResourceRef(kind=record.kind, name=record.name, created_at=None, identity=_identity(record))
 
 
 class FakeNode:

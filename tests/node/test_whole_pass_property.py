@@ -668,17 +668,52 @@ class Tree:
 
     def runtime(self) -> RuntimeView:
         if not self.state.reachable:
-            return RuntimeView("unix:///test.sock", None, None, False, "connection refused", ())
+            return RuntimeView(
+                endpoint="unix:///test.sock",
+                name=None,
+                version=None,
+                reachable=False,
+                error="connection refused",
+                sandboxes=(),
+            )
         sandboxes = []
         for n, pod in enumerate(self.state.canaries):
             pin = self.pins.get(pod.cid)
             netns = _ns(pin) if pin is not None else None
             path = str(pin) if pin is not None else None
-            canary = Sandbox(pod.cid, f"canary-{n}", "default", f"u{n}", True, 0.0, path, netns, f"{pod.cid}@0")
+            canary = Sandbox(
+                id=pod.cid,
+                name=f"canary-{n}",
+                namespace="default",
+                uid=f"u{n}",
+                ready=True,
+                created_at=0.0,
+                netns_path=path,
+                netns=netns,
+                status_key=f"{pod.cid}@0",
+            )
             sandboxes.append(canary)
         for n, cid in enumerate(self.state.listed):
-            sandboxes.append(Sandbox(cid, f"pod-{n}", "default", f"v{n}", self.state.listed_ready, None, None, None))
-        return RuntimeView("unix:///test.sock", "test", "1", True, None, tuple(sandboxes))
+            sandboxes.append(
+                Sandbox(
+                    id=cid,
+                    name=f"pod-{n}",
+                    namespace="default",
+                    uid=f"v{n}",
+                    ready=self.state.listed_ready,
+                    created_at=None,
+                    netns_path=None,
+                    netns=None,
+                )
+            )
+        return RuntimeView(
+            endpoint="unix:///test.sock",
+            name="test",
+            version="1",
+            reachable=True,
+            error=None,
+            sandboxes=tuple(sandboxes),
+        )
 
     def settings(self) -> tuple[Settings, ReapSettings]:
         top, state = self.top, self.state
@@ -1136,7 +1171,16 @@ def test_what_the_last_look_could_not_read_is_not_reported_freed(tmp_path: Path)
     (results / f"{NET}-{DEAD}-eth0").write_text(json.dumps(cache_doc(DEAD, NET)))
     (entry,) = cache.collect_cache(str(tmp_path / "cache"), {NET}).entries
     unread = SourceError("cache", "failed unexpectedly: ValueError: embedded null byte")
-    blind = NodeSnapshot(0.0, NsKey(0, 0), {"cache": ()}, (), (), (), (unread,), partly_read=frozenset({"cache"}))
+    blind = NodeSnapshot(
+        taken_at=0.0,
+        host_netns=NsKey(0, 0),
+        resources={"cache": ()},
+        ranges=(),
+        configs=(),
+        corrupt=(),
+        errors=(unread,),
+        partly_read=frozenset({"cache"}),
+    )
     orphan = Attachment(
         key=AttachmentKey(DEAD, NET, "eth0"),
         resources=(cache.ref(entry),),
@@ -1146,7 +1190,7 @@ def test_what_the_last_look_could_not_read_is_not_reported_freed(tmp_path: Path)
         age_seconds=0.0,
     )
     request = DelRequest(DEAD, NET, "eth0", "", conflist(NET), "conf")
-    up = RuntimeView("unix:///test.sock", "test", "1", True, None, ())
+    up = RuntimeView(endpoint="unix:///test.sock", name="test", version="1", reachable=True, error=None, sandboxes=())
     (tmp_path / "bin").mkdir()
     reclaimer = bare_reclaimer(lambda: blind, lambda: up, (str(tmp_path / "bin"),), plugin_timeout=5.0)
     (outcome,), _ = reclaimer.run([orphan], {orphan.key: request})

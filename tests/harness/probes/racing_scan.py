@@ -25,7 +25,11 @@ class RacingRuntime:
 
     def __init__(self, pin: Path) -> None:
         self.pin = pin
-        self.inner = StaticLiveness(RuntimeView("unix:///race.sock", "race", "1", True, None, ()))
+        self.inner = StaticLiveness(
+            RuntimeView(
+                endpoint="unix:///race.sock", name="race", version="1", reachable=True, error=None, sandboxes=()
+            )
+        )
 
     def observe(self, known_netns: Mapping[str, str]) -> RuntimeView:
         self.pin.touch()

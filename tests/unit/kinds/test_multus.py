@@ -182,7 +182,11 @@ def test_the_delegates_results_are_cache_entries_judged_by_container_id(tmp_path
     found = cache.find(look_at(cni, _multus_conf(cniDir=str(custom_dir))))
     assert found.corrupt == ()
     ties = {cache.tie(e) for e in found.records}
-    assert ties == {OwnKey(CID, "macvlan-conf", "net1"), OwnKey(CID, "cbr0", "eth0"), OwnKey(OTHER, "sriov", "net1")}
+    assert ties == {
+        OwnKey(container_id=CID, network="macvlan-conf", ifname="net1"),
+        OwnKey(container_id=CID, network="cbr0", ifname="eth0"),
+        OwnKey(container_id=OTHER, network="sriov", ifname="net1"),
+    }
     roots = {e.network: e.cache_dir for e in found.records}
     assert roots == {"macvlan-conf": str(cni), "cbr0": str(cni), "sriov": str(custom_dir)}
     done = cache.reclaim(found.records, ReclaimContext((), (), frozenset(), None, 1.0, {}))

@@ -63,7 +63,7 @@ NEW_KIND: Kind[PluginState] = Kind(
     "plugin-state",
     _find,
     _identity,
-    lambda s: ResourceRef("plugin-state", s.path, None, {}, _identity(s)),
+    lambda s: ResourceRef(kind="plugin-state", name=s.path, created_at=None, details={}, identity=_identity(s)),
     lambda s: ContainerTie(s.container_id),
     _reclaim,
 )

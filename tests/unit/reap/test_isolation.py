@@ -24,7 +24,12 @@ def _reclaim(records: Sequence[str], ctx: ReclaimContext) -> Mapping[Identity, D
 
 
 TOY: Kind[str] = Kind(
-    "toy", _boom_find, lambda r: ("toy", r), lambda r: ResourceRef("toy", r, None), lambda r: None, _reclaim
+    "toy",
+    _boom_find,
+    lambda r: ("toy", r),
+    lambda r: ResourceRef(kind="toy", name=r, created_at=None),
+    lambda r: None,
+    _reclaim,
 )
 
 
