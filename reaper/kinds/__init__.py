@@ -33,7 +33,7 @@ R = TypeVar("R")
 COMMAND_TIMEOUT = 30.0  # seconds for one run of iptables-save, iptables-restore or nft
 
 
-class FindOptions(Struct, frozen=True):
+class FindOptions(Struct, frozen=True, kw_only=True):
     netns_dirs: tuple[str, ...]
     ipam_dirs: tuple[str, ...]
     cache_dir: str
@@ -79,7 +79,7 @@ class Pin(NamedTuple):
     path: str
 
 
-class ReclaimContext(Struct, frozen=True):
+class ReclaimContext(Struct, frozen=True, kw_only=True):
     netns_dirs: tuple[str, ...]
     bin_dirs: tuple[str, ...]
     live_netns: frozenset[NsKey]  # namespaces the runtime named at the re-check
@@ -88,7 +88,7 @@ class ReclaimContext(Struct, frozen=True):
     done: Mapping[Identity, Done]  # what the kinds reclaimed before this one did, this pass
 
 
-class Kind(Struct, Generic[R], frozen=True):
+class Kind(Struct, Generic[R], frozen=True, kw_only=True):
     """One kind of resource. Each module under reaper.kinds defines one as `KIND`."""
 
     name: str

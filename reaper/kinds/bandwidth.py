@@ -110,4 +110,6 @@ def reclaim(devices: Sequence[IfbDevice], ctx: ReclaimContext) -> dict[Identity,
     return done
 
 
-KIND: Kind[IfbDevice] = Kind("ifb", find, identity, ref, tie, reclaim, key_of=_key_of)
+KIND: Kind[IfbDevice] = Kind(
+    name="ifb", find=find, identity=identity, ref=ref, tie=tie, reclaim=reclaim, key_of=_key_of
+)

@@ -414,12 +414,12 @@ def del_document(entries: Sequence[CacheEntry]) -> tuple[dict[str, Any], str] | 
 
 
 KIND: Kind[CacheEntry] = Kind(
-    "cache",
-    find,
-    identity,
-    ref,
-    tie,
-    reclaim,
+    name="cache",
+    find=find,
+    identity=identity,
+    ref=ref,
+    tie=tie,
+    reclaim=reclaim,
     last=True,
     quarantinable=True,
     claims=claims,

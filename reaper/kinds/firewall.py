@@ -53,7 +53,7 @@ _RULE = re.compile(
 )
 
 
-class ForwardRule(Struct, frozen=True, forbid_unknown_fields=True):
+class ForwardRule(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """One of the firewall plugin's accept rules for a pod address."""
 
     family: Family
@@ -107,7 +107,7 @@ def parse_filter_save(text: str, family: Family, backend: str = "default") -> li
     """The firewall plugin's rules in the output of `iptables-save -t filter`, each text once."""
     found: dict[str, ForwardRule] = {}
     for line, address in _rule_lines(text, family):
-        found.setdefault(line, ForwardRule(family, backend, address, line))
+        found.setdefault(line, ForwardRule(family=family, backend=backend, ip=address, rule=line))
     return list(found.values())
 
 
@@ -265,4 +265,6 @@ def frees(rule: ForwardRule) -> tuple[str, ...]:
     return (rule.ip,)
 
 
-KIND: Kind[ForwardRule] = Kind(KIND_NAME, find, identity, ref, tie, reclaim, start=RuleCollector, frees=frees)
+KIND: Kind[ForwardRule] = Kind(
+    name=KIND_NAME, find=find, identity=identity, ref=ref, tie=tie, reclaim=reclaim, start=RuleCollector, frees=frees
+)

@@ -304,5 +304,13 @@ def addresses(lease: HostLocalLease) -> tuple[str, ...]:
 
 
 KIND: Kind[HostLocalLease] = Kind(
-    "ipam", find, identity, ref, tie, reclaim, quarantinable=True, claims=addresses, frees=addresses
+    name="ipam",
+    find=find,
+    identity=identity,
+    ref=ref,
+    tie=tie,
+    reclaim=reclaim,
+    quarantinable=True,
+    claims=addresses,
+    frees=addresses,
 )

@@ -505,4 +505,6 @@ def frees(chain: IptablesChain) -> list[str]:
     return found
 
 
-KIND: Kind[IptablesChain] = Kind(KIND_NAME, find, identity, ref, tie, reclaim, start=ChainCollector, frees=frees)
+KIND: Kind[IptablesChain] = Kind(
+    name=KIND_NAME, find=find, identity=identity, ref=ref, tie=tie, reclaim=reclaim, start=ChainCollector, frees=frees
+)

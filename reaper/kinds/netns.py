@@ -196,4 +196,14 @@ def proves(pin: NetnsPin, netns: NsKey | None) -> bool:
     return pin.is_namespace
 
 
-KIND: Kind[NetnsPin] = Kind("netns", find, identity, ref, tie, reclaim, del_needs=True, pin=as_pin, proves=proves)
+KIND: Kind[NetnsPin] = Kind(
+    name="netns",
+    find=find,
+    identity=identity,
+    ref=ref,
+    tie=tie,
+    reclaim=reclaim,
+    del_needs=True,
+    pin=as_pin,
+    proves=proves,
+)

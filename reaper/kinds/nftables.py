@@ -225,4 +225,4 @@ def reclaim(rules: Sequence[NftRule], ctx: ReclaimContext) -> dict[Identity, Don
     return done
 
 
-KIND: Kind[NftRule] = Kind("nft", find, identity, ref, tie, reclaim, key_of=_key_of)
+KIND: Kind[NftRule] = Kind(name="nft", find=find, identity=identity, ref=ref, tie=tie, reclaim=reclaim, key_of=_key_of)

@@ -186,5 +186,13 @@ def proves(veth: VethLink, netns: NsKey | None) -> bool:
 
 
 KIND: Kind[VethLink] = Kind(
-    "veth", find, identity, ref, tie, reclaim, del_needs=True, host_ifname=host_ifname, proves=proves
+    name="veth",
+    find=find,
+    identity=identity,
+    ref=ref,
+    tie=tie,
+    reclaim=reclaim,
+    del_needs=True,
+    host_ifname=host_ifname,
+    proves=proves,
 )

@@ -149,7 +149,12 @@ def _config_request(
     for config in configs:
         if config.name == key.network and not config.path.startswith("cache:"):
             return DelRequest(
-                key.container_id, key.network, safe_ifname(key.ifname), netns, config.raw, config.path
+                container_id=key.container_id,
+                network=key.network,
+                ifname=safe_ifname(key.ifname),
+                netns=netns,
+                config=config.raw,
+                source=config.path,
             ), note
     return None, note
 
@@ -226,7 +231,7 @@ class Recheck(NamedTuple):
     live_netns: frozenset[NsKey] = frozenset()
 
 
-class Reclaimer(Struct):
+class Reclaimer(Struct, kw_only=True):
     """The act and verify steps of one pass."""
 
     look: Callable[[], NodeSnapshot]  # a fresh look at the node
@@ -414,7 +419,12 @@ class Reclaimer(Struct):
             if not records:
                 continue
             ctx = ReclaimContext(
-                self.netns_dirs, self.bin_dirs, live_netns, self.quarantine, COMMAND_TIMEOUT, dict(done)
+                netns_dirs=self.netns_dirs,
+                bin_dirs=self.bin_dirs,
+                live_netns=live_netns,
+                quarantine=self.quarantine,
+                command_timeout=COMMAND_TIMEOUT,
+                done=dict(done),
             )
             done.update(self._reclaim_isolated(kind, records, ctx))
         return done

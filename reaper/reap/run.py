@@ -36,7 +36,11 @@ from reaper.stopwatch import Stopwatch
 
 def _policy(reap: ReapSettings) -> ReapPolicy:
     return ReapPolicy(
-        reap.max_reap, reap.max_orphan_ratio, reap.kernel_only, reap.quarantine_dir is not None, reap.force
+        max_reap=reap.max_reap,
+        max_orphan_ratio=reap.max_orphan_ratio,
+        kernel_only=reap.kernel_only,
+        quarantine=reap.quarantine_dir is not None,
+        force=reap.force,
     )
 
 

@@ -25,7 +25,14 @@ CID = "c" * 64
 def context(
     netns_dirs: Path, live: frozenset[NsKey] = frozenset(), quarantine: Quarantine | None = None
 ) -> ReclaimContext:
-    return ReclaimContext((str(netns_dirs),), (), live, quarantine, 30.0, {})
+    return ReclaimContext(
+        netns_dirs=(str(netns_dirs),),
+        bin_dirs=(),
+        live_netns=live,
+        quarantine=quarantine,
+        command_timeout=30.0,
+        done={},
+    )
 
 
 def unpin(path: Path, key: NsKey, netns_dir: Path, live: frozenset[NsKey] = frozenset(), stale: bool = False) -> Done:
@@ -219,8 +226,10 @@ def test_a_chain_that_is_gone_already_counts_as_freed(tmp_path: Path) -> None:
         chain = f"CNI-{secrets.token_hex(12)}"
         probe = (
             "import json; from reaper.kinds import ReclaimContext, iptables; from reaper.model import IptablesChain; "
-            f"c = IptablesChain('ipv4', 'nat', '{chain}', 'masquerade', None, None, (), (), 'nft'); "
-            "d = iptables.reclaim([c], ReclaimContext((), (), frozenset(), None, 10.0, {})); "
+            f"c = IptablesChain(family='ipv4', table='nat', chain='{chain}', purpose='masquerade', network=None, "
+            "container_id=None, rules=(), jumps=(), backend='nft'); "
+            "d = iptables.reclaim([c], ReclaimContext(netns_dirs=(), bin_dirs=(), live_netns=frozenset(), "
+            "quarantine=None, command_timeout=10.0, done={})); "
             "print(json.dumps({k[3]: v.ok for k, v in d.items()}))"
         )
         out = subprocess.run(

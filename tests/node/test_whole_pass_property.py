@@ -1127,7 +1127,14 @@ def test_quarantine_leaves_a_hard_linked_host_file_alone(tmp_path: Path) -> None
     results.mkdir(parents=True)
     os.link(host, results / f"{NET}-{HOST_CID}-eth0")
     (entry,) = cache.collect_cache(str(tmp_path / "cache"), {NET}).entries
-    ctx = ReclaimContext((), (), frozenset(), Quarantine(str(tmp_path / "quarantine")), 30.0, {})
+    ctx = ReclaimContext(
+        netns_dirs=(),
+        bin_dirs=(),
+        live_netns=frozenset(),
+        quarantine=Quarantine(str(tmp_path / "quarantine")),
+        command_timeout=30.0,
+        done={},
+    )
     assert cache.reclaim([entry], ctx)[cache.identity(entry)].ok
     assert stat.S_IMODE(host.stat().st_mode) == 0o644
 
@@ -1189,7 +1196,7 @@ def test_what_the_last_look_could_not_read_is_not_reported_freed(tmp_path: Path)
         reason="test",
         age_seconds=0.0,
     )
-    request = DelRequest(DEAD, NET, "eth0", "", conflist(NET), "conf")
+    request = DelRequest(container_id=DEAD, network=NET, ifname="eth0", netns="", config=conflist(NET), source="conf")
     up = RuntimeView(endpoint="unix:///test.sock", name="test", version="1", reachable=True, error=None, sandboxes=())
     (tmp_path / "bin").mkdir()
     reclaimer = bare_reclaimer(lambda: blind, lambda: up, (str(tmp_path / "bin"),), plugin_timeout=5.0)

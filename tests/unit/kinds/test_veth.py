@@ -27,7 +27,7 @@ def _pin(name: str, ino: int) -> NetnsPin:
 
 
 def _veth(name: str, index: int, nsid: int | None) -> RawLink:
-    return RawLink(index, name, "veth", 2, None, nsid)
+    return RawLink(ifindex=index, name=name, kind="veth", link=2, master=None, link_netnsid=nsid)
 
 
 def test_a_veth_joins_the_pin_whose_nsid_is_its_peers() -> None:

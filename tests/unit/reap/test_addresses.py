@@ -74,7 +74,7 @@ def pin(ns: NsKey, name: str = "cni-1") -> NetnsPin:
 
 
 def rule(ip: str) -> ForwardRule:
-    return ForwardRule("ipv4", "default", ip, f"-A CNI-FORWARD -s {ip}/32 -j ACCEPT")
+    return ForwardRule(family="ipv4", backend="default", ip=ip, rule=f"-A CNI-FORWARD -s {ip}/32 -j ACCEPT")
 
 
 def masquerade(*jumps: str) -> IptablesChain:

@@ -103,7 +103,14 @@ def test_a_kept_entry_stays_with_its_reason_and_the_rest_goes(tmp_path: Path) ->
     lease is freed as a file all the same."""
     records = _records(tmp_path, DHCP)
     attachment = _attachment(records)
-    options = FindOptions((), (str(tmp_path / "ipam"),), str(tmp_path / "cache"), str(tmp_path / "conf"), (), NO_PINS)
+    options = FindOptions(
+        netns_dirs=(),
+        ipam_dirs=(str(tmp_path / "ipam"),),
+        cache_dir=str(tmp_path / "cache"),
+        conf_dir=str(tmp_path / "conf"),
+        bin_dirs=(),
+        netns_patterns=NO_PINS,
+    )
     reclaimer = bare_reclaimer(look=lambda: take_snapshot(options))
     (outcome,), skipped = reclaimer.run([attachment], {attachment.key: None}, records, {attachment.key: "dhcp"})
     assert skipped == [] and outcome.needs_plugin == "dhcp"
@@ -122,7 +129,14 @@ def test_a_kept_pinned_attachment_is_not_said_to_lack_a_pin(tmp_path: Path) -> N
     pin = replace(snapshots.pin(1), path=str(tmp_path / "pin"))
     records[netns.identity(pin)] = pin
     attachment = _attachment(records)
-    options = FindOptions((), (str(tmp_path / "ipam"),), str(tmp_path / "cache"), str(tmp_path / "conf"), (), NO_PINS)
+    options = FindOptions(
+        netns_dirs=(),
+        ipam_dirs=(str(tmp_path / "ipam"),),
+        cache_dir=str(tmp_path / "cache"),
+        conf_dir=str(tmp_path / "conf"),
+        bin_dirs=(),
+        netns_patterns=NO_PINS,
+    )
 
     def look() -> NodeSnapshot:
         seen = take_snapshot(options)
