@@ -89,8 +89,7 @@ def _cached_request(attachment: Attachment, records: Records, netns: str) -> tup
     if key.container_id is None or key.network is None or key.ifname is None:
         return None
     for kind in KINDS:
-        carried = _records_of(kind, attachment, records) if kind.del_document is not None else []
-        if kind.del_document is None or not carried:
+        if kind.del_document is None or not (carried := _records_of(kind, attachment, records)):
             continue
         document = kind.del_document(carried)
         if document is None:
