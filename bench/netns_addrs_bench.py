@@ -70,15 +70,23 @@ def main(count: int) -> None:
         got = read_addresses(targets, deadline=time.monotonic() + 60)
         assert all(r.error is None and len(r.addresses) == 3 for r in got), got[:3]
 
-    lease = HostLocalLease("net1", "10.99.0.1", "d" * 64, "eth0", "/nonexistent/10.99.0.1", "/nonexistent", 0.0)
+    lease = HostLocalLease(
+        network="net1",
+        ip="10.99.0.1",
+        container_id="d" * 64,
+        ifname="eth0",
+        path="/nonexistent/10.99.0.1",
+        data_dir="/nonexistent",
+        mtime=0.0,
+    )
     identity = hostlocal.KIND.identity(lease)
     orphan = Attachment(
-        AttachmentKey("d" * 64, "net1", "eth0"),
-        (ResourceRef("ipam", "net1/10.99.0.1", 0.0, {}, identity),),
-        None,
-        "orphan",
-        "",
-        600.0,
+        key=AttachmentKey("d" * 64, "net1", "eth0"),
+        resources=(ResourceRef(kind="ipam", name="net1/10.99.0.1", created_at=0.0, details={}, identity=identity),),
+        netns=None,
+        verdict="orphan",
+        reason="",
+        age_seconds=600.0,
     )
 
     def check() -> None:

@@ -19,6 +19,7 @@ from reaper.host.jsondoc import dumps_indented
 from reaper.layout import detect_layout
 from reaper.logs import setup_logging
 from reaper.report import layout_json
+from reaper.runtime.liveness import liveness_from
 from reaper.settings import (
     Settings,
     SettingsError,
@@ -154,14 +155,13 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def _scan(args: argparse.Namespace) -> int:
     from reaper.report import report_json, report_table  # noqa: PLC0415 (see the module's docstring)
-    from reaper.runtime.cri import CriLiveness  # noqa: PLC0415
     from reaper.scan import scan_pass  # noqa: PLC0415
 
     settings = _settings(args)
     log = setup_logging(settings.log_format, settings.log_level)
     if os.geteuid() != 0:
         log.warning("not running as root: namespaces, /proc and iptables may be partly unreadable")
-    result = scan_pass(settings, CriLiveness(settings.runtime_endpoints, settings.runtime_timeout), log)
+    result = scan_pass(settings, liveness_from(settings), log)
     report = result.report
     if settings.textfile is not None:
         from reaper.metrics import ReaperMetrics  # noqa: PLC0415
@@ -195,13 +195,12 @@ def _write_textfile(path: str | None, metrics: ReaperMetrics, log: logging.Logge
 
 def _run(args: argparse.Namespace) -> int:
     from reaper.agent import Agent  # noqa: PLC0415
-    from reaper.runtime.cri import CriLiveness  # noqa: PLC0415
 
     settings = _settings(args)
     reap = reap_settings_from(args)
     agent_settings = agent_settings_from(args)
     log = setup_logging(settings.log_format, settings.log_level)
-    liveness = CriLiveness(settings.runtime_endpoints, settings.runtime_timeout)
+    liveness = liveness_from(settings)
     try:
         agent = Agent(settings, reap, agent_settings, liveness, log)
         return agent.run()
@@ -217,7 +216,6 @@ def _reap(args: argparse.Namespace) -> int:
     from reaper.metrics import ReaperMetrics  # noqa: PLC0415
     from reaper.reap import reap_pass  # noqa: PLC0415
     from reaper.report import reap_json, reap_table  # noqa: PLC0415
-    from reaper.runtime.cri import CriLiveness  # noqa: PLC0415 (its DEL workers ask the runtimes at once)
 
     settings = _settings(args)
     reap = reap_settings_from(args)
@@ -225,7 +223,7 @@ def _reap(args: argparse.Namespace) -> int:
     if os.geteuid() != 0:
         log.warning("not running as root: reclaiming will fail")
     started = time.monotonic()
-    result = reap_pass(settings, reap, CriLiveness(settings.runtime_endpoints, settings.runtime_timeout), log)
+    result = reap_pass(settings, reap, liveness_from(settings), log)
     metrics = ReaperMetrics()
     metrics.observe_reap(result)
     metrics.observe_pass(time.monotonic() - started, result.outcome, time.time())
@@ -247,12 +245,11 @@ def _reap(args: argparse.Namespace) -> int:
 
 def _doctor(args: argparse.Namespace) -> int:
     from reaper.doctor import doctor_json, doctor_table, run_checks  # noqa: PLC0415
-    from reaper.runtime.cri import CriLiveness  # noqa: PLC0415
 
     layout = detect_layout()
     settings = with_pod_cidrs(settings_from(args, layout=layout))
     setup_logging(settings.log_format, "error")
-    view = CriLiveness(settings.runtime_endpoints, settings.runtime_timeout).observe({})
+    view = liveness_from(settings).observe({})
     checks = run_checks(settings, layout, view, os.environ.get("REAPER_CNI_PRESET"))
     if settings.json_output:
         _output(dumps_indented({**doctor_json(checks), "layout": layout_json(settings)}))

@@ -33,7 +33,7 @@ from reaper.model import (
 _Key = tuple[str | None, str | None, str | None, str | None]
 
 
-class ResourceGroup(Struct, frozen=True):
+class ResourceGroup(Struct, frozen=True, kw_only=True):
     """Resources that belong to one attachment, before any verdict."""
 
     key: AttachmentKey
@@ -78,7 +78,7 @@ class _Groups:
         return min(keys, key=_primary_order)
 
 
-class Ties(Struct):
+class Ties(Struct, kw_only=True):
     """Every record's tie and its ref, by the way it joins. They need the snapshot only: a pass
     makes them while the runtimes answer."""
 
@@ -102,7 +102,7 @@ class Correlation(Struct, frozen=True):
 
 
 def tie_all(snapshot: NodeSnapshot, kinds: Sequence[Kind[Any]] = KINDS) -> Ties:
-    ties = Ties([], [], [], [], [])
+    ties = Ties(own=[], container=[], claims=[], pins=[], veths=[])
     for kind in kinds:
         for record in snapshot.of(kind.name):
             tie = kind.tie(record)
@@ -202,7 +202,13 @@ def join(ties: Ties, runtime: RuntimeView) -> Correlation:
             groups.add(target, ref)  # else its peer is in no pinned netns: not ours to judge
 
     ordered = [
-        ResourceGroup(AttachmentKey(*key), tuple(refs), groups.netns.get(key), key in foreign, uninspectable.get(key))
+        ResourceGroup(
+            key=AttachmentKey(*key),
+            resources=tuple(refs),
+            netns=groups.netns.get(key),
+            foreign=key in foreign,
+            uninspectable_netns=uninspectable.get(key),
+        )
         for key, refs in sorted(groups.resources.items(), key=lambda item: _sort_key(item[0]))
     ]
     return Correlation(ordered, unconfirmed)

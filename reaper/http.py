@@ -158,7 +158,7 @@ def _handler(metrics: Callable[[], bytes], readiness: Check, health: Check) -> t
             self.wfile.write(body)
 
         def log_message(self, format: str, *args: object) -> None:
-            return  # scrapes every 15s are not news
+            return  # periodic scrapes are not news
 
     return Handler
 

@@ -70,7 +70,7 @@ CONTAINERD_INSTALLS: tuple[ContainerdInstall, ...] = (
 CRIO_SOCKET = "/var/run/crio/crio.sock"
 
 
-class RuntimeLayout(Struct, frozen=True):
+class RuntimeLayout(Struct, frozen=True, kw_only=True):
     """One runtime's CNI dirs, as its own config says, and which files said so."""
 
     runtime: str
@@ -178,7 +178,15 @@ def containerd_layout(root: str, install: ContainerdInstall) -> RuntimeLayout | 
                 under_state = bool(cri["netns_mounts_under_state_dir"])
     netns = os.path.join(state, CRI_STATE_SUBDIR, "netns") if under_state else DEFAULT_NETNS_DIR
     serving = os.path.exists(_under(root, socket))
-    return RuntimeLayout(install.name, conf_dir, bin_dirs, netns, tuple(sources), socket, serving)
+    return RuntimeLayout(
+        runtime=install.name,
+        conf_dir=conf_dir,
+        bin_dirs=bin_dirs,
+        netns_dir=netns,
+        sources=tuple(sources),
+        socket=socket,
+        serving=serving,
+    )
 
 
 def _crio_files(root: str) -> list[str]:
@@ -212,7 +220,15 @@ def crio_layout(root: str) -> RuntimeLayout | None:
             bin_dirs += (single,)
         namespaces = _clean(_table(doc, "crio", "runtime").get("namespaces_dir")) or namespaces
     serving = os.path.exists(_under(root, socket))
-    return RuntimeLayout("cri-o", conf_dir, bin_dirs, os.path.join(namespaces, "netns"), tuple(files), socket, serving)
+    return RuntimeLayout(
+        runtime="cri-o",
+        conf_dir=conf_dir,
+        bin_dirs=bin_dirs,
+        netns_dir=os.path.join(namespaces, "netns"),
+        sources=tuple(files),
+        socket=socket,
+        serving=serving,
+    )
 
 
 def detect_layout(root: str = "/") -> Layout:

@@ -5,11 +5,12 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from reaper.host.atomic import write_atomically
+from reaper.kinds import netconf
 from reaper.kinds.registry import KIND_NAMES
 from reaper.model import PASS_OUTCOMES, VERDICTS, PassOutcome, ReapResult, ScanReport
 
 PASS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-CORRUPT_KINDS = (*KIND_NAMES, "netconf")  # the kinds, and the network configs
+CORRUPT_KINDS = (*KIND_NAMES, netconf.CORRUPT_KIND)  # the kinds, and the network configs
 METHODS = ("cni-del", "kernel", "quarantine")
 
 

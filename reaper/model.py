@@ -35,7 +35,7 @@ class NsKey(NamedTuple):
 # ---------------------------------------------------------------- inventory
 
 
-class Holder(Struct, frozen=True):
+class Holder(Struct, frozen=True, kw_only=True):
     """A process (or one of its threads) inside a network namespace."""
 
     pid: int
@@ -51,7 +51,7 @@ class Holder(Struct, frozen=True):
         return not self.reapers_own
 
 
-class NetnsPin(Struct, frozen=True):
+class NetnsPin(Struct, frozen=True, kw_only=True):
     """A file under a netns dir, normally a bind mount of a network namespace."""
 
     name: str
@@ -63,7 +63,7 @@ class NetnsPin(Struct, frozen=True):
     runtime_named: bool  # the name is one a container runtime makes
 
 
-class VethLink(Struct, frozen=True):
+class VethLink(Struct, frozen=True, kw_only=True):
     """A veth in the netns the reaper runs in (the host side of a pod's pair)."""
 
     ifindex: int
@@ -74,7 +74,7 @@ class VethLink(Struct, frozen=True):
     peer_netns: NsKey | None  # the pinned namespace the peer lives in, when known
 
 
-class HostLocalLease(Struct, frozen=True):
+class HostLocalLease(Struct, frozen=True, kw_only=True):
     """One host-local IPAM allocation file: `<data dir>/<network>/<ip>`."""
 
     network: str
@@ -95,7 +95,7 @@ class IpamRange(Struct, frozen=True):
     used: int
 
 
-class CacheEntry(Struct, frozen=True):
+class CacheEntry(Struct, frozen=True, kw_only=True):
     """A libcni result cache file."""
 
     path: str
@@ -120,7 +120,7 @@ class CacheEntry(Struct, frozen=True):
     ips: tuple[str, ...] = ()  # the addresses its result holds
 
 
-class IptablesChain(Struct, frozen=True, forbid_unknown_fields=True):
+class IptablesChain(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A per-attachment nat chain a CNI plugin made, and the rules that jump to it."""
 
     family: Literal["ipv4", "ipv6"]
@@ -134,7 +134,7 @@ class IptablesChain(Struct, frozen=True, forbid_unknown_fields=True):
     backend: str = "default"  # iptables "nft" or "legacy" (or "default" when only one exists)
 
 
-class NftRule(Struct, frozen=True):
+class NftRule(Struct, frozen=True, kw_only=True):
     """A rule of the CNI plugins' nftables backend and the key its comment carries.
 
     A masquerade rule's key is `instance`, a hash of (network, ifname, container ID); the
@@ -161,7 +161,7 @@ class HostLocalRange(Struct, frozen=True):
     gateway: str | None
 
 
-class NetworkConfig(Struct, frozen=True):
+class NetworkConfig(Struct, frozen=True, kw_only=True):
     """A network config file, or one a cache entry carries."""
 
     name: str
@@ -197,7 +197,7 @@ class SourceError(Struct, frozen=True):
     error: str
 
 
-class NodeSnapshot(Struct, frozen=True):
+class NodeSnapshot(Struct, frozen=True, kw_only=True):
     """One look at the node: every kind's records, and what could not be read."""
 
     taken_at: float
@@ -227,7 +227,7 @@ class NodeSnapshot(Struct, frozen=True):
 # ------------------------------------------------------------------ joining
 
 
-class OwnKey(Struct, frozen=True):
+class OwnKey(Struct, frozen=True, kw_only=True):
     """The resource carries a whole attachment key (container ID, network, ifname): it makes
     an attachment of its own. `netns` is the namespace it names, when it names one."""
 
@@ -278,7 +278,7 @@ Tie = OwnKey | ContainerTie | Claim | NetnsTie | PeerTie
 # ----------------------------------------------------------------- liveness
 
 
-class Sandbox(Struct, frozen=True):
+class Sandbox(Struct, frozen=True, kw_only=True):
     """A pod sandbox a runtime lists, READY or NOTREADY."""
 
     id: str
@@ -294,7 +294,7 @@ class Sandbox(Struct, frozen=True):
     status_key: str = ""
 
 
-class RuntimeAnswer(Struct, frozen=True):
+class RuntimeAnswer(Struct, frozen=True, kw_only=True):
     """What one runtime on the node said this pass."""
 
     endpoint: str
@@ -307,7 +307,7 @@ class RuntimeAnswer(Struct, frozen=True):
     skipped: bool = False  # a socket file nobody listens on: reported, not counted as a failure
 
 
-class RuntimeView(Struct, frozen=True):
+class RuntimeView(Struct, frozen=True, kw_only=True):
     """What the runtimes said this pass, together. `reachable` False means nothing may be
     called orphan: some runtime that should have answered did not."""
 
@@ -323,7 +323,7 @@ class RuntimeView(Struct, frozen=True):
 # ---------------------------------------------------------------- reconcile
 
 
-class ResourceRef(Struct, frozen=True):
+class ResourceRef(Struct, frozen=True, kw_only=True):
     """A resource as an attachment lists it."""
 
     kind: ResourceKind
@@ -352,7 +352,7 @@ class AttachmentKey(Struct, frozen=True, order=True):
         return f"{self.container_id}/{self.network or ''}/{self.ifname or ''}"
 
 
-class Attachment(Struct, frozen=True):
+class Attachment(Struct, frozen=True, kw_only=True):
     """The resources of one (container ID, network, ifname), with the verdict on them."""
 
     key: AttachmentKey
@@ -379,7 +379,7 @@ class Policy(Struct, frozen=True):
     stuck_after: float
 
 
-class StuckSandbox(Struct, frozen=True):
+class StuckSandbox(Struct, frozen=True, kw_only=True):
     """A NOTREADY sandbox past --stuck-after: the runtime's to clean, reported only."""
 
     id: str
@@ -404,7 +404,7 @@ class UnconfirmedResource(Struct, frozen=True):
     why: str
 
 
-class ScanReport(Struct, frozen=True):
+class ScanReport(Struct, frozen=True, kw_only=True):
     """Everything one read-only look concluded."""
 
     taken_at: float
@@ -447,7 +447,7 @@ class PlannedAttachment(Struct, frozen=True):
     config_note: str | None = None  # why the cache entry's own config (or any plugin) does not run
 
 
-class ResourceOutcome(Struct, frozen=True):
+class ResourceOutcome(Struct, frozen=True, kw_only=True):
     """What reclaiming did to one resource, as the look after it saw."""
 
     kind: ResourceKind
@@ -503,7 +503,7 @@ class Done(Struct, frozen=True):
 # ------------------------------------------------------------------- results
 
 
-class ScanResult(Struct, frozen=True):
+class ScanResult(Struct, frozen=True, kw_only=True):
     """One read-only pass."""
 
     report: ScanReport
@@ -526,7 +526,7 @@ class ScanResult(Struct, frozen=True):
         return None
 
 
-class ReapResult(Struct, frozen=True):
+class ReapResult(Struct, frozen=True, kw_only=True):
     """One reclaiming pass: the scan it acted on, and what it did."""
 
     report: ScanReport

@@ -11,6 +11,7 @@ from msgspec import Struct
 
 from reaper.correlate import Correlation, ResourceGroup, correlate
 from reaper.durations import format_duration
+from reaper.kinds.registry import OWNER_SAYING
 from reaper.model import (
     Attachment,
     AttachmentHistory,
@@ -129,7 +130,17 @@ def reconcile(
                 verdict, reason = _unowned_verdict(age, streak, policy)
         new_history[text_key] = AttachmentHistory(first_seen, streak)
         owner = _owner(group)
-        attachments.append(Attachment(group.key, group.resources, group.netns, verdict, reason, age, owner))
+        attachments.append(
+            Attachment(
+                key=group.key,
+                resources=group.resources,
+                netns=group.netns,
+                verdict=verdict,
+                reason=reason,
+                age_seconds=age,
+                owner=owner,
+            )
+        )
 
     stuck = []
     for sandbox in runtime.sandboxes:
@@ -142,7 +153,9 @@ def reconcile(
             if a.key.container_id == sandbox.id or (sandbox.netns is not None and a.netns == sandbox.netns)
             for r in a.resources
         )
-        stuck.append(StuckSandbox(sandbox.id, sandbox.name, sandbox.namespace, age, held))
+        stuck.append(
+            StuckSandbox(id=sandbox.id, name=sandbox.name, namespace=sandbox.namespace, age_seconds=age, resources=held)
+        )
 
     report = ScanReport(
         taken_at=snapshot.taken_at,
@@ -180,5 +193,5 @@ def _unowned_verdict(age: float, streak: int, policy: Policy) -> tuple[Verdict, 
 
 def _owner(group: ResourceGroup) -> Owner:
     """Whose runtime made the attachment, by what its cache entries say; cri wins over other."""
-    said = {ref.detail("owner") for ref in group.resources if ref.kind == "cache"}
+    said = {ref.detail("owner") for ref in group.resources if ref.kind in OWNER_SAYING}
     return "cri" if "cri" in said else "other" if "other" in said else "unknown"

@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from msgspec.structs import replace
 
-from reaper.correlate import join, tie_all
+from reaper.correlate import Correlation, Ties, join, tie_all
 from reaper.host.memo import InventoryMemo
 from reaper.kinds import FindOptions
-from reaper.model import VERDICTS, ScanResult
+from reaper.model import VERDICTS, AttachmentHistory, NodeSnapshot, RuntimeView, ScanReport, ScanResult
 from reaper.reconcile import holders_decide, processes_decide, reconcile
 from reaper.runtime.liveness import LivenessSource
 from reaper.settings import Settings
 from reaper.snapshot import take_snapshot, with_holders, with_processes
 from reaper.state import KeptState, State, StateError, load_state, save_state
+from reaper.stopwatch import DIGITS, Stopwatch
 
 
 def find_options(settings: Settings) -> FindOptions:
@@ -61,89 +62,131 @@ def _scan_pass(
     memo: InventoryMemo | None,
     kept: KeptState | None,
 ) -> ScanResult:
+    """Load the state, look at the node, ask the runtimes, correlate, reconcile, save."""
     started = time.monotonic()
     warnings: list[str] = []
-    if kept is not None and kept.state is not None:
-        state = kept.state
-    else:
-        state, warning = load_state(settings.state_file)
-        if warning:
-            warnings.append(warning)
-    options = find_options(settings)
+    state = _load(settings, kept, warnings)
     # The node first, the runtime second: a sandbox born in between is then newer than
     # anything in the snapshot that could be mistaken for one of its resources.
     memo = memo if memo is not None else InventoryMemo()  # a one-shot's: this pass only
-    snapshot = take_snapshot(options, memo)
-    mark = time.monotonic()
+    snapshot = take_snapshot(find_options(settings), memo)
+    watch = Stopwatch()
     # What PodSandboxStatus said before, by (sandbox ID, creation time): never a cache entry's word.
     known = dict(state.sandbox_netns)
     runtime = liveness.observe(known)
-    liveness_s = time.monotonic() - mark
-    mark = time.monotonic()
+    watch.lap("liveness")
     ties = tie_all(snapshot)
-    ties_s = time.monotonic() - mark
+    watch.lap("ties")
     now = clock()
-    first_seen = {s.id: state.sandbox_first_seen.get(s.id, now) for s in runtime.sandboxes if s.created_at is None}
-    runtime = replace(
-        runtime,
-        sandboxes=tuple(
-            s if s.created_at is not None else replace(s, created_at=first_seen[s.id]) for s in runtime.sandboxes
-        ),
+    runtime, first_seen = _dated(runtime, state, now)
+    snapshot, correlation = _correlate(snapshot, ties, runtime, settings, watch)
+    report, history = reconcile(snapshot, runtime, state.attachments, settings.policy, now, correlation)
+    watch.lap("reconcile")
+    netns_map, saved = _save(settings, kept, state, runtime, history, first_seen, warnings)
+    watch.lap("state")
+    timings = (*snapshot.timings, *_scan_timings(dict(watch.laps)))
+    seconds = time.monotonic() - started
+    _log_pass(log, warnings, report, runtime.reachable, seconds, timings)
+    return ScanResult(
+        report=report,
+        snapshot=snapshot,
+        known_netns=netns_map if runtime.reachable else known,
+        state_saved=saved,
+        warnings=tuple(warnings),
+        seconds=seconds,
+        timings=timings,
     )
+
+
+def _load(settings: Settings, kept: KeptState | None, warnings: list[str]) -> State:
+    """The confirmations so far: a long-running caller's own, else the state file's."""
+    if kept is not None and kept.state is not None:
+        return kept.state
+    state, warning = load_state(settings.state_file)
+    if warning:
+        warnings.append(warning)
+    return state
+
+
+def _dated(runtime: RuntimeView, state: State, now: float) -> tuple[RuntimeView, dict[str, float]]:
+    """The view with a creation time for every sandbox (when it was first seen, for those the
+    runtime gives none), and those first-seen times."""
+    first_seen = {s.id: state.sandbox_first_seen.get(s.id, now) for s in runtime.sandboxes if s.created_at is None}
+    sandboxes = tuple(
+        s if s.created_at is not None else replace(s, created_at=first_seen[s.id]) for s in runtime.sandboxes
+    )
+    return replace(runtime, sandboxes=sandboxes), first_seen
+
+
+def _correlate(
+    snapshot: NodeSnapshot, ties: Ties, runtime: RuntimeView, settings: Settings, watch: Stopwatch
+) -> tuple[NodeSnapshot, Correlation]:
+    """Resources joined to attachments, and the snapshot with who is in each namespace."""
+    correlation = join(ties, runtime)
+    watch.lap("correlate")
     # Who is in each namespace is evidence of use, as the runtimes' list is: read after it, and
     # only when it can decide a verdict.
-    mark = time.monotonic()
-    correlation = join(ties, runtime)
-    reconcile_s = time.monotonic() - mark
-    mark = time.monotonic()
     if processes_decide(ties.namespaces(), runtime):
         snapshot = with_processes(snapshot)
-    processes_s = time.monotonic() - mark
-    mark = time.monotonic()
+    watch.lap("processes")
     snapshot = with_holders(snapshot, holders_decide(correlation, runtime), settings.cni_bin_dirs)
-    holders_s = time.monotonic() - mark
-    mark = time.monotonic()
-    report, history = reconcile(snapshot, runtime, state.attachments, settings.policy, now, correlation)
-    reconcile_s += time.monotonic() - mark
-    mark = time.monotonic()
+    watch.lap("holders")
+    return snapshot, correlation
+
+
+def _save(
+    settings: Settings,
+    kept: KeptState | None,
+    state: State,
+    runtime: RuntimeView,
+    history: Mapping[str, AttachmentHistory],
+    first_seen: dict[str, float],
+    warnings: list[str],
+) -> tuple[dict[str, str], bool]:
+    """Save the new state: its netns map from the runtimes, or the old state's map and
+    first-seen times when they could not be asked. The netns map, and whether it was saved."""
     if runtime.reachable:
         netns_map = {s.status_key: s.netns_path for s in runtime.sandboxes if s.netns_path and s.status_key}
     else:
         netns_map, first_seen = dict(state.sandbox_netns), dict(state.sandbox_first_seen)
-    state_saved = True
     new_state = State(history, netns_map, first_seen)
     if kept is not None:
         kept.state = new_state
     try:
         save_state(settings.state_file, new_state)
     except StateError as err:
-        state_saved = False
         warnings.append(f"{err}; confirmations will not carry to the next pass")
-    timings = (
-        *snapshot.timings,
-        ("ties", round(ties_s, 6)),
-        ("liveness", round(liveness_s, 6)),
-        ("processes", round(processes_s, 6)),
-        ("holders", round(holders_s, 6)),
-        ("reconcile", round(reconcile_s, 6)),
-        ("state", round(time.monotonic() - mark, 6)),
-    )
+        return netns_map, False
+    return netns_map, True
+
+
+def _scan_timings(laps: dict[str, float]) -> tuple[tuple[str, float], ...]:
+    """The pass's steps after the look, as reported: joining counts as reconciling."""
+    reconciling = round(laps["correlate"] + laps["reconcile"], DIGITS)
+    names = ("ties", "liveness", "processes", "holders")
+    return (*((n, laps[n]) for n in names), ("reconcile", reconciling), ("state", laps["state"]))
+
+
+def _log_pass(
+    log: logging.Logger,
+    warnings: list[str],
+    report: ScanReport,
+    reachable: bool,
+    seconds: float,
+    timings: tuple[tuple[str, float], ...],
+) -> None:
     for text in warnings:
         log.warning(text)
     for failure in report.errors:
         log.warning("inventory source failed", extra={"source": failure.source, "error": failure.error})
-    seconds = time.monotonic() - started
     log.debug("pass timings", extra=dict(timings))
     log.debug(
         "scan pass",
         extra={
             "seconds": round(seconds, 3),
-            "runtime_reachable": runtime.reachable,
+            "runtime_reachable": reachable,
             **{v: report.count(v) for v in VERDICTS},
             "stuck_sandboxes": len(report.stuck_sandboxes),
             "corrupt_files": sum(c.count for c in report.corrupt),
         },
-    )
-    return ScanResult(
-        report, snapshot, netns_map if runtime.reachable else known, state_saved, tuple(warnings), seconds, timings
     )

@@ -277,7 +277,7 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> d
 # ------------------------------------------------------------------------------ settings
 
 
-class Settings(Struct, frozen=True):
+class Settings(Struct, frozen=True, kw_only=True):
     netns_dirs: tuple[str, ...]
     netns_patterns: tuple[re.Pattern[str], ...]
     ipam_dirs: tuple[str, ...]
@@ -301,7 +301,7 @@ class Settings(Struct, frozen=True):
     pod_cidrs: PodCidrs | None = None  # set by with_pod_cidrs
 
 
-class ReapSettings(Struct, frozen=True):
+class ReapSettings(Struct, frozen=True, kw_only=True):
     max_reap: int
     max_orphan_ratio: float
     kernel_only: bool
@@ -312,7 +312,7 @@ class ReapSettings(Struct, frozen=True):
     allow_plugins: tuple[str, ...] = ()
 
 
-class AgentSettings(Struct, frozen=True):
+class AgentSettings(Struct, frozen=True, kw_only=True):
     mode: str
     interval: float
     listen_host: str
@@ -386,12 +386,21 @@ def with_pod_cidrs(settings: Settings, env: Mapping[str, str] | None = None) -> 
 
 def reap_settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> ReapSettings:
     v = resolve(args, env)
-    kernel_only = v["method"] == "kernel"
-    limits = (v["max_reap"], v["max_orphan_ratio"], kernel_only, v["quarantine_dir"], v["plugin_timeout"])
-    return ReapSettings(*limits, force=v["force"], dry_run=v["dry_run"], allow_plugins=tuple(v["allow_plugin"]))
+    return ReapSettings(
+        max_reap=v["max_reap"],
+        max_orphan_ratio=v["max_orphan_ratio"],
+        kernel_only=v["method"] == "kernel",
+        quarantine_dir=v["quarantine_dir"],
+        plugin_timeout=v["plugin_timeout"],
+        force=v["force"],
+        dry_run=v["dry_run"],
+        allow_plugins=tuple(v["allow_plugin"]),
+    )
 
 
 def agent_settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> AgentSettings:
     v = resolve(args, env)
     host, port = v["listen"]
-    return AgentSettings(v["mode"], v["interval"], host, port, v["stall_after"])
+    return AgentSettings(
+        mode=v["mode"], interval=v["interval"], listen_host=host, listen_port=port, stall_after=v["stall_after"]
+    )

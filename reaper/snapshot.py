@@ -12,7 +12,7 @@ from msgspec.structs import replace
 
 from reaper.host.memo import InventoryMemo, OutputMemo
 from reaper.host.procs import describe, netns_members, unseen_processes
-from reaper.kinds import FindOptions, Found, Kind, Look, Started
+from reaper.kinds import FindOptions, Found, Kind, Look, Started, hostlocal
 from reaper.kinds.hostlocal import range_usage
 from reaper.kinds.netconf import collect_configs
 from reaper.kinds.registry import KINDS
@@ -135,9 +135,16 @@ def _take(
         named = {c.name for c in configs}
         configs.extend(c for c in result.configs if c.name not in named)
         watch.lap(kind.name)
-    ranges = range_usage(configs, found.get("ipam", ()), opts.pod_cidrs)
+    ranges = range_usage(configs, found.get(hostlocal.KIND.name, ()), opts.pod_cidrs)
     watch.lap("ranges")
     return NodeSnapshot(
-        taken_at, host, found, tuple(ranges), tuple(configs), tuple(corrupt), tuple(errors),
-        timings=tuple(watch.laps), partly_read=frozenset(partly_read),
-    )  # fmt: skip
+        taken_at=taken_at,
+        host_netns=host,
+        resources=found,
+        ranges=tuple(ranges),
+        configs=tuple(configs),
+        corrupt=tuple(corrupt),
+        errors=tuple(errors),
+        timings=tuple(watch.laps),
+        partly_read=frozenset(partly_read),
+    )

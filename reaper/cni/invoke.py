@@ -41,7 +41,7 @@ class PluginFailure(Exception):
         self.code = code
 
 
-class PluginEnv(Struct, frozen=True):
+class PluginEnv(Struct, frozen=True, kw_only=True):
     command: str  # DEL, STATUS
     container_id: str
     netns: str
@@ -231,7 +231,14 @@ def del_network(
         name, version, plugins = plugin_list(request.config)
     except ConfigError as err:
         return (PluginOutcome("(config)", False, f"{request.source}: {err}"),)
-    env = PluginEnv("DEL", request.container_id, request.netns, request.ifname, request.cni_args, bin_dirs)
+    env = PluginEnv(
+        command="DEL",
+        container_id=request.container_id,
+        netns=request.netns,
+        ifname=request.ifname,
+        args=request.cni_args,
+        bin_dirs=bin_dirs,
+    )
     outcomes = []
     for plugin in reversed(plugins):
         plugin_type = str(plugin["type"])
@@ -263,7 +270,7 @@ def network_status(
         return None
     if not at_least(version, STATUS_FROM):
         return None
-    env = PluginEnv("STATUS", "", "", "", (), bin_dirs)
+    env = PluginEnv(command="STATUS", container_id="", netns="", ifname="", args=(), bin_dirs=bin_dirs)
     for plugin in plugins:
         conf = {**plugin, "name": name, "cniVersion": version}
         try:

@@ -35,7 +35,7 @@ class Delegation(Struct, frozen=True):
     results: tuple[PinnedFile, ...] = ()
 
 
-class DelRequest(Struct, frozen=True):
+class DelRequest(Struct, frozen=True, kw_only=True):
     container_id: str
     network: str
     ifname: str

@@ -17,7 +17,7 @@ def write_atomically(path: str, data: bytes, mode: int) -> None:
     """
     directory, name = os.path.split(os.path.abspath(path))
     dir_fd = open_root(directory)
-    tmp = f".{name}.{os.urandom(6).hex()}.tmp"  # not `secrets`: its imports cost a one-shot 10 ms
+    tmp = f".{name}.{os.urandom(6).hex()}.tmp"  # not `secrets`: a one-shot would pay for its imports
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
         try:

@@ -67,7 +67,7 @@ _KIND_FILTER_SINCE = (4, 8)
 _NSID_WANTED = frozenset({NETNSA_NSID})
 
 
-class RawLink(Struct, frozen=True):
+class RawLink(Struct, frozen=True, kw_only=True):
     ifindex: int
     name: str
     kind: str | None
@@ -116,7 +116,7 @@ def parse_link(data: bytes | bytearray, offset: int, length: int) -> RawLink:
     link = _U32.unpack_from(data, at[IFLA_LINK][0])[0] if IFLA_LINK in at else None
     master = _U32.unpack_from(data, at[IFLA_MASTER][0])[0] if IFLA_MASTER in at else None
     netnsid = _I32.unpack_from(data, at[IFLA_LINK_NETNSID][0])[0] if IFLA_LINK_NETNSID in at else None
-    return RawLink(ifindex, name, kind, link, master, netnsid)
+    return RawLink(ifindex=ifindex, name=name, kind=kind, link=link, master=master, link_netnsid=netnsid)
 
 
 def _parse_nsid(data: bytes | bytearray, offset: int, length: int) -> int | None:

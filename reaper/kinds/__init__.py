@@ -9,8 +9,8 @@ disagree about what a resource is. `reaper.kinds.registry` lists the kinds.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from msgspec import Struct
 
@@ -33,7 +33,7 @@ R = TypeVar("R")
 COMMAND_TIMEOUT = 30.0  # seconds for one run of iptables-save, iptables-restore or nft
 
 
-class FindOptions(Struct, frozen=True):
+class FindOptions(Struct, frozen=True, kw_only=True):
     netns_dirs: tuple[str, ...]
     ipam_dirs: tuple[str, ...]
     cache_dir: str
@@ -72,7 +72,14 @@ class Found(Struct, Generic[R], frozen=True):
     configs: tuple[NetworkConfig, ...] = ()  # network configs the records carry (cache entries do)
 
 
-class ReclaimContext(Struct, frozen=True):
+class Pin(NamedTuple):
+    """A namespace pin with a namespace mounted on it: what a runtime passes as CNI_NETNS."""
+
+    ns: NsKey
+    path: str
+
+
+class ReclaimContext(Struct, frozen=True, kw_only=True):
     netns_dirs: tuple[str, ...]
     bin_dirs: tuple[str, ...]
     live_netns: frozenset[NsKey]  # namespaces the runtime named at the re-check
@@ -81,7 +88,7 @@ class ReclaimContext(Struct, frozen=True):
     done: Mapping[Identity, Done]  # what the kinds reclaimed before this one did, this pass
 
 
-class Kind(Struct, Generic[R], frozen=True):
+class Kind(Struct, Generic[R], frozen=True, kw_only=True):
     """One kind of resource. Each module under reaper.kinds defines one as `KIND`."""
 
     name: str
@@ -110,6 +117,30 @@ class Kind(Struct, Generic[R], frozen=True):
     # For records whose tie is a Claim by key: the kind's key of an attachment
     # (container ID, network, ifname), recomputed as the producer computes it.
     key_of: Callable[[str, str, str], str] | None = None
+    # The hooks below say what a record means to the reclaim path, so that it never asks what
+    # type a record is. None: the kind's records have no such meaning.
+    # Addresses the record says its attachment holds (a lease's, a cache entry's result's):
+    # while that attachment is in use, no cached config's prevResult may name them.
+    claims: Callable[[R], Iterable[str]] | None = None
+    # Addresses that reclaiming the record frees (a lease, a firewall rule, the pod address a
+    # masquerade chain's jumps match), as written: checked against every other namespace.
+    frees: Callable[[R], Iterable[str]] | None = None
+    # The host interface the record is, which an attachment in use holds (a veth; not the
+    # shared interfaces a result names, such as the bridge).
+    host_ifname: Callable[[R], str] | None = None
+    # The record as a namespace pin, when a namespace is mounted on it; None when it is a stale
+    # file. A real pin is kernel evidence of its attachment and DEL's CNI_NETNS.
+    pin: Callable[[R], Pin | None] | None = None
+    # Whether the record is a kernel object that proves an attachment whose namespace is the
+    # one given (a veth whose peer lives there). Files never do.
+    proves: Callable[[R, NsKey | None], bool] | None = None
+    # The records of one attachment that carry what its DEL was ADDed with (the cache entry):
+    # the document a DEL runs from, as the file holds it now, and that file's path; or None.
+    del_document: Callable[[Sequence[R]], tuple[dict[str, Any], str] | None] | None = None
+    # The network list the record says was ADDed, as the file holds it now, or None.
+    added_config: Callable[[R], bytes | None] | None = None
+    # Its refs' `owner` detail says whose runtime made the attachment (cri, other, unknown).
+    says_owner: bool = False
 
 
 def reclaim_order(kinds: Sequence[Kind[Any]]) -> tuple[Kind[Any], ...]:

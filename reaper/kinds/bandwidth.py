@@ -77,7 +77,9 @@ def identity(device: IfbDevice) -> Identity:
 
 
 def ref(device: IfbDevice) -> ResourceRef:
-    return ResourceRef("ifb", device.name, None, {"ifindex": device.ifindex}, identity(device))
+    return ResourceRef(
+        kind="ifb", name=device.name, created_at=None, details={"ifindex": device.ifindex}, identity=identity(device)
+    )
 
 
 def tie(device: IfbDevice) -> Claim:
@@ -108,4 +110,6 @@ def reclaim(devices: Sequence[IfbDevice], ctx: ReclaimContext) -> dict[Identity,
     return done
 
 
-KIND: Kind[IfbDevice] = Kind("ifb", find, identity, ref, tie, reclaim, key_of=_key_of)
+KIND: Kind[IfbDevice] = Kind(
+    name="ifb", find=find, identity=identity, ref=ref, tie=tie, reclaim=reclaim, key_of=_key_of
+)

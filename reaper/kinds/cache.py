@@ -244,9 +244,21 @@ def _entry(path: str, name: str, root: str, lst: os.stat_result, said: _Said, le
     cid, net, ifname, netns_path, host_ifnames, owner, ips, _ = said
     netns, uninspectable = namespace_at(netns_path)
     return CacheEntry(
-        path, name, cid, net, ifname, netns_path, netns, host_ifnames, legacy, lst.st_mtime, root,
-        netns_uninspectable=uninspectable, owner=owner, ips=ips,
-    )  # fmt: skip
+        path=path,
+        name=name,
+        container_id=cid,
+        network=net,
+        ifname=ifname,
+        netns_path=netns_path,
+        netns=netns,
+        host_ifnames=host_ifnames,
+        legacy=legacy,
+        mtime=lst.st_mtime,
+        cache_dir=root,
+        netns_uninspectable=uninspectable,
+        owner=owner,
+        ips=ips,
+    )
 
 
 def _entry_from_name(bad: CorruptFile, mtime: float, cache_dir: str, networks: Set[str]) -> CacheEntry | None:
@@ -258,7 +270,20 @@ def _entry_from_name(bad: CorruptFile, mtime: float, cache_dir: str, networks: S
             continue
         cid, sep, ifname = name[len(network) + 1 :].rpartition("-")
         if sep and is_cni_id(cid) and is_ifname(ifname):
-            return CacheEntry(bad.path, name, cid, network, ifname, None, None, (), False, mtime, cache_dir, bad.error)
+            return CacheEntry(
+                path=bad.path,
+                name=name,
+                container_id=cid,
+                network=network,
+                ifname=ifname,
+                netns_path=None,
+                netns=None,
+                host_ifnames=(),
+                legacy=False,
+                mtime=mtime,
+                cache_dir=cache_dir,
+                corrupt=bad.error,
+            )
     return None
 
 
@@ -332,12 +357,18 @@ def ref(entry: CacheEntry) -> ResourceRef:
     details: dict[str, DetailValue] = {"path": entry.path, "legacy": entry.legacy, "owner": entry.owner}
     if entry.corrupt is not None:
         details["corrupt"] = entry.corrupt
-    return ResourceRef("cache", entry.name, entry.mtime, details, identity(entry))
+    return ResourceRef(kind="cache", name=entry.name, created_at=entry.mtime, details=details, identity=identity(entry))
 
 
 def tie(entry: CacheEntry) -> OwnKey:
     uninspectable = entry.netns_path if entry.netns_uninspectable and entry.netns_path else None
-    return OwnKey(entry.container_id, entry.network, entry.ifname, entry.netns, uninspectable)
+    return OwnKey(
+        container_id=entry.container_id,
+        network=entry.network,
+        ifname=entry.ifname,
+        netns=entry.netns,
+        uninspectable_netns=uninspectable,
+    )
 
 
 # ------------------------------------------------------------------------------ reclaiming
@@ -365,4 +396,34 @@ def reclaim(entries: Sequence[CacheEntry], ctx: ReclaimContext) -> dict[Identity
     return {identity(entry): _remove(entry, ctx) for entry in entries}
 
 
-KIND: Kind[CacheEntry] = Kind("cache", find, identity, ref, tie, reclaim, last=True, quarantinable=True)
+def claims(entry: CacheEntry) -> tuple[str, ...]:
+    return entry.ips
+
+
+def del_document(entries: Sequence[CacheEntry]) -> tuple[dict[str, Any], str] | None:
+    """The cniCacheV1 object a DEL runs from and its file: the first entry that is neither
+    legacy nor corrupt, as its file holds it now; None when there is none, or that file no
+    longer names the attachment or is legacy now."""
+    usable = [e for e in entries if not e.legacy and e.corrupt is None]
+    if not usable:
+        return None
+    document = current_document(usable[0])
+    if document is None or document.legacy:
+        return None
+    return document.doc, usable[0].path
+
+
+KIND: Kind[CacheEntry] = Kind(
+    name="cache",
+    find=find,
+    identity=identity,
+    ref=ref,
+    tie=tie,
+    reclaim=reclaim,
+    last=True,
+    quarantinable=True,
+    claims=claims,
+    del_document=del_document,
+    added_config=cached_config,
+    says_owner=True,
+)

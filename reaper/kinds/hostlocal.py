@@ -51,7 +51,8 @@ _RESERVED_PREFIX = "last_reserved_ip."
 def ip_key(text: str) -> tuple[int, int] | None:
     """(version, integer) of a canonical IP address string; None when it is not one.
 
-    socket.inet_pton in C: ipaddress.ip_address costs ~10 us a call, and a node has thousands.
+    socket.inet_pton in C rather than ipaddress.ip_address, which builds an object per call:
+    a node has thousands of leases.
     """
     try:
         packed = socket.inet_pton(socket.AF_INET, text)
@@ -125,7 +126,17 @@ def collect_leases(
                     continue
                 if known is None:
                     memo.put(path, lst, said)
-                leases.append(HostLocalLease(network, name, said[0], said[1], path, data_dir, lst.st_mtime))
+                leases.append(
+                    HostLocalLease(
+                        network=network,
+                        ip=name,
+                        container_id=said[0],
+                        ifname=said[1],
+                        path=path,
+                        data_dir=data_dir,
+                        mtime=lst.st_mtime,
+                    )
+                )
     return leases, list(corrupt.records())
 
 
@@ -208,13 +219,19 @@ def identity(lease: HostLocalLease) -> Identity:
 
 def ref(lease: HostLocalLease) -> ResourceRef:
     details: dict[str, DetailValue] = {"path": lease.path, "ip": lease.ip}
-    return ResourceRef("ipam", f"{lease.network}/{lease.ip}", lease.mtime, details, identity(lease))
+    return ResourceRef(
+        kind="ipam",
+        name=f"{lease.network}/{lease.ip}",
+        created_at=lease.mtime,
+        details=details,
+        identity=identity(lease),
+    )
 
 
 def tie(lease: HostLocalLease) -> OwnKey | ContainerTie:
     if lease.ifname is None:
         return ContainerTie(lease.container_id, lease.network)
-    return OwnKey(lease.container_id, lease.network, lease.ifname)
+    return OwnKey(container_id=lease.container_id, network=lease.network, ifname=lease.ifname)
 
 
 # ------------------------------------------------------------------------------ reclaiming
@@ -282,4 +299,18 @@ def reclaim(leases: Sequence[HostLocalLease], ctx: ReclaimContext) -> dict[Ident
     return release_leases(leases, ctx.quarantine)
 
 
-KIND: Kind[HostLocalLease] = Kind("ipam", find, identity, ref, tie, reclaim, quarantinable=True)
+def addresses(lease: HostLocalLease) -> tuple[str, ...]:
+    return (lease.ip,)
+
+
+KIND: Kind[HostLocalLease] = Kind(
+    name="ipam",
+    find=find,
+    identity=identity,
+    ref=ref,
+    tie=tie,
+    reclaim=reclaim,
+    quarantinable=True,
+    claims=addresses,
+    frees=addresses,
+)

@@ -79,7 +79,7 @@ _CHAIN_PATTERNS: tuple[tuple[re.Pattern[str], str, Literal["masquerade", "hostpo
     (re.compile(r"CNI-SN-[0-9a-f]{21}"), "SN-", "hostport-snat"),
 )
 # Quoted strings are written as runs of plain characters between escapes: the same strings as
-# `"(?:[^"\\]|\\.)*"`, matched 2-4x faster (tests).
+# `"(?:[^"\\]|\\.)*"`, matched with no alternation tried at each character.
 _COMMENT = re.compile(r'--comment (?:"([^"\\]*(?:\\.[^"\\]*)*)"|(\S+))')
 _OWNER = re.compile(r'name:? "([^"]*)" id: "([^"]*)"')
 
@@ -118,7 +118,7 @@ def _owner_in(line: str) -> tuple[str, str] | None:
 # The rest of a quoted string, to its closing quote: iptables-save escapes `"`, `\` and `'`
 # inside one with a backslash, and prints every other byte as it is, a newline included.
 # Written as runs of plain characters between escapes: the same strings as `(?:[^"\\]|\\.)*"`,
-# matched 3.6x faster (a CNI comment holds four escaped quotes).
+# matched with no alternation tried at each character (a CNI comment holds four escaped quotes).
 _QUOTED_REST = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*"')
 
 
@@ -415,7 +415,7 @@ def ref(chain: IptablesChain) -> ResourceRef:
         "purpose": chain.purpose,
         "backend": chain.backend,
     }
-    return ResourceRef("iptables", chain.chain, None, details, identity(chain))
+    return ResourceRef(kind="iptables", name=chain.chain, created_at=None, details=details, identity=identity(chain))
 
 
 def tie(chain: IptablesChain) -> Claim | None:
@@ -491,4 +491,20 @@ def reclaim(chains: Sequence[IptablesChain], ctx: ReclaimContext) -> dict[Identi
     return done
 
 
-KIND: Kind[IptablesChain] = Kind(KIND_NAME, find, identity, ref, tie, reclaim, start=ChainCollector)
+def frees(chain: IptablesChain) -> list[str]:
+    """A masquerade chain's pod address: the `-s` address of each rule jumping to it, as the
+    bridge or ptp plugin wrote it into the kernel. Other chains free no address."""
+    if chain.purpose != "masquerade":
+        return []
+    found = []
+    for rule in chain.jumps:
+        words = rule.split()
+        for i, word in enumerate(words[:-1]):
+            if word == "-s" and (i == 0 or words[i - 1] != "!"):
+                found.append(words[i + 1])
+    return found
+
+
+KIND: Kind[IptablesChain] = Kind(
+    name=KIND_NAME, find=find, identity=identity, ref=ref, tie=tie, reclaim=reclaim, start=ChainCollector, frees=frees
+)

@@ -21,6 +21,7 @@ from reaper.model import CorruptFile, HostLocalRange, NetworkConfig
 from reaper.names import is_cni_id, is_path
 
 CONFIG_EXTENSIONS = (".conf", ".conflist", ".json")
+CORRUPT_KIND = "netconf"  # what a report and the metrics call an unreadable network config
 # host-local subnets that Calico's and Canal's plugins fill in from the node's podCIDRs, matched
 # without regard to case as Calico's plugin does (strings.EqualFold), by the IP version they take
 POD_CIDR_PLACEHOLDERS = {"usepodcidr": 4, "usepodcidripv6": 6}
@@ -191,7 +192,15 @@ def parse_network_config(raw: bytes, path: str) -> NetworkConfig:
             pod_cidr_versions.extend(v for v in from_pod_cidr if v not in pod_cidr_versions)
     disable_gc = doc.get("disableGC") is True
     return NetworkConfig(
-        name, path, version, tuple(types), tuple(data_dirs), tuple(ranges), disable_gc, raw, tuple(pod_cidr_versions)
+        name=name,
+        path=path,
+        cni_version=version,
+        plugin_types=tuple(types),
+        ipam_data_dirs=tuple(data_dirs),
+        ipam_ranges=tuple(ranges),
+        disable_gc=disable_gc,
+        raw=raw,
+        pod_cidr_versions=tuple(pod_cidr_versions),
     )
 
 
@@ -204,7 +213,7 @@ def collect_configs(conf_dir: str) -> tuple[list[NetworkConfig], list[CorruptFil
     except FileNotFoundError:
         return configs, corrupt
     except OSError as err:
-        return configs, [CorruptFile("netconf", conf_dir, describe_oserror(err))]
+        return configs, [CorruptFile(CORRUPT_KIND, conf_dir, describe_oserror(err))]
     try:
         names = sorted(os.listdir(root_fd))
         for name in names:
@@ -222,9 +231,9 @@ def collect_configs(conf_dir: str) -> tuple[list[NetworkConfig], list[CorruptFil
                 configs.append(_with_flannel_ranges(parse_network_config(raw, path)))
             except (OSError, UnfitFile, ConfigError) as err:
                 msg = describe_oserror(err) if isinstance(err, OSError) else str(err)
-                corrupt.append(CorruptFile("netconf", path, msg))
+                corrupt.append(CorruptFile(CORRUPT_KIND, path, msg))
     except OSError as err:
-        corrupt.append(CorruptFile("netconf", conf_dir, describe_oserror(err)))
+        corrupt.append(CorruptFile(CORRUPT_KIND, conf_dir, describe_oserror(err)))
     finally:
         os.close(root_fd)
     return configs, corrupt

@@ -18,7 +18,7 @@ from reaper.host.confined import fstatfs_type, libc, opened_dir, unlink_beneath
 from reaper.host.files import NSFS_MAGIC, PROC_SUPER_MAGIC, DirLister, describe_oserror
 from reaper.host.mounts import unpin_hazard
 from reaper.host.procs import busy_namespaces
-from reaper.kinds import Found, Kind, Look, ReclaimContext
+from reaper.kinds import Found, Kind, Look, Pin, ReclaimContext
 from reaper.model import CorruptFile, DetailValue, Done, Identity, NetnsPin, NetnsTie, NsKey, ResourceRef
 from reaper.names import is_runtime_netns_name
 
@@ -80,7 +80,7 @@ def _nsfs_device() -> int | None:
 def _look_at(dir_fd: int, name: str, nsfs: int | None) -> tuple[os.stat_result, bool]:
     """The pin's stat, and whether a namespace is mounted on it: an inode on the device of this
     process's own namespace is one (one filesystem has the device at a time); anything else is
-    asked its filesystem's magic (a statfs: 4 us a pin)."""
+    asked its filesystem's magic (a statfs per pin, which the common case never needs)."""
     fd = _open_pin(dir_fd, name)
     try:
         st = os.fstat(fd)
@@ -105,7 +105,7 @@ def ref(pin: NetnsPin) -> ResourceRef:
     details: dict[str, DetailValue] = {"path": pin.path}
     if not pin.is_namespace:
         details["stale"] = True
-    return ResourceRef("netns", pin.name, pin.mtime, details, identity(pin))
+    return ResourceRef(kind="netns", name=pin.name, created_at=pin.mtime, details=details, identity=identity(pin))
 
 
 def tie(pin: NetnsPin) -> NetnsTie:
@@ -187,4 +187,23 @@ def _plain_file(now: os.stat_result) -> str | None:
     return None
 
 
-KIND: Kind[NetnsPin] = Kind("netns", find, identity, ref, tie, reclaim, del_needs=True)
+def as_pin(pin: NetnsPin) -> Pin | None:
+    return Pin(pin.ns, pin.path) if pin.is_namespace else None
+
+
+def proves(pin: NetnsPin, netns: NsKey | None) -> bool:
+    """A namespace mounted on the pin proves its attachment; a stale file does not."""
+    return pin.is_namespace
+
+
+KIND: Kind[NetnsPin] = Kind(
+    name="netns",
+    find=find,
+    identity=identity,
+    ref=ref,
+    tie=tie,
+    reclaim=reclaim,
+    del_needs=True,
+    pin=as_pin,
+    proves=proves,
+)

@@ -71,14 +71,30 @@ def parse_rules(text: str) -> list[NftRule]:
             if not match:
                 continue  # not a plugin's rule (an admin's, or an older format): never ours
             instance, net, ifname, cid = match.groups()
-            described = (
-                net if net and is_cni_id(net) else None,
-                ifname if ifname and is_ifname(ifname) else None,
-                cid if cid and is_cni_id(cid) else None,
+            rules.append(
+                NftRule(
+                    family=family,
+                    table=table,
+                    chain=chain,
+                    handle=handle,
+                    network=net if net and is_cni_id(net) else None,
+                    ifname=ifname if ifname and is_ifname(ifname) else None,
+                    container_id=cid if cid and is_cni_id(cid) else None,
+                    instance=instance,
+                )
             )
-            rules.append(NftRule(family, table, chain, handle, *described, instance=instance))
         elif table == "cni_hostport" and is_cni_id(comment.strip()):
-            rules.append(NftRule(family, table, chain, handle, None, None, comment.strip()))
+            rules.append(
+                NftRule(
+                    family=family,
+                    table=table,
+                    chain=chain,
+                    handle=handle,
+                    network=None,
+                    ifname=None,
+                    container_id=comment.strip(),
+                )
+            )
     return rules
 
 
@@ -106,8 +122,8 @@ def _table(data: bytes | bytearray, offset: int, length: int) -> tuple[str, str]
 
 
 def present_cni_tables() -> list[tuple[str, str]]:
-    """The CNI tables that exist, asked over nfnetlink: `nft list tables` costs ~90 ms because
-    it loads the whole ruleset, this costs ~2 ms, and the common answer is "none"."""
+    """The CNI tables that exist, asked over nfnetlink rather than with `nft list tables`, which
+    loads the whole ruleset to answer; the common answer is "none"."""
     with netlink.Netlink(NETLINK_NETFILTER) as nl:
         found = set(nl.dump(NFT_GET_TABLES, _ANY_FAMILY, _table))
     return sorted(found & CNI_TABLES)
@@ -158,7 +174,7 @@ def ref(rule: NftRule) -> ResourceRef:
         described = {"instance": rule.instance, "network": rule.network, "ifname": rule.ifname}
     described["container_id"] = rule.container_id
     name = f"{rule.family} {rule.table} {rule.chain} {rule.handle}"
-    return ResourceRef("nft", name, None, described, identity(rule))
+    return ResourceRef(kind="nft", name=name, created_at=None, details=described, identity=identity(rule))
 
 
 def tie(rule: NftRule) -> Claim | None:
@@ -209,4 +225,4 @@ def reclaim(rules: Sequence[NftRule], ctx: ReclaimContext) -> dict[Identity, Don
     return done
 
 
-KIND: Kind[NftRule] = Kind("nft", find, identity, ref, tie, reclaim, key_of=_key_of)
+KIND: Kind[NftRule] = Kind(name="nft", find=find, identity=identity, ref=ref, tie=tie, reclaim=reclaim, key_of=_key_of)

@@ -7,10 +7,12 @@ too, except the `last` ones, which go after all the rest.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from reaper.kinds import (
     Kind,
+    Pin,
     bandwidth,
     cache,
     firewall,
@@ -24,6 +26,7 @@ from reaper.kinds import (
     tuning,
     veth,
 )
+from reaper.model import Identity, ResourceRef
 
 KINDS: tuple[Kind[Any], ...] = (
     tuning.KIND,  # not last: its DEL needs the netns, and without one the file serves none
@@ -42,3 +45,16 @@ KINDS: tuple[Kind[Any], ...] = (
 KIND_NAMES: tuple[str, ...] = tuple(k.name for k in KINDS)
 RECLAIM_ORDER: tuple[Kind[Any], ...] = reclaim_order(KINDS)
 QUARANTINABLE: frozenset[str] = frozenset(k.name for k in KINDS if k.quarantinable)
+BY_NAME: dict[str, Kind[Any]] = {k.name: k for k in KINDS}
+# Kinds whose records a later DEL needs, reclaimed after all the rest.
+LAST: frozenset[str] = frozenset(k.name for k in KINDS if k.last)
+# Kinds whose refs say whose runtime made their attachment.
+OWNER_SAYING: frozenset[str] = frozenset(k.name for k in KINDS if k.says_owner)
+
+
+def pin_of(ref: ResourceRef, records: Mapping[Identity, Any]) -> Pin | None:
+    """The resource as a namespace pin with a namespace mounted on it; None when it is none."""
+    kind, record = BY_NAME.get(ref.kind), records.get(ref.identity)
+    if kind is None or kind.pin is None or record is None:
+        return None
+    return kind.pin(record)

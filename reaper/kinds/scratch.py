@@ -42,7 +42,7 @@ def stamp_of(st: os.stat_result) -> Stamp:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-class ScratchFile(Struct, Generic[C], frozen=True):
+class ScratchFile(Struct, Generic[C], frozen=True, kw_only=True):
     """One per-container file of a plugin's (`<dir>/<container ID>`, by default)."""
 
     container_id: str  # the container ID its name carries (the whole name, by default)
@@ -149,7 +149,15 @@ def _read(
     except UnfitFile as err:
         return CorruptFile(fmt.kind, path, str(err))
     parsed = parse_content(fmt, data)
-    return ScratchFile(container_id, path, root, st.st_mtime, stamp_of(st), *parsed)
+    return ScratchFile(
+        container_id=container_id,
+        path=path,
+        root=root,
+        mtime=st.st_mtime,
+        stamp=stamp_of(st),
+        content=parsed[0],
+        corrupt=parsed[1],
+    )
 
 
 def collect(
@@ -229,7 +237,9 @@ def file_kind(
         shown: Details = {"path": file.path, **details(file)}
         if file.corrupt is not None:
             shown["corrupt"] = file.corrupt
-        return ResourceRef(fmt.kind, file.container_id, file.mtime, shown, identity(file))
+        return ResourceRef(
+            kind=fmt.kind, name=file.container_id, created_at=file.mtime, details=shown, identity=identity(file)
+        )
 
     def tie(file: ScratchFile[C]) -> ContainerTie:
         return ContainerTie(file.container_id)
@@ -237,4 +247,13 @@ def file_kind(
     def reclaim_files(files: Sequence[ScratchFile[C]], ctx: ReclaimContext) -> dict[Identity, Done]:
         return reclaim(fmt, files, ctx.quarantine)
 
-    return Kind(fmt.kind, find, identity, ref, tie, reclaim_files, last=last, quarantinable=True)
+    return Kind(
+        name=fmt.kind,
+        find=find,
+        identity=identity,
+        ref=ref,
+        tie=tie,
+        reclaim=reclaim_files,
+        last=last,
+        quarantinable=True,
+    )

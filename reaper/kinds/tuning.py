@@ -59,7 +59,7 @@ _U32 = 1 << 32
 KEYS = ("mac", "promisc", "mtu", "allmulti", "txQLen")  # configToRestore's fields, in order
 
 
-class TuningBackup(Struct, frozen=True):
+class TuningBackup(Struct, frozen=True, kw_only=True):
     """What the file says: the interface's values before tuning changed them (None: not saved)."""
 
     mac: str | None = None
@@ -131,7 +131,11 @@ def parse_backup(data: bytes) -> TuningBackup:
         raise ValueError(f"invalid mac {str(mac)[:40]!r}")
     # mtu is omitted when 0 (omitempty on an int); txQLen is a pointer, so 0 is written.
     return TuningBackup(
-        mac, _flag(doc, "promisc"), _count(doc, "mtu", 1), _flag(doc, "allmulti"), _count(doc, "txQLen", 0)
+        mac=mac,
+        promisc=_flag(doc, "promisc"),
+        mtu=_count(doc, "mtu", 1),
+        allmulti=_flag(doc, "allmulti"),
+        txqlen=_count(doc, "txQLen", 0),
     )
 
 

@@ -116,7 +116,7 @@ def ref(veth: VethLink) -> ResourceRef:
     }
     if veth.master:
         details["master"] = veth.master
-    return ResourceRef("veth", veth.name, None, details, identity(veth))
+    return ResourceRef(kind="veth", name=veth.name, created_at=None, details=details, identity=identity(veth))
 
 
 def tie(veth: VethLink) -> PeerTie:
@@ -176,4 +176,23 @@ def reclaim(veths: Sequence[VethLink], ctx: ReclaimContext) -> dict[Identity, Do
     return done
 
 
-KIND: Kind[VethLink] = Kind("veth", find, identity, ref, tie, reclaim, del_needs=True)
+def host_ifname(veth: VethLink) -> str:
+    return veth.name
+
+
+def proves(veth: VethLink, netns: NsKey | None) -> bool:
+    """A host veth whose peer lives in the attachment's namespace proves it."""
+    return veth.peer_netns is not None and veth.peer_netns == netns
+
+
+KIND: Kind[VethLink] = Kind(
+    name="veth",
+    find=find,
+    identity=identity,
+    ref=ref,
+    tie=tie,
+    reclaim=reclaim,
+    del_needs=True,
+    host_ifname=host_ifname,
+    proves=proves,
+)

@@ -8,7 +8,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence, Set
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 from msgspec import Struct, field
 from msgspec.structs import replace
@@ -17,17 +17,14 @@ from reaper.cni.invoke import del_network, network_status
 from reaper.cni.requests import DelRequest, request_from_cache, safe_ifname
 from reaper.host.procs import busy_namespaces
 from reaper.host.quarantine import Quarantine
-from reaper.kinds import COMMAND_TIMEOUT, Kind, ReclaimContext, cache
+from reaper.kinds import COMMAND_TIMEOUT, Kind, ReclaimContext
 from reaper.kinds.netconf import stateful_plugins
-from reaper.kinds.registry import KINDS, RECLAIM_ORDER
+from reaper.kinds.registry import KINDS, LAST, RECLAIM_ORDER, pin_of
 from reaper.model import (
     Attachment,
     AttachmentKey,
-    CacheEntry,
     Done,
-    HostLocalLease,
     Identity,
-    NetnsPin,
     NetworkConfig,
     NodeSnapshot,
     NsKey,
@@ -36,7 +33,6 @@ from reaper.model import (
     ResourceOutcome,
     RuntimeView,
     SkippedAttachment,
-    VethLink,
 )
 from reaper.reap import delegates
 from reaper.reap.plan import recheck_reason
@@ -61,28 +57,28 @@ def _netns_for_del(attachment: Attachment, records: Records) -> str:
     """CNI_NETNS for DEL: the attachment's pin when it is still a real namespace, else empty
     (and then no DEL runs)."""
     for ref in attachment.resources:
-        pin = records.get(ref.identity)
-        if isinstance(pin, NetnsPin) and pin.is_namespace and os.path.exists(pin.path):
+        pin = pin_of(ref, records)
+        if pin is not None and os.path.exists(pin.path):
             return pin.path
     return ""
 
 
-def held_by_others(records: Records, orphans: Sequence[Attachment]) -> tuple[set[str], set[str]]:
-    """(addresses, veth names) that records outside every orphan attachment hold, the addresses
-    as written (node_trust compares them by meaning). Only veths: a result's other host
-    interfaces are shared ones (the bridge every pod hangs off)."""
+def held_by_others(snapshot: NodeSnapshot, orphans: Sequence[Attachment]) -> tuple[set[str], set[str]]:
+    """(addresses, host interface names) that records outside every orphan attachment hold, the
+    addresses as written (node_trust compares them by meaning). Host interfaces only as their
+    kinds name them (veths): a result's other host interfaces are shared ones (the bridge
+    every pod hangs off)."""
     judged = {ref.identity for a in orphans for ref in a.resources}
+    found = {kind.identity(r): (kind, r) for kind in KINDS for r in snapshot.of(kind.name)}
     ips: set[str] = set()
     ifnames: set[str] = set()
-    for ident, record in records.items():
+    for ident, (kind, record) in found.items():
         if ident in judged:
             continue
-        if isinstance(record, HostLocalLease):
-            ips.add(record.ip)
-        elif isinstance(record, VethLink):
-            ifnames.add(record.name)
-        elif isinstance(record, CacheEntry):
-            ips.update(record.ips)
+        if kind.claims is not None:
+            ips.update(kind.claims(record))
+        if kind.host_ifname is not None:
+            ifnames.add(kind.host_ifname(record))
     return ips, ifnames
 
 
@@ -92,15 +88,21 @@ def _cached_request(attachment: Attachment, records: Records, netns: str) -> tup
     key = attachment.key
     if key.container_id is None or key.network is None or key.ifname is None:
         return None
-    entries = [records.get(ref.identity) for ref in attachment.resources if ref.kind == cache.KIND.name]
-    usable = [e for e in entries if isinstance(e, CacheEntry) and not e.legacy and e.corrupt is None]
-    if not usable:
-        return None
-    document = cache.current_document(usable[0])
-    if document is None or document.legacy:
-        return None
-    request = request_from_cache(document.doc, key.container_id, key.network, key.ifname, netns, usable[0].path)
-    return (request, document.doc.get("result")) if request is not None else None
+    for kind in KINDS:
+        if kind.del_document is None or not (carried := _records_of(kind, attachment, records)):
+            continue
+        document = kind.del_document(carried)
+        if document is None:
+            return None
+        doc, path = document
+        request = request_from_cache(doc, key.container_id, key.network, key.ifname, netns, path)
+        return (request, doc.get("result")) if request is not None else None
+    return None
+
+
+def _records_of(kind: Kind[Any], attachment: Attachment, records: Records) -> list[Any]:
+    """The attachment's records of `kind` that the look found, in the attachment's order."""
+    return [records[ref.identity] for ref in attachment.resources if ref.kind == kind.name and ref.identity in records]
 
 
 def del_request(
@@ -146,7 +148,12 @@ def _config_request(
     for config in configs:
         if config.name == key.network and not config.path.startswith("cache:"):
             return DelRequest(
-                key.container_id, key.network, safe_ifname(key.ifname), netns, config.raw, config.path
+                container_id=key.container_id,
+                network=key.network,
+                ifname=safe_ifname(key.ifname),
+                netns=netns,
+                config=config.raw,
+                source=config.path,
             ), note
     return None, note
 
@@ -159,11 +166,10 @@ def kept_state(
     cache entry is the only record of what that DEL needs. None when every plugin of the chain
     is known stateless (reaper.kinds.netconf.STATELESS_PLUGINS). The chain is what the cache
     entry says was ADDed, else the conf dir's config of the network, plus what DEL would run."""
-    records_of = (records.get(ref.identity) for ref in attachment.resources if ref.kind == cache.KIND.name)
-    entries = [e for e in records_of if isinstance(e, CacheEntry)]
-    if not entries:
+    carriers = [(k.added_config, _records_of(k, attachment, records)) for k in KINDS if k.added_config is not None]
+    if not any(found for _, found in carriers):
         return None
-    raws = [raw for raw in (cache.cached_config(e) for e in entries) if raw is not None]
+    raws = [raw for added, found in carriers for raw in map(added, found) if raw is not None]
     if not raws:
         network = attachment.key.network
         raws = [c.raw for c in configs if c.name == network and not c.path.startswith("cache:")][:1]
@@ -182,16 +188,13 @@ def kept_state(
     return ", ".join(stateful)[:200]
 
 
-LAST_KINDS = frozenset(k.name for k in KINDS if k.last)
-
-
 def waits_for_plugin(attachment: Attachment, records: Records, configs: Sequence[NetworkConfig]) -> str | None:
     """Why a pass has nothing to do for this orphan, when it has not: all that is left of it
     are the files a DEL needs (its cache entry, flannel's, multus'), its chain keeps state only
     that DEL frees (kept_state), and no DEL can run, with no namespace to prove it or to pass.
     Such an orphan is reported but takes no place under --max-reap, so that any number of them
     (forged, or a plugin gone for good) never holds back the leaks that can be reclaimed."""
-    if attachment.netns is not None or not all(ref.kind in LAST_KINDS for ref in attachment.resources):
+    if attachment.netns is not None or not all(ref.kind in LAST for ref in attachment.resources):
         return None
     what = kept_state(attachment, records, configs, None)
     if what is None:
@@ -219,13 +222,21 @@ def _kept_because(what: str, no_del: bool, pinned: bool) -> str:
     return f"kept: {what} may keep state only its DEL frees, and that DEL has not succeeded as the runtime would run it"
 
 
-class Reclaimer(Struct):
+class Recheck(NamedTuple):
+    """What a re-check found: why each attachment must be left after all, and the namespaces
+    the runtimes named at it (live, whatever a record says)."""
+
+    left: dict[AttachmentKey, str]
+    live_netns: frozenset[NsKey] = frozenset()
+
+
+class Reclaimer(Struct, kw_only=True):
     """The act and verify steps of one pass."""
 
     look: Callable[[], NodeSnapshot]  # a fresh look at the node
     netns_dirs: tuple[str, ...]
     bin_dirs: tuple[str, ...]
-    live_netns: frozenset[NsKey]  # namespaces the runtime named at the re-check
+    live_netns: frozenset[NsKey]  # namespaces the runtime named when the pass was planned
     plugin_timeout: float
     quarantine: Quarantine | None
     log: logging.Logger
@@ -238,17 +249,19 @@ class Reclaimer(Struct):
     _statuses: dict[bytes, str | None] = field(default_factory=dict)
     _status_lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def recheck(self, attachments: Sequence[Attachment]) -> dict[AttachmentKey, str]:
+    def recheck(self, attachments: Sequence[Attachment]) -> Recheck:
         """Right before acting on them: why each attachment must be left after all, by what the
-        runtimes list now and who is in its netns now. Unreachable runtimes leave them all."""
+        runtimes list now and who is in its netns now, and the namespaces they named. It
+        changes nothing shared (the DEL pool runs it in threads): the caller combines what
+        each re-check learned. Unreachable runtimes leave them all."""
         view = self.observe()
         if not view.reachable:
-            return {a.key: f"{UNREACHABLE_AT_RECHECK}: {view.error}" for a in attachments}
-        self.live_netns = self.live_netns | {s.netns for s in view.sandboxes if s.netns is not None}
+            return Recheck({a.key: f"{UNREACHABLE_AT_RECHECK}: {view.error}" for a in attachments})
+        live = frozenset(s.netns for s in view.sandboxes if s.netns is not None)
         only = attachments[0].netns if len(attachments) == 1 else None
         busy = busy_namespaces(self.bin_dirs, only) if only is not None or len(attachments) > 1 else {}
         reasons = {a.key: recheck_reason(a, view, busy) for a in attachments}
-        return {key: why for key, why in reasons.items() if why is not None}
+        return Recheck({key: why for key, why in reasons.items() if why is not None}, live)
 
     def run(
         self,
@@ -261,7 +274,7 @@ class Reclaimer(Struct):
         step; those the first re-check leaves are skipped whole. `keep` names, by attachment,
         the plugins of its chain that keep state only their DEL frees (see kept_state)."""
         self.watch.restart()
-        plugin_errors, left_before_del = self._del_all(attachments, requests)
+        plugin_errors, left_before_del, live = self._del_all(attachments, requests)
         skipped = [SkippedAttachment(a.key, left_before_del[a.key]) for a in attachments if a.key in left_before_del]
         attachments = [a for a in attachments if a.key not in left_before_del]
         self.watch.lap("del")
@@ -278,13 +291,14 @@ class Reclaimer(Struct):
             # Stopping: no new step starts. What DEL freed is reported; the rest waits.
             kernel_done = {i: Done.left("interrupted: stopping") for i in after_del}
         else:
-            left = self.recheck(attachments) if attachments else {}
+            found = self.recheck(attachments) if attachments else Recheck({})
+            left, live = found.left, live | found.live_netns
             kernel_done = {
                 r.identity: Done.left(left[a.key]) for a in attachments if a.key in left for r in a.resources
             }
             remaining = [a for a in attachments if a.key not in left]
             no_del = {key for key in needs_plugin if requests.get(key) is None}
-            kernel_done.update(self._kernel(remaining, after_del, needs_plugin, no_del, judged or {}))
+            kernel_done.update(self._kernel(remaining, after_del, needs_plugin, no_del, judged or {}, live=live))
         self.watch.lap("kernel")
         last_look = self.look()
         final = index(last_look)
@@ -306,7 +320,9 @@ class Reclaimer(Struct):
                     gone, error = False, f"not verified: the last look could not read all of {ref.kind}"
                 if not gone and error is None:
                     error = "still present after reclaiming"
-                results.append(ResourceOutcome(ref.kind, ref.name, method, gone, None if gone else error))
+                results.append(
+                    ResourceOutcome(kind=ref.kind, name=ref.name, method=method, ok=gone, error=None if gone else error)
+                )
             outcomes.append(
                 ReclaimOutcome(a.key, tuple(results), plugin_errors.get(a.key, ()), needs_plugin.get(a.key))
             )
@@ -324,40 +340,43 @@ class Reclaimer(Struct):
 
     def _del_all(
         self, attachments: Sequence[Attachment], requests: Mapping[AttachmentKey, DelRequest | None]
-    ) -> tuple[dict[AttachmentKey, tuple[str, ...]], dict[AttachmentKey, str]]:
+    ) -> tuple[dict[AttachmentKey, tuple[str, ...]], dict[AttachmentKey, str], frozenset[NsKey]]:
         """Each attachment's DEL (where it has a config), right after its own re-check: (plugin
-        errors, why an attachment was left) by attachment."""
+        errors, why an attachment was left) by attachment, and the namespaces the runtimes
+        named at the re-checks."""
 
-        def one(attachment: Attachment) -> tuple[AttachmentKey, tuple[str, ...], str | None]:
+        def one(attachment: Attachment) -> tuple[AttachmentKey, tuple[str, ...], str | None, frozenset[NsKey]]:
             key, request = attachment.key, requests.get(attachment.key)
             if self.stop.is_set():
-                return key, (), "stopping"
-            why = self.recheck([attachment]).get(key)
+                return key, (), "stopping", frozenset()
+            found = self.recheck([attachment])
+            why, live = found.left.get(key), found.live_netns
             if why is not None:
-                return key, (), why
+                return key, (), why, live
             config = request.config if request is not None else self.network_configs.get(key.network or "")
             unavailable = self.status(config) if config is not None else None
             if unavailable is not None:
-                return key, (), f"waits: a plugin of its network is not available (CNI STATUS): {unavailable}"
+                return key, (), f"waits: a plugin of its network is not available (CNI STATUS): {unavailable}", live
             if request is None:
-                return key, (), None
+                return key, (), None, live
             try:
                 with delegates.pinned(request) as (ready, changed):
                     if ready is None:
-                        return key, (f"no plugin ran: {changed}",), None
+                        return key, (f"no plugin ran: {changed}",), None, live
                     outcomes = del_network(ready, self.bin_dirs, self.plugin_timeout, self.stop)
             except Exception as err:  # this attachment's error; the others go on
-                return key, (f"DEL failed unexpectedly: {type(err).__name__}: {err}",), None
-            return key, tuple(o.error for o in outcomes if o.error), None
+                return key, (f"DEL failed unexpectedly: {type(err).__name__}: {err}",), None, live
+            return key, tuple(o.error for o in outcomes if o.error), None, live
 
         with ThreadPoolExecutor(max_workers=DEL_WORKERS) as pool:
             results = list(pool.map(one, attachments))
-        errors = {key: found for key, found, _ in results if found}
-        left = {key: why for key, _, why in results if why is not None}
+        errors = {key: found for key, found, _, _ in results if found}
+        left = {key: why for key, _, why, _ in results if why is not None}
+        live = frozenset[NsKey]().union(*(named for _, _, _, named in results))
         for key, found in errors.items():
             for error in found:
                 self.log.warning("plugin DEL failed", extra={"attachment": key.as_text(), "error": error})
-        return errors, left
+        return errors, left, live
 
     def _kernel(
         self,
@@ -366,13 +385,16 @@ class Reclaimer(Struct):
         needs_plugin: Mapping[AttachmentKey, str],
         no_del: Set[AttachmentKey],
         judged: Records,
+        *,
+        live: frozenset[NsKey] = frozenset(),
     ) -> dict[Identity, Done]:
         """Each kind reclaims what is still there, in the registry's order. A `last` kind's
         record goes only once every other resource of its attachment is gone. While a plugin
         that keeps state elsewhere still needs its DEL (`needs_plugin`), what that DEL needs
-        stays: the `last` kinds' files and the `del_needs` kinds' pin and veths."""
+        stays: the `last` kinds' files and the `del_needs` kinds' pin and veths. `live`: the
+        namespaces the re-checks named, besides those named when the pass was planned."""
+        live_netns = self.live_netns | live
         done: dict[Identity, Done] = {}
-        last_kinds = {k.name for k in RECLAIM_ORDER if k.last}
         for kind in RECLAIM_ORDER:
             records = []
             for a in attachments:
@@ -385,7 +407,7 @@ class Reclaimer(Struct):
                         done[ref.identity] = Done.left(why)
                         continue
                     if kind.last:
-                        others = [r.identity for r in a.resources if r.kind not in last_kinds and r.identity in present]
+                        others = [r.identity for r in a.resources if r.kind not in LAST and r.identity in present]
                         if not all(done.get(i, Done.freed()).ok for i in others):
                             done[ref.identity] = Done.left("kept: other resources of the attachment remain")
                             continue
@@ -396,7 +418,12 @@ class Reclaimer(Struct):
             if not records:
                 continue
             ctx = ReclaimContext(
-                self.netns_dirs, self.bin_dirs, self.live_netns, self.quarantine, COMMAND_TIMEOUT, dict(done)
+                netns_dirs=self.netns_dirs,
+                bin_dirs=self.bin_dirs,
+                live_netns=live_netns,
+                quarantine=self.quarantine,
+                command_timeout=COMMAND_TIMEOUT,
+                done=dict(done),
             )
             done.update(self._reclaim_isolated(kind, records, ctx))
         return done

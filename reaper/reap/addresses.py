@@ -40,9 +40,9 @@ from msgspec import Struct
 
 from reaper.host.netns_addrs import Handle, NamespaceAddresses, NamespaceToRead, read_addresses, this_threads_netns
 from reaper.host.procs import netns_members, unseen_processes
-from reaper.kinds.firewall import ForwardRule
 from reaper.kinds.netns import collect_pins
-from reaper.model import Attachment, AttachmentKey, HostLocalLease, Identity, IptablesChain, NetnsPin, NsKey
+from reaper.kinds.registry import BY_NAME, pin_of
+from reaper.model import Attachment, AttachmentKey, Identity, NsKey
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 DEADLINE = 10.0  # seconds for reading every namespace's addresses, all together
@@ -73,30 +73,18 @@ def address_key(text: str) -> IPAddress | None:
     return address
 
 
-def _jump_sources(chain: IptablesChain) -> list[str]:
-    """The `-s` address of each rule jumping to a masquerade chain: the pod's address, as the
-    bridge or ptp plugin wrote it into the kernel."""
-    found = []
-    for rule in chain.jumps:
-        words = rule.split()
-        for i, word in enumerate(words[:-1]):
-            if word == "-s" and (i == 0 or words[i - 1] != "!"):
-                found.append(words[i + 1])
-    return found
-
-
 def addresses_held(attachment: Attachment, records: Mapping[Identity, Any]) -> HeldAddresses:
     """What `attachment` would free that is an address, and the namespaces its own pins hold."""
     texts: list[str] = []
     own: set[NsKey] = {attachment.netns} if attachment.netns is not None else set()
     for ref in attachment.resources:
-        record = records.get(ref.identity)
-        if isinstance(record, HostLocalLease | ForwardRule):
-            texts.append(record.ip)
-        elif isinstance(record, IptablesChain) and record.purpose == "masquerade":
-            texts.extend(_jump_sources(record))
-        elif isinstance(record, NetnsPin) and record.is_namespace:
-            own.add(record.ns)
+        record, kind = records.get(ref.identity), BY_NAME.get(ref.kind)
+        if record is None or kind is None:
+            continue
+        if kind.frees is not None:
+            texts.extend(kind.frees(record))
+        if kind.pin is not None and (pin := kind.pin(record)) is not None:
+            own.add(pin.ns)
     keyed = (address_key(text) for text in texts)
     return HeldAddresses(tuple(dict.fromkeys(k for k in keyed if k is not None)), frozenset(own))
 
@@ -200,8 +188,8 @@ def addresses_in_use(
     # The pins of the orphans this pass reclaims, nothing inside: a split-off lease's address
     # configured there is that dead pod's (a runtime that forgot a sandbox leaves its pin and
     # its files as two attachments).
-    pins = (records.get(ref.identity) for a in attachments for ref in a.resources)
-    dead = frozenset(p.ns for p in pins if isinstance(p, NetnsPin) and p.is_namespace and p.ns not in members)
+    pins = (pin_of(ref, records) for a in attachments for ref in a.resources)
+    dead = frozenset(p.ns for p in pins if p is not None and p.ns not in members)
     # A namespace that is every such attachment's own, or dead, is not read: it proves none live.
     skip = dead | frozenset.intersection(*(h.own for h in held.values()))
     seen = read_addresses(node_namespaces(netns_dirs, members, skip), deadline=clock() + deadline, clock=clock)

@@ -19,7 +19,7 @@ from reaper.model import (
 )
 
 
-class ReapPolicy(Struct, frozen=True):
+class ReapPolicy(Struct, frozen=True, kw_only=True):
     """The parts of the reap settings the plan depends on."""
 
     max_reap: int

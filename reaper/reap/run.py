@@ -36,7 +36,11 @@ from reaper.stopwatch import Stopwatch
 
 def _policy(reap: ReapSettings) -> ReapPolicy:
     return ReapPolicy(
-        reap.max_reap, reap.max_orphan_ratio, reap.kernel_only, reap.quarantine_dir is not None, reap.force
+        max_reap=reap.max_reap,
+        max_orphan_ratio=reap.max_orphan_ratio,
+        kernel_only=reap.kernel_only,
+        quarantine=reap.quarantine_dir is not None,
+        force=reap.force,
     )
 
 
@@ -60,7 +64,17 @@ def reap_pass(
     watch.lap("scan")
 
     def result(**changes: Any) -> ReapResult:
-        base = ReapResult(report, False, None, (), (), (), None, tuple(watch.laps), scan.state_saved)
+        base = ReapResult(
+            report=report,
+            breaker_open=False,
+            breaker_reason=None,
+            plan=(),
+            reclaimed=(),
+            skipped=(),
+            recheck_error=None,
+            timings=tuple(watch.laps),
+            state_saved=scan.state_saved,
+        )
         return replace(base, **changes)
 
     if not report.runtime.reachable:
@@ -79,7 +93,7 @@ def reap_pass(
     selected, skipped = select([a for a in orphans if a.key not in waiting], policy)
     skipped = [SkippedAttachment(key, why) for key, why in waiting.items()] + skipped
     trust = node_trust((c for c in configs if not c.path.startswith("cache:")), reap.allow_plugins,
-                       *held_by_others(records, orphans), proven=proven_namespaces(orphans, records))  # fmt: skip
+                       *held_by_others(scan.snapshot, orphans), proven=proven_namespaces(orphans, records))  # fmt: skip
     asked = {a.key: (None, None) if policy.kernel_only else del_request(a, records, configs, trust) for a in selected}
     requests = {key: request for key, (request, _) in asked.items()}
     plan = tuple(plan_attachment(a, *asked[a.key], policy.quarantine) for a in selected)

@@ -27,8 +27,10 @@ from typing import Any
 from msgspec import Struct
 
 from reaper.cni.result import AddressKey, ResultError, address_keys, fields, go_fold, result_names
+from reaper.kinds import flannel, multus
 from reaper.kinds.netconf import ConfigError, plugin_list
-from reaper.model import Attachment, Identity, NetnsPin, NetworkConfig, NsKey, VethLink
+from reaper.kinds.registry import BY_NAME, pin_of
+from reaper.model import Attachment, Identity, NetworkConfig, NsKey
 from reaper.names import is_cni_id
 
 # Keys whose value names a path, a socket or what to execute, folded as Go matches keys. Any
@@ -47,7 +49,7 @@ NO_KERNEL_EVIDENCE = (
 )
 # Plugins whose DEL reads a per-container file and runs what it names. A per-container file
 # naming one of them would hand root yet another file to read (or the same one, for ever).
-DELEGATING_TYPES = frozenset({"flannel", "multus", "multus-shim"})
+DELEGATING_TYPES = frozenset({flannel.PLUGIN, *multus.PLUGINS})
 
 
 class NodeTrust(Struct, frozen=True, kw_only=True):
@@ -109,8 +111,8 @@ def proven_namespaces(
         if cid is None:
             continue
         for ref in attachment.resources:
-            pin = records.get(ref.identity)
-            if isinstance(pin, NetnsPin) and pin.is_namespace:
+            pin = pin_of(ref, records)
+            if pin is not None:
                 found.setdefault(cid, set()).add(pin.ns)
     return {cid: frozenset(namespaces) for cid, namespaces in found.items()}
 
@@ -120,10 +122,13 @@ def kernel_proven(attachment: Attachment, records: Mapping[Identity, Any], trust
     veth of it whose peer lives in its namespace, or its namespace is one a real pin of the
     same container holds. Files (cache entries, leases, flannel's, multus', tuning's) never do."""
     for ref in attachment.resources:
-        record = records.get(ref.identity)
-        if isinstance(record, NetnsPin) and record.is_namespace:
-            return True
-        if isinstance(record, VethLink) and record.peer_netns is not None and record.peer_netns == attachment.netns:
+        record, kind = records.get(ref.identity), BY_NAME.get(ref.kind)
+        if (
+            record is not None
+            and kind is not None
+            and kind.proves is not None
+            and kind.proves(record, attachment.netns)
+        ):
             return True
     cid = attachment.key.container_id
     return cid is not None and attachment.netns is not None and attachment.netns in trust.proven.get(cid, ())

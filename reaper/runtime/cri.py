@@ -105,7 +105,14 @@ class CriLiveness:
     def _observe_all(self, candidates: list[Endpoint], known_netns: Mapping[str, str]) -> RuntimeView:
         if not candidates:
             tried = ", ".join(path for _, path in KNOWN_SOCKETS)
-            return RuntimeView("", None, None, False, f"no CRI socket found (tried the kubelet's and {tried})", ())
+            return RuntimeView(
+                endpoint="",
+                name=None,
+                version=None,
+                reachable=False,
+                error=f"no CRI socket found (tried the kubelet's and {tried})",
+                sandboxes=(),
+            )
         deadline = time.monotonic() + OBSERVE_DEADLINES * self.timeout
         answers: list[RuntimeAnswer] = []
         sandboxes: dict[str, Sandbox] = {}
@@ -113,24 +120,64 @@ class CriLiveness:
         for endpoint in candidates:
             if endpoint.refused is not None:  # a process that is not the node's kubelet named it
                 answers.append(
-                    RuntimeAnswer(endpoint.url, endpoint.source, None, None, False, endpoint.refused, 0, skipped=True)
+                    RuntimeAnswer(
+                        endpoint=endpoint.url,
+                        source=endpoint.source,
+                        name=None,
+                        version=None,
+                        reachable=False,
+                        error=endpoint.refused,
+                        sandboxes=0,
+                        skipped=True,
+                    )
                 )
                 continue
             left = deadline - time.monotonic()
             if left <= 0:
                 why = f"{endpoint.url}: not asked: the time for asking the runtimes ran out"
-                answers.append(RuntimeAnswer(endpoint.url, endpoint.source, None, None, False, why, 0))
+                answers.append(
+                    RuntimeAnswer(
+                        endpoint=endpoint.url,
+                        source=endpoint.source,
+                        name=None,
+                        version=None,
+                        reachable=False,
+                        error=why,
+                        sandboxes=0,
+                    )
+                )
                 problems.append(why)
                 continue
             if not self.endpoints and _refused(socket_path(endpoint.target), min(self.timeout, left)):
                 why = "nobody listens on this socket (connection refused); skipped"
-                answers.append(RuntimeAnswer(endpoint.url, endpoint.source, None, None, False, why, 0, skipped=True))
+                answers.append(
+                    RuntimeAnswer(
+                        endpoint=endpoint.url,
+                        source=endpoint.source,
+                        name=None,
+                        version=None,
+                        reachable=False,
+                        error=why,
+                        sandboxes=0,
+                        skipped=True,
+                    )
+                )
                 continue
             try:
                 with RuntimeClient(endpoint.url, self.timeout, endpoint.target, deadline) as client:
                     answer, listed = self._observe(client, endpoint, known_netns)
             except CriError as err:
-                answers.append(RuntimeAnswer(endpoint.url, endpoint.source, None, None, False, str(err), 0))
+                answers.append(
+                    RuntimeAnswer(
+                        endpoint=endpoint.url,
+                        source=endpoint.source,
+                        name=None,
+                        version=None,
+                        reachable=False,
+                        error=str(err),
+                        sandboxes=0,
+                    )
+                )
                 problems.append(str(err))
                 continue
             answers.append(answer)
@@ -199,11 +246,34 @@ def _together(answers: tuple[RuntimeAnswer, ...], sandboxes: tuple[Sandbox, ...]
     asked = [a for a in answers if not a.skipped]
     if not asked:
         why = "; ".join(f"{a.endpoint}: {a.error}" for a in answers)
-        return RuntimeView("", None, None, False, f"no CRI runtime answers ({why})", (), answers)
+        return RuntimeView(
+            endpoint="",
+            name=None,
+            version=None,
+            reachable=False,
+            error=f"no CRI runtime answers ({why})",
+            sandboxes=(),
+            runtimes=answers,
+        )
     answered = [a for a in asked if a.reachable]
     endpoint = ", ".join(a.endpoint for a in asked)
     first = answered[0] if answered else None
     if problems:
-        return RuntimeView(endpoint, None, None, False, "; ".join(problems), (), answers)
-    return RuntimeView(endpoint, first.name if first else None, first.version if first else None, True, None,
-                       sandboxes, answers)  # fmt: skip
+        return RuntimeView(
+            endpoint=endpoint,
+            name=None,
+            version=None,
+            reachable=False,
+            error="; ".join(problems),
+            sandboxes=(),
+            runtimes=answers,
+        )
+    return RuntimeView(
+        endpoint=endpoint,
+        name=first.name if first else None,
+        version=first.version if first else None,
+        reachable=True,
+        error=None,
+        sandboxes=sandboxes,
+        runtimes=answers,
+    )

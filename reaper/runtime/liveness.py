@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from reaper.model import RuntimeView
+
+if TYPE_CHECKING:
+    from reaper.settings import Settings
 
 # How many call deadlines (--runtime-timeout) one observe() may take, all runtimes together: a
 # runtime's Version, ListPodSandbox and its PodSandboxStatus batch (one deadline for the
@@ -20,3 +23,11 @@ class LivenessSource(Protocol):
         creation time) to the netns path its runtime gave before, so the source need not ask
         again. Never raises for runtime failures: a view with `reachable=False` says why."""
         ...
+
+
+def liveness_from(settings: Settings) -> LivenessSource:
+    """The liveness source the settings name: every CRI runtime on the node, the endpoints
+    given or else the ones discovery finds. Every command and the agent get theirs here."""
+    from reaper.runtime.cri import CriLiveness  # noqa: PLC0415 (gRPC only for a command that asks)
+
+    return CriLiveness(settings.runtime_endpoints, settings.runtime_timeout)

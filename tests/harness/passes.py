@@ -45,7 +45,14 @@ def bare_reclaimer(
 
 def options_at(cache_dir: Path) -> FindOptions:
     """Find options with only a cache dir (and a conf dir that does not exist)."""
-    return FindOptions((), (), str(cache_dir), str(cache_dir / "no-conf-dir"), (), (re.compile("x"),))
+    return FindOptions(
+        netns_dirs=(),
+        ipam_dirs=(),
+        cache_dir=str(cache_dir),
+        conf_dir=str(cache_dir / "no-conf-dir"),
+        bin_dirs=(),
+        netns_patterns=(re.compile("x"),),
+    )
 
 
 def settled_memo() -> InventoryMemo:

@@ -49,7 +49,7 @@ def _identity(record: FakeRecord) -> Identity:
 
 
 def _ref(record: FakeRecord) -> ResourceRef:
-    return ResourceRef(record.kind, record.name, None, identity=_identity(record))
+    return ResourceRef(kind=record.kind, name=record.name, created_at=None, identity=_identity(record))
 
 
 class FakeNode:
@@ -123,7 +123,14 @@ class FakeNode:
     def attachment(self, n: int, *refs: ResourceRef, verdict: Verdict = "orphan", network: str = "mynet") -> Attachment:
         """Attachment `n` (container cid(n), `network`, eth0) of the given resources, in a
         namespace of its own (as a pod's is: the breaker weighs only those)."""
-        return Attachment(AttachmentKey(cid(n), network, "eth0"), refs, NsKey(4, 5000 + n), verdict, "test", 3600.0)
+        return Attachment(
+            key=AttachmentKey(cid(n), network, "eth0"),
+            resources=refs,
+            netns=NsKey(4, 5000 + n),
+            verdict=verdict,
+            reason="test",
+            age_seconds=3600.0,
+        )
 
 
 class FakeLiveness:
@@ -177,7 +184,15 @@ def reap_settings(
 
 
 def scan_result(report: ScanReport, snap: NodeSnapshot, *, state_saved: bool = True) -> ScanResult:
-    return ScanResult(report, snap, {}, state_saved, (), 0.0, (("scan", 0.0),))
+    return ScanResult(
+        report=report,
+        snapshot=snap,
+        known_netns={},
+        state_saved=state_saved,
+        warnings=(),
+        seconds=0.0,
+        timings=(("scan", 0.0),),
+    )
 
 
 def report_of(view: RuntimeView, *attachments: Attachment, **more: Any) -> ScanReport:

@@ -39,28 +39,63 @@ def key(n: int, network: str = NET) -> AttachmentKey:
 
 def attachment(n: int, verdict: Verdict) -> Attachment:
     resources = (
-        ResourceRef("ipam", f"10.0.0.{n}", TAKEN_AT - 100.0, {"network": NET}),
-        ResourceRef("veth", LONG_NAME if n == 1 else f"veth{n:08x}", None),
+        ResourceRef(kind="ipam", name=f"10.0.0.{n}", created_at=TAKEN_AT - 100.0, details={"network": NET}),
+        ResourceRef(kind="veth", name=LONG_NAME if n == 1 else f"veth{n:08x}", created_at=None),
     )
-    return Attachment(key(n), resources, None, verdict, f"reason of {n}", 3600.0 + n, "cri")
+    return Attachment(
+        key=key(n),
+        resources=resources,
+        netns=None,
+        verdict=verdict,
+        reason=f"reason of {n}",
+        age_seconds=3600.0 + n,
+        owner="cri",
+    )
 
 
 def runtime_answers(*, reachable: bool) -> RuntimeView:
     answers: tuple[RuntimeAnswer, ...] = (
-        RuntimeAnswer("unix:///run/containerd.sock", "kubelet", "containerd", "1.7", True, None, 3),
-        RuntimeAnswer("unix:///run/crio.sock", "known path", None, None, False, "no one listens", 0, skipped=True),
+        RuntimeAnswer(
+            endpoint="unix:///run/containerd.sock",
+            source="kubelet",
+            name="containerd",
+            version="1.7",
+            reachable=True,
+            error=None,
+            sandboxes=3,
+        ),
+        RuntimeAnswer(
+            endpoint="unix:///run/crio.sock",
+            source="known path",
+            name=None,
+            version=None,
+            reachable=False,
+            error="no one listens",
+            sandboxes=0,
+            skipped=True,
+        ),
     )
     if not reachable:
-        answers += (RuntimeAnswer("unix:///run/other.sock", "flag", None, None, False, "deadline exceeded", 0),)
+        answers += (
+            RuntimeAnswer(
+                endpoint="unix:///run/other.sock",
+                source="flag",
+                name=None,
+                version=None,
+                reachable=False,
+                error="deadline exceeded",
+                sandboxes=0,
+            ),
+        )
     view = runtime(sandbox(7), reachable=reachable)
     return RuntimeView(
-        view.endpoint,
-        view.name,
-        view.version,
-        reachable,
-        None if reachable else "deadline exceeded",
-        view.sandboxes,
-        answers,
+        endpoint=view.endpoint,
+        name=view.name,
+        version=view.version,
+        reachable=reachable,
+        error=None if reachable else "deadline exceeded",
+        sandboxes=view.sandboxes,
+        runtimes=answers,
     )
 
 
@@ -72,13 +107,23 @@ def full_report(*, reachable: bool = True) -> ScanReport:
         runtime=runtime_answers(reachable=reachable),
         attachments=tuple(attachment(n, v) for n, v in enumerate(verdicts, start=1)),
         stuck_sandboxes=(
-            StuckSandbox(cid(9), "stuck-pod", "kube-system", 7200.0, (ResourceRef("netns", "cni-9", TAKEN_AT - 50),)),
+            StuckSandbox(
+                id=cid(9),
+                name="stuck-pod",
+                namespace="kube-system",
+                age_seconds=7200.0,
+                resources=(ResourceRef(kind="netns", name="cni-9", created_at=TAKEN_AT - 50),),
+            ),
         ),
         corrupt=(CorruptFile("ipam", "/var/lib/cni/networks/mynet/10.0.0.99", "not an address", 2),),
         errors=(SourceError("iptables", "iptables-save: not found"),),
         ranges=(IpamRange(NET, "10.0.0.0/24", 254, 64), IpamRange("empty", "10.1.0.0/32", 0, 0)),
         foreign_pins=(ForeignPin("test", "/run/netns/test", 1),),
-        unconfirmed=(UnconfirmedResource(ResourceRef("iptables", "CNI-deadbeef", None), "its key matches none"),),
+        unconfirmed=(
+            UnconfirmedResource(
+                ResourceRef(kind="iptables", name="CNI-deadbeef", created_at=None), "its key matches none"
+            ),
+        ),
     )
 
 
@@ -91,12 +136,16 @@ def reap_result(**changes: Any) -> ReapResult:
         ),
     )
     reclaimed = (
-        ReclaimOutcome(key(1), (ResourceOutcome("ipam", "10.0.0.1", "cni-del", True, None),), ()),
+        ReclaimOutcome(
+            key(1), (ResourceOutcome(kind="ipam", name="10.0.0.1", method="cni-del", ok=True, error=None),), ()
+        ),
         ReclaimOutcome(
             key(2),
             (
-                ResourceOutcome("veth", LONG_NAME, "kernel", True, None),
-                ResourceOutcome("cache", "mynet-2", "kernel", False, "kept: calico-ipam may keep state"),
+                ResourceOutcome(kind="veth", name=LONG_NAME, method="kernel", ok=True, error=None),
+                ResourceOutcome(
+                    kind="cache", name="mynet-2", method="kernel", ok=False, error="kept: calico-ipam may keep state"
+                ),
             ),
             ("calico: DEL broke (code 11)",),
             "calico-ipam",

@@ -35,7 +35,15 @@ def pin(n: int, mtime: float = 0.0, runtime_named: bool = True, name: str | None
 
 
 def lease(n: int, mtime: float = 0.0, ifname: str | None = "eth0", net: str = NET) -> HostLocalLease:
-    return HostLocalLease(net, f"10.0.{n // 250}.{n % 250 + 2}", cid(n), ifname, f"/ipam/{net}/{n}", "/ipam", mtime)
+    return HostLocalLease(
+        network=net,
+        ip=f"10.0.{n // 250}.{n % 250 + 2}",
+        container_id=cid(n),
+        ifname=ifname,
+        path=f"/ipam/{net}/{n}",
+        data_dir="/ipam",
+        mtime=mtime,
+    )
 
 
 def cache(n: int, mtime: float = 0.0, with_netns: bool = True, net: str = NET) -> CacheEntry:
@@ -55,11 +63,27 @@ def cache(n: int, mtime: float = 0.0, with_netns: bool = True, net: str = NET) -
 
 
 def veth(n: int, resolved: bool = True) -> VethLink:
-    return VethLink(100 + n, f"veth{n:08x}", 2, n, "cni0", NsKey(4, 1000 + n) if resolved else None)
+    return VethLink(
+        ifindex=100 + n,
+        name=f"veth{n:08x}",
+        peer_ifindex=2,
+        peer_netnsid=n,
+        master="cni0",
+        peer_netns=NsKey(4, 1000 + n) if resolved else None,
+    )
 
 
 def chain(n: int, net: str = NET) -> IptablesChain:
-    return IptablesChain("ipv4", "nat", f"CNI-{n:024x}", "masquerade", net, cid(n), (), ())
+    return IptablesChain(
+        family="ipv4",
+        table="nat",
+        chain=f"CNI-{n:024x}",
+        purpose="masquerade",
+        network=net,
+        container_id=cid(n),
+        rules=(),
+        jumps=(),
+    )
 
 
 def snapshot(

@@ -25,16 +25,39 @@ CID = "c" * 64
 def context(
     netns_dirs: Path, live: frozenset[NsKey] = frozenset(), quarantine: Quarantine | None = None
 ) -> ReclaimContext:
-    return ReclaimContext((str(netns_dirs),), (), live, quarantine, 30.0, {})
+    return ReclaimContext(
+        netns_dirs=(str(netns_dirs),),
+        bin_dirs=(),
+        live_netns=live,
+        quarantine=quarantine,
+        command_timeout=30.0,
+        done={},
+    )
 
 
 def unpin(path: Path, key: NsKey, netns_dir: Path, live: frozenset[NsKey] = frozenset(), stale: bool = False) -> Done:
-    pin = NetnsPin(path.name, str(path), str(path.parent), key, not stale, 0.0, True)
+    pin = NetnsPin(
+        name=path.name,
+        path=str(path),
+        directory=str(path.parent),
+        ns=key,
+        is_namespace=not stale,
+        mtime=0.0,
+        runtime_named=True,
+    )
     return netns.reclaim([pin], context(netns_dir, live))[("netns", str(path))]
 
 
 def lease(path: Path, ifname: str | None = "eth0") -> HostLocalLease:
-    return HostLocalLease("net1", path.name, CID, ifname, str(path), str(path.parent.parent), 0.0)
+    return HostLocalLease(
+        network="net1",
+        ip=path.name,
+        container_id=CID,
+        ifname=ifname,
+        path=str(path),
+        data_dir=str(path.parent.parent),
+        mtime=0.0,
+    )
 
 
 @pytest.fixture
@@ -151,7 +174,19 @@ def test_a_cache_file_is_removed_only_while_it_names_the_attachment(tmp_path: Pa
     entry = {"kind": "cniCacheV1", "containerId": CID, "networkName": "net1", "ifName": "eth0"}
     path = tmp_path / f"net1-{CID}-eth0"
     path.write_text(json.dumps({**entry, "containerId": "e" * 64}))  # another attachment's now
-    record = CacheEntry(str(path), path.name, CID, "net1", "eth0", None, None, (), False, 0.0, str(tmp_path))
+    record = CacheEntry(
+        path=str(path),
+        name=path.name,
+        container_id=CID,
+        network="net1",
+        ifname="eth0",
+        netns_path=None,
+        netns=None,
+        host_ifnames=(),
+        legacy=False,
+        mtime=0.0,
+        cache_dir=str(tmp_path),
+    )
     key = ("cache", str(path))
     done = cache.reclaim([record], context(tmp_path))
     assert not done[key].ok and "another attachment" in str(done[key].error) and path.exists()
@@ -191,8 +226,10 @@ def test_a_chain_that_is_gone_already_counts_as_freed(tmp_path: Path) -> None:
         chain = f"CNI-{secrets.token_hex(12)}"
         probe = (
             "import json; from reaper.kinds import ReclaimContext, iptables; from reaper.model import IptablesChain; "
-            f"c = IptablesChain('ipv4', 'nat', '{chain}', 'masquerade', None, None, (), (), 'nft'); "
-            "d = iptables.reclaim([c], ReclaimContext((), (), frozenset(), None, 10.0, {})); "
+            f"c = IptablesChain(family='ipv4', table='nat', chain='{chain}', purpose='masquerade', network=None, "
+            "container_id=None, rules=(), jumps=(), backend='nft'); "
+            "d = iptables.reclaim([c], ReclaimContext(netns_dirs=(), bin_dirs=(), live_netns=frozenset(), "
+            "quarantine=None, command_timeout=10.0, done={})); "
             "print(json.dumps({k[3]: v.ok for k, v in d.items()}))"
         )
         out = subprocess.run(

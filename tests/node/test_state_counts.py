@@ -13,7 +13,7 @@ import json, logging, os, sys
 from pathlib import Path
 from reaper.model import Policy, RuntimeView
 from reaper.names import compile_netns_patterns
-from reaper.runtime.static import StaticLiveness
+from tests.harness.static_liveness import StaticLiveness
 from reaper.scan import scan_pass
 from reaper.settings import Settings
 from reaper.state import KeptState
@@ -32,7 +32,9 @@ settings = Settings(
     runtime_endpoints=(), runtime_timeout=1.0, policy=Policy(min_age=0.0, confirmations=3, stuck_after=900.0),
     state_file=str(state), json_output=True, log_format="text", log_level="warning",
 )
-runtime = StaticLiveness(RuntimeView("unix:///x.sock", "x", "1", True, None, ()))
+runtime = StaticLiveness(
+    RuntimeView(endpoint="unix:///x.sock", name="x", version="1", reachable=True, error=None, sandboxes=())
+)
 log = logging.getLogger("probe")
 KEY = f"{A}/mynet/eth0"
 

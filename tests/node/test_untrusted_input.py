@@ -224,7 +224,14 @@ def test_a_data_dir_named_only_by_a_cached_config_is_never_read(tmp_path: Path) 
     conf_dir.mkdir()
     config = json.loads(conflist("net1", dataDir=str(tmp_path / "outside")))
     (cache_dir / "results" / f"net1-{CID}-eth0").write_text(json.dumps(cache_doc(CID, "net1", config=config)))
-    options = FindOptions((), (str(tmp_path / "ipam"),), str(cache_dir), str(conf_dir), (), (re.compile("x"),))
+    options = FindOptions(
+        netns_dirs=(),
+        ipam_dirs=(str(tmp_path / "ipam"),),
+        cache_dir=str(cache_dir),
+        conf_dir=str(conf_dir),
+        bin_dirs=(),
+        netns_patterns=(re.compile("x"),),
+    )
     assert take_snapshot(options).of("ipam") == ()
     # The same config in the conf dir is the node's own: its dataDir is read.
     (conf_dir / "10-net1.conflist").write_text(json.dumps(config))
@@ -237,7 +244,14 @@ def test_a_root_that_is_a_symlink_is_reported_and_not_used(tmp_path: Path) -> No
     (real / "results" / f"net1-{CID}-eth0").write_text(json.dumps(cache_doc(CID, "net1")))
     linked = tmp_path / "cache"
     linked.symlink_to(real)
-    options = FindOptions((), (), str(linked), str(tmp_path / "none"), (), (re.compile("x"),))
+    options = FindOptions(
+        netns_dirs=(),
+        ipam_dirs=(),
+        cache_dir=str(linked),
+        conf_dir=str(tmp_path / "none"),
+        bin_dirs=(),
+        netns_patterns=(re.compile("x"),),
+    )
     snapshot = take_snapshot(options)
     assert snapshot.of("cache") == ()
     assert any(c.path.startswith(str(linked)) and "symlink" in c.error for c in snapshot.corrupt)

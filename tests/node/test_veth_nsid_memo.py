@@ -53,7 +53,9 @@ PROBE = (
     + """
 from tests.harness.passes import settled_memo
 
-opts = FindOptions((pins,), (), work, work, (), (re.compile("x"),))
+opts = FindOptions(
+    netns_dirs=(pins,), ipam_dirs=(), cache_dir=work, conf_dir=work, bin_dirs=(), netns_patterns=(re.compile("x"),)
+)
 memo = settled_memo()
 def ties():
     snap = take_snapshot(opts, memo, kinds=(netns.KIND, veth.KIND))
@@ -115,7 +117,9 @@ open(outside, "w").close()
 sh("unshare", f"--net={outside}", "true")
 veth_into("hx", outside)
 os.symlink(outside, os.path.join(pins, "cni-to-outside"))  # planted: a link to a namespace elsewhere
-opts = FindOptions((pins,), (), work, work, (), (re.compile("x"),))
+opts = FindOptions(
+    netns_dirs=(pins,), ipam_dirs=(), cache_dir=work, conf_dir=work, bin_dirs=(), netns_patterns=(re.compile("x"),)
+)
 def ties(options):
     snap = take_snapshot(options, kinds=(netns.KIND, veth.KIND))
     veths = {v.name: list(v.peer_netns) if v.peer_netns else None for v in snap.of("veth")}

@@ -101,13 +101,13 @@ from reaper.model import (
 from reaper.names import compile_netns_patterns
 from reaper.reap.run import reap_pass
 from reaper.reconcile import reconcile
-from reaper.runtime.static import StaticLiveness
 from reaper.settings import ReapSettings, Settings
 from tests.harness import snapshots
 from tests.harness.configs import cache_doc, conflist
 from tests.harness.lab.kernel import unmount_all_under
 from tests.harness.passes import bare_reclaimer
 from tests.harness.plugin_files import multus_delegate, multus_scratch
+from tests.harness.static_liveness import StaticLiveness
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_EXAMPLES = 100
@@ -668,17 +668,52 @@ class Tree:
 
     def runtime(self) -> RuntimeView:
         if not self.state.reachable:
-            return RuntimeView("unix:///test.sock", None, None, False, "connection refused", ())
+            return RuntimeView(
+                endpoint="unix:///test.sock",
+                name=None,
+                version=None,
+                reachable=False,
+                error="connection refused",
+                sandboxes=(),
+            )
         sandboxes = []
         for n, pod in enumerate(self.state.canaries):
             pin = self.pins.get(pod.cid)
             netns = _ns(pin) if pin is not None else None
             path = str(pin) if pin is not None else None
-            canary = Sandbox(pod.cid, f"canary-{n}", "default", f"u{n}", True, 0.0, path, netns, f"{pod.cid}@0")
+            canary = Sandbox(
+                id=pod.cid,
+                name=f"canary-{n}",
+                namespace="default",
+                uid=f"u{n}",
+                ready=True,
+                created_at=0.0,
+                netns_path=path,
+                netns=netns,
+                status_key=f"{pod.cid}@0",
+            )
             sandboxes.append(canary)
         for n, cid in enumerate(self.state.listed):
-            sandboxes.append(Sandbox(cid, f"pod-{n}", "default", f"v{n}", self.state.listed_ready, None, None, None))
-        return RuntimeView("unix:///test.sock", "test", "1", True, None, tuple(sandboxes))
+            sandboxes.append(
+                Sandbox(
+                    id=cid,
+                    name=f"pod-{n}",
+                    namespace="default",
+                    uid=f"v{n}",
+                    ready=self.state.listed_ready,
+                    created_at=None,
+                    netns_path=None,
+                    netns=None,
+                )
+            )
+        return RuntimeView(
+            endpoint="unix:///test.sock",
+            name="test",
+            version="1",
+            reachable=True,
+            error=None,
+            sandboxes=tuple(sandboxes),
+        )
 
     def settings(self) -> tuple[Settings, ReapSettings]:
         top, state = self.top, self.state
@@ -1092,7 +1127,14 @@ def test_quarantine_leaves_a_hard_linked_host_file_alone(tmp_path: Path) -> None
     results.mkdir(parents=True)
     os.link(host, results / f"{NET}-{HOST_CID}-eth0")
     (entry,) = cache.collect_cache(str(tmp_path / "cache"), {NET}).entries
-    ctx = ReclaimContext((), (), frozenset(), Quarantine(str(tmp_path / "quarantine")), 30.0, {})
+    ctx = ReclaimContext(
+        netns_dirs=(),
+        bin_dirs=(),
+        live_netns=frozenset(),
+        quarantine=Quarantine(str(tmp_path / "quarantine")),
+        command_timeout=30.0,
+        done={},
+    )
     assert cache.reclaim([entry], ctx)[cache.identity(entry)].ok
     assert stat.S_IMODE(host.stat().st_mode) == 0o644
 
@@ -1136,10 +1178,26 @@ def test_what_the_last_look_could_not_read_is_not_reported_freed(tmp_path: Path)
     (results / f"{NET}-{DEAD}-eth0").write_text(json.dumps(cache_doc(DEAD, NET)))
     (entry,) = cache.collect_cache(str(tmp_path / "cache"), {NET}).entries
     unread = SourceError("cache", "failed unexpectedly: ValueError: embedded null byte")
-    blind = NodeSnapshot(0.0, NsKey(0, 0), {"cache": ()}, (), (), (), (unread,), partly_read=frozenset({"cache"}))
-    orphan = Attachment(AttachmentKey(DEAD, NET, "eth0"), (cache.ref(entry),), None, "orphan", "test", 0.0)
-    request = DelRequest(DEAD, NET, "eth0", "", conflist(NET), "conf")
-    up = RuntimeView("unix:///test.sock", "test", "1", True, None, ())
+    blind = NodeSnapshot(
+        taken_at=0.0,
+        host_netns=NsKey(0, 0),
+        resources={"cache": ()},
+        ranges=(),
+        configs=(),
+        corrupt=(),
+        errors=(unread,),
+        partly_read=frozenset({"cache"}),
+    )
+    orphan = Attachment(
+        key=AttachmentKey(DEAD, NET, "eth0"),
+        resources=(cache.ref(entry),),
+        netns=None,
+        verdict="orphan",
+        reason="test",
+        age_seconds=0.0,
+    )
+    request = DelRequest(container_id=DEAD, network=NET, ifname="eth0", netns="", config=conflist(NET), source="conf")
+    up = RuntimeView(endpoint="unix:///test.sock", name="test", version="1", reachable=True, error=None, sandboxes=())
     (tmp_path / "bin").mkdir()
     reclaimer = bare_reclaimer(lambda: blind, lambda: up, (str(tmp_path / "bin"),), plugin_timeout=5.0)
     (outcome,), _ = reclaimer.run([orphan], {orphan.key: request})

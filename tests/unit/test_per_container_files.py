@@ -24,7 +24,14 @@ from tests.unit.test_reconcile import NOW, OLD, POLICY
 
 def _flannel(n: int, mtime: float = OLD) -> FlannelFile:
     path = f"/var/lib/cni/flannel/{cid(n)}"
-    return FlannelFile(cid(n), path, "/var/lib/cni", mtime, (1, n, 1, 1, 1), FlannelDelegate(NET, "bridge"))
+    return FlannelFile(
+        container_id=cid(n),
+        path=path,
+        root="/var/lib/cni",
+        mtime=mtime,
+        stamp=(1, n, 1, 1, 1),
+        content=FlannelDelegate(NET, "bridge"),
+    )
 
 
 def _twice(snap: NodeSnapshot, *sandboxes: Any) -> ScanReport:
@@ -79,7 +86,14 @@ def _node(tmp_path: Path) -> tuple[NodeSnapshot, Path, list[Path]]:
         (tmp_path / "cni" / sub).mkdir(parents=True)
         files.append(tmp_path / "cni" / sub / cid(1))
         files[-1].write_bytes(data)
-    options = FindOptions((), (), str(tmp_path / "cni"), str(tmp_path / "none"), (), (re.compile("x"),))
+    options = FindOptions(
+        netns_dirs=(),
+        ipam_dirs=(),
+        cache_dir=str(tmp_path / "cni"),
+        conf_dir=str(tmp_path / "none"),
+        bin_dirs=(),
+        netns_patterns=(re.compile("x"),),
+    )
     look = Look(options, InventoryMemo(), (), {})
     leases, _ = collect_leases([str(tmp_path / "ipam")])
     snap = with_records(

@@ -154,7 +154,15 @@ def test_the_range_gauge_of_a_pod_cidr_network_counts_its_leases(api: ApiServer)
         json.dumps({**calico, "ipam": {"type": "host-local", "subnet": "usePodCidr"}}).encode(), "/x"
     )
     leases = [
-        HostLocalLease("k8s-pod-network", ip, "c" * 64, "eth0", f"/x/{ip}", "/x", 0.0)
+        HostLocalLease(
+            network="k8s-pod-network",
+            ip=ip,
+            container_id="c" * 64,
+            ifname="eth0",
+            path=f"/x/{ip}",
+            data_dir="/x",
+            mtime=0.0,
+        )
         for ip in ("10.244.3.2", "10.244.3.9", "10.244.4.2")  # the last: not this node's range
     ]
     (gauge,) = range_usage([config], leases, settings.pod_cidrs)

@@ -106,16 +106,16 @@ def test_unreachable_runtime_resets_confirmations() -> None:
 
 def test_process_in_netns_keeps_it_live_but_a_plugin_does_not() -> None:
     snap = snapshot(pins=(pin(1, OLD),))
-    holders = ((NsKey(4, 1001), (Holder(77, "sleep", False),)),)
+    holders = ((NsKey(4, 1001), (Holder(pid=77, comm="sleep", is_cni_plugin=False),)),)
     live_snap = replace(snap, netns_holders=holders)
     report, _ = reconcile(live_snap, runtime(), {}, POLICY, NOW)
     assert report.attachments[0].verdict == "live" and "pid 77" in report.attachments[0].reason
-    own = ((NsKey(4, 1001), (Holder(78, "bridge", True, reapers_own=True),)),)
+    own = ((NsKey(4, 1001), (Holder(pid=78, comm="bridge", is_cni_plugin=True, reapers_own=True),)),)
     own_snap = replace(snap, netns_holders=own)
     report, _ = reconcile(own_snap, runtime(), {}, POLICY, NOW)
     assert report.attachments[0].verdict == "pending", "the reaper's own DEL does not keep it alive"
     # A plugin the runtime started is an ADD (or DEL) in progress: hands off.
-    theirs = ((NsKey(4, 1001), (Holder(79, "bridge", True),)),)
+    theirs = ((NsKey(4, 1001), (Holder(pid=79, comm="bridge", is_cni_plugin=True),)),)
     theirs_snap = replace(snap, netns_holders=theirs)
     report, _ = reconcile(theirs_snap, runtime(), {}, POLICY, NOW)
     assert report.attachments[0].verdict == "live" and "ADD or DEL in progress" in report.attachments[0].reason
@@ -123,7 +123,7 @@ def test_process_in_netns_keeps_it_live_but_a_plugin_does_not() -> None:
 
 def test_the_reason_names_every_process_inside_but_the_first_few() -> None:
     snap = snapshot(pins=(pin(1, OLD),))
-    inside = tuple(Holder(100 + i, "sh", False) for i in range(8))
+    inside = tuple(Holder(pid=100 + i, comm="sh", is_cni_plugin=False) for i in range(8))
     report, _ = reconcile(replace(snap, netns_holders=((NsKey(4, 1001), inside),)), runtime(), {}, POLICY, NOW)
     assert report.attachments[0].reason == (
         "pid 100 (sh) is inside its netns, and pids 101, 102, 103, 104, 105 and 2 more"

@@ -46,7 +46,9 @@ def test_only_an_unowned_attachments_namespace_is_described_and_its_holder_keeps
         snapshot(pins=(leaked, live)),
         netns_pids=((leaked.ns, (me,)), (live.ns, (me,)), (nobodys, (me,))),
     )
-    runtime = RuntimeView("unix:///x.sock", "x", "1", True, None, (sandbox(2),))
+    runtime = RuntimeView(
+        endpoint="unix:///x.sock", name="x", version="1", reachable=True, error=None, sandboxes=(sandbox(2),)
+    )
     correlation = correlate(look, runtime)
     wanted = holders_decide(correlation, runtime)
     assert wanted == {leaked.ns}

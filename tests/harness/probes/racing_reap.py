@@ -39,7 +39,14 @@ class ChangingRuntime:
         if hidden:
             return replace(view, sandboxes=tuple(s for s in view.sandboxes if s.id not in self.hide))
         if (self.calls == 2 and self.mode == "unreachable") or (self.calls > 2 and self.mode == "unreachable-late"):
-            return RuntimeView(view.endpoint, None, None, False, "connection refused (injected)", ())
+            return RuntimeView(
+                endpoint=view.endpoint,
+                name=None,
+                version=None,
+                reachable=False,
+                error="connection refused (injected)",
+                sandboxes=(),
+            )
         return view
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 from reaper.model import Policy, RuntimeView
 from reaper.names import compile_netns_patterns
 from reaper.report import report_json
-from reaper.runtime.static import StaticLiveness
 from reaper.scan import scan_pass
 from reaper.settings import Settings
+from tests.harness.static_liveness import StaticLiveness
 
 
 class RacingRuntime:
@@ -25,7 +25,11 @@ class RacingRuntime:
 
     def __init__(self, pin: Path) -> None:
         self.pin = pin
-        self.inner = StaticLiveness(RuntimeView("unix:///race.sock", "race", "1", True, None, ()))
+        self.inner = StaticLiveness(
+            RuntimeView(
+                endpoint="unix:///race.sock", name="race", version="1", reachable=True, error=None, sandboxes=()
+            )
+        )
 
     def observe(self, known_netns: Mapping[str, str]) -> RuntimeView:
         self.pin.touch()

@@ -14,7 +14,7 @@ def plugin(tmp_path: Path, name: str, script: str) -> PluginEnv:
     path = tmp_path / name
     path.write_text("#!/bin/sh\n" + script)
     path.chmod(0o755)
-    return PluginEnv("DEL", "c" * 64, "", "eth0", (), (str(tmp_path),))
+    return PluginEnv(command="DEL", container_id="c" * 64, netns="", ifname="eth0", args=(), bin_dirs=(str(tmp_path),))
 
 
 def test_a_plugin_that_prints_without_end_is_killed_at_the_cap(tmp_path: Path) -> None:

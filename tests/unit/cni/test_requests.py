@@ -27,8 +27,8 @@ RESULT = {"cniVersion": "0.4.0", "ips": [{"version": "4", "address": "10.0.0.5/2
 def test_each_plugin_gets_name_version_prev_result_and_only_its_capabilities() -> None:
     name, version, plugins = plugin_list(json.dumps(LIST).encode())
     request = DelRequest(
-        CID, "net1", "eth0", "", b"", "x", capability_args={"portMappings": [{"hostPort": 80}], "bandwidth": {"x": 1}},
-        prev_result=RESULT,
+        container_id=CID, network="net1", ifname="eth0", netns="", config=b"", source="x",
+        capability_args={"portMappings": [{"hostPort": 80}], "bandwidth": {"x": 1}}, prev_result=RESULT,
     )  # fmt: skip
     bridge, portmap = (plugin_stdin(p, name, version, request) for p in plugins)
     assert bridge["name"] == "net1" and bridge["cniVersion"] == "1.0.0" and "runtimeConfig" not in bridge
@@ -40,7 +40,9 @@ def test_each_plugin_gets_name_version_prev_result_and_only_its_capabilities() -
 def test_prev_result_goes_down_to_0_4_and_not_below() -> None:
     down = convert_result({"cniVersion": "1.0.0", "ips": [{"address": "fd00::5/64"}]}, "0.4.0")
     assert down["ips"][0]["version"] == "6"
-    request = DelRequest(CID, "net1", "eth0", "", b"", "x", prev_result=RESULT)
+    request = DelRequest(
+        container_id=CID, network="net1", ifname="eth0", netns="", config=b"", source="x", prev_result=RESULT
+    )
     old = plugin_stdin({"type": "bridge"}, "net1", "0.3.1", request)
     assert "prevResult" not in old  # the spec passes prevResult to DEL from 0.4.0 on
 

@@ -34,14 +34,14 @@ def _parse(data: bytes) -> RawLink:
 
 
 def test_the_five_attributes_are_read_and_the_rest_skipped() -> None:
-    assert _parse(_message(*VETH)) == RawLink(7, "veth1234", "veth", 2, 3, 5)
+    assert _parse(_message(*VETH)) == RawLink(ifindex=7, name="veth1234", kind="veth", link=2, master=3, link_netnsid=5)
 
 
 def test_a_link_without_some_attributes_has_none_for_them() -> None:
     lo = _message(_attr(netlink.IFLA_IFNAME, b"lo\0"), _attr(13, b"\0\0\0\0"), ifindex=1)
-    assert _parse(lo) == RawLink(1, "lo", None, None, None, None)
+    assert _parse(lo) == RawLink(ifindex=1, name="lo", kind=None, link=None, master=None, link_netnsid=None)
 
 
 def test_an_attribute_running_past_the_message_ends_the_reading() -> None:
     torn = _message(_attr(netlink.IFLA_IFNAME, b"eth0\0"), struct.pack("=HH", 200, netlink.IFLA_LINK) + b"\1\0\0\0")
-    assert _parse(torn) == RawLink(7, "eth0", None, None, None, None)
+    assert _parse(torn) == RawLink(ifindex=7, name="eth0", kind=None, link=None, master=None, link_netnsid=None)

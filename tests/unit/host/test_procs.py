@@ -95,7 +95,14 @@ def test_a_failed_walk_makes_every_namespace_busy_at_the_recheck(monkeypatch: py
     assert ns in busy and "walk of /proc failed" in busy[ns] and busy.get(ns) == busy[ns]
     only = procs.busy_namespaces((), ns)
     assert only.get(ns) is not None
-    attachment = Attachment(AttachmentKey(cid(1), "mynet", "eth0"), (), ns, "orphan", "no owner", 700.0)
+    attachment = Attachment(
+        key=AttachmentKey(cid(1), "mynet", "eth0"),
+        resources=(),
+        netns=ns,
+        verdict="orphan",
+        reason="no owner",
+        age_seconds=700.0,
+    )
     assert recheck_reason(attachment, runtime(), busy) == busy[ns]
     monkeypatch.setattr(procs, "netns_members", real)
     assert not isinstance(procs.busy_namespaces(()), procs.EveryNamespaceBusy)

@@ -44,7 +44,7 @@ def test_the_name_is_the_plugins_own(network: str, container_id: str, expected: 
 
 
 def _link(name: str, kind: str | None = "ifb", ifindex: int = 7) -> RawLink:
-    return RawLink(ifindex, name, kind, None, None, None)
+    return RawLink(ifindex=ifindex, name=name, kind=kind, link=None, master=None, link_netnsid=None)
 
 
 def test_only_ifbs_named_as_the_plugin_names_them_are_records() -> None:
@@ -125,7 +125,9 @@ def test_an_ifb_joins_the_attachment_its_name_hashes_to_and_no_other() -> None:
 
 
 def _ctx() -> ReclaimContext:
-    return ReclaimContext((), (), frozenset(), None, 1.0, {})
+    return ReclaimContext(
+        netns_dirs=(), bin_dirs=(), live_netns=frozenset(), quarantine=None, command_timeout=1.0, done={}
+    )
 
 
 def test_reclaim_deletes_by_index_only_while_the_index_still_is_that_ifb(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -273,7 +273,9 @@ def _reclaim(
 
     monkeypatch.setattr(firewall, "resaved", resaved)
     monkeypatch.setattr(firewall, "restore_each", restore_each)
-    ctx = ReclaimContext((), (), frozenset(), None, 5.0, done)
+    ctx = ReclaimContext(
+        netns_dirs=(), bin_dirs=(), live_netns=frozenset(), quarantine=None, command_timeout=5.0, done=done
+    )
     return firewall.reclaim(rules, ctx), restored
 
 

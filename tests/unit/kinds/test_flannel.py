@@ -214,7 +214,9 @@ def test_an_unchanged_file_is_not_read_again(tmp_path: Path) -> None:
 
 
 def _ctx(quarantine: Quarantine | None = None) -> ReclaimContext:
-    return ReclaimContext((), (), frozenset(), quarantine, 1.0, {})
+    return ReclaimContext(
+        netns_dirs=(), bin_dirs=(), live_netns=frozenset(), quarantine=quarantine, command_timeout=1.0, done={}
+    )
 
 
 def _judged(cni: Path) -> dict[str, FlannelFile]:

@@ -182,10 +182,19 @@ def test_the_delegates_results_are_cache_entries_judged_by_container_id(tmp_path
     found = cache.find(look_at(cni, _multus_conf(cniDir=str(custom_dir))))
     assert found.corrupt == ()
     ties = {cache.tie(e) for e in found.records}
-    assert ties == {OwnKey(CID, "macvlan-conf", "net1"), OwnKey(CID, "cbr0", "eth0"), OwnKey(OTHER, "sriov", "net1")}
+    assert ties == {
+        OwnKey(container_id=CID, network="macvlan-conf", ifname="net1"),
+        OwnKey(container_id=CID, network="cbr0", ifname="eth0"),
+        OwnKey(container_id=OTHER, network="sriov", ifname="net1"),
+    }
     roots = {e.network: e.cache_dir for e in found.records}
     assert roots == {"macvlan-conf": str(cni), "cbr0": str(cni), "sriov": str(custom_dir)}
-    done = cache.reclaim(found.records, ReclaimContext((), (), frozenset(), None, 1.0, {}))
+    done = cache.reclaim(
+        found.records,
+        ReclaimContext(
+            netns_dirs=(), bin_dirs=(), live_netns=frozenset(), quarantine=None, command_timeout=1.0, done={}
+        ),
+    )
     assert all(d.ok for d in done.values()) and list(results.iterdir()) == []
     assert list((custom_dir / "results").iterdir()) == []
 
@@ -204,7 +213,9 @@ def test_a_corrupt_result_of_a_custom_cni_dir_is_named_beneath_that_dir(tmp_path
 
 
 def _ctx(quarantine: Quarantine | None = None) -> ReclaimContext:
-    return ReclaimContext((), (), frozenset(), quarantine, 1.0, {})
+    return ReclaimContext(
+        netns_dirs=(), bin_dirs=(), live_netns=frozenset(), quarantine=quarantine, command_timeout=1.0, done={}
+    )
 
 
 def test_reclaim_removes_the_judged_file_and_leaves_one_changed_since(tmp_path: Path) -> None:

@@ -60,12 +60,12 @@ def _find(look: Look) -> Found[PluginState]:
 
 
 NEW_KIND: Kind[PluginState] = Kind(
-    "plugin-state",
-    _find,
-    _identity,
-    lambda s: ResourceRef("plugin-state", s.path, None, {}, _identity(s)),
-    lambda s: ContainerTie(s.container_id),
-    _reclaim,
+    name="plugin-state",
+    find=_find,
+    identity=_identity,
+    ref=lambda s: ResourceRef(kind="plugin-state", name=s.path, created_at=None, details={}, identity=_identity(s)),
+    tie=lambda s: ContainerTie(s.container_id),
+    reclaim=_reclaim,
 )
 
 

@@ -84,7 +84,9 @@ def default_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_the_files_tuning_writes() -> None:
     assert parse_backup(BACKUP) == TuningBackup(mac="0a:58:0a:f4:01:05", mtu=1450)
-    assert parse_backup(BACKUP_ALL) == TuningBackup("0a:58:0a:f4:01:05", False, 1500, True, 0)
+    assert parse_backup(BACKUP_ALL) == TuningBackup(
+        mac="0a:58:0a:f4:01:05", promisc=False, mtu=1500, allmulti=True, txqlen=0
+    )
     assert parse_backup(BACKUP_EMPTY) == TuningBackup()
     assert parse_backup(BACKUP_ALL).restores() == "mac=0a:58:0a:f4:01:05,promisc=false,mtu=1500,allmulti=true,txQLen=0"
     # v1.0.0 to v1.3.x write no txQLen: the same struct without it.
@@ -307,7 +309,9 @@ def test_an_unchanged_file_is_not_read_again(tmp_path: Path, default_dir: Path) 
 
 
 def _ctx(quarantine: Quarantine | None = None) -> ReclaimContext:
-    return ReclaimContext((), (), frozenset(), quarantine, 1.0, {})
+    return ReclaimContext(
+        netns_dirs=(), bin_dirs=(), live_netns=frozenset(), quarantine=quarantine, command_timeout=1.0, done={}
+    )
 
 
 def test_reclaim_removes_the_file_that_was_judged(tmp_path: Path) -> None:
@@ -407,7 +411,14 @@ def test_a_dead_containers_backup_joins_its_lease_and_is_reclaimed(tmp_path: Pat
 def test_a_live_containers_backup_is_live() -> None:
     def _file(n: int, ifname: str) -> TuningFile:
         path = f"/run/cni/tuning/{_name(cid(n), ifname)}"
-        return TuningFile(cid(n), path, "/run/cni/tuning", OLD, (1, n, 1, 1, 1), parse_backup(BACKUP))
+        return TuningFile(
+            container_id=cid(n),
+            path=path,
+            root="/run/cni/tuning",
+            mtime=OLD,
+            stamp=(1, n, 1, 1, 1),
+            content=parse_backup(BACKUP),
+        )
 
     snap = with_records(
         snapshot(pins=(pin(1, OLD),), leases=(lease(1, OLD),)),

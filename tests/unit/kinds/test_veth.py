@@ -15,11 +15,19 @@ from tests.harness.passes import options_at
 
 
 def _pin(name: str, ino: int) -> NetnsPin:
-    return NetnsPin(name, f"/run/netns/{name}", "/run/netns", NsKey(4, ino), True, 0.0, True)
+    return NetnsPin(
+        name=name,
+        path=f"/run/netns/{name}",
+        directory="/run/netns",
+        ns=NsKey(4, ino),
+        is_namespace=True,
+        mtime=0.0,
+        runtime_named=True,
+    )
 
 
 def _veth(name: str, index: int, nsid: int | None) -> RawLink:
-    return RawLink(index, name, "veth", 2, None, nsid)
+    return RawLink(ifindex=index, name=name, kind="veth", link=2, master=None, link_netnsid=nsid)
 
 
 def test_a_veth_joins_the_pin_whose_nsid_is_its_peers() -> None:

@@ -25,7 +25,14 @@ def test_a_lease_given_to_a_new_pod_between_the_looks_is_not_released(tmp_path: 
     orphan_lease = replace(orphan_lease, container_id=DEAD)
     new_lease = replace(orphan_lease, container_id=NEW)
     ref = hostlocal.KIND.ref(orphan_lease)
-    orphan = Attachment(AttachmentKey(DEAD, "net1", "eth0"), (ref,), None, "orphan", "", 0.0)
+    orphan = Attachment(
+        key=AttachmentKey(DEAD, "net1", "eth0"),
+        resources=(ref,),
+        netns=None,
+        verdict="orphan",
+        reason="",
+        age_seconds=0.0,
+    )
     reclaimer = bare_reclaimer()
     identity = hostlocal.KIND.identity(orphan_lease)
     done = reclaimer._kernel([orphan], {identity: new_lease}, {}, set(), {identity: orphan_lease})

@@ -32,25 +32,62 @@ OWN, OTHER, GONE, HOST = NsKey(4, 100), NsKey(4, 200), NsKey(4, 300), NsKey(4, 1
 
 
 def lease(ip: str, cid: str = DEAD) -> HostLocalLease:
-    return HostLocalLease("net1", ip, cid, "eth0", f"/var/lib/cni/networks/net1/{ip}", "/var/lib/cni/networks", 0.0)
+    return HostLocalLease(
+        network="net1",
+        ip=ip,
+        container_id=cid,
+        ifname="eth0",
+        path=f"/var/lib/cni/networks/net1/{ip}",
+        data_dir="/var/lib/cni/networks",
+        mtime=0.0,
+    )
 
 
 def entry(*ips: str, cid: str = DEAD) -> CacheEntry:
     path = f"/var/lib/cni/results/net1-{cid}-eth0"
-    return CacheEntry(path, f"net1-{cid}-eth0", cid, "net1", "eth0", None, None, (), False, 0.0, "/var/lib/cni",
-                      ips=ips)  # fmt: skip
+    return CacheEntry(
+        path=path,
+        name=f"net1-{cid}-eth0",
+        container_id=cid,
+        network="net1",
+        ifname="eth0",
+        netns_path=None,
+        netns=None,
+        host_ifnames=(),
+        legacy=False,
+        mtime=0.0,
+        cache_dir="/var/lib/cni",
+        ips=ips,
+    )
 
 
 def pin(ns: NsKey, name: str = "cni-1") -> NetnsPin:
-    return NetnsPin(name, f"/run/netns/{name}", "/run/netns", ns, True, 0.0, True)
+    return NetnsPin(
+        name=name,
+        path=f"/run/netns/{name}",
+        directory="/run/netns",
+        ns=ns,
+        is_namespace=True,
+        mtime=0.0,
+        runtime_named=True,
+    )
 
 
 def rule(ip: str) -> ForwardRule:
-    return ForwardRule("ipv4", "default", ip, f"-A CNI-FORWARD -s {ip}/32 -j ACCEPT")
+    return ForwardRule(family="ipv4", backend="default", ip=ip, rule=f"-A CNI-FORWARD -s {ip}/32 -j ACCEPT")
 
 
 def masquerade(*jumps: str) -> IptablesChain:
-    return IptablesChain("ipv4", "nat", "CNI-0123456789abcdef01234567", "masquerade", "net1", DEAD, (), jumps)
+    return IptablesChain(
+        family="ipv4",
+        table="nat",
+        chain="CNI-0123456789abcdef01234567",
+        purpose="masquerade",
+        network="net1",
+        container_id=DEAD,
+        rules=(),
+        jumps=jumps,
+    )
 
 
 def attach(
@@ -63,10 +100,12 @@ def attach(
     for record in records:
         kind = kinds[type(record)]
         identity = kind.identity(record)
-        refs.append(ResourceRef(kind.name, str(identity[-1]), 0.0, {}, identity))
+        refs.append(ResourceRef(kind=kind.name, name=str(identity[-1]), created_at=0.0, details={}, identity=identity))
         index[identity] = record
     key = AttachmentKey(cid, "net1", "eth0") if cid is not None else AttachmentKey(None, None, None, "/run/netns/x")
-    return Attachment(key, tuple(refs), netns_key, "orphan", "no sandbox", 600.0), index
+    return Attachment(
+        key=key, resources=tuple(refs), netns=netns_key, verdict="orphan", reason="no sandbox", age_seconds=600.0
+    ), index
 
 
 def seen(ns: NsKey, where: str, *found: str, error: str | None = None) -> NamespaceAddresses:

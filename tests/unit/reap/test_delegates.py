@@ -41,7 +41,9 @@ def _trust(*configs: NetworkConfig, allowed: tuple[str, ...] = ()) -> NodeTrust:
 
 
 def _request(config: NetworkConfig, ifname: str = "eth0") -> DelRequest:
-    return DelRequest(CID, config.name, ifname, "", config.raw, config.path)
+    return DelRequest(
+        container_id=CID, network=config.name, ifname=ifname, netns="", config=config.raw, source=config.path
+    )
 
 
 def _why(config: NetworkConfig, trust: NodeTrust) -> str | None:
@@ -152,7 +154,15 @@ def test_flannel_reads_a_private_copy_of_what_was_checked(tmp_path: Path) -> Non
     original = write_private(tmp_path / "flannel", CID, data)
     config = _flannel_config(tmp_path / "flannel")
     found, _ = delegations_of(_request(config), _trust(config))
-    request = DelRequest(CID, "cbr0", "eth0", "", config.raw, config.path, delegations=found)
+    request = DelRequest(
+        container_id=CID,
+        network="cbr0",
+        ifname="eth0",
+        netns="",
+        config=config.raw,
+        source=config.path,
+        delegations=found,
+    )
     forged = json.dumps({"cniVersion": "1.0.0", "name": "cbr0", "type": "firewall"}).encode()
     original.write_bytes(forged)
     with pinned(request) as (ready, why):
@@ -173,7 +183,15 @@ def test_with_no_file_flannel_reads_nothing_even_if_one_appears(tmp_path: Path) 
     (found,), why = delegations_of(_request(config), _trust(config))
     assert why is None and found.file.stamp is None
     write_private(tmp_path / "flannel", CID, json.dumps({"name": "cbr0", "type": "firewall"}).encode())
-    request = DelRequest(CID, "cbr0", "eth0", "", config.raw, config.path, delegations=(found,))
+    request = DelRequest(
+        container_id=CID,
+        network="cbr0",
+        ifname="eth0",
+        netns="",
+        config=config.raw,
+        source=config.path,
+        delegations=(found,),
+    )
     with pinned(request) as (ready, _):
         assert ready is not None
         assert list(Path(json.loads(ready.config)["plugins"][0]["dataDir"]).iterdir()) == []
@@ -186,7 +204,14 @@ def test_del_request_runs_no_plugin_for_a_forged_flannel_file(tmp_path: Path) ->
     (tmp_path / "pin").touch()  # DEL is passed the pin's path, so it must be there
     pin = replace(snapshots.pin(1), path=str(tmp_path / "pin"))
     records: dict[Identity, Any] = {netns.identity(pin): pin}
-    attachment = Attachment(AttachmentKey(CID, "cbr0", "eth0"), (netns.ref(pin),), pin.ns, "orphan", "", 0.0)
+    attachment = Attachment(
+        key=AttachmentKey(CID, "cbr0", "eth0"),
+        resources=(netns.ref(pin),),
+        netns=pin.ns,
+        verdict="orphan",
+        reason="",
+        age_seconds=0.0,
+    )
     write_private(tmp_path / "flannel", CID, flannel_scratch(FLANNEL_CONF))
     request, note = del_request(attachment, records, [config], _trust(config))
     assert request is not None and note is None and [d.plugin_type for d in request.delegations] == ["flannel"]
@@ -285,7 +310,15 @@ def test_multus_runs_nothing_when_a_file_it_reads_changed_since_the_check(tmp_pa
     inner = write_private(tmp_path / "flannel", CID, flannel_scratch(FLANNEL_CONF))
     found, why = delegations_of(_request(conf), _trust(conf, cluster))
     assert why is None
-    request = DelRequest(CID, conf.name, "eth0", "", conf.raw, conf.path, delegations=found)
+    request = DelRequest(
+        container_id=CID,
+        network=conf.name,
+        ifname="eth0",
+        netns="",
+        config=conf.raw,
+        source=conf.path,
+        delegations=found,
+    )
     with pinned(request) as (ready, why):
         assert ready == request and why is None, "unchanged: runs as checked"
     forged = {"cniVersion": "1.0.0", "name": "cbr0", "type": "firewall", "prevResult": LIVE_RESULT}
@@ -301,7 +334,15 @@ def test_multus_runs_nothing_when_a_file_it_reads_changed_since_the_check(tmp_pa
         with pinned(request) as (ready, why):
             assert ready is None, "the same bytes written again: still not the file checked"
     found, _ = delegations_of(_request(conf), _trust(conf, cluster))
-    request = DelRequest(CID, conf.name, "eth0", "", conf.raw, conf.path, delegations=found)
+    request = DelRequest(
+        container_id=CID,
+        network=conf.name,
+        ifname="eth0",
+        netns="",
+        config=conf.raw,
+        source=conf.path,
+        delegations=found,
+    )
     result = tmp_path / "multus" / "results" / f"cbr0-{CID}-eth0"
     write_private(result.parent, result.name, json.dumps(LIVE_RESULT).encode())
     with pinned(request) as (ready, why):

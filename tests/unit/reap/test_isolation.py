@@ -24,7 +24,12 @@ def _reclaim(records: Sequence[str], ctx: ReclaimContext) -> Mapping[Identity, D
 
 
 TOY: Kind[str] = Kind(
-    "toy", _boom_find, lambda r: ("toy", r), lambda r: ResourceRef("toy", r, None), lambda r: None, _reclaim
+    name="toy",
+    find=_boom_find,
+    identity=lambda r: ("toy", r),
+    ref=lambda r: ResourceRef(kind="toy", name=r, created_at=None),
+    tie=lambda r: None,
+    reclaim=_reclaim,
 )
 
 
@@ -32,7 +37,14 @@ def test_a_find_that_raises_is_that_kinds_error_and_the_others_are_read(tmp_path
     results = tmp_path / "cache" / "results"
     results.mkdir(parents=True)
     (results / ("net1-" + "a" * 64 + "-eth0")).write_text("{}")
-    options = FindOptions((), (), str(tmp_path / "cache"), str(tmp_path / "none"), (), (re.compile("x"),))
+    options = FindOptions(
+        netns_dirs=(),
+        ipam_dirs=(),
+        cache_dir=str(tmp_path / "cache"),
+        conf_dir=str(tmp_path / "none"),
+        bin_dirs=(),
+        netns_patterns=(re.compile("x"),),
+    )
     taken = take_snapshot(options, kinds=(TOY, *KINDS))
     assert [e.source for e in taken.errors if "unexpectedly" in e.error] == ["toy"]
     assert taken.of("toy") == ()
@@ -41,7 +53,9 @@ def test_a_find_that_raises_is_that_kinds_error_and_the_others_are_read(tmp_path
 
 def test_one_record_that_makes_reclaim_raise_is_left_and_the_rest_are_freed() -> None:
     reclaimer = bare_reclaimer()
-    ctx = ReclaimContext((), (), frozenset(), None, 1.0, {})
+    ctx = ReclaimContext(
+        netns_dirs=(), bin_dirs=(), live_netns=frozenset(), quarantine=None, command_timeout=1.0, done={}
+    )
     done = reclaimer._reclaim_isolated(TOY, ["a", "bad", "b"], ctx)
     assert done[("toy", "a")].ok and done[("toy", "b")].ok
     assert not done[("toy", "bad")].ok and "cannot handle" in str(done[("toy", "bad")].error)

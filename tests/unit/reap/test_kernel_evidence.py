@@ -46,7 +46,14 @@ def _attachment(records: dict[Identity, Any]) -> Attachment:
     for record in records.values():
         kind = next(k for k in (cache.KIND, hostlocal.KIND, netns.KIND) if k.identity(record) in records)
         refs.append(replace(kind.ref(record), identity=kind.identity(record)))
-    return Attachment(AttachmentKey(CID, NET, "eth0"), tuple(refs), NETNS, "orphan", "", 0.0)
+    return Attachment(
+        key=AttachmentKey(CID, NET, "eth0"),
+        resources=tuple(refs),
+        netns=NETNS,
+        verdict="orphan",
+        reason="",
+        age_seconds=0.0,
+    )
 
 
 def _trust() -> NodeTrust:
@@ -96,7 +103,14 @@ def test_a_kept_entry_stays_with_its_reason_and_the_rest_goes(tmp_path: Path) ->
     lease is freed as a file all the same."""
     records = _records(tmp_path, DHCP)
     attachment = _attachment(records)
-    options = FindOptions((), (str(tmp_path / "ipam"),), str(tmp_path / "cache"), str(tmp_path / "conf"), (), NO_PINS)
+    options = FindOptions(
+        netns_dirs=(),
+        ipam_dirs=(str(tmp_path / "ipam"),),
+        cache_dir=str(tmp_path / "cache"),
+        conf_dir=str(tmp_path / "conf"),
+        bin_dirs=(),
+        netns_patterns=NO_PINS,
+    )
     reclaimer = bare_reclaimer(look=lambda: take_snapshot(options))
     (outcome,), skipped = reclaimer.run([attachment], {attachment.key: None}, records, {attachment.key: "dhcp"})
     assert skipped == [] and outcome.needs_plugin == "dhcp"
@@ -115,7 +129,14 @@ def test_a_kept_pinned_attachment_is_not_said_to_lack_a_pin(tmp_path: Path) -> N
     pin = replace(snapshots.pin(1), path=str(tmp_path / "pin"))
     records[netns.identity(pin)] = pin
     attachment = _attachment(records)
-    options = FindOptions((), (str(tmp_path / "ipam"),), str(tmp_path / "cache"), str(tmp_path / "conf"), (), NO_PINS)
+    options = FindOptions(
+        netns_dirs=(),
+        ipam_dirs=(str(tmp_path / "ipam"),),
+        cache_dir=str(tmp_path / "cache"),
+        conf_dir=str(tmp_path / "conf"),
+        bin_dirs=(),
+        netns_patterns=NO_PINS,
+    )
 
     def look() -> NodeSnapshot:
         seen = take_snapshot(options)

@@ -21,7 +21,14 @@ def test_the_breaker_opens_exactly_above_the_ratio(orphans: int, live: int, rati
 def _attachment(
     n: int, verdict: Verdict, network: str = "net1", ifname: str = "eth0", netns: NsKey | None = None
 ) -> Attachment:
-    return Attachment(AttachmentKey(f"{n:064x}", network, ifname), (), netns or NsKey(4, 1000 + n), verdict, "", 0.0)
+    return Attachment(
+        key=AttachmentKey(f"{n:064x}", network, ifname),
+        resources=(),
+        netns=netns or NsKey(4, 1000 + n),
+        verdict=verdict,
+        reason="",
+        age_seconds=0.0,
+    )
 
 
 def test_the_breaker_weighs_pods_not_their_loopbacks_nor_the_pending() -> None:
@@ -38,7 +45,15 @@ def test_attachments_in_no_namespace_never_open_the_breaker() -> None:
     forge any number of them, and they must not keep the breaker open for good."""
     live = [_attachment(n, "live") for n in range(3)]
     forged = [
-        Attachment(AttachmentKey(f"{100 + n:064x}", "net1", "eth0"), (), None, "orphan", "", 0.0) for n in range(50)
+        Attachment(
+            key=AttachmentKey(f"{100 + n:064x}", "net1", "eth0"),
+            resources=(),
+            netns=None,
+            verdict="orphan",
+            reason="",
+            age_seconds=0.0,
+        )
+        for n in range(50)
     ]
     assert breaker_counts(live + forged) == (0, 3)
     forgotten = [_attachment(9, "orphan")]

@@ -160,7 +160,14 @@ def test_a_stateful_chain_without_a_del_keeps_what_its_del_needs(node: FakeNode)
 
 
 def request_for(attachment: Attachment, config: bytes) -> DelRequest:
-    return DelRequest(str(attachment.key.container_id), "mynet", "eth0", "/proc/self/ns/net", config, "/test/conf")
+    return DelRequest(
+        container_id=str(attachment.key.container_id),
+        network="mynet",
+        ifname="eth0",
+        netns="/proc/self/ns/net",
+        config=config,
+        source="/test/conf",
+    )
 
 
 def test_a_network_whose_plugin_is_not_available_gets_no_step(node: FakeNode, tmp_path: Path) -> None:

@@ -20,8 +20,10 @@ OWN = json.loads(conflist("net1"))
 
 
 def _attachment(*kinds: str) -> Attachment:
-    refs = tuple(ResourceRef(kind, f"{kind}-x", None) for kind in kinds)
-    return Attachment(AttachmentKey(CID, "net1", "eth0"), refs, None, "orphan", "", 0.0)
+    refs = tuple(ResourceRef(kind=kind, name=f"{kind}-x", created_at=None) for kind in kinds)
+    return Attachment(
+        key=AttachmentKey(CID, "net1", "eth0"), resources=refs, netns=None, verdict="orphan", reason="", age_seconds=0.0
+    )
 
 
 def _trust(
@@ -117,9 +119,18 @@ NETNS = NsKey(4, 1001)
 
 
 def _made_of(records: dict[str, Any], netns: NsKey | None = NETNS, cid: str = CID) -> tuple[Attachment, Any]:
-    refs = tuple(ResourceRef(kind, f"{kind}-x", None, {}, (kind, "x")) for kind in records)
+    refs = tuple(
+        ResourceRef(kind=kind, name=f"{kind}-x", created_at=None, details={}, identity=(kind, "x")) for kind in records
+    )
     index: dict[Identity, Any] = {(kind, "x"): record for kind, record in records.items()}
-    return Attachment(AttachmentKey(cid, "net1", "eth0"), refs, netns, "orphan", "", 0.0), index
+    return Attachment(
+        key=AttachmentKey(cid, "net1", "eth0"),
+        resources=refs,
+        netns=netns,
+        verdict="orphan",
+        reason="",
+        age_seconds=0.0,
+    ), index
 
 
 def test_files_written_beside_the_cache_entry_corroborate_nothing() -> None:

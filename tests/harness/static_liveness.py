@@ -1,4 +1,4 @@
-"""A fixed list of sandboxes: for tests of the pipeline and for dry runs of reconcile."""
+"""A fixed list of sandboxes: a liveness source for tests of the pipeline."""
 
 from __future__ import annotations
 
