@@ -19,7 +19,8 @@ import time
 
 from reaper.host.netns_addrs import Handle, NamespaceToRead, read_addresses
 from reaper.kinds import hostlocal
-from reaper.model import Attachment, AttachmentKey, HostLocalLease, NsKey, ResourceRef
+from reaper.kinds.hostlocal import HostLocalLease
+from reaper.model import Attachment, AttachmentKey, NsKey, ResourceRef
 from reaper.reap.addresses import addresses_in_use
 
 INSIDE = "REAPER_BENCH_NETNS_ADDRS"

@@ -1,7 +1,9 @@
 """The reaper's model: plain frozen records, no I/O.
 
 Inventory records say what exists on the node, liveness records what the runtime
-says is alive, and the reconcile records what the reaper concluded and why.
+says is alive, and the reconcile records what the reaper concluded and why. Only records that
+cross kinds live here: each kind's own record type (a netns pin, a lease, a cache entry...)
+lives in its module under reaper.kinds.
 """
 
 from __future__ import annotations
@@ -51,41 +53,6 @@ class Holder(Struct, frozen=True, kw_only=True):
         return not self.reapers_own
 
 
-class NetnsPin(Struct, frozen=True, kw_only=True):
-    """A file under a netns dir, normally a bind mount of a network namespace."""
-
-    name: str
-    path: str
-    directory: str
-    ns: NsKey
-    is_namespace: bool  # False: a stale plain file, no namespace mounted on it
-    mtime: float
-    runtime_named: bool  # the name is one a container runtime makes
-
-
-class VethLink(Struct, frozen=True, kw_only=True):
-    """A veth in the netns the reaper runs in (the host side of a pod's pair)."""
-
-    ifindex: int
-    name: str
-    peer_ifindex: int | None
-    peer_netnsid: int | None
-    master: str | None
-    peer_netns: NsKey | None  # the pinned namespace the peer lives in, when known
-
-
-class HostLocalLease(Struct, frozen=True, kw_only=True):
-    """One host-local IPAM allocation file: `<data dir>/<network>/<ip>`."""
-
-    network: str
-    ip: str
-    container_id: str
-    ifname: str | None  # None in the legacy one-line format
-    path: str
-    data_dir: str
-    mtime: float
-
-
 class IpamRange(Struct, frozen=True):
     """How full one host-local range is: its size and the leases held in it."""
 
@@ -93,63 +60,6 @@ class IpamRange(Struct, frozen=True):
     range: str
     size: int
     used: int
-
-
-class CacheEntry(Struct, frozen=True, kw_only=True):
-    """A libcni result cache file."""
-
-    path: str
-    name: str
-    container_id: str
-    network: str
-    ifname: str
-    netns_path: str | None
-    netns: NsKey | None
-    host_ifnames: tuple[str, ...]
-    legacy: bool  # a bare pre-0.8 result with no `kind`
-    mtime: float
-    cache_dir: str  # the root it was found beneath, and every later access is confined to
-    # Why the file could not be read, when its name alone ties it to an attachment (a zero-byte
-    # or truncated file left by a crash: libcni then fails DEL, so it leaks for good).
-    corrupt: str | None = None
-    # Its netns path exists but cannot be inspected (a protected /proc/<pid>/ns/net).
-    netns_uninspectable: bool = False
-    # Whose it is, by the CNI_ARGS its runtime passed: "cri" (K8S_POD_NAMESPACE, which every CRI
-    # runtime passes), "other" (podman, nerdctl: without it), "unknown" (nothing to tell by).
-    owner: Owner = "unknown"
-    ips: tuple[str, ...] = ()  # the addresses its result holds
-
-
-class IptablesChain(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A per-attachment nat chain a CNI plugin made, and the rules that jump to it."""
-
-    family: Literal["ipv4", "ipv6"]
-    table: str
-    chain: str
-    purpose: Literal["masquerade", "hostport-dnat", "hostport-snat"]
-    network: str | None
-    container_id: str | None
-    rules: tuple[str, ...]  # its own rules, as iptables-save prints them
-    jumps: tuple[str, ...]  # rules in other chains that jump to it
-    backend: str = "default"  # iptables "nft" or "legacy" (or "default" when only one exists)
-
-
-class NftRule(Struct, frozen=True, kw_only=True):
-    """A rule of the CNI plugins' nftables backend and the key its comment carries.
-
-    A masquerade rule's key is `instance`, a hash of (network, ifname, container ID); the
-    description after it is cut at 128 characters, so its network, ifname and container ID are
-    for reading only. A hostport rule's comment is the whole container ID.
-    """
-
-    family: str
-    table: str
-    chain: str
-    handle: int
-    network: str | None  # as described
-    ifname: str | None  # as described
-    container_id: str | None  # as described: may be cut short in a masquerade rule
-    instance: str | None = None  # the masquerade rule's instance hash
 
 
 class HostLocalRange(Struct, frozen=True):
@@ -361,7 +271,7 @@ class Attachment(Struct, frozen=True, kw_only=True):
     verdict: Verdict
     reason: str
     age_seconds: float
-    owner: Owner = "unknown"  # whose runtime made it, by its cache entry (see CacheEntry.owner)
+    owner: Owner = "unknown"  # whose runtime made it, by its cache entry (see reaper.kinds.cache.CacheEntry.owner)
 
 
 class AttachmentHistory(Struct, frozen=True):

@@ -29,22 +29,37 @@ from reaper.host.memo import FileMemo
 from reaper.host.quarantine import remove_or_quarantine
 from reaper.kinds import Found, Kind, Look, ReclaimContext, multus
 from reaper.kinds.netconf import ConfigError, parse_network_config
-from reaper.model import (
-    CacheEntry,
-    CorruptFile,
-    DetailValue,
-    Done,
-    Identity,
-    NetworkConfig,
-    Owner,
-    OwnKey,
-    ResourceRef,
-)
+from reaper.model import CorruptFile, DetailValue, Done, Identity, NetworkConfig, NsKey, Owner, OwnKey, ResourceRef
 from reaper.names import is_cni_id, is_ifname, is_path
 
 MAX_CACHE_BYTES = 4 << 20
 RESULT_SUBDIRS = ("results", "cache/results", "multus/results")
 _HEX_ID = re.compile(r"[0-9a-f]{64}")
+
+
+class CacheEntry(Struct, frozen=True, kw_only=True):
+    """A libcni result cache file."""
+
+    path: str
+    name: str
+    container_id: str
+    network: str
+    ifname: str
+    netns_path: str | None
+    netns: NsKey | None
+    host_ifnames: tuple[str, ...]
+    legacy: bool  # a bare pre-0.8 result with no `kind`
+    mtime: float
+    cache_dir: str  # the root it was found beneath, and every later access is confined to
+    # Why the file could not be read, when its name alone ties it to an attachment (a zero-byte
+    # or truncated file left by a crash: libcni then fails DEL, so it leaks for good).
+    corrupt: str | None = None
+    # Its netns path exists but cannot be inspected (a protected /proc/<pid>/ns/net).
+    netns_uninspectable: bool = False
+    # Whose it is, by the CNI_ARGS its runtime passed: "cri" (K8S_POD_NAMESPACE, which every CRI
+    # runtime passes), "other" (podman, nerdctl: without it), "unknown" (nothing to tell by).
+    owner: Owner = "unknown"
+    ips: tuple[str, ...] = ()  # the addresses its result holds
 
 
 class CacheInventory(Struct, frozen=True):

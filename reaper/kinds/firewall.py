@@ -38,8 +38,10 @@ from msgspec.structs import replace
 from reaper.cni.result import address_key
 from reaper.host.memo import OutputMemo
 from reaper.kinds import FindOptions, Found, Kind, Look, ReclaimContext, cache, hostlocal
+from reaper.kinds.cache import CacheEntry
+from reaper.kinds.hostlocal import HostLocalLease
 from reaper.kinds.iptables import Family, IptablesTools, SaveCollector, resaved, restore_each, save_lines
-from reaper.model import CacheEntry, Claim, DetailValue, Done, HostLocalLease, Identity, ResourceRef
+from reaper.model import Claim, DetailValue, Done, Identity, ResourceRef
 
 KIND_NAME = "firewall"
 TABLE = "filter"

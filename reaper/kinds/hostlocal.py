@@ -19,6 +19,8 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 
+from msgspec import Struct
+
 from reaper.host.confined import UnfitFile, opened_dir, read_at
 from reaper.host.files import DirLister, describe_oserror
 from reaper.host.memo import FileMemo
@@ -30,7 +32,6 @@ from reaper.model import (
     CorruptFile,
     DetailValue,
     Done,
-    HostLocalLease,
     HostLocalRange,
     Identity,
     IpamRange,
@@ -46,6 +47,18 @@ LOCK_WAIT = 10.0  # seconds to wait for host-local's lock before leaving a netwo
 _LOCK_POLL = 0.02
 _NOT_LEASES = ("lock",)
 _RESERVED_PREFIX = "last_reserved_ip."
+
+
+class HostLocalLease(Struct, frozen=True, kw_only=True):
+    """One host-local IPAM allocation file: `<data dir>/<network>/<ip>`."""
+
+    network: str
+    ip: str
+    container_id: str
+    ifname: str | None  # None in the legacy one-line format
+    path: str
+    data_dir: str
+    mtime: float
 
 
 def ip_key(text: str) -> tuple[int, int] | None:

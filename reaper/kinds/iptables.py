@@ -24,7 +24,7 @@ from reaper.host.commands import run_command
 from reaper.host.memo import OutputMemo, Version
 from reaper.host.nftgen import ruleset_generation
 from reaper.kinds import FindOptions, Found, Kind, Look, ReclaimContext
-from reaper.model import Claim, DetailValue, Done, Identity, IptablesChain, ResourceRef, SourceError
+from reaper.model import Claim, DetailValue, Done, Identity, ResourceRef, SourceError
 from reaper.names import is_cni_id
 
 KIND_NAME = "iptables"
@@ -33,6 +33,20 @@ RESTORE_LOCK_WAIT = "5"  # seconds iptables-restore waits for the xtables lock (
 Family = Literal["ipv4", "ipv6"]
 _PREFIX: dict[Family, str] = {"ipv4": "iptables", "ipv6": "ip6tables"}
 _LEGACY_TABLES: dict[Family, str] = {"ipv4": "/proc/net/ip_tables_names", "ipv6": "/proc/net/ip6_tables_names"}
+
+
+class IptablesChain(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A per-attachment nat chain a CNI plugin made, and the rules that jump to it."""
+
+    family: Literal["ipv4", "ipv6"]
+    table: str
+    chain: str
+    purpose: Literal["masquerade", "hostport-dnat", "hostport-snat"]
+    network: str | None
+    container_id: str | None
+    rules: tuple[str, ...]  # its own rules, as iptables-save prints them
+    jumps: tuple[str, ...]  # rules in other chains that jump to it
+    backend: str = "default"  # iptables "nft" or "legacy" (or "default" when only one exists)
 
 
 class IptablesTools(Struct, frozen=True):

@@ -14,15 +14,29 @@ import re
 import stat
 from collections.abc import Mapping, Sequence
 
+from msgspec import Struct
+
 from reaper.host.confined import fstatfs_type, libc, opened_dir, unlink_beneath
 from reaper.host.files import NSFS_MAGIC, PROC_SUPER_MAGIC, DirLister, describe_oserror
 from reaper.host.mounts import unpin_hazard
 from reaper.host.procs import busy_namespaces
 from reaper.kinds import Found, Kind, Look, Pin, ReclaimContext
-from reaper.model import CorruptFile, DetailValue, Done, Identity, NetnsPin, NetnsTie, NsKey, ResourceRef
+from reaper.model import CorruptFile, DetailValue, Done, Identity, NetnsTie, NsKey, ResourceRef
 from reaper.names import is_runtime_netns_name
 
 MNT_DETACH = 2  # umount2(2) flag: detach now, free once unused
+
+
+class NetnsPin(Struct, frozen=True, kw_only=True):
+    """A file under a netns dir, normally a bind mount of a network namespace."""
+
+    name: str
+    path: str
+    directory: str
+    ns: NsKey
+    is_namespace: bool  # False: a stale plain file, no namespace mounted on it
+    mtime: float
+    runtime_named: bool  # the name is one a container runtime makes
 
 
 def collect_pins(

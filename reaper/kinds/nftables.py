@@ -15,11 +15,13 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from msgspec import Struct
+
 from reaper.host import netlink
 from reaper.host.commands import run_command
 from reaper.host.jsondoc import parse_json
 from reaper.kinds import Found, Kind, Look, ReclaimContext
-from reaper.model import Claim, DetailValue, Done, Identity, NftRule, ResourceRef, SourceError
+from reaper.model import Claim, DetailValue, Done, Identity, ResourceRef, SourceError
 from reaper.names import is_cni_id, is_ifname
 
 # No nf_tables here at all: nothing of the nft backend can exist.
@@ -34,6 +36,24 @@ HASH_CHARS = 16
 # statement or starts another (a crafted name once flushed the whole ruleset).
 _FAMILIES_ALLOWED = frozenset({"inet", "ip", "ip6"})
 _CHAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
+
+
+class NftRule(Struct, frozen=True, kw_only=True):
+    """A rule of the CNI plugins' nftables backend and the key its comment carries.
+
+    A masquerade rule's key is `instance`, a hash of (network, ifname, container ID); the
+    description after it is cut at 128 characters, so its network, ifname and container ID are
+    for reading only. A hostport rule's comment is the whole container ID.
+    """
+
+    family: str
+    table: str
+    chain: str
+    handle: int
+    network: str | None  # as described
+    ifname: str | None  # as described
+    container_id: str | None  # as described: may be cut short in a masquerade rule
+    instance: str | None = None  # the masquerade rule's instance hash
 
 
 class NftOutputError(ValueError):

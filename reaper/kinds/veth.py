@@ -11,13 +11,27 @@ import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
+from msgspec import Struct
+
 from reaper.host.netlink import RawLink, delete_links, dump_links, nsids_of
 from reaper.host.procs import busy_namespaces
 from reaper.kinds import Found, Kind, Look, ReclaimContext
-from reaper.model import DetailValue, Done, Identity, NetnsPin, NsKey, PeerTie, ResourceRef, SourceError, VethLink
+from reaper.kinds.netns import NetnsPin
+from reaper.model import DetailValue, Done, Identity, NsKey, PeerTie, ResourceRef, SourceError
 
 UNPIN_GRACE = 2.0  # seconds the kernel gets to drop the veths of namespaces just unpinned
 _POLL = 0.05
+
+
+class VethLink(Struct, frozen=True, kw_only=True):
+    """A veth in the netns the reaper runs in (the host side of a pod's pair)."""
+
+    ifindex: int
+    name: str
+    peer_ifindex: int | None
+    peer_netnsid: int | None
+    master: str | None
+    peer_netns: NsKey | None  # the pinned namespace the peer lives in, when known
 
 
 def veths_from(links: list[RawLink], nsids: Iterable[tuple[NsKey, int]], pins: Sequence[NetnsPin]) -> list[VethLink]:

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from reaper.model import (
-    CacheEntry,
-    HostLocalLease,
-    IptablesChain,
-    NetnsPin,
-    NodeSnapshot,
-    NsKey,
-    RuntimeView,
-    Sandbox,
-    VethLink,
-)
+from reaper.kinds.cache import CacheEntry
+from reaper.kinds.hostlocal import HostLocalLease
+from reaper.kinds.iptables import IptablesChain
+from reaper.kinds.netns import NetnsPin
+from reaper.kinds.veth import VethLink
+from reaper.model import NodeSnapshot, NsKey, RuntimeView, Sandbox
 
 HOST = NsKey(4, 4026531833)
 NET = "mynet"

@@ -16,7 +16,10 @@ import pytest
 from reaper.host.files import NSFS_MAGIC, fs_type, namespace_of
 from reaper.host.quarantine import Quarantine
 from reaper.kinds import ReclaimContext, cache, hostlocal, netns
-from reaper.model import CacheEntry, Done, HostLocalLease, NetnsPin, NsKey
+from reaper.kinds.cache import CacheEntry
+from reaper.kinds.hostlocal import HostLocalLease
+from reaper.kinds.netns import NetnsPin
+from reaper.model import Done, NsKey
 from tests.harness.lab.kernel import umount
 
 CID = "c" * 64
@@ -225,9 +228,9 @@ def test_a_chain_that_is_gone_already_counts_as_freed(tmp_path: Path) -> None:
     try:
         chain = f"CNI-{secrets.token_hex(12)}"
         probe = (
-            "import json; from reaper.kinds import ReclaimContext, iptables; from reaper.model import IptablesChain; "
-            f"c = IptablesChain(family='ipv4', table='nat', chain='{chain}', purpose='masquerade', network=None, "
-            "container_id=None, rules=(), jumps=(), backend='nft'); "
+            "import json; from reaper.kinds import ReclaimContext, iptables; "
+            f"c = iptables.IptablesChain(family='ipv4', table='nat', chain='{chain}', purpose='masquerade', "
+            "network=None, container_id=None, rules=(), jumps=(), backend='nft'); "
             "d = iptables.reclaim([c], ReclaimContext(netns_dirs=(), bin_dirs=(), live_netns=frozenset(), "
             "quarantine=None, command_timeout=10.0, done={})); "
             "print(json.dumps({k[3]: v.ok for k, v in d.items()}))"

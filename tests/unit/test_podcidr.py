@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from reaper.cli import build_parser
-from reaper.kinds.hostlocal import range_usage
+from reaper.kinds.hostlocal import HostLocalLease, range_usage
 from reaper.kinds.netconf import parse_network_config
-from reaper.model import HostLocalLease
 from reaper.podcidr import (
     MAX_NODE_BYTES,
     MAX_SECRET_BYTES,

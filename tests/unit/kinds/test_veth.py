@@ -9,8 +9,9 @@ import pytest
 from reaper.host.memo import InventoryMemo
 from reaper.host.netlink import DumpInterrupted, RawLink
 from reaper.kinds import Look, veth
+from reaper.kinds.netns import NetnsPin
 from reaper.kinds.veth import veths_from
-from reaper.model import NetnsPin, NsKey
+from reaper.model import NsKey
 from tests.harness.passes import options_at
 
 

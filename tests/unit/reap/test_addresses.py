@@ -12,18 +12,12 @@ import pytest
 
 from reaper.host.netns_addrs import NamespaceAddresses, NamespaceToRead
 from reaper.kinds import cache, firewall, hostlocal, iptables, netns
+from reaper.kinds.cache import CacheEntry
 from reaper.kinds.firewall import ForwardRule
-from reaper.model import (
-    Attachment,
-    AttachmentKey,
-    CacheEntry,
-    HostLocalLease,
-    Identity,
-    IptablesChain,
-    NetnsPin,
-    NsKey,
-    ResourceRef,
-)
+from reaper.kinds.hostlocal import HostLocalLease
+from reaper.kinds.iptables import IptablesChain
+from reaper.kinds.netns import NetnsPin
+from reaper.model import Attachment, AttachmentKey, Identity, NsKey, ResourceRef
 from reaper.reap import addresses
 from reaper.reap.addresses import addresses_held, addresses_in_use, leave_for_addresses
 
