@@ -1,7 +1,7 @@
 """The CRI calls only the lab makes (creating, stopping and removing pod sandboxes), and the
 lab's own reading of the runtime's answers, decoded by protobuf: the product's client is
-read-only on purpose (a reaper never creates or changes a sandbox), and decodes the few fields
-it reads itself (reaper.runtime.wire)."""
+read-only on purpose (a reaper never creates or changes a sandbox), and reads its answers with
+its own subset of the messages (reaper/runtime/api.proto)."""
 
 from __future__ import annotations
 
