@@ -9,9 +9,11 @@ import socket
 from msgspec.structs import replace
 
 from reaper.host.netlink import RawRule, parse_rule
+from reaper.host.netns_addrs import NamespaceAddresses
 from reaper.kinds import iprules
 from reaper.kinds.iprules import PodRule, decide, pod_rule, pod_rules, tie, with_owners
-from reaper.model import Claim, Done, Identity
+from reaper.model import Attachment, AttachmentKey, Claim, Done, Identity, NsKey, ResourceRef
+from reaper.reap.addresses import addresses_held, leave_for_addresses
 from tests.harness.snapshots import cache, cid, lease
 
 # RTM_NEWRULE messages of a rule dump (AF_UNSPEC) in a private netns, after
@@ -142,3 +144,26 @@ def test_a_rule_whose_lease_was_kept_this_pass_stays() -> None:
     freed: dict[Identity, Done] = {("ipam", lease(0).path): Done.freed()}
     now = [replace(_parse(TO_V4), dst=lease(0).ip)]
     assert isinstance(decide([held], now, freed)[iprules.identity(held)], RawRule)
+
+
+def test_a_rule_tied_by_a_forged_file_to_an_orphan_stays_while_a_live_pod_has_its_address() -> None:
+    """A writer of /var/lib/cni ties a live pod's rule to a dead container (a forged lease or
+    cached result holding its address): the rule's address is one the orphan frees, so the
+    address check before acting leaves the orphan while another namespace has it configured."""
+    (forged,) = with_owners([_rule("10.0.0.5", "from")], [], [replace(cache(9), ips=("10.0.0.5/24",))])
+    assert tie(forged) == Claim(container_id=cid(9), network=cache(9).network)
+    ident = iprules.identity(forged)
+    ref = ResourceRef(kind=iprules.KIND.name, name="r", created_at=0.0, details={}, identity=ident)
+    orphan = Attachment(
+        key=AttachmentKey(cid(9), cache(9).network, "eth0"),
+        resources=(ref,),
+        netns=None,
+        verdict="orphan",
+        reason="no sandbox",
+        age_seconds=600.0,
+    )
+    held = addresses_held(orphan, {ident: forged})
+    assert [str(a) for a in held.addresses] == ["10.0.0.5"]
+    live = NamespaceAddresses(NsKey(4, 200), "the netns of pid 4242", ("10.0.0.5",), None)
+    reasons = leave_for_addresses({orphan.key: held}, [live], None)
+    assert orphan.key in reasons and "10.0.0.5" in reasons[orphan.key]
