@@ -1,7 +1,8 @@
-"""AWS VPC CNI's per-pod policy rules on a real lab: rules shaped as the plugin adds them for a
-leak's address and a live pod's, and an admin's rules of other shapes (one on the leak's
-address); `reaper reap` deletes the leak's two rules only. Every rule is added in the lab's
-netns, never the host's."""
+"""AWS VPC CNI's per-pod policy rules on a real lab: rules shaped as the plugin adds them for
+a leak's address, a live pod's and an address no one holds, and an admin's rules of other
+shapes (one on the leak's address); `reaper reap` deletes the leak's two rules only, and the
+unheld address's are reported unconfirmed. Every rule is added in the lab's netns, never the
+host's."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from tests.harness.reap_helpers import REAP, SCAN, cached_result, leak_left, pin
 from tests.harness.reaper_cli import attachments_by_key, names, run_reaper
 
 ENI_TABLE = "2"
+STRAY = "192.0.2.77"  # TEST-NET-1: no lease or cached result of the lab holds it
 
 
 def plugin_rules(ip: str) -> list[list[str]]:
@@ -43,7 +45,7 @@ def test_the_leaks_rules_go_and_the_live_pods_and_the_admins_stay(tmp_path: Path
             ["from", f"{leak.ip}/32", "iif", "eth9", "lookup", "7", "pref", "700"],
             ["to", "10.0.0.0/8", "lookup", "main", "pref", "512"],  # the plugin's priority, a subnet
         ]
-        for args in [*plugin_rules(web_ip), *plugin_rules(leak.ip), *admin]:
+        for args in [*plugin_rules(web_ip), *plugin_rules(leak.ip), *plugin_rules(STRAY), *admin]:
             lab.run_in_netns(["ip", "rule", "add", *args], check=True)
         before = rules(lab)
         leaks = {line for line in before if f" {leak.ip} lookup main" in line or f"from {leak.ip} lookup 2" in line}
@@ -56,6 +58,8 @@ def test_the_leaks_rules_go_and_the_live_pods_and_the_admins_stay(tmp_path: Path
         live = by_key[(web, net, labcni.IFNAME)]
         assert orphan["verdict"] == "orphan" and names(orphan, "iprule") == rule_names(leak.ip)
         assert live["verdict"] == "live" and names(live, "iprule") == rule_names(web_ip)
+        unconfirmed = {u["name"] for u in scan.doc["unconfirmed"] if u["kind"] == "iprule"}
+        assert unconfirmed == rule_names(STRAY)
 
         run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr
@@ -64,4 +68,5 @@ def test_the_leaks_rules_go_and_the_live_pods_and_the_admins_stay(tmp_path: Path
         assert freed == {name: ("kernel", True) for name in rule_names(leak.ip)}, outcome
         assert leak_left(lab, leak) == []
         assert rules(lab) == before - leaks
+        assert {u["name"] for u in run.doc["unconfirmed"] if u["kind"] == "iprule"} == rule_names(STRAY)
         assert pings(lab, web)
