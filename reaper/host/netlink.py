@@ -360,3 +360,122 @@ def delete_links(indexes: list[int]) -> dict[int, str | None]:
                 code = getattr(err, "code", None)
                 results[index] = None if code == errno.ENODEV else str(err)
     return results
+
+
+# ------------------------------------------------------------------------------ policy rules
+
+RTM_NEWRULE = 32
+RTM_DELRULE = 33
+RTM_GETRULE = 34
+NLM_F_ACK = 0x4
+FRA_DST = 1
+FRA_SRC = 2
+FRA_PRIORITY = 6
+FRA_SUPPRESS_PREFIXLEN = 14
+FRA_TABLE = 15
+FRA_PAD = 18
+FRA_PROTOCOL = 21
+FR_ACT_TO_TBL = 1
+_FIB_RULE_HDR = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, 2 pad, action, flags
+_U8 = struct.Struct("=B")
+_ADDRESS_BYTES: dict[int, int] = {socket.AF_INET: 4, socket.AF_INET6: 16}
+# Attributes the kernel sends with every rule whatever it selects (a suppress_prefixlen of -1
+# is no suppression), besides the ones read below: none of them makes a rule select more or less.
+_RULE_QUIET = frozenset({FRA_PAD, FRA_PROTOCOL})
+_RULE_READ = frozenset({FRA_DST, FRA_SRC, FRA_PRIORITY, FRA_TABLE, FRA_SUPPRESS_PREFIXLEN})
+
+
+class RawRule(Struct, frozen=True, kw_only=True):
+    """One routing policy rule, as the kernel dumps it: what it selects and where it sends."""
+
+    family: int  # AF_INET or AF_INET6
+    priority: int
+    table: int  # FRA_TABLE when sent (tables above 255), else the header's
+    action: int
+    flags: int  # FIB_RULE_INVERT (`not`) and the like
+    tos: int
+    src: str | None  # the selector's address as inet_ntop prints it, or None: from all
+    src_len: int
+    dst: str | None
+    dst_len: int
+    suppress_prefixlen: int | None  # None when not sent or -1 (no suppression)
+    # Every other attribute type the rule carries (iif, oif, fwmark, goto, uid range, ports...):
+    # any of them makes it select something else than its addresses.
+    other: tuple[int, ...] = ()
+
+
+def _address(data: bytes | bytearray, span: tuple[int, int] | None, family: int) -> str | None:
+    if span is None or span[1] - span[0] != _ADDRESS_BYTES.get(family):
+        return None
+    return socket.inet_ntop(family, bytes(data[span[0] : span[1]]))
+
+
+def parse_rule(data: bytes | bytearray, offset: int, length: int) -> RawRule:
+    """One RTM_NEWRULE message: fib_rule_hdr (12 bytes) after the netlink header, then attributes."""
+    family, dst_len, src_len, tos, table, _, _, action, flags = _FIB_RULE_HDR.unpack_from(data, offset + _HDR.size)
+    start, end = offset + _HDR.size + _FIB_RULE_HDR.size, offset + length
+    at = attrs(data, start, end, _RULE_READ)
+    other: list[int] = []
+    off = start
+    while off + 4 <= end:
+        alen, atype = _NLA.unpack_from(data, off)
+        if alen < 4 or off + alen > end:
+            break
+        atype &= _NLA_TYPE_MASK
+        if atype not in _RULE_READ and atype not in _RULE_QUIET:
+            other.append(atype)
+        off += (alen + 3) & ~3
+    if FRA_TABLE in at:
+        table = _U32.unpack_from(data, at[FRA_TABLE][0])[0]
+    priority = _U32.unpack_from(data, at[FRA_PRIORITY][0])[0] if FRA_PRIORITY in at else 0
+    suppress = _I32.unpack_from(data, at[FRA_SUPPRESS_PREFIXLEN][0])[0] if FRA_SUPPRESS_PREFIXLEN in at else -1
+    return RawRule(
+        family=family,
+        priority=priority,
+        table=table,
+        action=action,
+        flags=flags,
+        tos=tos,
+        src=_address(data, at.get(FRA_SRC), family),
+        src_len=src_len,
+        dst=_address(data, at.get(FRA_DST), family),
+        dst_len=dst_len,
+        suppress_prefixlen=None if suppress == -1 else suppress,
+        other=tuple(other),
+    )
+
+
+def dump_rules() -> list[RawRule]:
+    """Every IPv4 and IPv6 policy rule of this netns: one dump (family AF_UNSPEC answers both)."""
+    body = _FIB_RULE_HDR.pack(socket.AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0, 0)
+    with Netlink() as nl:
+        return [r for r in decode_raw(*dump_raw(nl, RTM_GETRULE, body), parse_rule) if r.family in _ADDRESS_BYTES]
+
+
+def _rule_request(rule: RawRule) -> bytes:
+    """The body of a request naming `rule` by its priority, table, action and selector: the
+    fields the kernel compares when it looks for the rule to delete."""
+    body = _FIB_RULE_HDR.pack(rule.family, rule.dst_len, rule.src_len, rule.tos, 0, 0, 0, rule.action, rule.flags)
+    body += _attr(FRA_PRIORITY, _U32.pack(rule.priority)) + _attr(FRA_TABLE, _U32.pack(rule.table))
+    if rule.src is not None:
+        body += _attr(FRA_SRC, socket.inet_pton(rule.family, rule.src))
+    if rule.dst is not None:
+        body += _attr(FRA_DST, socket.inet_pton(rule.family, rule.dst))
+    return body
+
+
+def delete_rules(rules: list[RawRule]) -> list[str | None]:
+    """Delete each rule by what it selects (see _rule_request), one acknowledged request at a
+    time; None for each one deleted or already gone (ENOENT), else the error."""
+    results: list[str | None] = []
+    with Netlink() as nl:
+        for rule in rules:
+            seq, msg = nl.message(RTM_DELRULE, NLM_F_REQUEST | NLM_F_ACK, _rule_request(rule))
+            nl.sock.send(msg)
+            for data, off, _, mtype, aseq in nl.answers():
+                if aseq != seq or mtype != NLMSG_ERROR:
+                    continue
+                code = -_I32.unpack_from(data, off + _HDR.size)[0]
+                results.append(None if code in (0, errno.ENOENT) else os.strerror(code))
+                break
+    return results

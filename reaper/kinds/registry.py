@@ -18,6 +18,7 @@ from reaper.kinds import (
     firewall,
     flannel,
     hostlocal,
+    iprules,
     iptables,
     multus,
     netns,
@@ -37,6 +38,7 @@ KINDS: tuple[Kind[Any], ...] = (
     veth.KIND,  # uses the pins and the cache entries
     hostlocal.KIND,  # uses the data dirs in the configs the cache entries carry
     firewall.KIND,  # uses the leases and the cache entries
+    iprules.KIND,  # the same
     iptables.KIND,
     nftables.KIND,
     bandwidth.KIND,

@@ -1,0 +1,267 @@
+"""AWS VPC CNI's per-pod routing policy rules, in the netns the reaper runs in.
+
+The AWS VPC CNI plugin (aws/amazon-vpc-cni-k8s, cmd/routed-eni-cni-plugin/driver) adds, for
+each pod address, in the host netns (pkg/networkutils names the priorities):
+
+    512:   from all to <podIP> lookup main         (ToContainerRulePriority, every pod)
+    1536:  from <podIP> lookup <ENI's table>        (FromPodRulePriority, a pod on a secondary
+                                                    ENI: its table is the ENI's, never main)
+
+with a /32 or /128 selector, and nothing else selected (no iif, oif, fwmark, tos, `not`). Its DEL
+deletes both by that shape again (teardownIPBasedContainerRouteRules). When no DEL runs (the
+leaks of aws-vpc-cni#2048 and #3270), the rules stay and route the address's next owner.
+
+Only a rule of exactly one of these two shapes is a record; every other rule (an admin's, the
+plugin's node-wide ones at 1024 and 1535, the VLAN rules at 10) is never read further.
+
+Identity: (family, priority, table, selector). The rule carries no container ID, only the
+address, so the tie comes from what holds that address on the node: the host-local leases and
+the cache entries' results (found first). A Claim on their container and network when every
+holder is the same container on one network; otherwise (no holder, or two owners) an empty
+Claim, which joins nothing: the rule is reported unconfirmed and never reclaimed.
+
+Reclaimed only with its attachment (an orphan), after the address check of the reclaim path
+(its address is one `frees` gives) and only while no lease that held the address was kept this
+pass: the rules are dumped again, and one still there with the same priority, table and
+selector is deleted by those; one that another rule of the same priority, table and selector
+but another shape could be taken for is left.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterable, Mapping, Sequence
+
+from msgspec import Struct
+from msgspec.structs import replace
+
+from reaper.cni.result import address_key
+from reaper.host.netlink import FR_ACT_TO_TBL, RawRule, delete_rules, dump_rules
+from reaper.kinds import Found, Kind, Look, ReclaimContext, cache, hostlocal
+from reaper.kinds.cache import CacheEntry
+from reaper.kinds.hostlocal import HostLocalLease
+from reaper.model import Claim, DetailValue, Done, Identity, ResourceRef, SourceError
+
+KIND_NAME = "iprule"
+TO_POD_PRIORITY = 512  # `to <podIP> lookup main`
+FROM_POD_PRIORITY = 1536  # `from <podIP> lookup <ENI table>`
+MAIN_TABLE = 254
+# Tables no ENI's is: unspec, default, main, local.
+_RESERVED_TABLES = frozenset({0, 253, MAIN_TABLE, 255})
+_FULL: dict[int, int] = {socket.AF_INET: 32, socket.AF_INET6: 128}
+_FAMILY: dict[int, str] = {socket.AF_INET: "ipv4", socket.AF_INET6: "ipv6"}
+
+
+class PodRule(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One of the AWS VPC CNI plugin's rules for a pod address."""
+
+    rule: RawRule
+    ip: str  # the selector's address, as inet_ntop prints it
+    direction: str  # "to" (priority 512) or "from" (priority 1536)
+    # The owner, by what holds its address: none when no single container does.
+    container_id: str | None = None
+    network: str | None = None
+    # Every lease holding its address when it was found, as the ipam kind identifies them.
+    leases: tuple[Identity, ...] = ()
+    owner: str = "not looked up"  # whose it is, or why it is no one's, in words
+
+
+def _plain(rule: RawRule) -> bool:
+    """Whether the rule selects by its addresses only, and looks a table up."""
+    return (
+        rule.action == FR_ACT_TO_TBL
+        and rule.flags == 0
+        and rule.tos == 0
+        and rule.suppress_prefixlen is None
+        and not rule.other
+    )
+
+
+def pod_rule(rule: RawRule) -> PodRule | None:
+    """The rule as the plugin's, when it is exactly one of its two shapes; else None."""
+    full = _FULL.get(rule.family)
+    if full is None or not _plain(rule):
+        return None
+    if (
+        rule.priority == TO_POD_PRIORITY
+        and rule.table == MAIN_TABLE
+        and rule.src is None
+        and rule.src_len == 0
+        and rule.dst is not None
+        and rule.dst_len == full
+    ):
+        return PodRule(rule=rule, ip=rule.dst, direction="to")
+    if (
+        rule.priority == FROM_POD_PRIORITY
+        and rule.table not in _RESERVED_TABLES
+        and rule.dst is None
+        and rule.dst_len == 0
+        and rule.src is not None
+        and rule.src_len == full
+    ):
+        return PodRule(rule=rule, ip=rule.src, direction="from")
+    return None
+
+
+def pod_rules(rules: Iterable[RawRule]) -> list[PodRule]:
+    return [p for p in (pod_rule(r) for r in rules) if p is not None]
+
+
+def _same_selector(a: RawRule, b: RawRule) -> bool:
+    """Whether a delete naming `a` (priority, table, selector) could take `b`."""
+    return (a.family, a.priority, a.table, a.src, a.src_len, a.dst, a.dst_len) == (
+        b.family,
+        b.priority,
+        b.table,
+        b.src,
+        b.src_len,
+        b.dst,
+        b.dst_len,
+    )
+
+
+def with_owners(
+    rules: Iterable[PodRule], leases: Iterable[HostLocalLease], caches: Iterable[CacheEntry]
+) -> list[PodRule]:
+    """Each rule with the owner of its address: the one container (on one network) whose
+    host-local leases and cached results hold it. Held by none, or by more than one, it has none."""
+    rules = list(rules)
+    if not rules:  # the common case: no AWS VPC CNI here, so no address index is built
+        return []
+    holders: dict[tuple[int, int], set[tuple[str, str]]] = {}
+    held_by: dict[tuple[int, int], list[HostLocalLease]] = {}
+    for lease in leases:
+        key = address_key(lease.ip)
+        if key is not None:
+            holders.setdefault(key, set()).add((lease.container_id, lease.network))
+            held_by.setdefault(key, []).append(lease)
+    for entry in caches:
+        for ip in entry.ips:
+            key = address_key(ip)
+            if key is not None:
+                holders.setdefault(key, set()).add((entry.container_id, entry.network))
+    out = []
+    for rule in rules:
+        key = address_key(rule.ip)
+        owners = holders.get(key, set()) if key is not None else set()
+        leases_of = tuple(hostlocal.identity(lease) for lease in held_by.get(key, [])) if key is not None else ()
+        if not owners:
+            out.append(replace(rule, leases=leases_of, owner=f"no lease or cached result holds {rule.ip}"))
+        elif len(owners) > 1:
+            who = ", ".join(sorted(f"{cid[:12]} on {net}" for cid, net in owners))
+            out.append(replace(rule, leases=leases_of, owner=f"{rule.ip} is held by {len(owners)}: {who}"))
+        else:
+            ((cid, net),) = owners
+            out.append(replace(rule, container_id=cid, network=net, leases=leases_of, owner=f"{cid[:12]} on {net}"))
+    return out
+
+
+def find(look: Look) -> Found[PodRule]:
+    try:
+        rules = pod_rules(dump_rules())
+    except OSError as err:
+        return Found((), errors=(SourceError("netlink", str(err)),))
+    leases = [r for r in look.earlier.get(hostlocal.KIND.name, ()) if isinstance(r, HostLocalLease)]
+    caches = [r for r in look.earlier.get(cache.KIND.name, ()) if isinstance(r, CacheEntry)]
+    return Found(tuple(with_owners(rules, leases, caches)))
+
+
+def identity(rule: PodRule) -> Identity:
+    r = rule.rule
+    return (KIND_NAME, _FAMILY[r.family], str(r.priority), str(r.table), rule.direction, rule.ip)
+
+
+def ref(rule: PodRule) -> ResourceRef:
+    r = rule.rule
+    bits = _FULL[r.family]
+    name = (
+        f"{r.priority}: to {rule.ip}/{bits} lookup main"
+        if rule.direction == "to"
+        else f"{r.priority}: from {rule.ip}/{bits} lookup {r.table}"
+    )
+    details: dict[str, DetailValue] = {
+        "family": _FAMILY[r.family],
+        "priority": r.priority,
+        "table": r.table,
+        "ip": rule.ip,
+        "owner": rule.owner,
+    }
+    return ResourceRef(kind=KIND_NAME, name=name, created_at=None, details=details, identity=identity(rule))
+
+
+def tie(rule: PodRule) -> Claim:
+    # An address no single container holds names no one: an empty claim joins nothing, so the
+    # rule is reported unconfirmed and never reclaimed.
+    if rule.container_id is None:
+        return Claim()
+    return Claim(container_id=rule.container_id, network=rule.network)
+
+
+# ------------------------------------------------------------------------------ reclaiming
+
+
+def _still_held(rule: PodRule, done: Mapping[Identity, Done]) -> str | None:
+    """Why the rule's address may be someone's now: a lease that held it when the node was
+    looked at was kept this pass. None: it may go."""
+    for lease in rule.leases:
+        freed = done.get(lease)
+        if freed is not None and freed.ok:
+            continue
+        if freed is not None or os.path.lexists(lease[-1]):
+            return f"left: its address is still leased ({lease[-1]})"
+    return None
+
+
+def decide(
+    rules: Sequence[PodRule], now: Sequence[RawRule], done: Mapping[Identity, Done]
+) -> dict[Identity, Done | RawRule]:
+    """Pure: for each rule, its Done, or the rule as dumped now to delete."""
+    out: dict[Identity, Done | RawRule] = {}
+    for rule in rules:
+        same = [r for r in now if _same_selector(r, rule.rule)]
+        mine = [r for r in same if pod_rule(r) is not None]
+        if not mine:
+            out[identity(rule)] = Done.freed()  # no rule of that shape is there any more
+        elif len(same) != len(mine):
+            out[identity(rule)] = Done.left(
+                "another rule of the same priority, table and selector is there; left alone"
+            )
+        elif (why := _still_held(rule, done)) is not None:
+            out[identity(rule)] = Done.left(why)
+        else:
+            out[identity(rule)] = mine[0]
+    return out
+
+
+def reclaim(rules: Sequence[PodRule], ctx: ReclaimContext) -> dict[Identity, Done]:
+    """Each rule still there with the same priority, table and selector (dumped again with the
+    reader the look used), deleted by those; see `decide` for what is left."""
+    if not rules:
+        return {}
+    try:
+        now = dump_rules()
+    except OSError as err:
+        return {identity(rule): Done.left(f"cannot re-read the rules: {err}") for rule in rules}
+    done: dict[Identity, Done] = {}
+    to_delete: list[tuple[Identity, RawRule]] = []
+    for ident, verdict in decide(rules, now, ctx.done).items():
+        if isinstance(verdict, Done):
+            done[ident] = verdict
+        else:
+            to_delete.append((ident, verdict))
+    if to_delete:
+        try:
+            errors = delete_rules([r for _, r in to_delete])
+        except OSError as err:
+            errors = [str(err)] * len(to_delete)
+        for (ident, _), error in zip(to_delete, errors, strict=True):
+            done[ident] = Done.freed() if error is None else Done.left(error)
+    return done
+
+
+def frees(rule: PodRule) -> tuple[str, ...]:
+    return (rule.ip,)
+
+
+KIND: Kind[PodRule] = Kind(name=KIND_NAME, find=find, identity=identity, ref=ref, tie=tie, reclaim=reclaim, frees=frees)
