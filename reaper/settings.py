@@ -147,6 +147,10 @@ class Option(Struct, frozen=True):
 OPTIONS: tuple[Option, ...] = (
     Option("--netns-dir", "REAPER_NETNS_DIR", "/var/run/netns", "directory of pinned network namespaces (repeatable)",
            "paths", _absolute, ":", "DIR"),
+    Option("--namespaces-dir", "REAPER_NAMESPACES_DIR", None,
+           "CRI-O's namespaces_dir (repeatable): its {ipc,uts,user,pid}ns pins are reclaimed with the pin of the "
+           "same name in DIR/netns, which must be a --netns-dir; default: from CRI-O's config, when it has one",
+           "paths", _absolute, ":", "DIR"),
     Option("--netns-pattern", "REAPER_NETNS_PATTERN", None,
            "regex of pin names your runtime makes, beyond containerd's cni-<uuid> and CRI-O's <uuid> (repeatable); "
            "pins matching none and named by no sandbox or cache entry are never touched",
@@ -375,7 +379,7 @@ def settings_from(
         layout_problems=layout.problems if layout is not None else (),
         pod_cidr_values=tuple(v["pod_cidr"]),
         node_name=v["node_name"],
-        namespaces_dirs=_crio_namespaces_dirs(layout),
+        namespaces_dirs=tuple(v["namespaces_dir"]) or _crio_namespaces_dirs(layout),
     )
 
 

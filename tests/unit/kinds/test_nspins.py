@@ -171,7 +171,7 @@ def test_without_the_host_pid_namespace_or_a_whole_walk_nothing_goes(
     assert unpinned == []
 
 
-def test_only_crio_says_where_its_namespaces_dir_is() -> None:
+def test_only_crio_says_where_its_namespaces_dir_is_unless_the_operator_does() -> None:
     def runtime_layout(name: str, netns_dir: str) -> RuntimeLayout:
         return RuntimeLayout(
             runtime=name,
@@ -188,3 +188,6 @@ def test_only_crio_says_where_its_namespaces_dir_is() -> None:
     assert settings_from(args, {}, both).namespaces_dirs == ("/run/crio/ns",)
     assert settings_from(args, {}, Layout((runtime_layout("containerd", "/var/run/netns"),))).namespaces_dirs == ()
     assert settings_from(args, {}).namespaces_dirs == ()
+    flagged = argparse.Namespace(namespaces_dir=["/srv/ns"])
+    assert settings_from(flagged, {}, both).namespaces_dirs == ("/srv/ns",)
+    assert settings_from(args, {"REAPER_NAMESPACES_DIR": "/a:/b"}, both).namespaces_dirs == ("/a", "/b")
