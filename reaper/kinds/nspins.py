@@ -30,6 +30,7 @@ from reaper.model import BesidePin, DetailValue, Done, Identity, NsKey, Resource
 # pinned in `<namespaces_dir>/<type>ns`.
 NS_TYPES = ("ipc", "uts", "user", "pid")
 NETNS_SUBDIR = "netns"
+PID_FOR_CHILDREN = "pid_for_children"  # /proc/<pid>/ns name of the pid namespace its children get
 
 
 class NsPin(Struct, frozen=True, kw_only=True):
@@ -112,7 +113,11 @@ def reclaim(pins: Sequence[NsPin], ctx: ReclaimContext) -> dict[Identity, Done]:
     def members(ns_type: str) -> Mapping[NsKey, set[int]] | str:
         if ns_type not in walked:
             try:
-                walked[ns_type] = namespace_members(ns_type)
+                found = namespace_members(ns_type)
+                # A process that unshared a pid namespace puts its next child there: it counts.
+                for ns, pids in (namespace_members(PID_FOR_CHILDREN) if ns_type == "pid" else {}).items():
+                    found.setdefault(ns, set()).update(pids)
+                walked[ns_type] = found
             except OSError as err:
                 walked[ns_type] = f"who is in its namespace cannot be seen now (the walk of /proc failed: {err})"
         return walked[ns_type]

@@ -20,7 +20,7 @@ from reaper.kinds import FindOptions, Look, ReclaimContext, netns, nspins
 from reaper.kinds.netns import NetnsPin
 from reaper.kinds.nspins import NsPin
 from reaper.layout import Layout, RuntimeLayout
-from reaper.model import BesidePin, Done, Identity, NsKey
+from reaper.model import BesidePin, Done, Identity, NsKey, Sandbox
 from reaper.settings import settings_from
 from tests.harness.snapshots import runtime, snapshot
 
@@ -142,6 +142,36 @@ def test_a_namespace_a_process_is_in_stays(unpinned: list[str]) -> None:
     done = nspins.reclaim([pin], context({netns.identity_at(pin.netns_path): Done.freed()}))
     assert done[nspins.identity(pin)] == Done.left("its ipc namespace is in use now (pid 42)")
     assert unpinned == []
+
+
+def test_a_pid_namespace_a_process_will_fork_into_stays(unpinned: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    pin = nspin("pid", ino=7001)
+
+    def members(ns_type: str) -> dict[NsKey, set[int]]:
+        return {NsKey(4, 7001): {43}} if ns_type == "pid_for_children" else {}
+
+    monkeypatch.setattr(nspins, "namespace_members", members)
+    done = nspins.reclaim([pin], context({netns.identity_at(pin.netns_path): Done.freed()}))
+    assert done[nspins.identity(pin)] == Done.left("its pid namespace is in use now (pid 43)")
+    assert unpinned == []
+
+
+def test_pins_of_a_listed_sandbox_join_its_live_attachment() -> None:
+    base = snapshot(pins=(netns_pin(),))
+    snap = replace(base, resources={**base.resources, "nspins": (nspin("ipc"),)})
+    listed = Sandbox(
+        id="a" * 64,
+        name="pod",
+        namespace="default",
+        uid="uid",
+        ready=True,
+        created_at=0.0,
+        netns_path=f"{NSDIR}/netns/{UUID}",
+        netns=NsKey(4, 1001),
+    )
+    [group] = correlate(snap, runtime(listed)).groups
+    assert group.key.container_id == "a" * 64
+    assert sorted(r.kind for r in group.resources) == ["netns", "nspins"]
 
 
 def test_a_pin_outside_the_reapers_netns_dirs_or_of_another_type_stays(unpinned: list[str]) -> None:
