@@ -2,8 +2,9 @@
 
 Each kind says how its records tie to an attachment (reaper.model's Tie); this module only
 joins: whole keys first, then resources that know their container, then pins by the
-namespace they hold, then claims (keys that make no attachment of their own: what matches
-none is unconfirmed), then veths by where their peer lives.
+namespace they hold, then the pins beside a netns pin (by the name they share), then claims
+(keys that make no attachment of their own: what matches none is unconfirmed), then veths
+by where their peer lives.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from reaper.kinds import Kind
 from reaper.kinds.registry import KINDS
 from reaper.model import (
     AttachmentKey,
+    BesidePin,
     Claim,
     ContainerTie,
     NetnsTie,
@@ -87,6 +89,7 @@ class Ties(Struct, kw_only=True):
     claims: list[tuple[Claim, ResourceRef, Kind[Any]]]
     pins: list[tuple[NetnsTie, ResourceRef]]
     veths: list[tuple[PeerTie, ResourceRef]]
+    beside: list[tuple[BesidePin, ResourceRef]]
 
     def namespaces(self) -> set[NsKey]:
         """Every namespace a record ties itself to (a pin's, one a cache entry names): each
@@ -102,7 +105,7 @@ class Correlation(Struct, frozen=True):
 
 
 def tie_all(snapshot: NodeSnapshot, kinds: Sequence[Kind[Any]] = KINDS) -> Ties:
-    ties = Ties(own=[], container=[], claims=[], pins=[], veths=[])
+    ties = Ties(own=[], container=[], claims=[], pins=[], veths=[], beside=[])
     for kind in kinds:
         for record in snapshot.of(kind.name):
             tie = kind.tie(record)
@@ -117,6 +120,8 @@ def tie_all(snapshot: NodeSnapshot, kinds: Sequence[Kind[Any]] = KINDS) -> Ties:
                 ties.claims.append((tie, ref, kind))
             elif isinstance(tie, NetnsTie):
                 ties.pins.append((tie, ref))
+            elif isinstance(tie, BesidePin):
+                ties.beside.append((tie, ref))
             else:
                 ties.veths.append((tie, ref))
     return ties
@@ -173,6 +178,7 @@ def join(ties: Ties, runtime: RuntimeView) -> Correlation:
             ns_owner.setdefault(own.netns, own.container_id)
 
     pin_group: dict[NsKey, _Key] = {}
+    pin_path_group: dict[str, _Key] = {}
     foreign: set[_Key] = set()
     for pin, ref in sorted(ties.pins, key=lambda t: t[0].path):
         owner = ns_owner.get(pin.ns) if pin.ns is not None else None
@@ -180,12 +186,22 @@ def join(ties: Ties, runtime: RuntimeView) -> Correlation:
         if owner is None and not pin.runtime_named:
             foreign.add(key)
         groups.add(key, ref)
+        pin_path_group[pin.path] = key
         if pin.ns is not None:
             groups.netns.setdefault(key, pin.ns)
             pin_group.setdefault(pin.ns, key)
 
-    # Claims join what the rest made: never an attachment of their own.
+    # A sandbox's other pins go where its netns pin went, by the name they share; one with no
+    # netns pin beside it is no sandbox's that the reaper can tell.
     unconfirmed: list[UnconfirmedResource] = []
+    for beside, ref in ties.beside:
+        target = pin_path_group.get(beside.netns_path)
+        if target is None:
+            unconfirmed.append(UnconfirmedResource(ref, f"no netns pin beside it at {beside.netns_path}"))
+        else:
+            groups.add(target, ref)
+
+    # Claims join what the rest made: never an attachment of their own.
     keyed: dict[str, dict[str, _Key]] = {}
     for claim, ref, kind in ties.claims:
         joined = _claim(claim, kind, groups, keyed)

@@ -182,7 +182,15 @@ class Claim(Struct, frozen=True):
     key: str | None = None  # the kind's own key of an attachment (its Kind.key_of)
 
 
-Tie = OwnKey | ContainerTie | Claim | NetnsTie | PeerTie
+class BesidePin(Struct, frozen=True):
+    """The resource is one of a sandbox's other pins, named as its netns pin is (CRI-O's ipc,
+    uts and user pins beside `<namespaces_dir>/netns/<uuid>`): it joins whatever attachment the
+    netns pin at `netns_path` joins, or, with no such pin, stands unconfirmed, never reclaimed."""
+
+    netns_path: str
+
+
+Tie = OwnKey | ContainerTie | Claim | NetnsTie | PeerTie | BesidePin
 
 
 # ----------------------------------------------------------------- liveness

@@ -36,6 +36,7 @@ def find_options(settings: Settings) -> FindOptions:
         bin_dirs=settings.cni_bin_dirs,
         netns_patterns=settings.netns_patterns,
         pod_cidrs=settings.pod_cidrs,
+        namespaces_dirs=settings.namespaces_dirs,
     )
 
 

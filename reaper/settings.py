@@ -147,6 +147,10 @@ class Option(Struct, frozen=True):
 OPTIONS: tuple[Option, ...] = (
     Option("--netns-dir", "REAPER_NETNS_DIR", "/var/run/netns", "directory of pinned network namespaces (repeatable)",
            "paths", _absolute, ":", "DIR"),
+    Option("--namespaces-dir", "REAPER_NAMESPACES_DIR", None,
+           "CRI-O's namespaces_dir (repeatable): its {ipc,uts,user,pid}ns pins are reclaimed with the pin of the "
+           "same name in DIR/netns, which must be a --netns-dir; default: from CRI-O's config, when it has one",
+           "paths", _absolute, ":", "DIR"),
     Option("--netns-pattern", "REAPER_NETNS_PATTERN", None,
            "regex of pin names your runtime makes, beyond containerd's cni-<uuid> and CRI-O's <uuid> (repeatable); "
            "pins matching none and named by no sandbox or cache entry are never touched",
@@ -299,6 +303,8 @@ class Settings(Struct, frozen=True, kw_only=True):
     pod_cidr_values: tuple[str, ...] = ()
     node_name: str | None = None
     pod_cidrs: PodCidrs | None = None  # set by with_pod_cidrs
+    # CRI-O's namespaces_dir as its config says (its netns dir's parent), where its other pins are
+    namespaces_dirs: tuple[str, ...] = ()
 
 
 class ReapSettings(Struct, frozen=True, kw_only=True):
@@ -330,6 +336,8 @@ def given(flag: str, args: argparse.Namespace, env: Mapping[str, str] | None = N
         return opt.env
     return None
 
+
+CRIO_RUNTIME = "cri-o"  # CRI-O's RuntimeLayout.runtime (reaper.layout.crio_layout)
 
 # What layout detection may fill in, when neither a flag nor a variable gave it.
 DETECTED = ("--cni-conf-dir", "--cni-bin-dir", "--netns-dir")
@@ -371,7 +379,16 @@ def settings_from(
         layout_problems=layout.problems if layout is not None else (),
         pod_cidr_values=tuple(v["pod_cidr"]),
         node_name=v["node_name"],
+        namespaces_dirs=tuple(v["namespaces_dir"]) or _crio_namespaces_dirs(layout),
     )
+
+
+def _crio_namespaces_dirs(layout: Layout | None) -> tuple[str, ...]:
+    """CRI-O's namespaces_dir, the parent of the netns dir its config gives: only a runtime that
+    pins with pinns keeps a sandbox's other namespaces there."""
+    if layout is None:
+        return ()
+    return tuple(dict.fromkeys(os.path.dirname(r.netns_dir) for r in layout.runtimes if r.runtime == CRIO_RUNTIME))
 
 
 def with_pod_cidrs(settings: Settings, env: Mapping[str, str] | None = None) -> Settings:

@@ -1,4 +1,4 @@
-"""Which processes (and threads) are inside which network namespace, and who they are."""
+"""Which processes (and threads) are inside which namespace, and who they are."""
 
 from __future__ import annotations
 
@@ -16,7 +16,13 @@ PROC_PID_INIT_INO = 0xEFFFFFFC  # the kernel's fixed inode number of the initial
 
 
 def netns_members(proc: str = "/proc") -> dict[NsKey, set[int]]:
-    """Map every network namespace some task is in to the pids of those tasks' processes.
+    """Map every network namespace some task is in to the pids of those tasks' processes."""
+    return namespace_members("net", proc)
+
+
+def namespace_members(ns_type: str, proc: str = "/proc") -> dict[NsKey, set[int]]:
+    """Map every namespace of `ns_type` (net, ipc, uts, pid, user: a name under
+    /proc/<pid>/ns) some task is in to the pids of those tasks' processes.
 
     Read from /proc directly: a thread can setns() on its own, so every task of a
     many-threaded process counts.
@@ -38,7 +44,7 @@ def netns_members(proc: str = "/proc") -> dict[NsKey, set[int]]:
         base = f"{proc}/{entry}"
         seen: set[tuple[int, int]] = set()
         try:
-            st = os.stat(f"{base}/ns/net")
+            st = os.stat(f"{base}/ns/{ns_type}")
             seen.add((st.st_dev, st.st_ino))
         except OSError:
             pass
@@ -52,7 +58,7 @@ def netns_members(proc: str = "/proc") -> dict[NsKey, set[int]]:
         if len(tasks) > 1:
             for tid in tasks:
                 try:
-                    st = os.stat(f"{base}/task/{tid}/ns/net")
+                    st = os.stat(f"{base}/task/{tid}/ns/{ns_type}")
                 except OSError:
                     continue
                 seen.add((st.st_dev, st.st_ino))

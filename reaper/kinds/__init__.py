@@ -42,6 +42,8 @@ class FindOptions(Struct, frozen=True, kw_only=True):
     netns_patterns: tuple[re.Pattern[str], ...]
     command_timeout: float = COMMAND_TIMEOUT
     pod_cidrs: PodCidrs | None = None  # for ranges whose subnet is usePodCidr (range gauges only)
+    # CRI-O's namespaces_dir, where it pins a sandbox's other namespaces beside its netns pin
+    namespaces_dirs: tuple[str, ...] = ()
 
 
 class Look(Struct, frozen=True):

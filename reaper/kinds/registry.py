@@ -23,6 +23,7 @@ from reaper.kinds import (
     multus,
     netns,
     nftables,
+    nspins,
     reclaim_order,
     tuning,
     veth,
@@ -35,6 +36,7 @@ KINDS: tuple[Kind[Any], ...] = (
     multus.KIND,  # the same
     cache.KIND,
     netns.KIND,
+    nspins.KIND,  # after the netns: reclaimed only once its sandbox's netns pin is
     veth.KIND,  # uses the pins and the cache entries
     hostlocal.KIND,  # uses the data dirs in the configs the cache entries carry
     firewall.KIND,  # uses the leases and the cache entries

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from reaper.host import pins as pins_module
 from reaper.host.files import NSFS_MAGIC, fs_type, namespace_of
 from reaper.host.quarantine import Quarantine
 from reaper.kinds import ReclaimContext, cache, hostlocal, netns
@@ -254,9 +255,9 @@ def test_a_pin_is_a_namespace_by_its_device_or_its_filesystem_and_a_plain_file_i
     dir_fd = os.open(pins, os.O_RDONLY | os.O_DIRECTORY)
     try:
         for device in (nsfs, None):
-            st, is_ns = netns._look_at(dir_fd, pinned.name, device)
+            st, is_ns = pins_module.look_at(dir_fd, pinned.name, device)
             assert is_ns and NsKey(st.st_dev, st.st_ino) == ns(pinned) and st.st_dev == nsfs
-            assert netns._look_at(dir_fd, plain.name, device)[1] is False
+            assert pins_module.look_at(dir_fd, plain.name, device)[1] is False
     finally:
         os.close(dir_fd)
     found = {p.name: p.is_namespace for p in netns.collect_pins((str(pins),), ())[0]}

@@ -106,3 +106,11 @@ def test_a_failed_walk_makes_every_namespace_busy_at_the_recheck(monkeypatch: py
     assert recheck_reason(attachment, runtime(), busy) == busy[ns]
     monkeypatch.setattr(procs, "netns_members", real)
     assert not isinstance(procs.busy_namespaces(()), procs.EveryNamespaceBusy)
+
+
+def test_members_of_any_namespace_type_are_walked_as_the_netns_ones_are() -> None:
+    for ns_type in ("net", "ipc", "uts", "pid", "user"):
+        st = os.stat(f"/proc/self/ns/{ns_type}")
+        assert os.getpid() in procs.namespace_members(ns_type)[NsKey(st.st_dev, st.st_ino)]
+    with pytest.raises(OSError):
+        procs.namespace_members("ipc", "/nonexistent-proc")

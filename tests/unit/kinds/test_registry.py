@@ -23,7 +23,20 @@ from tests.harness.snapshots import cache, chain, cid, lease, pin, runtime, snap
 def test_the_cache_entry_is_reclaimed_last_and_the_rest_in_registry_order() -> None:
     order = [k.name for k in RECLAIM_ORDER]
     assert order[0] == "tuning"  # registered first; not `last`
-    rest = ["netns", "veth", "ipam", "firewall", "iprule", "iptables", "nft", "ifb", "flannel", "multus", "cache"]
+    rest = [
+        "netns",
+        "nspins",
+        "veth",
+        "ipam",
+        "firewall",
+        "iprule",
+        "iptables",
+        "nft",
+        "ifb",
+        "flannel",
+        "multus",
+        "cache",
+    ]
     assert order[1:] == rest
     assert [k.name for k in KINDS if k.last] == ["flannel", "multus", "cache"]
     assert {"ipam", "tuning", "flannel", "multus", "cache"} == QUARANTINABLE
