@@ -13,6 +13,10 @@ _IFNAME = re.compile(r"[^/:\s\x00-\x1f\x7f]{1,15}")  # no slash, colon, space or
 # Runtime-made netns pin names: containerd `cni-<uuid>`, CRI-O a bare uuid.
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 RUNTIME_NETNS_PATTERNS: tuple[str, ...] = (rf"cni-{_UUID}", _UUID)
+# Docker's (and so cri-dockerd's) pins: the sandbox ID's first 12 hex digits, in Docker's own
+# netns dir only. Anywhere else an admin may name a pin so (`ip netns add 0123456789ab`).
+DOCKER_NETNS_DIRS: tuple[str, ...] = ("/var/run/docker/netns", "/run/docker/netns")
+_DOCKER_NETNS_NAME = re.compile(r"[0-9a-f]{12}")
 
 MAX_NAME = 1024
 
@@ -32,7 +36,12 @@ def compile_netns_patterns(extra: tuple[str, ...]) -> tuple[re.Pattern[str], ...
     return tuple(re.compile(p) for p in RUNTIME_NETNS_PATTERNS + extra)
 
 
-def is_runtime_netns_name(name: str, patterns: Iterable[re.Pattern[str]]) -> bool:
+def is_runtime_netns_name(name: str, patterns: Iterable[re.Pattern[str]], directory: str | None = None) -> bool:
+    """A pin name a runtime makes: one of `patterns`, or Docker's 12-hex name in Docker's
+    netns dir (`directory`, the dir the pin is in)."""
+    docker = directory is not None and os.path.normpath(directory) in DOCKER_NETNS_DIRS
+    if docker and _DOCKER_NETNS_NAME.fullmatch(name):
+        return True
     return any(p.fullmatch(name) for p in patterns)
 
 

@@ -71,7 +71,7 @@ def collect_pins(
                     ns=key,
                     is_namespace=is_ns,
                     mtime=st.st_mtime,
-                    runtime_named=is_runtime_netns_name(entry.name, patterns),
+                    runtime_named=is_runtime_netns_name(entry.name, patterns, directory),
                 )
             )
     return pins, list(corrupt.records())

@@ -40,6 +40,7 @@ KNOWN_SOCKETS: tuple[tuple[str, str], ...] = (
     ("cri-o", "/var/run/crio/crio.sock"),
     ("cri-dockerd", "/run/cri-dockerd.sock"),
     ("cri-dockerd", "/var/run/cri-dockerd.sock"),
+    ("k3s --docker", "/run/k3s/cri-dockerd/cri-dockerd.sock"),
     ("k3s/rke2", "/run/k3s/containerd/containerd.sock"),
     ("microk8s", "/var/snap/microk8s/common/run/containerd.sock"),
 )
