@@ -11,6 +11,10 @@ Read the way each runtime reads them:
 - CRI-O: `/etc/crio/crio.conf`, then every file under `/etc/crio/crio.conf.d`, recursively in
   lexical order, each overriding the last; `[crio.network] network_dir, plugin_dirs, plugin_dir`;
   `[crio.runtime] namespaces_dir` (pins in `<namespaces_dir>/netns`).
+- cri-dockerd (its own socket, or k3s `--docker`'s): no config file; Docker's pins in
+  /var/run/docker/netns.
+Every runtime found counts: the layout is the union of their dirs (a node with Docker's
+containerd and k3s, or containerd and CRI-O during a migration).
 Every path is read under `root` (a test's tree, or "/").
 """
 
@@ -70,6 +74,36 @@ CONTAINERD_INSTALLS: tuple[ContainerdInstall, ...] = (
 CRIO_SOCKET = "/var/run/crio/crio.sock"
 
 
+class CriDockerdInstall(Struct, frozen=True, kw_only=True):
+    """Where one cri-dockerd serves and which CNI dirs it is started with. It has no config
+    file: it is there when its socket is."""
+
+    name: str
+    sockets: tuple[str, ...]
+    conf_dir: str
+    bin_dirs: tuple[str, ...]
+
+
+# Docker makes the pins, whoever asks it: its netns dir, whatever cri-dockerd's CNI dirs are.
+DOCKER_NETNS_DIR = "/var/run/docker/netns"
+CRI_DOCKERD_INSTALLS: tuple[CriDockerdInstall, ...] = (
+    # cri-dockerd's own defaults (--cni-conf-dir, --cni-bin-dir), its packaged systemd socket.
+    CriDockerdInstall(
+        name="cri-dockerd",
+        sockets=("/run/cri-dockerd.sock", "/var/run/cri-dockerd.sock"),
+        conf_dir="/etc/cni/net.d",
+        bin_dirs=("/opt/cni/bin",),
+    ),
+    # k3s --docker runs cri-dockerd inside the agent with k3s' own CNI dirs.
+    CriDockerdInstall(
+        name="k3s --docker",
+        sockets=("/run/k3s/cri-dockerd/cri-dockerd.sock",),
+        conf_dir="/var/lib/rancher/k3s/agent/etc/cni/net.d",
+        bin_dirs=("/var/lib/rancher/k3s/data/current/bin",),
+    ),
+)
+
+
 class RuntimeLayout(Struct, frozen=True, kw_only=True):
     """One runtime's CNI dirs, as its own config says, and which files said so."""
 
@@ -80,6 +114,9 @@ class RuntimeLayout(Struct, frozen=True, kw_only=True):
     sources: tuple[str, ...]
     socket: str  # where the runtime would serve CRI
     serving: bool  # that socket exists: the runtime is there, not only its config
+    # containerd's per-runtime-handler conf dirs (Kata, gVisor: `containerd.runtimes.<name>.
+    # cni_conf_dir`): a pod of that RuntimeClass is set up from that dir instead.
+    handler_conf_dirs: tuple[str, ...] = ()
 
 
 class Layout(Struct, frozen=True):
@@ -89,7 +126,15 @@ class Layout(Struct, frozen=True):
 
     @property
     def conf_dir(self) -> str | None:
+        """The first conf dir: its config wins for a network name that is in more than one."""
         return self.runtimes[0].conf_dir if self.runtimes else None
+
+    @property
+    def conf_dirs(self) -> tuple[str, ...]:
+        """Every runtime's conf dir, each once, in runtime order (serving first, then the
+        fixed order): libcni reads one conf dir per runtime, and each of these dirs holds the
+        configs some runtime on this node would run, so all are the node's own configs."""
+        return tuple(dict.fromkeys(d for r in self.runtimes for d in (r.conf_dir, *r.handler_conf_dirs)))
 
     @property
     def bin_dirs(self) -> tuple[str, ...]:
@@ -161,6 +206,7 @@ def containerd_layout(root: str, install: ContainerdInstall) -> RuntimeLayout | 
     conf_dir, under_state, state, socket = "/etc/cni/net.d", False, install.state, install.socket
     bin_dirs: tuple[str, ...] = ("/opt/cni/bin",)
     sources = []
+    handlers: dict[str, str] = {}
     for path, doc in _containerd_documents(root, install.config):
         sources.append(path)
         state = _clean(doc.get("state")) or state
@@ -176,6 +222,10 @@ def containerd_layout(root: str, install: ContainerdInstall) -> RuntimeLayout | 
                 bin_dirs = (str(_clean(cni.get("bin_dir"))),)
             if isinstance(cri.get("netns_mounts_under_state_dir"), bool):
                 under_state = bool(cri["netns_mounts_under_state_dir"])
+            for handler, table in _table(cri, "containerd", "runtimes").items():
+                handler_dir = _clean(table.get("cni_conf_dir")) if isinstance(table, Mapping) else None
+                if handler_dir is not None:
+                    handlers[str(handler)] = handler_dir
     netns = os.path.join(state, CRI_STATE_SUBDIR, "netns") if under_state else DEFAULT_NETNS_DIR
     serving = os.path.exists(_under(root, socket))
     return RuntimeLayout(
@@ -186,6 +236,7 @@ def containerd_layout(root: str, install: ContainerdInstall) -> RuntimeLayout | 
         sources=tuple(sources),
         socket=socket,
         serving=serving,
+        handler_conf_dirs=tuple(dict.fromkeys(handlers[h] for h in sorted(handlers))),
     )
 
 
@@ -231,8 +282,25 @@ def crio_layout(root: str) -> RuntimeLayout | None:
     )
 
 
+def cri_dockerd_layout(root: str, install: CriDockerdInstall) -> RuntimeLayout | None:
+    """cri-dockerd's CNI dirs when one of its sockets is here; None otherwise."""
+    socket = next((s for s in install.sockets if os.path.exists(_under(root, s))), None)
+    if socket is None:
+        return None
+    return RuntimeLayout(
+        runtime=install.name,
+        conf_dir=install.conf_dir,
+        bin_dirs=install.bin_dirs,
+        netns_dir=DOCKER_NETNS_DIR,
+        sources=(socket,),
+        socket=socket,
+        serving=True,
+    )
+
+
 def detect_layout(root: str = "/") -> Layout:
-    """Every runtime config on this node, in a fixed order: containerd's installs, then CRI-O."""
+    """Every runtime config on this node, in a fixed order: containerd's installs, then CRI-O,
+    then cri-dockerd's sockets."""
     found: list[RuntimeLayout] = []
     problems: list[str] = []
     for install in (*CONTAINERD_INSTALLS, None):
@@ -243,5 +311,6 @@ def detect_layout(root: str = "/") -> Layout:
             continue
         if layout is not None:
             found.append(layout)
+    found.extend(d for d in (cri_dockerd_layout(root, i) for i in CRI_DOCKERD_INSTALLS) if d is not None)
     found.sort(key=lambda r: not r.serving)  # stable: the fixed order within each group
     return Layout(tuple(found), tuple(problems))

@@ -192,3 +192,85 @@ def test_the_runtime_that_serves_comes_first(tmp_path: Path) -> None:
     layout = detect_layout(str(tmp_path))
     assert [r.runtime for r in layout.runtimes] == ["k3s", "containerd"]
     assert layout.conf_dir == "/var/lib/rancher/k3s/agent/etc/cni/net.d"
+
+
+def test_every_present_runtimes_conf_dir_is_the_nodes_own(tmp_path: Path) -> None:
+    """containerd and CRI-O during a migration: both runtimes' dirs, the serving one's first,
+    and a variable naming a conf dir leaves the other out."""
+    _write(
+        tmp_path,
+        "/etc/containerd/config.toml",
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".cni]\n  conf_dir = "/etc/cni/ctd"\n',
+    )
+    _write(
+        tmp_path,
+        "/etc/crio/crio.conf",
+        '[crio.network]\nnetwork_dir = "/etc/crio/net.d"\nplugin_dirs = ["/usr/libexec/cni"]\n'
+        '[crio.runtime]\nnamespaces_dir = "/var/run/crio-ns"\n',
+    )
+    _write(tmp_path, "/var/run/crio/crio.sock", "")
+    layout = detect_layout(str(tmp_path))
+    assert layout.conf_dirs == ("/etc/crio/net.d", "/etc/cni/ctd") and layout.conf_dir == "/etc/crio/net.d"
+    assert layout.bin_dirs == ("/usr/libexec/cni", "/opt/cni/bin")
+    assert layout.netns_dirs == ("/var/run/crio-ns/netns", "/var/run/netns")
+    detected = settings_from(_args(), {}, layout)
+    assert detected.cni_conf_dirs == ("/etc/crio/net.d", "/etc/cni/ctd")
+    assert detected.cni_conf_dir == "/etc/crio/net.d"
+    flagged = settings_from(_args("--cni-conf-dir", "/etc/mine"), {}, layout)
+    assert flagged.cni_conf_dirs == ("/etc/mine",)
+    env = settings_from(_args(), {"REAPER_CNI_CONF_DIR": "/etc/env"}, layout)
+    assert env.cni_conf_dirs == ("/etc/env",)
+
+
+def test_two_runtimes_sharing_a_conf_dir_name_it_once(tmp_path: Path) -> None:
+    # Docker's containerd (CRI on) and k3s, both left at /etc/cni/net.d.
+    _write(tmp_path, "/etc/containerd/config.toml", "version = 2\n")
+    _write(tmp_path, "/var/lib/rancher/k3s/agent/etc/containerd/config.toml", "version = 2\n")
+    layout = detect_layout(str(tmp_path))
+    assert [r.runtime for r in layout.runtimes] == ["containerd", "k3s"]
+    assert layout.conf_dirs == ("/etc/cni/net.d",)
+    assert layout.netns_dirs == ("/var/run/netns",)
+
+
+def test_cri_dockerd_beside_containerd_adds_dockers_netns_dir(tmp_path: Path) -> None:
+    """Docker's containerd (CRI on) and cri-dockerd: both runtimes' dirs; cri-dockerd has no
+    config, so it is there when its socket is."""
+    _write(tmp_path, "/etc/containerd/config.toml", "version = 2\n")
+    assert [r.runtime for r in detect_layout(str(tmp_path)).runtimes] == ["containerd"]
+    _write(tmp_path, "/run/cri-dockerd.sock", "")
+    layout = detect_layout(str(tmp_path))
+    assert [r.runtime for r in layout.runtimes] == ["cri-dockerd", "containerd"]
+    assert layout.netns_dirs == ("/var/run/docker/netns", "/var/run/netns")
+    assert layout.runtimes[0].sources == ("/run/cri-dockerd.sock",)
+
+
+def test_k3s_with_docker_uses_k3s_cni_dirs(tmp_path: Path) -> None:
+    _write(tmp_path, "/run/k3s/cri-dockerd/cri-dockerd.sock", "")
+    (runtime,) = detect_layout(str(tmp_path)).runtimes
+    assert runtime.runtime == "k3s --docker" and runtime.netns_dir == "/var/run/docker/netns"
+    assert runtime.conf_dir == "/var/lib/rancher/k3s/agent/etc/cni/net.d"
+
+
+def test_containerd_runtime_handlers_conf_dirs_are_conf_dirs_too(tmp_path: Path) -> None:
+    # containerd pkg/cri/config Runtime.NetworkPluginConfDir, `toml:"cni_conf_dir"`, per handler
+    # under the CRI plugin's containerd.runtimes (1.x) and the 2.x runtime plugin's.
+    _write(
+        tmp_path,
+        "/etc/containerd/config.toml",
+        'version = 2\nimports = ["/etc/containerd/conf.d/*.toml"]\n'
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.kata]\n'
+        '  runtime_type = "io.containerd.kata.v2"\n  cni_conf_dir = "/etc/kata/net.d"\n'
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n  runtime_type = "io.containerd.runc.v2"\n',
+    )
+    _write(
+        tmp_path,
+        "/etc/containerd/conf.d/gvisor.toml",
+        'version = 3\n[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runsc]\n'
+        '  cni_conf_dir = "/etc/gvisor/net.d"\n',
+    )
+    layout = detect_layout(str(tmp_path))
+    (runtime,) = layout.runtimes
+    assert runtime.conf_dir == "/etc/cni/net.d"
+    assert runtime.handler_conf_dirs == ("/etc/kata/net.d", "/etc/gvisor/net.d")
+    assert layout.conf_dirs == ("/etc/cni/net.d", "/etc/kata/net.d", "/etc/gvisor/net.d")
+    assert settings_from(_args(), {}, layout).more_conf_dirs == ("/etc/kata/net.d", "/etc/gvisor/net.d")
