@@ -29,6 +29,7 @@ from typing import Any
 from msgspec import Struct, field
 
 from reaper.host.confined import UnfitFile, read_admins
+from reaper.runtime.discovery import believed_command_lines, flag_value
 
 MAX_CONFIG_BYTES = 1 << 20
 MAX_IMPORTS = 64
@@ -64,6 +65,8 @@ CONTAINERD_INSTALLS: tuple[ContainerdInstall, ...] = (
         "/run/k3s/containerd",
         "/run/k3s/containerd/containerd.sock",
     ),
+    # Talos' CRI containerd: /etc/cri/containerd.toml, which imports what it merges in /etc/cri/conf.d.
+    ContainerdInstall("talos", "/etc/cri/containerd.toml", "/run/containerd", "/run/containerd/containerd.sock"),
     ContainerdInstall(
         "microk8s",
         "/var/snap/microk8s/current/args/containerd.toml",
@@ -99,7 +102,7 @@ CRI_DOCKERD_INSTALLS: tuple[CriDockerdInstall, ...] = (
         name="k3s --docker",
         sockets=("/run/k3s/cri-dockerd/cri-dockerd.sock",),
         conf_dir="/var/lib/rancher/k3s/agent/etc/cni/net.d",
-        bin_dirs=("/var/lib/rancher/k3s/data/current/bin",),
+        bin_dirs=("/var/lib/rancher/k3s/data/cni",),
     ),
 )
 
@@ -199,8 +202,29 @@ def _containerd_documents(root: str, config: str) -> Iterator[tuple[str, dict[st
                 pending.append(target)
 
 
-def containerd_layout(root: str, install: ContainerdInstall) -> RuntimeLayout | None:
-    """containerd's CNI dirs from its config; None when there is no such config file."""
+class ContainerdFlags(Struct, frozen=True, kw_only=True):
+    """What a believed containerd process's command line says: flags win over its config."""
+
+    pid: int
+    config: str | None  # --config, -c
+    state: str | None  # --state
+    address: str | None  # --address, -a
+
+
+def containerd_flags(pid: int, argv: list[str]) -> ContainerdFlags:
+    def path(*flags: str) -> str | None:
+        return next((v for v in (_clean(flag_value(argv, f)) for f in flags) if v is not None), None)
+
+    return ContainerdFlags(
+        pid=pid, config=path("--config", "-c"), state=path("--state"), address=path("--address", "-a")
+    )
+
+
+def containerd_layout(
+    root: str, install: ContainerdInstall, flags: ContainerdFlags | None = None
+) -> RuntimeLayout | None:
+    """containerd's CNI dirs from its config (and its process's `flags`, which win); None when
+    there is no such config file."""
     if not os.path.exists(_under(root, install.config)):
         return None
     conf_dir, under_state, state, socket = "/etc/cni/net.d", False, install.state, install.socket
@@ -226,6 +250,9 @@ def containerd_layout(root: str, install: ContainerdInstall) -> RuntimeLayout | 
                 handler_dir = _clean(table.get("cni_conf_dir")) if isinstance(table, Mapping) else None
                 if handler_dir is not None:
                     handlers[str(handler)] = handler_dir
+    if flags is not None:
+        state, socket = flags.state or state, flags.address or socket
+        sources.append(f"containerd (pid {flags.pid}) command line")
     netns = os.path.join(state, CRI_STATE_SUBDIR, "netns") if under_state else DEFAULT_NETNS_DIR
     serving = os.path.exists(_under(root, socket))
     return RuntimeLayout(
@@ -240,21 +267,55 @@ def containerd_layout(root: str, install: ContainerdInstall) -> RuntimeLayout | 
     )
 
 
-def _crio_files(root: str) -> list[str]:
-    files = [CRIO_CONFIG] if os.path.isfile(_under(root, CRIO_CONFIG)) else []
-    drop_ins = _under(root, CRIO_DROP_INS)
+class CrioFlags(Struct, frozen=True, kw_only=True):
+    """What a believed crio process's command line says: flags win over its files."""
+
+    pid: int
+    config: str  # --config, -c
+    config_dir: str  # --config-dir, -d
+    conf_dir: str | None  # --cni-config-dir
+    bin_dirs: tuple[str, ...]  # --cni-plugin-dir, repeatable, each may hold several (comma)
+    namespaces_dir: str | None  # --namespaces-dir
+    listen: str | None  # --listen
+
+
+def crio_flags(pid: int, argv: list[str]) -> CrioFlags:
+    def path(*flags: str) -> str | None:
+        return next((v for v in (_clean(flag_value(argv, f)) for f in flags) if v is not None), None)
+
+    plugin_dirs: list[str] = []
+    for i, arg in enumerate(argv):
+        value = arg.partition("=")[2] if arg.startswith("--cni-plugin-dir=") else None
+        if arg == "--cni-plugin-dir" and i + 1 < len(argv):
+            value = argv[i + 1]
+        plugin_dirs += [d for d in (_clean(v) for v in (value or "").split(",")) if d is not None]
+    return CrioFlags(
+        pid=pid,
+        config=path("--config", "-c") or CRIO_CONFIG,
+        config_dir=path("--config-dir", "-d") or CRIO_DROP_INS,
+        conf_dir=path("--cni-config-dir"),
+        bin_dirs=tuple(dict.fromkeys(plugin_dirs)),
+        namespaces_dir=path("--namespaces-dir"),
+        listen=path("--listen"),
+    )
+
+
+def _crio_files(root: str, config: str = CRIO_CONFIG, config_dir: str = CRIO_DROP_INS) -> list[str]:
+    files = [config] if os.path.isfile(_under(root, config)) else []
+    drop_ins = _under(root, config_dir)
     for dirpath, dirnames, filenames in os.walk(drop_ins):
         dirnames.sort()
         for name in sorted(filenames):
             rel = os.path.relpath(os.path.join(dirpath, name), drop_ins)
-            files.append(os.path.join(CRIO_DROP_INS, rel))
+            files.append(os.path.join(config_dir, rel))
     return files
 
 
-def crio_layout(root: str) -> RuntimeLayout | None:
-    """CRI-O's CNI dirs from crio.conf and its drop-ins; None when it has no config here."""
-    files = _crio_files(root)
-    if not files:
+def crio_layout(root: str, flags: CrioFlags | None = None) -> RuntimeLayout | None:
+    """CRI-O's CNI dirs from crio.conf and its drop-ins, then its process's `flags`; None when
+    it has neither config nor process here."""
+    files = _crio_files(root) if flags is None else _crio_files(root, flags.config, flags.config_dir)
+    if not files and flags is None:
         return None
     conf_dir, namespaces, socket = "/etc/cni/net.d", "/var/run", CRIO_SOCKET
     bin_dirs: tuple[str, ...] = ("/opt/cni/bin",)
@@ -270,13 +331,18 @@ def crio_layout(root: str) -> RuntimeLayout | None:
         if single is not None and single not in bin_dirs:
             bin_dirs += (single,)
         namespaces = _clean(_table(doc, "crio", "runtime").get("namespaces_dir")) or namespaces
+    sources = list(files)
+    if flags is not None:
+        conf_dir, namespaces = flags.conf_dir or conf_dir, flags.namespaces_dir or namespaces
+        bin_dirs, socket = flags.bin_dirs or bin_dirs, flags.listen or socket
+        sources.append(f"crio (pid {flags.pid}) command line")
     serving = os.path.exists(_under(root, socket))
     return RuntimeLayout(
         runtime="cri-o",
         conf_dir=conf_dir,
         bin_dirs=bin_dirs,
         netns_dir=os.path.join(namespaces, "netns"),
-        sources=tuple(files),
+        sources=tuple(sources),
         socket=socket,
         serving=serving,
     )
@@ -298,14 +364,36 @@ def cri_dockerd_layout(root: str, install: CriDockerdInstall) -> RuntimeLayout |
     )
 
 
-def detect_layout(root: str = "/") -> Layout:
+def _containerd_installs(proc: str | None) -> list[tuple[ContainerdInstall, ContainerdFlags | None]]:
+    """The known installs, each with the flags of the believed containerd process that runs its
+    config; and one more for each process whose --config is none of theirs."""
+    installs: list[tuple[ContainerdInstall, ContainerdFlags | None]] = [(i, None) for i in CONTAINERD_INSTALLS]
+    for pid, argv in believed_command_lines(proc, b"containerd") if proc is not None else []:
+        flags = containerd_flags(pid, argv)
+        config = flags.config or CONTAINERD_INSTALLS[0].config
+        at = next((n for n, (i, f) in enumerate(installs) if i.config == config and f is None), None)
+        if at is not None:
+            installs[at] = (installs[at][0], flags)
+        elif all(i.config != config for i, _ in installs):
+            default = CONTAINERD_INSTALLS[0]
+            installs.append(
+                (ContainerdInstall(f"containerd (pid {pid})", config, default.state, default.socket), flags)
+            )
+    return installs
+
+
+def detect_layout(root: str = "/", proc: str | None = None) -> Layout:
     """Every runtime config on this node, in a fixed order: containerd's installs, then CRI-O,
-    then cri-dockerd's sockets."""
+    then cri-dockerd's sockets. With `proc` (the process table, "/proc"), the command lines of
+    the runtimes the host's init could have started (reaper.runtime.discovery) add to that: a
+    containerd's --config names an install of its own, and their flags win over the files."""
     found: list[RuntimeLayout] = []
     problems: list[str] = []
-    for install in (*CONTAINERD_INSTALLS, None):
+    crio = believed_command_lines(proc, b"crio") if proc is not None else []
+    crio_flag = crio_flags(*crio[0]) if crio else None  # one CRI-O a node: the lowest pid
+    for install, flags in (*_containerd_installs(proc), (None, None)):
         try:
-            layout = containerd_layout(root, install) if install is not None else crio_layout(root)
+            layout = containerd_layout(root, install, flags) if install is not None else crio_layout(root, crio_flag)
         except (LayoutError, OSError) as err:
             problems.append(str(err))
             continue

@@ -14,6 +14,7 @@ import pytest
 
 from reaper.layout import detect_layout
 from reaper.settings import add_options, settings_from
+from tests.harness.procs import believed_process, host_proc
 
 
 def _write(root: Path, path: str, text: str) -> None:
@@ -274,3 +275,77 @@ def test_containerd_runtime_handlers_conf_dirs_are_conf_dirs_too(tmp_path: Path)
     assert runtime.handler_conf_dirs == ("/etc/kata/net.d", "/etc/gvisor/net.d")
     assert layout.conf_dirs == ("/etc/cni/net.d", "/etc/kata/net.d", "/etc/gvisor/net.d")
     assert settings_from(_args(), {}, layout).more_conf_dirs == ("/etc/kata/net.d", "/etc/gvisor/net.d")
+
+
+def _proc(tmp_path: Path, *processes: tuple[int, list[str], int], name: str = "proc") -> str:
+    """A stand-in /proc (beside `tmp_path`) whose pid 1 has `tmp_path` for its root, with
+    (pid, argv, uid)s."""
+    proc = tmp_path.parent / f"{tmp_path.name}-{name}"
+    host_proc(proc, tmp_path)
+    for pid, argv, uid in processes:
+        believed_process(proc, pid, tmp_path, argv, uid)
+    return str(proc)
+
+
+def test_a_containerd_started_with_its_own_config_is_a_runtime_of_its_own(tmp_path: Path) -> None:
+    """containerd --config (-c) elsewhere than any known install; --state and --address win over
+    the file's, as containerd applies its flags after its config."""
+    _write(
+        tmp_path,
+        "/opt/ctd/config.toml",
+        'version = 2\nstate = "/run/from-file"\n[plugins."io.containerd.grpc.v1.cri"]\n'
+        "  netns_mounts_under_state_dir = true\n"
+        '[plugins."io.containerd.grpc.v1.cri".cni]\n  conf_dir = "/opt/ctd/net.d"\n',
+    )
+    _write(tmp_path, "/run/ctd2/ctd.sock", "")
+    argv = ["containerd", "-c", "/opt/ctd/config.toml", "--state=/run/ctd2", "--address", "/run/ctd2/ctd.sock"]
+    assert detect_layout(str(tmp_path)).runtimes == (), "without the process table: no such file is known"
+    (runtime,) = detect_layout(str(tmp_path), _proc(tmp_path, (40, argv, 0))).runtimes
+    assert runtime.runtime == "containerd (pid 40)" and runtime.conf_dir == "/opt/ctd/net.d"
+    assert runtime.netns_dir == "/run/ctd2/io.containerd.grpc.v1.cri/netns"
+    assert runtime.serving and runtime.socket == "/run/ctd2/ctd.sock"
+    assert runtime.sources == ("/opt/ctd/config.toml", "containerd (pid 40) command line")
+
+
+def test_a_runtime_process_the_hosts_init_could_not_have_started_says_nothing(tmp_path: Path) -> None:
+    _write(tmp_path, "/opt/ctd/config.toml", '[plugins.cri.cni]\nconf_dir = "/opt/ctd/net.d"\n')
+    proc = _proc(tmp_path, (40, ["containerd", "--config=/opt/ctd/config.toml"], 1000), (41, ["crio"], 1000))
+    assert detect_layout(str(tmp_path), proc).runtimes == ()
+
+
+def test_a_known_installs_containerd_process_adds_its_flags_to_that_install(tmp_path: Path) -> None:
+    # k3s starts its containerd with -c <its config> -a <its socket> --state <its state>.
+    k3s = "/var/lib/rancher/k3s/agent/etc/containerd/config.toml"
+    _write(tmp_path, k3s, 'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\nnetns_mounts_under_state_dir = true\n')
+    proc = _proc(tmp_path, (50, ["containerd", "-c", k3s, "--state", "/run/k3s/other"], 0))
+    (runtime,) = detect_layout(str(tmp_path), proc).runtimes
+    assert runtime.runtime == "k3s" and runtime.netns_dir == "/run/k3s/other/io.containerd.grpc.v1.cri/netns"
+
+
+def test_crio_flags_win_over_its_files(tmp_path: Path) -> None:
+    """crio --config, --config-dir, --cni-config-dir, --cni-plugin-dir (repeatable, commas),
+    --namespaces-dir: the files named by the flags are read, then the other flags win."""
+    _write(tmp_path, "/etc/crio/crio.conf", '[crio.network]\nnetwork_dir = "/etc/not-read"\n')
+    _write(tmp_path, "/opt/crio/crio.conf", '[crio.network]\nnetwork_dir = "/opt/crio/net.d"\n')
+    _write(tmp_path, "/opt/crio/d/10.conf", '[crio.runtime]\nnamespaces_dir = "/run/from-drop-in"\n')
+    argv = ["crio", "--config", "/opt/crio/crio.conf", "-d", "/opt/crio/d"]
+    (runtime,) = detect_layout(str(tmp_path), _proc(tmp_path, (60, argv, 0))).runtimes
+    assert runtime.conf_dir == "/opt/crio/net.d" and runtime.netns_dir == "/run/from-drop-in/netns"
+    assert runtime.sources == ("/opt/crio/crio.conf", "/opt/crio/d/10.conf", "crio (pid 60) command line")
+    argv += ["--cni-config-dir=/flag/net.d", "--cni-plugin-dir", "/flag/a,/flag/b", "--cni-plugin-dir=/flag/c"]
+    argv += ["--namespaces-dir", "/run/flag-ns"]
+    (runtime,) = detect_layout(str(tmp_path), _proc(tmp_path, (60, argv, 0), name="again")).runtimes
+    assert runtime.conf_dir == "/flag/net.d" and runtime.bin_dirs == ("/flag/a", "/flag/b", "/flag/c")
+    assert runtime.netns_dir == "/run/flag-ns/netns"
+
+
+def test_talos_cri_containerd_and_its_conf_d(tmp_path: Path) -> None:
+    # Talos: the CRI containerd reads /etc/cri/containerd.toml, which imports /etc/cri/conf.d.
+    _write(tmp_path, "/etc/cri/containerd.toml", 'version = 2\nimports = ["/etc/cri/conf.d/*.toml"]\n')
+    _write(
+        tmp_path,
+        "/etc/cri/conf.d/cri.toml",
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".cni]\n  conf_dir = "/etc/cni/talos"\n',
+    )
+    (runtime,) = detect_layout(str(tmp_path)).runtimes
+    assert runtime.runtime == "talos" and runtime.conf_dir == "/etc/cni/talos"
