@@ -224,15 +224,18 @@ def containerd_layout(
     root: str, install: ContainerdInstall, flags: ContainerdFlags | None = None
 ) -> RuntimeLayout | None:
     """containerd's CNI dirs from its config (and its process's `flags`, which win); None when
-    there is no such config file."""
+    there is no such config file, or it disables the CRI plugin."""
     if not os.path.exists(_under(root, install.config)):
         return None
     conf_dir, under_state, state, socket = "/etc/cni/net.d", False, install.state, install.socket
     bin_dirs: tuple[str, ...] = ("/opt/cni/bin",)
     sources = []
     handlers: dict[str, str] = {}
+    disabled: list[Any] = []
     for path, doc in _containerd_documents(root, install.config):
         sources.append(path)
+        listed_off = doc.get("disabled_plugins")
+        disabled = listed_off if isinstance(listed_off, list) else disabled
         state = _clean(doc.get("state")) or state
         socket = _clean(_table(doc, "grpc").get("address")) or socket
         for name in CONTAINERD_CRI:
@@ -250,6 +253,10 @@ def containerd_layout(
                 handler_dir = _clean(table.get("cni_conf_dir")) if isinstance(table, Mapping) else None
                 if handler_dir is not None:
                     handlers[str(handler)] = handler_dir
+    if any(name in disabled for name in CONTAINERD_CRI):
+        # Docker's containerd (`disabled_plugins = ["cri"]`, as the containerd.io package
+        # ships it) sets up no pod network: it has no CNI dirs to add.
+        return None
     if flags is not None:
         state, socket = flags.state or state, flags.address or socket
         sources.append(f"containerd (pid {flags.pid}) command line")

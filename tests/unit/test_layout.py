@@ -349,3 +349,21 @@ def test_talos_cri_containerd_and_its_conf_d(tmp_path: Path) -> None:
     )
     (runtime,) = detect_layout(str(tmp_path)).runtimes
     assert runtime.runtime == "talos" and runtime.conf_dir == "/etc/cni/talos"
+
+
+def test_dockers_containerd_without_cri_beside_k3s_adds_no_dirs(tmp_path: Path) -> None:
+    """The containerd.io package's config disables CRI: that containerd runs no pod, so k3s'
+    dirs are the node's; once CRI is on again, both runtimes' are."""
+    _write(tmp_path, "/etc/containerd/config.toml", 'disabled_plugins = ["cri"]\n')
+    _write(
+        tmp_path,
+        "/var/lib/rancher/k3s/agent/etc/containerd/config.toml",
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".cni]\n'
+        '  conf_dir = "/var/lib/rancher/k3s/agent/etc/cni/net.d"\n',
+    )
+    layout = detect_layout(str(tmp_path))
+    assert [r.runtime for r in layout.runtimes] == ["k3s"]
+    _write(tmp_path, "/etc/containerd/config.toml", 'version = 2\ndisabled_plugins = ["io.containerd.grpc.v1.cri"]\n')
+    assert [r.runtime for r in detect_layout(str(tmp_path)).runtimes] == ["k3s"]
+    _write(tmp_path, "/etc/containerd/config.toml", "version = 2\ndisabled_plugins = []\n")
+    assert detect_layout(str(tmp_path)).conf_dirs == ("/etc/cni/net.d", "/var/lib/rancher/k3s/agent/etc/cni/net.d")
