@@ -290,18 +290,12 @@ def crio_flags(pid: int, argv: list[str]) -> CrioFlags:
     def path(*flags: str) -> str | None:
         return next((v for v in (_clean(flag_value(argv, f)) for f in flags) if v is not None), None)
 
-    plugin_dirs: list[str] = []
-    for i, arg in enumerate(argv):
-        value = arg.partition("=")[2] if arg.startswith("--cni-plugin-dir=") else None
-        if arg == "--cni-plugin-dir" and i + 1 < len(argv):
-            value = argv[i + 1]
-        plugin_dirs += [d for d in (_clean(v) for v in (value or "").split(",")) if d is not None]
     return CrioFlags(
         pid=pid,
         config=path("--config", "-c") or CRIO_CONFIG,
         config_dir=path("--config-dir", "-d") or CRIO_DROP_INS,
         conf_dir=path("--cni-config-dir"),
-        bin_dirs=tuple(dict.fromkeys(plugin_dirs)),
+        bin_dirs=_comma_paths(argv, "--cni-plugin-dir"),
         namespaces_dir=path("--namespaces-dir"),
         listen=path("--listen"),
     )
@@ -355,17 +349,38 @@ def crio_layout(root: str, flags: CrioFlags | None = None) -> RuntimeLayout | No
     )
 
 
-def cri_dockerd_layout(root: str, install: CriDockerdInstall) -> RuntimeLayout | None:
-    """cri-dockerd's CNI dirs when one of its sockets is here; None otherwise."""
+def _comma_paths(argv: list[str], flag: str) -> tuple[str, ...]:
+    """Every path of a repeatable flag whose values may each list several, comma-separated."""
+    found: list[str] = []
+    for i, arg in enumerate(argv):
+        value = arg.partition("=")[2] if arg.startswith(flag + "=") else None
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        found += [d for d in (_clean(v) for v in (value or "").split(",")) if d is not None]
+    return tuple(dict.fromkeys(found))
+
+
+def cri_dockerd_layout(
+    root: str, install: CriDockerdInstall, argv: tuple[int, list[str]] | None = None
+) -> RuntimeLayout | None:
+    """cri-dockerd's CNI dirs when one of its sockets is here; None otherwise. `argv`: (pid,
+    command line) of the believed cri-dockerd process, whose --cni-conf-dir and --cni-bin-dir
+    win over its defaults."""
     socket = next((s for s in install.sockets if os.path.exists(_under(root, s))), None)
     if socket is None:
         return None
+    conf_dir, bin_dirs, sources = install.conf_dir, install.bin_dirs, [socket]
+    if argv is not None:
+        pid, args = argv
+        conf_dir = _clean(flag_value(args, "--cni-conf-dir")) or conf_dir
+        bin_dirs = _comma_paths(args, "--cni-bin-dir") or bin_dirs
+        sources.append(f"cri-dockerd (pid {pid}) command line")
     return RuntimeLayout(
         runtime=install.name,
-        conf_dir=install.conf_dir,
-        bin_dirs=install.bin_dirs,
+        conf_dir=conf_dir,
+        bin_dirs=bin_dirs,
         netns_dir=DOCKER_NETNS_DIR,
-        sources=(socket,),
+        sources=tuple(sources),
         socket=socket,
         serving=True,
     )
@@ -406,6 +421,12 @@ def detect_layout(root: str = "/", proc: str | None = None) -> Layout:
             continue
         if layout is not None:
             found.append(layout)
-    found.extend(d for d in (cri_dockerd_layout(root, i) for i in CRI_DOCKERD_INSTALLS) if d is not None)
+    dockerd = believed_command_lines(proc, b"cri-dockerd") if proc is not None else []
+    for shim in CRI_DOCKERD_INSTALLS:
+        # k3s --docker runs cri-dockerd inside its agent: no process of that name is its.
+        own = dockerd[0] if dockerd and shim is CRI_DOCKERD_INSTALLS[0] else None
+        shim_layout = cri_dockerd_layout(root, shim, own)
+        if shim_layout is not None:
+            found.append(shim_layout)
     found.sort(key=lambda r: not r.serving)  # stable: the fixed order within each group
     return Layout(tuple(found), tuple(problems))

@@ -367,3 +367,15 @@ def test_dockers_containerd_without_cri_beside_k3s_adds_no_dirs(tmp_path: Path) 
     assert [r.runtime for r in detect_layout(str(tmp_path)).runtimes] == ["k3s"]
     _write(tmp_path, "/etc/containerd/config.toml", "version = 2\ndisabled_plugins = []\n")
     assert detect_layout(str(tmp_path)).conf_dirs == ("/etc/cni/net.d", "/var/lib/rancher/k3s/agent/etc/cni/net.d")
+
+
+def test_cri_dockerd_flags_name_its_cni_dirs(tmp_path: Path) -> None:
+    # cri-dockerd --cni-conf-dir, --cni-bin-dir (comma-separated); Docker still makes the pins.
+    _write(tmp_path, "/run/cri-dockerd.sock", "")
+    argv = ["cri-dockerd", "--network-plugin=cni", "--cni-conf-dir", "/etc/dd/net.d", "--cni-bin-dir=/dd/a,/dd/b"]
+    (runtime,) = detect_layout(str(tmp_path), _proc(tmp_path, (70, argv, 0))).runtimes
+    assert (runtime.conf_dir, runtime.bin_dirs) == ("/etc/dd/net.d", ("/dd/a", "/dd/b"))
+    assert runtime.netns_dir == "/var/run/docker/netns"
+    assert runtime.sources == ("/run/cri-dockerd.sock", "cri-dockerd (pid 70) command line")
+    (untrusted,) = detect_layout(str(tmp_path), _proc(tmp_path, (70, argv, 1000), name="user")).runtimes
+    assert untrusted.conf_dir == "/etc/cni/net.d"
