@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _settings(args: argparse.Namespace) -> Settings:
     """The settings, the dirs no flag or variable gave detected from the runtimes' configs."""
-    return with_pod_cidrs(settings_from(args, layout=detect_layout()))
+    return with_pod_cidrs(settings_from(args, layout=detect_layout(proc="/proc")))
 
 
 def _scan(args: argparse.Namespace) -> int:
@@ -246,7 +246,7 @@ def _reap(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     from reaper.doctor import doctor_json, doctor_table, run_checks  # noqa: PLC0415
 
-    layout = detect_layout()
+    layout = detect_layout(proc="/proc")
     settings = with_pod_cidrs(settings_from(args, layout=layout))
     setup_logging(settings.log_format, "error")
     view = liveness_from(settings).observe({})

@@ -15,7 +15,7 @@ from reaper.host.files import describe_oserror
 from reaper.host.mounts import unpin_hazard
 from reaper.host.procs import unseen_processes
 from reaper.kinds.iptables import iptables_tools
-from reaper.kinds.netconf import ConfigError, collect_configs, plugin_list
+from reaper.kinds.netconf import ConfigError, collect_configs_of, plugin_list
 from reaper.kinds.nftables import present_cni_tables
 from reaper.layout import Layout
 from reaper.model import NetworkConfig, RuntimeView
@@ -63,7 +63,7 @@ def _dirs(settings: Settings, layout: Layout) -> Iterator[Check]:
             "layout", "warn", f"a runtime config could not be read: {problem}", "fix the file, or pass the dirs"
         )
     for flag, value in (
-        ("--cni-conf-dir", settings.cni_conf_dir),
+        ("--cni-conf-dir", ":".join(settings.cni_conf_dirs)),
         ("--cni-bin-dir", ":".join(settings.cni_bin_dirs)),
         ("--netns-dir", ":".join(settings.netns_dirs)),
     ):
@@ -82,14 +82,14 @@ def _readable(name: str, path: str, fix: str, missing: Status = "fail") -> Check
 
 def _cni_dirs(settings: Settings, configs: list[NetworkConfig]) -> Iterator[Check]:
     mount = "mount it into the reaper (the chart's hostPath values), or pass the right path"
-    conf = _readable("conf dir", settings.cni_conf_dir, mount)
-    yield conf
-    if conf.status == "ok":
+    conf = [_readable("conf dir", d, mount) for d in settings.cni_conf_dirs]
+    yield from conf
+    if any(c.status == "ok" for c in conf):
         if configs:
             names = ", ".join(sorted({c.name for c in configs}))
             yield Check("conf dir", "ok", f"{len(configs)} network config(s): {names}")
         else:
-            yield Check("conf dir", "warn", f"no network config in {settings.cni_conf_dir}", mount)
+            yield Check("conf dir", "warn", f"no network config in {':'.join(settings.cni_conf_dirs)}", mount)
     for directory in settings.cni_bin_dirs:
         yield _readable("bin dir", directory, mount)
     yield _readable("cache dir", settings.cni_cache_dir, mount, missing="warn")
@@ -231,7 +231,7 @@ def _runtimes(view: RuntimeView) -> Iterator[Check]:
 
 def run_checks(settings: Settings, layout: Layout, view: RuntimeView, preset: str | None = None) -> list[Check]:
     """Every check, in the order a first run needs them. `preset`: the chart's cniPreset."""
-    configs, _ = collect_configs(settings.cni_conf_dir)
+    configs, _ = collect_configs_of(settings.cni_conf_dirs)
     return [
         *_runtimes(view),
         *_dirs(settings, layout),

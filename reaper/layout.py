@@ -11,6 +11,10 @@ Read the way each runtime reads them:
 - CRI-O: `/etc/crio/crio.conf`, then every file under `/etc/crio/crio.conf.d`, recursively in
   lexical order, each overriding the last; `[crio.network] network_dir, plugin_dirs, plugin_dir`;
   `[crio.runtime] namespaces_dir` (pins in `<namespaces_dir>/netns`).
+- cri-dockerd (its own socket, or k3s `--docker`'s): no config file; Docker's pins in
+  /var/run/docker/netns.
+Every runtime found counts: the layout is the union of their dirs (a node with Docker's
+containerd and k3s, or containerd and CRI-O during a migration).
 Every path is read under `root` (a test's tree, or "/").
 """
 
@@ -25,6 +29,7 @@ from typing import Any
 from msgspec import Struct, field
 
 from reaper.host.confined import UnfitFile, read_admins
+from reaper.runtime.discovery import believed_command_lines, flag_value
 
 MAX_CONFIG_BYTES = 1 << 20
 MAX_IMPORTS = 64
@@ -60,6 +65,8 @@ CONTAINERD_INSTALLS: tuple[ContainerdInstall, ...] = (
         "/run/k3s/containerd",
         "/run/k3s/containerd/containerd.sock",
     ),
+    # Talos' CRI containerd: /etc/cri/containerd.toml, which imports what it merges in /etc/cri/conf.d.
+    ContainerdInstall("talos", "/etc/cri/containerd.toml", "/run/containerd", "/run/containerd/containerd.sock"),
     ContainerdInstall(
         "microk8s",
         "/var/snap/microk8s/current/args/containerd.toml",
@@ -68,6 +75,36 @@ CONTAINERD_INSTALLS: tuple[ContainerdInstall, ...] = (
     ),
 )
 CRIO_SOCKET = "/var/run/crio/crio.sock"
+
+
+class CriDockerdInstall(Struct, frozen=True, kw_only=True):
+    """Where one cri-dockerd serves and which CNI dirs it is started with. It has no config
+    file: it is there when its socket is."""
+
+    name: str
+    sockets: tuple[str, ...]
+    conf_dir: str
+    bin_dirs: tuple[str, ...]
+
+
+# Docker makes the pins, whoever asks it: its netns dir, whatever cri-dockerd's CNI dirs are.
+DOCKER_NETNS_DIR = "/var/run/docker/netns"
+CRI_DOCKERD_INSTALLS: tuple[CriDockerdInstall, ...] = (
+    # cri-dockerd's own defaults (--cni-conf-dir, --cni-bin-dir), its packaged systemd socket.
+    CriDockerdInstall(
+        name="cri-dockerd",
+        sockets=("/run/cri-dockerd.sock", "/var/run/cri-dockerd.sock"),
+        conf_dir="/etc/cni/net.d",
+        bin_dirs=("/opt/cni/bin",),
+    ),
+    # k3s --docker runs cri-dockerd inside the agent with k3s' own CNI dirs.
+    CriDockerdInstall(
+        name="k3s --docker",
+        sockets=("/run/k3s/cri-dockerd/cri-dockerd.sock",),
+        conf_dir="/var/lib/rancher/k3s/agent/etc/cni/net.d",
+        bin_dirs=("/var/lib/rancher/k3s/data/cni",),
+    ),
+)
 
 
 class RuntimeLayout(Struct, frozen=True, kw_only=True):
@@ -80,6 +117,9 @@ class RuntimeLayout(Struct, frozen=True, kw_only=True):
     sources: tuple[str, ...]
     socket: str  # where the runtime would serve CRI
     serving: bool  # that socket exists: the runtime is there, not only its config
+    # containerd's per-runtime-handler conf dirs (Kata, gVisor: `containerd.runtimes.<name>.
+    # cni_conf_dir`): a pod of that RuntimeClass is set up from that dir instead.
+    handler_conf_dirs: tuple[str, ...] = ()
 
 
 class Layout(Struct, frozen=True):
@@ -89,7 +129,15 @@ class Layout(Struct, frozen=True):
 
     @property
     def conf_dir(self) -> str | None:
+        """The first conf dir: its config wins for a network name that is in more than one."""
         return self.runtimes[0].conf_dir if self.runtimes else None
+
+    @property
+    def conf_dirs(self) -> tuple[str, ...]:
+        """Every runtime's conf dir, each once, in runtime order (serving first, then the
+        fixed order): libcni reads one conf dir per runtime, and each of these dirs holds the
+        configs some runtime on this node would run, so all are the node's own configs."""
+        return tuple(dict.fromkeys(d for r in self.runtimes for d in (r.conf_dir, *r.handler_conf_dirs)))
 
     @property
     def bin_dirs(self) -> tuple[str, ...]:
@@ -154,15 +202,40 @@ def _containerd_documents(root: str, config: str) -> Iterator[tuple[str, dict[st
                 pending.append(target)
 
 
-def containerd_layout(root: str, install: ContainerdInstall) -> RuntimeLayout | None:
-    """containerd's CNI dirs from its config; None when there is no such config file."""
+class ContainerdFlags(Struct, frozen=True, kw_only=True):
+    """What a believed containerd process's command line says: flags win over its config."""
+
+    pid: int
+    config: str | None  # --config, -c
+    state: str | None  # --state
+    address: str | None  # --address, -a
+
+
+def containerd_flags(pid: int, argv: list[str]) -> ContainerdFlags:
+    def path(*flags: str) -> str | None:
+        return next((v for v in (_clean(flag_value(argv, f)) for f in flags) if v is not None), None)
+
+    return ContainerdFlags(
+        pid=pid, config=path("--config", "-c"), state=path("--state"), address=path("--address", "-a")
+    )
+
+
+def containerd_layout(
+    root: str, install: ContainerdInstall, flags: ContainerdFlags | None = None
+) -> RuntimeLayout | None:
+    """containerd's CNI dirs from its config (and its process's `flags`, which win); None when
+    there is no such config file, or it disables the CRI plugin."""
     if not os.path.exists(_under(root, install.config)):
         return None
     conf_dir, under_state, state, socket = "/etc/cni/net.d", False, install.state, install.socket
     bin_dirs: tuple[str, ...] = ("/opt/cni/bin",)
     sources = []
+    handlers: dict[str, str] = {}
+    disabled: list[Any] = []
     for path, doc in _containerd_documents(root, install.config):
         sources.append(path)
+        listed_off = doc.get("disabled_plugins")
+        disabled = listed_off if isinstance(listed_off, list) else disabled
         state = _clean(doc.get("state")) or state
         socket = _clean(_table(doc, "grpc").get("address")) or socket
         for name in CONTAINERD_CRI:
@@ -176,6 +249,17 @@ def containerd_layout(root: str, install: ContainerdInstall) -> RuntimeLayout | 
                 bin_dirs = (str(_clean(cni.get("bin_dir"))),)
             if isinstance(cri.get("netns_mounts_under_state_dir"), bool):
                 under_state = bool(cri["netns_mounts_under_state_dir"])
+            for handler, table in _table(cri, "containerd", "runtimes").items():
+                handler_dir = _clean(table.get("cni_conf_dir")) if isinstance(table, Mapping) else None
+                if handler_dir is not None:
+                    handlers[str(handler)] = handler_dir
+    if any(name in disabled for name in CONTAINERD_CRI):
+        # Docker's containerd (`disabled_plugins = ["cri"]`, as the containerd.io package
+        # ships it) sets up no pod network: it has no CNI dirs to add.
+        return None
+    if flags is not None:
+        state, socket = flags.state or state, flags.address or socket
+        sources.append(f"containerd (pid {flags.pid}) command line")
     netns = os.path.join(state, CRI_STATE_SUBDIR, "netns") if under_state else DEFAULT_NETNS_DIR
     serving = os.path.exists(_under(root, socket))
     return RuntimeLayout(
@@ -186,24 +270,53 @@ def containerd_layout(root: str, install: ContainerdInstall) -> RuntimeLayout | 
         sources=tuple(sources),
         socket=socket,
         serving=serving,
+        handler_conf_dirs=tuple(dict.fromkeys(handlers[h] for h in sorted(handlers))),
     )
 
 
-def _crio_files(root: str) -> list[str]:
-    files = [CRIO_CONFIG] if os.path.isfile(_under(root, CRIO_CONFIG)) else []
-    drop_ins = _under(root, CRIO_DROP_INS)
+class CrioFlags(Struct, frozen=True, kw_only=True):
+    """What a believed crio process's command line says: flags win over its files."""
+
+    pid: int
+    config: str  # --config, -c
+    config_dir: str  # --config-dir, -d
+    conf_dir: str | None  # --cni-config-dir
+    bin_dirs: tuple[str, ...]  # --cni-plugin-dir, repeatable, each may hold several (comma)
+    namespaces_dir: str | None  # --namespaces-dir
+    listen: str | None  # --listen
+
+
+def crio_flags(pid: int, argv: list[str]) -> CrioFlags:
+    def path(*flags: str) -> str | None:
+        return next((v for v in (_clean(flag_value(argv, f)) for f in flags) if v is not None), None)
+
+    return CrioFlags(
+        pid=pid,
+        config=path("--config", "-c") or CRIO_CONFIG,
+        config_dir=path("--config-dir", "-d") or CRIO_DROP_INS,
+        conf_dir=path("--cni-config-dir"),
+        bin_dirs=_comma_paths(argv, "--cni-plugin-dir"),
+        namespaces_dir=path("--namespaces-dir"),
+        listen=path("--listen"),
+    )
+
+
+def _crio_files(root: str, config: str = CRIO_CONFIG, config_dir: str = CRIO_DROP_INS) -> list[str]:
+    files = [config] if os.path.isfile(_under(root, config)) else []
+    drop_ins = _under(root, config_dir)
     for dirpath, dirnames, filenames in os.walk(drop_ins):
         dirnames.sort()
         for name in sorted(filenames):
             rel = os.path.relpath(os.path.join(dirpath, name), drop_ins)
-            files.append(os.path.join(CRIO_DROP_INS, rel))
+            files.append(os.path.join(config_dir, rel))
     return files
 
 
-def crio_layout(root: str) -> RuntimeLayout | None:
-    """CRI-O's CNI dirs from crio.conf and its drop-ins; None when it has no config here."""
-    files = _crio_files(root)
-    if not files:
+def crio_layout(root: str, flags: CrioFlags | None = None) -> RuntimeLayout | None:
+    """CRI-O's CNI dirs from crio.conf and its drop-ins, then its process's `flags`; None when
+    it has neither config nor process here."""
+    files = _crio_files(root) if flags is None else _crio_files(root, flags.config, flags.config_dir)
+    if not files and flags is None:
         return None
     conf_dir, namespaces, socket = "/etc/cni/net.d", "/var/run", CRIO_SOCKET
     bin_dirs: tuple[str, ...] = ("/opt/cni/bin",)
@@ -219,29 +332,101 @@ def crio_layout(root: str) -> RuntimeLayout | None:
         if single is not None and single not in bin_dirs:
             bin_dirs += (single,)
         namespaces = _clean(_table(doc, "crio", "runtime").get("namespaces_dir")) or namespaces
+    sources = list(files)
+    if flags is not None:
+        conf_dir, namespaces = flags.conf_dir or conf_dir, flags.namespaces_dir or namespaces
+        bin_dirs, socket = flags.bin_dirs or bin_dirs, flags.listen or socket
+        sources.append(f"crio (pid {flags.pid}) command line")
     serving = os.path.exists(_under(root, socket))
     return RuntimeLayout(
         runtime="cri-o",
         conf_dir=conf_dir,
         bin_dirs=bin_dirs,
         netns_dir=os.path.join(namespaces, "netns"),
-        sources=tuple(files),
+        sources=tuple(sources),
         socket=socket,
         serving=serving,
     )
 
 
-def detect_layout(root: str = "/") -> Layout:
-    """Every runtime config on this node, in a fixed order: containerd's installs, then CRI-O."""
+def _comma_paths(argv: list[str], flag: str) -> tuple[str, ...]:
+    """Every path of a repeatable flag whose values may each list several, comma-separated."""
+    found: list[str] = []
+    for i, arg in enumerate(argv):
+        value = arg.partition("=")[2] if arg.startswith(flag + "=") else None
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        found += [d for d in (_clean(v) for v in (value or "").split(",")) if d is not None]
+    return tuple(dict.fromkeys(found))
+
+
+def cri_dockerd_layout(
+    root: str, install: CriDockerdInstall, argv: tuple[int, list[str]] | None = None
+) -> RuntimeLayout | None:
+    """cri-dockerd's CNI dirs when one of its sockets is here; None otherwise. `argv`: (pid,
+    command line) of the believed cri-dockerd process, whose --cni-conf-dir and --cni-bin-dir
+    win over its defaults."""
+    socket = next((s for s in install.sockets if os.path.exists(_under(root, s))), None)
+    if socket is None:
+        return None
+    conf_dir, bin_dirs, sources = install.conf_dir, install.bin_dirs, [socket]
+    if argv is not None:
+        pid, args = argv
+        conf_dir = _clean(flag_value(args, "--cni-conf-dir")) or conf_dir
+        bin_dirs = _comma_paths(args, "--cni-bin-dir") or bin_dirs
+        sources.append(f"cri-dockerd (pid {pid}) command line")
+    return RuntimeLayout(
+        runtime=install.name,
+        conf_dir=conf_dir,
+        bin_dirs=bin_dirs,
+        netns_dir=DOCKER_NETNS_DIR,
+        sources=tuple(sources),
+        socket=socket,
+        serving=True,
+    )
+
+
+def _containerd_installs(proc: str | None) -> list[tuple[ContainerdInstall, ContainerdFlags | None]]:
+    """The known installs, each with the flags of the believed containerd process that runs its
+    config; and one more for each process whose --config is none of theirs."""
+    installs: list[tuple[ContainerdInstall, ContainerdFlags | None]] = [(i, None) for i in CONTAINERD_INSTALLS]
+    for pid, argv in believed_command_lines(proc, b"containerd") if proc is not None else []:
+        flags = containerd_flags(pid, argv)
+        config = flags.config or CONTAINERD_INSTALLS[0].config
+        at = next((n for n, (i, f) in enumerate(installs) if i.config == config and f is None), None)
+        if at is not None:
+            installs[at] = (installs[at][0], flags)
+        elif all(i.config != config for i, _ in installs):
+            default = CONTAINERD_INSTALLS[0]
+            installs.append(
+                (ContainerdInstall(f"containerd (pid {pid})", config, default.state, default.socket), flags)
+            )
+    return installs
+
+
+def detect_layout(root: str = "/", proc: str | None = None) -> Layout:
+    """Every runtime config on this node, in a fixed order: containerd's installs, then CRI-O,
+    then cri-dockerd's sockets. With `proc` (the process table, "/proc"), the command lines of
+    the runtimes the host's init could have started (reaper.runtime.discovery) add to that: a
+    containerd's --config names an install of its own, and their flags win over the files."""
     found: list[RuntimeLayout] = []
     problems: list[str] = []
-    for install in (*CONTAINERD_INSTALLS, None):
+    crio = believed_command_lines(proc, b"crio") if proc is not None else []
+    crio_flag = crio_flags(*crio[0]) if crio else None  # one CRI-O a node: the lowest pid
+    for install, flags in (*_containerd_installs(proc), (None, None)):
         try:
-            layout = containerd_layout(root, install) if install is not None else crio_layout(root)
+            layout = containerd_layout(root, install, flags) if install is not None else crio_layout(root, crio_flag)
         except (LayoutError, OSError) as err:
             problems.append(str(err))
             continue
         if layout is not None:
             found.append(layout)
+    dockerd = believed_command_lines(proc, b"cri-dockerd") if proc is not None else []
+    for shim in CRI_DOCKERD_INSTALLS:
+        # k3s --docker runs cri-dockerd inside its agent: no process of that name is its.
+        own = dockerd[0] if dockerd and shim is CRI_DOCKERD_INSTALLS[0] else None
+        shim_layout = cri_dockerd_layout(root, shim, own)
+        if shim_layout is not None:
+            found.append(shim_layout)
     found.sort(key=lambda r: not r.serving)  # stable: the fixed order within each group
     return Layout(tuple(found), tuple(problems))

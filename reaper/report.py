@@ -24,6 +24,8 @@ def layout_json(settings: Settings) -> dict[str, Any]:
     }
     return {
         "dirs": {flag: {"value": values[flag], "from": origin} for flag, origin in settings.origins},
+        # The detected conf dir above and the other runtimes' conf dirs: the node's own configs.
+        "conf_dirs": list(settings.cni_conf_dirs),
         "problems": list(settings.layout_problems),
         "pod_cidrs": None
         if settings.pod_cidrs is None

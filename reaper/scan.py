@@ -33,6 +33,7 @@ def find_options(settings: Settings) -> FindOptions:
         ipam_dirs=settings.ipam_dirs,
         cache_dir=settings.cni_cache_dir,
         conf_dir=settings.cni_conf_dir,
+        more_conf_dirs=settings.more_conf_dirs,
         bin_dirs=settings.cni_bin_dirs,
         netns_patterns=settings.netns_patterns,
         pod_cidrs=settings.pod_cidrs,

@@ -305,6 +305,14 @@ class Settings(Struct, frozen=True, kw_only=True):
     pod_cidrs: PodCidrs | None = None  # set by with_pod_cidrs
     # CRI-O's namespaces_dir as its config says (its netns dir's parent), where its other pins are
     namespaces_dirs: tuple[str, ...] = ()
+    # The other present runtimes' conf dirs, when the conf dir was detected; never beside a
+    # --cni-conf-dir or REAPER_CNI_CONF_DIR, which names the only one.
+    more_conf_dirs: tuple[str, ...] = ()
+
+    @property
+    def cni_conf_dirs(self) -> tuple[str, ...]:
+        """Every conf dir whose configs are the node's own, the first winning a shared name."""
+        return tuple(dict.fromkeys((self.cni_conf_dir, *self.more_conf_dirs)))
 
 
 class ReapSettings(Struct, frozen=True, kw_only=True):
@@ -350,12 +358,14 @@ def settings_from(
     a variable gave come from the runtimes' own configs, and `origins` says so."""
     v = resolve(args, env)
     origins: dict[str, str] = {}
+    more_conf_dirs: tuple[str, ...] = ()
     for flag in DETECTED:
         origins[flag] = given(flag, args, env) or "default"
     if layout is not None and layout.runtimes:
         sources = ", ".join(f"{r.runtime} ({', '.join(r.sources)})" for r in layout.runtimes)
         if origins["--cni-conf-dir"] == "default" and layout.conf_dir is not None:
             v["cni_conf_dir"], origins["--cni-conf-dir"] = layout.conf_dir, sources
+            more_conf_dirs = layout.conf_dirs[1:]
         if origins["--cni-bin-dir"] == "default":
             v["cni_bin_dir"], origins["--cni-bin-dir"] = list(layout.bin_dirs), sources
         if origins["--netns-dir"] == "default":
@@ -380,6 +390,7 @@ def settings_from(
         pod_cidr_values=tuple(v["pod_cidr"]),
         node_name=v["node_name"],
         namespaces_dirs=tuple(v["namespaces_dir"]) or _crio_namespaces_dirs(layout),
+        more_conf_dirs=more_conf_dirs,
     )
 
 

@@ -14,7 +14,7 @@ from reaper.host.memo import InventoryMemo, OutputMemo
 from reaper.host.procs import describe, netns_members, unseen_processes
 from reaper.kinds import FindOptions, Found, Kind, Look, Started, hostlocal
 from reaper.kinds.hostlocal import range_usage
-from reaper.kinds.netconf import collect_configs
+from reaper.kinds.netconf import collect_configs_of
 from reaper.kinds.registry import KINDS
 from reaper.model import NetworkConfig, NodeSnapshot, NsKey, SourceError
 from reaper.stopwatch import Stopwatch
@@ -109,8 +109,8 @@ def _take(
     kinds: tuple[Kind[Any], ...],
     started: Mapping[str, Started],
 ) -> NodeSnapshot:
-    conf_configs, corrupt = collect_configs(opts.conf_dir)
-    configs: list[NetworkConfig] = list(conf_configs)  # one per network: the conf dir's win
+    conf_configs, corrupt = collect_configs_of(opts.conf_dirs)
+    configs: list[NetworkConfig] = list(conf_configs)  # one per network: the conf dirs' win
     watch.lap("configs")
     host = host_netns()
     errors: list[SourceError] = []

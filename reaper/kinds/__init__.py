@@ -41,9 +41,15 @@ class FindOptions(Struct, frozen=True, kw_only=True):
     bin_dirs: tuple[str, ...]
     netns_patterns: tuple[re.Pattern[str], ...]
     command_timeout: float = COMMAND_TIMEOUT
+    more_conf_dirs: tuple[str, ...] = ()  # the other runtimes' conf dirs (Layout.conf_dirs)
     pod_cidrs: PodCidrs | None = None  # for ranges whose subnet is usePodCidr (range gauges only)
     # CRI-O's namespaces_dir, where it pins a sandbox's other namespaces beside its netns pin
     namespaces_dirs: tuple[str, ...] = ()
+
+    @property
+    def conf_dirs(self) -> tuple[str, ...]:
+        """Every conf dir whose configs are the node's own; the first wins a shared name."""
+        return tuple(dict.fromkeys((self.conf_dir, *self.more_conf_dirs)))
 
 
 class Look(Struct, frozen=True):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from msgspec.structs import replace
@@ -202,6 +202,20 @@ def parse_network_config(raw: bytes, path: str) -> NetworkConfig:
         raw=raw,
         pod_cidr_versions=tuple(pod_cidr_versions),
     )
+
+
+def collect_configs_of(conf_dirs: Iterable[str]) -> tuple[list[NetworkConfig], list[CorruptFile]]:
+    """The configs of every conf dir, in order. A network named in an earlier dir is left out
+    of later ones: the dirs come serving runtime first, and that runtime runs its own copy,
+    as libcni, looking a name up in one dir, takes the first file that has it."""
+    configs: list[NetworkConfig] = []
+    corrupt: list[CorruptFile] = []
+    for conf_dir in dict.fromkeys(conf_dirs):
+        named = {c.name for c in configs}
+        found, bad = collect_configs(conf_dir)
+        configs.extend(c for c in found if c.name not in named)
+        corrupt.extend(bad)
+    return configs, corrupt
 
 
 def collect_configs(conf_dir: str) -> tuple[list[NetworkConfig], list[CorruptFile]]:

@@ -109,7 +109,7 @@ def config_roots(kind: str, look: Look, types: Collection[str], key: str) -> tup
     own, and those refused: a dir that is, or holds, a dir the reaper reads for another reason
     (`/`, the cache dir, ...) holds files that are not the plugin's alone."""
     options = look.options
-    own = [os.path.normpath(d) for d in (options.cache_dir, options.conf_dir, *options.ipam_dirs)]
+    own = [os.path.normpath(d) for d in (options.cache_dir, *options.conf_dirs, *options.ipam_dirs)]
     own += [os.path.normpath(d) for d in (*options.netns_dirs, *options.bin_dirs)]
     dirs: list[str] = []
     refused: list[CorruptFile] = []

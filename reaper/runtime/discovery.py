@@ -40,6 +40,7 @@ KNOWN_SOCKETS: tuple[tuple[str, str], ...] = (
     ("cri-o", "/var/run/crio/crio.sock"),
     ("cri-dockerd", "/run/cri-dockerd.sock"),
     ("cri-dockerd", "/var/run/cri-dockerd.sock"),
+    ("k3s --docker", "/run/k3s/cri-dockerd/cri-dockerd.sock"),
     ("k3s/rke2", "/run/k3s/containerd/containerd.sock"),
     ("microk8s", "/var/snap/microk8s/common/run/containerd.sock"),
 )
@@ -49,6 +50,8 @@ MAX_KUBELET_CONFIG = 1 << 20
 MAX_STATUS = 1 << 14
 _ENDPOINT_FLAG = "--container-runtime-endpoint"
 _CONFIG_FLAG = "--config"
+_CONFIG_DIR_FLAG = "--config-dir"
+MAX_DROP_INS = 256
 _CONFIG_ENDPOINT = re.compile(r"""^containerRuntimeEndpoint:\s*["']?([^"'\s#]+)["']?\s*(?:#.*)?$""", re.MULTILINE)
 _SOCKET_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _SYS_OPENAT2 = 437
@@ -182,8 +185,8 @@ def distrust(pid_fd: int, host: Host | str) -> str | None:
     return None
 
 
-def _kubelet_pids(proc: str) -> Iterator[tuple[int, int]]:
-    """(pid, fd of its /proc dir) of every process named kubelet; the caller closes the fd."""
+def processes_named(proc: str, comm: bytes) -> Iterator[tuple[int, int]]:
+    """(pid, fd of its /proc dir) of every process named `comm`; the caller closes the fd."""
     try:
         entries = os.listdir(proc)
     except OSError:
@@ -195,24 +198,65 @@ def _kubelet_pids(proc: str) -> Iterator[tuple[int, int]]:
             pid_fd = os.open(f"{proc}/{entry}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
             continue  # gone
-        if (_read("comm", 64, pid_fd) or b"").strip() == b"kubelet":
+        if (_read("comm", 64, pid_fd) or b"").strip() == comm:
             yield int(entry), pid_fd
         else:
             os.close(pid_fd)
 
 
-def kubelet_endpoints(proc: str = "/proc") -> list[Endpoint]:
-    """The endpoint each process named kubelet is configured with: its flag, else its config
-    file's. One that is not believed (see `distrust`) has `refused` saying why."""
+def _argv(pid_fd: int) -> list[str]:
+    raw = _read("cmdline", MAX_CMDLINE, pid_fd)
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a] if raw else []
+
+
+def believed_command_lines(proc: str, comm: bytes) -> list[tuple[int, list[str]]]:
+    """(pid, argv) of each process named `comm` that the host's init could have started (see
+    `distrust`), by pid; any other is left out: its flags would name the dirs for the node."""
     host = host_of(proc)
     found = []
-    for pid, pid_fd in _kubelet_pids(proc):
+    for pid, pid_fd in processes_named(proc, comm):
+        try:
+            if distrust(pid_fd, host) is None:
+                argv = _argv(pid_fd)
+                if argv:
+                    found.append((pid, argv))
+        finally:
+            os.close(pid_fd)
+    return sorted(found)
+
+
+def _drop_in_endpoint(pid_fd: int, directory: str) -> str | None:
+    """The last `containerRuntimeEndpoint` of the kubelet's `--config-dir` drop-ins (files
+    ending .conf, merged in lexical order over --config), in its own root."""
+    try:
+        dir_fd = os.open("root" + directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=pid_fd)
+    except OSError:
+        return None
+    found = None
+    try:
+        for name in sorted(os.listdir(dir_fd))[:MAX_DROP_INS]:
+            if name.endswith(".conf"):
+                text = _read(name, MAX_KUBELET_CONFIG, dir_fd)
+                found = (endpoint_in_config(text.decode("utf-8", "replace")) if text else None) or found
+    except OSError:
+        return found
+    finally:
+        os.close(dir_fd)
+    return found
+
+
+def kubelet_endpoints(proc: str = "/proc") -> list[Endpoint]:
+    """The endpoint each process named kubelet is configured with: its flag, else its
+    `--config-dir` drop-ins', else its config file's. One that is not believed (see
+    `distrust`) has `refused` saying why."""
+    host = host_of(proc)
+    found = []
+    for pid, pid_fd in processes_named(proc, b"kubelet"):
         try:
             why = distrust(pid_fd, host)
-            raw = _read("cmdline", MAX_CMDLINE, pid_fd)
-            if not raw:
+            argv = _argv(pid_fd)
+            if not argv:
                 continue
-            argv = [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
             value = flag_value(argv, _ENDPOINT_FLAG)
             source = f"kubelet (pid {pid}) {_ENDPOINT_FLAG}"
             if value is None:
@@ -221,6 +265,10 @@ def kubelet_endpoints(proc: str = "/proc") -> list[Endpoint]:
                 text = _read("root" + config, MAX_KUBELET_CONFIG, pid_fd) if config.startswith("/") else None
                 value = endpoint_in_config(text.decode("utf-8", "replace")) if text else None
                 source = f"kubelet (pid {pid}) config {config}"
+                drop_ins = flag_value(argv, _CONFIG_DIR_FLAG)
+                dropped = _drop_in_endpoint(pid_fd, drop_ins) if drop_ins and drop_ins.startswith("/") else None
+                if dropped is not None:
+                    value, source = dropped, f"kubelet (pid {pid}) config dir {drop_ins}"
         finally:
             os.close(pid_fd)
         url = as_url(value) if value else None

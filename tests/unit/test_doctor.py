@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from msgspec.structs import replace
 
 from reaper.cli import build_parser
-from reaper.doctor import _pod_cidrs, _preset
-from reaper.kinds.netconf import parse_network_config
+from reaper.doctor import _cni_dirs, _dirs, _pod_cidrs, _preset
+from reaper.kinds.netconf import collect_configs_of, parse_network_config
+from reaper.layout import Layout
 from reaper.model import NetworkConfig
 from reaper.podcidr import PodCidrs
 from reaper.settings import settings_from
@@ -58,3 +60,17 @@ def test_a_use_pod_cidr_range_without_the_pod_cidr_is_a_warning_with_the_fix() -
     assert checks[0] == ("ok", "k8s-pod-network: usePodCidr is 10.244.3.0/24 (--pod-cidr)")
     assert checks[1][0] == "warn" and "usePodCidrIPv6" in checks[1][1]
     assert list(_pod_cidrs(unknown, [_config("bridge")])) == []
+
+
+def test_doctor_lists_and_checks_every_conf_dir_and_reads_configs_from_each(tmp_path: Path) -> None:
+    first, second = tmp_path / "crio", tmp_path / "kata"
+    second.mkdir()
+    (second / "10-kata.conf").write_text(json.dumps({"cniVersion": "1.0.0", "name": "kata", "type": "ptp"}))
+    args = build_parser().parse_args(["doctor"])
+    settings = replace(settings_from(args, {}), cni_conf_dir=str(first), more_conf_dirs=(str(second),))
+    checks = [(c.name, c.status, c.message) for c in (*_dirs(settings, Layout()), *_cni_dirs(settings, []))]
+    assert ("layout", "ok", f"--cni-conf-dir {first}:{second} (from default)") in checks
+    assert ("conf dir", "fail", f"{first} does not exist here") in checks
+    assert ("conf dir", "ok", f"{second} readable") in checks
+    configs, _ = collect_configs_of(settings.cni_conf_dirs)
+    assert [c.name for c in configs] == ["kata"]

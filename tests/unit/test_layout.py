@@ -14,6 +14,7 @@ import pytest
 
 from reaper.layout import detect_layout
 from reaper.settings import add_options, settings_from
+from tests.harness.procs import believed_process, host_proc
 
 
 def _write(root: Path, path: str, text: str) -> None:
@@ -192,3 +193,189 @@ def test_the_runtime_that_serves_comes_first(tmp_path: Path) -> None:
     layout = detect_layout(str(tmp_path))
     assert [r.runtime for r in layout.runtimes] == ["k3s", "containerd"]
     assert layout.conf_dir == "/var/lib/rancher/k3s/agent/etc/cni/net.d"
+
+
+def test_every_present_runtimes_conf_dir_is_the_nodes_own(tmp_path: Path) -> None:
+    """containerd and CRI-O during a migration: both runtimes' dirs, the serving one's first,
+    and a variable naming a conf dir leaves the other out."""
+    _write(
+        tmp_path,
+        "/etc/containerd/config.toml",
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".cni]\n  conf_dir = "/etc/cni/ctd"\n',
+    )
+    _write(
+        tmp_path,
+        "/etc/crio/crio.conf",
+        '[crio.network]\nnetwork_dir = "/etc/crio/net.d"\nplugin_dirs = ["/usr/libexec/cni"]\n'
+        '[crio.runtime]\nnamespaces_dir = "/var/run/crio-ns"\n',
+    )
+    _write(tmp_path, "/var/run/crio/crio.sock", "")
+    layout = detect_layout(str(tmp_path))
+    assert layout.conf_dirs == ("/etc/crio/net.d", "/etc/cni/ctd") and layout.conf_dir == "/etc/crio/net.d"
+    assert layout.bin_dirs == ("/usr/libexec/cni", "/opt/cni/bin")
+    assert layout.netns_dirs == ("/var/run/crio-ns/netns", "/var/run/netns")
+    detected = settings_from(_args(), {}, layout)
+    assert detected.cni_conf_dirs == ("/etc/crio/net.d", "/etc/cni/ctd")
+    assert detected.cni_conf_dir == "/etc/crio/net.d"
+    flagged = settings_from(_args("--cni-conf-dir", "/etc/mine"), {}, layout)
+    assert flagged.cni_conf_dirs == ("/etc/mine",)
+    env = settings_from(_args(), {"REAPER_CNI_CONF_DIR": "/etc/env"}, layout)
+    assert env.cni_conf_dirs == ("/etc/env",)
+
+
+def test_two_runtimes_sharing_a_conf_dir_name_it_once(tmp_path: Path) -> None:
+    # Docker's containerd (CRI on) and k3s, both left at /etc/cni/net.d.
+    _write(tmp_path, "/etc/containerd/config.toml", "version = 2\n")
+    _write(tmp_path, "/var/lib/rancher/k3s/agent/etc/containerd/config.toml", "version = 2\n")
+    layout = detect_layout(str(tmp_path))
+    assert [r.runtime for r in layout.runtimes] == ["containerd", "k3s"]
+    assert layout.conf_dirs == ("/etc/cni/net.d",)
+    assert layout.netns_dirs == ("/var/run/netns",)
+
+
+def test_cri_dockerd_beside_containerd_adds_dockers_netns_dir(tmp_path: Path) -> None:
+    """Docker's containerd (CRI on) and cri-dockerd: both runtimes' dirs; cri-dockerd has no
+    config, so it is there when its socket is."""
+    _write(tmp_path, "/etc/containerd/config.toml", "version = 2\n")
+    assert [r.runtime for r in detect_layout(str(tmp_path)).runtimes] == ["containerd"]
+    _write(tmp_path, "/run/cri-dockerd.sock", "")
+    layout = detect_layout(str(tmp_path))
+    assert [r.runtime for r in layout.runtimes] == ["cri-dockerd", "containerd"]
+    assert layout.netns_dirs == ("/var/run/docker/netns", "/var/run/netns")
+    assert layout.runtimes[0].sources == ("/run/cri-dockerd.sock",)
+
+
+def test_k3s_with_docker_uses_k3s_cni_dirs(tmp_path: Path) -> None:
+    _write(tmp_path, "/run/k3s/cri-dockerd/cri-dockerd.sock", "")
+    (runtime,) = detect_layout(str(tmp_path)).runtimes
+    assert runtime.runtime == "k3s --docker" and runtime.netns_dir == "/var/run/docker/netns"
+    assert runtime.conf_dir == "/var/lib/rancher/k3s/agent/etc/cni/net.d"
+
+
+def test_containerd_runtime_handlers_conf_dirs_are_conf_dirs_too(tmp_path: Path) -> None:
+    # containerd pkg/cri/config Runtime.NetworkPluginConfDir, `toml:"cni_conf_dir"`, per handler
+    # under the CRI plugin's containerd.runtimes (1.x) and the 2.x runtime plugin's.
+    _write(
+        tmp_path,
+        "/etc/containerd/config.toml",
+        'version = 2\nimports = ["/etc/containerd/conf.d/*.toml"]\n'
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.kata]\n'
+        '  runtime_type = "io.containerd.kata.v2"\n  cni_conf_dir = "/etc/kata/net.d"\n'
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n  runtime_type = "io.containerd.runc.v2"\n',
+    )
+    _write(
+        tmp_path,
+        "/etc/containerd/conf.d/gvisor.toml",
+        'version = 3\n[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runsc]\n'
+        '  cni_conf_dir = "/etc/gvisor/net.d"\n',
+    )
+    layout = detect_layout(str(tmp_path))
+    (runtime,) = layout.runtimes
+    assert runtime.conf_dir == "/etc/cni/net.d"
+    assert runtime.handler_conf_dirs == ("/etc/kata/net.d", "/etc/gvisor/net.d")
+    assert layout.conf_dirs == ("/etc/cni/net.d", "/etc/kata/net.d", "/etc/gvisor/net.d")
+    assert settings_from(_args(), {}, layout).more_conf_dirs == ("/etc/kata/net.d", "/etc/gvisor/net.d")
+
+
+def _proc(tmp_path: Path, *processes: tuple[int, list[str], int], name: str = "proc") -> str:
+    """A stand-in /proc (beside `tmp_path`) whose pid 1 has `tmp_path` for its root, with
+    (pid, argv, uid)s."""
+    proc = tmp_path.parent / f"{tmp_path.name}-{name}"
+    host_proc(proc, tmp_path)
+    for pid, argv, uid in processes:
+        believed_process(proc, pid, tmp_path, argv, uid)
+    return str(proc)
+
+
+def test_a_containerd_started_with_its_own_config_is_a_runtime_of_its_own(tmp_path: Path) -> None:
+    """containerd --config (-c) elsewhere than any known install; --state and --address win over
+    the file's, as containerd applies its flags after its config."""
+    _write(
+        tmp_path,
+        "/opt/ctd/config.toml",
+        'version = 2\nstate = "/run/from-file"\n[plugins."io.containerd.grpc.v1.cri"]\n'
+        "  netns_mounts_under_state_dir = true\n"
+        '[plugins."io.containerd.grpc.v1.cri".cni]\n  conf_dir = "/opt/ctd/net.d"\n',
+    )
+    _write(tmp_path, "/run/ctd2/ctd.sock", "")
+    argv = ["containerd", "-c", "/opt/ctd/config.toml", "--state=/run/ctd2", "--address", "/run/ctd2/ctd.sock"]
+    assert detect_layout(str(tmp_path)).runtimes == (), "without the process table: no such file is known"
+    (runtime,) = detect_layout(str(tmp_path), _proc(tmp_path, (40, argv, 0))).runtimes
+    assert runtime.runtime == "containerd (pid 40)" and runtime.conf_dir == "/opt/ctd/net.d"
+    assert runtime.netns_dir == "/run/ctd2/io.containerd.grpc.v1.cri/netns"
+    assert runtime.serving and runtime.socket == "/run/ctd2/ctd.sock"
+    assert runtime.sources == ("/opt/ctd/config.toml", "containerd (pid 40) command line")
+
+
+def test_a_runtime_process_the_hosts_init_could_not_have_started_says_nothing(tmp_path: Path) -> None:
+    _write(tmp_path, "/opt/ctd/config.toml", '[plugins.cri.cni]\nconf_dir = "/opt/ctd/net.d"\n')
+    proc = _proc(tmp_path, (40, ["containerd", "--config=/opt/ctd/config.toml"], 1000), (41, ["crio"], 1000))
+    assert detect_layout(str(tmp_path), proc).runtimes == ()
+
+
+def test_a_known_installs_containerd_process_adds_its_flags_to_that_install(tmp_path: Path) -> None:
+    # k3s starts its containerd with -c <its config> -a <its socket> --state <its state>.
+    k3s = "/var/lib/rancher/k3s/agent/etc/containerd/config.toml"
+    _write(tmp_path, k3s, 'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\nnetns_mounts_under_state_dir = true\n')
+    proc = _proc(tmp_path, (50, ["containerd", "-c", k3s, "--state", "/run/k3s/other"], 0))
+    (runtime,) = detect_layout(str(tmp_path), proc).runtimes
+    assert runtime.runtime == "k3s" and runtime.netns_dir == "/run/k3s/other/io.containerd.grpc.v1.cri/netns"
+
+
+def test_crio_flags_win_over_its_files(tmp_path: Path) -> None:
+    """crio --config, --config-dir, --cni-config-dir, --cni-plugin-dir (repeatable, commas),
+    --namespaces-dir: the files named by the flags are read, then the other flags win."""
+    _write(tmp_path, "/etc/crio/crio.conf", '[crio.network]\nnetwork_dir = "/etc/not-read"\n')
+    _write(tmp_path, "/opt/crio/crio.conf", '[crio.network]\nnetwork_dir = "/opt/crio/net.d"\n')
+    _write(tmp_path, "/opt/crio/d/10.conf", '[crio.runtime]\nnamespaces_dir = "/run/from-drop-in"\n')
+    argv = ["crio", "--config", "/opt/crio/crio.conf", "-d", "/opt/crio/d"]
+    (runtime,) = detect_layout(str(tmp_path), _proc(tmp_path, (60, argv, 0))).runtimes
+    assert runtime.conf_dir == "/opt/crio/net.d" and runtime.netns_dir == "/run/from-drop-in/netns"
+    assert runtime.sources == ("/opt/crio/crio.conf", "/opt/crio/d/10.conf", "crio (pid 60) command line")
+    argv += ["--cni-config-dir=/flag/net.d", "--cni-plugin-dir", "/flag/a,/flag/b", "--cni-plugin-dir=/flag/c"]
+    argv += ["--namespaces-dir", "/run/flag-ns"]
+    (runtime,) = detect_layout(str(tmp_path), _proc(tmp_path, (60, argv, 0), name="again")).runtimes
+    assert runtime.conf_dir == "/flag/net.d" and runtime.bin_dirs == ("/flag/a", "/flag/b", "/flag/c")
+    assert runtime.netns_dir == "/run/flag-ns/netns"
+
+
+def test_talos_cri_containerd_and_its_conf_d(tmp_path: Path) -> None:
+    # Talos: the CRI containerd reads /etc/cri/containerd.toml, which imports /etc/cri/conf.d.
+    _write(tmp_path, "/etc/cri/containerd.toml", 'version = 2\nimports = ["/etc/cri/conf.d/*.toml"]\n')
+    _write(
+        tmp_path,
+        "/etc/cri/conf.d/cri.toml",
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".cni]\n  conf_dir = "/etc/cni/talos"\n',
+    )
+    (runtime,) = detect_layout(str(tmp_path)).runtimes
+    assert runtime.runtime == "talos" and runtime.conf_dir == "/etc/cni/talos"
+
+
+def test_dockers_containerd_without_cri_beside_k3s_adds_no_dirs(tmp_path: Path) -> None:
+    """The containerd.io package's config disables CRI: that containerd runs no pod, so k3s'
+    dirs are the node's; once CRI is on again, both runtimes' are."""
+    _write(tmp_path, "/etc/containerd/config.toml", 'disabled_plugins = ["cri"]\n')
+    _write(
+        tmp_path,
+        "/var/lib/rancher/k3s/agent/etc/containerd/config.toml",
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".cni]\n'
+        '  conf_dir = "/var/lib/rancher/k3s/agent/etc/cni/net.d"\n',
+    )
+    layout = detect_layout(str(tmp_path))
+    assert [r.runtime for r in layout.runtimes] == ["k3s"]
+    _write(tmp_path, "/etc/containerd/config.toml", 'version = 2\ndisabled_plugins = ["io.containerd.grpc.v1.cri"]\n')
+    assert [r.runtime for r in detect_layout(str(tmp_path)).runtimes] == ["k3s"]
+    _write(tmp_path, "/etc/containerd/config.toml", "version = 2\ndisabled_plugins = []\n")
+    assert detect_layout(str(tmp_path)).conf_dirs == ("/etc/cni/net.d", "/var/lib/rancher/k3s/agent/etc/cni/net.d")
+
+
+def test_cri_dockerd_flags_name_its_cni_dirs(tmp_path: Path) -> None:
+    # cri-dockerd --cni-conf-dir, --cni-bin-dir (comma-separated); Docker still makes the pins.
+    _write(tmp_path, "/run/cri-dockerd.sock", "")
+    argv = ["cri-dockerd", "--network-plugin=cni", "--cni-conf-dir", "/etc/dd/net.d", "--cni-bin-dir=/dd/a,/dd/b"]
+    (runtime,) = detect_layout(str(tmp_path), _proc(tmp_path, (70, argv, 0))).runtimes
+    assert (runtime.conf_dir, runtime.bin_dirs) == ("/etc/dd/net.d", ("/dd/a", "/dd/b"))
+    assert runtime.netns_dir == "/var/run/docker/netns"
+    assert runtime.sources == ("/run/cri-dockerd.sock", "cri-dockerd (pid 70) command line")
+    (untrusted,) = detect_layout(str(tmp_path), _proc(tmp_path, (70, argv, 1000), name="user")).runtimes
+    assert untrusted.conf_dir == "/etc/cni/net.d"

@@ -72,8 +72,10 @@ def test_layout_json_names_each_dir_and_where_it_came_from(tmp_path: Path) -> No
         fake_settings(tmp_path, bin_dirs=("/opt/cni/bin",)),
         origins=(("--cni-bin-dir", "containerd config"), ("--netns-dir", "default")),
         layout_problems=("no pod CIDR",),
+        more_conf_dirs=("/etc/kata/net.d",),
     )
     doc = layout_json(settings)
+    assert doc["conf_dirs"] == [settings.cni_conf_dir, "/etc/kata/net.d"]
     assert doc["dirs"]["--cni-bin-dir"] == {"value": ["/opt/cni/bin"], "from": "containerd config"}
     assert doc["dirs"]["--netns-dir"]["value"] == [str(tmp_path / "netns")]
     assert doc["problems"] == ["no pod CIDR"] and doc["pod_cidrs"] is None

@@ -14,6 +14,7 @@ from reaper.kinds.netconf import (
     MAX_CONFIG_BYTES,
     ConfigError,
     collect_configs,
+    collect_configs_of,
     parse_network_config,
     plugin_list,
     stateful_plugins,
@@ -85,6 +86,21 @@ def test_broken_and_linked_configs_in_the_conf_dir(tmp_path: Path) -> None:
     configs, corrupt = collect_configs(str(tmp_path))
     assert [c.path.rsplit("/", 1)[1] for c in configs] == ["20-b.conf", "30-link.conflist"]
     assert sorted(c.path.rsplit("/", 1)[1] for c in corrupt) == ["10-a.conflist", "40-dangling.json"]
+
+
+def test_a_network_in_two_conf_dirs_is_the_first_dirs(tmp_path: Path) -> None:
+    """Two runtimes' conf dirs: each dir's configs count, and a name in both is the first
+    dir's (the serving runtime's), as libcni takes the first file that has it."""
+    first, second = tmp_path / "crio", tmp_path / "ctd"
+    first.mkdir()
+    second.mkdir()
+    (first / "10-pods.conf").write_text(json.dumps({"name": "pods", "type": "bridge", "cniVersion": "1.0.0"}))
+    (second / "05-pods.conf").write_text(json.dumps({"name": "pods", "type": "ptp", "cniVersion": "1.0.0"}))
+    (second / "20-other.conf").write_text(json.dumps({"name": "other", "type": "ptp", "cniVersion": "1.0.0"}))
+    (second / "30-bad.conf").write_text("{")
+    configs, corrupt = collect_configs_of([str(first), str(second), str(tmp_path / "missing")])
+    assert [(c.name, c.plugin_types) for c in configs] == [("pods", ("bridge",)), ("other", ("ptp",))]
+    assert [c.path for c in corrupt] == [str(second / "30-bad.conf")]
 
 
 def test_use_pod_cidr_is_a_valid_config_whose_range_is_not_known_here(tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,9 +11,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reaper.runtime.cri import CriLiveness
-from reaper.runtime.discovery import Endpoint, as_url, discover, endpoint_in_config, flag_value, kubelet_endpoints
+from reaper.runtime.discovery import (
+    Endpoint,
+    as_url,
+    believed_command_lines,
+    discover,
+    endpoint_in_config,
+    flag_value,
+    kubelet_endpoints,
+)
 from tests.harness.fake_cri import FakeRuntime, sandbox, sandbox_list
 from tests.harness.fuzz import FUZZ
+from tests.harness.procs import believed_process, host_proc
 
 
 def test_flag_values_in_both_go_spellings_the_last_one_winning() -> None:
@@ -89,23 +97,8 @@ def test_hostile_kubelets_never_hang_or_break_discovery(tmp_path: Path) -> None:
     assert found[0].refused is not None and "pid 1" in found[0].refused
 
 
-def _host_proc(proc: Path, host_root: Path) -> None:
-    """A /proc whose pid 1 has `host_root` for its root and this process's mount namespace."""
-    (proc / "1" / "ns").mkdir(parents=True)
-    (proc / "1" / "root").symlink_to(host_root)
-    (proc / "1" / "ns" / "mnt").symlink_to("/proc/self/ns/mnt")
-
-
 def _believed_kubelet(proc: Path, pid: int, host_root: Path, endpoint: str) -> None:
-    """A kubelet as pid 1 would have started it: root, pid 1's root and mount namespace, and a
-    root-owned executable (the interpreter's)."""
-    (proc / str(pid) / "ns").mkdir(parents=True)
-    (proc / str(pid) / "comm").write_bytes(b"kubelet\n")
-    (proc / str(pid) / "cmdline").write_bytes(b"kubelet\0--container-runtime-endpoint=" + endpoint.encode() + b"\0")
-    (proc / str(pid) / "status").write_bytes(b"Name:\tkubelet\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\n")
-    (proc / str(pid) / "root").symlink_to(host_root)
-    (proc / str(pid) / "ns" / "mnt").symlink_to("/proc/self/ns/mnt")
-    (proc / str(pid) / "exe").symlink_to(os.path.realpath(sys.executable))
+    believed_process(proc, pid, host_root, ["kubelet", f"--container-runtime-endpoint={endpoint}"])
 
 
 def test_a_kubelets_endpoint_is_the_socket_in_the_hosts_root(tmp_path: Path) -> None:
@@ -114,7 +107,7 @@ def test_a_kubelets_endpoint_is_the_socket_in_the_hosts_root(tmp_path: Path) -> 
     (host / "run").mkdir(parents=True)
     (host / "var").mkdir()
     (host / "var" / "run").symlink_to("/run")
-    _host_proc(tmp_path / "proc", host)
+    host_proc(tmp_path / "proc", host)
     _believed_kubelet(tmp_path / "proc", 4242, host, "unix:///var/run/k.sock")
     with FakeRuntime(host / "run" / "k.sock", sandbox_list([sandbox("k1")]), {"k1": "/run/netns/k1"}):
         found = discover(str(tmp_path / "proc"), known=())
@@ -132,7 +125,7 @@ def test_a_socket_swapped_after_the_check_is_never_asked_and_the_known_one_stays
     host = tmp_path / "host"
     (host / "run").mkdir(parents=True)
     known, evil = tmp_path / "known.sock", tmp_path / "evil.sock"
-    _host_proc(tmp_path / "proc", host)
+    host_proc(tmp_path / "proc", host)
     _believed_kubelet(tmp_path / "proc", 4242, host, "unix:///run/k.sock")
     listed = sandbox_list([sandbox("pinned", ready=False)])
     with FakeRuntime(known, listed, {"pinned": "/run/netns/cni-pinned"}) as real, FakeRuntime(evil, b"", {}) as fake:
@@ -158,7 +151,7 @@ def test_every_socket_discovery_opens_is_closed_when_the_runtimes_have_answered(
     """The agent discovers on every pass: the fds of the sockets it checked go with the pass."""
     host = tmp_path / "host"
     (host / "run").mkdir(parents=True)
-    _host_proc(tmp_path / "proc", host)
+    host_proc(tmp_path / "proc", host)
     _believed_kubelet(tmp_path / "proc", 4242, host, "unix:///run/k.sock")
     with FakeRuntime(host / "run" / "k.sock", b"", {}), FakeRuntime(tmp_path / "known.sock", b"", {}):
         known = (("containerd", str(tmp_path / "known.sock")),)
@@ -174,3 +167,35 @@ def _open_files() -> Iterator[str]:
     for fd in os.listdir("/proc/self/fd"):
         with contextlib.suppress(OSError):  # the listing's own fd, closed since
             yield os.readlink(f"/proc/self/fd/{fd}")
+
+
+def test_the_kubelets_config_dir_drop_ins_win_over_its_config_in_lexical_order(tmp_path: Path) -> None:
+    """kubelet --config-dir: files ending .conf, merged in lexical order over --config."""
+    host = tmp_path / "host"
+    (host / "etc" / "kubelet.d").mkdir(parents=True)
+    (host / "etc" / "kubelet.yaml").write_text("containerRuntimeEndpoint: unix:///run/base.sock\n")
+    (host / "etc" / "kubelet.d" / "10-a.conf").write_text("containerRuntimeEndpoint: unix:///run/ten.sock\n")
+    (host / "etc" / "kubelet.d" / "20-b.conf").write_text("containerRuntimeEndpoint: unix:///run/twenty.sock\n")
+    (host / "etc" / "kubelet.d" / "30-c.conf").write_text("maxPods: 10\n")  # says nothing of the endpoint
+    (host / "etc" / "kubelet.d" / "90-z.yaml").write_text("containerRuntimeEndpoint: unix:///run/no.sock\n")
+    proc = tmp_path / "proc"
+    host_proc(proc, host)
+    believed_process(proc, 7, host, ["kubelet", "--config=/etc/kubelet.yaml", "--config-dir", "/etc/kubelet.d"])
+    believed_process(proc, 8, host, ["kubelet", "--config=/etc/kubelet.yaml"])
+    found = sorted((e.url, e.source) for e in kubelet_endpoints(str(proc)))
+    assert found == [
+        ("unix:///run/base.sock", "kubelet (pid 8) config /etc/kubelet.yaml"),
+        ("unix:///run/twenty.sock", "kubelet (pid 7) config dir /etc/kubelet.d"),
+    ]
+
+
+def test_only_processes_the_hosts_init_could_have_started_give_their_command_lines(tmp_path: Path) -> None:
+    host = tmp_path / "host"
+    host.mkdir()
+    proc = tmp_path / "proc"
+    host_proc(proc, host)
+    believed_process(proc, 30, host, ["crio", "--cni-config-dir=/etc/a"])
+    believed_process(proc, 20, host, ["crio", "--cni-config-dir=/etc/b"], uid=1000)
+    believed_process(proc, 10, host, ["containerd"])
+    assert believed_command_lines(str(proc), b"crio") == [(30, ["crio", "--cni-config-dir=/etc/a"])]
+    assert believed_command_lines(str(proc / "none"), b"crio") == []
