@@ -25,6 +25,7 @@ SYS_OPENAT2 = 437  # the same number on every architecture (added with the gener
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_NO_SYMLINKS = 0x04
 RESOLVE_BENEATH = 0x08
+RESOLVE_IN_ROOT = 0x10
 NO_SYMLINKS = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
@@ -73,7 +74,7 @@ def parts_beneath(root: str, path: str) -> tuple[str, ...]:
     return parts
 
 
-def _openat2(dir_fd: int, rel: str, flags: int, mode: int, resolve: int) -> int | None:
+def openat2(dir_fd: int, rel: str, flags: int, mode: int, resolve: int) -> int | None:
     """openat2(2), or None when this kernel (or a seccomp filter) does not offer it."""
     how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0, resolve)
     # syscall(2) is variadic: every argument a full register wide.
@@ -125,7 +126,7 @@ def open_beneath(dir_fd: int, parts: tuple[str, ...], flags: int, mode: int = 0o
     if not parts or any(p in ("", ".", "..") or "/" in p for p in parts):
         raise Escapes(errno.EXDEV, "not a plain path", "/".join(parts))
     if not walk_only:
-        fd = _openat2(dir_fd, "/".join(parts), flags, mode, NO_SYMLINKS)
+        fd = openat2(dir_fd, "/".join(parts), flags, mode, NO_SYMLINKS)
         if fd is not None:
             return fd
     return _walk(dir_fd, parts, flags, mode)

@@ -20,8 +20,6 @@ paths first: a kubelet's endpoint can only add a runtime, never stand in for a k
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import errno
 import os
 import re
 import stat
@@ -29,7 +27,7 @@ from collections.abc import Iterable, Iterator
 
 from msgspec import Struct
 
-from reaper.host.confined import libc
+from reaper.host.confined import RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS, openat2
 
 UNIX = "unix://"
 # Where each runtime puts its CRI socket by default.
@@ -54,9 +52,6 @@ _CONFIG_DIR_FLAG = "--config-dir"
 MAX_DROP_INS = 256
 _CONFIG_ENDPOINT = re.compile(r"""^containerRuntimeEndpoint:\s*["']?([^"'\s#]+)["']?\s*(?:#.*)?$""", re.MULTILINE)
 _SOCKET_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
-_SYS_OPENAT2 = 437
-_RESOLVE_NO_MAGICLINKS = 0x02
-_RESOLVE_IN_ROOT = 0x10
 
 
 class Endpoint(Struct, frozen=True):
@@ -129,10 +124,6 @@ def _read(path: str, limit: int, dir_fd: int | None = None) -> bytes | None:
         return None
     finally:
         os.close(fd)
-
-
-class _OpenHow(ctypes.Structure):
-    _fields_ = (("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64))
 
 
 def _identity(path: str, dir_fd: int | None = None) -> tuple[int, int]:
@@ -277,25 +268,6 @@ def kubelet_endpoints(proc: str = "/proc") -> list[Endpoint]:
     return found
 
 
-def _openat2_in_root(root_fd: int, path: str) -> int | None:
-    """`path` opened O_PATH | O_NOFOLLOW with `root_fd` as "/" for every step, symlinks
-    included (RESOLVE_IN_ROOT); None when this kernel has no openat2."""
-    how = _OpenHow(_SOCKET_FLAGS, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
-    fd = libc.syscall(
-        ctypes.c_long(_SYS_OPENAT2),
-        ctypes.c_long(root_fd),
-        ctypes.c_char_p(os.fsencode(path)),
-        ctypes.byref(how),
-        ctypes.c_size_t(ctypes.sizeof(how)),
-    )
-    if fd >= 0:
-        return int(fd)
-    code = ctypes.get_errno()
-    if code in (errno.ENOSYS, errno.EPERM, errno.E2BIG):
-        return None
-    raise OSError(code, os.strerror(code), path)
-
-
 def open_socket(path: str, root: str | None = None) -> tuple[int, tuple[int, int]] | None:
     """The socket file at `path` (in `root`, a directory taken as "/", else this process's
     root) as an O_PATH fd, and its (device, inode); None when there is none (missing, a
@@ -306,7 +278,8 @@ def open_socket(path: str, root: str | None = None) -> tuple[int, tuple[int, int
         else:
             root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
-                opened = _openat2_in_root(root_fd, path)
+                # Every step resolved with `root` as "/", symlinks included, as the kubelet sees it.
+                opened = openat2(root_fd, path, _SOCKET_FLAGS, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
             finally:
                 os.close(root_fd)
             # Without openat2 (kernels before 5.6) an absolute symlink on the way resolves in

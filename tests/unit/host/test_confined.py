@@ -17,9 +17,9 @@ from reaper.host.confined import (
     Escapes,
     RootRefused,
     UnfitFile,
-    _openat2,
     open_beneath,
     open_root,
+    openat2,
     opened_dir,
     read_beneath,
     read_fd,
@@ -222,11 +222,11 @@ def test_openat2_is_what_runs_here_and_refuses_links_itself(tree: tuple[Path, Pa
     (root / "results" / "f").write_text("x")
     (root / "results" / "link").symlink_to(victim / "net-a-eth0")
     with _root(root) as fd:
-        opened = _openat2(fd, "results/f", os.O_RDONLY, 0, NO_SYMLINKS)
+        opened = openat2(fd, "results/f", os.O_RDONLY, 0, NO_SYMLINKS)
         assert opened is not None, "openat2 unavailable: only the walk was tested"
         os.close(opened)
         with pytest.raises(OSError) as err:
-            _openat2(fd, "results/link", os.O_RDONLY, 0, NO_SYMLINKS)
+            openat2(fd, "results/link", os.O_RDONLY, 0, NO_SYMLINKS)
         assert err.value.errno == errno.ELOOP
         with pytest.raises(Escapes):
-            _openat2(fd, "../victim/net-a-eth0", os.O_RDONLY, 0, NO_SYMLINKS)
+            openat2(fd, "../victim/net-a-eth0", os.O_RDONLY, 0, NO_SYMLINKS)
