@@ -119,65 +119,23 @@ class CriLiveness:
         problems: list[str] = []
         for endpoint in candidates:
             if endpoint.refused is not None:  # a process that is not the node's kubelet named it
-                answers.append(
-                    RuntimeAnswer(
-                        endpoint=endpoint.url,
-                        source=endpoint.source,
-                        name=None,
-                        version=None,
-                        reachable=False,
-                        error=endpoint.refused,
-                        sandboxes=0,
-                        skipped=True,
-                    )
-                )
+                answers.append(_unanswered(endpoint, endpoint.refused, skipped=True))
                 continue
             left = deadline - time.monotonic()
             if left <= 0:
                 why = f"{endpoint.url}: not asked: the time for asking the runtimes ran out"
-                answers.append(
-                    RuntimeAnswer(
-                        endpoint=endpoint.url,
-                        source=endpoint.source,
-                        name=None,
-                        version=None,
-                        reachable=False,
-                        error=why,
-                        sandboxes=0,
-                    )
-                )
+                answers.append(_unanswered(endpoint, why))
                 problems.append(why)
                 continue
             if not self.endpoints and _refused(socket_path(endpoint.target), min(self.timeout, left)):
                 why = "nobody listens on this socket (connection refused); skipped"
-                answers.append(
-                    RuntimeAnswer(
-                        endpoint=endpoint.url,
-                        source=endpoint.source,
-                        name=None,
-                        version=None,
-                        reachable=False,
-                        error=why,
-                        sandboxes=0,
-                        skipped=True,
-                    )
-                )
+                answers.append(_unanswered(endpoint, why, skipped=True))
                 continue
             try:
                 with RuntimeClient(endpoint.url, self.timeout, endpoint.target, deadline) as client:
                     answer, listed = self._observe(client, endpoint, known_netns)
             except CriError as err:
-                answers.append(
-                    RuntimeAnswer(
-                        endpoint=endpoint.url,
-                        source=endpoint.source,
-                        name=None,
-                        version=None,
-                        reachable=False,
-                        error=str(err),
-                        sandboxes=0,
-                    )
-                )
+                answers.append(_unanswered(endpoint, str(err)))
                 problems.append(str(err))
                 continue
             answers.append(answer)
@@ -228,6 +186,20 @@ class CriLiveness:
             sandboxes=len(sandboxes),
         )
         return answer, sandboxes
+
+
+def _unanswered(endpoint: Endpoint, error: str, *, skipped: bool = False) -> RuntimeAnswer:
+    """A runtime that gave no answer this pass (skipped: not asked on purpose), and why."""
+    return RuntimeAnswer(
+        endpoint=endpoint.url,
+        source=endpoint.source,
+        name=None,
+        version=None,
+        reachable=False,
+        error=error,
+        sandboxes=0,
+        skipped=skipped,
+    )
 
 
 def _netns_of(endpoint: str, answer: pb.PodSandboxStatusResponse | None) -> str:
