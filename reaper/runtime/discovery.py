@@ -114,11 +114,15 @@ def endpoint_in_config(text: str) -> str | None:
 
 
 def _read(path: str, limit: int, dir_fd: int | None = None) -> bytes | None:
+    """At most `limit` bytes of a regular file (a config, a drop-in, /proc's cmdline); None for
+    anything else, so a FIFO or a device planted under a config's name is never read from."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         return os.read(fd, limit)
     except OSError:
         return None

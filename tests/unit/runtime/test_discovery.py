@@ -178,6 +178,13 @@ def test_the_kubelets_config_dir_drop_ins_win_over_its_config_in_lexical_order(t
     (host / "etc" / "kubelet.d" / "20-b.conf").write_text("containerRuntimeEndpoint: unix:///run/twenty.sock\n")
     (host / "etc" / "kubelet.d" / "30-c.conf").write_text("maxPods: 10\n")  # says nothing of the endpoint
     (host / "etc" / "kubelet.d" / "90-z.yaml").write_text("containerRuntimeEndpoint: unix:///run/no.sock\n")
+    # Neither a FIFO (with a writer that has an endpoint waiting in it) nor a device under a
+    # drop-in's name is read.
+    fifo = host / "etc" / "kubelet.d" / "60-fifo.conf"
+    os.mkfifo(fifo)
+    writer = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+    os.write(writer, b"containerRuntimeEndpoint: unix:///run/fifo.sock\n")
+    (host / "etc" / "kubelet.d" / "50-dev.conf").symlink_to("/dev/zero")
     proc = tmp_path / "proc"
     host_proc(proc, host)
     believed_process(proc, 7, host, ["kubelet", "--config=/etc/kubelet.yaml", "--config-dir", "/etc/kubelet.d"])
@@ -187,6 +194,7 @@ def test_the_kubelets_config_dir_drop_ins_win_over_its_config_in_lexical_order(t
         ("unix:///run/base.sock", "kubelet (pid 8) config /etc/kubelet.yaml"),
         ("unix:///run/twenty.sock", "kubelet (pid 7) config dir /etc/kubelet.d"),
     ]
+    os.close(writer)
 
 
 def test_only_processes_the_hosts_init_could_have_started_give_their_command_lines(tmp_path: Path) -> None:
