@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Set
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Set
 from typing import Any
 
 from msgspec.structs import replace
 
-from reaper.host.memo import InventoryMemo, OutputMemo
+from reaper.host.memo import InventoryMemo
 from reaper.host.procs import describe, netns_members, unseen_processes
-from reaper.kinds import FindOptions, Found, Kind, Look, Started, hostlocal
+from reaper.kinds import FindOptions, Found, Kind, Look, hostlocal
 from reaper.kinds.hostlocal import range_usage
 from reaper.kinds.netconf import collect_configs_of
 from reaper.kinds.registry import KINDS
@@ -72,19 +71,6 @@ def with_holders(snapshot: NodeSnapshot, wanted: Set[NsKey], bin_dirs: tuple[str
     return replace(snapshot, netns_holders=tuple((ns, tuple(described[pid] for pid in pids)) for ns, pids in kept))
 
 
-@contextmanager
-def _started(kinds: tuple[Kind[Any], ...], opts: FindOptions, memo: OutputMemo) -> Iterator[dict[str, Started]]:
-    """Begin each kind's find that starts early; whatever is still running at the end is
-    stopped."""
-    with ExitStack() as stack:
-        started: dict[str, Started] = {}
-        for kind in kinds:
-            if kind.start is not None:
-                started[kind.name] = kind.start(opts, memo)
-                stack.callback(started[kind.name].close)
-        yield started
-
-
 def take_snapshot(
     opts: FindOptions,
     memo: InventoryMemo | None = None,
@@ -95,8 +81,7 @@ def take_snapshot(
     watch = Stopwatch()
     memo = memo if memo is not None else InventoryMemo()
     memo.start_pass()
-    with _started(kinds, opts, memo.outputs) as started:
-        snapshot = _take(opts, taken_at, watch, memo, kinds, started)
+    snapshot = _take(opts, taken_at, watch, memo, kinds)
     memo.end_pass()
     return snapshot
 
@@ -107,7 +92,6 @@ def _take(
     watch: Stopwatch,
     memo: InventoryMemo,
     kinds: tuple[Kind[Any], ...],
-    started: Mapping[str, Started],
 ) -> NodeSnapshot:
     conf_configs, corrupt = collect_configs_of(opts.conf_dirs)
     configs: list[NetworkConfig] = list(conf_configs)  # one per network: the conf dirs' win
@@ -120,9 +104,8 @@ def _take(
         # Kinds see only the node's own configs: a path in a cached config (an ipam.dataDir) is
         # whatever the writer of the cache dir wanted it to be.
         look = Look(opts, memo, tuple(conf_configs), dict(found))
-        begun = started.get(kind.name)
         try:
-            result = begun.find(look) if begun is not None else kind.find(look)
+            result = kind.find(look)
         except Exception as err:  # a bug in one kind costs that kind only
             # Fewer records never make a live attachment look orphaned: liveness comes from the
             # runtimes, and a missing record only goes unreclaimed.

@@ -27,8 +27,6 @@ T = TypeVar("T")
 Stamp = tuple[int, int, int, int, int]
 
 RACY_NS = 2_000_000_000  # a file changed this close to the start of a pass is read next time too
-# A version of what a command prints, as the kernel numbers it: plain strings and integers.
-Version = tuple[str | int, ...]
 
 
 def stamp(st: os.stat_result) -> Stamp:
@@ -77,19 +75,12 @@ class FileMemo(Generic[T]):
 class OutputMemo:
     """What a command's output parsed to last pass: an output whose `key` (the whole text, or
     the text less what the parse never reads) is the same as last pass's is not parsed again.
-    An exact comparison, so nothing can be stale.
-
-    And what a command's output parsed to at a version of what it prints, for a command that
-    prints only what a version number of the kernel's stands for (`iptables-nft-save` and the
-    nftables ruleset's generation): the command is not run again while the version is the same,
-    read before each run (see reaper.kinds.iptables). Results not used in a pass are forgotten
-    at its end."""
+    An exact comparison, so nothing can be stale. Results not used in a pass are forgotten at
+    its end."""
 
     def __init__(self) -> None:
         self._previous: dict[str, tuple[str, object]] = {}
         self._current: dict[str, tuple[str, object]] = {}
-        self._at_before: dict[str, tuple[Version, object]] = {}
-        self._at_now: dict[str, tuple[Version, object]] = {}
 
     def parsed(self, name: str, key: str, parse: Callable[[], T]) -> T:
         hit = self._previous.get(name)
@@ -97,18 +88,8 @@ class OutputMemo:
         self._current[name] = (key, value)
         return cast(T, value)
 
-    def at_version(self, command: str, version: Version) -> object | None:
-        """What `command`'s output parsed to last pass, when it ran at this same `version`."""
-        hit = self._at_before.get(command)
-        return hit[1] if hit is not None and hit[0] == version else None
-
-    def keep_at_version(self, command: str, version: Version, value: object) -> None:
-        """`command`, run after `version` was read, printed what parsed to `value`."""
-        self._at_now[command] = (version, value)
-
     def end_pass(self) -> None:
         self._previous, self._current = self._current, {}
-        self._at_before, self._at_now = self._at_now, {}
 
 
 class InventoryMemo:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from msgspec import Struct
 
-from reaper.host.memo import InventoryMemo, OutputMemo
+from reaper.host.memo import InventoryMemo
 from reaper.host.quarantine import Quarantine
 from reaper.model import (
     CorruptFile,
@@ -61,18 +61,6 @@ class Look(Struct, frozen=True):
     earlier: Mapping[str, tuple[Any, ...]]  # records of the kinds found before this one
 
 
-class Started(Protocol):
-    """A kind's find begun at the start of a look (commands running while files are read)."""
-
-    def find(self, look: Look) -> Found[Any]:
-        """What the kind's own find would give, from the work begun."""
-        ...
-
-    def close(self) -> None:
-        """Stop whatever is still running."""
-        ...
-
-
 class Found(Struct, Generic[R], frozen=True):
     records: tuple[R, ...]
     corrupt: tuple[CorruptFile, ...] = ()
@@ -109,10 +97,6 @@ class Kind(Struct, Generic[R], frozen=True, kw_only=True):
     tie: Callable[[R], Tie | None]
     # Free what is still there, comparing before each delete; every record gets a Done.
     reclaim: Callable[[Sequence[R], ReclaimContext], Mapping[Identity, Done]]
-    # Its find begun before any kind is found (commands that run while files are read), given
-    # the memo of command outputs (a long-running agent's, carried from pass to pass); the look
-    # then finishes it in the kind's turn instead of calling `find`.
-    start: Callable[[FindOptions, OutputMemo], Started] | None = None
     # What a later DEL would need (the cache entry): reclaimed after every other kind, and only
     # once the rest of its attachment is gone.
     last: bool = False

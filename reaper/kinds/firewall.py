@@ -36,11 +36,10 @@ from msgspec import Struct
 from msgspec.structs import replace
 
 from reaper.cni.result import address_key
-from reaper.host.memo import OutputMemo
-from reaper.kinds import FindOptions, Found, Kind, Look, ReclaimContext, cache, hostlocal
+from reaper.kinds import Found, Kind, Look, ReclaimContext, cache, hostlocal
 from reaper.kinds.cache import CacheEntry
 from reaper.kinds.hostlocal import HostLocalLease
-from reaper.kinds.iptables import Family, IptablesTools, SaveCollector, resaved, restore_each, save_lines
+from reaper.kinds.iptables import Family, IptablesTools, resaved, restore_each, save_lines, saved
 from reaper.model import Claim, DetailValue, Done, Identity, ResourceRef
 
 KIND_NAME = "firewall"
@@ -174,26 +173,11 @@ def _parse(text: str, tool: IptablesTools) -> tuple[ForwardRule, ...]:
     return tuple(parse_filter_save(text, tool.family, tool.backend))
 
 
-class RuleCollector(SaveCollector[ForwardRule]):
-    """`iptables-save -t filter` of every backend, begun at the start of a look."""
-
-    def __init__(self, options: FindOptions, memo: OutputMemo) -> None:
-        super().__init__(KIND_NAME, TABLE, _parse, options.command_timeout, memo)
-
-    def find(self, look: Look) -> Found[ForwardRule]:
-        results, errors = self.results()
-        rules = [rule for _, parsed in results for rule in parsed]
-        leases = [r for r in look.earlier.get(hostlocal.KIND.name, ()) if isinstance(r, HostLocalLease)]
-        caches = [r for r in look.earlier.get(cache.KIND.name, ()) if isinstance(r, CacheEntry)]
-        return Found(tuple(with_owners(rules, leases, caches)), errors=tuple(errors))
-
-
 def find(look: Look) -> Found[ForwardRule]:
-    collector = RuleCollector(look.options, look.memo.outputs)
-    try:
-        return collector.find(look)
-    finally:
-        collector.close()
+    rules, errors = saved(KIND_NAME, TABLE, _parse, look.options.command_timeout, look.memo.outputs)
+    leases = [r for r in look.earlier.get(hostlocal.KIND.name, ()) if isinstance(r, HostLocalLease)]
+    caches = [r for r in look.earlier.get(cache.KIND.name, ()) if isinstance(r, CacheEntry)]
+    return Found(tuple(with_owners(rules, leases, caches)), errors=tuple(errors))
 
 
 def identity(rule: ForwardRule) -> Identity:
@@ -268,5 +252,5 @@ def frees(rule: ForwardRule) -> tuple[str, ...]:
 
 
 KIND: Kind[ForwardRule] = Kind(
-    name=KIND_NAME, find=find, identity=identity, ref=ref, tie=tie, reclaim=reclaim, start=RuleCollector, frees=frees
+    name=KIND_NAME, find=find, identity=identity, ref=ref, tie=tie, reclaim=reclaim, frees=frees
 )

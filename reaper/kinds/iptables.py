@@ -16,14 +16,13 @@ import shutil
 import subprocess
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from typing import Generic, Literal, Protocol, TypeVar, cast
+from typing import Literal, Protocol, TypeVar
 
 from msgspec import Struct
 
 from reaper.host.commands import run_command
-from reaper.host.memo import OutputMemo, Version
-from reaper.host.nftgen import ruleset_generation
-from reaper.kinds import FindOptions, Found, Kind, Look, ReclaimContext
+from reaper.host.memo import OutputMemo
+from reaper.kinds import Found, Kind, Look, ReclaimContext
 from reaper.model import Claim, DetailValue, Done, Identity, ResourceRef, SourceError
 from reaper.names import is_cni_id
 
@@ -238,43 +237,26 @@ class OnBackend(Protocol):
 B = TypeVar("B", bound=OnBackend)
 
 
-class SaveCollector(Generic[B]):
-    """Runs `iptables-save -t TABLE` per family and backend in the background; `results()`
-    waits and gives what each backend's output parsed to.
-
-    Started first in a snapshot, so the commands run while Python reads files. An nft
-    backend's save is not run again while the nftables ruleset is at the generation read
-    before its last run, in the same netns: what it parsed to then is taken from the memo (a
-    long-running agent's, carried from pass to pass in memory; a one-shot has none and runs
-    every save). Reclaiming never acts on a kept result: it saves afresh before any delete.
-    """
-
-    def __init__(
-        self,
-        kind: str,
-        table: str,
-        parse: Callable[[str, IptablesTools], tuple[B, ...]],
-        timeout: float,
-        memo: OutputMemo | None = None,
-    ) -> None:
-        self.kind = kind
-        self.table = table
-        self.parse = parse
-        self.timeout = timeout
-        self.memo = memo
-        self.errors: list[SourceError] = []
-        self.running: list[tuple[IptablesTools, subprocess.Popen[str]]] = []
-        self.unchanged: list[tuple[IptablesTools, tuple[B, ...]]] = []
-        self.version = ruleset_version() if memo is not None else None
-        tools = iptables_tools(table)
-        if not any(t.family == "ipv4" for t in tools):
-            self.errors.append(SourceError("iptables-save", "not installed"))
+def saved(
+    kind: str,
+    table: str,
+    parse: Callable[[str, IptablesTools], tuple[B, ...]],
+    timeout: float,
+    memo: OutputMemo | None,
+) -> tuple[list[B], list[SourceError]]:
+    """`iptables-save -t TABLE` of every family and backend, run side by side, each output
+    parsed. With a memo (a long-running agent's, carried from pass to pass in memory), an
+    output that is the same as last pass's but for its time stamps is not parsed again: an
+    exact comparison of what the parse reads, so nothing is stale. Reclaiming never acts on
+    these records alone: it saves afresh before any delete."""
+    errors: list[SourceError] = []
+    running: list[tuple[IptablesTools, subprocess.Popen[str]]] = []
+    tools = iptables_tools(table)
+    if not any(t.family == "ipv4" for t in tools):
+        errors.append(SourceError("iptables-save", "not installed"))
+    records: list[B] = []
+    try:
         for tool in tools:
-            kept = self._kept(tool)
-            if kept is not None:
-                self._keep(tool, kept)
-                self.unchanged.append((tool, kept))
-                continue
             try:
                 proc = subprocess.Popen(
                     [tool.save, "-t", table],
@@ -284,64 +266,33 @@ class SaveCollector(Generic[B]):
                     errors="replace",
                 )
             except OSError as err:
-                self.errors.append(SourceError(tool.save, str(err)))
+                errors.append(SourceError(tool.save, str(err)))
                 continue
-            self.running.append((tool, proc))
-
-    def results(self) -> tuple[list[tuple[IptablesTools, tuple[B, ...]]], list[SourceError]]:
-        parsed: list[tuple[IptablesTools, tuple[B, ...]]] = []
-        errors = list(self.errors)
-        for tool, proc in self.running:
+            running.append((tool, proc))
+        for tool, proc in running:
             command = os.path.basename(tool.save)
             try:
-                out, err = proc.communicate(timeout=self.timeout)
+                out, said = proc.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
-                errors.append(SourceError(command, f"timed out after {self.timeout:.0f}s"))
+                errors.append(SourceError(command, f"timed out after {timeout:.0f}s"))
                 continue
             if proc.returncode != 0:
-                msg = (err.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+                msg = (said.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
                 # A kernel without the table for this family has nothing of ours in it.
                 if "does not exist" not in msg:
                     errors.append(SourceError(command, msg))
                 continue
-            records = self.parse(out, tool)
-            parsed.append((tool, records))
-            self._keep(tool, records)
-        self.running = []
-        return self.unchanged + parsed, errors
-
-    def _kept(self, tool: IptablesTools) -> tuple[B, ...] | None:
-        """What `tool`'s output parsed to last pass, if the ruleset it prints is provably the
-        same now."""
-        where = self._kept_under(tool)
-        if where is None:
-            return None
-        memo, version, command = where
-        kept = memo.at_version(command, version)
-        return cast(tuple[B, ...], kept) if isinstance(kept, tuple) else None
-
-    def _keep(self, tool: IptablesTools, records: tuple[B, ...]) -> None:
-        where = self._kept_under(tool)
-        if where is not None:
-            memo, version, command = where
-            memo.keep_at_version(command, version, records)
-
-    def _kept_under(self, tool: IptablesTools) -> tuple[OutputMemo, Version, str] | None:
-        """Where `tool`'s result is kept (the memo, the version read before the save, the
-        command's name), or None when it is never kept: no memo, no generation, or a legacy
-        backend (no generation) or an unknown one (it may be legacy)."""
-        if self.memo is None or self.version is None or tool.backend != "nft":
-            return None
-        return self.memo, self.version, f"{self.kind}:{tool.save} -t {self.table}"
-
-    def close(self) -> None:
-        """Stop whatever is still running (after an error elsewhere in the snapshot)."""
-        for _, proc in self.running:
+            parse_out = functools.partial(parse, out, tool)
+            if memo is None:
+                records.extend(parse_out())
+            else:
+                records.extend(memo.parsed(f"{kind}:{tool.save} -t {table}", without_stamps(out), parse_out))
+    finally:
+        for _, proc in running:  # what timed out, or is left after an error
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
+    return records, errors
 
 
 # A line iptables-save writes itself, before and after each table, with the time in it.
@@ -368,54 +319,13 @@ def without_stamps(text: str) -> str:
     return "".join(kept)
 
 
-def ruleset_version() -> Version | None:
-    """(netns device and inode, nftables generation), or None when the generation or the netns
-    cannot be read: two namespaces can be at the same generation. Kept in memory only, by a
-    process that stays in its netns (which is then not gone, so its inode number is not handed
-    on)."""
-    generation = ruleset_generation()
-    if generation is None:
-        return None
-    try:
-        st = os.stat("/proc/self/ns/net")
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, generation)
-
-
-class ChainCollector(SaveCollector[IptablesChain]):
-    """`iptables-save -t nat` of every backend, begun at the start of a look; `chains()` waits."""
-
-    def __init__(self, options: FindOptions, memo: OutputMemo) -> None:
-        super().__init__(KIND_NAME, "nat", self._parse, options.command_timeout, memo)
-
-    def _parse(self, text: str, tool: IptablesTools) -> tuple[IptablesChain, ...]:
-        """A legacy output (no generation to go by) is parsed again only when it differs
-        from the last pass's but for its time stamps."""
-        parse = functools.partial(_chains_in, text, tool)
-        if self.memo is None or self._kept_under(tool) is not None:
-            return parse()
-        return self.memo.parsed(f"{tool.save} -t nat", without_stamps(text), parse)
-
-    def chains(self) -> tuple[list[IptablesChain], list[SourceError]]:
-        results, errors = self.results()
-        return [chain for _, chains in results for chain in chains], errors
-
-    def find(self, look: Look) -> Found[IptablesChain]:
-        chains, errors = self.chains()
-        return Found(tuple(chains), errors=tuple(errors))
-
-
 def _chains_in(text: str, tool: IptablesTools) -> tuple[IptablesChain, ...]:
     return tuple(parse_save(text, tool.family, tool.backend))
 
 
 def find(look: Look) -> Found[IptablesChain]:
-    collector = ChainCollector(look.options, look.memo.outputs)
-    try:
-        return collector.find(look)
-    finally:
-        collector.close()
+    chains, errors = saved(KIND_NAME, "nat", _chains_in, look.options.command_timeout, look.memo.outputs)
+    return Found(tuple(chains), errors=tuple(errors))
 
 
 def identity(chain: IptablesChain) -> Identity:
@@ -520,5 +430,5 @@ def frees(chain: IptablesChain) -> list[str]:
 
 
 KIND: Kind[IptablesChain] = Kind(
-    name=KIND_NAME, find=find, identity=identity, ref=ref, tie=tie, reclaim=reclaim, start=ChainCollector, frees=frees
+    name=KIND_NAME, find=find, identity=identity, ref=ref, tie=tie, reclaim=reclaim, frees=frees
 )

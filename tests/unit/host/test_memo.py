@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from reaper.host.memo import InventoryMemo, OutputMemo, Version, stamp
+from reaper.host.memo import InventoryMemo, OutputMemo, stamp
 from reaper.kinds.cache import collect_cache
 from reaper.kinds.hostlocal import collect_leases
 from tests.harness.configs import cache_doc
@@ -117,23 +117,3 @@ def test_a_command_output_is_parsed_again_unless_its_key_is_the_same() -> None:
     outputs.end_pass()  # a pass that did not run the command forgets its output
     assert parsed("save", "a c") == ("a", "c")
     assert parses == ["a b", "a c", "a c", "a c"]
-
-
-# (netns device, netns inode, nftables generation)
-VERSION: Version = (4, 4026531840, 12)
-
-
-def test_a_result_is_given_back_only_at_the_version_it_ran_at() -> None:
-    outputs = OutputMemo()
-    assert outputs.at_version("save", VERSION) is None  # nothing yet
-    outputs.keep_at_version("save", VERSION, ("rules",))
-    assert outputs.at_version("save", VERSION) is None  # not before the pass ends
-    outputs.end_pass()
-    assert outputs.at_version("save", VERSION) == ("rules",)
-    others: Version = (5, 4026531841, 13)
-    for at, other in enumerate(others):
-        moved: Version = (*VERSION[:at], other, *VERSION[at + 1 :])  # another netns or generation
-        assert outputs.at_version("save", moved) is None, moved
-    assert outputs.at_version("other", VERSION) is None  # by command
-    outputs.end_pass()  # a pass that neither ran it nor took its result forgets it
-    assert outputs.at_version("save", VERSION) is None

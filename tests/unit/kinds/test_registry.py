@@ -96,32 +96,17 @@ def test_a_new_kind_joins_the_attachment_of_its_container() -> None:
     assert "plugin-state" not in KIND_NAMES
 
 
-class BegunEarly:
-    def __init__(self, seen: list[tuple[str, list[str]]]) -> None:
-        self.seen = seen
-
-    def find(self, look: Look) -> Found[PluginState]:
-        self.seen.append(("begun", sorted(look.earlier)))
-        return Found(())
-
-    def close(self) -> None:
-        pass
-
-
-def test_kinds_are_found_in_registry_order_a_begun_one_finished_in_its_turn(tmp_path: Path) -> None:
-    """Each kind sees the records of those before it; a kind whose find began early (commands
-    running while files are read) is finished by what it began, in its own turn."""
+def test_kinds_are_found_in_registry_order_each_seeing_those_before(tmp_path: Path) -> None:
+    """Each kind sees the records of those before it, in the registry's order."""
     seen: list[tuple[str, list[str]]] = []
 
-    def kind(name: str, begins: bool) -> Kind[PluginState]:
+    def kind(name: str) -> Kind[PluginState]:
         def find(look: Look) -> Found[PluginState]:
             seen.append((name, sorted(look.earlier)))
             return Found(())
 
-        start = (lambda opts, memo: BegunEarly(seen)) if begins else None
-        return replace(NEW_KIND, name=name, find=find, start=start)
+        return replace(NEW_KIND, name=name, find=find)
 
-    kinds = (kind("first", False), kind("dump", True), kind("second", False))
+    kinds = (kind("first"), kind("dump"), kind("second"))
     take_snapshot(options_at(tmp_path), kinds=kinds)
-    assert seen == [("first", []), ("begun", ["first"]), ("second", ["dump", "first"])]
-    assert [k.name for k in KINDS if k.start is not None] == ["firewall", "iptables"]
+    assert seen == [("first", []), ("dump", ["first"]), ("second", ["dump", "first"])]
