@@ -15,6 +15,11 @@ A socket is asked through the very file that was checked: it is opened `O_PATH |
 from that fd, and the client connects to `/proc/self/fd/N`, which names that inode whatever
 is renamed or swapped at the path afterwards. Sockets are told apart by that inode, the known
 paths first: a kubelet's endpoint can only add a runtime, never stand in for a known socket.
+
+Processes are read here through a descriptor of each one's /proc dir, not with psutil (which
+the holders' descriptions use): the trust checks, the command line and the config read in the
+process's root all go through that one fd, which keeps naming the process it was opened on. A
+read by path (psutil's way) after the checks could land on another process that took the pid.
 """
 
 from __future__ import annotations
