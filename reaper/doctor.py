@@ -226,10 +226,22 @@ def _socket_key(path: str, root: str | None) -> tuple[int, int] | None:
     return opened[1]
 
 
+def _same_dir(first: str, second: str) -> bool:
+    """Whether both paths are one directory; False when either cannot be looked at (then a dir
+    missing here may be one the host has)."""
+    try:
+        a, b = os.stat(first), os.stat(second)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 def _twin(path: str) -> str:
     """The same path under the other spelling of /run (/var/run links to /run on every
     distribution the chart's platforms run)."""
-    return path[len("/var") :] if path.startswith("/var/run/") else "/var" + path
+    if path.startswith("/var/run/"):
+        return path[len("/var") :]
+    return "/var" + path if path.startswith("/run/") else path
 
 
 def _visibility(
@@ -252,6 +264,8 @@ def _visibility(
     def here(path: str) -> str:
         return path if here_root is None else os.path.join(here_root, path.lstrip("/"))
 
+    # On the host itself a dir missing here is missing, not hidden: the plugin has not made it yet.
+    hidden = not _same_dir(host_root, here("/"))
     mounted = [d for d in (settings.cni_cache_dir, *settings.ipam_dirs) if os.path.isdir(here(d))]
     warned = 0
     seen: set[str] = set()
@@ -259,7 +273,7 @@ def _visibility(
         if directory in seen or directory in settings.ipam_dirs:  # the ipam dir check has those
             continue
         seen.add(directory)
-        if os.path.isdir(here(directory)) or any(_under(directory, d) for d in mounted):
+        if not hidden or os.path.isdir(here(directory)) or any(_under(directory, d) for d in mounted):
             continue
         warned += 1
         value = "ipamDirs or extraHostPaths" if what == "ipam dataDir" else "extraHostPaths"

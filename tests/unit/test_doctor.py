@@ -132,6 +132,12 @@ def test_an_ipam_data_dir_not_mounted_is_one_warning_naming_the_chart_value(tmp_
     assert _warnings(_visible(host, here, [KINDNET])) == []
 
 
+def test_on_the_host_itself_a_missing_dir_is_not_hidden(tmp_path: Path) -> None:
+    """Where the host's root is this process' root (no pod), a dir missing is one not made yet."""
+    _, here = _roots(tmp_path)
+    assert _warnings(_visible(here, here, [KINDNET])) == []
+
+
 def test_a_plugin_state_dir_not_mounted_is_a_warning(tmp_path: Path) -> None:
     host, here = _roots(tmp_path)
     microk8s = _network(
