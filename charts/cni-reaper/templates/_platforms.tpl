@@ -21,14 +21,15 @@ kubeadm:
     # kubeadm takes either (its runtime detection asks both), so neither is waited for.
     - {path: /run/containerd, wait: false}
     - {path: /run/crio, wait: false}
-  # containerd's CRI plugin default netns dir (pins cni-<uuid>); CRI-O's default namespaces_dir
-  # /var/run plus netns (reaper/layout.py DEFAULT_NETNS_DIR).
+  # containerd/containerd internal/cri/server/sandbox_run.go: netnsMountDir /var/run/netns
+  # unless netns_mounts_under_state_dir (pins cni-<uuid>); CRI-O: namespaces_dir /var/run plus
+  # netns (its default as generated crio.conf files show it; not read in cri-o's own source).
   netnsDirs: [/var/run/netns]
   # containernetworking/plugins host-local's default dataDir.
   ipamDirs: [/var/lib/cni/networks]
-  # containerd internal/cri/config/config_unix.go DefaultRuntimeConfig: NetworkPluginConfDir
-  # /etc/cni/net.d, NetworkPluginBinDirs /opt/cni/bin; CRI-O's network_dir and plugin_dirs
-  # defaults are the same.
+  # containerd/containerd internal/cri/config/config_unix.go DefaultRuntimeConfig:
+  # NetworkPluginConfDir /etc/cni/net.d, NetworkPluginBinDirs /opt/cni/bin. CRI-O's network_dir
+  # and plugin_dirs defaults are taken to be the same (not read in cri-o's source).
   cniConfDir: /etc/cni/net.d
   cniBinDirs: [/opt/cni/bin]
   statePaths: []
