@@ -124,10 +124,22 @@ def _cni_dirs(settings: Settings, configs: list[NetworkConfig]) -> Iterator[Chec
         yield _readable("ipam dir", directory, mount, missing="warn")
 
 
-def _plugins(settings: Settings, configs: Iterable[NetworkConfig]) -> Iterator[Check]:
+def _nodename_dirs(plugins: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Calico's datastore dir where a config moves it: the dir of its `nodename_file` (microk8s
+    keeps it under /var/snap), by plugin type."""
+    found: dict[str, str] = {}
+    for plugin in plugins:
+        kind, named = plugin.get("type"), plugin.get("nodename_file")
+        if isinstance(kind, str) and kind in DAEMON_DIRS and isinstance(named, str) and named.startswith("/"):
+            found.setdefault(kind, os.path.dirname(go_join(named, "")))
+    return found
+
+
+def _plugins(settings: Settings, configs: Iterable[NetworkConfig], platform: str | None = None) -> Iterator[Check]:
     for config in configs:
         try:
-            types = executed_types(plugin_list(config.raw)[2])
+            plugins = plugin_list(config.raw)[2]
+            types = executed_types(plugins)
         except ConfigError:
             continue
         missing = sorted(t for t in types if not any(os.path.isfile(os.path.join(d, t)) for d in settings.cni_bin_dirs))
@@ -140,15 +152,26 @@ def _plugins(settings: Settings, configs: Iterable[NetworkConfig]) -> Iterator[C
             )
         else:
             yield Check("plugins", "ok", f"{config.name}: every plugin of its DEL is here ({', '.join(sorted(types))})")
+        moved = _nodename_dirs(plugins)
         for plugin in sorted(types):
             need = DAEMON_SOCKETS.get(plugin) or DAEMON_DIRS.get(plugin)
-            if need is not None and not os.path.exists(need[0]):
-                yield Check(
-                    "plugins",
-                    "warn",
-                    f"{config.name}: {plugin}'s DEL needs {need[0]}, not here: addresses it holds stay until it runs",
-                    f"mount {need[0]} (chart: cniPreset={need[1]})",
-                )
+            if need is None:
+                continue
+            path = moved.get(plugin, need[0])
+            if os.path.exists(path):
+                continue
+            # The preset mounts the CNI's usual path; one the config moved is the platform's.
+            fix = (
+                f"mount {path} (chart: cniPreset={need[1]})"
+                if path == need[0]
+                else _chart_fix(path, "extraHostPaths", platform)
+            )
+            yield Check(
+                "plugins",
+                "warn",
+                f"{config.name}: {plugin}'s DEL needs {path}, not here: addresses it holds stay until it runs",
+                fix,
+            )
 
 
 def _preset(preset: str | None, configs: Iterable[NetworkConfig]) -> Iterator[Check]:
@@ -391,7 +414,7 @@ def run_checks(
         *_dirs(settings, layout),
         *_cni_dirs(settings, configs),
         *_visibility(settings, configs, platform),
-        *_plugins(settings, configs),
+        *_plugins(settings, configs, platform),
         *_preset(preset, configs),
         *_pod_cidrs(settings, configs),
         *_namespaces(settings),

@@ -4,6 +4,7 @@ what the node's configs and runtimes keep that the reaper does not see (temp dir
 from __future__ import annotations
 
 import json
+import os
 import socket
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 from msgspec.structs import replace
 
 from reaper.cli import build_parser
-from reaper.doctor import Check, _cni_dirs, _dirs, _pod_cidrs, _preset, _visibility, doctor_json
+from reaper.doctor import Check, _cni_dirs, _dirs, _plugins, _pod_cidrs, _preset, _visibility, doctor_json
 from reaper.kinds.netconf import collect_configs_of, parse_network_config
 from reaper.layout import Layout
 from reaper.model import NetworkConfig
@@ -199,3 +200,18 @@ def test_nothing_is_warned_when_everything_is_visible(tmp_path: Path) -> None:
     ]
     checks = _visible(host, here, configs, "kind")
     assert [(c.name, c.status) for c in checks] == [("visibility", "ok")]
+
+
+def test_calico_state_moved_by_its_config_is_looked_for_there() -> None:
+    """microk8s' Calico keeps its nodename under /var/snap: that dir is named, with the platform
+    preset that mounts it, not the cniPreset that mounts /var/lib/calico."""
+    snap = "/var/snap/microk8s/current/var/lib/calico"
+    calico = _network("k8s-pod-network", {"type": "calico", "nodename_file": f"{snap}/nodename"})
+    settings = settings_from(build_parser().parse_args(["doctor"]), {})
+    (warning,) = [c for c in _plugins(settings, [calico]) if c.status == "warn"]
+    assert f"calico's DEL needs {snap}, not here" in warning.message
+    assert warning.fix == f"chart: add {snap} to extraHostPaths, or set platform=microk8s"
+    if not os.path.exists("/var/lib/calico"):  # this machine's own Calico would satisfy it
+        plain = _network("k8s-pod-network", {"type": "calico"})
+        (default,) = [c for c in _plugins(settings, [plain]) if c.status == "warn"]
+        assert default.fix == "mount /var/lib/calico (chart: cniPreset=calico)"
