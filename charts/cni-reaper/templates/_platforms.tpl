@@ -36,7 +36,7 @@ kubeadm:
   readOnlyPaths: []
 k3s:
   socketDirs:
-    # k3s-io/k3s pkg/agent/config/config.go applyContainerdStateAndAddress: state
+    # k3s-io/k3s pkg/agent/config/config_linux.go applyContainerdStateAndAddress: state
     # /run/k3s/containerd, address <state>/containerd.sock.
     - {path: /run/k3s/containerd, wait: true}
   netnsDirs: [/var/run/netns]
