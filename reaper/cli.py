@@ -250,7 +250,7 @@ def _doctor(args: argparse.Namespace) -> int:
     settings = with_pod_cidrs(settings_from(args, layout=layout))
     setup_logging(settings.log_format, "error")
     view = liveness_from(settings).observe({})
-    checks = run_checks(settings, layout, view, os.environ.get("REAPER_CNI_PRESET"))
+    checks = run_checks(settings, layout, view, os.environ.get("REAPER_CNI_PRESET"), os.environ.get("REAPER_PLATFORM"))
     if settings.json_output:
         _output(dumps_indented({**doctor_json(checks), "layout": layout_json(settings)}))
     else:

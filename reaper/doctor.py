@@ -14,13 +14,16 @@ from msgspec import Struct
 from reaper.host.files import describe_oserror
 from reaper.host.mounts import unpin_hazard
 from reaper.host.procs import unseen_processes
+from reaper.kinds import flannel, multus
 from reaper.kinds.iptables import iptables_tools
 from reaper.kinds.netconf import ConfigError, collect_configs_of, plugin_list
 from reaper.kinds.nftables import present_cni_tables
+from reaper.kinds.scratch import go_join
 from reaper.layout import Layout
 from reaper.model import NetworkConfig, RuntimeView
 from reaper.podcidr import PodCidrs
 from reaper.reap.trust import executed_types
+from reaper.runtime.discovery import KNOWN_SOCKETS, open_socket
 from reaper.settings import Settings
 
 Status = Literal["ok", "warn", "fail"]
@@ -47,6 +50,28 @@ PRESET_PLUGINS: Mapping[str, frozenset[str]] = {
     "flannel": frozenset({"flannel"}),
     "aws-vpc-cni": frozenset({"aws-cni"}),
 }
+
+# The root the host's init sees: in the chart's pod (host PID namespace) the node's own files,
+# whatever the pod mounts; on the host itself, this process' root.
+HOST_ROOT = "/proc/1/root"
+# Paths only one platform preset of the chart mounts (charts/cni-reaper/templates/_platforms.tpl):
+# a dir under one of them that is not visible here is fixed by that preset, if it is not the one
+# the pod was given (REAPER_PLATFORM).
+PLATFORM_PATHS: tuple[tuple[str, str], ...] = (
+    ("/run/cni-ipam-state", "kind"),
+    ("/var/lib/rancher/k3s", "k3s"),
+    ("/run/k3s", "k3s or rke2"),
+    ("/var/snap/microk8s", "microk8s"),
+    ("/etc/kubernetes/cni/net.d", "openshift"),
+    ("/var/lib/cni/bin", "openshift"),
+    ("/run/multus", "openshift"),
+    ("/var/run/multus", "openshift"),
+    ("/run/ovn-kubernetes", "openshift"),
+    ("/var/run/ovn-kubernetes", "openshift"),
+    ("/run/crio", "openshift or kubeadm"),
+    ("/var/run/crio", "openshift or kubeadm"),
+    ("/home/kubernetes/bin", "gke"),
+)
 
 
 class Check(Struct, frozen=True):
@@ -99,10 +124,22 @@ def _cni_dirs(settings: Settings, configs: list[NetworkConfig]) -> Iterator[Chec
         yield _readable("ipam dir", directory, mount, missing="warn")
 
 
-def _plugins(settings: Settings, configs: Iterable[NetworkConfig]) -> Iterator[Check]:
+def _nodename_dirs(plugins: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Calico's datastore dir where a config moves it: the dir of its `nodename_file` (microk8s
+    keeps it under /var/snap), by plugin type."""
+    found: dict[str, str] = {}
+    for plugin in plugins:
+        kind, named = plugin.get("type"), plugin.get("nodename_file")
+        if isinstance(kind, str) and kind in DAEMON_DIRS and isinstance(named, str) and named.startswith("/"):
+            found.setdefault(kind, os.path.dirname(go_join(named, "")))
+    return found
+
+
+def _plugins(settings: Settings, configs: Iterable[NetworkConfig], platform: str | None = None) -> Iterator[Check]:
     for config in configs:
         try:
-            types = executed_types(plugin_list(config.raw)[2])
+            plugins = plugin_list(config.raw)[2]
+            types = executed_types(plugins)
         except ConfigError:
             continue
         missing = sorted(t for t in types if not any(os.path.isfile(os.path.join(d, t)) for d in settings.cni_bin_dirs))
@@ -115,15 +152,26 @@ def _plugins(settings: Settings, configs: Iterable[NetworkConfig]) -> Iterator[C
             )
         else:
             yield Check("plugins", "ok", f"{config.name}: every plugin of its DEL is here ({', '.join(sorted(types))})")
+        moved = _nodename_dirs(plugins)
         for plugin in sorted(types):
             need = DAEMON_SOCKETS.get(plugin) or DAEMON_DIRS.get(plugin)
-            if need is not None and not os.path.exists(need[0]):
-                yield Check(
-                    "plugins",
-                    "warn",
-                    f"{config.name}: {plugin}'s DEL needs {need[0]}, not here: addresses it holds stay until it runs",
-                    f"mount {need[0]} (chart: cniPreset={need[1]})",
-                )
+            if need is None:
+                continue
+            path = moved.get(plugin, need[0])
+            if os.path.exists(path):
+                continue
+            # The preset mounts the CNI's usual path; one the config moved is the platform's.
+            fix = (
+                f"mount {path} (chart: cniPreset={need[1]})"
+                if path == need[0]
+                else _chart_fix(path, "extraHostPaths", platform)
+            )
+            yield Check(
+                "plugins",
+                "warn",
+                f"{config.name}: {plugin}'s DEL needs {path}, not here: addresses it holds stay until it runs",
+                fix,
+            )
 
 
 def _preset(preset: str | None, configs: Iterable[NetworkConfig]) -> Iterator[Check]:
@@ -150,6 +198,132 @@ def _preset(preset: str | None, configs: Iterable[NetworkConfig]) -> Iterator[Ch
         found = ", ".join(matching) if matching else "none of the presets' plugins"
         fix = f"--set cniPreset={matching[0]}" if matching else "--set cniPreset=none"
         yield Check("preset", "warn", f"cniPreset {preset}, but the node's configs use {found}", fix)
+
+
+def _under(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def _chart_fix(path: str, value: str, platform: str | None) -> str:
+    """The chart values that make `path` visible: `value`, and the platform preset that mounts
+    it when the pod was given another."""
+    fix = f"chart: add {path} to {value}"
+    names = next((names for prefix, names in PLATFORM_PATHS if _under(path, prefix)), None)
+    if names is not None and (platform or "") not in names.split(" or "):
+        fix += f", or set platform={names.replace(' or ', ' or platform=')}"
+    return fix
+
+
+def _state_dirs(settings: Settings, configs: Iterable[NetworkConfig]) -> Iterator[tuple[str, str, str]]:
+    """(what, dir, network) of each dir a config has a plugin keep state in: host-local's
+    dataDir, flannel's dataDir and multus' cniDir (their defaults under the cache dir when the
+    config names none), as the plugins resolve them."""
+    for config in configs:
+        for data_dir in config.ipam_data_dirs:
+            yield "ipam dataDir", data_dir, config.name
+        try:
+            plugins = plugin_list(config.raw)[2]
+        except ConfigError:
+            continue
+        for plugin in plugins:
+            kind = plugin.get("type")
+            if kind == flannel.PLUGIN:
+                key, default = "dataDir", flannel.DEFAULT_SUBDIR
+            elif kind in multus.PLUGINS:
+                key, default = "cniDir", multus.DEFAULT_SUBDIR
+            else:
+                continue
+            named = plugin.get(key)
+            if isinstance(named, str) and named.startswith("/"):
+                yield f"{kind} {key}", go_join(named, ""), config.name
+            elif named is None:
+                yield f"{kind} {key}", os.path.join(settings.cni_cache_dir, default), config.name
+
+
+def _socket_key(path: str, root: str | None) -> tuple[int, int] | None:
+    """The (device, inode) of the socket at `path` (in `root`), None when there is none."""
+    opened = open_socket(path, root)
+    if opened is None:
+        return None
+    os.close(opened[0])
+    return opened[1]
+
+
+def _same_dir(first: str, second: str) -> bool:
+    """Whether both paths are one directory; False when either cannot be looked at (then a dir
+    missing here may be one the host has)."""
+    try:
+        a, b = os.stat(first), os.stat(second)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _twin(path: str) -> str:
+    """The same path under the other spelling of /run (/var/run links to /run on every
+    distribution the chart's platforms run)."""
+    if path.startswith("/var/run/"):
+        return path[len("/var") :]
+    return "/var" + path if path.startswith("/run/") else path
+
+
+def _visibility(
+    settings: Settings,
+    configs: Iterable[NetworkConfig],
+    platform: str | None,
+    *,
+    host_root: str = HOST_ROOT,
+    here_root: str | None = None,
+    known: tuple[tuple[str, str], ...] = KNOWN_SOCKETS,
+) -> Iterator[Check]:
+    """What the node's configs and runtimes keep on the node that this process does not see (in
+    the chart's pod: not mounted), one warning each with the chart value that mounts it: a
+    config's IPAM dataDir (its leases are not seen, so they never leak nor are freed), a
+    plugin's state dir (its DEL finds nothing to undo), a runtime socket the host has (that
+    runtime is never asked, so its pods' attachments could look orphaned). A dir under a dir the
+    reaper reads (cache, IPAM dirs) that exists here is seen as soon as the plugin makes it.
+    `here_root` is where this process' paths are looked up (None: its own root)."""
+
+    def here(path: str) -> str:
+        return path if here_root is None else os.path.join(here_root, path.lstrip("/"))
+
+    # On the host itself a dir missing here is missing, not hidden: the plugin has not made it yet.
+    hidden = not _same_dir(host_root, here("/"))
+    mounted = [d for d in (settings.cni_cache_dir, *settings.ipam_dirs) if os.path.isdir(here(d))]
+    warned = 0
+    seen: set[str] = set()
+    for what, directory, network in _state_dirs(settings, configs):
+        if directory in seen or directory in settings.ipam_dirs:  # the ipam dir check has those
+            continue
+        seen.add(directory)
+        if not hidden or os.path.isdir(here(directory)) or any(_under(directory, d) for d in mounted):
+            continue
+        warned += 1
+        value = "ipamDirs or extraHostPaths" if what == "ipam dataDir" else "extraHostPaths"
+        yield Check(
+            "visibility",
+            "warn",
+            f"{what} {directory} of network {network} is not visible here: what it holds is not seen",
+            _chart_fix(directory, value, platform),
+        )
+    on_host: set[tuple[int, int]] = set()
+    for name, path in known:
+        key = _socket_key(path, host_root)
+        if key is None or key in on_host:
+            continue  # none there, or one socket under both spellings of /run: the first stays
+        on_host.add(key)
+        if any(_socket_key(here(p), None) is not None for p in (path, _twin(path))):
+            continue
+        warned += 1
+        pinned = " (only --runtime-endpoint is asked: leave it unset)" if settings.runtime_endpoints else ""
+        yield Check(
+            "visibility",
+            "warn",
+            f"runtime socket {path} ({name}) is on the host but not visible here: that runtime is not asked{pinned}",
+            _chart_fix(os.path.dirname(path), "runtimeSocketDirs", platform),
+        )
+    if not warned:
+        yield Check("visibility", "ok", "every IPAM, plugin state dir and runtime socket of the node is visible here")
 
 
 def _pod_cidrs(settings: Settings, configs: Iterable[NetworkConfig]) -> Iterator[Check]:
@@ -229,14 +403,18 @@ def _runtimes(view: RuntimeView) -> Iterator[Check]:
         yield Check("runtime", "fail", "no runtime answers: every pass would be undecided", "pass --runtime-endpoint")
 
 
-def run_checks(settings: Settings, layout: Layout, view: RuntimeView, preset: str | None = None) -> list[Check]:
-    """Every check, in the order a first run needs them. `preset`: the chart's cniPreset."""
+def run_checks(
+    settings: Settings, layout: Layout, view: RuntimeView, preset: str | None = None, platform: str | None = None
+) -> list[Check]:
+    """Every check, in the order a first run needs them. `preset`: the chart's cniPreset;
+    `platform`: its platform preset."""
     configs, _ = collect_configs_of(settings.cni_conf_dirs)
     return [
         *_runtimes(view),
         *_dirs(settings, layout),
         *_cni_dirs(settings, configs),
-        *_plugins(settings, configs),
+        *_visibility(settings, configs, platform),
+        *_plugins(settings, configs, platform),
         *_preset(preset, configs),
         *_pod_cidrs(settings, configs),
         *_namespaces(settings),

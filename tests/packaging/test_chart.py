@@ -9,11 +9,13 @@ agent's own CLI, so a flag the chart passes and the agent does not take fails he
 from __future__ import annotations
 
 import copy
+import json
+import os
 import re
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import helm_python as helm
 import kubernetes_validate  # type: ignore[import-untyped]
@@ -22,6 +24,7 @@ import yaml
 
 from reaper.cli import build_parser
 from reaper.durations import parse_duration
+from reaper.runtime.discovery import KNOWN_SOCKETS
 from reaper.settings import agent_settings_from, reap_settings_from, settings_from
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -210,11 +213,14 @@ BAD_VALUES: list[dict[str, Any]] = [
     {"runtimeEndpoint": "tcp://127.0.0.1:1234"},
     {"maxOrphanRatio": 2},
     {"interval": "soon"},
-    {"cniBinDirs": []},
+    {"cniBinDirs": ["opt/cni/bin"]},
     {"method": "plugins"},
     {"allowPlugins": ["../bin/sh"]},
     {"stallAfter": "never"},
     {"cniPreset": "weave"},
+    {"platform": "openshift4"},
+    {"extraHostPaths": ["run/cni-ipam-state"]},
+    {"runtimeSocketDirs": ["run/containerd"]},
 ]
 
 
@@ -354,10 +360,21 @@ def test_default_host_mounts(chart: helm.Chart) -> None:
     assert {p for p, (_, vol) in mounts.items() if "hostPath" not in vol} == {"/tmp"}
 
 
+# What the chart gives the agent for a value left empty and no platform (values.yaml).
+GENERIC: dict[str, Any] = {
+    "runtimeEndpoint": "unix:///run/containerd/containerd.sock",
+    "netnsDirs": ["/var/run/netns"],
+    "ipamDirs": ["/var/lib/cni/networks"],
+    "cniConfDir": "/etc/cni/net.d",
+    "cniBinDirs": ["/opt/cni/bin"],
+}
+
+
 def test_args_are_what_the_agent_takes(chart: helm.Chart) -> None:
     """The rendered arguments, parsed by `reaper run`'s own parser, give the values' settings."""
     for values in (None, CUSTOM, CUSTOM_REAP):
         merged = chart.merge_values(copy.deepcopy(values) if values else None)
+        merged.update({k: v for k, v in GENERIC.items() if not merged[k]})
         args = [a.replace("$(NODE_IP)", "10.1.2.3") for a in container(render(chart, values))["args"]]
         parsed = build_parser().parse_args(args)
         settings = settings_from(parsed, {})
@@ -577,3 +594,171 @@ def test_a_cni_preset_mounts_what_its_del_needs(chart: helm.Chart, preset: str, 
             assert bool(mounts[path][0].get("readOnly")) == (mode == "scan"), (path, mode)
         env = {e["name"]: e.get("value") for e in container(docs)["env"]}
         assert env["REAPER_CNI_PRESET"] == preset
+
+
+# --- platform presets ----------------------------------------------------------------------
+
+
+class Platform(NamedTuple):
+    """What a platform preset must give the agent (PLATFORMS.md says where each path is from)."""
+
+    sockets: dict[str, str]  # socket dir -> hostPath type (Directory: the pod waits for it)
+    conf: str
+    bins: list[str]
+    ipam: list[str]
+    state: list[str]  # plugin state and daemon socket dirs: writable, read-only in scan mode
+    read_only: list[str] = []  # noqa: RUF012 (a NamedTuple default, never mutated)
+    netns: str = "/var/run/netns"
+
+
+CONTAINERD = {"/run/containerd": "Directory"}
+DEFAULT_IPAM = ["/var/lib/cni/networks"]
+PLATFORMS: dict[str, Platform] = {
+    "kubeadm": Platform(
+        {"/run/containerd": "DirectoryOrCreate", "/run/crio": "DirectoryOrCreate"},
+        "/etc/cni/net.d",
+        ["/opt/cni/bin"],
+        DEFAULT_IPAM,
+        [],
+    ),
+    "k3s": Platform(
+        {"/run/k3s/containerd": "Directory"},
+        "/var/lib/rancher/k3s/agent/etc/cni/net.d",
+        ["/var/lib/rancher/k3s/data/cni"],
+        DEFAULT_IPAM,
+        [],
+        read_only=["/var/lib/rancher/k3s/data"],
+    ),
+    "rke2": Platform({"/run/k3s/containerd": "Directory"}, "/etc/cni/net.d", ["/opt/cni/bin"], DEFAULT_IPAM, []),
+    "microk8s": Platform(
+        {"/var/snap/microk8s/common/run": "Directory"},
+        "/var/snap/microk8s/current/args/cni-network",
+        ["/var/snap/microk8s/current/opt/cni/bin"],
+        DEFAULT_IPAM,
+        [
+            "/var/snap/microk8s/current/var/lib/calico",
+            "/var/snap/microk8s/current/var/run/calico",
+            "/var/snap/microk8s/common/var/lib/cni/flannel",
+        ],
+    ),
+    "kind": Platform(CONTAINERD, "/etc/cni/net.d", ["/opt/cni/bin"], [*DEFAULT_IPAM, "/run/cni-ipam-state"], []),
+    "openshift": Platform(
+        {"/run/crio": "Directory"},
+        "/etc/kubernetes/cni/net.d",
+        ["/var/lib/cni/bin"],
+        DEFAULT_IPAM,
+        ["/run/multus", "/run/ovn-kubernetes"],
+    ),
+    "gke": Platform(CONTAINERD, "/etc/cni/net.d", ["/home/kubernetes/bin"], DEFAULT_IPAM, []),
+    "eks": Platform(CONTAINERD, "/etc/cni/net.d", ["/opt/cni/bin"], DEFAULT_IPAM, []),
+    "aks": Platform(CONTAINERD, "/etc/cni/net.d", ["/opt/cni/bin"], DEFAULT_IPAM, []),
+    "talos": Platform(CONTAINERD, "/etc/cni/net.d", ["/opt/cni/bin"], DEFAULT_IPAM, []),
+}
+
+
+def covering_mount(docs: list[Manifest], path: str) -> Manifest:
+    """The mount that makes host path `path` visible at the same path: its own, or a parent's."""
+    for mount_path, (mount, volume) in mounts_by_path(docs).items():
+        if path == mount_path or path.startswith(mount_path.rstrip("/") + "/"):
+            assert volume["hostPath"]["path"] == mount_path
+            return mount
+    pytest.fail(f"{path} is not visible in the pod; mounts: {sorted(mounts_by_path(docs))}")
+
+
+def test_every_platform_of_the_schema_has_a_tested_preset() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert set(schema["properties"]["platform"]["enum"]) == {"", *PLATFORMS}
+
+
+@pytest.mark.parametrize("name", list(PLATFORMS))
+def test_a_platform_preset_gives_its_dirs_and_mounts(chart: helm.Chart, name: str) -> None:
+    want = PLATFORMS[name]
+    for mode in ("reap", "scan"):
+        docs = render(chart, {"platform": name, "mode": mode})
+        c = container(docs)
+        args = c["args"]
+        # Discovery over the mounted socket dirs, not one pinned endpoint.
+        assert flag_values(args, "--runtime-endpoint") == []
+        assert flag_values(args, "--netns-dir") == [want.netns]
+        assert flag_values(args, "--ipam-dir") == want.ipam
+        assert flag_values(args, "--cni-conf-dir") == [want.conf]
+        assert flag_values(args, "--cni-bin-dir") == want.bins
+        settings = settings_from(build_parser().parse_args(args), {})
+        assert settings.runtime_endpoints == ()
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["REAPER_PLATFORM"] == name
+        mounts = mounts_by_path(docs)
+        for path, kind in want.sockets.items():
+            mount, volume = mounts[path]
+            assert volume["hostPath"]["type"] == kind, path
+            assert mount["mountPropagation"] == "HostToContainer" and not mount.get("readOnly"), path
+            # A socket the agent's discovery looks for lives in each mounted socket dir.
+            known = {os.path.dirname(p).replace("/var/run/", "/run/", 1) for _, p in KNOWN_SOCKETS}
+            assert path in known, path
+        netns = host_mount(docs, want.netns)
+        assert netns["mountPropagation"] == ("HostToContainer" if mode == "scan" else "Bidirectional")
+        for path in [*want.ipam, *want.state]:
+            assert bool(covering_mount(docs, path).get("readOnly")) == (mode == "scan"), (path, mode)
+        for path in [want.conf, *want.bins, *want.read_only]:
+            assert covering_mount(docs, path).get("readOnly") is True or mode == "reap", path
+        for path in want.read_only:
+            assert host_mount(docs, path)["readOnly"] is True
+
+
+@pytest.mark.parametrize("name", list(PLATFORMS))
+def test_a_platform_preset_renders_valid_manifests(chart: helm.Chart, name: str) -> None:
+    report = helm.lint(CHART, {"platform": name}, strict=True, namespace=NAMESPACE)
+    assert report["errors"] == []
+    for doc in render(chart, {"platform": name, "cniPreset": "multus"}):
+        kubernetes_validate.validate(doc, KUBE_VERSIONS[-1], strict=True)
+
+
+def test_user_values_win_over_the_platform(chart: helm.Chart) -> None:
+    values = {
+        "platform": "k3s",
+        "netnsDirs": ["/run/k3s/netns"],
+        "ipamDirs": ["/srv/ipam"],
+        "cniConfDir": "/etc/cni/k3s.d",
+        "cniBinDirs": ["/usr/libexec/cni"],
+        "extraHostPaths": ["/run/cni-state"],
+    }
+    docs = render(chart, values)
+    args = container(docs)["args"]
+    assert flag_values(args, "--netns-dir") == ["/run/k3s/netns"]
+    assert flag_values(args, "--ipam-dir") == ["/srv/ipam"]
+    assert flag_values(args, "--cni-conf-dir") == ["/etc/cni/k3s.d"]
+    assert flag_values(args, "--cni-bin-dir") == ["/usr/libexec/cni"]
+    mounts = mounts_by_path(docs)
+    for path in ("/run/k3s/netns", "/srv/ipam", "/etc/cni/k3s.d", "/usr/libexec/cni", "/run/cni-state"):
+        assert path in mounts, path
+    for path in ("/var/run/netns", "/var/lib/rancher/k3s/agent/etc/cni/net.d"):
+        assert path not in mounts, path
+    # What the user did not set is still the platform's: its socket dir, found by discovery.
+    assert "/run/k3s/containerd" in mounts
+    assert flag_values(args, "--runtime-endpoint") == []
+
+    # A pinned endpoint is the only runtime asked: only its dir is mounted.
+    pinned = render(chart, {"platform": "kubeadm", "runtimeEndpoint": "unix:///run/crio/crio.sock"})
+    assert flag_values(container(pinned)["args"], "--runtime-endpoint") == ["unix:///run/crio/crio.sock"]
+    pinned_mounts = mounts_by_path(pinned)
+    assert pinned_mounts["/run/crio"][1]["hostPath"]["type"] == "Directory"
+    assert "/run/containerd" not in pinned_mounts
+
+    # runtimeSocketDirs replaces the platform's socket dirs.
+    dirs = render(chart, {"platform": "k3s", "runtimeSocketDirs": ["/run/containerd"]})
+    dir_mounts = mounts_by_path(dirs)
+    assert "/run/k3s/containerd" not in dir_mounts
+    assert dir_mounts["/run/containerd"][0]["mountPropagation"] == "HostToContainer"
+
+
+def test_no_platform_keeps_the_generic_layout(chart: helm.Chart) -> None:
+    args = container(render(chart, {"platform": ""}))["args"]
+    assert flag_values(args, "--runtime-endpoint") == [GENERIC["runtimeEndpoint"]]
+    assert flag_values(args, "--cni-conf-dir") == [GENERIC["cniConfDir"]]
+    env = {e["name"]: e.get("value") for e in container(render(chart))["env"]}
+    assert env["REAPER_PLATFORM"] == ""
+
+
+def test_an_unknown_platform_is_refused(chart: helm.Chart) -> None:
+    with pytest.raises(helm.HelmValuesError):
+        chart.render({"platform": "minikube"}, name=RELEASE, namespace=NAMESPACE)

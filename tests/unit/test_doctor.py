@@ -1,15 +1,18 @@
-"""`reaper doctor`'s checks that are pure: the chart's preset and the pod CIDR against the node's configs."""
+"""`reaper doctor`'s checks that are pure: the chart's preset and the pod CIDR against the node's configs, and
+what the node's configs and runtimes keep that the reaper does not see (temp dirs as the host's root and its own)."""
 
 from __future__ import annotations
 
 import json
+import os
+import socket
 from pathlib import Path
 
 import pytest
 from msgspec.structs import replace
 
 from reaper.cli import build_parser
-from reaper.doctor import _cni_dirs, _dirs, _pod_cidrs, _preset
+from reaper.doctor import Check, _cni_dirs, _dirs, _plugins, _pod_cidrs, _preset, _visibility, doctor_json
 from reaper.kinds.netconf import collect_configs_of, parse_network_config
 from reaper.layout import Layout
 from reaper.model import NetworkConfig
@@ -74,3 +77,141 @@ def test_doctor_lists_and_checks_every_conf_dir_and_reads_configs_from_each(tmp_
     assert ("conf dir", "ok", f"{second} readable") in checks
     configs, _ = collect_configs_of(settings.cni_conf_dirs)
     assert [c.name for c in configs] == ["kata"]
+
+
+# --- what the node keeps that the reaper does not see (the chart's mounts) ------------------
+
+
+def _network(name: str, *plugins: dict[str, object]) -> NetworkConfig:
+    doc = {"cniVersion": "1.0.0", "name": name, "plugins": list(plugins)}
+    return parse_network_config(json.dumps(doc).encode(), f"/etc/cni/net.d/10-{name}.conflist")
+
+
+def _bind(path: Path) -> None:
+    """A unix socket file at `path`, as a runtime leaves it (the file outlives the socket)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(path))
+
+
+def _roots(tmp_path: Path) -> tuple[Path, Path]:
+    """(the host's root, the reaper's): the reaper sees the default cache and IPAM dirs."""
+    host, here = tmp_path / "h", tmp_path / "c"
+    host.mkdir()
+    (here / "var/lib/cni/networks").mkdir(parents=True)
+    return host, here
+
+
+KINDNET = _network("kindnet", {"type": "ptp", "ipam": {"type": "host-local", "dataDir": "/run/cni-ipam-state"}})
+CRIO = (("cri-o", "/run/crio/crio.sock"), ("cri-o", "/var/run/crio/crio.sock"))
+
+
+def _visible(
+    host: Path, here: Path, configs: list[NetworkConfig], platform: str | None = None, **changes: object
+) -> list[Check]:
+    settings = replace(settings_from(build_parser().parse_args(["doctor"]), {}), **changes)
+    return list(_visibility(settings, configs, platform, host_root=str(host), here_root=str(here), known=CRIO))
+
+
+def _warnings(checks: list[Check]) -> list[Check]:
+    return [c for c in checks if c.status != "ok"]
+
+
+def test_an_ipam_data_dir_not_mounted_is_one_warning_naming_the_chart_value(tmp_path: Path) -> None:
+    host, here = _roots(tmp_path)
+    (warning,) = _warnings(_visible(host, here, [KINDNET]))
+    assert warning.name == "visibility" and warning.status == "warn"
+    assert warning.message.startswith("ipam dataDir /run/cni-ipam-state of network kindnet is not visible here")
+    assert warning.fix == "chart: add /run/cni-ipam-state to ipamDirs or extraHostPaths, or set platform=kind"
+    # The pod already has the preset that mounts it: only the value is named.
+    (given,) = _warnings(_visible(host, here, [KINDNET], "kind"))
+    assert given.fix == "chart: add /run/cni-ipam-state to ipamDirs or extraHostPaths"
+    # In doctor's JSON too, one entry.
+    entries = [c for c in doctor_json([warning])["checks"] if c["status"] == "warn"]
+    assert entries == [{"check": "visibility", "status": "warn", "message": warning.message, "fix": warning.fix}]
+    (here / "run/cni-ipam-state").mkdir(parents=True)
+    assert _warnings(_visible(host, here, [KINDNET])) == []
+
+
+def test_on_the_host_itself_a_missing_dir_is_not_hidden(tmp_path: Path) -> None:
+    """Where the host's root is this process' root (no pod), a dir missing is one not made yet."""
+    _, here = _roots(tmp_path)
+    assert _warnings(_visible(here, here, [KINDNET])) == []
+
+
+def test_a_plugin_state_dir_not_mounted_is_a_warning(tmp_path: Path) -> None:
+    host, here = _roots(tmp_path)
+    microk8s = _network(
+        "microk8s-flannel-network",
+        {"type": "flannel", "dataDir": "/var/snap/microk8s/common/var/lib/cni/flannel", "delegate": {}},
+    )
+    thin = _network("multus-cni-network", {"type": "multus", "cniDir": "/run/multus-state", "delegates": []})
+    messages = [(c.message.split(" is ")[0], c.fix) for c in _warnings(_visible(host, here, [microk8s, thin]))]
+    assert messages == [
+        (
+            "flannel dataDir /var/snap/microk8s/common/var/lib/cni/flannel of network microk8s-flannel-network",
+            "chart: add /var/snap/microk8s/common/var/lib/cni/flannel to extraHostPaths, or set platform=microk8s",
+        ),
+        (
+            "multus cniDir /run/multus-state of network multus-cni-network",
+            "chart: add /run/multus-state to extraHostPaths",
+        ),
+    ]
+
+
+def test_a_default_state_dir_under_the_cache_dir_is_seen_once_made(tmp_path: Path) -> None:
+    """flannel's and multus' defaults are under the cache dir: not made yet is not unmounted."""
+    host, here = _roots(tmp_path)
+    configs = [_network("cbr0", {"type": "flannel", "delegate": {}}), _network("m", {"type": "multus-shim"})]
+    assert _warnings(_visible(host, here, configs)) == []
+    # The cache dir itself not visible: both are named, at their default paths.
+    dirs = [c.message.split(" of ")[0] for c in _warnings(_visible(host, here, configs, cni_cache_dir="/srv/cni"))]
+    assert dirs == ["flannel dataDir /srv/cni/flannel", "multus-shim cniDir /srv/cni/multus"]
+
+
+def test_a_runtime_socket_on_the_host_not_mounted_is_one_warning(tmp_path: Path) -> None:
+    host, here = _roots(tmp_path)
+    _bind(host / "run/crio/crio.sock")
+    (host / "var").mkdir()
+    (host / "var/run").symlink_to("../run")  # one socket under both spellings: one warning
+    (warning,) = _warnings(_visible(host, here, []))
+    assert warning.message == (
+        "runtime socket /run/crio/crio.sock (cri-o) is on the host but not visible here: that runtime is not asked"
+    )
+    assert warning.fix == ("chart: add /run/crio to runtimeSocketDirs, or set platform=openshift or platform=kubeadm")
+    pinned = ("unix:///run/containerd/containerd.sock",)
+    (warning,) = _warnings(_visible(host, here, [], "kubeadm", runtime_endpoints=pinned))
+    assert "leave it unset" in warning.message and "platform=" not in warning.fix
+    # Mounted under the other spelling of /run: seen.
+    _bind(here / "var/run/crio/crio.sock")
+    assert _warnings(_visible(host, here, [])) == []
+
+
+def test_nothing_is_warned_when_everything_is_visible(tmp_path: Path) -> None:
+    host, here = _roots(tmp_path)
+    for root in (host, here):
+        _bind(root / "run/crio/crio.sock")
+        (root / "run/cni-ipam-state").mkdir(parents=True)
+        (root / "run/multus-state").mkdir(parents=True)
+    configs = [
+        KINDNET,
+        _network("cbr0", {"type": "flannel", "delegate": {}}),
+        _network("m", {"type": "multus", "cniDir": "/run/multus-state/"}),
+    ]
+    checks = _visible(host, here, configs, "kind")
+    assert [(c.name, c.status) for c in checks] == [("visibility", "ok")]
+
+
+def test_calico_state_moved_by_its_config_is_looked_for_there() -> None:
+    """microk8s' Calico keeps its nodename under /var/snap: that dir is named, with the platform
+    preset that mounts it, not the cniPreset that mounts /var/lib/calico."""
+    snap = "/var/snap/microk8s/current/var/lib/calico"
+    calico = _network("k8s-pod-network", {"type": "calico", "nodename_file": f"{snap}/nodename"})
+    settings = settings_from(build_parser().parse_args(["doctor"]), {})
+    (warning,) = [c for c in _plugins(settings, [calico]) if c.status == "warn"]
+    assert f"calico's DEL needs {snap}, not here" in warning.message
+    assert warning.fix == f"chart: add {snap} to extraHostPaths, or set platform=microk8s"
+    if not os.path.exists("/var/lib/calico"):  # this machine's own Calico would satisfy it
+        plain = _network("k8s-pod-network", {"type": "calico"})
+        (default,) = [c for c in _plugins(settings, [plain]) if c.status == "warn"]
+        assert default.fix == "mount /var/lib/calico (chart: cniPreset=calico)"

@@ -46,12 +46,12 @@ app.kubernetes.io/component: node-agent
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
-{{/* The CRI socket's host path, from runtimeEndpoint (unix:///path). */}}
+{{/* The CRI socket's host path, from an endpoint (unix:///path). */}}
 {{- define "cni-reaper.criSocket" -}}
-{{- if not (hasPrefix "unix:///" .Values.runtimeEndpoint) }}
-{{- fail (printf "runtimeEndpoint %q must look like unix:///run/containerd/containerd.sock" .Values.runtimeEndpoint) }}
+{{- if not (hasPrefix "unix:///" .) }}
+{{- fail (printf "runtimeEndpoint %q must look like unix:///run/containerd/containerd.sock" .) }}
 {{- end }}
-{{- clean (trimPrefix "unix://" .Values.runtimeEndpoint) }}
+{{- clean (trimPrefix "unix://" .) }}
 {{- end }}
 
 {{/*
@@ -96,14 +96,19 @@ mounts, or they would look like stale files).
 */}}
 {{- define "cni-reaper.hostMounts" -}}
 {{- $v := .root.Values }}
+{{- $layout := include "cni-reaper.layout" .root | fromYaml }}
 {{- $scan := eq $v.mode "scan" }}
-{{- range $i, $p := $v.netnsDirs }}
+{{- range $i, $p := $layout.netnsDirs }}
 {{- $propagation := ternary "HostToContainer" "Bidirectional" $scan }}
 {{- include "cni-reaper.addMount" (list $ (dict "name" (printf "netns-%d" $i) "path" $p "type" "DirectoryOrCreate" "readOnly" $scan "propagation" $propagation)) }}
 {{- end }}
 {{- include "cni-reaper.addMount" (list $ (dict "name" "cni-cache" "path" $v.cniCacheDir "type" "DirectoryOrCreate" "readOnly" $scan)) }}
-{{- range $i, $p := $v.ipamDirs }}
+{{- range $i, $p := $layout.ipamDirs }}
 {{- include "cni-reaper.addMount" (list $ (dict "name" (printf "ipam-%d" $i) "path" $p "type" "DirectoryOrCreate" "readOnly" $scan)) }}
+{{- end }}
+{{- /* The platform's plugin state and daemon sockets, and extraHostPaths (values.yaml: platform). */}}
+{{- range $i, $p := $layout.statePaths }}
+{{- include "cni-reaper.addMount" (list $ (dict "name" (printf "host-path-%d" $i) "path" $p "type" "DirectoryOrCreate" "readOnly" $scan)) }}
 {{- end }}
 {{- include "cni-reaper.addMount" (list $ (dict "name" "state" "path" (dir $v.stateFile) "type" "DirectoryOrCreate" "readOnly" false)) }}
 {{- if and $v.quarantineDir (not $scan) }}
@@ -112,12 +117,23 @@ mounts, or they would look like stale files).
 {{- /*
 The CRI socket's directory, not the socket file: a runtime restart replaces the socket, and a
 file bind mount would keep pointing at the dead one. HostToContainer, so the mounts the runtime
-makes and removes under its state dir (container rootfs) are never held by this pod.
+makes and removes under its state dir (container rootfs) are never held by this pod. A pinned
+endpoint's dir must exist (the pod waits for it); of a platform's socket dirs, those of the
+runtime it always runs too, the others are created if missing, and discovery asks whichever
+runtime serves in them.
 */}}
-{{- include "cni-reaper.addMount" (list $ (dict "name" "cri-socket-dir" "path" (dir (include "cni-reaper.criSocket" .root)) "type" "Directory" "readOnly" false "propagation" "HostToContainer")) }}
+{{- with $layout.runtimeEndpoint }}
+{{- include "cni-reaper.addMount" (list $ (dict "name" "cri-socket-dir" "path" (dir (include "cni-reaper.criSocket" .)) "type" "Directory" "readOnly" false "propagation" "HostToContainer")) }}
+{{- end }}
+{{- range $i, $s := $layout.socketDirs }}
+{{- include "cni-reaper.addMount" (list $ (dict "name" (printf "cri-socket-dir-%d" $i) "path" $s.path "type" (ternary "Directory" "DirectoryOrCreate" (eq $s.wait true)) "readOnly" false "propagation" "HostToContainer")) }}
+{{- end }}
 {{- include "cni-reaper.addMount" (list $ (dict "name" "xtables-lock" "path" $v.xtablesLock "type" "FileOrCreate" "readOnly" false)) }}
-{{- include "cni-reaper.addMount" (list $ (dict "name" "cni-conf" "path" $v.cniConfDir "type" "DirectoryOrCreate" "readOnly" true)) }}
-{{- range $i, $p := $v.cniBinDirs }}
+{{- range $i, $p := $layout.readOnlyPaths }}
+{{- include "cni-reaper.addMount" (list $ (dict "name" (printf "platform-ro-%d" $i) "path" $p "type" "Directory" "readOnly" true)) }}
+{{- end }}
+{{- include "cni-reaper.addMount" (list $ (dict "name" "cni-conf" "path" $layout.cniConfDir "type" "DirectoryOrCreate" "readOnly" true)) }}
+{{- range $i, $p := $layout.cniBinDirs }}
 {{- include "cni-reaper.addMount" (list $ (dict "name" (printf "cni-bin-%d" $i) "path" $p "type" "DirectoryOrCreate" "readOnly" true)) }}
 {{- end }}
 {{- /* The tuning plugin's backups of what it changed (reaper/kinds/tuning.py). */}}
