@@ -51,6 +51,8 @@ verdicts:
            --confirmations consecutive passes (counted in --state-file)
   pending  nothing owns it, but it is too young or not yet confirmed
   unknown  the runtime could not be asked, so nothing is called orphan
+  excluded nothing owns it, but --exclude-namespace, --exclude-pod or
+           --exclude-network keeps it: never reclaimed
 
 exit status: 0 no orphan, 1 orphans found, 2 could not decide (runtime or config)
 

@@ -13,10 +13,12 @@ from typing import Any, Literal, NamedTuple
 
 from msgspec import Struct
 
+from reaper.exclusions import Exclusions
+
 ResourceKind = str  # a kind's name, as reaper.kinds.registry lists them
-Verdict = Literal["live", "orphan", "pending", "unknown"]
+Verdict = Literal["live", "orphan", "pending", "unknown", "excluded"]
 Owner = Literal["cri", "other", "unknown"]
-VERDICTS: tuple[Verdict, ...] = ("live", "orphan", "pending", "unknown")
+VERDICTS: tuple[Verdict, ...] = ("live", "orphan", "pending", "unknown", "excluded")
 
 DetailValue = str | int | float | bool | None
 # A resource's identity on the node, the same from one snapshot to the next: (kind, ...).
@@ -280,6 +282,7 @@ class Attachment(Struct, frozen=True, kw_only=True):
     reason: str
     age_seconds: float
     owner: Owner = "unknown"  # whose runtime made it, by its cache entry (see reaper.kinds.cache.CacheEntry.owner)
+    pod: str | None = None  # "namespace/name", by its cache entry's CNI_ARGS (said by a file: names, never proves)
 
 
 class AttachmentHistory(Struct, frozen=True):
@@ -290,11 +293,13 @@ class AttachmentHistory(Struct, frozen=True):
 
 
 class Policy(Struct, frozen=True):
-    """The grace rules: how old and how often ownerless before an attachment is an orphan."""
+    """The grace rules: how old and how often ownerless before an attachment is an orphan; and
+    what the operator keeps out of reach whatever it is."""
 
     min_age: float
     confirmations: int
     stuck_after: float
+    exclusions: Exclusions = Exclusions()
 
 
 class StuckSandbox(Struct, frozen=True, kw_only=True):

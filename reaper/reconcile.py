@@ -128,6 +128,11 @@ def reconcile(
             else:
                 streak = _carried(previous, policy) + 1
                 verdict, reason = _unowned_verdict(age, streak, policy)
+        pod = _pod(group)
+        excluded = policy.exclusions.reason(pod=pod, network=group.key.network) if verdict in UNOWNED else None
+        if excluded is not None:
+            # Counted afresh once the exclusion goes: it is then judged as any new attachment.
+            verdict, reason, streak = "excluded", f"{excluded} (else {verdict}: {reason})", 0
         new_history[text_key] = AttachmentHistory(first_seen, streak)
         owner = _owner(group)
         attachments.append(
@@ -139,6 +144,7 @@ def reconcile(
                 reason=reason,
                 age_seconds=age,
                 owner=owner,
+                pod=pod,
             )
         )
 
@@ -189,6 +195,15 @@ def _unowned_verdict(age: float, streak: int, policy: Policy) -> tuple[Verdict, 
     if streak < policy.confirmations:
         return "pending", f"no owner on {streak} of {policy.confirmations} required passes"
     return "orphan", f"no sandbox and no process own it, on {streak} consecutive passes"
+
+
+UNOWNED: tuple[Verdict, ...] = ("orphan", "pending")  # the verdicts an exclusion takes over
+
+
+def _pod(group: ResourceGroup) -> str | None:
+    """The pod ("namespace/name") the attachment's cache entries name, when they name one."""
+    said = {str(pod) for ref in group.resources if (pod := ref.detail("pod")) is not None}
+    return said.pop() if len(said) == 1 else None
 
 
 def _owner(group: ResourceGroup) -> Owner:

@@ -75,6 +75,7 @@ def report_json(report: ScanReport) -> dict[str, Any]:
                 "ifname": a.key.ifname,
                 "verdict": a.verdict,
                 "owner": a.owner,
+                "pod": a.pod,
                 "reason": a.reason,
                 "age_seconds": round(a.age_seconds, 3),
                 "resources": [_resource(r, now) for r in a.resources],
@@ -121,7 +122,7 @@ def report_table(report: ScanReport) -> str:
             lines.append(f"runtime: {state} at {answer.endpoint} ({answer.source}): {answer.error}")
     if not rt.reachable:
         lines.append(f"runtime: UNREACHABLE ({rt.error}); no attachment can be called orphan this pass")
-    for verdict in ("orphan", "pending", "unknown", "live"):
+    for verdict in ("orphan", "pending", "excluded", "unknown", "live"):
         group = [a for a in report.attachments if a.verdict == verdict]
         if not group:
             continue

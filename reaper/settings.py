@@ -18,6 +18,7 @@ from msgspec import Struct
 from msgspec.structs import replace
 
 from reaper.durations import parse_duration
+from reaper.exclusions import Exclusions, name_glob, pod_glob
 from reaper.layout import Layout
 from reaper.model import Policy
 from reaper.names import PLUGIN_TYPE, compile_netns_patterns
@@ -186,6 +187,16 @@ OPTIONS: tuple[Option, ...] = (
            metavar="N"),
     Option("--stuck-after", "REAPER_STUCK_AFTER", "15m", "report NOTREADY sandboxes older than this as stuck", "paths",
            parse_duration, metavar="DURATION"),
+    Option("--exclude-namespace", "REAPER_EXCLUDE_NAMESPACE", None,
+           "never reclaim attachments of pods in a namespace matching GLOB (repeatable); the pod is read from the "
+           "cache entry's CNI_ARGS, so an attachment without one matches no namespace", "paths", name_glob, ",",
+           "GLOB"),
+    Option("--exclude-pod", "REAPER_EXCLUDE_POD", None,
+           "never reclaim attachments of pods matching NAMESPACE/NAME, either part a glob (repeatable)", "paths",
+           pod_glob, ",", "NS/NAME"),
+    Option("--exclude-network", "REAPER_EXCLUDE_NETWORK", None,
+           "never reclaim attachments on a network whose name matches GLOB (repeatable)", "paths", name_glob, ",",
+           "GLOB"),
     Option("--state-file", "REAPER_STATE_FILE", "/var/lib/cni-reaper/state.json",
            "where confirmations are counted between passes and runs", "paths", _absolute, metavar="PATH"),
     Option("--log-format", "REAPER_LOG_FORMAT", "text", "log lines on stderr: text or json", "paths",
@@ -379,7 +390,16 @@ def settings_from(
         cni_bin_dirs=tuple(v["cni_bin_dir"]),
         runtime_endpoints=tuple(v["runtime_endpoint"]),
         runtime_timeout=v["runtime_timeout"],
-        policy=Policy(min_age=v["min_age"], confirmations=v["confirmations"], stuck_after=v["stuck_after"]),
+        policy=Policy(
+            min_age=v["min_age"],
+            confirmations=v["confirmations"],
+            stuck_after=v["stuck_after"],
+            exclusions=Exclusions(
+                namespaces=tuple(v["exclude_namespace"]),
+                pods=tuple(v["exclude_pod"]),
+                networks=tuple(v["exclude_network"]),
+            ),
+        ),
         state_file=v["state_file"],
         json_output=v["json"],
         log_format=v["log_format"],

@@ -60,6 +60,10 @@ class CacheEntry(Struct, frozen=True, kw_only=True):
     # runtime passes), "other" (podman, nerdctl: without it), "unknown" (nothing to tell by).
     owner: Owner = "unknown"
     ips: tuple[str, ...] = ()  # the addresses its result holds
+    # The pod, by the CNI_ARGS a CRI runtime passed (K8S_POD_NAMESPACE, K8S_POD_NAME), when
+    # both are there and read as Kubernetes names; said by a file, so it names, never proves.
+    pod_namespace: str | None = None
+    pod_name: str | None = None
 
 
 class CacheInventory(Struct, frozen=True):
@@ -119,15 +123,25 @@ def _host_ifnames(result: Any) -> tuple[str, ...]:
 
 
 CRI_ARG = "K8S_POD_NAMESPACE"  # every CRI runtime passes it; podman and nerdctl do not
+POD_NAME_ARG = "K8S_POD_NAME"
+# A namespace is a DNS label; a pod name a DNS subdomain (Kubernetes' own validation).
+_NAMESPACE = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
+_POD_NAME = re.compile(r"(?=.{1,253}$)[a-z0-9](?:[-a-z0-9.]*[a-z0-9])?")
 
 
-def _owner(doc: dict[str, Any], legacy: bool) -> Owner:
-    """Whose entry this is, by the CNI_ARGS its runtime passed (a legacy result keeps none)."""
+def _owner(doc: dict[str, Any], legacy: bool) -> tuple[Owner, str | None, str | None]:
+    """Whose entry this is, by the CNI_ARGS its runtime passed (a legacy result keeps none):
+    the owner, and the pod's namespace and name when both are there and read as names."""
     args = doc.get("cniArgs")
     if legacy or not isinstance(args, list):
-        return "unknown"
-    keys = {pair[0] for pair in args if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)}
-    return "cri" if CRI_ARG in keys else "other"
+        return "unknown", None, None
+    pairs = [pair for pair in args if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)]
+    values = {key: value for key, value in pairs if isinstance(value, str)}
+    owner: Owner = "cri" if any(key == CRI_ARG for key, _ in pairs) else "other"
+    namespace, name = values.get(CRI_ARG, ""), values.get(POD_NAME_ARG, "")
+    if _NAMESPACE.fullmatch(namespace) and _POD_NAME.fullmatch(name):
+        return owner, namespace, name
+    return owner, None, None
 
 
 def _split_legacy_name(name: str, ifname: str, networks: Set[str]) -> tuple[str, str]:
@@ -180,8 +194,11 @@ def parse_cache_file(name: str, data: bytes, known_networks: Set[str]) -> CacheD
 
 
 # What a cache file's content said, as the memo keeps it:
-# container ID, network, ifname, netns path, host ifnames, owner, addresses, base64 config.
-_Said = tuple[str, str, str, str | None, tuple[str, ...], Owner, tuple[str, ...], str | None]
+# container ID, network, ifname, netns path, host ifnames, (owner, pod namespace, pod name),
+# addresses, base64 config.
+_Said = tuple[
+    str, str, str, str | None, tuple[str, ...], tuple[Owner, str | None, str | None], tuple[str, ...], str | None
+]
 
 
 def collect_cache(
@@ -256,7 +273,7 @@ def collect_cache(
 def _entry(path: str, name: str, root: str, lst: os.stat_result, said: _Said, legacy: bool = False) -> CacheEntry:
     """The entry at `path`, as the look found it (where it is, when it changed), and as its
     content said (whose it is); its netns looked up now."""
-    cid, net, ifname, netns_path, host_ifnames, owner, ips, _ = said
+    cid, net, ifname, netns_path, host_ifnames, (owner, pod_namespace, pod_name), ips, _ = said
     netns, uninspectable = namespace_at(netns_path)
     return CacheEntry(
         path=path,
@@ -273,6 +290,8 @@ def _entry(path: str, name: str, root: str, lst: os.stat_result, said: _Said, le
         netns_uninspectable=uninspectable,
         owner=owner,
         ips=ips,
+        pod_namespace=pod_namespace,
+        pod_name=pod_name,
     )
 
 
@@ -370,6 +389,8 @@ def identity(entry: CacheEntry) -> Identity:
 
 def ref(entry: CacheEntry) -> ResourceRef:
     details: dict[str, DetailValue] = {"path": entry.path, "legacy": entry.legacy, "owner": entry.owner}
+    if entry.pod_namespace is not None and entry.pod_name is not None:
+        details["pod"] = f"{entry.pod_namespace}/{entry.pod_name}"
     if entry.corrupt is not None:
         details["corrupt"] = entry.corrupt
     return ResourceRef(kind="cache", name=entry.name, created_at=entry.mtime, details=details, identity=identity(entry))

@@ -55,14 +55,18 @@ LOOPBACK_NETWORK = "cni-loopback"  # the network containerd and CRI-O give a san
 
 def breaker_counts(attachments: Sequence[Attachment]) -> tuple[int, int]:
     """(orphaned, all) of the node's pod attachments the breaker weighs: each pod network a
-    sandbox has, not its loopback (which would count every pod twice), not the pending, and
-    only those in a namespace. A wrong runtime list shows as namespaces that look orphaned; an
+    sandbox has, not its loopback (which would count every pod twice), not the pending nor the
+    excluded (counted as not orphaned, kept pods would hide a wrong runtime list), and only
+    those in a namespace. A wrong runtime list shows as namespaces that look orphaned; an
     attachment with none (a lease, a cache entry, a chain) is no pod's, and whoever can write
     /var/lib/cni could otherwise forge enough of them to keep the breaker open for good."""
     counted = [
         a
         for a in attachments
-        if a.verdict != "pending" and a.netns is not None and a.key.ifname != "lo" and a.key.network != LOOPBACK_NETWORK
+        if a.verdict not in ("pending", "excluded")
+        and a.netns is not None
+        and a.key.ifname != "lo"
+        and a.key.network != LOOPBACK_NETWORK
     ]
     return sum(1 for a in counted if a.verdict == "orphan"), len(counted)
 

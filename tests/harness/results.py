@@ -101,7 +101,7 @@ def runtime_answers(*, reachable: bool) -> RuntimeView:
 
 def full_report(*, reachable: bool = True) -> ScanReport:
     """A report with an attachment of each verdict and an entry in every list."""
-    verdicts: tuple[Verdict, ...] = ("orphan", "pending", "unknown", "live") if reachable else ("unknown",)
+    verdicts: tuple[Verdict, ...] = ("orphan", "pending", "unknown", "live", "excluded") if reachable else ("unknown",)
     return ScanReport(
         taken_at=TAKEN_AT,
         runtime=runtime_answers(reachable=reachable),

@@ -50,6 +50,7 @@ CUSTOM: dict[str, Any] = {
     "method": "kernel",
     "pluginTimeout": "20s",
     "allowPlugins": ["dhcp", "firewall"],
+    "exclude": {"namespaces": ["kube-system"], "pods": ["monitoring/prometheus-*"], "networks": ["multus-*"]},
     "stallAfter": "45m",
     "force": True,
     "podCidrFromNode": True,
@@ -216,6 +217,8 @@ BAD_VALUES: list[dict[str, Any]] = [
     {"cniBinDirs": ["opt/cni/bin"]},
     {"method": "plugins"},
     {"allowPlugins": ["../bin/sh"]},
+    {"exclude": {"pods": ["coredns"]}},
+    {"exclude": {"namespace": ["kube-system"]}},
     {"stallAfter": "never"},
     {"cniPreset": "weave"},
     {"platform": "openshift4"},
@@ -396,6 +399,10 @@ def test_args_are_what_the_agent_takes(chart: helm.Chart) -> None:
         assert reap.quarantine_dir == (merged["quarantineDir"] or None)
         assert reap.force == merged["force"]
         assert reap.allow_plugins == tuple(merged["allowPlugins"])
+        excluded = settings.policy.exclusions
+        assert (excluded.namespaces, excluded.pods, excluded.networks) == tuple(
+            tuple(merged["exclude"][k]) for k in ("namespaces", "pods", "networks")
+        )
         assert agent.stall_after == parse_duration(str(merged["stallAfter"]))
         assert settings.log_format == merged["logFormat"]
         assert settings.log_level == flag_values(args, "--log-level")[-1]  # extraArgs, if any, win

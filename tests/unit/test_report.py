@@ -45,7 +45,7 @@ def test_an_age_never_goes_negative() -> None:
 
 def test_the_table_shows_each_verdict_group_and_every_section() -> None:
     table = report_table(full_report())
-    for heading in ("ORPHAN (1)", "PENDING (1)", "UNKNOWN (1)", "LIVE (1)"):
+    for heading in ("ORPHAN (1)", "PENDING (1)", "EXCLUDED (1)", "UNKNOWN (1)", "LIVE (1)"):
         assert heading in table
     assert "STUCK SANDBOXES (1)" in table and "kube-system/stuck-pod" in table
     assert "CORRUPT OR UNREADABLE FILES (2)" in table
