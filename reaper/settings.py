@@ -17,6 +17,7 @@ from typing import Any, Literal
 from msgspec import Struct
 from msgspec.structs import replace
 
+from reaper.durations import ACCEPTED as DURATION_FORMS
 from reaper.durations import parse_duration
 from reaper.layout import Layout
 from reaper.model import Policy
@@ -41,7 +42,7 @@ class SettingsError(ValueError):
 
 def _absolute(path: str) -> str:
     if not path.startswith("/"):
-        raise ValueError(f"{path!r} must be an absolute path")
+        raise ValueError("must be an absolute path")
     return os.path.normpath(path)
 
 
@@ -49,9 +50,9 @@ def _count(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise ValueError(f"{text!r} is not a whole number") from None
+        raise ValueError("not a whole number") from None
     if value < 1:
-        raise ValueError(f"{text!r} must be 1 or more")
+        raise ValueError("must be 1 or more")
     return value
 
 
@@ -59,9 +60,9 @@ def _ratio(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"{text!r} is not a number") from None
+        raise ValueError("not a number") from None
     if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{text!r} must be between 0 and 1")
+        raise ValueError("must be between 0 and 1")
     return value
 
 
@@ -83,7 +84,7 @@ def _one_of(*choices: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         value = text.lower()
         if value not in choices:
-            raise ValueError(f"{text!r} is not {', '.join(choices[:-1])} or {choices[-1]}")
+            raise ValueError(f"must be {', '.join(choices[:-1])} or {choices[-1]}")
         return value
 
     return parse
@@ -91,7 +92,7 @@ def _one_of(*choices: str) -> Callable[[str], str]:
 
 def _endpoint(text: str) -> str:
     if not (text.startswith("unix:///") and len(text) > len("unix:///")):
-        raise ValueError(f"{text!r} must look like unix:///run/containerd/containerd.sock")
+        raise ValueError("must look like unix:///run/containerd/containerd.sock")
     return text
 
 
@@ -105,7 +106,7 @@ def _regex(text: str) -> str:
 
 def _plugin_type(text: str) -> str:
     if not PLUGIN_TYPE.fullmatch(text):
-        raise ValueError(f"{text[:60]!r} is not a plugin type name (letters, digits, '.', '_', '-')")
+        raise ValueError("not a plugin type name (letters, digits, '.', '_', '-')")
     return text
 
 
@@ -113,7 +114,7 @@ def _pod_cidr(text: str) -> str:
     try:
         pod_cidrs_from([text], "--pod-cidr")
     except PodCidrError:
-        raise ValueError(f"{text[:60]!r} is not a network in CIDR notation (like 10.244.3.0/24)") from None
+        raise ValueError("not a network in CIDR notation (like 10.244.3.0/24)") from None
     return text
 
 
@@ -121,7 +122,7 @@ def parse_listen(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:9753 or [::1]:9753)")
+        raise ValueError("not HOST:PORT (e.g. 127.0.0.1:9753 or [::1]:9753)")
     return host, int(port)
 
 
@@ -229,12 +230,17 @@ OPTIONS: tuple[Option, ...] = (
 
 
 def add_options(parser: argparse.ArgumentParser, groups: tuple[Group, ...], skip: tuple[str, ...] = ()) -> None:
-    """Every option of `groups` (but the flags in `skip`) on `parser`, under its group's title."""
+    """Every option of `groups` (but the flags in `skip`) on `parser`, under its group's title.
+    The first group with a DURATION says, once, what a duration may be written as."""
+    durations_said = False
     for group in groups:
-        section = parser.add_argument_group(GROUP_TITLES[group])
-        for opt in OPTIONS:
-            if opt.group != group or opt.flag in skip:
-                continue
+        options = [o for o in OPTIONS if o.group == group and o.flag not in skip]
+        described = not durations_said and any(o.metavar == "DURATION" for o in options)
+        durations_said = durations_said or described
+        # argparse formats help with %-style: the description's own % must be doubled.
+        description = f"DURATION: {DURATION_FORMS}".replace("%", "%%") if described else None
+        section = parser.add_argument_group(GROUP_TITLES[group], description)
+        for opt in options:
             if opt.switch:
                 section.add_argument(opt.flag, action="store_true", help=opt.help)
                 continue
@@ -249,14 +255,20 @@ def add_options(parser: argparse.ArgumentParser, groups: tuple[Group, ...], skip
             )
 
 
-def _texts(opt: Option, args: argparse.Namespace, env: Mapping[str, str]) -> list[str]:
+def _texts(opt: Option, args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, list[str]]:
+    """Where the option's text comes from (its flag, its variable or "default") and the texts."""
     given = getattr(args, opt.dest, None)
     if given is not None:
-        return list(given) if opt.separator else [given]
+        return opt.flag, list(given) if opt.separator else [given]
     raw = env.get(opt.env, "") if opt.env else ""
-    if raw:
-        return [v for v in raw.split(opt.separator) if v] if opt.separator else [raw]
-    return [opt.default] if opt.default is not None else []
+    if raw and opt.env:
+        return opt.env, [v for v in raw.split(opt.separator) if v] if opt.separator else [raw]
+    return "default", [opt.default] if opt.default is not None else []
+
+
+def _shown(text: str) -> str:
+    """A value as an error line quotes it: repr, so blanks and control characters show, cut short."""
+    return repr(text) if len(text) <= 80 else repr(text[:80]) + "..."
 
 
 def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -269,11 +281,14 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> d
             values[opt.dest] = bool(getattr(args, opt.dest, False))
             continue
         parsed = []
-        for text in _texts(opt, args, env):
+        source, texts = _texts(opt, args, env)
+        for text in texts:
             try:
                 parsed.append(opt.parse(text))
             except ValueError as err:
-                raise SettingsError(f"{opt.flag}: {err}") from None
+                # What was typed, where: `REAPER_MIN_AGE='-5': must not be negative`.
+                name = opt.flag if source == "default" else source
+                raise SettingsError(f"{name}={_shown(text)}: {err}") from None
         values[opt.dest] = list(dict.fromkeys(parsed)) if opt.separator else (parsed[-1] if parsed else None)
     return values
 

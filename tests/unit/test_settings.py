@@ -40,21 +40,50 @@ def test_a_flag_beats_its_variable_and_repeatable_variables_split() -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--min-age", "ten"], "--min-age: 'ten' is not a duration"),
-        (["--confirmations", "0"], "--confirmations: '0' must be 1 or more"),
-        (["--confirmations", "x"], "--confirmations: 'x' is not a whole number"),
-        (["--netns-dir", "relative"], "--netns-dir: 'relative' must be an absolute path"),
-        (["--runtime-endpoint", "tcp://1.2.3.4"], "--runtime-endpoint: 'tcp://1.2.3.4' must look like unix:///"),
-        (["--netns-pattern", "("], "--netns-pattern: invalid regex"),
-        (["--max-orphan-ratio", "2"], "--max-orphan-ratio: '2' must be between 0 and 1"),
-        (["--method", "nuke"], "--method: 'nuke' is not auto or kernel"),
-        (["--log-format", "xml"], "--log-format: 'xml' is not text or json"),
+        (["--min-age", "ten"], "--min-age='ten': not a duration: use seconds (90) or numbers with a unit"),
+        (["--min-age", "-5"], "--min-age='-5': must not be negative"),
+        (["--confirmations", "0"], "--confirmations='0': must be 1 or more"),
+        (["--confirmations", "x"], "--confirmations='x': not a whole number"),
+        (["--netns-dir", "relative"], "--netns-dir='relative': must be an absolute path"),
+        (["--runtime-endpoint", "tcp://1.2.3.4"], "--runtime-endpoint='tcp://1.2.3.4': must look like unix:///"),
+        (["--netns-pattern", "("], "--netns-pattern='(': invalid regex"),
+        (["--max-orphan-ratio", "2"], "--max-orphan-ratio='2': must be between 0 and 1"),
+        (["--method", "nuke"], "--method='nuke': must be auto or kernel"),
+        (["--log-format", "xml"], "--log-format='xml': must be text or json"),
     ],
 )
 def test_bad_values_are_one_line_errors(argv: list[str], message: str) -> None:
     with pytest.raises(SettingsError) as err:
         parse(*argv)
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"REAPER_MIN_AGE": "-5"}, "REAPER_MIN_AGE='-5': must not be negative"),
+        ({"REAPER_RUNTIME_TIMEOUT": "0"}, "REAPER_RUNTIME_TIMEOUT='0': must be more than 0"),
+        ({"REAPER_STUCK_AFTER": "1h30"}, "REAPER_STUCK_AFTER='1h30': not a duration"),
+        # The one item of a list that is wrong, not the whole variable.
+        ({"REAPER_NETNS_DIR": "/a:relative"}, "REAPER_NETNS_DIR='relative': must be an absolute path"),
+        ({"REAPER_MAX_REAP": "lots"}, "REAPER_MAX_REAP='lots': not a whole number"),
+    ],
+)
+def test_a_bad_variable_is_named_with_its_value(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError) as err:
+        parse(env=env)
+    assert str(err.value).startswith(message), err.value
+
+
+def test_a_long_bad_value_is_cut_short_in_its_error_line() -> None:
+    with pytest.raises(SettingsError) as err:
+        parse(env={"REAPER_NETNS_DIR": "x" * 5000})
+    assert len(str(err.value)) < 200 and str(err.value).startswith("REAPER_NETNS_DIR='xxx")
+
+
+def test_compound_durations_from_a_flag_and_a_variable() -> None:
+    settings, _ = parse("--min-age", "1h30m", env={"REAPER_STUCK_AFTER": "2m30s"})
+    assert settings.policy.min_age == 5400 and settings.policy.stuck_after == 150
 
 
 def test_agent_settings() -> None:
