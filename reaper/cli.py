@@ -102,8 +102,23 @@ class _PrintVersion(argparse.Action):
             number = version("cni-reaper")
         except PackageNotFoundError:
             number = "unknown (not installed)"
-        print(f"reaper {number}")
+        _output(f"reaper {number}")  # `reaper --version | false` is no traceback
         parser.exit()
+
+
+# Flags of the "paths" and "output" groups `doctor` has no check for: given to doctor, they would
+# be taken and do nothing, and the operator would believe them checked. Their REAPER_* variables
+# are still read (and a bad one is an error), as the agent beside it reads them.
+DOCTOR_UNUSED = (
+    "--namespaces-dir",
+    "--netns-pattern",
+    "--min-age",
+    "--confirmations",
+    "--stuck-after",
+    "--state-file",
+    "--textfile",
+    "--log-level",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,7 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="reaper", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action=_PrintVersion, nargs=0, help="print the version and exit")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    # Not required here: parse() says what is missing or unknown, with the usage of the command
+    # it was typed for (argparse would answer `reaper --bogus` with "COMMAND is required").
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     scan = sub.add_parser(
         "scan",
         help="report which resources are live, orphaned or pending; changes nothing on the node",
@@ -144,8 +161,37 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=DOCTOR_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_options(doctor, ("paths", "output"))
+    add_options(doctor, ("paths", "output"), skip=DOCTOR_UNUSED)
     return parser
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The command line, or exit 2 with one error that names what was typed: an unknown flag
+    with the usage of the command it was given to (`reaper scan --bogus` prints scan's)."""
+    args, unknown = parser.parse_known_args(argv)
+    command: str | None = args.command
+    # What was typed before the command is the top level's (`reaper --bogus scan`).
+    before = argv[: argv.index(command)] if command in argv else argv
+    if any(u in before for u in unknown):
+        parser.error(f"unrecognized arguments: {' '.join(u for u in unknown if u in before)}")
+    sub = _subparser(parser, command)
+    if unknown and sub is not None:
+        unused = [u.partition("=")[0] for u in unknown if u.partition("=")[0] in DOCTOR_UNUSED]
+        if command == "doctor" and unused:
+            sub.error(f"{unused[0]} is not used by doctor: no check reads it")
+        sub.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if command is None:
+        parser.error("a COMMAND is required: scan, reap, run or doctor")
+    return args
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser | None:
+    """The parser of `command`, from the parser's subcommands."""
+    for action in parser._actions:  # argparse keeps no public handle on its subparsers
+        if isinstance(action, argparse._SubParsersAction) and command is not None:
+            found: argparse.ArgumentParser | None = action.choices.get(command)
+            return found
+    return None
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -260,7 +306,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    args = parse(parser, sys.argv[1:] if argv is None else list(argv))
     try:
         if args.command == "scan":
             return _scan(args)
