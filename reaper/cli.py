@@ -199,12 +199,19 @@ def _settings(args: argparse.Namespace) -> Settings:
     return with_pod_cidrs(settings_from(args, layout=detect_layout(proc="/proc")))
 
 
+def _warn_dirs(settings: Settings, log: logging.Logger) -> None:
+    """One warning line for each dir given that is not there (the JSON's `problems` says it too)."""
+    for problem in settings.dir_problems:
+        log.warning(problem)
+
+
 def _scan(args: argparse.Namespace) -> int:
     from reaper.report import report_json, report_table  # noqa: PLC0415 (see the module's docstring)
     from reaper.scan import scan_pass  # noqa: PLC0415
 
     settings = _settings(args)
     log = setup_logging(settings.log_format, settings.log_level)
+    _warn_dirs(settings, log)
     if os.geteuid() != 0:
         log.warning("not running as root: namespaces, /proc and iptables may be partly unreadable")
     result = scan_pass(settings, liveness_from(settings), log)
@@ -246,6 +253,7 @@ def _run(args: argparse.Namespace) -> int:
     reap = reap_settings_from(args)
     agent_settings = agent_settings_from(args)
     log = setup_logging(settings.log_format, settings.log_level)
+    _warn_dirs(settings, log)
     liveness = liveness_from(settings)
     try:
         agent = Agent(settings, reap, agent_settings, liveness, log)
@@ -266,6 +274,7 @@ def _reap(args: argparse.Namespace) -> int:
     settings = _settings(args)
     reap = reap_settings_from(args)
     log = setup_logging(settings.log_format, settings.log_level)
+    _warn_dirs(settings, log)
     if os.geteuid() != 0:
         log.warning("not running as root: reclaiming will fail")
     started = time.monotonic()
@@ -294,7 +303,8 @@ def _doctor(args: argparse.Namespace) -> int:
 
     layout = detect_layout(proc="/proc")
     settings = with_pod_cidrs(settings_from(args, layout=layout))
-    setup_logging(settings.log_format, "error")
+    _warn_dirs(settings, setup_logging(settings.log_format, "warning"))
+    setup_logging(settings.log_format, "error")  # the checks say the rest, one line each
     view = liveness_from(settings).observe({})
     checks = run_checks(settings, layout, view, os.environ.get("REAPER_CNI_PRESET"))
     if settings.json_output:

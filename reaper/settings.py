@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import stat
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -315,6 +316,8 @@ class Settings(Struct, frozen=True, kw_only=True):
     # it was detected in) for the dirs layout detection may fill in
     origins: tuple[tuple[str, str], ...] = ()
     layout_problems: tuple[str, ...] = ()  # runtime configs found but not readable, no pod CIDR
+    # A dir a flag or variable names that is not there: each command warns and its JSON says so.
+    dir_problems: tuple[str, ...] = ()
     pod_cidr_values: tuple[str, ...] = ()
     node_name: str | None = None
     pod_cidrs: PodCidrs | None = None  # set by with_pod_cidrs
@@ -365,6 +368,35 @@ CRIO_RUNTIME = "cri-o"  # CRI-O's RuntimeLayout.runtime (reaper.layout.crio_layo
 # What layout detection may fill in, when neither a flag nor a variable gave it.
 DETECTED = ("--cni-conf-dir", "--cni-bin-dir", "--netns-dir")
 
+# Dirs whose absence only shows as nothing found: a mistyped one must say so. (A missing bin dir
+# is doctor's: its plugins check names what cannot run.)
+READ_DIRS = ("--netns-dir", "--ipam-dir", "--cni-cache-dir", "--cni-conf-dir")
+
+
+def dir_problems(values: Mapping[str, Any], args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, ...]:
+    """One line for each dir a flag or variable gave that is not a directory here (a default or
+    a detected dir that is missing is a node without that runtime or plugin, not a typo)."""
+    problems = []
+    for flag in READ_DIRS:
+        origin = given(flag, args, env)
+        if origin is None:
+            continue
+        source = flag if origin == "flag" else origin
+        opt = next(o for o in OPTIONS if o.flag == flag)
+        value = values[opt.dest]
+        for path in value if isinstance(value, list) else [value]:
+            try:
+                is_dir = stat.S_ISDIR(os.stat(path).st_mode)
+            except FileNotFoundError:
+                problems.append(f"{source} {path}: no such directory; nothing is found there")
+                continue
+            except OSError as err:
+                problems.append(f"{source} {path}: cannot be read: {err.strerror}")
+                continue
+            if not is_dir:
+                problems.append(f"{source} {path}: not a directory; nothing is found there")
+    return tuple(problems)
+
 
 def settings_from(
     args: argparse.Namespace, env: Mapping[str, str] | None = None, layout: Layout | None = None
@@ -372,6 +404,7 @@ def settings_from(
     """The settings; with a `layout` (reaper.layout.detect_layout), the dirs neither a flag nor
     a variable gave come from the runtimes' own configs, and `origins` says so."""
     v = resolve(args, env)
+    missing = dir_problems(v, args, os.environ if env is None else env)
     origins: dict[str, str] = {}
     more_conf_dirs: tuple[str, ...] = ()
     for flag in DETECTED:
@@ -402,6 +435,7 @@ def settings_from(
         textfile=v["textfile"],
         origins=tuple(origins.items()),
         layout_problems=layout.problems if layout is not None else (),
+        dir_problems=missing,
         pod_cidr_values=tuple(v["pod_cidr"]),
         node_name=v["node_name"],
         namespaces_dirs=tuple(v["namespaces_dir"]) or _crio_namespaces_dirs(layout),

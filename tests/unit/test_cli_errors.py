@@ -5,6 +5,7 @@ for, exit 2, no traceback; and a reader that went away keeps the exit status."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -104,6 +105,26 @@ def test_a_flag_beats_a_bad_variable_and_compound_durations_are_taken(tmp_path: 
     proc = reaper("scan", "--json", *quiet_flags(tmp_path), "--min-age", "1h30m", env=clean_env(REAPER_MIN_AGE="-5"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr  # undecided: no runtime
     assert "REAPER_MIN_AGE" not in proc.stderr and "--min-age" not in proc.stderr
+
+
+@pytest.mark.parametrize("command", ["scan", "reap", "doctor"])
+def test_a_dir_given_that_is_not_there_is_one_warning_and_a_problem(command: str, tmp_path: Path) -> None:
+    flags = quiet_flags(tmp_path)
+    if command == "doctor":
+        at = flags.index("--state-file")
+        del flags[at : at + 2]
+    flags[flags.index("--netns-dir") + 1] = f"{tmp_path}/typo"
+    at = flags.index("--ipam-dir")  # given by its variable instead
+    del flags[at : at + 2]
+    proc = reaper(command, "--json", *flags, env=clean_env(REAPER_IPAM_DIR=f"{tmp_path}/gone"))
+    said = [
+        f"--netns-dir {tmp_path}/typo: no such directory; nothing is found there",
+        f"REAPER_IPAM_DIR {tmp_path}/gone: no such directory; nothing is found there",
+    ]
+    warnings = [line for line in proc.stderr.splitlines() if "no such directory" in line]
+    assert warnings == [f"warning: {line}" for line in said], proc.stderr
+    problems = json.loads(proc.stdout)["layout"]["problems"]
+    assert problems[:2] == said
 
 
 def test_help_says_what_a_duration_may_be() -> None:

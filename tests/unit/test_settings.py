@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from reaper.cli import build_parser
@@ -92,3 +94,20 @@ def test_agent_settings() -> None:
     assert (agent.mode, agent.interval, agent.listen_host, agent.listen_port) == ("reap", 300, "::1", 9000)
     args = build_parser().parse_args(["run"])
     assert agent_settings_from(args, {"REAPER_MODE": "scan"}).mode == "scan"
+
+
+def test_a_dir_given_that_is_not_there_is_a_problem(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    env = {"REAPER_IPAM_DIR": f"{tmp_path}:{tmp_path}/gone", "REAPER_CNI_CACHE_DIR": f"{tmp_path}/file"}
+    settings, _ = parse("--netns-dir", f"{tmp_path}/typo", "--cni-conf-dir", str(tmp_path), env=env)
+    assert settings.dir_problems == (
+        f"--netns-dir {tmp_path}/typo: no such directory; nothing is found there",
+        f"REAPER_IPAM_DIR {tmp_path}/gone: no such directory; nothing is found there",
+        f"REAPER_CNI_CACHE_DIR {tmp_path}/file: not a directory; nothing is found there",
+    )
+
+
+def test_a_default_dir_that_is_not_there_is_no_problem() -> None:
+    # A node without host-local or a cache yet: nothing was mistyped.
+    settings, _ = parse()
+    assert settings.dir_problems == ()
