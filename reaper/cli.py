@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from reaper.host.jsondoc import dumps_indented
-from reaper.layout import detect_layout
+from reaper.layout import Layout, detect_layout
 from reaper.logs import setup_logging
 from reaper.report import layout_json
 from reaper.runtime.liveness import liveness_from
@@ -32,6 +32,7 @@ from reaper.settings import (
 
 if TYPE_CHECKING:
     from reaper.metrics import ReaperMetrics
+    from reaper.model import RuntimeView
 
 EXIT_CLEAN = 0
 EXIT_ORPHANS = 1
@@ -194,9 +195,21 @@ def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse
     return None
 
 
-def _settings(args: argparse.Namespace) -> Settings:
-    """The settings, the dirs no flag or variable gave detected from the runtimes' configs."""
-    return with_pod_cidrs(settings_from(args, layout=detect_layout(proc="/proc")))
+def _settings(args: argparse.Namespace) -> tuple[Settings, Layout]:
+    """The settings, the dirs no flag or variable gave detected from the runtimes' configs; and
+    those configs (what a runtime that does not answer was configured as)."""
+    layout = detect_layout(proc="/proc")
+    return with_pod_cidrs(settings_from(args, layout=layout)), layout
+
+
+def _undecided(problem: str, view: RuntimeView, layout: Layout) -> str:
+    """The line on stderr for a pass that could not decide: when no runtime answered, its likely
+    cause (the report lists each socket tried), else the pass's own problem."""
+    if view.reachable:
+        return f"reaper: cannot decide: {problem}"
+    from reaper.runtime.cause import likely_cause  # noqa: PLC0415
+
+    return f"reaper: cannot decide: runtime unreachable: {likely_cause(view, layout)}"
 
 
 def _warn_dirs(settings: Settings, log: logging.Logger) -> None:
@@ -209,7 +222,7 @@ def _scan(args: argparse.Namespace) -> int:
     from reaper.report import report_json, report_table  # noqa: PLC0415 (see the module's docstring)
     from reaper.scan import scan_pass  # noqa: PLC0415
 
-    settings = _settings(args)
+    settings, layout = _settings(args)
     log = setup_logging(settings.log_format, settings.log_level)
     _warn_dirs(settings, log)
     if os.geteuid() != 0:
@@ -230,7 +243,7 @@ def _scan(args: argparse.Namespace) -> int:
     else:
         _output(report_table(report))
     if result.problem is not None:
-        print(f"reaper: cannot decide: {result.problem}", file=sys.stderr)
+        print(_undecided(result.problem, report.runtime, layout), file=sys.stderr)
         return EXIT_UNDECIDED
     return EXIT_ORPHANS if report.count("orphan") else EXIT_CLEAN
 
@@ -249,7 +262,7 @@ def _write_textfile(path: str | None, metrics: ReaperMetrics, log: logging.Logge
 def _run(args: argparse.Namespace) -> int:
     from reaper.agent import Agent  # noqa: PLC0415
 
-    settings = _settings(args)
+    settings, _ = _settings(args)
     reap = reap_settings_from(args)
     agent_settings = agent_settings_from(args)
     log = setup_logging(settings.log_format, settings.log_level)
@@ -271,7 +284,7 @@ def _reap(args: argparse.Namespace) -> int:
     from reaper.reap import reap_pass  # noqa: PLC0415
     from reaper.report import reap_json, reap_table  # noqa: PLC0415
 
-    settings = _settings(args)
+    settings, layout = _settings(args)
     reap = reap_settings_from(args)
     log = setup_logging(settings.log_format, settings.log_level)
     _warn_dirs(settings, log)
@@ -291,7 +304,7 @@ def _reap(args: argparse.Namespace) -> int:
         print(f"reaper: {result.problem}", file=sys.stderr)
         return EXIT_BREAKER
     if result.problem is not None:
-        print(f"reaper: cannot decide: {result.problem}", file=sys.stderr)
+        print(_undecided(result.problem, result.report.runtime, layout), file=sys.stderr)
         return EXIT_UNDECIDED
     if reap.dry_run:
         return EXIT_ORPHANS if result.plan else EXIT_CLEAN

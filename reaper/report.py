@@ -120,7 +120,9 @@ def report_table(report: ScanReport) -> str:
             state = "skipped" if answer.skipped else "FAILED"
             lines.append(f"runtime: {state} at {answer.endpoint} ({answer.source}): {answer.error}")
     if not rt.reachable:
-        lines.append(f"runtime: UNREACHABLE ({rt.error}); no attachment can be called orphan this pass")
+        # Each runtime's error is on its own line above; only with none to list is the why here.
+        why = "" if rt.runtimes else f" ({rt.error})"
+        lines.append(f"runtime: UNREACHABLE{why}; no attachment can be called orphan this pass")
     for verdict in ("orphan", "pending", "unknown", "live"):
         group = [a for a in report.attachments if a.verdict == verdict]
         if not group:

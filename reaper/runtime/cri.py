@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -124,6 +125,12 @@ class CriLiveness:
             left = deadline - time.monotonic()
             if left <= 0:
                 why = f"{endpoint.url}: not asked: the time for asking the runtimes ran out"
+                answers.append(_unanswered(endpoint, why))
+                problems.append(why)
+                continue
+            if self.endpoints and not os.path.lexists(endpoint.path):
+                # Said plainly, once: gRPC's text for this is three nested errors long.
+                why = f"no socket at {endpoint.path}"
                 answers.append(_unanswered(endpoint, why))
                 problems.append(why)
                 continue

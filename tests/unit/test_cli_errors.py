@@ -127,6 +127,16 @@ def test_a_dir_given_that_is_not_there_is_one_warning_and_a_problem(command: str
     assert problems[:2] == said
 
 
+def test_an_endpoint_with_no_socket_is_said_plainly_once_a_stream(tmp_path: Path) -> None:
+    proc = reaper("scan", *quiet_flags(tmp_path))
+    missing = f"no socket at {tmp_path}/none.sock"
+    assert proc.returncode == 2 and "UNAVAILABLE" not in proc.stdout + proc.stderr
+    assert proc.stdout.count(missing) == 1, proc.stdout  # its runtime line, not again as the verdict
+    assert [line for line in proc.stderr.splitlines() if "cannot decide" in line] == [
+        f"reaper: cannot decide: runtime unreachable: {missing}"
+    ]
+
+
 def test_help_says_what_a_duration_may_be() -> None:
     proc = reaper("run", "--help")
     assert proc.returncode == 0
