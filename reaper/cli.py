@@ -214,7 +214,7 @@ def _undecided(problem: str, view: RuntimeView, layout: Layout) -> str:
 
 def _warn_dirs(settings: Settings, log: logging.Logger) -> None:
     """One warning line for each dir given that is not there (the JSON's `problems` says it too)."""
-    for problem in settings.dir_problems:
+    for problem in settings.given_problems:
         log.warning(problem)
 
 

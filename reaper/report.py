@@ -26,7 +26,7 @@ def layout_json(settings: Settings) -> dict[str, Any]:
         "dirs": {flag: {"value": values[flag], "from": origin} for flag, origin in settings.origins},
         # The detected conf dir above and the other runtimes' conf dirs: the node's own configs.
         "conf_dirs": list(settings.cni_conf_dirs),
-        "problems": [*settings.dir_problems, *settings.layout_problems],
+        "problems": [*settings.given_problems, *settings.layout_problems],
         "pod_cidrs": None
         if settings.pod_cidrs is None
         else {"v4": settings.pod_cidrs.v4, "v6": settings.pod_cidrs.v6, "from": settings.pod_cidrs.source},

@@ -9,6 +9,7 @@ operator.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import stat
@@ -316,8 +317,9 @@ class Settings(Struct, frozen=True, kw_only=True):
     # it was detected in) for the dirs layout detection may fill in
     origins: tuple[tuple[str, str], ...] = ()
     layout_problems: tuple[str, ...] = ()  # runtime configs found but not readable, no pod CIDR
-    # A dir a flag or variable names that is not there: each command warns and its JSON says so.
-    dir_problems: tuple[str, ...] = ()
+    # What the operator gave that would quietly do nothing (a dir a flag or variable names that
+    # is not there, a REAPER_* variable nothing reads): each command warns, its JSON says so.
+    given_problems: tuple[str, ...] = ()
     pod_cidr_values: tuple[str, ...] = ()
     node_name: str | None = None
     pod_cidrs: PodCidrs | None = None  # set by with_pod_cidrs
@@ -373,6 +375,24 @@ DETECTED = ("--cni-conf-dir", "--cni-bin-dir", "--netns-dir")
 READ_DIRS = ("--netns-dir", "--ipam-dir", "--cni-cache-dir", "--cni-conf-dir")
 
 
+# REAPER_* variables read outside the option table: the chart's CNI preset (doctor) and the
+# service account dir a test points the pod CIDR lookup at (reaper.podcidr).
+OTHER_VARIABLES = ("REAPER_CNI_PRESET", "REAPER_SERVICEACCOUNT_DIR")
+
+
+def unknown_variables(env: Mapping[str, str]) -> tuple[str, ...]:
+    """One line for each REAPER_* variable set that nothing reads: a typo there is otherwise a
+    setting silently left at its default (REAPER_MINAGE=1h and min-age still 10m)."""
+    known = [o.env for o in OPTIONS if o.env] + list(OTHER_VARIABLES)
+    problems = []
+    for name in sorted(k for k in env if k.startswith("REAPER_") and k not in known):
+        # Compared without the prefix every name shares, which would make any two look alike.
+        close = difflib.get_close_matches(name.removeprefix("REAPER_"), [k.removeprefix("REAPER_") for k in known], 1)
+        hint = f" (did you mean REAPER_{close[0]}?)" if close else ""
+        problems.append(f"{name[:80]} is set but the reaper reads no such variable{hint}")
+    return tuple(problems)
+
+
 def dir_problems(values: Mapping[str, Any], args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, ...]:
     """One line for each dir a flag or variable gave that is not a directory here (a default or
     a detected dir that is missing is a node without that runtime or plugin, not a typo)."""
@@ -404,7 +424,8 @@ def settings_from(
     """The settings; with a `layout` (reaper.layout.detect_layout), the dirs neither a flag nor
     a variable gave come from the runtimes' own configs, and `origins` says so."""
     v = resolve(args, env)
-    missing = dir_problems(v, args, os.environ if env is None else env)
+    env_now = os.environ if env is None else env
+    given_problems = (*dir_problems(v, args, env_now), *unknown_variables(env_now))
     origins: dict[str, str] = {}
     more_conf_dirs: tuple[str, ...] = ()
     for flag in DETECTED:
@@ -435,7 +456,7 @@ def settings_from(
         textfile=v["textfile"],
         origins=tuple(origins.items()),
         layout_problems=layout.problems if layout is not None else (),
-        dir_problems=missing,
+        given_problems=given_problems,
         pod_cidr_values=tuple(v["pod_cidr"]),
         node_name=v["node_name"],
         namespaces_dirs=tuple(v["namespaces_dir"]) or _crio_namespaces_dirs(layout),

@@ -108,7 +108,7 @@ def test_a_flag_beats_a_bad_variable_and_compound_durations_are_taken(tmp_path: 
 
 
 @pytest.mark.parametrize("command", ["scan", "reap", "doctor"])
-def test_a_dir_given_that_is_not_there_is_one_warning_and_a_problem(command: str, tmp_path: Path) -> None:
+def test_what_would_do_nothing_is_one_warning_and_a_problem(command: str, tmp_path: Path) -> None:
     flags = quiet_flags(tmp_path)
     if command == "doctor":
         at = flags.index("--state-file")
@@ -116,15 +116,19 @@ def test_a_dir_given_that_is_not_there_is_one_warning_and_a_problem(command: str
     flags[flags.index("--netns-dir") + 1] = f"{tmp_path}/typo"
     at = flags.index("--ipam-dir")  # given by its variable instead
     del flags[at : at + 2]
-    proc = reaper(command, "--json", *flags, env=clean_env(REAPER_IPAM_DIR=f"{tmp_path}/gone"))
+    env = clean_env(REAPER_IPAM_DIR=f"{tmp_path}/gone", REAPER_MINAGE="1h")
+    proc = reaper(command, "--json", *flags, env=env)
     said = [
         f"--netns-dir {tmp_path}/typo: no such directory; nothing is found there",
         f"REAPER_IPAM_DIR {tmp_path}/gone: no such directory; nothing is found there",
+        "REAPER_MINAGE is set but the reaper reads no such variable (did you mean REAPER_MIN_AGE?)",
     ]
-    warnings = [line for line in proc.stderr.splitlines() if "no such directory" in line]
+    warnings = [
+        line for line in proc.stderr.splitlines() if line.startswith("warning: ") and "not running as root" not in line
+    ]
     assert warnings == [f"warning: {line}" for line in said], proc.stderr
     problems = json.loads(proc.stdout)["layout"]["problems"]
-    assert problems[:2] == said
+    assert problems[:3] == said
 
 
 def test_an_endpoint_with_no_socket_is_said_plainly_once_a_stream(tmp_path: Path) -> None:

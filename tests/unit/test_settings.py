@@ -8,12 +8,14 @@ import pytest
 
 from reaper.cli import build_parser
 from reaper.settings import (
+    OPTIONS,
     ReapSettings,
     Settings,
     SettingsError,
     agent_settings_from,
     reap_settings_from,
     settings_from,
+    unknown_variables,
 )
 
 
@@ -100,7 +102,7 @@ def test_a_dir_given_that_is_not_there_is_a_problem(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     env = {"REAPER_IPAM_DIR": f"{tmp_path}:{tmp_path}/gone", "REAPER_CNI_CACHE_DIR": f"{tmp_path}/file"}
     settings, _ = parse("--netns-dir", f"{tmp_path}/typo", "--cni-conf-dir", str(tmp_path), env=env)
-    assert settings.dir_problems == (
+    assert settings.given_problems == (
         f"--netns-dir {tmp_path}/typo: no such directory; nothing is found there",
         f"REAPER_IPAM_DIR {tmp_path}/gone: no such directory; nothing is found there",
         f"REAPER_CNI_CACHE_DIR {tmp_path}/file: not a directory; nothing is found there",
@@ -110,4 +112,20 @@ def test_a_dir_given_that_is_not_there_is_a_problem(tmp_path: Path) -> None:
 def test_a_default_dir_that_is_not_there_is_no_problem() -> None:
     # A node without host-local or a cache yet: nothing was mistyped.
     settings, _ = parse()
-    assert settings.dir_problems == ()
+    assert settings.given_problems == ()
+
+
+def test_a_variable_nothing_reads_is_a_problem_with_the_likely_name() -> None:
+    # A typo left min-age at its default, silently.
+    env = {"REAPER_MINAGE": "1h", "REAPER_FOO": "1", "REAPER_CNI_PRESET": "flannel", "OTHER": "x"}
+    settings, _ = parse(env=env)
+    assert settings.policy.min_age == 600
+    assert settings.given_problems == (
+        "REAPER_FOO is set but the reaper reads no such variable",
+        "REAPER_MINAGE is set but the reaper reads no such variable (did you mean REAPER_MIN_AGE?)",
+    )
+
+
+def test_every_variable_of_the_table_is_read() -> None:
+    env = {o.env: o.default or "" for o in OPTIONS if o.env}
+    assert unknown_variables(env) == ()
