@@ -77,6 +77,12 @@ def test_an_endpoint_given_with_no_socket_behind_it_says_so(tmp_path: Path) -> N
     assert only.error == f"no socket at {tmp_path}/none.sock" and not only.skipped
 
 
+def test_an_endpoint_given_that_is_no_socket_says_so(tmp_path: Path) -> None:
+    (tmp_path / "file.sock").write_text("")
+    seen = CriLiveness((f"unix://{tmp_path}/file.sock",), 2.0).observe({})
+    assert seen.error == f"{tmp_path}/file.sock is not a socket"
+
+
 def test_an_endpoint_given_whose_socket_nobody_serves_is_still_asked(tmp_path: Path) -> None:
     # A socket file that is there: gRPC's connect is what fails, and says how.
     path = tmp_path / "dead.sock"
