@@ -375,9 +375,9 @@ DETECTED = ("--cni-conf-dir", "--cni-bin-dir", "--netns-dir")
 READ_DIRS = ("--netns-dir", "--ipam-dir", "--cni-cache-dir", "--cni-conf-dir")
 
 
-# REAPER_* variables read outside the option table: the chart's CNI preset (doctor) and the
-# service account dir a test points the pod CIDR lookup at (reaper.podcidr).
-OTHER_VARIABLES = ("REAPER_CNI_PRESET", "REAPER_SERVICEACCOUNT_DIR")
+# REAPER_* variables read outside the option table: the chart's CNI and platform presets (for
+# doctor) and the service account dir a test points the pod CIDR lookup at (reaper.podcidr).
+OTHER_VARIABLES = ("REAPER_CNI_PRESET", "REAPER_PLATFORM", "REAPER_SERVICEACCOUNT_DIR")
 
 
 def unknown_variables(env: Mapping[str, str]) -> tuple[str, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,10 @@ def test_a_variable_nothing_reads_is_a_problem_with_the_likely_name() -> None:
 def test_every_variable_of_the_table_is_read() -> None:
     env = {o.env: o.default or "" for o in OPTIONS if o.env}
     assert unknown_variables(env) == ()
+
+
+def test_every_variable_the_chart_sets_is_read() -> None:
+    # The chart's env names the agent's settings and doctor's presets: none may warn in the pod.
+    chart = (Path(__file__).resolve().parents[2] / "charts").rglob("*.yaml")
+    names = {name for path in chart for name in re.findall(r"name: (REAPER_[A-Z0-9_]+)", path.read_text())}
+    assert names and unknown_variables(dict.fromkeys(names, "x")) == ()
