@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from reaper.host.jsondoc import dumps_indented
-from reaper.layout import detect_layout
+from reaper.layout import Layout, detect_layout
 from reaper.logs import setup_logging
 from reaper.report import layout_json
 from reaper.runtime.liveness import liveness_from
@@ -32,6 +32,7 @@ from reaper.settings import (
 
 if TYPE_CHECKING:
     from reaper.metrics import ReaperMetrics
+    from reaper.model import RuntimeView
 
 EXIT_CLEAN = 0
 EXIT_ORPHANS = 1
@@ -104,8 +105,23 @@ class _PrintVersion(argparse.Action):
             number = version("cni-reaper")
         except PackageNotFoundError:
             number = "unknown (not installed)"
-        print(f"reaper {number}")
+        _output(f"reaper {number}")  # `reaper --version | false` is no traceback
         parser.exit()
+
+
+# Flags of the "paths" and "output" groups `doctor` has no check for: given to doctor, they would
+# be taken and do nothing, and the operator would believe them checked. Their REAPER_* variables
+# are still read (and a bad one is an error), as the agent beside it reads them.
+DOCTOR_UNUSED = (
+    "--namespaces-dir",
+    "--netns-pattern",
+    "--min-age",
+    "--confirmations",
+    "--stuck-after",
+    "--state-file",
+    "--textfile",
+    "--log-level",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,7 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="reaper", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action=_PrintVersion, nargs=0, help="print the version and exit")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    # Not required here: parse() says what is missing or unknown, with the usage of the command
+    # it was typed for (argparse would answer `reaper --bogus` with "COMMAND is required").
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     scan = sub.add_parser(
         "scan",
         help="report which resources are live, orphaned or pending; changes nothing on the node",
@@ -146,21 +164,69 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=DOCTOR_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_options(doctor, ("paths", "output"))
+    add_options(doctor, ("paths", "output"), skip=DOCTOR_UNUSED)
     return parser
 
 
-def _settings(args: argparse.Namespace) -> Settings:
-    """The settings, the dirs no flag or variable gave detected from the runtimes' configs."""
-    return with_pod_cidrs(settings_from(args, layout=detect_layout(proc="/proc")))
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The command line, or exit 2 with one error that names what was typed: an unknown flag
+    with the usage of the command it was given to (`reaper scan --bogus` prints scan's)."""
+    args, unknown = parser.parse_known_args(argv)
+    command: str | None = args.command
+    # What was typed before the command is the top level's (`reaper --bogus scan`).
+    before = argv[: argv.index(command)] if command in argv else argv
+    if any(u in before for u in unknown):
+        parser.error(f"unrecognized arguments: {' '.join(u for u in unknown if u in before)}")
+    sub = _subparser(parser, command)
+    if unknown and sub is not None:
+        unused = [u.partition("=")[0] for u in unknown if u.partition("=")[0] in DOCTOR_UNUSED]
+        if command == "doctor" and unused:
+            sub.error(f"{unused[0]} is not used by doctor: no check reads it")
+        sub.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if command is None:
+        parser.error("a COMMAND is required: scan, reap, run or doctor")
+    return args
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser | None:
+    """The parser of `command`, from the parser's subcommands."""
+    for action in parser._actions:  # argparse keeps no public handle on its subparsers
+        if isinstance(action, argparse._SubParsersAction) and command is not None:
+            found: argparse.ArgumentParser | None = action.choices.get(command)
+            return found
+    return None
+
+
+def _settings(args: argparse.Namespace) -> tuple[Settings, Layout]:
+    """The settings, the dirs no flag or variable gave detected from the runtimes' configs; and
+    those configs (what a runtime that does not answer was configured as)."""
+    layout = detect_layout(proc="/proc")
+    return with_pod_cidrs(settings_from(args, layout=layout)), layout
+
+
+def _undecided(problem: str, view: RuntimeView, layout: Layout) -> str:
+    """The line on stderr for a pass that could not decide: when no runtime answered, its likely
+    cause (the report lists each socket tried), else the pass's own problem."""
+    if view.reachable:
+        return f"reaper: cannot decide: {problem}"
+    from reaper.runtime.cause import likely_cause  # noqa: PLC0415
+
+    return f"reaper: cannot decide: runtime unreachable: {likely_cause(view, layout)}"
+
+
+def _warn_dirs(settings: Settings, log: logging.Logger) -> None:
+    """One warning line for each dir given that is not there (the JSON's `problems` says it too)."""
+    for problem in settings.given_problems:
+        log.warning(problem)
 
 
 def _scan(args: argparse.Namespace) -> int:
     from reaper.report import report_json, report_table  # noqa: PLC0415 (see the module's docstring)
     from reaper.scan import scan_pass  # noqa: PLC0415
 
-    settings = _settings(args)
+    settings, layout = _settings(args)
     log = setup_logging(settings.log_format, settings.log_level)
+    _warn_dirs(settings, log)
     if os.geteuid() != 0:
         log.warning("not running as root: namespaces, /proc and iptables may be partly unreadable")
     result = scan_pass(settings, liveness_from(settings), log)
@@ -179,7 +245,7 @@ def _scan(args: argparse.Namespace) -> int:
     else:
         _output(report_table(report))
     if result.problem is not None:
-        print(f"reaper: cannot decide: {result.problem}", file=sys.stderr)
+        print(_undecided(result.problem, report.runtime, layout), file=sys.stderr)
         return EXIT_UNDECIDED
     return EXIT_ORPHANS if report.count("orphan") else EXIT_CLEAN
 
@@ -198,10 +264,11 @@ def _write_textfile(path: str | None, metrics: ReaperMetrics, log: logging.Logge
 def _run(args: argparse.Namespace) -> int:
     from reaper.agent import Agent  # noqa: PLC0415
 
-    settings = _settings(args)
+    settings, _ = _settings(args)
     reap = reap_settings_from(args)
     agent_settings = agent_settings_from(args)
     log = setup_logging(settings.log_format, settings.log_level)
+    _warn_dirs(settings, log)
     liveness = liveness_from(settings)
     try:
         agent = Agent(settings, reap, agent_settings, liveness, log)
@@ -219,9 +286,10 @@ def _reap(args: argparse.Namespace) -> int:
     from reaper.reap import reap_pass  # noqa: PLC0415
     from reaper.report import reap_json, reap_table  # noqa: PLC0415
 
-    settings = _settings(args)
+    settings, layout = _settings(args)
     reap = reap_settings_from(args)
     log = setup_logging(settings.log_format, settings.log_level)
+    _warn_dirs(settings, log)
     if os.geteuid() != 0:
         log.warning("not running as root: reclaiming will fail")
     started = time.monotonic()
@@ -238,7 +306,7 @@ def _reap(args: argparse.Namespace) -> int:
         print(f"reaper: {result.problem}", file=sys.stderr)
         return EXIT_BREAKER
     if result.problem is not None:
-        print(f"reaper: cannot decide: {result.problem}", file=sys.stderr)
+        print(_undecided(result.problem, result.report.runtime, layout), file=sys.stderr)
         return EXIT_UNDECIDED
     if reap.dry_run:
         return EXIT_ORPHANS if result.plan else EXIT_CLEAN
@@ -250,7 +318,8 @@ def _doctor(args: argparse.Namespace) -> int:
 
     layout = detect_layout(proc="/proc")
     settings = with_pod_cidrs(settings_from(args, layout=layout))
-    setup_logging(settings.log_format, "error")
+    _warn_dirs(settings, setup_logging(settings.log_format, "warning"))
+    setup_logging(settings.log_format, "error")  # the checks say the rest, one line each
     view = liveness_from(settings).observe({})
     checks = run_checks(settings, layout, view, os.environ.get("REAPER_CNI_PRESET"), os.environ.get("REAPER_PLATFORM"))
     if settings.json_output:
@@ -262,7 +331,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    args = parse(parser, sys.argv[1:] if argv is None else list(argv))
     try:
         if args.command == "scan":
             return _scan(args)

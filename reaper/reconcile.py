@@ -118,7 +118,8 @@ def reconcile(
         verdict: Verdict
         streak = 0
         if not runtime.reachable:
-            verdict, reason = "unknown", f"runtime unreachable: {runtime.error}"
+            # The why is the runtime's (report.runtime.error), said once, not on every attachment.
+            verdict, reason = "unknown", "runtime unreachable"
         else:
             owner = owners.reason(group)
             if owner is not None:

@@ -26,7 +26,7 @@ def layout_json(settings: Settings) -> dict[str, Any]:
         "dirs": {flag: {"value": values[flag], "from": origin} for flag, origin in settings.origins},
         # The detected conf dir above and the other runtimes' conf dirs: the node's own configs.
         "conf_dirs": list(settings.cni_conf_dirs),
-        "problems": list(settings.layout_problems),
+        "problems": [*settings.given_problems, *settings.layout_problems],
         "pod_cidrs": None
         if settings.pod_cidrs is None
         else {"v4": settings.pod_cidrs.v4, "v6": settings.pod_cidrs.v6, "from": settings.pod_cidrs.source},
@@ -121,7 +121,9 @@ def report_table(report: ScanReport) -> str:
             state = "skipped" if answer.skipped else "FAILED"
             lines.append(f"runtime: {state} at {answer.endpoint} ({answer.source}): {answer.error}")
     if not rt.reachable:
-        lines.append(f"runtime: UNREACHABLE ({rt.error}); no attachment can be called orphan this pass")
+        # Each runtime's error is on its own line above; only with none to list is the why here.
+        why = "" if rt.runtimes else f" ({rt.error})"
+        lines.append(f"runtime: UNREACHABLE{why}; no attachment can be called orphan this pass")
     for verdict in ("orphan", "pending", "excluded", "unknown", "live"):
         group = [a for a in report.attachments if a.verdict == verdict]
         if not group:

@@ -9,14 +9,17 @@ operator.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
+import stat
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from msgspec import Struct
 from msgspec.structs import replace
 
+from reaper.durations import ACCEPTED as DURATION_FORMS
 from reaper.durations import parse_duration
 from reaper.exclusions import Exclusions, name_glob, pod_glob
 from reaper.layout import Layout
@@ -42,7 +45,7 @@ class SettingsError(ValueError):
 
 def _absolute(path: str) -> str:
     if not path.startswith("/"):
-        raise ValueError(f"{path!r} must be an absolute path")
+        raise ValueError("must be an absolute path")
     return os.path.normpath(path)
 
 
@@ -50,9 +53,9 @@ def _count(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise ValueError(f"{text!r} is not a whole number") from None
+        raise ValueError("not a whole number") from None
     if value < 1:
-        raise ValueError(f"{text!r} must be 1 or more")
+        raise ValueError("must be 1 or more")
     return value
 
 
@@ -60,9 +63,9 @@ def _ratio(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"{text!r} is not a number") from None
+        raise ValueError("not a number") from None
     if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{text!r} must be between 0 and 1")
+        raise ValueError("must be between 0 and 1")
     return value
 
 
@@ -84,7 +87,7 @@ def _one_of(*choices: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         value = text.lower()
         if value not in choices:
-            raise ValueError(f"{text!r} is not {', '.join(choices[:-1])} or {choices[-1]}")
+            raise ValueError(f"must be {', '.join(choices[:-1])} or {choices[-1]}")
         return value
 
     return parse
@@ -92,7 +95,7 @@ def _one_of(*choices: str) -> Callable[[str], str]:
 
 def _endpoint(text: str) -> str:
     if not (text.startswith("unix:///") and len(text) > len("unix:///")):
-        raise ValueError(f"{text!r} must look like unix:///run/containerd/containerd.sock")
+        raise ValueError("must look like unix:///run/containerd/containerd.sock")
     return text
 
 
@@ -106,7 +109,7 @@ def _regex(text: str) -> str:
 
 def _plugin_type(text: str) -> str:
     if not PLUGIN_TYPE.fullmatch(text):
-        raise ValueError(f"{text[:60]!r} is not a plugin type name (letters, digits, '.', '_', '-')")
+        raise ValueError("not a plugin type name (letters, digits, '.', '_', '-')")
     return text
 
 
@@ -114,7 +117,7 @@ def _pod_cidr(text: str) -> str:
     try:
         pod_cidrs_from([text], "--pod-cidr")
     except PodCidrError:
-        raise ValueError(f"{text[:60]!r} is not a network in CIDR notation (like 10.244.3.0/24)") from None
+        raise ValueError("not a network in CIDR notation (like 10.244.3.0/24)") from None
     return text
 
 
@@ -122,7 +125,7 @@ def parse_listen(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:9753 or [::1]:9753)")
+        raise ValueError("not HOST:PORT (e.g. 127.0.0.1:9753 or [::1]:9753)")
     return host, int(port)
 
 
@@ -240,12 +243,17 @@ OPTIONS: tuple[Option, ...] = (
 
 
 def add_options(parser: argparse.ArgumentParser, groups: tuple[Group, ...], skip: tuple[str, ...] = ()) -> None:
-    """Every option of `groups` (but the flags in `skip`) on `parser`, under its group's title."""
+    """Every option of `groups` (but the flags in `skip`) on `parser`, under its group's title.
+    The first group with a DURATION says, once, what a duration may be written as."""
+    durations_said = False
     for group in groups:
-        section = parser.add_argument_group(GROUP_TITLES[group])
-        for opt in OPTIONS:
-            if opt.group != group or opt.flag in skip:
-                continue
+        options = [o for o in OPTIONS if o.group == group and o.flag not in skip]
+        described = not durations_said and any(o.metavar == "DURATION" for o in options)
+        durations_said = durations_said or described
+        # argparse formats help with %-style: the description's own % must be doubled.
+        description = f"DURATION: {DURATION_FORMS}".replace("%", "%%") if described else None
+        section = parser.add_argument_group(GROUP_TITLES[group], description)
+        for opt in options:
             if opt.switch:
                 section.add_argument(opt.flag, action="store_true", help=opt.help)
                 continue
@@ -260,14 +268,20 @@ def add_options(parser: argparse.ArgumentParser, groups: tuple[Group, ...], skip
             )
 
 
-def _texts(opt: Option, args: argparse.Namespace, env: Mapping[str, str]) -> list[str]:
+def _texts(opt: Option, args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, list[str]]:
+    """Where the option's text comes from (its flag, its variable or "default") and the texts."""
     given = getattr(args, opt.dest, None)
     if given is not None:
-        return list(given) if opt.separator else [given]
+        return opt.flag, list(given) if opt.separator else [given]
     raw = env.get(opt.env, "") if opt.env else ""
-    if raw:
-        return [v for v in raw.split(opt.separator) if v] if opt.separator else [raw]
-    return [opt.default] if opt.default is not None else []
+    if raw and opt.env:
+        return opt.env, [v for v in raw.split(opt.separator) if v] if opt.separator else [raw]
+    return "default", [opt.default] if opt.default is not None else []
+
+
+def _shown(text: str) -> str:
+    """A value as an error line quotes it: repr, so blanks and control characters show, cut short."""
+    return repr(text) if len(text) <= 80 else repr(text[:80]) + "..."
 
 
 def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -280,11 +294,14 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> d
             values[opt.dest] = bool(getattr(args, opt.dest, False))
             continue
         parsed = []
-        for text in _texts(opt, args, env):
+        source, texts = _texts(opt, args, env)
+        for text in texts:
             try:
                 parsed.append(opt.parse(text))
             except ValueError as err:
-                raise SettingsError(f"{opt.flag}: {err}") from None
+                # What was typed, where: `REAPER_MIN_AGE='-5': must not be negative`.
+                name = opt.flag if source == "default" else source
+                raise SettingsError(f"{name}={_shown(text)}: {err}") from None
         values[opt.dest] = list(dict.fromkeys(parsed)) if opt.separator else (parsed[-1] if parsed else None)
     return values
 
@@ -311,6 +328,9 @@ class Settings(Struct, frozen=True, kw_only=True):
     # it was detected in) for the dirs layout detection may fill in
     origins: tuple[tuple[str, str], ...] = ()
     layout_problems: tuple[str, ...] = ()  # runtime configs found but not readable, no pod CIDR
+    # What the operator gave that would quietly do nothing (a dir a flag or variable names that
+    # is not there, a REAPER_* variable nothing reads): each command warns, its JSON says so.
+    given_problems: tuple[str, ...] = ()
     pod_cidr_values: tuple[str, ...] = ()
     node_name: str | None = None
     pod_cidrs: PodCidrs | None = None  # set by with_pod_cidrs
@@ -361,6 +381,53 @@ CRIO_RUNTIME = "cri-o"  # CRI-O's RuntimeLayout.runtime (reaper.layout.crio_layo
 # What layout detection may fill in, when neither a flag nor a variable gave it.
 DETECTED = ("--cni-conf-dir", "--cni-bin-dir", "--netns-dir")
 
+# Dirs whose absence only shows as nothing found: a mistyped one must say so. (A missing bin dir
+# is doctor's: its plugins check names what cannot run.)
+READ_DIRS = ("--netns-dir", "--ipam-dir", "--cni-cache-dir", "--cni-conf-dir")
+
+
+# REAPER_* variables read outside the option table: the chart's CNI and platform presets (for
+# doctor) and the service account dir a test points the pod CIDR lookup at (reaper.podcidr).
+OTHER_VARIABLES = ("REAPER_CNI_PRESET", "REAPER_PLATFORM", "REAPER_SERVICEACCOUNT_DIR")
+
+
+def unknown_variables(env: Mapping[str, str]) -> tuple[str, ...]:
+    """One line for each REAPER_* variable set that nothing reads: a typo there is otherwise a
+    setting silently left at its default (REAPER_MINAGE=1h and min-age still 10m)."""
+    known = [o.env for o in OPTIONS if o.env] + list(OTHER_VARIABLES)
+    problems = []
+    for name in sorted(k for k in env if k.startswith("REAPER_") and k not in known):
+        # Compared without the prefix every name shares, which would make any two look alike.
+        close = difflib.get_close_matches(name.removeprefix("REAPER_"), [k.removeprefix("REAPER_") for k in known], 1)
+        hint = f" (did you mean REAPER_{close[0]}?)" if close else ""
+        problems.append(f"{name[:80]} is set but the reaper reads no such variable{hint}")
+    return tuple(problems)
+
+
+def dir_problems(values: Mapping[str, Any], args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, ...]:
+    """One line for each dir a flag or variable gave that is not a directory here (a default or
+    a detected dir that is missing is a node without that runtime or plugin, not a typo)."""
+    problems = []
+    for flag in READ_DIRS:
+        origin = given(flag, args, env)
+        if origin is None:
+            continue
+        source = flag if origin == "flag" else origin
+        opt = next(o for o in OPTIONS if o.flag == flag)
+        value = values[opt.dest]
+        for path in value if isinstance(value, list) else [value]:
+            try:
+                is_dir = stat.S_ISDIR(os.stat(path).st_mode)
+            except FileNotFoundError:
+                problems.append(f"{source} {path}: no such directory; nothing is found there")
+                continue
+            except OSError as err:
+                problems.append(f"{source} {path}: cannot be read: {err.strerror}")
+                continue
+            if not is_dir:
+                problems.append(f"{source} {path}: not a directory; nothing is found there")
+    return tuple(problems)
+
 
 def settings_from(
     args: argparse.Namespace, env: Mapping[str, str] | None = None, layout: Layout | None = None
@@ -368,6 +435,8 @@ def settings_from(
     """The settings; with a `layout` (reaper.layout.detect_layout), the dirs neither a flag nor
     a variable gave come from the runtimes' own configs, and `origins` says so."""
     v = resolve(args, env)
+    env_now = os.environ if env is None else env
+    given_problems = (*dir_problems(v, args, env_now), *unknown_variables(env_now))
     origins: dict[str, str] = {}
     more_conf_dirs: tuple[str, ...] = ()
     for flag in DETECTED:
@@ -407,6 +476,7 @@ def settings_from(
         textfile=v["textfile"],
         origins=tuple(origins.items()),
         layout_problems=layout.problems if layout is not None else (),
+        given_problems=given_problems,
         pod_cidr_values=tuple(v["pod_cidr"]),
         node_name=v["node_name"],
         namespaces_dirs=tuple(v["namespaces_dir"]) or _crio_namespaces_dirs(layout),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import stat
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -53,6 +55,18 @@ def _spec_netns(spec: Any) -> str | None:
             path = ns.get("path")
             return path if isinstance(path, str) and path else None
     return None
+
+
+def _unfit_socket(path: str) -> str | None:
+    """Why a given endpoint's path cannot be a runtime's socket, said plainly (gRPC's words for
+    it are three nested errors long); None when it is a socket, for gRPC to ask."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return f"no socket at {path}"
+    except OSError as err:
+        return f"{path}: {err.strerror}"
+    return None if stat.S_ISSOCK(mode) else f"{path} is not a socket"
 
 
 def _refused(path: str, timeout: float) -> bool:
@@ -126,6 +140,11 @@ class CriLiveness:
                 why = f"{endpoint.url}: not asked: the time for asking the runtimes ran out"
                 answers.append(_unanswered(endpoint, why))
                 problems.append(why)
+                continue
+            unfit = _unfit_socket(endpoint.path) if self.endpoints else None
+            if unfit is not None:
+                answers.append(_unanswered(endpoint, unfit))
+                problems.append(unfit)
                 continue
             if not self.endpoints and _refused(socket_path(endpoint.target), min(self.timeout, left)):
                 why = "nobody listens on this socket (connection refused); skipped"

@@ -99,6 +99,9 @@ def run_reaper_discovering(
     flags = lab_flags(lab, state_file)
     at = flags.index("--runtime-endpoint")
     del flags[at : at + 2]
+    if command == "doctor":  # doctor refuses the flags it has no check for
+        at = flags.index("--state-file")
+        del flags[at : at + 2]
     script = ["mount -t tmpfs cni-reaper-test /run"]
     for inside, outside in sockets.items():
         script.append(f"mkdir -p {shlex.quote(os.path.dirname(inside))} && touch {shlex.quote(inside)}")

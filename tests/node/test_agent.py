@@ -106,9 +106,9 @@ def test_readyz_fails_while_the_runtime_is_down(lab: Lab, tmp_path: Path) -> Non
 
 def test_bad_agent_flags_are_one_line_errors(lab: Lab) -> None:
     for flags, message in (
-        (["--mode", "delete"], "--mode: 'delete' is not scan or reap"),
-        (["--listen", "nowhere"], "--listen: 'nowhere' is not HOST:PORT"),
-        (["--interval", "0s"], "--interval: must be at least 1s"),
+        (["--mode", "delete"], "--mode='delete': must be scan or reap"),
+        (["--listen", "nowhere"], "--listen='nowhere': not HOST:PORT"),
+        (["--interval", "0s"], "--interval='0s': must be at least 1s"),
     ):
         proc = subprocess.run(
             [sys.executable, "-m", "reaper", "run", *flags], capture_output=True, text=True, timeout=30, check=False

@@ -86,6 +86,4 @@ def test_an_unknown_pod_cidr_is_a_problem_line_and_no_gauge(node: Path) -> None:
 
     rc, doc, _, stderr = scan(node, "--pod-cidr", "10.244.3.1/24")
     assert rc == 2 and doc == {} and "Traceback" not in stderr
-    assert stderr.strip() == (
-        "reaper: --pod-cidr: '10.244.3.1/24' is not a network in CIDR notation (like 10.244.3.0/24)"
-    )
+    assert stderr.strip() == ("reaper: --pod-cidr='10.244.3.1/24': not a network in CIDR notation (like 10.244.3.0/24)")

@@ -158,6 +158,6 @@ def test_dockerignore_keeps_local_state_out_and_the_sources_in() -> None:
     for keyword, args in instructions():
         if keyword == "COPY" and not args.startswith("--from="):
             copied.extend(args.split()[:-1])
-    assert set(copied) >= {"pyproject.toml", "README.md", "reaper"}
+    assert set(copied) >= {"pyproject.toml", "README.md", "LICENSE", "reaper"}  # the wheel names LICENSE
     for source in copied:
         assert not any(fnmatch.fnmatch(source, p) for p in patterns), f"{source} is copied but ignored"

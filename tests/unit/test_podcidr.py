@@ -139,7 +139,7 @@ def test_flags_win_and_nothing_is_asked_outside_a_pod(api: ApiServer) -> None:
 
 def test_a_bad_pod_cidr_flag_is_a_settings_error() -> None:
     args = build_parser().parse_args(["scan", "--pod-cidr", "10.244.3.7/24"])
-    with pytest.raises(SettingsError, match=r"^--pod-cidr: '10.244.3.7/24' is not a network"):
+    with pytest.raises(SettingsError, match=r"^--pod-cidr='10.244.3.7/24': not a network"):
         resolve(args, {})
 
 

@@ -63,8 +63,18 @@ def test_the_table_shows_each_verdict_group_and_every_section() -> None:
 def test_the_table_says_when_the_runtime_is_unreachable() -> None:
     table = report_table(full_report(reachable=False))
     assert "runtime: FAILED at unix:///run/other.sock (flag): deadline exceeded" in table
-    assert "UNREACHABLE (deadline exceeded); no attachment can be called orphan" in table
+    # The runtime's error is on its own line, once; the verdict line does not repeat it.
+    assert "runtime: UNREACHABLE; no attachment can be called orphan" in table
+    assert table.count("deadline exceeded") == 1
     assert "ORPHAN" not in table
+
+
+def test_with_no_runtime_to_list_the_verdict_line_says_why() -> None:
+    report = full_report(reachable=False)
+    alone = replace(report.runtime, runtimes=(), error="no CRI socket found (tried /a.sock)")
+    table = report_table(replace(report, runtime=alone))
+    assert "runtime: UNREACHABLE (no CRI socket found (tried /a.sock)); no attachment" in table
+    assert table.count("/a.sock") == 1
 
 
 def test_layout_json_names_each_dir_and_where_it_came_from(tmp_path: Path) -> None:

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from reaper.cli import build_parser
 from reaper.settings import (
+    OPTIONS,
     ReapSettings,
     Settings,
     SettingsError,
     agent_settings_from,
     reap_settings_from,
     settings_from,
+    unknown_variables,
 )
 
 
@@ -40,15 +45,16 @@ def test_a_flag_beats_its_variable_and_repeatable_variables_split() -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--min-age", "ten"], "--min-age: 'ten' is not a duration"),
-        (["--confirmations", "0"], "--confirmations: '0' must be 1 or more"),
-        (["--confirmations", "x"], "--confirmations: 'x' is not a whole number"),
-        (["--netns-dir", "relative"], "--netns-dir: 'relative' must be an absolute path"),
-        (["--runtime-endpoint", "tcp://1.2.3.4"], "--runtime-endpoint: 'tcp://1.2.3.4' must look like unix:///"),
-        (["--netns-pattern", "("], "--netns-pattern: invalid regex"),
-        (["--max-orphan-ratio", "2"], "--max-orphan-ratio: '2' must be between 0 and 1"),
-        (["--method", "nuke"], "--method: 'nuke' is not auto or kernel"),
-        (["--log-format", "xml"], "--log-format: 'xml' is not text or json"),
+        (["--min-age", "ten"], "--min-age='ten': not a duration: use seconds (90) or numbers with a unit"),
+        (["--min-age", "-5"], "--min-age='-5': must not be negative"),
+        (["--confirmations", "0"], "--confirmations='0': must be 1 or more"),
+        (["--confirmations", "x"], "--confirmations='x': not a whole number"),
+        (["--netns-dir", "relative"], "--netns-dir='relative': must be an absolute path"),
+        (["--runtime-endpoint", "tcp://1.2.3.4"], "--runtime-endpoint='tcp://1.2.3.4': must look like unix:///"),
+        (["--netns-pattern", "("], "--netns-pattern='(': invalid regex"),
+        (["--max-orphan-ratio", "2"], "--max-orphan-ratio='2': must be between 0 and 1"),
+        (["--method", "nuke"], "--method='nuke': must be auto or kernel"),
+        (["--log-format", "xml"], "--log-format='xml': must be text or json"),
     ],
 )
 def test_bad_values_are_one_line_errors(argv: list[str], message: str) -> None:
@@ -57,9 +63,77 @@ def test_bad_values_are_one_line_errors(argv: list[str], message: str) -> None:
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"REAPER_MIN_AGE": "-5"}, "REAPER_MIN_AGE='-5': must not be negative"),
+        ({"REAPER_RUNTIME_TIMEOUT": "0"}, "REAPER_RUNTIME_TIMEOUT='0': must be more than 0"),
+        ({"REAPER_STUCK_AFTER": "1h30"}, "REAPER_STUCK_AFTER='1h30': not a duration"),
+        # The one item of a list that is wrong, not the whole variable.
+        ({"REAPER_NETNS_DIR": "/a:relative"}, "REAPER_NETNS_DIR='relative': must be an absolute path"),
+        ({"REAPER_MAX_REAP": "lots"}, "REAPER_MAX_REAP='lots': not a whole number"),
+    ],
+)
+def test_a_bad_variable_is_named_with_its_value(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError) as err:
+        parse(env=env)
+    assert str(err.value).startswith(message), err.value
+
+
+def test_a_long_bad_value_is_cut_short_in_its_error_line() -> None:
+    with pytest.raises(SettingsError) as err:
+        parse(env={"REAPER_NETNS_DIR": "x" * 5000})
+    assert len(str(err.value)) < 200 and str(err.value).startswith("REAPER_NETNS_DIR='xxx")
+
+
+def test_compound_durations_from_a_flag_and_a_variable() -> None:
+    settings, _ = parse("--min-age", "1h30m", env={"REAPER_STUCK_AFTER": "2m30s"})
+    assert settings.policy.min_age == 5400 and settings.policy.stuck_after == 150
+
+
 def test_agent_settings() -> None:
     args = build_parser().parse_args(["run", "--listen", "[::1]:9000", "--interval", "5m"])
     agent = agent_settings_from(args, {})
     assert (agent.mode, agent.interval, agent.listen_host, agent.listen_port) == ("reap", 300, "::1", 9000)
     args = build_parser().parse_args(["run"])
     assert agent_settings_from(args, {"REAPER_MODE": "scan"}).mode == "scan"
+
+
+def test_a_dir_given_that_is_not_there_is_a_problem(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    env = {"REAPER_IPAM_DIR": f"{tmp_path}:{tmp_path}/gone", "REAPER_CNI_CACHE_DIR": f"{tmp_path}/file"}
+    settings, _ = parse("--netns-dir", f"{tmp_path}/typo", "--cni-conf-dir", str(tmp_path), env=env)
+    assert settings.given_problems == (
+        f"--netns-dir {tmp_path}/typo: no such directory; nothing is found there",
+        f"REAPER_IPAM_DIR {tmp_path}/gone: no such directory; nothing is found there",
+        f"REAPER_CNI_CACHE_DIR {tmp_path}/file: not a directory; nothing is found there",
+    )
+
+
+def test_a_default_dir_that_is_not_there_is_no_problem() -> None:
+    # A node without host-local or a cache yet: nothing was mistyped.
+    settings, _ = parse()
+    assert settings.given_problems == ()
+
+
+def test_a_variable_nothing_reads_is_a_problem_with_the_likely_name() -> None:
+    # A typo left min-age at its default, silently.
+    env = {"REAPER_MINAGE": "1h", "REAPER_FOO": "1", "REAPER_CNI_PRESET": "flannel", "OTHER": "x"}
+    settings, _ = parse(env=env)
+    assert settings.policy.min_age == 600
+    assert settings.given_problems == (
+        "REAPER_FOO is set but the reaper reads no such variable",
+        "REAPER_MINAGE is set but the reaper reads no such variable (did you mean REAPER_MIN_AGE?)",
+    )
+
+
+def test_every_variable_of_the_table_is_read() -> None:
+    env = {o.env: o.default or "" for o in OPTIONS if o.env}
+    assert unknown_variables(env) == ()
+
+
+def test_every_variable_the_chart_sets_is_read() -> None:
+    # The chart's env names the agent's settings and doctor's presets: none may warn in the pod.
+    chart = (Path(__file__).resolve().parents[2] / "charts").rglob("*.yaml")
+    names = {name for path in chart for name in re.findall(r"name: (REAPER_[A-Z0-9_]+)", path.read_text())}
+    assert names and unknown_variables(dict.fromkeys(names, "x")) == ()

@@ -1,0 +1,40 @@
+"""Why no runtime answered, as the operator can act on it: the likely cause in one line.
+
+The report already lists each socket tried and what it said; this is the line on stderr, so it
+names the cause (a runtime whose config is here but that does not serve, no runtime at all)
+rather than repeating the list. Pure: from what the pass saw and the layout already read.
+"""
+
+from __future__ import annotations
+
+from reaper.layout import Layout, RuntimeLayout
+from reaper.model import RuntimeView
+from reaper.runtime.discovery import socket_path
+
+
+def likely_cause(view: RuntimeView, layout: Layout | None) -> str:
+    """One line: why `view` (unreachable) has no answer, and what to look at."""
+    runtimes = layout.runtimes if layout is not None else ()
+    asked = [a for a in view.runtimes if not a.skipped]
+    if asked:
+        # A runtime was asked and failed (an error, a timeout, no socket at a path given): its
+        # own words are the cause, each once.
+        return view.error or "a runtime gave no answer"
+    silent = [socket_path(a.endpoint) for a in view.runtimes]  # sockets nobody listens on
+    configured = [r for r in runtimes if not silent or r.socket in silent] or list(runtimes)
+    if configured:
+        return "; ".join(_not_serving(r) for r in configured)
+    if silent:
+        return f"nothing listens on {', '.join(silent)}: is the runtime that made it running?"
+    return (
+        "no CRI runtime here: none of the known sockets and no runtime's config are on this node "
+        "(is this a Kubernetes node, and does this process see the host's /run and /etc?)"
+    )
+
+
+def _not_serving(runtime: RuntimeLayout) -> str:
+    config = runtime.sources[0] if runtime.sources else "its config"
+    return (
+        f"{runtime.runtime}'s config is here ({config}) but nothing listens on its socket "
+        f"{runtime.socket}: is {runtime.runtime} running?"
+    )
