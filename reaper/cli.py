@@ -90,6 +90,8 @@ exit status: 0 every orphan reclaimed (or none), 1 some could not be, 2 could no
 
 examples:
   reaper reap --dry-run                         # the plan, nothing changed
+  reaper reap --dry-run --plan-out plan.json    # the plan, written for review
+  reaper reap --plan plan.json                  # reclaim only what was reviewed, if unchanged
   reaper reap --quarantine-dir /var/lib/cni-reaper/quarantine
   reaper reap --json                            # one pass, e.g. from a systemd timer
 """
@@ -127,6 +129,10 @@ DOCTOR_UNUSED = (
 )
 
 
+# Flags of the "reap" group only a one-shot `reap` takes: an agent reviews nothing.
+REAP_ONLY = ("--plan-out", "--plan")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="reaper", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -159,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
         "/readyz. SIGTERM or SIGINT: the step under way finishes, no new one starts, exit 0.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_options(run, ("paths", "reap", "agent"))
+    add_options(run, ("paths", "reap", "agent"), skip=REAP_ONLY)
     doctor = sub.add_parser(
         "doctor",
         help="check everything the reaper needs on this node: runtimes, dirs, namespaces, plugins",
@@ -285,8 +291,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _reap(args: argparse.Namespace) -> int:
+    from reaper.host.atomic import write_atomically  # noqa: PLC0415
     from reaper.metrics import ReaperMetrics  # noqa: PLC0415
     from reaper.reap import reap_pass  # noqa: PLC0415
+    from reaper.reap.review import PlanError, plan_document, read_plan, this_node  # noqa: PLC0415
     from reaper.report import reap_json, reap_table  # noqa: PLC0415
 
     settings, layout = _settings(args)
@@ -295,8 +303,27 @@ def _reap(args: argparse.Namespace) -> int:
     _warn_dirs(settings, log)
     if os.geteuid() != 0:
         log.warning("not running as root: reclaiming will fail")
+    node = this_node()
+    reviewed = None
+    if reap.plan_out is not None and not reap.dry_run:
+        print("reaper: --plan-out writes a plan for review: give it with --dry-run", file=sys.stderr)
+        return EXIT_UNDECIDED
+    if reap.plan is not None:
+        try:
+            reviewed = read_plan(reap.plan, node)
+        except PlanError as err:
+            print(f"reaper: {err}", file=sys.stderr)
+            return EXIT_UNDECIDED
     started = time.monotonic()
-    result = reap_pass(settings, reap, liveness_from(settings), log)
+    result = reap_pass(settings, reap, liveness_from(settings), log, reviewed=reviewed)
+    if reap.plan_out is not None and result.problem is None:
+        try:
+            write_atomically(
+                reap.plan_out, plan_document(result.plan, result.report.attachments, node, time.time()), 0o600
+            )
+        except OSError as err:
+            print(f"reaper: --plan-out {reap.plan_out}: {err.strerror}", file=sys.stderr)
+            return EXIT_UNDECIDED
     metrics = ReaperMetrics()
     metrics.observe_reap(result)
     metrics.observe_pass(time.monotonic() - started, result.outcome, time.time())

@@ -49,6 +49,13 @@ def _absolute(path: str) -> str:
     return os.path.normpath(path)
 
 
+def _absolute_or_here(path: str) -> str:
+    """A file path as typed, made absolute against the working directory."""
+    if not path:
+        raise ValueError("must not be empty")
+    return os.path.abspath(path)
+
+
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -230,6 +237,13 @@ OPTIONS: tuple[Option, ...] = (
            "reap", _plugin_type, ",", "TYPE"),
     Option("--force", None, None, "reclaim even when the breaker would open", "reap", switch=True),
     Option("--dry-run", None, None, "print the plan (each step and method); change nothing", "reap", switch=True),
+    Option("--plan-out", None, None,
+           "with --dry-run: also write the plan to PATH, for review and a later --plan", "reap", _absolute_or_here,
+           metavar="PATH"),
+    Option("--plan", None, None,
+           "reclaim only what PATH (a --plan-out file made on this node since its last boot) reviewed, and only "
+           "while each is still an orphan with the same resources and steps; every other orphan is skipped",
+           "reap", _absolute_or_here, metavar="PATH"),
     Option("--mode", "REAPER_MODE", "reap", "reap: reclaim orphans every pass; scan: only report them", "agent",
            _one_of("scan", "reap"), metavar="MODE"),
     Option("--interval", "REAPER_INTERVAL", "60s", "time between passes (10%% jitter)", "agent",
@@ -355,6 +369,8 @@ class ReapSettings(Struct, frozen=True, kw_only=True):
     force: bool
     dry_run: bool
     allow_plugins: tuple[str, ...] = ()
+    plan_out: str | None = None  # with dry_run: where the plan is written for review
+    plan: str | None = None  # a reviewed plan: only what it names, unchanged, is reclaimed
 
 
 class AgentSettings(Struct, frozen=True, kw_only=True):
@@ -513,6 +529,8 @@ def reap_settings_from(args: argparse.Namespace, env: Mapping[str, str] | None =
         force=v["force"],
         dry_run=v["dry_run"],
         allow_plugins=tuple(v["allow_plugin"]),
+        plan_out=v["plan_out"],
+        plan=v["plan"],
     )
 
 

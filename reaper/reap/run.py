@@ -25,6 +25,7 @@ from reaper.reap.act import (
 )
 from reaper.reap.addresses import addresses_in_use
 from reaper.reap.plan import ReapPolicy, breaker_counts, breaker_reason, plan_attachment, select
+from reaper.reap.review import PlanFile, plan_keys, reviewed_orphans, steps_changed
 from reaper.reap.trust import NO_KERNEL_EVIDENCE, node_trust, proven_namespaces
 from reaper.runtime.liveness import LivenessSource
 from reaper.scan import find_options, scan_pass
@@ -53,9 +54,11 @@ def reap_pass(
     memo: InventoryMemo | None = None,
     stop: threading.Event | None = None,
     kept: KeptState | None = None,
+    reviewed: PlanFile | None = None,
 ) -> ReapResult:
     """One pass. `stop`, once set, lets the step under way finish and starts no new one.
-    `memo` and `kept`: what a long-running caller carries from pass to pass (see scan_pass)."""
+    `memo` and `kept`: what a long-running caller carries from pass to pass (see scan_pass).
+    `reviewed`: a plan file (reaper.reap.review); only what it names, unchanged, is reclaimed."""
     stop = stop if stop is not None else threading.Event()
     watch = Stopwatch()
     scan = scan_pass(settings, liveness, log, clock, memo, kept=kept)
@@ -80,23 +83,35 @@ def reap_pass(
     if not report.runtime.reachable:
         return result()
     orphans = [a for a in report.attachments if a.verdict == "orphan"]
-    if not orphans:
+    if not orphans and reviewed is None:
         return result()
     weighed = breaker_counts(report.attachments)
     refused = breaker_reason(*weighed, policy)
     if refused is not None:
         log.error("breaker open", extra={"orphans": weighed[0], "attachments": weighed[1]})
         return result(breaker_open=True, breaker_reason=refused)
+    not_reviewed: list[SkippedAttachment] = []
+    if reviewed is not None:
+        # Narrowed only: what the plan does not name, as it is now, counts as someone else's.
+        orphans, not_reviewed = reviewed_orphans(orphans, report.attachments, reviewed)
+        if not orphans:
+            return result(skipped=tuple(not_reviewed))
     records = index(scan.snapshot)
     configs = scan.snapshot.configs
     waiting = {a.key: why for a in orphans if (why := waits_for_plugin(a, records, configs)) is not None}
     selected, skipped = select([a for a in orphans if a.key not in waiting], policy)
-    skipped = [SkippedAttachment(key, why) for key, why in waiting.items()] + skipped
+    skipped = not_reviewed + [SkippedAttachment(key, why) for key, why in waiting.items()] + skipped
     trust = node_trust((c for c in configs if not c.path.startswith("cache:")), reap.allow_plugins,
                        *held_by_others(scan.snapshot, orphans), proven=proven_namespaces(orphans, records))  # fmt: skip
     asked = {a.key: (None, None) if policy.kernel_only else del_request(a, records, configs, trust) for a in selected}
     requests = {key: request for key, (request, _) in asked.items()}
     plan = tuple(plan_attachment(a, *asked[a.key], policy.quarantine) for a in selected)
+    if reviewed is not None:
+        keys = plan_keys(reviewed)
+        differs = {p.key: why for p in plan if (why := steps_changed(p, keys)) is not None}
+        skipped += [SkippedAttachment(key, f"not as reviewed: {why}") for key, why in differs.items()]
+        selected = [a for a in selected if a.key not in differs]
+        plan = tuple(p for p in plan if p.key not in differs)
     for key, (_, note) in asked.items():
         if note is not None:
             # No kernel object: a partial ADD's leftovers (a lease, a chain) look so too, so it is news, not a warning.

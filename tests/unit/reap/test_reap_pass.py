@@ -14,6 +14,7 @@ import pytest
 from reaper.model import Attachment, ReapResult, RuntimeView
 from reaper.reap import act, reap_pass, run
 from reaper.reap.act import UNREACHABLE_AT_RECHECK
+from reaper.reap.review import NodeIdentity, PlanFile, plan_document, read_plan
 from tests.harness.reclaim_fakes import (
     FAKE_LAST,
     FakeLiveness,
@@ -53,6 +54,7 @@ class Pass:
         views: tuple[RuntimeView, ...] = (runtime(),),
         scanned: RuntimeView | None = None,
         stop: threading.Event | None = None,
+        reviewed: PlanFile | None = None,
         **reap: Any,
     ) -> ReapResult:
         report = report_of(scanned or runtime(), *attachments)
@@ -63,7 +65,8 @@ class Pass:
             return scan_result(report, snap)
 
         self.monkeypatch.setattr(run, "scan_pass", scan)
-        return reap_pass(self.settings, reap_settings(**reap), FakeLiveness(*views), LOG, stop=stop)
+        liveness = FakeLiveness(*views)
+        return reap_pass(self.settings, reap_settings(**reap), liveness, LOG, stop=stop, reviewed=reviewed)
 
 
 @pytest.fixture
@@ -169,3 +172,41 @@ def test_an_orphan_whose_sandbox_reappears_at_the_recheck_is_left(reap: Pass, no
     assert [(s.key, s.reason) for s in result.skipped] == [(one.key, "its sandbox is listed again")]
     assert [o.key for o in result.reclaimed] == [two.key]
     assert result.outcome == "ok"
+
+
+NODE = NodeIdentity("node-a", "boot-1")
+
+
+def reviewed_plan(result: ReapResult, tmp_path: Path) -> PlanFile:
+    """What --plan-out writes for `result`, read back as --plan reads it."""
+    path = tmp_path / "plan.json"
+    path.write_bytes(plan_document(result.plan, result.report.attachments, NODE, 0.0))
+    return read_plan(str(path), NODE)
+
+
+def test_a_reviewed_plan_reclaims_only_what_it_names_as_it_was(reap: Pass, node: FakeNode, tmp_path: Path) -> None:
+    one, two, three = orphans(node, 1, 2, 3)
+    dry = reap(one, two, *live(node, 4, 5, 6, 7), dry_run=True)
+    plan = reviewed_plan(dry, tmp_path)
+    assert [len(a.resources) for a in plan.attachments] == [2, 2]
+    # Since the review: the second orphan's sandbox came back, a third orphan appeared.
+    result = reap(one, node.attachment(2, *two.resources, verdict="live"), three, *live(node, 4, 5, 6, 7),
+                  reviewed=plan)  # fmt: skip
+    assert [o.key for o in result.reclaimed] == [one.key]
+    reasons = {s.key: s.reason for s in result.skipped}
+    assert reasons[three.key] == "not in the reviewed plan"
+    assert reasons[two.key].startswith("in the reviewed plan, but live now")
+    assert {r.name for r in node.records.values()} >= {"res-2", "last-2", "res-3", "last-3"}
+
+
+def test_an_orphan_whose_resources_or_steps_changed_is_not_reclaimed(
+    reap: Pass, node: FakeNode, tmp_path: Path
+) -> None:
+    one, two = orphans(node, 1, 2)
+    plan = reviewed_plan(reap(one, two, *live(node, 3, 4, 5, 6), dry_run=True), tmp_path)
+    grown = node.attachment(1, *one.resources, node.add("more-1"))
+    result = reap(grown, two, *live(node, 3, 4, 5, 6), reviewed=plan)
+    reasons = {s.key: s.reason for s in result.skipped}
+    assert reasons[one.key].startswith("its resources changed since the plan: 1 new")
+    assert [o.key for o in result.reclaimed] == [two.key]
+    assert "more-1" in {r.name for r in node.records.values()}

@@ -1,0 +1,204 @@
+"""A plan written for review, and a pass that acts only on what was reviewed.
+
+`reaper reap --dry-run --plan-out FILE` writes the plan: for each orphan, its key, the identity
+of each of its resources, and each step with its method. `reaper reap --plan FILE` then
+reclaims only the orphans of that plan that are orphans now, by the same key, with the same
+resources and the same steps; every other orphan, and every planned attachment that is no
+longer one, is skipped with the reason. A plan can only narrow a pass: the verdicts, the
+breaker and every re-check are the pass's own, so a plan file, which anyone who can write it
+could shape, can keep things from being reclaimed and never make anything reclaimable.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+from collections.abc import Mapping, Sequence
+from typing import Annotated
+
+import msgspec
+from msgspec import Meta, Struct
+
+from reaper.model import Attachment, AttachmentKey, PlannedAttachment, SkippedAttachment
+
+FORMAT = "cni-reaper-plan/1"
+MAX_PLAN_BYTES = 16 * 1024 * 1024
+MAX_ATTACHMENTS = 100_000
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+Text = Annotated[str, Meta(max_length=4096)]
+
+
+class PlanError(ValueError):
+    """A plan file that cannot be acted on; the message is one line for the operator."""
+
+
+class ReviewedStep(Struct, frozen=True, forbid_unknown_fields=True):
+    kind: Text
+    name: Text
+    method: Text
+
+
+class ReviewedAttachment(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    container_id: Text | None
+    network: Text | None
+    ifname: Text | None
+    pin: Text | None
+    pod: Text | None = None  # for the reviewer; not compared
+    resources: Annotated[list[Text], Meta(max_length=10_000)]  # each resource's identity, as JSON
+    config_source: Text | None
+    steps: Annotated[list[ReviewedStep], Meta(max_length=10_000)]
+
+    @property
+    def key(self) -> AttachmentKey:
+        return AttachmentKey(self.container_id, self.network, self.ifname, self.pin)
+
+
+class PlanFile(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    format: Text
+    node: Text
+    boot_id: Text
+    made_at: float
+    attachments: Annotated[list[ReviewedAttachment], Meta(max_length=MAX_ATTACHMENTS)]
+
+
+class NodeIdentity(Struct, frozen=True):
+    """Which node, and which boot of it, a plan was made on."""
+
+    name: str
+    boot_id: str
+
+
+def this_node() -> NodeIdentity:
+    try:
+        with open(BOOT_ID, encoding="ascii", errors="replace") as f:
+            boot_id = f.read(64).strip()
+    except OSError:
+        boot_id = ""
+    return NodeIdentity(socket.gethostname(), boot_id)
+
+
+def identities(attachment: Attachment) -> list[str]:
+    """Each resource's identity (what a later look finds it by), as JSON text, sorted."""
+    return sorted(msgspec.json.encode(ref.identity).decode() for ref in attachment.resources)
+
+
+def _reviewed_steps(planned: PlannedAttachment) -> list[ReviewedStep]:
+    return [ReviewedStep(s.kind, s.name, s.method) for s in planned.steps]
+
+
+def plan_document(
+    plan: Sequence[PlannedAttachment], attachments: Sequence[Attachment], node: NodeIdentity, now: float
+) -> bytes:
+    """The plan file for `plan`, whose attachments are among `attachments`."""
+    by_key = {a.key: a for a in attachments}
+    reviewed = [
+        ReviewedAttachment(
+            container_id=p.key.container_id,
+            network=p.key.network,
+            ifname=p.key.ifname,
+            pin=p.key.pin,
+            pod=by_key[p.key].pod,
+            resources=identities(by_key[p.key]),
+            config_source=p.config_source,
+            steps=_reviewed_steps(p),
+        )
+        for p in plan
+        if p.key in by_key
+    ]
+    doc = PlanFile(format=FORMAT, node=node.name, boot_id=node.boot_id, made_at=now, attachments=reviewed)
+    return msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n"
+
+
+def read_plan(path: str, node: NodeIdentity) -> PlanFile:
+    """The plan file at `path`, made on this node since its last boot; else PlanError."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as err:
+        raise PlanError(f"--plan {path}: {err.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PlanError(f"--plan {path}: not a regular file")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(MAX_PLAN_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_PLAN_BYTES:
+        raise PlanError(f"--plan {path}: larger than {MAX_PLAN_BYTES // (1024 * 1024)} MiB")
+    try:
+        plan = msgspec.json.decode(data, type=PlanFile)
+    except msgspec.ValidationError as err:
+        raise PlanError(f"--plan {path}: not a plan `reaper reap --dry-run --plan-out` wrote: {err}") from None
+    except msgspec.DecodeError:
+        raise PlanError(f"--plan {path}: not JSON") from None
+    if plan.format != FORMAT:
+        raise PlanError(f"--plan {path}: format {plan.format[:40]!r}, this reaper reads {FORMAT!r}")
+    if plan.node != node.name:
+        raise PlanError(f"--plan {path}: made on node {plan.node[:80]!r}, this is {node.name!r}")
+    if not node.boot_id or plan.boot_id != node.boot_id:
+        raise PlanError(f"--plan {path}: made before this node's last boot: make a new plan")
+    return plan
+
+
+def reviewed_orphans(
+    orphans: Sequence[Attachment], attachments: Sequence[Attachment], plan: PlanFile
+) -> tuple[list[Attachment], list[SkippedAttachment]]:
+    """The orphans the plan reviewed as they are now (same key, same resources), and what is
+    skipped and why: orphans the plan does not name or names otherwise, and planned
+    attachments that are not orphans now."""
+    reviewed = plan_keys(plan)
+    now = {a.key: a for a in attachments}
+    kept: list[Attachment] = []
+    skipped: list[SkippedAttachment] = []
+    for orphan in orphans:
+        entry = reviewed.get(orphan.key)
+        if entry is None:
+            skipped.append(SkippedAttachment(orphan.key, "not in the reviewed plan"))
+            continue
+        changed = _resources_changed(entry.resources, identities(orphan))
+        if changed is not None:
+            skipped.append(SkippedAttachment(orphan.key, f"its resources changed since the plan: {changed}"))
+            continue
+        kept.append(orphan)
+    orphan_keys = {o.key for o in orphans}
+    for key in reviewed:
+        if key in orphan_keys:
+            continue
+        seen = now.get(key)
+        why = f"{seen.verdict} now: {seen.reason}" if seen is not None else "gone now"
+        skipped.append(SkippedAttachment(key, f"in the reviewed plan, but {why}"))
+    return kept, skipped
+
+
+def _resources_changed(planned: Sequence[str], now: Sequence[str]) -> str | None:
+    added, gone = sorted(set(now) - set(planned)), sorted(set(planned) - set(now))
+    if not added and not gone:
+        return None
+    parts = [f"{len(added)} new ({added[0][:120]}{', ...' if len(added) > 1 else ''})"] if added else []
+    parts += [f"{len(gone)} gone ({gone[0][:120]}{', ...' if len(gone) > 1 else ''})"] if gone else []
+    return "; ".join(parts)
+
+
+def steps_changed(planned: PlannedAttachment, reviewed: Mapping[AttachmentKey, ReviewedAttachment]) -> str | None:
+    """Why `planned` is not what the plan reviewed for its key (another config for DEL, other
+    steps or methods), or None when it is the same. `reviewed`: plan_keys(plan)."""
+    entry = reviewed.get(planned.key)
+    if entry is None:
+        return "not in the reviewed plan"
+    if entry.config_source != planned.config_source:
+        return (
+            f"DEL would take its config from {planned.config_source or 'nowhere (kernel only)'}, "
+            f"the plan said {entry.config_source or 'nowhere (kernel only)'}"
+        )
+    if sorted(entry.steps, key=_step_key) != sorted(_reviewed_steps(planned), key=_step_key):
+        return "its steps or their methods differ from the plan's"
+    return None
+
+
+def _step_key(step: ReviewedStep) -> tuple[str, str, str]:
+    return (step.kind, step.name, step.method)
+
+
+def plan_keys(plan: PlanFile) -> Mapping[AttachmentKey, ReviewedAttachment]:
+    return {r.key: r for r in plan.attachments}

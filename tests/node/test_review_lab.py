@@ -1,0 +1,99 @@
+"""Exclusions and reviewed plans on a real containerd with live pods and real leaks (the
+plugins' own ADD left them): what the operator keeps out is never touched, and a plan replayed
+after the node changed acts only on what is still as it was reviewed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness.lab import Lab
+from tests.harness.reap_helpers import REAP, leak_left, pings
+from tests.harness.reaper_cli import attachments_by_key, run_reaper
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Lab]:
+    with Lab() as made:
+        made.run_pod("web")
+        yield made
+
+
+def key(lab: Lab, cid: str) -> tuple[str, str, str]:
+    return (cid, lab.network_name, "eth0")
+
+
+def test_an_excluded_namespace_pod_and_network_are_never_reclaimed(lab: Lab, tmp_path: Path) -> None:
+    web = lab.run_pod("web2")
+    system = lab.make_leak(pod_namespace="kube-system", pod_name="coredns-0")
+    named = lab.make_leak(pod_namespace="monitoring", pod_name="prometheus-0")
+    plain = lab.make_leak(pod_namespace="default", pod_name="job-1")
+    run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP,
+                     "--exclude-namespace", "kube-*", "--exclude-pod", "monitoring/prom*")  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr
+    found = attachments_by_key(run.doc)
+    assert found[key(lab, system.container_id)]["verdict"] == "excluded"
+    assert found[key(lab, system.container_id)]["pod"] == "kube-system/coredns-0"
+    assert "--exclude-namespace kube-*" in found[key(lab, system.container_id)]["reason"]
+    assert found[key(lab, named.container_id)]["verdict"] == "excluded"
+    assert leak_left(lab, system) and leak_left(lab, named), "excluded leaks keep every resource"
+    assert len(leak_left(lab, system)) == 5 and len(leak_left(lab, named)) == 5
+    assert leak_left(lab, plain) == []
+    assert run.doc["summary"]["excluded"] == 2
+    # A network exclusion keeps all of that network, whatever the pod.
+    again = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP, "--exclude-network", lab.network_name)
+    assert again.returncode == 0 and again.doc["reclaimed"] == []
+    assert {
+        a["verdict"] for a in again.doc["attachments"] if a["container_id"] in (system.container_id, named.container_id)
+    } == {"excluded"}
+    # Without the exclusions they are leaks like any other.
+    last = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
+    assert last.returncode == 0, last.stdout[-2000:] + last.stderr
+    assert leak_left(lab, system) == [] and leak_left(lab, named) == []
+    assert pings(lab, web)
+
+
+def test_a_plan_replayed_after_the_node_changed_acts_only_on_what_is_as_reviewed(lab: Lab, tmp_path: Path) -> None:
+    web = lab.run_pod("web3")
+    kept = lab.make_leak()
+    entered = lab.make_leak()
+    plan_file = tmp_path / "plan.json"
+    dry = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP, "--dry-run", "--plan-out", str(plan_file))
+    assert dry.returncode == 1, dry.stdout[-2000:] + dry.stderr  # orphans planned
+    assert oct(os.stat(plan_file).st_mode & 0o777) == "0o600"
+    plan = json.loads(plan_file.read_text())
+    planned = {a["container_id"] for a in plan["attachments"]}
+    assert {kept.container_id, entered.container_id} <= planned
+    # Since the review: a process entered one leak's netns (its container came back), and a new leak appeared.
+    inside = subprocess.Popen(["nsenter", f"--net={entered.netns_path}", "sleep", "300"])
+    late = lab.make_leak()
+    try:
+        run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP, "--plan", str(plan_file))
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr
+        assert leak_left(lab, kept) == []
+        assert len(leak_left(lab, entered)) == 5, "entered since the review: live, kept whole"
+        assert len(leak_left(lab, late)) == 5, "not reviewed: kept whole"
+        reasons = {s["container_id"]: s["reason"] for s in run.doc["skipped"]}
+        assert reasons[late.container_id] == "not in the reviewed plan"
+        assert reasons[entered.container_id].startswith("in the reviewed plan, but live now")
+    finally:
+        inside.kill()
+        inside.wait()
+    # A plan that is not this node's reaper's (edited to name another node) is refused whole.
+    plan["node"] = "elsewhere"
+    forged = tmp_path / "forged.json"
+    forged.write_text(json.dumps(plan))
+    refused = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP, "--plan", str(forged))
+    assert refused.returncode == 2 and "made on node 'elsewhere'" in refused.stderr
+    assert len(leak_left(lab, late)) == 5
+    # --plan-out outside --dry-run writes nothing and acts on nothing.
+    wrong = run_reaper(lab, "reap", tmp_path / "state.json", *REAP, "--plan-out", str(tmp_path / "x.json"))
+    assert wrong.returncode == 2 and "--dry-run" in wrong.stderr and not (tmp_path / "x.json").exists()
+    assert len(leak_left(lab, late)) == 5 and pings(lab, web)
+    cleanup = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
+    assert cleanup.returncode == 0 and leak_left(lab, late) == [] and leak_left(lab, entered) == []
