@@ -64,6 +64,17 @@ examples:
 """
 
 
+EXPLAIN_EPILOG = """\
+exit status: 0 something matched, 1 nothing on this node matches TARGET, 2 could not decide
+(runtime or config): the evidence is shown, every verdict is unknown
+
+examples:
+  reaper explain 3f2a9c                         # a container ID prefix
+  reaper explain kube-system/coredns-5d78c9869d-x
+  reaper explain 10.244.1.17 --json
+  reaper explain veth3c1f2a7b
+"""
+
 DOCTOR_EPILOG = """\
 checks: every CRI runtime answers (and how many sandboxes it lists); the CNI conf, bin, netns,
 cache and IPAM dirs detected or given, and readable here; every plugin of each network's DEL
@@ -174,6 +185,23 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_options(doctor, ("paths", "output"), skip=DOCTOR_UNUSED)
+    explain = sub.add_parser(
+        "explain",
+        help="why one container, pod, address, veth or pin got its verdict: every resource and the evidence",
+        description="Look at the node as `scan` does (counting no pass of its own) and show, for each "
+        "attachment TARGET names, its resources, its verdict and what it rests on: what each runtime "
+        "listed, whose namespace it is and who is inside, what earlier passes counted, and what a "
+        "reclaim would run.",
+        epilog=EXPLAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    explain.add_argument(
+        "target",
+        metavar="TARGET",
+        help="a container ID or a prefix of one (3+ hex digits), a pod NAMESPACE/NAME, an IP address, "
+        "or the name or path of a resource (veth, pin, lease, chain, cache file)",
+    )
+    add_options(explain, ("paths", "output"), skip=("--textfile",))
     return parser
 
 
@@ -193,7 +221,7 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
             sub.error(f"{unused[0]} is not used by doctor: no check reads it")
         sub.error(f"unrecognized arguments: {' '.join(unknown)}")
     if command is None:
-        parser.error("a COMMAND is required: scan, reap, run or doctor")
+        parser.error("a COMMAND is required: scan, reap, run, doctor or explain")
     return args
 
 
@@ -359,6 +387,27 @@ def _doctor(args: argparse.Namespace) -> int:
     return EXIT_ORPHANS if any(c.status == "fail" for c in checks) else EXIT_CLEAN
 
 
+def _explain(args: argparse.Namespace) -> int:
+    from reaper.explain import explain, explain_json, explain_text  # noqa: PLC0415
+    from reaper.scan import scan_pass  # noqa: PLC0415
+    from reaper.state import load_state  # noqa: PLC0415
+
+    settings, layout = _settings(args)
+    log = setup_logging(settings.log_format, settings.log_level)
+    _warn_dirs(settings, log)
+    history = load_state(settings.state_file)[0].attachments
+    result = scan_pass(settings, liveness_from(settings), log, save=False)
+    found = explain(result, args.target, history, settings.policy.confirmations, reap_settings_from(args).allow_plugins)
+    if settings.json_output:
+        _output(dumps_indented(explain_json(args.target, found, result.report.taken_at)))
+    else:
+        _output(explain_text(args.target, found))
+    if not result.report.runtime.reachable:
+        print(_undecided(str(result.report.runtime.error), result.report.runtime, layout), file=sys.stderr)
+        return EXIT_UNDECIDED
+    return EXIT_CLEAN if found else EXIT_ORPHANS
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parse(parser, sys.argv[1:] if argv is None else list(argv))
@@ -371,6 +420,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         if args.command == "doctor":
             return _doctor(args)
+        if args.command == "explain":
+            return _explain(args)
     except SettingsError as err:
         print(f"reaper: {err}", file=sys.stderr)
         return EXIT_UNDECIDED

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from reaper.durations import format_duration
-from reaper.model import VERDICTS, ReapResult, ResourceRef, ScanReport
+from reaper.model import VERDICTS, Attachment, ReapResult, ResourceRef, ScanReport
 from reaper.settings import Settings
 
 
@@ -13,6 +13,20 @@ def _resource(ref: ResourceRef, now: float) -> dict[str, Any]:
     if ref.created_at is None:
         return {"kind": ref.kind, "name": ref.name, **ref.details}
     return {"kind": ref.kind, "name": ref.name, "age_seconds": round(max(0.0, now - ref.created_at), 3), **ref.details}
+
+
+def attachment_json(a: Attachment, now: float) -> dict[str, Any]:
+    return {
+        "container_id": a.key.container_id,
+        "network": a.key.network,
+        "ifname": a.key.ifname,
+        "verdict": a.verdict,
+        "owner": a.owner,
+        "pod": a.pod,
+        "reason": a.reason,
+        "age_seconds": round(a.age_seconds, 3),
+        "resources": [_resource(r, now) for r in a.resources],
+    }
 
 
 def layout_json(settings: Settings) -> dict[str, Any]:
@@ -68,20 +82,7 @@ def report_json(report: ScanReport) -> dict[str, Any]:
             }
             for s in report.stuck_sandboxes
         ],
-        "attachments": [
-            {
-                "container_id": a.key.container_id,
-                "network": a.key.network,
-                "ifname": a.key.ifname,
-                "verdict": a.verdict,
-                "owner": a.owner,
-                "pod": a.pod,
-                "reason": a.reason,
-                "age_seconds": round(a.age_seconds, 3),
-                "resources": [_resource(r, now) for r in a.resources],
-            }
-            for a in report.attachments
-        ],
+        "attachments": [attachment_json(a, now) for a in report.attachments],
         "corrupt": [{"kind": c.kind, "path": c.path, "error": c.error, "count": c.count} for c in report.corrupt],
         "errors": [{"source": e.source, "error": e.error} for e in report.errors],
         "ipam_ranges": [

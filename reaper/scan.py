@@ -48,12 +48,14 @@ def scan_pass(
     clock: Callable[[], float] = time.time,
     memo: InventoryMemo | None = None,
     kept: KeptState | None = None,
+    save: bool = True,
 ) -> ScanResult:
     """One pass. A long-running caller passes the same `memo` every time (files unchanged
     since the last pass are not read again); a one-shot run passes none and reads every file.
     `kept`: a long-running caller's state of its last pass, counted from instead of the file
-    once it holds one (see reaper.state)."""
-    return _scan_pass(settings, liveness, log, clock, memo, kept)
+    once it holds one (see reaper.state). `save` False: a look for a person (`explain`), which
+    reads the confirmations counted so far and counts no pass of its own."""
+    return _scan_pass(settings, liveness, log, clock, memo, kept, save)
 
 
 def _scan_pass(
@@ -63,6 +65,7 @@ def _scan_pass(
     clock: Callable[[], float],
     memo: InventoryMemo | None,
     kept: KeptState | None,
+    save: bool = True,
 ) -> ScanResult:
     """Load the state, look at the node, ask the runtimes, correlate, reconcile, save."""
     started = time.monotonic()
@@ -84,7 +87,10 @@ def _scan_pass(
     snapshot, correlation = _correlate(snapshot, ties, runtime, settings, watch)
     report, history = reconcile(snapshot, runtime, state.attachments, settings.policy, now, correlation)
     watch.lap("reconcile")
-    netns_map, saved = _save(settings, kept, state, runtime, history, first_seen, warnings)
+    if save:
+        netns_map, saved = _save(settings, kept, state, runtime, history, first_seen, warnings)
+    else:
+        netns_map, saved = dict(state.sandbox_netns), False
     watch.lap("state")
     timings = (*snapshot.timings, *_scan_timings(dict(watch.laps)))
     seconds = time.monotonic() - started

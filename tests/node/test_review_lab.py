@@ -97,3 +97,38 @@ def test_a_plan_replayed_after_the_node_changed_acts_only_on_what_is_as_reviewed
     assert len(leak_left(lab, late)) == 5 and pings(lab, web)
     cleanup = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
     assert cleanup.returncode == 0 and leak_left(lab, late) == [] and leak_left(lab, entered) == []
+
+
+def test_explain_shows_a_live_pod_and_a_leak_with_the_evidence(lab: Lab, tmp_path: Path) -> None:
+    web = lab.run_pod("web4")
+    leak = lab.make_leak(pod_namespace="shop", pod_name="cart-0")
+    state = tmp_path / "state.json"
+    assert run_reaper(lab, "scan", state, "--confirmations", "2", "--min-age", "0").returncode == 0  # pending: 1 of 2
+    before = state.read_bytes()
+
+    by_prefix = run_reaper(lab, "explain", state, web[:8], "--json", "--confirmations", "2", "--min-age", "0")
+    assert by_prefix.returncode == 0, by_prefix.stdout[-2000:] + by_prefix.stderr
+    live = [a for a in by_prefix.doc["attachments"] if a["network"] == lab.network_name]
+    assert [a["verdict"] for a in live] == ["live"]
+    assert any(f"sandbox {web[:12]}" in line and "READY" in line for line in live[0]["evidence"]["runtimes"])
+    assert live[0]["evidence"]["reclaim"] == ["nothing: it is live"]
+
+    by_pod = run_reaper(lab, "explain", state, "shop/cart-0", "--confirmations", "2", "--min-age", "0")
+    assert by_pod.returncode == 0, by_pod.stdout[-2000:] + by_pod.stderr
+    text = by_pod.stdout
+    assert f"attachment {leak.container_id}/{lab.network_name}/eth0 (pod shop/cart-0)" in text
+    assert "verdict: ORPHAN" in text, "the second pass without an owner: the first was counted by scan"
+    assert f"no runtime lists a sandbox {leak.container_id[:12]}" in text and "no process is inside it" in text
+    assert "ownerless on 1 consecutive earlier passes (--confirmations 2)" in text
+    assert f"DEL with the config from {leak.cache_path}" in text and "bridge" in text
+    assert f"CNI_NETNS={leak.netns_path}" in text
+    by_ip = run_reaper(lab, "explain", state, leak.ip, "--json")
+    by_veth = run_reaper(lab, "explain", state, leak.host_veth, "--json")
+    by_pin = run_reaper(lab, "explain", state, leak.netns_path.name, "--json")
+    for run in (by_ip, by_veth, by_pin):
+        assert [a["container_id"] for a in run.doc["attachments"]] == [leak.container_id]
+    assert state.read_bytes() == before, "explain counts no pass of its own"
+    nothing = run_reaper(lab, "explain", state, "no-such-thing")
+    assert nothing.returncode == 1 and "nothing on this node matches 'no-such-thing'" in nothing.stdout
+    assert len(leak_left(lab, leak)) == 5 and pings(lab, web), "explain changes nothing"
+    assert run_reaper(lab, "reap", state, "--json", *REAP).returncode == 0

@@ -60,7 +60,7 @@ def test_an_unknown_top_level_flag_is_named() -> None:
 
 def test_no_command_says_which_there_are() -> None:
     proc = reaper()
-    assert proc.returncode == 2 and "a COMMAND is required: scan, reap, run or doctor" in proc.stderr
+    assert proc.returncode == 2 and "a COMMAND is required: scan, reap, run, doctor or explain" in proc.stderr
 
 
 @pytest.mark.parametrize("command", ["scan", "reap", "run", "doctor"])

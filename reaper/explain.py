@@ -1,0 +1,234 @@
+"""`reaper explain TARGET`: the attachments a target names, their verdict, and the evidence.
+
+A target is a container ID or a prefix of one, a pod (`namespace/name`), an address, or the
+name or path of any resource (a veth, a pin, a lease, a chain, a cache file). The evidence is
+what the pass weighed: what each runtime listed, which sandbox owns the namespace, who is
+inside it, what earlier passes counted, and what a reclaim would run (which config DEL would
+take, or why no plugin would run). Read-only: the look counts no pass of its own.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from msgspec import Struct
+
+from reaper.durations import format_duration
+from reaper.kinds.netconf import plugin_list
+from reaper.model import Attachment, AttachmentHistory, Holder, NsKey, ScanResult
+from reaper.reap.act import del_request, held_by_others, index, kept_state, waits_for_plugin
+from reaper.reap.trust import node_trust, proven_namespaces
+from reaper.report import attachment_json
+
+_HEX_PREFIX = re.compile(r"[0-9a-f]{3,64}")
+
+
+class Evidence(Struct, frozen=True, kw_only=True):
+    """What one attachment's verdict rests on, each item one line for a person."""
+
+    attachment: Attachment
+    runtimes: tuple[str, ...]  # what each runtime said, and whether one lists this container
+    namespace: tuple[str, ...]  # its netns: whose, and who is inside
+    history: str  # what earlier passes counted (the state file)
+    reclaim: tuple[str, ...]  # what a reclaim would run, or why nothing would
+
+
+def _address(text: str) -> str | None:
+    """The address `text` writes, however: bare, with a prefix length (`10.0.0.7/24`), or as a
+    lease names it (`<network>/10.0.0.7`); None when it writes none."""
+    first, _, rest = text.partition("/")
+    for candidate in (first, rest):
+        try:
+            return str(ipaddress.ip_address(candidate))
+        except ValueError:
+            continue
+    return None
+
+
+def matches(attachment: Attachment, target: str) -> bool:
+    """Whether `target` names the attachment (see the module's docstring)."""
+    cid = attachment.key.container_id
+    if cid is not None and _HEX_PREFIX.fullmatch(target) and cid.startswith(target):
+        return True
+    if attachment.pod is not None and attachment.pod == target:
+        return True
+    wanted = _address(target)
+    for ref in attachment.resources:
+        path = ref.details.get("path")
+        if target == ref.name or (isinstance(path, str) and target in (path, os.path.basename(path))):
+            return True
+        # An address, however written, in its name or a detail (a rule's ip); a network name,
+        # which every attachment on it carries, names none.
+        if wanted is not None:
+            said = [ref.name, *(v for v in ref.details.values() if isinstance(v, str))]
+            if any(_address(value) == wanted for value in said):
+                return True
+    return False
+
+
+def _runtimes(result: ScanResult, attachment: Attachment) -> tuple[str, ...]:
+    view = result.report.runtime
+    lines = []
+    for answer in view.runtimes:
+        who = " ".join(x for x in (answer.name, answer.version) if x) or "a runtime"
+        if answer.reachable:
+            lines.append(f"{who} at {answer.endpoint} ({answer.source}) listed {answer.sandboxes} sandboxes")
+        else:
+            state = "skipped" if answer.skipped else "did not answer"
+            lines.append(f"{who} at {answer.endpoint} ({answer.source}) {state}: {answer.error}")
+    if not view.reachable:
+        lines.append("not every runtime answered: nothing can be called an orphan")
+        return tuple(lines)
+    cid = attachment.key.container_id
+    listed = next((s for s in view.sandboxes if cid is not None and s.id == cid), None)
+    if listed is not None:
+        state = "READY" if listed.ready else "NOTREADY"
+        lines.append(f"sandbox {listed.id[:12]} ({listed.namespace}/{listed.name}) is listed, {state}")
+    elif cid is not None:
+        lines.append(f"no runtime lists a sandbox {cid[:12]}")
+    return tuple(lines)
+
+
+def _holders(holders: Iterable[Holder]) -> str:
+    described = [f"pid {h.pid} ({h.comm}{', a CNI plugin' if h.is_cni_plugin else ''})" for h in holders]
+    return ", ".join(described[:10]) + (f" and {len(described) - 10} more" if len(described) > 10 else "")
+
+
+def _namespace(result: ScanResult, attachment: Attachment) -> tuple[str, ...]:
+    netns = attachment.netns
+    if netns is None:
+        return ("no network namespace: nothing of it is in the kernel but what its resources name",)
+    lines = [f"netns {netns.dev}:{netns.ino}"]
+    if netns == result.snapshot.host_netns:
+        lines.append("it is the host's network namespace")
+    owner = next((s for s in result.report.runtime.sandboxes if s.netns == netns), None)
+    if owner is not None:
+        lines.append(f"sandbox {owner.id[:12]} ({owner.namespace}/{owner.name}) has it as its netns")
+    holders: Mapping[NsKey, tuple[Holder, ...]] = dict(result.snapshot.netns_holders)
+    pids = dict(result.snapshot.netns_pids)
+    if holders.get(netns):
+        lines.append(f"inside it: {_holders(holders[netns])}")
+    elif pids.get(netns):
+        lines.append(f"inside it: pids {', '.join(str(p) for p in pids[netns][:10])}")
+    elif result.snapshot.unseen_processes is not None:
+        lines.append(f"who is inside is unknown: {result.snapshot.unseen_processes}")
+    else:
+        lines.append("no process is inside it")
+    return tuple(lines)
+
+
+def _history(previous: AttachmentHistory | None, confirmations: int, now: float) -> str:
+    if previous is None:
+        return "no earlier pass counted it (a new attachment, or a new state file)"
+    since = format_duration(max(0.0, now - previous.first_seen))
+    return (
+        f"first seen {since} ago; ownerless on {previous.orphan_streak} consecutive earlier passes "
+        f"(--confirmations {confirmations})"
+    )
+
+
+def _plugins(config: bytes) -> str:
+    try:
+        name, version, plugins = plugin_list(config)
+    except ValueError:
+        return "a config that does not read as a network list"
+    types = ", ".join(str(p.get("type")) for p in plugins)
+    return f"network {name} (cniVersion {version}): {types}"
+
+
+def _reclaim(
+    attachment: Attachment, records: Mapping[Any, Any], result: ScanResult, allow_plugins: Sequence[str]
+) -> tuple[str, ...]:
+    if attachment.verdict in ("live", "unknown", "excluded"):
+        return (f"nothing: it is {attachment.verdict}",)
+    snapshot = result.snapshot
+    configs = snapshot.configs
+    waiting = waits_for_plugin(attachment, records, configs)
+    if waiting is not None:
+        return (f"nothing this pass: {waiting}",)
+    held = held_by_others(snapshot, [attachment])
+    own = (c for c in configs if not c.path.startswith("cache:"))
+    trust = node_trust(own, allow_plugins, *held, proven=proven_namespaces([attachment], records))
+    request, note = del_request(attachment, records, configs, trust)
+    lines = []
+    if request is not None:
+        lines.append(f"DEL with the config from {request.source}: {_plugins(request.config)}")
+        lines.append(f"CNI_NETNS={request.netns or '(none)'}, then the kernel step for what DEL leaves")
+    else:
+        lines.append(f"no plugin would run: {note}; the kernel step frees what the kernel and files hold")
+    keeps = kept_state(attachment, records, configs, request)
+    if keeps is not None:
+        lines.append(f"kept until a DEL succeeds: {keeps}")
+    return tuple(lines)
+
+
+def explain(
+    result: ScanResult,
+    target: str,
+    history: Mapping[str, AttachmentHistory],
+    confirmations: int,
+    allow_plugins: Sequence[str] = (),
+) -> list[Evidence]:
+    """The evidence for every attachment `target` names; `history` is what the state file held
+    before this look."""
+    records = index(result.snapshot)
+    now = result.report.taken_at
+    return [
+        Evidence(
+            attachment=a,
+            runtimes=_runtimes(result, a),
+            namespace=_namespace(result, a),
+            history=_history(history.get(a.key.as_text()), confirmations, now),
+            reclaim=_reclaim(a, records, result, allow_plugins),
+        )
+        for a in result.report.attachments
+        if matches(a, target)
+    ]
+
+
+def explain_json(target: str, found: Sequence[Evidence], now: float) -> dict[str, Any]:
+    return {
+        "target": target,
+        "attachments": [
+            {
+                **attachment_json(e.attachment, now),
+                "evidence": {
+                    "runtimes": list(e.runtimes),
+                    "namespace": list(e.namespace),
+                    "history": e.history,
+                    "reclaim": list(e.reclaim),
+                },
+            }
+            for e in found
+        ],
+    }
+
+
+def explain_text(target: str, found: Sequence[Evidence]) -> str:
+    if not found:
+        return f"nothing on this node matches {target!r}"
+    lines: list[str] = []
+    for e in found:
+        a = e.attachment
+        if lines:
+            lines.append("")
+        who = f" (pod {a.pod})" if a.pod else ""
+        lines.append(f"attachment {a.key.as_text()}{who}")
+        lines.append(f"  verdict: {a.verdict.upper()}: {a.reason}")
+        lines.append(f"  age: {format_duration(a.age_seconds)}; owner by its cache entry: {a.owner}")
+        lines.append("  resources:")
+        for ref in a.resources:
+            details = ", ".join(f"{k}={v}" for k, v in ref.details.items())
+            lines.append(f"    {ref.kind} {ref.name}" + (f" ({details})" if details else ""))
+        lines.append("  runtimes:")
+        lines += [f"    {line}" for line in e.runtimes]
+        lines.append("  namespace:")
+        lines += [f"    {line}" for line in e.namespace]
+        lines.append(f"  earlier passes: {e.history}")
+        lines.append("  a reclaim would run:")
+        lines += [f"    {line}" for line in e.reclaim]
+    return "\n".join(lines)
