@@ -25,7 +25,7 @@ import yaml
 from reaper.cli import build_parser
 from reaper.durations import parse_duration
 from reaper.runtime.discovery import KNOWN_SOCKETS
-from reaper.settings import agent_settings_from, reap_settings_from, settings_from
+from reaper.settings import OPTIONS, agent_settings_from, reap_settings_from, settings_from
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "cni-reaper"
@@ -110,6 +110,29 @@ def container(docs: list[Manifest]) -> Manifest:
     assert len(containers) == 1
     c: Manifest = containers[0]
     return c
+
+
+def setting_values(c: Manifest, flag: str) -> list[str]:
+    """Every value the container gives `flag`, as the reaper reads them: the flag in its args,
+    else its REAPER_* variable, split as the option splits it."""
+    given = flag_values(c["args"], flag)
+    if given:
+        return given
+    opt = next(o for o in OPTIONS if o.flag == flag)
+    raw = {e["name"]: e.get("value") for e in c.get("env", [])}.get(opt.env or "")
+    if not raw:
+        return []
+    return [v for v in raw.split(opt.separator) if v] if opt.separator else [raw]
+
+
+def container_env(c: Manifest, **fields: str) -> dict[str, str]:
+    """The container's variables as the kubelet gives them: `$(NAME)` of a variable defined
+    before it replaced, the downward-API ones by `fields` (NODE_IP=..., NODE_NAME=...)."""
+    env: dict[str, str] = {}
+    for e in c.get("env", []):
+        value = fields.get(e["name"], "") if "valueFrom" in e else str(e.get("value", ""))
+        env[e["name"]] = re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]), value)
+    return env
 
 
 def flag_values(args: list[str], flag: str) -> list[str]:
@@ -282,16 +305,17 @@ def test_pod_cidr_from_node_reads_only_nodes_with_the_pods_own_account(chart: he
     pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is True and pod["serviceAccountName"] == account
     c = container(docs)
-    assert flag_values(c["args"], "--node-name") == ["$(NODE_NAME)"]
+    assert setting_values(c, "--node-name") == ["$(NODE_NAME)"]
     node_name = next(e for e in c["env"] if e["name"] == "NODE_NAME")
     assert node_name["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    # The agent's own parser takes the flag, and NODE_NAME is defined before the args use it.
-    assert settings_from(build_parser().parse_args(c["args"]), {}).node_name == "$(NODE_NAME)"
+    # The agent's own resolver takes it, and NODE_NAME is defined before the variable uses it.
+    env = container_env(c, NODE_IP="10.1.2.3", NODE_NAME="node-7")
+    assert settings_from(build_parser().parse_args(c["args"]), env).node_name == "node-7"
 
     off = render(chart)
     assert not [d for d in off if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
     assert one(off, "DaemonSet")["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
-    assert flag_values(container(off)["args"], "--node-name") == []
+    assert setting_values(container(off), "--node-name") == []
 
 
 def test_probes_hit_the_agents_health_endpoints(chart: helm.Chart) -> None:
@@ -305,9 +329,9 @@ def test_probes_hit_the_agents_health_endpoints(chart: helm.Chart) -> None:
 def test_default_args_and_listen_on_the_node_ip(chart: helm.Chart) -> None:
     c = container(render(chart))
     args = c["args"]
-    assert args[0] == "run"
+    assert args == ["run"], "every setting is a variable, which `kubectl exec ... reaper doctor` sees too"
     expected = {
-        "--mode": ["reap"],
+        "--mode": ["scan"],  # a first install reports before it reclaims
         "--interval": ["60s"],
         "--listen": [f"$(NODE_IP):{PORT}"],
         "--runtime-endpoint": ["unix:///run/containerd/containerd.sock"],
@@ -333,14 +357,27 @@ def test_default_args_and_listen_on_the_node_ip(chart: helm.Chart) -> None:
         "--log-level": ["info"],
     }
     for flag, values in expected.items():
-        assert flag_values(args, flag) == values, flag
+        assert setting_values(c, flag) == values, flag
     assert "--force" not in args
     node_ip = next(e for e in c["env"] if e["name"] == "NODE_IP")
     assert node_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
 
 
-def test_default_host_mounts(chart: helm.Chart) -> None:
+def test_the_default_mode_is_report_only_with_the_cni_state_read_only(chart: helm.Chart) -> None:
     docs = render(chart)
+    assert setting_values(container(docs), "--mode") == ["scan"]
+    assert host_mount(docs, "/var/run/netns")["mountPropagation"] == "HostToContainer"
+    for ro in ("/var/run/netns", "/var/lib/cni"):
+        assert host_mount(docs, ro)["readOnly"] is True, ro
+    rendered = chart.render(None, name=RELEASE, namespace=NAMESPACE)
+    notes = next(text for path, text in rendered.items() if path.endswith("NOTES.txt"))
+    assert "Mode: scan (the default for a first install)" in notes and "--set mode=reap" in notes
+    reaping = chart.render({"mode": "reap"}, name=RELEASE, namespace=NAMESPACE)
+    assert "--set mode=scan" in next(text for path, text in reaping.items() if path.endswith("NOTES.txt"))
+
+
+def test_reap_mode_host_mounts(chart: helm.Chart) -> None:
+    docs = render(chart, {"mode": "reap"})
     netns = host_mount(docs, "/var/run/netns")
     # Unmounts of pins must reach the host, and pins made later must show up in the pod.
     assert netns["mountPropagation"] == "Bidirectional"
@@ -378,11 +415,13 @@ def test_args_are_what_the_agent_takes(chart: helm.Chart) -> None:
     for values in (None, CUSTOM, CUSTOM_REAP):
         merged = chart.merge_values(copy.deepcopy(values) if values else None)
         merged.update({k: v for k, v in GENERIC.items() if not merged[k]})
-        args = [a.replace("$(NODE_IP)", "10.1.2.3") for a in container(render(chart, values))["args"]]
+        c = container(render(chart, values))
+        args = c["args"]
+        env = container_env(c, NODE_IP="10.1.2.3", NODE_NAME="node-7")
         parsed = build_parser().parse_args(args)
-        settings = settings_from(parsed, {})
-        reap = reap_settings_from(parsed, {})
-        agent = agent_settings_from(parsed, {})
+        settings = settings_from(parsed, env)
+        reap = reap_settings_from(parsed, env)
+        agent = agent_settings_from(parsed, env)
         assert agent.mode == merged["mode"]
         assert (agent.listen_host, agent.listen_port) == ("10.1.2.3", merged["metricsPort"])
         assert settings.netns_dirs == tuple(merged["netnsDirs"])
@@ -405,38 +444,38 @@ def test_args_are_what_the_agent_takes(chart: helm.Chart) -> None:
         )
         assert agent.stall_after == parse_duration(str(merged["stallAfter"]))
         assert settings.log_format == merged["logFormat"]
-        assert settings.log_level == flag_values(args, "--log-level")[-1]  # extraArgs, if any, win
+        assert settings.log_level == setting_values(c, "--log-level")[-1]  # extraArgs, if any, win
 
 
 # --- non-default values --------------------------------------------------------------------
 
 
 def test_custom_values_reach_the_args(chart: helm.Chart) -> None:
-    args = container(render(chart, CUSTOM))["args"]
-    assert flag_values(args, "--mode") == ["scan"]
-    assert flag_values(args, "--listen") == ["$(NODE_IP):19753"]
-    assert flag_values(args, "--interval") == ["2m"]
-    assert flag_values(args, "--min-age") == ["30m"]
-    assert flag_values(args, "--confirmations") == ["3"]
-    assert flag_values(args, "--stuck-after") == ["1h"]
-    assert flag_values(args, "--max-reap") == ["25"]
-    assert flag_values(args, "--max-orphan-ratio") == ["0.25"]
-    assert flag_values(args, "--method") == ["kernel"]
-    assert flag_values(args, "--plugin-timeout") == ["20s"]
-    assert flag_values(args, "--allow-plugin") == ["dhcp", "firewall"]
-    assert flag_values(args, "--stall-after") == ["45m"]
-    assert flag_values(args, "--runtime-endpoint") == ["unix:///var/run/crio/crio.sock"]
-    assert flag_values(args, "--runtime-timeout") == ["5s"]
-    assert flag_values(args, "--netns-dir") == CUSTOM["netnsDirs"]
-    assert flag_values(args, "--netns-pattern") == ["test-[a-z0-9]+"]
-    assert flag_values(args, "--ipam-dir") == CUSTOM["ipamDirs"]
-    assert flag_values(args, "--cni-conf-dir") == ["/etc/kubernetes/cni/net.d"]
-    assert flag_values(args, "--cni-bin-dir") == ["/opt/cni/bin", "/usr/libexec/cni"]
-    assert flag_values(args, "--state-file") == ["/var/lib/reaper-state/state.json"]
-    assert flag_values(args, "--quarantine-dir") == ["/var/lib/cni-quarantine"]
-    assert flag_values(args, "--log-format") == ["text"]
-    assert "--force" in args
-    assert args[-1] == "--log-level=warning"  # extraArgs come last
+    args = container(render(chart, CUSTOM))
+    assert setting_values(args, "--mode") == ["scan"]
+    assert setting_values(args, "--listen") == ["$(NODE_IP):19753"]
+    assert setting_values(args, "--interval") == ["2m"]
+    assert setting_values(args, "--min-age") == ["30m"]
+    assert setting_values(args, "--confirmations") == ["3"]
+    assert setting_values(args, "--stuck-after") == ["1h"]
+    assert setting_values(args, "--max-reap") == ["25"]
+    assert setting_values(args, "--max-orphan-ratio") == ["0.25"]
+    assert setting_values(args, "--method") == ["kernel"]
+    assert setting_values(args, "--plugin-timeout") == ["20s"]
+    assert setting_values(args, "--allow-plugin") == ["dhcp", "firewall"]
+    assert setting_values(args, "--stall-after") == ["45m"]
+    assert setting_values(args, "--runtime-endpoint") == ["unix:///var/run/crio/crio.sock"]
+    assert setting_values(args, "--runtime-timeout") == ["5s"]
+    assert setting_values(args, "--netns-dir") == CUSTOM["netnsDirs"]
+    assert setting_values(args, "--netns-pattern") == ["test-[a-z0-9]+"]
+    assert setting_values(args, "--ipam-dir") == CUSTOM["ipamDirs"]
+    assert setting_values(args, "--cni-conf-dir") == ["/etc/kubernetes/cni/net.d"]
+    assert setting_values(args, "--cni-bin-dir") == ["/opt/cni/bin", "/usr/libexec/cni"]
+    assert setting_values(args, "--state-file") == ["/var/lib/reaper-state/state.json"]
+    assert setting_values(args, "--quarantine-dir") == ["/var/lib/cni-quarantine"]
+    assert setting_values(args, "--log-format") == ["text"]
+    assert "--force" in args["args"]
+    assert args["args"][-1] == "--log-level=warning"  # extraArgs come last
 
 
 def test_custom_pod_settings(chart: helm.Chart) -> None:
@@ -498,7 +537,7 @@ def test_nested_paths_get_no_duplicate_mounts(chart: helm.Chart) -> None:
     mounts = mounts_by_path(docs)  # asserts every mountPath is unique
     assert "/var/lib/cni-reaper/quarantine" not in mounts  # inside the writable state dir
     assert [p for p in mounts if p.startswith("/opt/cni")] == ["/opt/cni/bin"]
-    assert flag_values(container(docs)["args"], "--quarantine-dir") == ["/var/lib/cni-reaper/quarantine"]
+    assert setting_values(container(docs), "--quarantine-dir") == ["/var/lib/cni-reaper/quarantine"]
 
 
 def test_one_host_path_with_two_needs_fails_clearly(chart: helm.Chart) -> None:
@@ -685,12 +724,12 @@ def test_a_platform_preset_gives_its_dirs_and_mounts(chart: helm.Chart, name: st
         c = container(docs)
         args = c["args"]
         # Discovery over the mounted socket dirs, not one pinned endpoint.
-        assert flag_values(args, "--runtime-endpoint") == []
-        assert flag_values(args, "--netns-dir") == [want.netns]
-        assert flag_values(args, "--ipam-dir") == want.ipam
-        assert flag_values(args, "--cni-conf-dir") == [want.conf]
-        assert flag_values(args, "--cni-bin-dir") == want.bins
-        settings = settings_from(build_parser().parse_args(args), {})
+        assert setting_values(c, "--runtime-endpoint") == []
+        assert setting_values(c, "--netns-dir") == [want.netns]
+        assert setting_values(c, "--ipam-dir") == want.ipam
+        assert setting_values(c, "--cni-conf-dir") == [want.conf]
+        assert setting_values(c, "--cni-bin-dir") == want.bins
+        settings = settings_from(build_parser().parse_args(args), container_env(c, NODE_IP="10.1.2.3"))
         assert settings.runtime_endpoints == ()
         env = {e["name"]: e.get("value") for e in c["env"]}
         assert env["REAPER_PLATFORM"] == name
@@ -730,11 +769,11 @@ def test_user_values_win_over_the_platform(chart: helm.Chart) -> None:
         "extraHostPaths": ["/run/cni-state"],
     }
     docs = render(chart, values)
-    args = container(docs)["args"]
-    assert flag_values(args, "--netns-dir") == ["/run/k3s/netns"]
-    assert flag_values(args, "--ipam-dir") == ["/srv/ipam"]
-    assert flag_values(args, "--cni-conf-dir") == ["/etc/cni/k3s.d"]
-    assert flag_values(args, "--cni-bin-dir") == ["/usr/libexec/cni"]
+    args = container(docs)
+    assert setting_values(args, "--netns-dir") == ["/run/k3s/netns"]
+    assert setting_values(args, "--ipam-dir") == ["/srv/ipam"]
+    assert setting_values(args, "--cni-conf-dir") == ["/etc/cni/k3s.d"]
+    assert setting_values(args, "--cni-bin-dir") == ["/usr/libexec/cni"]
     mounts = mounts_by_path(docs)
     for path in ("/run/k3s/netns", "/srv/ipam", "/etc/cni/k3s.d", "/usr/libexec/cni", "/run/cni-state"):
         assert path in mounts, path
@@ -742,11 +781,11 @@ def test_user_values_win_over_the_platform(chart: helm.Chart) -> None:
         assert path not in mounts, path
     # What the user did not set is still the platform's: its socket dir, found by discovery.
     assert "/run/k3s/containerd" in mounts
-    assert flag_values(args, "--runtime-endpoint") == []
+    assert setting_values(args, "--runtime-endpoint") == []
 
     # A pinned endpoint is the only runtime asked: only its dir is mounted.
     pinned = render(chart, {"platform": "kubeadm", "runtimeEndpoint": "unix:///run/crio/crio.sock"})
-    assert flag_values(container(pinned)["args"], "--runtime-endpoint") == ["unix:///run/crio/crio.sock"]
+    assert setting_values(container(pinned), "--runtime-endpoint") == ["unix:///run/crio/crio.sock"]
     pinned_mounts = mounts_by_path(pinned)
     assert pinned_mounts["/run/crio"][1]["hostPath"]["type"] == "Directory"
     assert "/run/containerd" not in pinned_mounts
@@ -759,9 +798,9 @@ def test_user_values_win_over_the_platform(chart: helm.Chart) -> None:
 
 
 def test_no_platform_keeps_the_generic_layout(chart: helm.Chart) -> None:
-    args = container(render(chart, {"platform": ""}))["args"]
-    assert flag_values(args, "--runtime-endpoint") == [GENERIC["runtimeEndpoint"]]
-    assert flag_values(args, "--cni-conf-dir") == [GENERIC["cniConfDir"]]
+    args = container(render(chart, {"platform": ""}))
+    assert setting_values(args, "--runtime-endpoint") == [GENERIC["runtimeEndpoint"]]
+    assert setting_values(args, "--cni-conf-dir") == [GENERIC["cniConfDir"]]
     env = {e["name"]: e.get("value") for e in container(render(chart))["env"]}
     assert env["REAPER_PLATFORM"] == ""
 
@@ -769,3 +808,20 @@ def test_no_platform_keeps_the_generic_layout(chart: helm.Chart) -> None:
 def test_an_unknown_platform_is_refused(chart: helm.Chart) -> None:
     with pytest.raises(helm.HelmValuesError):
         chart.render({"platform": "minikube"}, name=RELEASE, namespace=NAMESPACE)
+
+
+def test_doctor_exec_in_the_pod_sees_the_agents_settings(chart: helm.Chart) -> None:
+    """`kubectl exec ds/cni-reaper -- reaper doctor` (or scan, explain) gets no flags, only the
+    container's variables: they must resolve to what the agent itself runs with."""
+    for values in (None, CUSTOM, {"platform": "k3s"}):
+        c = container(render(chart, values))
+        env = container_env(c, NODE_IP="10.1.2.3", NODE_NAME="node-7")
+        agent = settings_from(build_parser().parse_args(c["args"]), env)
+        for command in (["doctor"], ["scan"], ["explain", "x"]):
+            exec_ = settings_from(build_parser().parse_args(command), env)
+            same = ("netns_dirs", "ipam_dirs", "cni_cache_dir", "cni_conf_dir", "cni_bin_dirs", "runtime_endpoints",
+                    "runtime_timeout", "node_name")  # fmt: skip
+            for field in same:
+                assert getattr(exec_, field) == getattr(agent, field), (values, command, field)
+            if command != ["doctor"]:  # doctor checks no grace, so its parser refuses those flags
+                assert exec_.policy == agent.policy and exec_.state_file == agent.state_file
