@@ -205,6 +205,30 @@ def waits_for_plugin(attachment: Attachment, records: Records, configs: Sequence
     )
 
 
+METHOD_ORDER: tuple[ReclaimMethod, ...] = ("cni-del", "kernel", "quarantine")
+
+
+def reclaim_log_fields(attachment: Attachment | None, outcome: ReclaimOutcome) -> dict[str, str]:
+    """What a reclaim's log line says of the attachment: its container ID, network and ifname
+    (or its pin, when it has no container), the pod its cache entry's CNI_ARGS name, when one
+    does (Attachment.pod: both parts read as Kubernetes names, so neither holds a `/`, a space
+    or a newline that could forge a field or a line), and how its resources went: `cni-del`,
+    `kernel`, `quarantine`, or those that did, joined by `+` in that order."""
+    key = outcome.key
+    pod = attachment.pod if attachment is not None else None
+    namespace, _, name = pod.partition("/") if pod is not None else (None, None, None)
+    fields = {
+        "container_id": key.container_id,
+        "network": key.network,
+        "ifname": key.ifname,
+        "netns_pin": key.pin,
+        "pod_namespace": namespace,
+        "pod_name": name,
+        "method": "+".join(m for m in METHOD_ORDER if any(r.method == m for r in outcome.resources)) or None,
+    }
+    return {field: value for field, value in fields.items() if value is not None}
+
+
 def _kept_because(what: str, no_del: bool, pinned: bool) -> str:
     """Why a record a later DEL needs stays, for an attachment whose chain keeps state elsewhere.
     `pinned`: the attachment has a real pin, so what kept its DEL from running was not the want
