@@ -4,11 +4,13 @@ the verify step's word on what is gone."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 
 from reaper.cni.requests import DelRequest
 from reaper.model import Attachment, AttachmentKey, NodeSnapshot, ReclaimOutcome, ResourceOutcome, RuntimeView
@@ -256,3 +258,16 @@ def test_a_reclaim_line_of_a_lone_pin_names_the_pin() -> None:
         "netns_pin": "/run/netns/cni-1",
         "method": "quarantine",
     }
+
+
+def test_a_failed_del_line_names_the_pod_network_and_container(
+    node: FakeNode, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    bin_dir, one, request = plugin_node(node, tmp_path, del_fails=True)
+    one = replace(one, pod="shop/cart-7f9c")  # as reconcile reads it from a cache entry
+    with caplog.at_level(logging.WARNING, logger="test"):
+        reclaimer(node, bin_dirs=(str(bin_dir),)).run([one], {one.key: request})
+    (line,) = [r for r in caplog.records if r.getMessage() == "plugin DEL failed"]
+    expected = {"container_id": cid(1), "network": "mynet", "pod_namespace": "shop", "pod_name": "cart-7f9c"}
+    assert expected.items() <= vars(line).items() and vars(line)["method"] == "cni-del"
+    assert "DEL broke" in vars(line)["error"]
