@@ -1,13 +1,21 @@
-"""Prometheus metrics, named for what they count; one registry per process, no globals."""
+"""Prometheus metrics, named for what they count; one registry per process, no globals.
+
+A `network` label's values come from files others can write (the conf dir, cache entries), and
+each value is a series Prometheus keeps for as long as it is scraped: NetworkLabels bounds them,
+so that a writer who makes a thousand networks makes no more series than the cap.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from reaper.host.atomic import write_atomically
 from reaper.kinds import netconf
 from reaper.kinds.registry import KIND_NAMES
-from reaper.model import PASS_OUTCOMES, VERDICTS, PassOutcome, ReapResult, ScanReport
+from reaper.model import PASS_OUTCOMES, VERDICTS, Attachment, PassOutcome, ReapResult, ScanReport
+from reaper.names import is_cni_id
 
 PASS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 CORRUPT_KINDS = (*KIND_NAMES, netconf.CORRUPT_KIND)  # the kinds, and the network configs
@@ -15,6 +23,45 @@ METHODS = ("cni-del", "kernel", "quarantine")
 
 
 PREFIX = "cni_reaper_"
+
+# The network label: at most this many networks of the conf dirs by name, in a process's life;
+# every other network counts under OTHER_NETWORK, an attachment with none (a lone netns pin)
+# under NO_NETWORK. Neither can be a network's name: those start with a letter or digit.
+MAX_NETWORK_LABELS = 32
+OTHER_NETWORK = "_other"
+NO_NETWORK = "_none"
+
+
+class NetworkLabels:
+    """The `network` label value of each network: its own name while the conf dirs define it
+    and it is one of the first MAX_NETWORK_LABELS names given out (in name order, pass by pass);
+    OTHER_NETWORK for the rest. A name once given out keeps its place, so a series never
+    changes meaning, and the values stay at most `cap` + 2 for as long as the process runs."""
+
+    def __init__(self, cap: int = MAX_NETWORK_LABELS) -> None:
+        self._cap = cap
+        self._given: dict[str, None] = {}  # in the order given out
+        self._defined: frozenset[str] = frozenset()
+
+    def update(self, conf_networks: Iterable[str]) -> tuple[str, ...]:
+        """Take the conf dirs' networks of a pass; return the names given out that it defines."""
+        self._defined = frozenset(n for n in conf_networks if is_cni_id(n))
+        for name in sorted(self._defined):
+            if len(self._given) >= self._cap:
+                break
+            self._given.setdefault(name)
+        return tuple(n for n in self._given if n in self._defined)
+
+    def of(self, network: str | None) -> str:
+        if network is None:
+            return NO_NETWORK
+        return network if network in self._given and network in self._defined else OTHER_NETWORK
+
+
+def _age(attachment: Attachment, created_at: float | None, now: float) -> float:
+    """A resource's age: since its own timestamp, else (the kernel keeps none: a veth) its
+    attachment's age, as the report shows it."""
+    return attachment.age_seconds if created_at is None else max(0.0, now - created_at)
 
 
 def _gauge(registry: CollectorRegistry, name: str, text: str, *labels: str) -> Gauge:
@@ -66,6 +113,22 @@ class ReaperMetrics:
         )
         self.runtime_up = _gauge(r, "runtime_up", "1 when the runtime answered on the last pass.")
         self.breaker_open = _gauge(r, "breaker_open", "1 when the last pass refused to reclaim (too many orphans).")
+        self.oldest_orphan = _gauge(
+            r,
+            "oldest_orphan_age_seconds",
+            "Age of the oldest orphaned resource of each kind on the last pass (0: none).",
+            "kind",
+        )
+        self.network_orphans = _gauge(
+            r, "network_orphans", "Orphaned attachments on the last pass, by network (bounded, see README).", "network"
+        )
+        self.network_reclaimed = _counter(
+            r, "network_reclaimed_attachments", "Orphaned attachments freed whole, by network.", "network"
+        )
+        self.network_del_errors = _counter(
+            r, "network_del_errors", "Plugin DEL runs that failed, by network.", "network"
+        )
+        self.networks = NetworkLabels()
         for verdict in VERDICTS:
             self.attachments.labels(verdict)
             for kind in KIND_NAMES:
@@ -78,6 +141,17 @@ class ReaperMetrics:
             self.corrupt.labels(corrupt_kind)
         for outcome in PASS_OUTCOMES:
             self.passes.labels(outcome)
+        for kind in KIND_NAMES:
+            self.oldest_orphan.labels(kind)
+        self._network_series((OTHER_NETWORK, NO_NETWORK))
+
+    def _network_series(self, labels: Iterable[str]) -> None:
+        """Every series of the network metrics for these values, at 0 until counted: a counter
+        that appears only at its first count hides that count from increase()."""
+        for label in labels:
+            self.network_orphans.labels(label)
+            self.network_reclaimed.labels(label)
+            self.network_del_errors.labels(label)
 
     def observe_scan(self, report: ScanReport) -> None:
         counts = {v: 0 for v in VERDICTS}
@@ -102,6 +176,26 @@ class ReaperMetrics:
         for file_kind, n in corrupt.items():
             self.corrupt.labels(file_kind).set(n)
         self.runtime_up.set(1 if report.runtime.reachable else 0)
+        self._observe_orphans(report)
+
+    def _observe_orphans(self, report: ScanReport) -> None:
+        named = self.networks.update(report.networks)
+        self._network_series(named)
+        oldest = dict.fromkeys(KIND_NAMES, 0.0)
+        per_network = dict.fromkeys((*named, OTHER_NETWORK, NO_NETWORK), 0)
+        for a in report.attachments:
+            if a.verdict != "orphan":
+                continue
+            per_network[self.networks.of(a.key.network)] += 1
+            for ref in a.resources:
+                if ref.kind in oldest:
+                    oldest[ref.kind] = max(oldest[ref.kind], _age(a, ref.created_at, report.taken_at))
+        for kind, seconds in oldest.items():
+            self.oldest_orphan.labels(kind).set(seconds)
+        # Only this pass's values: a network gone from the conf dirs leaves no series behind.
+        self.network_orphans.clear()
+        for label, n in per_network.items():
+            self.network_orphans.labels(label).set(n)
 
     def observe_state(self, saved: bool) -> None:
         if not saved:
@@ -115,6 +209,10 @@ class ReaperMetrics:
             for r in outcome.resources:
                 (self.reclaimed if r.ok else self.reclaim_errors).labels(r.kind, r.method).inc()
             self.plugin_errors.inc(len(outcome.plugin_errors))
+            network = self.networks.of(outcome.key.network)
+            self.network_del_errors.labels(network).inc(len(outcome.plugin_errors))
+            if outcome.ok:
+                self.network_reclaimed.labels(network).inc()
         self.skipped.inc(len(result.skipped))
 
     def observe_pass(self, seconds: float, outcome: PassOutcome, finished_at: float) -> None:

@@ -339,6 +339,9 @@ class ScanReport(Struct, frozen=True, kw_only=True):
     ranges: tuple[IpamRange, ...]
     foreign_pins: tuple[ForeignPin, ...]
     unconfirmed: tuple[UnconfirmedResource, ...] = ()
+    # The networks the node's conf dirs define, as their configs name them (not the ones cache
+    # entries carry): the network label values the metrics may give out (reaper.metrics).
+    networks: tuple[str, ...] = ()
 
     def count(self, verdict: Verdict) -> int:
         return sum(1 for a in self.attachments if a.verdict == verdict)

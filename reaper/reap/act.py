@@ -205,6 +205,35 @@ def waits_for_plugin(attachment: Attachment, records: Records, configs: Sequence
     )
 
 
+METHOD_ORDER: tuple[ReclaimMethod, ...] = ("cni-del", "kernel", "quarantine")
+
+
+def reclaim_log_fields(attachment: Attachment | None, outcome: ReclaimOutcome) -> dict[str, str]:
+    """What a reclaim's log line says of the attachment (attachment_log_fields) and how its
+    resources went: `cni-del`, `kernel`, `quarantine`, or those that did, joined by `+` in that
+    order."""
+    methods = "+".join(m for m in METHOD_ORDER if any(r.method == m for r in outcome.resources))
+    return attachment_log_fields(outcome.key, attachment) | ({"method": methods} if methods else {})
+
+
+def attachment_log_fields(key: AttachmentKey, attachment: Attachment | None) -> dict[str, str]:
+    """What a log line about reclaiming an attachment says of it: its container ID, network and
+    ifname (or its pin, when it has no container) and the pod its cache entry's CNI_ARGS name,
+    when one does (Attachment.pod: both parts read as Kubernetes names, so neither holds a `/`,
+    a space or a newline that could forge a field or a line)."""
+    pod = attachment.pod if attachment is not None else None
+    namespace, _, name = pod.partition("/") if pod is not None else (None, None, None)
+    fields = {
+        "container_id": key.container_id,
+        "network": key.network,
+        "ifname": key.ifname,
+        "netns_pin": key.pin,
+        "pod_namespace": namespace,
+        "pod_name": name,
+    }
+    return {field: value for field, value in fields.items() if value is not None}
+
+
 def _kept_because(what: str, no_del: bool, pinned: bool) -> str:
     """Why a record a later DEL needs stays, for an attachment whose chain keeps state elsewhere.
     `pinned`: the attachment has a real pin, so what kept its DEL from running was not the want
@@ -373,9 +402,11 @@ class Reclaimer(Struct, kw_only=True):
         errors = {key: found for key, found, _, _ in results if found}
         left = {key: why for key, _, why, _ in results if why is not None}
         live = frozenset[NsKey]().union(*(named for _, _, _, named in results))
+        by_key = {a.key: a for a in attachments}
         for key, found in errors.items():
+            fields = {"attachment": key.as_text(), **attachment_log_fields(key, by_key.get(key)), "method": "cni-del"}
             for error in found:
-                self.log.warning("plugin DEL failed", extra={"attachment": key.as_text(), "error": error})
+                self.log.warning("plugin DEL failed", extra={**fields, "error": error})
         return errors, left, live
 
     def _kernel(

@@ -21,6 +21,7 @@ from reaper.reap.act import (
     held_by_others,
     index,
     kept_state,
+    reclaim_log_fields,
     waits_for_plugin,
 )
 from reaper.reap.addresses import addresses_in_use
@@ -159,11 +160,13 @@ def reap_pass(
     skipped += left
     # A runtime that stopped answering during the pass makes it undecided, as at the first re-check.
     lost = next((s.reason.split(": ", 1)[-1] for s in left if s.reason.startswith(UNREACHABLE_AT_RECHECK)), None)
+    judged = {a.key: a for a in selected}
     for outcome in outcomes:
         log.info(
             "reclaimed" if outcome.ok else "reclaim incomplete",
             extra={
                 "attachment": outcome.key.as_text(),
+                **reclaim_log_fields(judged.get(outcome.key), outcome),
                 "resources": ",".join(
                     f"{r.kind}:{r.name}:{r.method}:{'ok' if r.ok else r.error}" for r in outcome.resources
                 ),

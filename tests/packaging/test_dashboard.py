@@ -115,6 +115,10 @@ def test_dashboard_covers_what_an_operator_watches() -> None:
         "cni_reaper_pass_duration_seconds_bucket",
         "cni_reaper_runtime_up",
         "cni_reaper_breaker_open",
+        "cni_reaper_network_orphans",  # where the leaks are, by network
+        "cni_reaper_oldest_orphan_age_seconds",  # what CniReaperOldOrphans watches
+        "cni_reaper_network_reclaimed_attachments_total",
+        "cni_reaper_network_del_errors_total",
     ):
         assert needed in used, needed
     ids = [p["id"] for p in panels(doc)]
@@ -130,6 +134,11 @@ def test_dashboard_covers_what_an_operator_watches() -> None:
     # Every leak panel groups by the node label picked in the variable.
     leaks = next(p for p in panels(doc) if "cni_reaper_resources" in p["targets"][0]["expr"])
     assert "by ($node_label, kind)" in leaks["targets"][0]["expr"]
+    # The network panels group by the node label and the (bounded) network label.
+    for panel in panels(doc):
+        for target in panel.get("targets", []):
+            if "cni_reaper_network_" in target["expr"]:
+                assert "by ($node_label, network)" in target["expr"], panel["title"]
     variables = {v["name"]: v for v in doc["templating"]["list"]}
     assert [o["value"] for o in variables["node_label"]["options"]] == list(NODE_LABELS)
 

@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
-from reaper.model import AttachmentHistory, Holder, NsKey, Policy, ScanReport
+from reaper.kinds.netconf import parse_network_config
+from reaper.model import AttachmentHistory, Holder, NetworkConfig, NsKey, Policy, ScanReport
 from reaper.reconcile import reconcile
 from tests.harness.snapshots import (
     HOST,
@@ -236,3 +237,13 @@ def test_a_veth_goes_where_its_peer_lives_not_where_a_cache_entry_names_it() -> 
         snapshot(veths=(veth(3, resolved=False),), caches=(cache(3, OLD),)), runtime(), {}, POLICY, NOW
     )
     assert [sorted(r.kind for r in a.resources) for a in report.attachments] == [["cache"]]
+
+
+def test_the_report_names_the_conf_dirs_networks_not_the_ones_cache_entries_carry() -> None:
+    def config(name: str, path: str) -> NetworkConfig:
+        return parse_network_config(f'{{"cniVersion": "1.0.0", "name": "{name}", "type": "bridge"}}'.encode(), path)
+
+    configs = (config("a", "/etc/cni/net.d/a.conf"), config("b", "/b.conf"), config("a", "/c.conf"),
+               config("stray", "cache:/var/lib/cni/results/stray-1-eth0"))  # fmt: skip
+    report, _ = reconcile(replace(snapshot(), configs=configs), runtime(), {}, POLICY, NOW)
+    assert report.networks == ("a", "b")

@@ -4,13 +4,16 @@ the dry-run plan, the stop flag, and a runtime lost at a re-check."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from msgspec.structs import replace
 
+from reaper.logs import JsonFormatter, TextFormatter
 from reaper.model import Attachment, ReapResult, RuntimeView
 from reaper.reap import act, reap_pass, run
 from reaper.reap.act import UNREACHABLE_AT_RECHECK
@@ -24,7 +27,7 @@ from tests.harness.reclaim_fakes import (
     report_of,
     scan_result,
 )
-from tests.harness.snapshots import runtime, sandbox
+from tests.harness.snapshots import cid, runtime, sandbox
 
 LOG = logging.getLogger("test")
 
@@ -210,3 +213,45 @@ def test_an_orphan_whose_resources_or_steps_changed_is_not_reclaimed(
     assert reasons[one.key].startswith("its resources changed since the plan: 1 new")
     assert [o.key for o in result.reclaimed] == [two.key]
     assert "more-1" in {r.name for r in node.records.values()}
+
+
+def test_every_reclaim_line_names_the_pod_network_container_and_method(
+    reap: Pass, node: FakeNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The pod as reconcile reads it from the attachment's cache entry (reaper.kinds.cache.ref).
+    podded = replace(node.attachment(1, node.add("res-1"), node.add("last-1", FAKE_LAST)), pod="shop/cart-7f9c")
+    bare = node.attachment(2, node.add("res-2"), network="other-net")  # podman's: no pod in its args
+    node.leave["res-2"] = "EBUSY"
+    with caplog.at_level(logging.INFO, logger=LOG.name):
+        reap(podded, bare, *live(node, 3, 4, 5))
+    lines = {
+        vars(r)["container_id"]: r for r in caplog.records if r.getMessage() in ("reclaimed", "reclaim incomplete")
+    }
+    assert set(lines) == {cid(1), cid(2)}
+    one, two = lines[cid(1)], lines[cid(2)]
+    assert one.getMessage() == "reclaimed" and two.getMessage() == "reclaim incomplete"
+    fields = {
+        "pod_namespace": "shop",
+        "pod_name": "cart-7f9c",
+        "network": "mynet",
+        "ifname": "eth0",
+        "method": "kernel",
+    }
+    assert fields.items() <= vars(one).items()
+    assert {"network": "other-net", "method": "kernel"}.items() <= vars(two).items()
+    assert "pod_namespace" not in vars(two) and "pod_name" not in vars(two)
+    # Both log formats carry them: JSON as fields, text as key=value.
+    doc = json.loads(JsonFormatter().format(one))
+    assert doc["msg"] == "reclaimed"
+    expected = {"container_id": cid(1), "network": "mynet", "pod_namespace": "shop", "pod_name": "cart-7f9c"}
+    assert expected.items() <= doc.items() and doc["method"] == "kernel"
+    text = TextFormatter().format(one)
+    assert text.startswith("info: reclaimed ")
+    for field in (
+        "pod_namespace=shop",
+        "pod_name=cart-7f9c",
+        "network=mynet",
+        f"container_id={cid(1)}",
+        "method=kernel",
+    ):
+        assert f" {field}" in text, field

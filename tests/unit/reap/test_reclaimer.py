@@ -4,16 +4,18 @@ the verify step's word on what is gone."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 
 from reaper.cni.requests import DelRequest
-from reaper.model import Attachment, NodeSnapshot, RuntimeView
+from reaper.model import Attachment, AttachmentKey, NodeSnapshot, ReclaimOutcome, ResourceOutcome, RuntimeView
 from reaper.reap import act
-from reaper.reap.act import UNREACHABLE_AT_RECHECK, Reclaimer
+from reaper.reap.act import UNREACHABLE_AT_RECHECK, Reclaimer, reclaim_log_fields
 from tests.harness.passes import bare_reclaimer
 from tests.harness.reclaim_fakes import (
     FAKE_LAST,
@@ -236,3 +238,36 @@ def test_a_del_that_raises_is_that_attachments_error(
     outcomes, _ = reclaimer(node, bin_dirs=(str(bin_dir),)).run([one], {one.key: request})
     assert outcomes[0].plugin_errors == ("DEL failed unexpectedly: OSError: no fork",)
     assert outcomes[0].ok, "the kernel step frees what DEL did not"
+
+
+def test_a_reclaim_line_says_del_and_kernel_when_both_freed_something(node: FakeNode, tmp_path: Path) -> None:
+    bin_dir, one, request = plugin_node(node, tmp_path, del_fails=False)
+    outcomes, _ = reclaimer(node, bin_dirs=(str(bin_dir),)).run([one], {one.key: request})
+    assert reclaim_log_fields(one, outcomes[0]) == {
+        "container_id": cid(1),
+        "network": "mynet",
+        "ifname": "eth0",
+        "method": "cni-del+kernel",
+    }
+
+
+def test_a_reclaim_line_of_a_lone_pin_names_the_pin() -> None:
+    key = AttachmentKey(None, None, None, "/run/netns/cni-1")
+    freed = ResourceOutcome(kind="netns", name="cni-1", method="quarantine", ok=True, error=None)
+    assert reclaim_log_fields(None, ReclaimOutcome(key, (freed,), ())) == {
+        "netns_pin": "/run/netns/cni-1",
+        "method": "quarantine",
+    }
+
+
+def test_a_failed_del_line_names_the_pod_network_and_container(
+    node: FakeNode, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    bin_dir, one, request = plugin_node(node, tmp_path, del_fails=True)
+    one = replace(one, pod="shop/cart-7f9c")  # as reconcile reads it from a cache entry
+    with caplog.at_level(logging.WARNING, logger="test"):
+        reclaimer(node, bin_dirs=(str(bin_dir),)).run([one], {one.key: request})
+    (line,) = [r for r in caplog.records if r.getMessage() == "plugin DEL failed"]
+    expected = {"container_id": cid(1), "network": "mynet", "pod_namespace": "shop", "pod_name": "cart-7f9c"}
+    assert expected.items() <= vars(line).items() and vars(line)["method"] == "cni-del"
+    assert "DEL broke" in vars(line)["error"]
