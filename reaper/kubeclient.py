@@ -99,16 +99,17 @@ def status_of(err: BaseException) -> int | None:
     return err.response.status_code if isinstance(err, httpx.HTTPStatusError) else None
 
 
-def describe(err: BaseException, sa: ServiceAccount) -> str:
-    """One line for an error a lightkube call raised (one of API_FAILURES)."""
+def describe(err: BaseException, where: str) -> str:
+    """One line for an error a lightkube call raised (one of API_FAILURES) to the API server at
+    `where` (host:port)."""
     if isinstance(err, httpx.HTTPStatusError):
         return f"HTTP {err.response.status_code} ({err.response.reason_phrase})"
     if isinstance(err, AnswerTooLarge):
         return str(err)
     if isinstance(err, httpx.TimeoutException):
-        return f"the API server at {sa.where} did not answer in time ({type(err).__name__})"
+        return f"the API server at {where} did not answer in time ({type(err).__name__})"
     if isinstance(err, httpx.HTTPError | OSError):  # TLS failures included
-        return f"the API server at {sa.where} did not answer: {err}"
+        return f"the API server at {where} did not answer: {err}"
     if isinstance(err, msgspec.ValidationError):
         return f"the answer is not what was asked for ({err})"
     return f"the answer is not JSON ({err})"  # msgspec.DecodeError, json's: both ValueErrors

@@ -95,12 +95,13 @@ def from_api(node_name: str, env: Mapping[str, str], timeout: float = API_TIMEOU
     except API_FAILURES as err:
         status = status_of(err)
         if status is None and not isinstance(err, ValueError) and "answer larger" not in str(err):
-            raise PodCidrError(describe(err, sa)) from None
+            raise PodCidrError(describe(err, sa.where)) from None
         raise PodCidrError(f"GET node {node_name}: {_answer_problem(err, status, sa)}") from None
     return node_pod_cidrs(node.to_dict(), node_name)
 
 
 def _answer_problem(err: BaseException, status: int | None, sa: ServiceAccount) -> str:
+    """The one line for a failed GET of the Node."""
     import msgspec  # noqa: PLC0415
 
     from reaper.kubeclient import describe  # noqa: PLC0415
@@ -110,7 +111,7 @@ def _answer_problem(err: BaseException, status: int | None, sa: ServiceAccount) 
         return f"HTTP {status} ({why})"
     if isinstance(err, msgspec.ValidationError):  # JSON, not of a Node's shape
         return f"the answer is not a Node ({err})"
-    return describe(err, sa)
+    return describe(err, sa.where)
 
 
 def resolve_pod_cidrs(given: Iterable[str], node_name: str | None, env: Mapping[str, str]) -> PodCidrs | None:
