@@ -28,7 +28,6 @@ import contextlib
 import datetime
 import logging
 import queue
-import re
 import threading
 import time
 from collections import Counter
@@ -37,7 +36,7 @@ from typing import TYPE_CHECKING, Literal
 
 from msgspec import Struct
 
-from reaper.kubeapi import KubeApiError, in_cluster, service_account
+from reaper.kubeapi import KubeApiError, in_cluster, is_node_name, service_account
 from reaper.model import ReapResult, ScanReport, ScanResult
 
 if TYPE_CHECKING:
@@ -52,8 +51,6 @@ QUEUE_PASSES = 4  # passes whose Events may wait for the poster; a newer one is 
 MAX_KEYS = 256  # keys remembered at most, the oldest forgotten first
 MAX_NOTE = 1024  # events.k8s.io's limit on `note`
 MAX_PODS = 10  # pods named in one LeaksReclaimed note; the rest are counted
-# RFC 1123 subdomain, as Kubernetes names nodes (and as an Event's name must be)
-NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 EventType = Literal["Normal", "Warning"]
 
@@ -72,7 +69,9 @@ class NodeEvent(Struct, frozen=True, kw_only=True):
 
 
 def _cut(text: str, limit: int = MAX_NOTE) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    """`text` in at most `limit` bytes of UTF-8, as the API counts a note."""
+    raw = text.encode()
+    return text if len(raw) <= limit else raw[: limit - 3].decode(errors="ignore") + "..."
 
 
 def _age(seconds: float) -> str:
@@ -170,8 +169,16 @@ class _Series(Struct, kw_only=True):
     written_at: float  # when the API last heard of it (the post, or a series patch)
 
 
-def _iso(at: float) -> datetime.datetime:
-    return datetime.datetime.fromtimestamp(at, datetime.UTC)
+def _micro_time(at: float) -> datetime.datetime:
+    """`at` for a MicroTime field. The API parses one with exactly six fractional digits, and
+    msgspec writes none for a whole second: such a time is moved on by a microsecond."""
+    moment = datetime.datetime.fromtimestamp(at, datetime.UTC)
+    return moment if moment.microsecond else moment.replace(microsecond=1)
+
+
+def _micro_text(at: float) -> str:
+    """`at` as the API writes a MicroTime (RFC 3339, six fractional digits, UTC)."""
+    return datetime.datetime.fromtimestamp(at, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class EventPoster:
@@ -264,7 +271,10 @@ class EventPoster:
         except API_FAILURES as err:
             if status_of(err) == 404 and seen is not None:
                 del self.series[event.key]  # its Event expired: the next one is posted anew
-            return self._failed(describe(err, self.where))
+            problem = describe(err, self.where)
+            if status_of(err) == 403:
+                problem += ": the service account may not post events.k8s.io Events (the chart's events.enabled)"
+            return self._failed(problem)
         except Exception as err:  # lightkube or httpx raising what no API call should
             return self._failed(f"{type(err).__name__}: {err}")
         if self.failing is not None:
@@ -299,7 +309,7 @@ class EventPoster:
         name = f"{self.node[:236]}.{time.time_ns():x}"
         body = Event(
             metadata=ObjectMeta(name=name, namespace=NAMESPACE),
-            eventTime=_iso(at),
+            eventTime=_micro_time(at),
             reportingController=CONTROLLER,
             reportingInstance=self.node[:128],
             action=event.action,
@@ -315,7 +325,7 @@ class EventPoster:
         from lightkube.resources.events_v1 import Event  # noqa: PLC0415
         from lightkube.types import PatchType  # noqa: PLC0415
 
-        series = {"series": {"count": seen.count, "lastObservedTime": _iso(seen.last_seen).isoformat()}}
+        series = {"series": {"count": seen.count, "lastObservedTime": _micro_text(seen.last_seen)}}
         client.patch(Event, seen.name, series, namespace=NAMESPACE, patch_type=PatchType.MERGE)
         return seen.name
 
@@ -340,7 +350,7 @@ def events_from(enabled: bool, node: str | None, env: Mapping[str, str], log: lo
     if not in_cluster(env):
         log.info("events off: not in a pod (no KUBERNETES_SERVICE_HOST), so no API to post them to")
         return None
-    if not node or not NODE_NAME.fullmatch(node) or len(node) > 253:
+    if not node or not is_node_name(node):  # it names the Event too: an RFC 1123 subdomain
         log.info("events off: no valid --node-name to post them on", extra={"node": (node or "")[:80]})
         return None
 

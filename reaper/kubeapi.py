@@ -21,6 +21,13 @@ API_TIMEOUT = 5.0
 MAX_SECRET_BYTES = 1 << 20
 # RFC 6750's b64token: what a service-account token (a JWT) is made of
 _BEARER_TOKEN = re.compile(r"[A-Za-z0-9._~+/-]+=*")
+# RFC 1123 subdomain, as Kubernetes names nodes
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def is_node_name(name: str) -> bool:
+    """A name Kubernetes could have given a Node (and so safe in an API path)."""
+    return len(name) <= 253 and _NODE_NAME.fullmatch(name) is not None
 
 
 class KubeApiError(Exception):

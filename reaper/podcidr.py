@@ -10,16 +10,13 @@ missing pod CIDR never changes what is reclaimed.
 from __future__ import annotations
 
 import ipaddress
-import re
 from collections.abc import Iterable, Mapping
 
 from msgspec import Struct
 
-from reaper.kubeapi import API_TIMEOUT, KubeApiError, ServiceAccount, in_cluster, service_account
+from reaper.kubeapi import API_TIMEOUT, KubeApiError, ServiceAccount, in_cluster, is_node_name, service_account
 
 MAX_NODE_BYTES = 8 << 20  # a Node with its image list is tens of KB; more is not a Node
-# RFC 1123 subdomain, as Kubernetes names nodes
-_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 class PodCidrError(Exception):
@@ -78,7 +75,7 @@ def node_pod_cidrs(doc: object, node_name: str) -> PodCidrs:
 def from_api(node_name: str, env: Mapping[str, str], timeout: float = API_TIMEOUT) -> PodCidrs:
     """GET /api/v1/nodes/NAME with the pod's service account (reaper.kubeapi), verified against
     its CA, the answer decoded as lightkube's core/v1 Node."""
-    if not _NODE_NAME.fullmatch(node_name) or len(node_name) > 253:
+    if not is_node_name(node_name):
         raise PodCidrError(f"{node_name[:80]!r} is not a node name")
     try:
         sa = service_account(env)
