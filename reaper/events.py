@@ -295,6 +295,7 @@ class EventPoster:
             if status_of(err) != 401:
                 raise
             self.client.close()
+            self.client = None  # a failing connect leaves none, and the next call tries again
             self.client = self.connect()
             result = write(self.client)
         self.posted += 1
@@ -305,8 +306,9 @@ class EventPoster:
         from lightkube.models.meta_v1 import ObjectMeta  # noqa: PLC0415
         from lightkube.resources.events_v1 import Event  # noqa: PLC0415
 
-        # As client-go names them: the object's name, a dot, the time in hex nanoseconds.
-        name = f"{self.node[:236]}.{time.time_ns():x}"
+        # As client-go names them: the object's name, a dot, the time in hex nanoseconds (a name
+        # cut short must still end in a letter or digit).
+        name = f"{self.node[:236].rstrip('-.')}.{time.time_ns():x}"
         body = Event(
             metadata=ObjectMeta(name=name, namespace=NAMESPACE),
             eventTime=_micro_time(at),
