@@ -260,17 +260,14 @@ class EventPoster:
             if seen is not None and at - seen.last_seen < self.window:
                 seen.count += 1
                 seen.last_seen = at
-                if at - seen.written_at >= self.window:
-                    self._call(lambda c: self._patch(c, seen))
+                if at - seen.written_at >= self.window and self._patched(event.key, seen):
                     seen.written_at = at
-            else:
+            if event.key not in self.series:
                 name = self._call(lambda c: self._post(c, event, at))
                 self.series[event.key] = _Series(name=name, count=1, last_seen=at, written_at=at)
         except KubeApiError as err:
             return self._failed(str(err))
         except API_FAILURES as err:
-            if status_of(err) == 404 and seen is not None:
-                del self.series[event.key]  # its Event expired: the next one is posted anew
             problem = describe(err, self.where)
             if status_of(err) == 403:
                 problem += ": the service account may not post events.k8s.io Events (the chart's events.enabled)"
@@ -280,6 +277,20 @@ class EventPoster:
         if self.failing is not None:
             self.log.info("events posted again", extra={"after": self.failing})
             self.failing = None
+        return True
+
+    def _patched(self, key: str, seen: _Series) -> bool:
+        """Patch `seen`'s series; False when its Event is gone (the API keeps Events for an hour
+        by default): its key is then forgotten, and a new Event is posted."""
+        from reaper.kubeclient import API_FAILURES, status_of  # noqa: PLC0415
+
+        try:
+            self._call(lambda c: self._patch(c, seen))
+        except API_FAILURES as err:
+            if status_of(err) != 404:
+                raise
+            del self.series[key]
+            return False
         return True
 
     def _call(self, write: Callable[[Client], str]) -> str:

@@ -444,4 +444,27 @@ def test_a_refused_token_is_read_again_once(api: ApiServer, tmp_path: Path, capl
     events.close()
     assert connects == ["stale-token", TOKEN]
     assert [body["reason"] for body in api.events.values()] == ["BreakerOpen"]
-    assert events.failing is None and not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert events.failing is None and not [r for r in caplog.records if r.getMessage().startswith("events")]
+
+
+def test_a_series_whose_event_expired_starts_a_new_event(
+    api: ApiServer, node: FakeNode, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    scanned(monkeypatch, node, orphan(node, 1), orphan(node, 2), *live(node, 3))
+    clock = Clock()
+    events = poster(api, clock, window=100.0)
+    agent = make_agent(tmp_path, clock, events, max_orphan_ratio=0.5)
+    caplog.set_level(logging.INFO, logger=LOG)
+    agent.run_pass()
+    deadline = time.monotonic() + 10
+    while not api.events and time.monotonic() < deadline:  # stored once answered, after the write is seen
+        time.sleep(0.01)
+    api.events.clear()  # the API let it expire
+    for now in (60.0, 120.0):
+        clock.now = 1_000_000.0 + now
+        agent.run_pass()
+    assert api.wait_for_writes(3), (api.writes, events.failing)
+    events.close()
+    assert [method for method, *_ in api.writes] == ["POST", "PATCH", "POST"]
+    assert [body["reason"] for body in api.events.values()] == ["BreakerOpen"]
+    assert not [r for r in caplog.records if r.getMessage().startswith("events")]  # an expiry is no failure
