@@ -82,16 +82,7 @@ def _age(seconds: float) -> str:
 def _pods_reclaimed(result: ReapResult) -> list[str]:
     """namespace/name of each reclaimed attachment whose cache entry's CNI_ARGS named its pod."""
     freed = {o.key for o in result.reclaimed if any(r.ok for r in o.resources)}
-    pods: list[str] = []
-    for attachment in result.report.attachments:
-        if attachment.key not in freed:
-            continue
-        for ref in attachment.resources:
-            namespace, name = ref.details.get("pod_namespace"), ref.details.get("pod_name")
-            if isinstance(namespace, str) and isinstance(name, str):  # a cache entry's (reaper.kinds.cache)
-                pods.append(f"{namespace}/{name}")
-                break
-    return sorted(set(pods))
+    return sorted({a.pod for a in result.report.attachments if a.key in freed and a.pod is not None})
 
 
 def _leaks_reclaimed(result: ReapResult) -> NodeEvent | None:

@@ -30,7 +30,7 @@ from reaper.events import (
 from reaper.kinds.registry import KIND_NAMES
 from reaper.kubeapi import service_account
 from reaper.kubeclient import api_client
-from reaper.model import Attachment, IpamRange, ReclaimOutcome, ResourceOutcome, ResourceRef, StuckSandbox
+from reaper.model import Attachment, IpamRange, ReclaimOutcome, ResourceOutcome, StuckSandbox
 from reaper.reap import act, run
 from reaper.settings import AgentSettings, agent_settings_from, resolve
 from tests.harness.apiserver import EVENTS, TOKEN, ApiServer, api_server
@@ -94,11 +94,9 @@ def scanned(monkeypatch: pytest.MonkeyPatch, node: FakeNode, *attachments: Attac
 
 
 def orphan(node: FakeNode, n: int, pod: tuple[str, str] | None = None) -> Attachment:
-    """Attachment n, ownerless; its last resource (the cache entry's stand-in) names `pod`."""
-    last = node.add(f"last-{n}", FAKE_LAST)
-    if pod is not None:
-        last = replace(last, details={"pod_namespace": pod[0], "pod_name": pod[1]})
-    return node.attachment(n, node.add(f"res-{n}"), last)
+    """Attachment n, ownerless, of `pod` (as its cache entry's CNI_ARGS would name it)."""
+    attachment = node.attachment(n, node.add(f"res-{n}"), node.add(f"last-{n}", FAKE_LAST))
+    return attachment if pod is None else replace(attachment, pod=f"{pod[0]}/{pod[1]}")
 
 
 def live(node: FakeNode, *ns: int) -> list[Attachment]:
@@ -344,7 +342,7 @@ def test_events_are_on_by_default_and_off_by_flag_or_variable() -> None:
     assert agent_settings_from(parser.parse_args(["run", "--events", "off"]), {}).events is False
     assert agent_settings_from(parser.parse_args(["run"]), {"REAPER_EVENTS": "off"}).events is False
     assert agent_settings_from(parser.parse_args(["run", "--events=on"]), {"REAPER_EVENTS": "off"}).events is True
-    with pytest.raises(ValueError, match="--events: 'maybe' is not on or off"):
+    with pytest.raises(ValueError, match="'maybe' is not on or off"):
         resolve(parser.parse_args(["run", "--events", "maybe"]), {})
 
 
@@ -397,29 +395,6 @@ def test_a_hostile_pod_name_in_cni_args_is_not_reported(tmp_path: Path) -> None:
     inventory = collect_cache(str(tmp_path), {"mynet"})
     pods = sorted(f"{e.pod_namespace}/{e.pod_name}" for e in inventory.entries)
     assert pods == ["None/None", "None/None", "None/None", "shop/web-1"]
-
-
-def test_cache_refs_carry_the_pod() -> None:
-    from reaper.kinds import cache  # noqa: PLC0415
-
-    ref: ResourceRef = cache.ref(
-        cache.CacheEntry(
-            path="/x",
-            name="x",
-            container_id=cid(1),
-            network="mynet",
-            ifname="eth0",
-            netns_path=None,
-            netns=None,
-            host_ifnames=(),
-            legacy=False,
-            mtime=0.0,
-            cache_dir="/",
-            pod_namespace="shop",
-            pod_name="web-1",
-        )
-    )
-    assert ref.details["pod_namespace"] == "shop" and ref.details["pod_name"] == "web-1"
 
 
 def test_a_refused_token_is_read_again_once(api: ApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
