@@ -13,10 +13,11 @@ from types import FrameType
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
+from reaper.events import EventPoster
 from reaper.host.memo import InventoryMemo
 from reaper.http import HealthServer
 from reaper.metrics import ReaperMetrics
-from reaper.model import VERDICTS, PassOutcome
+from reaper.model import VERDICTS, PassOutcome, ReapResult, ScanResult
 from reaper.reap import reap_pass
 from reaper.runtime.liveness import LivenessSource
 from reaper.scan import scan_pass
@@ -37,6 +38,7 @@ class Agent:
         liveness: LivenessSource,
         log: logging.Logger,
         clock: Callable[[], float] = time.time,
+        events: EventPoster | None = None,
     ) -> None:
         self.settings = settings
         self.reap = reap
@@ -44,6 +46,7 @@ class Agent:
         self.liveness = liveness
         self.log = log
         self.clock = clock
+        self.events = events  # None: no Events (off, or no API to post them to)
         self.metrics = ReaperMetrics()
         self.memo = InventoryMemo()
         self.kept = KeptState()  # the state file read once; then counted from what this process saved
@@ -87,6 +90,7 @@ class Agent:
             fields: dict[str, object] = {v: scanned.report.count(v) for v in VERDICTS}
             if scanned.problem is not None:
                 fields["error"] = scanned.problem
+            self._tell(scanned)
             return scanned.outcome, fields
         reaped = reap_pass(
             self.settings, self.reap, self.liveness, self.log, self.clock, self.memo, self.stop, kept=self.kept
@@ -98,7 +102,14 @@ class Agent:
         fields["reclaimed"] = sum(1 for o in reaped.reclaimed if o.ok)
         fields["incomplete"] = sum(1 for o in reaped.reclaimed if not o.ok)
         fields["skipped"] = len(reaped.skipped)
+        self._tell(reaped)
         return reaped.outcome, fields
+
+    def _tell(self, result: ReapResult | ScanResult) -> None:
+        """The pass's Events to the poster, which sends them in its own thread: never waits, never
+        raises (reaper.events)."""
+        if self.events is not None:
+            self.events.submit(result)
 
     # ------------------------------------------------------------------ health
 
@@ -156,5 +167,7 @@ class Agent:
             pass
         scheduler.shutdown(wait=True)  # the running pass sees the stop and ends its current step
         server.close()
+        if self.events is not None:
+            self.events.close()
         self.log.info("agent stopped", extra={"passes": self.passes})
         return 0

@@ -300,6 +300,7 @@ def _write_textfile(path: str | None, metrics: ReaperMetrics, log: logging.Logge
 
 def _run(args: argparse.Namespace) -> int:
     from reaper.agent import Agent  # noqa: PLC0415
+    from reaper.events import events_from  # noqa: PLC0415
 
     settings, _ = _settings(args)
     reap = reap_settings_from(args)
@@ -307,8 +308,9 @@ def _run(args: argparse.Namespace) -> int:
     log = setup_logging(settings.log_format, settings.log_level)
     _warn_dirs(settings, log)
     liveness = liveness_from(settings)
+    events = events_from(agent_settings.events, settings.node_name, os.environ, log)
     try:
-        agent = Agent(settings, reap, agent_settings, liveness, log)
+        agent = Agent(settings, reap, agent_settings, liveness, log, events=events)
         return agent.run()
     except OSError as err:
         print(

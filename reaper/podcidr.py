@@ -10,23 +10,13 @@ missing pod CIDR never changes what is reclaimed.
 from __future__ import annotations
 
 import ipaddress
-import os
-import re
 from collections.abc import Iterable, Mapping
 
 from msgspec import Struct
 
-from reaper.host.confined import UnfitFile, read_admins
-from reaper.host.jsondoc import parse_json
+from reaper.kubeapi import API_TIMEOUT, KubeApiError, ServiceAccount, in_cluster, is_node_name, service_account
 
-SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-API_TIMEOUT = 5.0
 MAX_NODE_BYTES = 8 << 20  # a Node with its image list is tens of KB; more is not a Node
-MAX_SECRET_BYTES = 1 << 20
-# RFC 6750's b64token: what a service-account token (a JWT) is made of
-_BEARER_TOKEN = re.compile(r"[A-Za-z0-9._~+/-]+=*")
-# RFC 1123 subdomain, as Kubernetes names nodes
-_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 class PodCidrError(Exception):
@@ -63,7 +53,11 @@ def pod_cidrs_from(values: Iterable[str], source: str) -> PodCidrs:
 
 def node_pod_cidrs(doc: object, node_name: str) -> PodCidrs:
     """The pod CIDRs of a Node object as the API server returns it."""
-    if not isinstance(doc, dict) or doc.get("kind") != "Node":
+    # lightkube sets `kind` from the type it decodes into: the name asked for is what tells a
+    # Node from another object, so both are checked.
+    metadata = doc.get("metadata") if isinstance(doc, dict) else None
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    if not isinstance(doc, dict) or doc.get("kind") != "Node" or name != node_name:
         raise PodCidrError(f"the API server's answer for node {node_name} is not a Node")
     spec = doc.get("spec")
     spec = spec if isinstance(spec, dict) else {}
@@ -78,66 +72,43 @@ def node_pod_cidrs(doc: object, node_name: str) -> PodCidrs:
     return pod_cidrs_from(values, f"node {node_name}'s spec.podCIDRs")
 
 
-def _read_secret(directory: str, name: str) -> bytes:
-    path = os.path.join(directory, name)
-    try:
-        return read_admins(path, MAX_SECRET_BYTES)
-    except OSError as err:
-        raise PodCidrError(f"cannot read {path}: {err.strerror or err}") from None
-    except UnfitFile as err:
-        raise PodCidrError(f"cannot read {path}: {err}") from None
-
-
-def in_cluster(env: Mapping[str, str]) -> bool:
-    """Running in a pod that may ask the API server (the variables every pod gets)."""
-    return bool(env.get("KUBERNETES_SERVICE_HOST") and env.get("KUBERNETES_SERVICE_PORT"))
-
-
 def from_api(node_name: str, env: Mapping[str, str], timeout: float = API_TIMEOUT) -> PodCidrs:
-    """GET /api/v1/nodes/NAME with the pod's service account token, verified against its CA."""
-    # Imported here: only an agent in a pod asks the API, and ssl costs every other start.
-    import http.client  # noqa: PLC0415
-    import ssl  # noqa: PLC0415
-
-    if not _NODE_NAME.fullmatch(node_name) or len(node_name) > 253:
+    """GET /api/v1/nodes/NAME with the pod's service account (reaper.kubeapi), verified against
+    its CA, the answer decoded as lightkube's core/v1 Node."""
+    if not is_node_name(node_name):
         raise PodCidrError(f"{node_name[:80]!r} is not a node name")
-    sa_dir = env.get("REAPER_SERVICEACCOUNT_DIR") or SERVICEACCOUNT_DIR
-    token = _read_secret(sa_dir, "token").decode("ascii", "replace").strip()
-    if not _BEARER_TOKEN.fullmatch(token):  # nothing else goes into a header
-        raise PodCidrError(f"{sa_dir}/token is not a bearer token")
-    context = ssl.create_default_context()
     try:
-        context.load_verify_locations(cadata=_read_secret(sa_dir, "ca.crt").decode("ascii", "replace"))
-    except (ssl.SSLError, ValueError) as err:  # ValueError: no certificate in it at all
-        raise PodCidrError(f"{sa_dir}/ca.crt is not a CA certificate: {getattr(err, 'reason', None) or err}") from None
-    host, port = env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]
-    if not port.isdigit():
-        raise PodCidrError(f"KUBERNETES_SERVICE_PORT {port[:20]!r} is not a port")
-    conn = http.client.HTTPSConnection(host, int(port), timeout=timeout, context=context)
+        sa = service_account(env)
+    except KubeApiError as err:
+        raise PodCidrError(str(err)) from None
+    # Imported here: only an agent in a pod asks the API, and the client costs every other start.
+    from lightkube.resources.core_v1 import Node  # noqa: PLC0415
+
+    from reaper.kubeclient import API_FAILURES, api_client, describe, status_of  # noqa: PLC0415
+
     try:
-        conn.request(
-            "GET",
-            f"/api/v1/nodes/{node_name}",
-            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
-        )
-        response = conn.getresponse()
-        body = response.read(MAX_NODE_BYTES + 1)
-    except (OSError, http.client.HTTPException) as err:  # TLS failures included
-        raise PodCidrError(f"the API server at {host}:{port} did not answer: {err}") from None
-    finally:
-        conn.close()
-    if response.status != 200:
-        reason = {401: "the token was refused", 403: "the service account may not get nodes"}.get(
-            response.status, response.reason
-        )
-        raise PodCidrError(f"GET node {node_name}: HTTP {response.status} ({reason})")
-    if len(body) > MAX_NODE_BYTES:
-        raise PodCidrError(f"GET node {node_name}: answer larger than {MAX_NODE_BYTES >> 20} MiB")
-    try:
-        doc = parse_json(body)
-    except ValueError as err:
-        raise PodCidrError(f"GET node {node_name}: answer is not JSON ({err})") from None
-    return node_pod_cidrs(doc, node_name)
+        with api_client(sa, timeout=timeout, max_answer=MAX_NODE_BYTES) as client:
+            node = client.get(Node, node_name)
+    except API_FAILURES as err:
+        status = status_of(err)
+        if status is None and not isinstance(err, ValueError) and "answer larger" not in str(err):
+            raise PodCidrError(describe(err, sa.where)) from None
+        raise PodCidrError(f"GET node {node_name}: {_answer_problem(err, status, sa)}") from None
+    return node_pod_cidrs(node.to_dict(), node_name)
+
+
+def _answer_problem(err: BaseException, status: int | None, sa: ServiceAccount) -> str:
+    """The one line for a failed GET of the Node."""
+    import msgspec  # noqa: PLC0415
+
+    from reaper.kubeclient import describe  # noqa: PLC0415
+
+    why = {401: "the token was refused", 403: "the service account may not get nodes"}.get(status or 0)
+    if why:
+        return f"HTTP {status} ({why})"
+    if isinstance(err, msgspec.ValidationError):  # JSON, not of a Node's shape
+        return f"the answer is not a Node ({err})"
+    return describe(err, sa.where)
 
 
 def resolve_pod_cidrs(given: Iterable[str], node_name: str | None, env: Mapping[str, str]) -> PodCidrs | None:

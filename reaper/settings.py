@@ -100,6 +100,15 @@ def _one_of(*choices: str) -> Callable[[str], str]:
     return parse
 
 
+def _on_off(text: str) -> bool:
+    value = text.lower()
+    if value in ("on", "true", "1", "yes"):
+        return True
+    if value in ("off", "false", "0", "no"):
+        return False
+    raise ValueError(f"{text!r} is not on or off")
+
+
 def _endpoint(text: str) -> str:
     if not (text.startswith("unix:///") and len(text) > len("unix:///")):
         raise ValueError("must look like unix:///run/containerd/containerd.sock")
@@ -181,8 +190,11 @@ OPTIONS: tuple[Option, ...] = (
            "(Calico, Canal); in a pod with --node-name it is read from the Node object instead",
            "paths", _pod_cidr, ",", "CIDR"),
     Option("--node-name", "REAPER_NODE_NAME", None,
-           "this node's Kubernetes name; in a pod, its spec.podCIDRs are read with the pod's service account",
-           "paths", metavar="NAME"),
+           "this node's Kubernetes name; in a pod, its spec.podCIDRs are read with the pod's service account "
+           "(see --pod-cidr-from-node) and the agent's Events are posted on it", "paths", metavar="NAME"),
+    Option("--pod-cidr-from-node", "REAPER_POD_CIDR_FROM_NODE", "on",
+           "in a pod with --node-name, read the Node's spec.podCIDRs (on) or never ask (off: for a service "
+           "account that may post Events but not get nodes)", "paths", _on_off, metavar="on|off"),
     Option("--runtime-endpoint", "REAPER_RUNTIME_ENDPOINT", None,
            "CRI socket, unix:///path (repeatable; when given, exactly these are asked); default: the kubelet's "
            "configured endpoint and every known socket that exists (containerd, CRI-O, cri-dockerd, k3s/rke2, "
@@ -251,6 +263,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("--stall-after", "REAPER_STALL_AFTER", "30m",
            "/healthz fails while a pass has run longer than this: a wedged agent is restarted by its liveness probe",
            "agent", _positive_duration, metavar="DURATION"),
+    Option("--events", "REAPER_EVENTS", "on",
+           "post Kubernetes Events on this node's Node object (--node-name, in a pod with a service account): "
+           "leaks reclaimed, breaker open, an IP range nearly full, stuck sandboxes; off outside a pod",
+           "agent", _on_off, metavar="on|off"),
     Option("--listen", "REAPER_LISTEN", "127.0.0.1:9753", "HOST:PORT for /metrics, /healthz and /readyz", "agent",
            parse_listen, metavar="HOST:PORT"),
 )  # fmt: skip
@@ -347,6 +363,7 @@ class Settings(Struct, frozen=True, kw_only=True):
     given_problems: tuple[str, ...] = ()
     pod_cidr_values: tuple[str, ...] = ()
     node_name: str | None = None
+    pod_cidr_from_node: bool = True  # in a pod with node_name, ask the API for its pod CIDRs
     pod_cidrs: PodCidrs | None = None  # set by with_pod_cidrs
     # CRI-O's namespaces_dir as its config says (its netns dir's parent), where its other pins are
     namespaces_dirs: tuple[str, ...] = ()
@@ -379,6 +396,7 @@ class AgentSettings(Struct, frozen=True, kw_only=True):
     listen_host: str
     listen_port: int
     stall_after: float
+    events: bool = False  # post Kubernetes Events on the Node (reaper.events), when in a pod
 
 
 def given(flag: str, args: argparse.Namespace, env: Mapping[str, str] | None = None) -> str | None:
@@ -495,6 +513,7 @@ def settings_from(
         given_problems=given_problems,
         pod_cidr_values=tuple(v["pod_cidr"]),
         node_name=v["node_name"],
+        pod_cidr_from_node=v["pod_cidr_from_node"],
         namespaces_dirs=tuple(v["namespaces_dir"]) or _crio_namespaces_dirs(layout),
         more_conf_dirs=more_conf_dirs,
     )
@@ -512,7 +531,8 @@ def with_pod_cidrs(settings: Settings, env: Mapping[str, str] | None = None) -> 
     """The settings with the node's pod CIDRs (reaper.podcidr); when they cannot be learnt, a
     layout problem says why, and ranges that need them are left out of the gauges."""
     try:
-        cidrs = resolve_pod_cidrs(settings.pod_cidr_values, settings.node_name, os.environ if env is None else env)
+        node = settings.node_name if settings.pod_cidr_from_node else None
+        cidrs = resolve_pod_cidrs(settings.pod_cidr_values, node, os.environ if env is None else env)
     except PodCidrError as err:
         return replace(settings, layout_problems=(*settings.layout_problems, f"pod CIDR: {err}"))
     return replace(settings, pod_cidrs=cidrs)
@@ -538,5 +558,10 @@ def agent_settings_from(args: argparse.Namespace, env: Mapping[str, str] | None 
     v = resolve(args, env)
     host, port = v["listen"]
     return AgentSettings(
-        mode=v["mode"], interval=v["interval"], listen_host=host, listen_port=port, stall_after=v["stall_after"]
+        mode=v["mode"],
+        interval=v["interval"],
+        listen_host=host,
+        listen_port=port,
+        stall_after=v["stall_after"],
+        events=v["events"],
     )

@@ -1,7 +1,13 @@
-"""A stand-in for the Kubernetes API server's one call the reaper makes (GET a Node), over real
-TLS with a CA of the test's own, and a service-account dir (token, ca.crt) as the kubelet
-mounts it into a pod. No API server package exists for this machine; the Node documents it
-serves follow core/v1's Node as the API returns it (kind, apiVersion, metadata, spec, status).
+"""A stand-in for the Kubernetes API server's calls the reaper makes, over real TLS with a CA of
+the test's own, and a service-account dir (token, ca.crt) as the kubelet mounts it into a pod:
+GET a Node, and POST and PATCH an events.k8s.io/v1 Event. No API server package exists for this
+machine; the Node documents it serves follow core/v1's Node as the API returns it (kind,
+apiVersion, metadata, spec, status), and an Event is answered as the API answers it (the object
+as stored: the body with a uid, a resourceVersion and a creationTimestamp).
+
+It can also refuse every Event write (`refuse_events`, e.g. 403 as an API server answers a
+service account without the RBAC rule) or hold each one unanswered until the test lets go
+(`hang`), to show what an API that is down or stuck costs the agent.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ import json
 import ssl
 import subprocess
 import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -17,6 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 TOKEN = "reaper-test-token"
+EVENTS = "/apis/events.k8s.io/v1/namespaces/default/events"
 
 
 def node_doc(name: str, *pod_cidrs: str) -> dict[str, object]:
@@ -47,6 +55,20 @@ class ApiServer:
     sa_dir: Path
     routes: dict[str, tuple[int, bytes]] = field(default_factory=dict)
     seen: list[tuple[str, str]] = field(default_factory=list)
+    # Event writes as received: (method, path, Content-Type, the JSON body)
+    writes: list[tuple[str, str, str, dict[str, object]]] = field(default_factory=list)
+    events: dict[str, dict[str, object]] = field(default_factory=dict)  # stored, by name
+    refuse_events: int | None = None  # answer every Event write with this status
+    hang: threading.Event | None = None  # while set to an unset Event, writes wait for it
+    received: threading.Condition = field(default_factory=threading.Condition)
+
+    def posted(self) -> list[dict[str, object]]:
+        """The bodies of the Events POSTed, in order."""
+        return [body for method, _, _, body in self.writes if method == "POST"]
+
+    def wait_for_writes(self, count: int, timeout: float = 10.0) -> bool:
+        with self.received:
+            return self.received.wait_for(lambda: len(self.writes) >= count, timeout)
 
     def env(self) -> dict[str, str]:
         """The variables a pod gets, and where its service-account files are."""
@@ -102,6 +124,59 @@ def api_server(directory: Path) -> Iterator[ApiServer]:
             self.end_headers()
             self.wfile.write(body)
 
+        def do_POST(self) -> None:
+            self._write("POST")
+
+        def do_PATCH(self) -> None:
+            self._write("PATCH")
+
+        def _write(self, method: str) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length)
+            body = json.loads(raw) if raw else {}
+            with state.received:
+                state.writes.append((method, self.path.split("?")[0], self.headers.get("Content-Type", ""), body))
+                state.received.notify_all()
+            if state.hang is not None:
+                state.hang.wait(30)  # never answered while the test holds it
+                return
+            status, answer = self._event(method, body)
+            self._answer(status, json.dumps(answer).encode())
+
+        def _event(self, method: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
+            path = self.path.split("?")[0]
+            if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                return 401, {"kind": "Status", "code": 401, "reason": "Unauthorized"}
+            if state.refuse_events is not None:
+                return state.refuse_events, {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "message": 'events.events.k8s.io is forbidden: User "system:serviceaccount:x:y" cannot create',
+                    "reason": "Forbidden",
+                    "code": state.refuse_events,
+                }
+            if method == "POST" and path == EVENTS:
+                meta = body.get("metadata")
+                name = meta.get("name") if isinstance(meta, dict) else None
+                if not isinstance(name, str) or name in state.events:
+                    return 409, {"kind": "Status", "code": 409, "reason": "AlreadyExists"}
+                stored = {**body, "metadata": {**meta, "uid": str(uuid.uuid4()), "resourceVersion": "1"}}  # type: ignore[dict-item]
+                state.events[name] = stored
+                return 201, stored
+            name = path.removeprefix(EVENTS + "/")
+            if method == "PATCH" and path.startswith(EVENTS + "/") and name in state.events:
+                state.events[name] = {**state.events[name], **body}  # a merge patch, one level deep
+                return 200, state.events[name]
+            return 404, {"kind": "Status", "code": 404, "reason": "NotFound"}
+
+        def _answer(self, status: int, body: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
         def log_message(self, format: str, *args: object) -> None:
             pass
 
@@ -115,6 +190,8 @@ def api_server(directory: Path) -> Iterator[ApiServer]:
     try:
         yield state
     finally:
+        if state.hang is not None:
+            state.hang.set()  # let held handlers end, so the server can stop
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)

@@ -247,6 +247,7 @@ BAD_VALUES: list[dict[str, Any]] = [
     {"platform": "openshift4"},
     {"extraHostPaths": ["run/cni-ipam-state"]},
     {"runtimeSocketDirs": ["run/containerd"]},
+    {"events": {"enabled": "yes"}},
 ]
 
 
@@ -259,9 +260,9 @@ def test_values_schema_rejects_bad_values(chart: helm.Chart, bad: dict[str, Any]
 # --- the default rollout -------------------------------------------------------------------
 
 
-def test_default_renders_only_the_agent(chart: helm.Chart) -> None:
+def test_default_renders_the_agent_and_its_events_role(chart: helm.Chart) -> None:
     kinds = sorted(d["kind"] for d in render(chart))
-    assert kinds == ["DaemonSet", "Service", "ServiceAccount"]
+    assert kinds == ["DaemonSet", "Role", "RoleBinding", "Service", "ServiceAccount"]
 
 
 def test_daemonset_runs_on_every_node_privileged_in_host_namespaces(chart: helm.Chart) -> None:
@@ -274,7 +275,7 @@ def test_daemonset_runs_on_every_node_privileged_in_host_namespaces(chart: helm.
     assert pod["hostNetwork"] is True
     assert pod["hostPID"] is True
     assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"
-    assert pod["automountServiceAccountToken"] is False
+    assert pod["automountServiceAccountToken"] is True  # for the Events (events.enabled)
     assert 10 <= pod["terminationGracePeriodSeconds"] <= 60
     c = container(docs)
     assert c["securityContext"]["privileged"] is True
@@ -312,10 +313,60 @@ def test_pod_cidr_from_node_reads_only_nodes_with_the_pods_own_account(chart: he
     env = container_env(c, NODE_IP="10.1.2.3", NODE_NAME="node-7")
     assert settings_from(build_parser().parse_args(c["args"]), env).node_name == "node-7"
 
-    off = render(chart)
-    assert not [d for d in off if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    assert setting_values(c, "--pod-cidr-from-node") == []  # on, the agent's default
+
+    off = render(chart, {"events": {"enabled": False}})
+    assert not [d for d in off if d["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
     assert one(off, "DaemonSet")["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
     assert setting_values(container(off), "--node-name") == []
+    assert not [e for e in container(off)["env"] if e["name"] == "NODE_NAME"]
+
+
+def test_events_may_be_posted_on_the_node_and_nothing_else(chart: helm.Chart) -> None:
+    """On by default: a Role in `default` (where Events about a Node live), create and patch on
+    events.k8s.io Events only, bound to the pod's own service account; no `get` on nodes."""
+    docs = render(chart)
+    assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    role, binding = one(docs, "Role"), one(docs, "RoleBinding")
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "default"
+    assert role["rules"] == [{"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    account = one(docs, "ServiceAccount")["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is True and pod["serviceAccountName"] == account
+    c = container(docs)
+    assert setting_values(c, "--events") == ["on"]
+    assert setting_values(c, "--node-name") == ["$(NODE_NAME)"]
+    node_name = next(e for e in c["env"] if e["name"] == "NODE_NAME")
+    assert node_name["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    # The agent posts Events on its node but never asks for the Node it may not get.
+    parsed = build_parser().parse_args(c["args"])
+    env = container_env(c, NODE_IP="10.1.2.3", NODE_NAME="node-7")
+    assert agent_settings_from(parsed, env).events is True
+    settings = settings_from(parsed, env)
+    assert settings.node_name == "node-7" and settings.pod_cidr_from_node is False
+
+
+def test_events_off_drops_the_role_and_with_pod_cidrs_keeps_the_node_read(chart: helm.Chart) -> None:
+    off = render(chart, {"events": {"enabled": False}})
+    assert setting_values(container(off), "--events") == ["off"]
+    off_env = container_env(container(off), NODE_IP="10.1.2.3")
+    assert agent_settings_from(build_parser().parse_args(container(off)["args"]), off_env).events is False
+    both = render(chart, {"podCidrFromNode": True})
+    assert sorted(d["kind"] for d in both if "Role" in d["kind"]) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    ]
+    only_cidrs = render(chart, {"podCidrFromNode": True, "events": {"enabled": False}})
+    assert sorted(d["kind"] for d in only_cidrs if "Role" in d["kind"]) == ["ClusterRole", "ClusterRoleBinding"]
+    assert setting_values(container(only_cidrs), "--node-name") == ["$(NODE_NAME)"]
 
 
 def test_probes_hit_the_agents_health_endpoints(chart: helm.Chart) -> None:
@@ -355,6 +406,9 @@ def test_default_args_and_listen_on_the_node_ip(chart: helm.Chart) -> None:
         "--quarantine-dir": [],
         "--log-format": ["json"],
         "--log-level": ["info"],
+        "--events": ["on"],
+        "--node-name": ["$(NODE_NAME)"],
+        "--pod-cidr-from-node": ["off"],
     }
     for flag, values in expected.items():
         assert setting_values(c, flag) == values, flag
@@ -443,6 +497,8 @@ def test_args_are_what_the_agent_takes(chart: helm.Chart) -> None:
             tuple(merged["exclude"][k]) for k in ("namespaces", "pods", "networks")
         )
         assert agent.stall_after == parse_duration(str(merged["stallAfter"]))
+        assert agent.events == merged["events"]["enabled"]
+        assert settings.pod_cidr_from_node == merged["podCidrFromNode"]
         assert settings.log_format == merged["logFormat"]
         assert settings.log_level == setting_values(c, "--log-level")[-1]  # extraArgs, if any, win
 

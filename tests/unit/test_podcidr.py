@@ -16,9 +16,9 @@ import pytest
 from reaper.cli import build_parser
 from reaper.kinds.hostlocal import HostLocalLease, range_usage
 from reaper.kinds.netconf import parse_network_config
+from reaper.kubeapi import MAX_SECRET_BYTES
 from reaper.podcidr import (
     MAX_NODE_BYTES,
-    MAX_SECRET_BYTES,
     PodCidrError,
     PodCidrs,
     from_api,
@@ -90,12 +90,13 @@ def test_a_server_whose_certificate_the_ca_did_not_sign_is_refused(api: ApiServe
     ("status", "body", "message"),
     [
         (403, b'{"kind":"Status"}', "may not get nodes"),
-        (200, b"[" * 1000, "not JSON"),
+        (200, b"[" * 1000, "the answer is not a Node"),  # decoded as lightkube's Node: an array is none
+        (200, b"{" * 1000, "not JSON"),
         (200, json.dumps({"kind": "Pod", "spec": {"podCIDR": "10.0.0.0/8"}}).encode(), "is not a Node"),
         (200, json.dumps(node_doc(NODE)).encode(), "has no spec.podCIDR"),
         (200, json.dumps(node_doc(NODE, "10.244.3.7/24")).encode(), "is not a network"),  # host bits set
         (200, json.dumps(node_doc(NODE, "$(reboot)")).encode(), "is not a network"),
-        (200, json.dumps({**node_doc(NODE), "spec": {"podCIDRs": [1, 2]}}).encode(), "not a list"),
+        (200, json.dumps({**node_doc(NODE), "spec": {"podCIDRs": [1, 2]}}).encode(), "not a Node"),
         (200, json.dumps({**node_doc(NODE), "spec": {"podCIDRs": ["10.0.0.0/8"] * 3}}).encode(), "not a list"),
         (200, b" " * (MAX_NODE_BYTES + 1), "larger than"),
     ],
