@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.lab import Lab
-from tests.harness.reap_helpers import REAP, leak_left, pings
+from tests.harness.reap_helpers import REAP, leak_left, pings, racing_reap, seeded_lab
 from tests.harness.reaper_cli import attachments_by_key, run_reaper
 
 
@@ -132,3 +132,25 @@ def test_explain_shows_a_live_pod_and_a_leak_with_the_evidence(lab: Lab, tmp_pat
     assert nothing.returncode == 1 and "nothing on this node matches 'no-such-thing'" in nothing.stdout
     assert len(leak_left(lab, leak)) == 5 and pings(lab, web), "explain changes nothing"
     assert run_reaper(lab, "reap", state, "--json", *REAP).returncode == 0
+
+
+def test_a_plan_made_while_the_runtime_forgot_sandboxes_is_not_acted_on_once_it_lists_them(tmp_path: Path) -> None:
+    """The seed sandboxes (NOTREADY, nothing inside) hidden from every list of a dry run: their
+    leftovers are planned as orphans. Replayed once the runtime lists them again, nothing of
+    theirs is touched, and each is skipped with what the runtime says now."""
+    with seeded_lab() as (lab, chained, nocni, web):
+        plan_file = tmp_path / "plan.json"
+        doc = racing_reap(lab, "hidden", [chained, nocni], tmp_path / "state.json",
+                          (*REAP, "--dry-run", "--plan-out", str(plan_file)))  # fmt: skip
+        planned = {a["container_id"] for a in json.loads(plan_file.read_text())["attachments"]}
+        assert chained in planned and chained in {p["container_id"] for p in doc["plan"]}
+        pins = {p.name for p in lab.netns_dir.iterdir()}
+        leases = sorted(p.name for p in (lab.ipam_dir / lab.network_name).iterdir())
+        run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP, "--plan", str(plan_file))
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr
+        assert run.doc["reclaimed"] == []
+        reasons = {s["container_id"]: s["reason"] for s in run.doc["skipped"]}
+        assert reasons[chained].startswith(f"in the reviewed plan, but live now: sandbox {chained[:12]} is listed")
+        assert {p.name for p in lab.netns_dir.iterdir()} == pins
+        assert sorted(p.name for p in (lab.ipam_dir / lab.network_name).iterdir()) == leases
+        assert pings(lab, web)
