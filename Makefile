@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 DEB_PACKAGES := containerd runc containernetworking-plugins iptables nftables iproute2 \
-	util-linux gcc libc6-dev iputils-ping procps ca-certificates prometheus systemd podman busybox-static \
+	util-linux gcc libc6-dev iputils-ping procps ca-certificates prometheus prometheus-node-exporter systemd podman busybox-static \
 	debootstrap systemd-container
 PYTEST_ARGS ?=
 # Line coverage each group of the reclaim path keeps (issue 24), by the unit tests alone and by

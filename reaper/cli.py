@@ -15,6 +15,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from msgspec.structs import replace
+
 from reaper.host.jsondoc import dumps_indented
 from reaper.layout import Layout, detect_layout
 from reaper.logs import setup_logging
@@ -275,7 +277,7 @@ def _scan(args: argparse.Namespace) -> int:
         metrics.observe_scan(report)
         metrics.observe_state(result.state_saved)
         metrics.observe_pass(result.seconds, result.outcome, time.time())
-        _write_textfile(settings.textfile, metrics, log)
+        _write_textfile(settings, metrics, log)
     if settings.json_output:
         doc = {**report_json(report), "layout": layout_json(settings)}
         _output(dumps_indented(doc))
@@ -287,15 +289,26 @@ def _scan(args: argparse.Namespace) -> int:
     return EXIT_ORPHANS if report.count("orphan") else EXIT_CLEAN
 
 
-def _write_textfile(path: str | None, metrics: ReaperMetrics, log: logging.Logger) -> None:
-    from reaper.metrics import TextfileError, write_textfile  # noqa: PLC0415
+def _write_textfile(settings: Settings, metrics: ReaperMetrics, log: logging.Logger) -> None:
+    """The metrics for node_exporter's textfile collector, counters summed over every run so
+    far: earlier runs' totals are kept in the state file (and start over with it)."""
+    from reaper.metrics import TextfileError, cumulative_exposition, write_textfile  # noqa: PLC0415
+    from reaper.state import StateError, load_state, save_state  # noqa: PLC0415
 
+    path = settings.textfile
     if path is None:
         return
+    state, _ = load_state(settings.state_file)  # the pass just saved it; a warning was its to give
+    exposition, totals = cumulative_exposition(metrics.registry, state.counters)
     try:
-        write_textfile(path, metrics.exposition())
+        write_textfile(path, exposition)
     except TextfileError as err:
         log.error("textfile not written", extra={"path": path, "error": err.strerror})
+        return
+    try:
+        save_state(settings.state_file, replace(state, counters=totals))
+    except StateError as err:
+        log.warning(f"{err}; the textfile's counters start over next run")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -357,7 +370,7 @@ def _reap(args: argparse.Namespace) -> int:
     metrics = ReaperMetrics()
     metrics.observe_reap(result)
     metrics.observe_pass(time.monotonic() - started, result.outcome, time.time())
-    _write_textfile(settings.textfile, metrics, log)
+    _write_textfile(settings, metrics, log)
     if settings.json_output:
         _output(dumps_indented({**reap_json(result), "layout": layout_json(settings)}))
     else:

@@ -7,9 +7,10 @@ so that a writer who makes a thousand networks makes no more series than the cap
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
 
 from reaper.host.atomic import write_atomically
 from reaper.kinds import netconf
@@ -223,6 +224,45 @@ class ReaperMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def sample_key(name: str, labels: Mapping[str, str]) -> str:
+    """`name{label="value",...}`, labels in name order: how a counter sample is kept between runs."""
+    if not labels:
+        return name
+    return name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+class _Carried:
+    """The registry as a textfile of one-shot runs shows it: each counter and histogram sample
+    the sum of what earlier runs counted (`carried`) and this run's, so the series only grow
+    from run to run, as increase() and rate() need. `_created` samples are left out: a run's
+    own start is no counter's creation. `totals` holds the sums for the next run."""
+
+    def __init__(self, registry: CollectorRegistry, carried: Mapping[str, float]) -> None:
+        self.registry, self.carried = registry, carried
+        self.totals: dict[str, float] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            if family.type not in ("counter", "histogram"):
+                yield family
+                continue
+            summed = Metric(family.name, family.documentation, family.type, family.unit)
+            for sample in family.samples:
+                if sample.name.endswith("_created"):
+                    continue
+                key = sample_key(sample.name, sample.labels)
+                value = sample.value + self.carried.get(key, 0.0)
+                self.totals[key] = value
+                summed.add_sample(sample.name, sample.labels, value, sample.timestamp, sample.exemplar)
+            yield summed
+
+
+def cumulative_exposition(registry: CollectorRegistry, carried: Mapping[str, float]) -> tuple[bytes, dict[str, float]]:
+    """The exposition with earlier runs' counts added (see _Carried), and the new totals."""
+    view = _Carried(registry, carried)
+    return generate_latest(view), view.totals
 
 
 class TextfileError(OSError):

@@ -157,7 +157,7 @@ def _save(
         netns_map = {s.status_key: s.netns_path for s in runtime.sandboxes if s.netns_path and s.status_key}
     else:
         netns_map, first_seen = dict(state.sandbox_netns), dict(state.sandbox_first_seen)
-    new_state = State(history, netns_map, first_seen)
+    new_state = State(history, netns_map, first_seen, state.counters)  # the textfile's, carried
     if kept is not None:
         kept.state = new_state
     try:

@@ -40,6 +40,11 @@ MAX_STATE_BYTES = 8 << 20
 MAX_ENTRIES = 50_000  # in each of the three maps
 MAX_STREAK = 1 << 20  # consecutive passes: far more than any --confirmations
 MAX_TIME = 1 << 40  # seconds since the epoch: beyond any real clock, finite
+MAX_COUNTERS = 4096  # textfile counter samples: every kind, method, outcome, capped network and bucket
+MAX_COUNT = float(1 << 53)  # a counter past this no longer counts by ones in a float
+# A sample of one of the reaper's own counters, as prometheus_client names it with its labels.
+_LABEL = r'[a-z_]{1,40}="[^"\\\n]{0,253}"'
+_COUNTER_SAMPLE = re.compile(rf"cni_reaper_[a-z_]{{1,80}}(?:\{{{_LABEL}(?:,{_LABEL}){{0,4}}\}})?")
 
 
 class State(Struct, frozen=True):
@@ -49,6 +54,9 @@ class State(Struct, frozen=True):
     sandbox_netns: Mapping[str, str]
     # sandbox ID -> when first listed, for sandboxes whose runtime reports no creation time
     sandbox_first_seen: Mapping[str, float]
+    # A one-shot's textfile counters so far, by sample (`name{labels}`): each run adds its own,
+    # so they only grow from run to run, as Prometheus' increase() needs; reset with the file.
+    counters: Mapping[str, float] = {}
 
 
 EMPTY_STATE = State({}, {}, {})
@@ -74,6 +82,7 @@ class _Doc(Struct, forbid_unknown_fields=True):
     attachments: dict[str, tuple[float, int]] = {}
     sandbox_netns: dict[str, str] = {}
     sandbox_first_seen: dict[str, float] = {}
+    counters: dict[str, float] = {}
 
 
 _STATUS_KEY = re.compile(r"(.+)@(-?[0-9]{1,20})")  # "<sandbox ID>@<creation time, ns>"
@@ -109,6 +118,11 @@ def _history_fits(key: str, first_seen: float, streak: int) -> bool:
     return is_attachment_key(key) and _is_time(first_seen) and 0 <= streak <= MAX_STREAK
 
 
+def counter_fits(key: str, value: float) -> bool:
+    """A sample key the metrics write, and a count they could reach."""
+    return len(key) <= 1024 and _COUNTER_SAMPLE.fullmatch(key) is not None and 0 <= value <= MAX_COUNT
+
+
 def _why_refused(doc: _Doc) -> str | None:
     """The first rule the decoded file breaks, or None."""
     if doc.version != STATE_VERSION:
@@ -129,6 +143,11 @@ def _why_refused(doc: _Doc) -> str | None:
     for key, when in doc.sandbox_first_seen.items():
         if not (is_cni_id(key) and _is_time(when)):
             return f"sandbox first seen {key[:120]!r}: an ID or time no pass writes"
+    if len(doc.counters) > MAX_COUNTERS:
+        return f"{len(doc.counters)} counters, over {MAX_COUNTERS}"
+    for key, value in doc.counters.items():
+        if not counter_fits(key, value):
+            return f"counter {key[:120]!r}: a sample or count the metrics do not write"
     return None
 
 
@@ -154,7 +173,7 @@ def load_state(path: str) -> tuple[State, str | None]:
         return EMPTY_STATE, f"state file {path} is corrupt ({why}); {_set_aside(path)}; starting afresh"
     attachments = {k: AttachmentHistory(float(v[0]), v[1]) for k, v in doc.attachments.items()}
     first_seen = {k: float(v) for k, v in doc.sandbox_first_seen.items()}
-    return State(attachments, dict(doc.sandbox_netns), first_seen), None
+    return State(attachments, dict(doc.sandbox_netns), first_seen, dict(doc.counters)), None
 
 
 def _set_aside(path: str) -> str:
@@ -181,12 +200,14 @@ def save_state(path: str, state: State) -> None:
     )
     netns = sorted((k, v) for k, v in state.sandbox_netns.items() if is_status_key(k) and is_netns_path(v))
     first_seen = sorted((k, v) for k, v in state.sandbox_first_seen.items() if is_cni_id(k) and _is_time(v))
+    counters = sorted((k, v) for k, v in state.counters.items() if counter_fits(k, v))
     doc = {
         "version": STATE_VERSION,
         # key -> [first_seen, orphan_streak]: compact, a node can have thousands.
         "attachments": dict(attachments[:MAX_ENTRIES]),
         "sandbox_netns": dict(netns[:MAX_ENTRIES]),
         "sandbox_first_seen": dict(first_seen[:MAX_ENTRIES]),
+        "counters": dict(counters[:MAX_COUNTERS]),
     }
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from msgspec.structs import replace
 
-from reaper.metrics import PREFIX, ReaperMetrics, TextfileError, write_textfile
+from reaper.metrics import PREFIX, ReaperMetrics, TextfileError, cumulative_exposition, write_textfile
 from reaper.model import PASS_OUTCOMES, VERDICTS, PassOutcome
+from reaper.state import counter_fits
 from tests.harness.results import full_report, reap_result
 
 
@@ -114,3 +115,22 @@ def test_write_textfile_replaces_the_file_and_a_symlink_at_its_place(tmp_path: P
 def test_write_textfile_into_a_missing_dir_raises_its_own_error(tmp_path: Path) -> None:
     with pytest.raises(TextfileError, match="cannot write textfile"):
         write_textfile(str(tmp_path / "missing" / "reaper.prom"), b"x")
+
+
+def test_a_textfile_sums_every_runs_counters_and_only_the_counters() -> None:
+    """Each one-shot run's textfile carries what earlier runs counted (kept in the state file),
+    so a run that counts what the last one counted still shows an increase."""
+    totals: dict[str, float] = {}
+    for run in range(1, 4):
+        metrics = ReaperMetrics()
+        metrics.observe_pass(2.0, "ok", 1000.0 + run)
+        metrics.stuck.set(run)
+        text, totals = cumulative_exposition(metrics.registry, totals)
+        lines = text.decode().splitlines()
+        assert f'cni_reaper_passes_total{{outcome="ok"}} {float(run)}' in lines
+        assert f"cni_reaper_pass_duration_seconds_count {float(run)}" in lines
+        assert f"cni_reaper_pass_duration_seconds_sum {2.0 * run}" in lines
+        assert f"cni_reaper_stuck_sandboxes {float(run)}" in lines, "a gauge is this run's alone"
+        assert not [line for line in lines if "_created" in line], "a run's start is no counter's creation"
+    assert totals and all(counter_fits(k, v) for k, v in totals.items()), "the state file takes every total"
+    assert not [k for k in totals if k.startswith("cni_reaper_stuck")]

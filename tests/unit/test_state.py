@@ -10,6 +10,7 @@ import pytest
 from reaper.model import AttachmentHistory
 from reaper.state import (
     EMPTY_STATE,
+    MAX_COUNTERS,
     MAX_ENTRIES,
     MAX_STATE_BYTES,
     MAX_STREAK,
@@ -68,6 +69,7 @@ def _doc(**maps: dict[str, object]) -> dict[str, object]:
         "attachments": {f"{CID}/mynet/eth0": [1000.0, 1], f"netns:{GOOD_PIN}": [1000.0, 0]},
         "sandbox_netns": {f"{CID}@1700000000000000000": GOOD_PIN},
         "sandbox_first_seen": {CID: 1000.0},
+        "counters": {'cni_reaper_passes_total{outcome="ok"}': 3.0},
     }
     doc.update(maps)
     return doc
@@ -97,6 +99,14 @@ HOSTILE: dict[str, str] = {
     "a first-seen ID that is a path": json.dumps(_doc(sandbox_first_seen={"x/y": 1.0})),
     "a first-seen time that is text": json.dumps(_doc(sandbox_first_seen={CID: "now"})),
     "a key more": json.dumps({**_doc(), "extra": 1}),
+    "a counter of another program": json.dumps(_doc(counters={"node_cpu_seconds_total": 1.0})),
+    "a counter label that breaks out": json.dumps(_doc(counters={'cni_reaper_x_total{a="b"} 9\nevil 1': 1.0})),
+    "a negative counter": json.dumps(_doc(counters={"cni_reaper_passes_total": -1.0})),
+    "a counter past 2^53": json.dumps(_doc(counters={"cni_reaper_passes_total": 2.0**60})),
+    "a counter that is text": json.dumps(_doc(counters={"cni_reaper_passes_total": "many"})),
+    "more counters than the cap": json.dumps(
+        _doc(counters={f'cni_reaper_x_total{{n="{n}"}}': 1.0 for n in range(MAX_COUNTERS + 1)})
+    ),
     "more entries than the cap": json.dumps(
         _doc(attachments={f"{CID}/net{n}/eth0": [1.0, 1] for n in range(MAX_ENTRIES + 1)})
     ),
@@ -126,6 +136,7 @@ def test_a_state_file_a_pass_writes_is_read_back_whole(tmp_path: Path) -> None:
     }
     assert state.sandbox_netns == {f"{CID}@1700000000000000000": GOOD_PIN}
     assert state.sandbox_first_seen == {CID: 1000.0}
+    assert state.counters == {'cni_reaper_passes_total{outcome="ok"}': 3.0}
     save_state(str(path), state)
     assert load_state(str(path)) == (state, None)
 
