@@ -1,7 +1,12 @@
-"""The systemd units under a real systemd: booted by systemd-nspawn on the debootstrap tree, the
-reaper installed from this checkout's wheel, deploy/systemd's service and timer installed and
-enabled as the README says, the lab's runtime socket and dirs bound in and its netns as the
-container's. The timer fires, the service succeeds and writes the textfile and the state file.
+"""The README's systemd install under a real systemd: systemd-nspawn boots a stock debootstrap
+bookworm (systemd and the tools, nothing of the reaper's) in the lab's netns, with the lab's dir
+bound in at the same path (its runtime socket, netns pins, IPAM, cache, config and bin dirs), and
+a copy of this checkout at /root/cni-reaper. There the README's blocks run as written, taken from
+README.md (tests/harness/readme.py), from the checkout as an operator would: systemd-install and
+systemd-enable, the venv under /opt/cni-reaper, the units, the timer on. The timer fires; the
+pass succeeds, writes the textfile and the state file, and frees what it may.
+The node has no package index: pip there reads a wheelhouse of bookworm's wheels for the
+project's requirements (tests/harness/nspawn.py), as a site's mirror would stand in for PyPI.
 
 Two things of nspawn's keep a pin from being freed in its container, whatever the unit says:
   - the container has a PID namespace of its own, so a reap pass there calls no netns an
@@ -15,9 +20,10 @@ copy of the shipped service with all its hardening, shows that it does: the pin'
 from the container's mount table, and the unlink is the only step left, for nspawn's reason (the
 same code run in the container outside any unit stops at the same step).
 
-Only what a test cannot wait for is changed, in drop-ins: the timer's first run comes 2 s after
-boot instead of 5 minutes, and the service's environment points the reaper at the lab and
-drops the grace (min-age, confirmations, breaker ratio) a node would keep.
+Only what a test cannot wait for is changed, in drop-ins put in place before the boot: the
+timer's first run comes 2 s after boot instead of 5 minutes, and the service's environment
+points the reaper at the lab and drops the grace (min-age, confirmations, breaker ratio) a node
+would keep.
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ import pytest
 
 from tests.harness.agent import metric
 from tests.harness.lab import Lab, PortMap
-from tests.harness.nspawn import VENV, BootedNode, build_wheel
+from tests.harness.nspawn import VENV, BootedNode, copy_checkout
+from tests.harness.readme import shell_block
 from tests.harness.reap_helpers import SCAN, pings
 from tests.harness.reaper_cli import attachments_by_key, run_reaper
 
@@ -46,6 +53,9 @@ STATE = "var/lib/cni-reaper/state.json"
 NSPAWN_RUN = Path("/run/systemd/nspawn")  # nspawn's own dirs on the host, made at its first run
 UNPIN_PROBE = ROOT / "tests" / "harness" / "probes" / "unpin.py"
 UNPIN_AT = "/usr/local/lib/cni-reaper-test/unpin.py"
+CHECKOUT = "/root/cni-reaper"  # where the README's commands run, as from a clone
+# The service's properties a run is judged by.
+PROPS = ("ActiveState", "Result", "ExecMainStatus", "ExecMainExitTimestampMonotonic", "InvocationID", "ExecStart")
 
 pytestmark = pytest.mark.skipif(
     shutil.which("systemd-nspawn") is None or shutil.which("debootstrap") is None,
@@ -75,19 +85,18 @@ def unpin_unit(netns_dir: Path, pin: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def install_units(node: BootedNode, lab: Lab, pins: list[str]) -> None:
-    """The README's install: the units into /etc/systemd/system, the timer enabled (the symlink
-    `systemctl enable` makes), plus the test's drop-ins and the unpin checks."""
+def prepare_node(node: BootedNode, lab: Lab, pin: str) -> None:
+    """What the node holds before its boot besides the stock tree: the checkout the README's
+    commands run from, the test's drop-ins (the timer soon, the service pointed at the lab), and
+    the unpin check's probe and unit. Nothing of the reaper is installed."""
+    copy_checkout(node.upper / CHECKOUT.lstrip("/"))
     system = node.upper / "etc" / "systemd" / "system"
     probe = node.upper / UNPIN_AT.lstrip("/")
     probe.parent.mkdir(parents=True)
     shutil.copy(UNPIN_PROBE, probe)
-    (system / "cni-reaper-unpin.service").parent.mkdir(parents=True)
-    (system / "cni-reaper-unpin.service").write_text(unpin_unit(lab.netns_dir, pins[0]))
-    (system / "timers.target.wants").mkdir()
-    for unit in ("cni-reaper.service", "cni-reaper.timer"):
-        shutil.copy(UNITS / unit, system / unit)
-    (system / "timers.target.wants" / "cni-reaper.timer").symlink_to("/etc/systemd/system/cni-reaper.timer")
+    system.mkdir(parents=True)
+    (system / "cni-reaper-unpin.service").write_text(unpin_unit(lab.netns_dir, pin))
+    # Started by the README's `enable --now` long after boot, the timer fires at once.
     (system / "cni-reaper.timer.d").mkdir()
     (system / "cni-reaper.timer.d" / "soon.conf").write_text(
         "[Timer]\nOnBootSec=\nOnBootSec=2s\nOnUnitActiveSec=5min\nRandomizedDelaySec=0\nAccuracySec=1s\n"
@@ -109,6 +118,18 @@ def install_units(node: BootedNode, lab: Lab, pins: list[str]) -> None:
     )
 
 
+def readme(node: BootedNode, *names: str) -> str:
+    """The README's blocks `names`, run in order from the checkout; their output."""
+    script = "".join(shell_block(name) for name in names)
+    run = node.sh(script, cwd=CHECKOUT)
+    assert run.returncode == 0, f"README blocks {names} failed:\n{(run.stdout + run.stderr)[-4000:]}"
+    return run.stdout + run.stderr
+
+
+def journal_of(node: BootedNode, invocation: str) -> str:
+    return node.run("journalctl", "--no-pager", "-o", "cat", f"_SYSTEMD_INVOCATION_ID={invocation}").stdout
+
+
 def live_attachments(lab: Lab, state: Path) -> dict[tuple[str | None, str | None, str | None], list[str]]:
     run = run_reaper(lab, "scan", state, "--json", *SCAN)
     assert run.returncode in (0, 1), run.stderr
@@ -124,9 +145,7 @@ def wait_for_run(node: BootedNode, timeout: float = 90) -> dict[str, str]:
     deadline = time.monotonic() + timeout
     props: dict[str, str] = {}
     while time.monotonic() < deadline:
-        props = node.show(
-            "cni-reaper.service", "ActiveState", "Result", "ExecMainStatus", "ExecMainExitTimestampMonotonic"
-        )
+        props = node.show("cni-reaper.service", *PROPS)
         if props.get("ExecMainExitTimestampMonotonic", "0") != "0" and props.get("ActiveState") != "activating":
             return props
         time.sleep(0.5)
@@ -135,7 +154,7 @@ def wait_for_run(node: BootedNode, timeout: float = 90) -> dict[str, str]:
 
 
 @pytest.mark.usefixtures("nspawn_run_dir")
-def test_the_timer_fires_the_hardened_service_which_may_unpin(tmp_path: Path) -> None:
+def test_the_readme_install_runs_the_hardened_pass_on_its_timer(tmp_path: Path) -> None:
     with Lab() as lab:
         web = lab.run_pod("web", port_mappings=[PortMap(8080, 80)])
         leak = lab.make_leak(with_cache=False)
@@ -148,16 +167,22 @@ def test_the_timer_fires_the_hardened_service_which_may_unpin(tmp_path: Path) ->
         live = live_attachments(lab, tmp_path / "before.json")
         assert len(live) == 2
 
-        wheel = build_wheel(tmp_path / "wheels")
         node = BootedNode(tmp_path / "node", lab.netns_path, binds=[lab.root], ro_binds=[SYSTEM_CNI_BIN])
-        install_units(node, lab, [leak.netns_path.name])
+        prepare_node(node, lab, leak.netns_path.name)
+        textfile, state = node.upper / TEXTFILE, node.upper / STATE
         try:
-            node.boot(wheel)
-            assert node.run("systemctl", "is-enabled", "cni-reaper.timer").stdout.strip() == "enabled"
+            node.boot()
+            stock = node.run("sh", "-c", f"test ! -e {VENV} && ! command -v reaper", check=False).returncode == 0
+
+            # The README's install and the timer, as written.
+            readme(node, "systemd-install", "systemd-enable")
+            enabled = node.run("systemctl", "is-enabled", "cni-reaper.timer").stdout.strip()
             service = wait_for_run(node)
             timer = node.show("cni-reaper.timer", "ActiveState", "LastTriggerUSecMonotonic")
-            journal = node.run("journalctl", "--no-pager", "-o", "cat", "-u", "cni-reaper.service").stdout
+            journal = journal_of(node, service["InvocationID"])
             applied = node.show("cni-reaper.service", "NoNewPrivileges", "CapabilityBoundingSet", "RestrictNamespaces")
+            on_path = node.sh("command -v reaper && reaper --version").stdout.split()
+
             mounted_before = pin in node.run("cat", "/proc/self/mountinfo").stdout
             node.run("systemctl", "start", "cni-reaper-unpin.service", check=False)
             unpin_log = node.run("journalctl", "--no-pager", "-o", "cat", "-u", "cni-reaper-unpin.service").stdout
@@ -167,9 +192,14 @@ def test_the_timer_fires_the_hardened_service_which_may_unpin(tmp_path: Path) ->
         finally:
             assert node.poweroff() == 0, node.log.read_text()[-2000:]
 
+        assert stock, "the node had a reaper before the README's install"
+        assert enabled == "enabled"
+        assert on_path[0] == "/usr/local/sbin/reaper" and len(on_path) > 1, on_path
+
         # The timer fired the service, and the pass succeeded.
         assert timer["ActiveState"] == "active"
         assert timer["LastTriggerUSecMonotonic"] not in ("", "0"), timer
+        assert f"argv[]={VENV}/bin/reaper reap --textfile /{TEXTFILE} " in service["ExecStart"], service["ExecStart"]
         assert service["Result"] == "success" and service["ExecMainStatus"] == "0", (service, journal[-3000:])
         assert applied["NoNewPrivileges"] == "yes"
         caps = set(applied["CapabilityBoundingSet"].split())
@@ -180,7 +210,6 @@ def test_the_timer_fires_the_hardened_service_which_may_unpin(tmp_path: Path) ->
         # The leak's lease (an attachment with no netns) is left: the container's PID namespace
         # hides the namespaces a live pod holding its address could be in. Its pin was not
         # judged, for the same reason.
-        textfile = node.upper / TEXTFILE
         assert stat.S_IMODE(textfile.stat().st_mode) == 0o644
         body = textfile.read_text()
         assert metric(body, "cni_reaper_runtime_up") == 1
@@ -193,7 +222,6 @@ def test_the_timer_fires_the_hardened_service_which_may_unpin(tmp_path: Path) ->
         assert metric(body, "cni_reaper_attachments", verdict="unknown") >= 1
         assert metric(body, "cni_reaper_reclaimed_total", kind="netns", method="kernel") == 0
         assert "not in the host's PID namespace" in journal
-        state = node.upper / STATE
         assert stat.S_IMODE(state.stat().st_mode) == 0o600
         assert json.loads(state.read_text())
 

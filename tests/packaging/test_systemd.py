@@ -1,7 +1,9 @@
-"""The systemd units: `systemd-analyze verify` clean, and hardening that leaves reaping possible.
+"""The systemd units: `systemd-analyze verify` clean, hardening that leaves reaping possible, and
+a README whose install blocks put everything where the units look.
 
 The units are copied to a temporary dir with ExecStart pointed at a stub (verify insists that the
-binary exists); nothing is installed or started.
+binary exists); nothing is installed or started. tests/node/test_systemd_boot.py runs the README's
+blocks in a booted systemd.
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.readme import README, blocks, shell_block
+
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = ROOT / "deploy" / "systemd"
 SERVICE = UNITS / "cni-reaper.service"
 TIMER = UNITS / "cni-reaper.timer"
-BINARY = "/usr/local/bin/reaper"
+VENV = "/opt/cni-reaper"  # the README's install
+BINARY = f"{VENV}/bin/reaper"
 TEXTFILE = "/var/lib/node_exporter/textfile_collector/cni_reaper.prom"
 
 # Each of these gives the service its own mount namespace, where systemd turns every mount into
@@ -145,3 +150,25 @@ def test_timer_every_five_minutes() -> None:
         "Persistent": "true",
     }
     assert values(sections["Install"], "WantedBy") == ["timers.target"]
+
+
+def test_readme_blocks_install_what_the_units_run() -> None:
+    named = blocks(README.read_text())
+    assert {"systemd-install", "systemd-enable"} <= set(named)
+    install = shell_block("systemd-install")
+    # A venv, not the system Python (PEP 668 refuses that on Debian 12 and Ubuntu 24.04).
+    assert f"python3 -m venv {VENV}\n" in install
+    assert f"{VENV}/bin/pip install ." in install
+    assert not [line for line in install.splitlines() if line.split()[:1] in (["pip"], ["pip3"])]
+    assert "python3 -m pip" not in install
+    # Every file the blocks copy exists in the checkout.
+    copied = [
+        word
+        for name in ("systemd-install",)
+        for line in shell_block(name).splitlines()
+        if line.startswith("cp ")
+        for word in shlex.split(line, comments=True)[1:-1]
+    ]
+    assert copied and all((ROOT / path).is_file() for path in copied), copied
+    assert {str(p.relative_to(ROOT)) for p in (SERVICE, TIMER)} == set(copied)
+    assert "systemctl enable --now cni-reaper.timer" in shell_block("systemd-enable")
