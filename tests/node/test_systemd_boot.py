@@ -2,9 +2,12 @@
 bookworm (systemd and the tools, nothing of the reaper's) in the lab's netns, with the lab's dir
 bound in at the same path (its runtime socket, netns pins, IPAM, cache, config and bin dirs), and
 a copy of this checkout at /root/cni-reaper. There the README's blocks run as written, taken from
-README.md (tests/harness/readme.py), from the checkout as an operator would: systemd-install and
-systemd-enable, the venv under /opt/cni-reaper, the units, the timer on. The timer fires; the
-pass succeeds, writes the textfile and the state file, and frees what it may.
+README.md (tests/harness/readme.py), from the checkout as an operator would:
+  - systemd-install, systemd-report-only, systemd-enable: the venv under /opt/cni-reaper, the
+    units, the report-only drop-in, the timer on. The timer fires; the scan succeeds (exit 1 for
+    the orphan it finds, which the drop-in counts as success), writes the textfile and the state
+    file, and reclaims nothing;
+  - systemd-reap: the drop-in goes; a pass now reaps, and frees what it may.
 The node has no package index: pip there reads a wheelhouse of bookworm's wheels for the
 project's requirements (tests/harness/nspawn.py), as a site's mirror would stand in for PyPI.
 
@@ -23,7 +26,8 @@ same code run in the container outside any unit stops at the same step).
 Only what a test cannot wait for is changed, in drop-ins put in place before the boot: the
 timer's first run comes 2 s after boot instead of 5 minutes, and the service's environment
 points the reaper at the lab and drops the grace (min-age, confirmations, breaker ratio) a node
-would keep.
+would keep. The second pass (after the switch to reap) is started by hand rather than waiting
+the timer's 5 minutes.
 """
 
 from __future__ import annotations
@@ -112,6 +116,7 @@ def prepare_node(node: BootedNode, lab: Lab, pin: str) -> None:
         "REAPER_CONFIRMATIONS": "1",
         "REAPER_MAX_ORPHAN_RATIO": "1",
     }
+    # Beside where the README puts report-only.conf.
     (system / "cni-reaper.service.d").mkdir()
     (system / "cni-reaper.service.d" / "lab.conf").write_text(
         "[Service]\n" + "".join(f"Environment={k}={v}\n" for k, v in env.items())
@@ -154,7 +159,7 @@ def wait_for_run(node: BootedNode, timeout: float = 90) -> dict[str, str]:
 
 
 @pytest.mark.usefixtures("nspawn_run_dir")
-def test_the_readme_install_runs_the_hardened_pass_on_its_timer(tmp_path: Path) -> None:
+def test_the_readme_install_reports_then_reaps_on_its_timer(tmp_path: Path) -> None:
     with Lab() as lab:
         web = lab.run_pod("web", port_mappings=[PortMap(8080, 80)])
         leak = lab.make_leak(with_cache=False)
@@ -174,14 +179,25 @@ def test_the_readme_install_runs_the_hardened_pass_on_its_timer(tmp_path: Path) 
             node.boot()
             stock = node.run("sh", "-c", f"test ! -e {VENV} && ! command -v reaper", check=False).returncode == 0
 
-            # The README's install and the timer, as written.
-            readme(node, "systemd-install", "systemd-enable")
+            # Report only: the README's install, its drop-in and the timer, as written.
+            readme(node, "systemd-install", "systemd-report-only", "systemd-enable")
             enabled = node.run("systemctl", "is-enabled", "cni-reaper.timer").stdout.strip()
-            service = wait_for_run(node)
+            scan = wait_for_run(node)
             timer = node.show("cni-reaper.timer", "ActiveState", "LastTriggerUSecMonotonic")
+            scan_journal = journal_of(node, scan["InvocationID"])
+            scan_body = textfile.read_text()
+            cut_after_scan, state_after_scan = cut.exists(), state.exists()
+            on_path = node.sh("command -v reaper && reaper --version").stdout.split()
+
+            # Reap: the README's switch, then a pass now rather than in 5 minutes.
+            readme(node, "systemd-reap")
+            node.run("systemctl", "start", "cni-reaper.service", check=False, timeout=600)
+            service = node.show("cni-reaper.service", *PROPS)
             journal = journal_of(node, service["InvocationID"])
             applied = node.show("cni-reaper.service", "NoNewPrivileges", "CapabilityBoundingSet", "RestrictNamespaces")
-            on_path = node.sh("command -v reaper && reaper --version").stdout.split()
+            body = textfile.read_text()
+            textfile_mode = stat.S_IMODE(textfile.stat().st_mode)
+            state_mode, state_doc = stat.S_IMODE(state.stat().st_mode), json.loads(state.read_text())
 
             mounted_before = pin in node.run("cat", "/proc/self/mountinfo").stdout
             node.run("systemctl", "start", "cni-reaper-unpin.service", check=False)
@@ -196,9 +212,18 @@ def test_the_readme_install_runs_the_hardened_pass_on_its_timer(tmp_path: Path) 
         assert enabled == "enabled"
         assert on_path[0] == "/usr/local/sbin/reaper" and len(on_path) > 1, on_path
 
-        # The timer fired the service, and the pass succeeded.
+        # The timer fired the report-only service: a scan that found the orphan (exit 1, which
+        # the drop-in counts as success), wrote the textfile, and reclaimed nothing.
         assert timer["ActiveState"] == "active"
         assert timer["LastTriggerUSecMonotonic"] not in ("", "0"), timer
+        assert f"argv[]={VENV}/bin/reaper scan --textfile /{TEXTFILE} " in scan["ExecStart"], scan["ExecStart"]
+        assert (scan["Result"], scan["ExecMainStatus"]) == ("success", "1"), (scan, scan_journal[-3000:])
+        assert metric(scan_body, "cni_reaper_runtime_up") == 1
+        assert metric(scan_body, "cni_reaper_attachments", verdict="orphan") >= 1
+        assert metric(scan_body, "cni_reaper_reclaimed_total", kind="cache", method="kernel") == 0
+        assert cut_after_scan and state_after_scan
+
+        # Without the drop-in the shipped unit reaps, and the pass succeeded.
         assert f"argv[]={VENV}/bin/reaper reap --textfile /{TEXTFILE} " in service["ExecStart"], service["ExecStart"]
         assert service["Result"] == "success" and service["ExecMainStatus"] == "0", (service, journal[-3000:])
         assert applied["NoNewPrivileges"] == "yes"
@@ -210,8 +235,7 @@ def test_the_readme_install_runs_the_hardened_pass_on_its_timer(tmp_path: Path) 
         # The leak's lease (an attachment with no netns) is left: the container's PID namespace
         # hides the namespaces a live pod holding its address could be in. Its pin was not
         # judged, for the same reason.
-        assert stat.S_IMODE(textfile.stat().st_mode) == 0o644
-        body = textfile.read_text()
+        assert textfile_mode == 0o644
         assert metric(body, "cni_reaper_runtime_up") == 1
         assert metric(body, "cni_reaper_reclaimed_total", kind="cache", method="kernel") == 1
         assert not cut.exists()
@@ -222,8 +246,8 @@ def test_the_readme_install_runs_the_hardened_pass_on_its_timer(tmp_path: Path) 
         assert metric(body, "cni_reaper_attachments", verdict="unknown") >= 1
         assert metric(body, "cni_reaper_reclaimed_total", kind="netns", method="kernel") == 0
         assert "not in the host's PID namespace" in journal
-        assert stat.S_IMODE(state.stat().st_mode) == 0o600
-        assert json.loads(state.read_text())
+        assert state_mode == 0o600
+        assert state_doc
 
         # Under the unit's hardening the reaper's unpin unmounted the pin in the container's own
         # mount namespace (no namespace of the unit's, umount2 allowed); only nspawn's hidden
