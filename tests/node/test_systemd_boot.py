@@ -7,7 +7,8 @@ README.md (tests/harness/readme.py), from the checkout as an operator would:
     units, the report-only drop-in, the timer on. The timer fires; the scan succeeds (exit 1 for
     the orphan it finds, which the drop-in counts as success), writes the textfile and the state
     file, and reclaims nothing;
-  - systemd-reap: the drop-in goes; a pass now reaps, and frees what it may.
+  - systemd-reap: the drop-in goes; a pass now reaps, and frees what it may;
+  - systemd-uninstall: no unit, venv, link, textfile or state is left.
 The node has no package index: pip there reads a wheelhouse of bookworm's wheels for the
 project's requirements (tests/harness/nspawn.py), as a site's mirror would stand in for PyPI.
 
@@ -58,6 +59,16 @@ NSPAWN_RUN = Path("/run/systemd/nspawn")  # nspawn's own dirs on the host, made 
 UNPIN_PROBE = ROOT / "tests" / "harness" / "probes" / "unpin.py"
 UNPIN_AT = "/usr/local/lib/cni-reaper-test/unpin.py"
 CHECKOUT = "/root/cni-reaper"  # where the README's commands run, as from a clone
+# What the README's install makes on the node, that its uninstall must remove.
+INSTALLED = (
+    VENV,
+    "/usr/local/sbin/reaper",
+    "/etc/systemd/system/cni-reaper.service",
+    "/etc/systemd/system/cni-reaper.timer",
+    "/etc/systemd/system/cni-reaper.service.d",
+    "/" + TEXTFILE,
+    "/var/lib/cni-reaper",
+)
 # The service's properties a run is judged by.
 PROPS = ("ActiveState", "Result", "ExecMainStatus", "ExecMainExitTimestampMonotonic", "InvocationID", "ExecStart")
 
@@ -116,7 +127,7 @@ def prepare_node(node: BootedNode, lab: Lab, pin: str) -> None:
         "REAPER_CONFIRMATIONS": "1",
         "REAPER_MAX_ORPHAN_RATIO": "1",
     }
-    # Beside where the README puts report-only.conf.
+    # Beside where the README puts report-only.conf; its uninstall removes this dir whole.
     (system / "cni-reaper.service.d").mkdir()
     (system / "cni-reaper.service.d" / "lab.conf").write_text(
         "[Service]\n" + "".join(f"Environment={k}={v}\n" for k, v in env.items())
@@ -129,6 +140,11 @@ def readme(node: BootedNode, *names: str) -> str:
     run = node.sh(script, cwd=CHECKOUT)
     assert run.returncode == 0, f"README blocks {names} failed:\n{(run.stdout + run.stderr)[-4000:]}"
     return run.stdout + run.stderr
+
+
+def existing(node: BootedNode, paths: tuple[str, ...]) -> list[str]:
+    """The paths of `paths` that exist in the container."""
+    return [path for path in paths if node.run("test", "-e", path, check=False).returncode == 0]
 
 
 def journal_of(node: BootedNode, invocation: str) -> str:
@@ -159,7 +175,7 @@ def wait_for_run(node: BootedNode, timeout: float = 90) -> dict[str, str]:
 
 
 @pytest.mark.usefixtures("nspawn_run_dir")
-def test_the_readme_install_reports_then_reaps_on_its_timer(tmp_path: Path) -> None:
+def test_the_readme_install_report_only_reap_and_uninstall(tmp_path: Path) -> None:
     with Lab() as lab:
         web = lab.run_pod("web", port_mappings=[PortMap(8080, 80)])
         leak = lab.make_leak(with_cache=False)
@@ -205,6 +221,15 @@ def test_the_readme_install_reports_then_reaps_on_its_timer(tmp_path: Path) -> N
             mounted_after = pin in node.run("cat", "/proc/self/mountinfo").stdout
             # The same code with no unit around it: no hardening at all.
             direct = node.run(f"{VENV}/bin/python", UNPIN_AT, str(lab.netns_dir), bare_pin.name, check=False).stdout
+
+            # Uninstall, as written; then nothing of the README's install is left.
+            installed = existing(node, INSTALLED)
+            readme(node, "systemd-uninstall")
+            left = existing(node, INSTALLED)
+            units_after = {
+                unit: node.show(unit, "LoadState")["LoadState"] for unit in ("cni-reaper.service", "cni-reaper.timer")
+            }
+            timers_after = node.run("systemctl", "list-timers", "--all", "--no-legend").stdout
         finally:
             assert node.poweroff() == 0, node.log.read_text()[-2000:]
 
@@ -258,6 +283,11 @@ def test_the_readme_install_reports_then_reaps_on_its_timer(tmp_path: Path) -> N
         assert outcome["error"] == "unlink: Device or resource busy", outcome
         # Without the unit the same code gets exactly as far: the unlink is nspawn's limit.
         assert json.loads(direct) == {**outcome, "pin": str(bare_pin)}
+
+        # The uninstall left nothing of the install, and systemd knows neither unit.
+        assert installed == list(INSTALLED) and left == [], (installed, left)
+        assert units_after == {"cni-reaper.service": "not-found", "cni-reaper.timer": "not-found"}, units_after
+        assert "cni-reaper" not in timers_after
 
         assert live_attachments(lab, tmp_path / "after.json") == live
         assert pings(lab, web)

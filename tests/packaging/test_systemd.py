@@ -176,9 +176,11 @@ def test_report_only_dropin_scans_into_the_same_textfile() -> None:
     assert {key for key, _ in service} == {"ExecStart", "SuccessExitStatus"}
 
 
-def test_readme_blocks_install_what_the_units_run() -> None:
+def test_readme_blocks_install_what_the_units_run_and_uninstall_it() -> None:
     named = blocks(README.read_text())
-    assert {"systemd-install", "systemd-report-only", "systemd-enable", "systemd-reap"} <= set(named)
+    assert {"systemd-install", "systemd-report-only", "systemd-enable", "systemd-reap", "systemd-uninstall"} <= set(
+        named
+    )
     install = shell_block("systemd-install")
     # A venv, not the system Python (PEP 668 refuses that on Debian 12 and Ubuntu 24.04).
     assert f"python3 -m venv {VENV}\n" in install
@@ -198,3 +200,8 @@ def test_readme_blocks_install_what_the_units_run() -> None:
     assert "systemctl enable --now cni-reaper.timer" in shell_block("systemd-enable")
     # The switch to reaping removes exactly the drop-in the report-only block installed.
     assert f"/etc/systemd/system/cni-reaper.service.d/{REPORT_ONLY.name}" in shell_block("systemd-reap")
+    uninstall = shell_block("systemd-uninstall")
+    for gone in (VENV, "/usr/local/sbin/reaper", "/etc/systemd/system/cni-reaper.service.d", TEXTFILE):
+        assert gone in uninstall, gone
+    # `systemctl clean` would remove the textfile collector's dir, which other exporters share.
+    assert "systemctl clean" not in uninstall
