@@ -1,12 +1,15 @@
-"""A real systemd, booted by systemd-nspawn on the debootstrap tree, with the reaper installed.
+"""A real systemd, booted by systemd-nspawn on the debootstrap tree, for the README's install.
 
 The tree is the image test's cached bookworm (tests/harness/debian_base.py) under a second
-cached layer: systemd, the tools the agent and the plugins' DEL run (iptables, nftables,
-iproute2), and a venv at /opt/cni-reaper holding the project's dependencies, with
-/usr/local/bin/reaper (the units' ExecStart) linking into it. Both caches are read-only lower
-layers of an overlay; what a boot writes lands in the test's own upper dir. The overlay is
-mounted in a mount namespace of the test's own that dies with the container, so nothing is left
-mounted on the host whatever happens.
+cached layer: systemd and the tools the agent and the plugins' DEL run (iptables, nftables,
+iproute2), and nothing of the reaper's: a stock node, where the test runs the README's install
+(`BootedNode.sh`). The node has no route to a package index (it is in the lab's netns), so pip
+there reads a wheelhouse instead, cached too: the project's dependencies and build requirements
+as bookworm's pip downloads them, lent read-only at /run/wheelhouse (`PIP_NO_INDEX`,
+`PIP_FIND_LINKS`: what a site's own mirror would be). The caches are read-only lower layers of an
+overlay; what a boot writes lands in the test's own upper dir. The overlay is mounted in a mount
+namespace of the test's own that dies with the container, so nothing is left mounted on the host
+whatever happens.
 
 The container shares the lab's netns (`--network-namespace-path`), so the units' reaper sees the
 lab's links and chains as a node's would, and gets the lab's dir bound in at the same path (its
@@ -21,7 +24,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import tomllib
 from collections.abc import Sequence
@@ -32,7 +34,20 @@ from tests.harness.lab import kernel
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("systemd", "systemd-sysv", "iptables", "nftables", "iproute2")
-VENV = "/opt/cni-reaper"
+VENV = "/opt/cni-reaper"  # where the README's install puts the reaper
+WHEELHOUSE = "/run/wheelhouse"  # the wheelhouse's path in the container
+# What a root login on the node has: the README's commands run with this and nothing of the test's.
+NODE_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/root",
+    "LANG": "C.UTF-8",
+    "DEBIAN_FRONTEND": "noninteractive",
+    "PIP_NO_INDEX": "1",
+    "PIP_FIND_LINKS": WHEELHOUSE,
+    "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+}
+# Left out of the checkout the node gets: the host's venv, caches and build output.
+CHECKOUT_JUNK = (".git", ".venv", "build", "*.egg-info", "__pycache__", ".*_cache", ".coverage", ".hypothesis")
 NSPAWN = ("systemd-nspawn", "--register=no", "--keep-unit", "--quiet")
 CA_CERTS = Path("/etc/ssl/certs")
 PIP_CONF = Path("/etc/pip.conf")
@@ -45,6 +60,12 @@ class NspawnError(Exception):
 def project_dependencies() -> list[str]:
     deps: list[str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     return deps
+
+
+def build_requirements() -> list[str]:
+    """What `pip install .` installs to build the wheel (its build isolation)."""
+    reqs: list[str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    return reqs
 
 
 def _lend_pip() -> list[str]:
@@ -75,24 +96,15 @@ def _private(script: str) -> list[str]:
     return ["unshare", "--mount", "--propagation", "unchanged", "sh", "-c", script]
 
 
-def _build_layer(base: Path, layer: Path) -> None:
-    """`layer` (an overlay upper dir over `base`): systemd, the tools, the venv."""
-    partial = layer.parent
-    work, merged = partial / "work", partial / "merged"
+def _in_base(base: Path, upper: Path, script: str, binds: Sequence[str] = ()) -> None:
+    """`script` run by nspawn (the host's network, pip lent) on an overlay of `base` whose upper
+    dir is `upper`; the overlay's work and mount dirs are made beside `upper` and removed."""
+    work, merged = upper.parent / "work", upper.parent / "merged"
     work.mkdir()
     merged.mkdir()
-    deps = " ".join(shlex.quote(d) for d in project_dependencies())
-    install = (
-        "apt-get update -qq"
-        f" && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends {' '.join(PACKAGES)}"
-        " && rm -rf /var/lib/apt/lists/*"
-        f" && python3 -m venv {VENV}"
-        f" && {VENV}/bin/pip install -q --no-cache-dir --disable-pip-version-check --only-binary=:all: {deps}"
-        f" && ln -s {VENV}/bin/reaper /usr/local/bin/reaper"
-    )
-    nspawn = [*NSPAWN, "-D", str(merged), "--pipe", *_lend_pip(), "--", "/bin/sh", "-c", install]
+    nspawn = [*NSPAWN, "-D", str(merged), "--pipe", *_lend_pip(), *binds, "--", "/bin/sh", "-c", script]
     proc = subprocess.run(
-        _private(_in_overlay([base], layer, work, merged, [nspawn])),
+        _private(_in_overlay([base], upper, work, merged, [nspawn])),
         capture_output=True,
         text=True,
         timeout=1800,
@@ -101,7 +113,35 @@ def _build_layer(base: Path, layer: Path) -> None:
     shutil.rmtree(work)
     merged.rmdir()
     if proc.returncode != 0:
-        raise NspawnError(f"building the systemd layer failed: {(proc.stdout + proc.stderr)[-3000:]}")
+        raise NspawnError(f"{script[:80]}... failed: {(proc.stdout + proc.stderr)[-3000:]}")
+
+
+def _build_layer(base: Path, layer: Path) -> None:
+    """`layer` (an overlay upper dir over `base`): systemd and the tools, no reaper."""
+    _in_base(
+        base,
+        layer,
+        "apt-get update -qq"
+        f" && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends {' '.join(PACKAGES)}"
+        " && rm -rf /var/lib/apt/lists/*",
+    )
+
+
+def _download_wheels(base: Path, wheelhouse: Path) -> None:
+    """Into `wheelhouse`: every wheel `pip install .` needs on bookworm, by bookworm's own pip (so
+    the wheels are the ones for its Python and architecture). The overlay's upper is thrown away."""
+    reqs = " ".join(shlex.quote(r) for r in [*project_dependencies(), *build_requirements()])
+    scratch = wheelhouse.parent / "scratch"
+    scratch.mkdir()
+    try:
+        _in_base(
+            base,
+            scratch,
+            f"python3 -m pip download -q --no-cache-dir --only-binary=:all: -d /wheelhouse {reqs}",
+            binds=[f"--bind={wheelhouse}:/wheelhouse"],
+        )
+    finally:
+        shutil.rmtree(scratch)
 
 
 def systemd_layers() -> list[Path]:
@@ -110,28 +150,30 @@ def systemd_layers() -> list[Path]:
     inputs = {
         "base": base.key,
         "packages": list(PACKAGES),
-        "venv": VENV,
-        "dependencies": project_dependencies(),
         "nspawn": debian_base._tool_version("systemd-container"),
     }
-    layer = debian_base.cached_tree("bookworm-systemd", inputs, lambda upper: _build_layer(base.rootfs, upper))
+    # Not "bookworm-systemd", the name of the layer that held a preinstalled venv: a cache name's
+    # other keys are removed as stale, and checkouts from before would keep rebuilding it.
+    layer = debian_base.cached_tree("bookworm-systemd-stock", inputs, lambda upper: _build_layer(base.rootfs, upper))
     return [layer.rootfs, base.rootfs]
 
 
-def build_wheel(dest: Path) -> Path:
-    """The project's wheel, built from this checkout (no dependencies: the layer has them)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest), str(ROOT)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    wheels = sorted(dest.glob("cni_reaper-*.whl"))
-    if proc.returncode != 0 or len(wheels) != 1:
-        raise NspawnError(f"pip wheel failed: {proc.stderr[-2000:]}")
-    return wheels[0]
+def wheelhouse() -> Path:
+    """The cached wheelhouse (a dir of wheels) for this checkout's dependencies."""
+    base = debian_base.bookworm_python()
+    inputs = {
+        "base": base.key,
+        "requirements": [*project_dependencies(), *build_requirements()],
+        "nspawn": debian_base._tool_version("systemd-container"),
+    }
+    return debian_base.cached_tree(
+        "bookworm-wheelhouse", inputs, lambda dest: _download_wheels(base.rootfs, dest)
+    ).rootfs
+
+
+def copy_checkout(dest: Path) -> None:
+    """This checkout's files at `dest`, as a `git clone` would have them (no venv or caches)."""
+    shutil.copytree(ROOT, dest, symlinks=True, ignore=shutil.ignore_patterns(*CHECKOUT_JUNK))
 
 
 class BootedNode:
@@ -153,20 +195,17 @@ class BootedNode:
         self.log = work / "nspawn.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def boot(self, wheel: Path, timeout: float = 120) -> None:
+    def boot(self, timeout: float = 120) -> None:
         lower = systemd_layers()
-        install = [
-            *NSPAWN, "-D", str(self.merged), "--pipe", f"--bind-ro={wheel.parent}:/run/wheels", "--",
-            f"{VENV}/bin/pip", "install", "-q", "--no-deps", "--no-index", "--no-cache-dir",
-            "--disable-pip-version-check", f"/run/wheels/{wheel.name}",
-        ]  # fmt: skip
+        wheels = wheelhouse()
         boot = [
             *NSPAWN, "-D", str(self.merged), "--boot", f"--machine={self.machine}", "--console=passive",
             "--capability=all",  # a node's systemd holds every capability; the units' own limits apply
             f"--network-namespace-path={self.netns}",
             *(f"--bind={p}" for p in self.binds), *(f"--bind-ro={p}" for p in self.ro_binds),
+            f"--bind-ro={wheels}:{WHEELHOUSE}",
         ]  # fmt: skip
-        script = _in_overlay(lower, self.upper, self._work, self.merged, [install, boot])
+        script = _in_overlay(lower, self.upper, self._work, self.merged, [boot])
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(_private(script), stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
@@ -207,6 +246,12 @@ class BootedNode:
         if check and proc.returncode != 0:
             raise NspawnError(f"{' '.join(argv)}: {(proc.stdout + proc.stderr)[-2000:]}")
         return proc
+
+    def sh(self, script: str, cwd: str = "/", timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        """`script` run by `sh -eu` in the container from `cwd`, as root with a login's environment
+        (NODE_ENV) and nothing of the test's; it stops at the first command that fails."""
+        env = ["env", "-i", *(f"{k}={v}" for k, v in NODE_ENV.items())]
+        return self.run(*env, "sh", "-euc", f"cd {shlex.quote(cwd)}\n{script}", check=False, timeout=timeout)
 
     def show(self, unit: str, *properties: str) -> dict[str, str]:
         out = self.run("systemctl", "show", unit, *(f"--property={p}" for p in properties)).stdout

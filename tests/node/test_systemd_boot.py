@@ -1,7 +1,16 @@
-"""The systemd units under a real systemd: booted by systemd-nspawn on the debootstrap tree, the
-reaper installed from this checkout's wheel, deploy/systemd's service and timer installed and
-enabled as the README says, the lab's runtime socket and dirs bound in and its netns as the
-container's. The timer fires, the service succeeds and writes the textfile and the state file.
+"""The README's systemd install under a real systemd: systemd-nspawn boots a stock debootstrap
+bookworm (systemd and the tools, nothing of the reaper's) in the lab's netns, with the lab's dir
+bound in at the same path (its runtime socket, netns pins, IPAM, cache, config and bin dirs), and
+a copy of this checkout at /root/cni-reaper. There the README's blocks run as written, taken from
+README.md (tests/harness/readme.py), from the checkout as an operator would:
+  - systemd-install, systemd-report-only, systemd-enable: the venv under /opt/cni-reaper, the
+    units, the report-only drop-in, the timer on. The timer fires; the scan succeeds (exit 1 for
+    the orphan it finds, which the drop-in counts as success), writes the textfile and the state
+    file, and reclaims nothing;
+  - systemd-reap: the drop-in goes; a pass now reaps, and frees what it may;
+  - systemd-uninstall: no unit, venv, link, textfile or state is left.
+The node has no package index: pip there reads a wheelhouse of bookworm's wheels for the
+project's requirements (tests/harness/nspawn.py), as a site's mirror would stand in for PyPI.
 
 Two things of nspawn's keep a pin from being freed in its container, whatever the unit says:
   - the container has a PID namespace of its own, so a reap pass there calls no netns an
@@ -15,9 +24,11 @@ copy of the shipped service with all its hardening, shows that it does: the pin'
 from the container's mount table, and the unlink is the only step left, for nspawn's reason (the
 same code run in the container outside any unit stops at the same step).
 
-Only what a test cannot wait for is changed, in drop-ins: the timer's first run comes 2 s after
-boot instead of 5 minutes, and the service's environment points the reaper at the lab and
-drops the grace (min-age, confirmations, breaker ratio) a node would keep.
+Only what a test cannot wait for is changed, in drop-ins put in place before the boot: the
+timer's first run comes 2 s after boot instead of 5 minutes, and the service's environment
+points the reaper at the lab and drops the grace (min-age, confirmations, breaker ratio) a node
+would keep. The second pass (after the switch to reap) is started by hand rather than waiting
+the timer's 5 minutes.
 """
 
 from __future__ import annotations
@@ -34,7 +45,8 @@ import pytest
 
 from tests.harness.agent import metric
 from tests.harness.lab import Lab, PortMap
-from tests.harness.nspawn import VENV, BootedNode, build_wheel
+from tests.harness.nspawn import VENV, BootedNode, copy_checkout
+from tests.harness.readme import shell_block
 from tests.harness.reap_helpers import SCAN, pings
 from tests.harness.reaper_cli import attachments_by_key, run_reaper
 
@@ -46,6 +58,19 @@ STATE = "var/lib/cni-reaper/state.json"
 NSPAWN_RUN = Path("/run/systemd/nspawn")  # nspawn's own dirs on the host, made at its first run
 UNPIN_PROBE = ROOT / "tests" / "harness" / "probes" / "unpin.py"
 UNPIN_AT = "/usr/local/lib/cni-reaper-test/unpin.py"
+CHECKOUT = "/root/cni-reaper"  # where the README's commands run, as from a clone
+# What the README's install makes on the node, that its uninstall must remove.
+INSTALLED = (
+    VENV,
+    "/usr/local/sbin/reaper",
+    "/etc/systemd/system/cni-reaper.service",
+    "/etc/systemd/system/cni-reaper.timer",
+    "/etc/systemd/system/cni-reaper.service.d",
+    "/" + TEXTFILE,
+    "/var/lib/cni-reaper",
+)
+# The service's properties a run is judged by.
+PROPS = ("ActiveState", "Result", "ExecMainStatus", "ExecMainExitTimestampMonotonic", "InvocationID", "ExecStart")
 
 pytestmark = pytest.mark.skipif(
     shutil.which("systemd-nspawn") is None or shutil.which("debootstrap") is None,
@@ -75,19 +100,18 @@ def unpin_unit(netns_dir: Path, pin: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def install_units(node: BootedNode, lab: Lab, pins: list[str]) -> None:
-    """The README's install: the units into /etc/systemd/system, the timer enabled (the symlink
-    `systemctl enable` makes), plus the test's drop-ins and the unpin checks."""
+def prepare_node(node: BootedNode, lab: Lab, pin: str) -> None:
+    """What the node holds before its boot besides the stock tree: the checkout the README's
+    commands run from, the test's drop-ins (the timer soon, the service pointed at the lab), and
+    the unpin check's probe and unit. Nothing of the reaper is installed."""
+    copy_checkout(node.upper / CHECKOUT.lstrip("/"))
     system = node.upper / "etc" / "systemd" / "system"
     probe = node.upper / UNPIN_AT.lstrip("/")
     probe.parent.mkdir(parents=True)
     shutil.copy(UNPIN_PROBE, probe)
-    (system / "cni-reaper-unpin.service").parent.mkdir(parents=True)
-    (system / "cni-reaper-unpin.service").write_text(unpin_unit(lab.netns_dir, pins[0]))
-    (system / "timers.target.wants").mkdir()
-    for unit in ("cni-reaper.service", "cni-reaper.timer"):
-        shutil.copy(UNITS / unit, system / unit)
-    (system / "timers.target.wants" / "cni-reaper.timer").symlink_to("/etc/systemd/system/cni-reaper.timer")
+    system.mkdir(parents=True)
+    (system / "cni-reaper-unpin.service").write_text(unpin_unit(lab.netns_dir, pin))
+    # Started by the README's `enable --now` long after boot, the timer fires at once.
     (system / "cni-reaper.timer.d").mkdir()
     (system / "cni-reaper.timer.d" / "soon.conf").write_text(
         "[Timer]\nOnBootSec=\nOnBootSec=2s\nOnUnitActiveSec=5min\nRandomizedDelaySec=0\nAccuracySec=1s\n"
@@ -103,10 +127,28 @@ def install_units(node: BootedNode, lab: Lab, pins: list[str]) -> None:
         "REAPER_CONFIRMATIONS": "1",
         "REAPER_MAX_ORPHAN_RATIO": "1",
     }
+    # Beside where the README puts report-only.conf; its uninstall removes this dir whole.
     (system / "cni-reaper.service.d").mkdir()
     (system / "cni-reaper.service.d" / "lab.conf").write_text(
         "[Service]\n" + "".join(f"Environment={k}={v}\n" for k, v in env.items())
     )
+
+
+def readme(node: BootedNode, *names: str) -> str:
+    """The README's blocks `names`, run in order from the checkout; their output."""
+    script = "".join(shell_block(name) for name in names)
+    run = node.sh(script, cwd=CHECKOUT)
+    assert run.returncode == 0, f"README blocks {names} failed:\n{(run.stdout + run.stderr)[-4000:]}"
+    return run.stdout + run.stderr
+
+
+def existing(node: BootedNode, paths: tuple[str, ...]) -> list[str]:
+    """The paths of `paths` that exist in the container."""
+    return [path for path in paths if node.run("test", "-e", path, check=False).returncode == 0]
+
+
+def journal_of(node: BootedNode, invocation: str) -> str:
+    return node.run("journalctl", "--no-pager", "-o", "cat", f"_SYSTEMD_INVOCATION_ID={invocation}").stdout
 
 
 def live_attachments(lab: Lab, state: Path) -> dict[tuple[str | None, str | None, str | None], list[str]]:
@@ -124,9 +166,7 @@ def wait_for_run(node: BootedNode, timeout: float = 90) -> dict[str, str]:
     deadline = time.monotonic() + timeout
     props: dict[str, str] = {}
     while time.monotonic() < deadline:
-        props = node.show(
-            "cni-reaper.service", "ActiveState", "Result", "ExecMainStatus", "ExecMainExitTimestampMonotonic"
-        )
+        props = node.show("cni-reaper.service", *PROPS)
         if props.get("ExecMainExitTimestampMonotonic", "0") != "0" and props.get("ActiveState") != "activating":
             return props
         time.sleep(0.5)
@@ -135,7 +175,7 @@ def wait_for_run(node: BootedNode, timeout: float = 90) -> dict[str, str]:
 
 
 @pytest.mark.usefixtures("nspawn_run_dir")
-def test_the_timer_fires_the_hardened_service_which_may_unpin(tmp_path: Path) -> None:
+def test_the_readme_install_report_only_reap_and_uninstall(tmp_path: Path) -> None:
     with Lab() as lab:
         web = lab.run_pod("web", port_mappings=[PortMap(8080, 80)])
         leak = lab.make_leak(with_cache=False)
@@ -148,28 +188,68 @@ def test_the_timer_fires_the_hardened_service_which_may_unpin(tmp_path: Path) ->
         live = live_attachments(lab, tmp_path / "before.json")
         assert len(live) == 2
 
-        wheel = build_wheel(tmp_path / "wheels")
         node = BootedNode(tmp_path / "node", lab.netns_path, binds=[lab.root], ro_binds=[SYSTEM_CNI_BIN])
-        install_units(node, lab, [leak.netns_path.name])
+        prepare_node(node, lab, leak.netns_path.name)
+        textfile, state = node.upper / TEXTFILE, node.upper / STATE
         try:
-            node.boot(wheel)
-            assert node.run("systemctl", "is-enabled", "cni-reaper.timer").stdout.strip() == "enabled"
-            service = wait_for_run(node)
+            node.boot()
+            stock = node.run("sh", "-c", f"test ! -e {VENV} && ! command -v reaper", check=False).returncode == 0
+
+            # Report only: the README's install, its drop-in and the timer, as written.
+            readme(node, "systemd-install", "systemd-report-only", "systemd-enable")
+            enabled = node.run("systemctl", "is-enabled", "cni-reaper.timer").stdout.strip()
+            scan = wait_for_run(node)
             timer = node.show("cni-reaper.timer", "ActiveState", "LastTriggerUSecMonotonic")
-            journal = node.run("journalctl", "--no-pager", "-o", "cat", "-u", "cni-reaper.service").stdout
+            scan_journal = journal_of(node, scan["InvocationID"])
+            scan_body = textfile.read_text()
+            cut_after_scan, state_after_scan = cut.exists(), state.exists()
+            on_path = node.sh("command -v reaper && reaper --version").stdout.split()
+
+            # Reap: the README's switch, then a pass now rather than in 5 minutes.
+            readme(node, "systemd-reap")
+            node.run("systemctl", "start", "cni-reaper.service", check=False, timeout=600)
+            service = node.show("cni-reaper.service", *PROPS)
+            journal = journal_of(node, service["InvocationID"])
             applied = node.show("cni-reaper.service", "NoNewPrivileges", "CapabilityBoundingSet", "RestrictNamespaces")
+            body = textfile.read_text()
+            textfile_mode = stat.S_IMODE(textfile.stat().st_mode)
+            state_mode, state_doc = stat.S_IMODE(state.stat().st_mode), json.loads(state.read_text())
+
             mounted_before = pin in node.run("cat", "/proc/self/mountinfo").stdout
             node.run("systemctl", "start", "cni-reaper-unpin.service", check=False)
             unpin_log = node.run("journalctl", "--no-pager", "-o", "cat", "-u", "cni-reaper-unpin.service").stdout
             mounted_after = pin in node.run("cat", "/proc/self/mountinfo").stdout
             # The same code with no unit around it: no hardening at all.
             direct = node.run(f"{VENV}/bin/python", UNPIN_AT, str(lab.netns_dir), bare_pin.name, check=False).stdout
+
+            # Uninstall, as written; then nothing of the README's install is left.
+            installed = existing(node, INSTALLED)
+            readme(node, "systemd-uninstall")
+            left = existing(node, INSTALLED)
+            units_after = {
+                unit: node.show(unit, "LoadState")["LoadState"] for unit in ("cni-reaper.service", "cni-reaper.timer")
+            }
+            timers_after = node.run("systemctl", "list-timers", "--all", "--no-legend").stdout
         finally:
             assert node.poweroff() == 0, node.log.read_text()[-2000:]
 
-        # The timer fired the service, and the pass succeeded.
+        assert stock, "the node had a reaper before the README's install"
+        assert enabled == "enabled"
+        assert on_path[0] == "/usr/local/sbin/reaper" and len(on_path) > 1, on_path
+
+        # The timer fired the report-only service: a scan that found the orphan (exit 1, which
+        # the drop-in counts as success), wrote the textfile, and reclaimed nothing.
         assert timer["ActiveState"] == "active"
         assert timer["LastTriggerUSecMonotonic"] not in ("", "0"), timer
+        assert f"argv[]={VENV}/bin/reaper scan --textfile /{TEXTFILE} " in scan["ExecStart"], scan["ExecStart"]
+        assert (scan["Result"], scan["ExecMainStatus"]) == ("success", "1"), (scan, scan_journal[-3000:])
+        assert metric(scan_body, "cni_reaper_runtime_up") == 1
+        assert metric(scan_body, "cni_reaper_attachments", verdict="orphan") >= 1
+        assert metric(scan_body, "cni_reaper_reclaimed_total", kind="cache", method="kernel") == 0
+        assert cut_after_scan and state_after_scan
+
+        # Without the drop-in the shipped unit reaps, and the pass succeeded.
+        assert f"argv[]={VENV}/bin/reaper reap --textfile /{TEXTFILE} " in service["ExecStart"], service["ExecStart"]
         assert service["Result"] == "success" and service["ExecMainStatus"] == "0", (service, journal[-3000:])
         assert applied["NoNewPrivileges"] == "yes"
         caps = set(applied["CapabilityBoundingSet"].split())
@@ -180,9 +260,7 @@ def test_the_timer_fires_the_hardened_service_which_may_unpin(tmp_path: Path) ->
         # The leak's lease (an attachment with no netns) is left: the container's PID namespace
         # hides the namespaces a live pod holding its address could be in. Its pin was not
         # judged, for the same reason.
-        textfile = node.upper / TEXTFILE
-        assert stat.S_IMODE(textfile.stat().st_mode) == 0o644
-        body = textfile.read_text()
+        assert textfile_mode == 0o644
         assert metric(body, "cni_reaper_runtime_up") == 1
         assert metric(body, "cni_reaper_reclaimed_total", kind="cache", method="kernel") == 1
         assert not cut.exists()
@@ -193,9 +271,8 @@ def test_the_timer_fires_the_hardened_service_which_may_unpin(tmp_path: Path) ->
         assert metric(body, "cni_reaper_attachments", verdict="unknown") >= 1
         assert metric(body, "cni_reaper_reclaimed_total", kind="netns", method="kernel") == 0
         assert "not in the host's PID namespace" in journal
-        state = node.upper / STATE
-        assert stat.S_IMODE(state.stat().st_mode) == 0o600
-        assert json.loads(state.read_text())
+        assert state_mode == 0o600
+        assert state_doc
 
         # Under the unit's hardening the reaper's unpin unmounted the pin in the container's own
         # mount namespace (no namespace of the unit's, umount2 allowed); only nspawn's hidden
@@ -206,6 +283,11 @@ def test_the_timer_fires_the_hardened_service_which_may_unpin(tmp_path: Path) ->
         assert outcome["error"] == "unlink: Device or resource busy", outcome
         # Without the unit the same code gets exactly as far: the unlink is nspawn's limit.
         assert json.loads(direct) == {**outcome, "pin": str(bare_pin)}
+
+        # The uninstall left nothing of the install, and systemd knows neither unit.
+        assert installed == list(INSTALLED) and left == [], (installed, left)
+        assert units_after == {"cni-reaper.service": "not-found", "cni-reaper.timer": "not-found"}, units_after
+        assert "cni-reaper" not in timers_after
 
         assert live_attachments(lab, tmp_path / "after.json") == live
         assert pings(lab, web)

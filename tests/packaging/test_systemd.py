@@ -1,7 +1,9 @@
-"""The systemd units: `systemd-analyze verify` clean, and hardening that leaves reaping possible.
+"""The systemd units: `systemd-analyze verify` clean, hardening that leaves reaping possible, the
+report-only drop-in, and a README whose install blocks put everything where the units look.
 
 The units are copied to a temporary dir with ExecStart pointed at a stub (verify insists that the
-binary exists); nothing is installed or started.
+binary exists); nothing is installed or started. tests/node/test_systemd_boot.py runs the README's
+blocks in a booted systemd.
 """
 
 from __future__ import annotations
@@ -13,11 +15,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.readme import README, blocks, shell_block
+
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = ROOT / "deploy" / "systemd"
 SERVICE = UNITS / "cni-reaper.service"
 TIMER = UNITS / "cni-reaper.timer"
-BINARY = "/usr/local/bin/reaper"
+REPORT_ONLY = UNITS / "cni-reaper.service.d" / "report-only.conf"
+VENV = "/opt/cni-reaper"  # the README's install
+BINARY = f"{VENV}/bin/reaper"
 TEXTFILE = "/var/lib/node_exporter/textfile_collector/cni_reaper.prom"
 
 # Each of these gives the service its own mount namespace, where systemd turns every mount into
@@ -85,6 +91,12 @@ def verify_dir(tmp_path: Path) -> Path:
     assert BINARY in service
     (tmp_path / SERVICE.name).write_text(service.replace(BINARY, str(stub)))
     shutil.copy(TIMER, tmp_path / TIMER.name)
+    # verify reads a unit's drop-ins from <unit>.d beside it, as systemd does.
+    dropins = tmp_path / f"{SERVICE.name}.d"
+    dropins.mkdir()
+    report_only = REPORT_ONLY.read_text()
+    assert BINARY in report_only
+    (dropins / REPORT_ONLY.name).write_text(report_only.replace(BINARY, str(stub)))
     return tmp_path
 
 
@@ -145,3 +157,51 @@ def test_timer_every_five_minutes() -> None:
         "Persistent": "true",
     }
     assert values(sections["Install"], "WantedBy") == ["timers.target"]
+
+
+def test_report_only_dropin_scans_into_the_same_textfile() -> None:
+    sections = parse_unit(REPORT_ONLY)
+    assert set(sections) == {"Unit", "Service"}
+    service = sections["Service"]
+    # The empty ExecStart= first: otherwise a oneshot would run the unit's reap too.
+    assert values(service, "ExecStart")[0] == ""
+    (_, exec_start) = values(service, "ExecStart")
+    argv = shlex.split(exec_start)
+    assert argv[:2] == [BINARY, "scan"]
+    assert argv[argv.index("--textfile") + 1] == TEXTFILE
+    assert argv[argv.index("--log-format") + 1] == "json"
+    # "Orphans found" is the report's job; exit 2 (could not decide) still fails the unit.
+    assert values(service, "SuccessExitStatus") == ["1"]
+    # Only the command and its exit status change: the unit's hardening and dirs apply as they are.
+    assert {key for key, _ in service} == {"ExecStart", "SuccessExitStatus"}
+
+
+def test_readme_blocks_install_what_the_units_run_and_uninstall_it() -> None:
+    named = blocks(README.read_text())
+    assert {"systemd-install", "systemd-report-only", "systemd-enable", "systemd-reap", "systemd-uninstall"} <= set(
+        named
+    )
+    install = shell_block("systemd-install")
+    # A venv, not the system Python (PEP 668 refuses that on Debian 12 and Ubuntu 24.04).
+    assert f"python3 -m venv {VENV}\n" in install
+    assert f"{VENV}/bin/pip install ." in install
+    assert not [line for line in install.splitlines() if line.split()[:1] in (["pip"], ["pip3"])]
+    assert "python3 -m pip" not in install
+    # Every file the blocks copy exists in the checkout.
+    copied = [
+        word
+        for name in ("systemd-install", "systemd-report-only")
+        for line in shell_block(name).splitlines()
+        if line.startswith("cp ")
+        for word in shlex.split(line, comments=True)[1:-1]
+    ]
+    assert copied and all((ROOT / path).is_file() for path in copied), copied
+    assert {str(p.relative_to(ROOT)) for p in (SERVICE, TIMER, REPORT_ONLY)} == set(copied)
+    assert "systemctl enable --now cni-reaper.timer" in shell_block("systemd-enable")
+    # The switch to reaping removes exactly the drop-in the report-only block installed.
+    assert f"/etc/systemd/system/cni-reaper.service.d/{REPORT_ONLY.name}" in shell_block("systemd-reap")
+    uninstall = shell_block("systemd-uninstall")
+    for gone in (VENV, "/usr/local/sbin/reaper", "/etc/systemd/system/cni-reaper.service.d", TEXTFILE):
+        assert gone in uninstall, gone
+    # `systemctl clean` would remove the textfile collector's dir, which other exporters share.
+    assert "systemctl clean" not in uninstall
