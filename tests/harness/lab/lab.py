@@ -30,6 +30,15 @@ from tests.harness.lab.cri import LabRuntimeClient
 from tests.harness.lab.image import DEFAULT_CACHE_DIR, PAUSE_IMAGE, build_pause_image
 
 SYSTEM_CNI_BIN = Path("/usr/lib/cni")
+# Optional knob for checking by hand against other plugin binaries (a newer release unpacked
+# from a distribution's package): the dir the lab's bin dir links its plugins from.
+CNI_BIN_ENV = "REAPER_LAB_CNI_BIN"
+
+
+def system_cni_bin() -> Path:
+    return Path(os.environ.get(CNI_BIN_ENV) or SYSTEM_CNI_BIN)
+
+
 RUN_NETNS = Path("/run/netns")
 
 _PROTOCOLS = {"tcp": pb.TCP, "udp": pb.UDP, "sctp": pb.SCTP}
@@ -231,11 +240,15 @@ class Lab:
         self._write_network(self._initial_network)
 
         self.start_runtime()
-        _run(["ctr", "--address", str(self._layout.socket), "-n", "k8s.io", "images", "import", str(image)])
+        self._ctr_import(image)
         self._wait_network(self._initial_network)
 
+    def _ctr_import(self, image: Path) -> None:
+        ctr = shutil.which("ctr", path=runtime.runtime_path()) or "ctr"  # the lab containerd's own
+        _run([ctr, "--address", str(self._layout.socket), "-n", "k8s.io", "images", "import", str(image)])
+
     def _populate_bin_dir(self) -> None:
-        for plugin in sorted(SYSTEM_CNI_BIN.iterdir()):
+        for plugin in sorted(system_cni_bin().iterdir()):
             (self.bin_dir / plugin.name).symlink_to(plugin)
         fail = self.bin_dir / cni.FAIL_PLUGIN
         fail.write_text(cni.FAIL_PLUGIN_SCRIPT)
@@ -290,7 +303,7 @@ class Lab:
                     child.unlink()
         self.start_runtime()
         image = build_pause_image(self._image_cache_dir)
-        _run(["ctr", "--address", str(self._layout.socket), "-n", "k8s.io", "images", "import", str(image)])
+        self._ctr_import(image)
         self._wait_network("normal" if any(self.conf_dir.iterdir()) else "empty")
 
     def close(self) -> None:
