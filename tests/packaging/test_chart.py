@@ -881,3 +881,24 @@ def test_doctor_exec_in_the_pod_sees_the_agents_settings(chart: helm.Chart) -> N
                 assert getattr(exec_, field) == getattr(agent, field), (values, command, field)
             if command != ["doctor"]:  # doctor checks no grace, so its parser refuses those flags
                 assert exec_.policy == agent.policy and exec_.state_file == agent.state_file
+
+
+def test_alerts_link_their_runbook_section_when_given_where_the_readme_is(chart: helm.Chart) -> None:
+    base = "https://github.com/acme/cni-reaper/blob/v0.1.0/README.md"
+    docs = render(chart, {"prometheusRule": {"enabled": True, "runbookUrl": base}})
+    alerts = [r for g in one(docs, "PrometheusRule")["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert alerts
+    for alert in alerts:
+        section = alert["annotations"]["runbook"].split("#", 1)[1]
+        assert alert["annotations"]["runbook_url"] == f"{base}#{section}", alert["alert"]
+        assert section in {a.lower().replace(" ", "-") for a in README_HEADINGS}, section
+    plain = render(chart, {"prometheusRule": {"enabled": True}})
+    assert not [r for g in one(plain, "PrometheusRule")["spec"]["groups"] for r in g["rules"]
+                if "runbook_url" in r.get("annotations", {})]  # fmt: skip
+    with pytest.raises(helm.HelmValuesError):
+        render(chart, {"prometheusRule": {"enabled": True, "runbookUrl": "javascript:alert(1)"}})
+
+
+README_HEADINGS = [
+    line.lstrip("#").strip() for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("### ")
+]
