@@ -23,6 +23,7 @@ from reaper.layout import Layout
 from reaper.model import NetworkConfig, RuntimeView
 from reaper.podcidr import PodCidrs
 from reaper.reap.trust import executed_types
+from reaper.runtime.cause import likely_cause
 from reaper.runtime.discovery import KNOWN_SOCKETS, open_socket
 from reaper.settings import Settings
 
@@ -385,9 +386,11 @@ def _firewall() -> Iterator[Check]:
     yield Check("nftables", "ok", f"CNI nft tables: {detail}")
 
 
-def _runtimes(view: RuntimeView) -> Iterator[Check]:
+def _runtimes(view: RuntimeView, layout: Layout) -> Iterator[Check]:
     if not view.runtimes and not view.reachable:
-        yield Check("runtime", "fail", view.error or "no runtime", "pass --runtime-endpoint unix:///path/to/cri.sock")
+        # The likely cause (a runtime configured here whose socket is silent, or none at all),
+        # not a flag to pass: the flag only helps once the runtime serves somewhere.
+        yield Check("runtime", "fail", view.error or "no runtime", likely_cause(view, layout))
         return
     for answer in view.runtimes:
         if answer.reachable:
@@ -400,7 +403,7 @@ def _runtimes(view: RuntimeView) -> Iterator[Check]:
             fix = "fix or stop that runtime, or pass --runtime-endpoint with the ones that serve pods"
             yield Check("runtime", "fail", f"{answer.endpoint} ({answer.source}): {answer.error}", fix)
     if view.runtimes and not any(a.reachable for a in view.runtimes):
-        yield Check("runtime", "fail", "no runtime answers: every pass would be undecided", "pass --runtime-endpoint")
+        yield Check("runtime", "fail", "no runtime answers: every pass would be undecided", likely_cause(view, layout))
 
 
 def run_checks(
@@ -410,7 +413,7 @@ def run_checks(
     `platform`: its platform preset."""
     configs, _ = collect_configs_of(settings.cni_conf_dirs)
     return [
-        *_runtimes(view),
+        *_runtimes(view, layout),
         *_dirs(settings, layout),
         *_cni_dirs(settings, configs),
         *_visibility(settings, configs, platform),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+from reaper.doctor import _runtimes
 from reaper.layout import Layout, RuntimeLayout
 from reaper.model import RuntimeAnswer, RuntimeView
 from reaper.runtime.cause import likely_cause
@@ -102,3 +103,12 @@ def test_discovered_endpoints_are_not_checked_for_a_file(tmp_path: Path) -> None
     seen = CriLiveness((), 2.0, find=lambda: [Endpoint(f"unix://{path}", "known socket (containerd)")]).observe({})
     (only,) = seen.runtimes
     assert only.skipped and "nobody listens" in (only.error or "")
+
+
+def test_doctor_gives_the_likely_cause_as_its_fix_not_a_flag_to_pass() -> None:
+    refused = answer("unix:///run/containerd/containerd.sock", "nobody listens on this socket", skipped=True)
+    for seen in (view(), view(refused)):
+        checks = list(_runtimes(seen, Layout(runtimes=(CONTAINERD,))))
+        failed = [c for c in checks if c.status == "fail"]
+        assert failed and failed[-1].fix is not None and failed[-1].fix.endswith("is containerd running?")
+        assert not any("--runtime-endpoint" in (c.fix or "") for c in failed)
