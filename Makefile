@@ -14,14 +14,19 @@ PYTEST_ARGS ?=
 COVERAGE_FLOORS := reaper/reap/*:85 reaper/agent.py:80 reaper/metrics.py:80 reaper/report.py:80
 COV_ARGS := --cov=reaper --cov-report=term-missing:skip-covered
 
-.PHONY: test demo bench bench-reap bench-agent bench-churn deps venv lint typecheck unit coverage-floors proto clean
+.PHONY: demo-notice test demo bench bench-reap bench-agent bench-churn deps venv lint typecheck unit coverage-floors proto clean
 
 test: deps venv lint typecheck
 	$(BIN)/python -m pytest $(COV_ARGS) $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory coverage-floors
 
-demo: deps venv
+demo: demo-notice deps venv
 	$(BIN)/python -m tests.harness.lab.demo
+
+# Said before anything is installed: the demo is for a machine to try the reaper on.
+demo-notice:
+	@echo "make demo: installs Debian packages (containerd, runc, CNI plugins, iptables, nftables, podman, ...)"
+	@echo "and runs a private containerd lab. Run it on a test machine, not on a production node."
 
 bench: deps venv
 	$(BIN)/python -m bench.scan_bench
