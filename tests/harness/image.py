@@ -88,11 +88,14 @@ class PrivatePodman:
             if tar.wait(120) != 0:
                 raise PodmanError(f"tar of {rootfs} failed")
 
-    def build(self, tag: str, base: str, home: Path, context: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    def build(
+        self, tag: str, base: str, home: Path, context: Path = ROOT, args: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         lend = ["-v", f"{CA_CERTS}:{CA_CERTS}:ro"] if CA_CERTS.is_dir() else []
         lend += ["-v", f"{home}:/root:ro"]
+        build_args = [f"--build-arg={name}={value}" for name, value in {"BASE": base, **(args or {})}.items()]
         return self(
-            "build", "--pull=never", "--network", "host", *ULIMITS, *lend, "--build-arg", f"BASE={base}",
+            "build", "--pull=never", "--network", "host", *ULIMITS, *lend, *build_args,
             "-t", tag, str(context), timeout=1200,
         )  # fmt: skip
 
