@@ -154,3 +154,15 @@ def test_the_image_is_built_for_both_platforms_pushed_to_ghcr_and_signed_by_dige
     uses = [step.get("uses", "").split("@")[0] for _, step in steps(doc)]
     for action in ("docker/setup-qemu-action", "docker/setup-buildx-action", "sigstore/cosign-installer"):
         assert action in uses
+
+
+def test_readme_builds_what_the_workflow_builds() -> None:
+    # The README's manual build and the release workflow push the same platforms, and the README
+    # says how to point the chart at the image pushed.
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### Build and push the image", 1)[1].split("\n### ", 1)[0]
+    platforms = load(RELEASE)["jobs"]["image"]["steps"]
+    build = next(step for step in platforms if step.get("id") == "build")["with"]["platforms"]
+    assert f"docker buildx build --platform {build}" in section
+    assert "--push ." in section and "--set image.repository=" in section
+    assert "release.yml" in section and "cosign verify" in section
