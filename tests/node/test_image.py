@@ -33,7 +33,7 @@ import pytest
 import yaml
 
 from tests.harness import debian_base
-from tests.harness.image import ULIMITS, ChartPod, PrivatePodman, expand, lend_pip_home
+from tests.harness.image import ULIMITS, ChartPod, PodmanError, PrivatePodman, expand, lend_pip_home
 from tests.harness.lab import Lab, PortMap, kernel
 from tests.harness.reap_helpers import SCAN, hostport_chains, leak_left, pings
 from tests.harness.reaper_cli import attachments_by_key, run_reaper
@@ -143,6 +143,16 @@ def test_nothing_lent_to_the_build_is_in_the_image(built: Built) -> None:
     assert above_base < 120 * 2**20, f"{above_base / 2**20:.0f} MiB above the base"
     # Nor is anything the RUN steps mounted left as a mount point.
     assert in_image(built, "sh", "-c", "test ! -e /etc/pip.conf && test ! -e /root/.config").returncode == 0
+
+
+def test_the_default_snapshot_refuses_a_base_that_names_none(built: Built, tmp_path: Path) -> None:
+    # DEBIAN_SNAPSHOT=base (the default) on the debootstrap tree, whose sources name no snapshot:
+    # the build stops at the apt step and says what to pass, rather than installing whatever the
+    # live mirror holds under a digest that promised otherwise. The builder stage is cached.
+    with pytest.raises(PodmanError, match=re.escape("names no snapshot for http://deb.debian.org/debian")) as refused:
+        built.podman.build("localhost/cni-reaper:refused", built.base, lend_pip_home(tmp_path / "home"))
+    assert "DEBIAN_SNAPSHOT" in str(refused.value)
+    assert built.podman("image", "exists", "localhost/cni-reaper:refused", check=False).returncode == 1
 
 
 # --- on the lab ----------------------------------------------------------------------------------
