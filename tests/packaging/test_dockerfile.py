@@ -187,3 +187,18 @@ def test_dockerignore_keeps_local_state_out_and_the_sources_in() -> None:
     copied.append(SNAPSHOT_SCRIPT)  # bind-mounted, so in the context too
     for source in copied:
         assert not any(fnmatch.fnmatch(source, p) for p in patterns), f"{source} is copied but ignored"
+
+
+def test_labels_name_the_release_and_its_license() -> None:
+    # The OCI labels a registry and a scanner read; the version is the release's, as the chart's
+    # appVersion (the image tag it deploys) and pyproject's (the release workflow checks the tag
+    # against the same three).
+    labels: dict[str, str] = {}
+    for keyword, args in instructions():
+        if keyword == "LABEL":
+            labels.update((k, v.strip('"')) for k, v in re.findall(r'(\S+?)=("[^"]*"|\S+)', args))
+    assert labels["org.opencontainers.image.title"] == "cni-reaper"
+    assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
+    pyproject = re.search(r'^version = "(.+)"$', (ROOT / "pyproject.toml").read_text(), re.M)
+    chart = yaml.safe_load((ROOT / "charts" / "cni-reaper" / "Chart.yaml").read_text())
+    assert pyproject and labels["org.opencontainers.image.version"] == pyproject.group(1) == chart["appVersion"]
