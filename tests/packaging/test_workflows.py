@@ -166,3 +166,26 @@ def test_readme_builds_what_the_workflow_builds() -> None:
     assert f"docker buildx build --platform {build}" in section
     assert "--push ." in section and "--set image.repository=" in section
     assert "release.yml" in section and "cosign verify" in section
+
+
+@pytest.mark.parametrize(("tag", "ok"), [("v0.1.0", True), ("v9.9.9", False), ("v0.1.0-rc1", False)])
+def test_the_release_names_step_checks_the_tag_against_the_versions(tmp_path: Path, tag: str, ok: bool) -> None:
+    # The step's script, run as GitHub runs it (bash -e -o pipefail): the tag must be the version
+    # pyproject, the chart and the image label carry; the names are lower case for the registry.
+    project = re.search(r'^version = "(.+)"$', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert project and project.group(1) == "0.1.0", "update the tags above with the version"
+    step = next(s for s in load(RELEASE)["jobs"]["image"]["steps"] if s.get("id") == "names")
+    output = tmp_path / "output"
+    env = {"PATH": "/usr/bin:/bin", "OWNER": "Some-Fork", "TAG": tag, "GITHUB_OUTPUT": str(output)}
+    bash = ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]]
+    result = subprocess.run(bash, env=env, cwd=ROOT, capture_output=True, text=True, timeout=30)
+    if ok:
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert output.read_text().splitlines() == [
+            "version=0.1.0",
+            "image=ghcr.io/some-fork/cni-reaper",
+            "charts=ghcr.io/some-fork/charts",
+        ]
+    else:
+        assert result.returncode == 1 and f"::error::tag {tag} but pyproject.toml says '0.1.0'" in result.stdout
+        assert not output.exists()
