@@ -194,12 +194,16 @@ class ChartPod:
             if mount.get("readOnly"):
                 options.append("ro=true")
             flags += ["--mount", ",".join(options)]
+        # A value may name a variable defined before it, `$(NODE_IP):9753`, which the kubelet
+        # expands (the chart's REAPER_LISTEN); the variables given stand in for the downward API's.
+        defined = dict(env)
         for var in self.container["env"]:
             name = var["name"]
             if name in env:
                 flags += ["--env", f"{name}={env[name]}"]
             elif "value" in var:
-                flags += ["--env", f"{name}={var['value']}"]
+                defined[name] = expand([var["value"]], defined)[0]
+                flags += ["--env", f"{name}={defined[name]}"]
         return flags
 
     def _host_path(self, path: Path, kind: str) -> None:
