@@ -1,11 +1,28 @@
 # cni-reaper node agent: `reaper run`, deployed by charts/cni-reaper as a privileged DaemonSet.
-#   docker build -t cni-reaper:0.1.0 .
-# Both stages use the same pinned base, so the venv's interpreter link
-# (/usr/local/bin/python3.11) is valid in the final image. BASE replaces it with another
-# Debian bookworm that has python3, venv and pip with `python` on PATH (the project's image test
-# builds on a debootstrap tree, as no image can be pulled there): the link is then that base's
-# interpreter, still valid as both stages share it.
-ARG BASE=python:3.11.17-slim-bookworm
+#   docker buildx build --platform linux/amd64,linux/arm64 -t REGISTRY/cni-reaper:0.1.0 --push .
+# (README: "Build and push the image"; .github/workflows/release.yml does the same on a v* tag.)
+#
+# Reproducible by two pins, neither of which expires:
+# - BASE is pinned by the digest of its multi-arch index, so every build, on every platform, starts
+#   from the same bytes. Bump tag and digest together, deliberately, from
+#   `docker buildx imagetools inspect python:3.11-slim-bookworm` (the index digest, on its
+#   first "Digest:" line); this one is python:3.11.17-slim-bookworm's as published in October 2026.
+# - DEBIAN_SNAPSHOT=base installs the Debian packages below from the snapshot.debian.org state
+#   the base was itself built from (image/apt-snapshot.sh reads it from the base's sources), so the
+#   digest fixes every version too. No `package=version` pins: they break the build when a point
+#   release replaces the version, while a snapshot never changes. The versions installed are
+#   written to /usr/share/cni-reaper/debian-packages.txt in the image, to compare two builds by.
+#   A newer snapshot (a security fix before a new base): --build-arg DEBIAN_SNAPSHOT=20261201T000000Z.
+#   DEBIAN_SNAPSHOT=live installs from the base's own mirror, whatever it holds that day: for a
+#   base that names no snapshot or a builder that cannot reach snapshot.debian.org.
+#
+# Both stages use the same base, so the venv's interpreter link (/usr/local/bin/python3.11) is
+# valid in the final image. BASE replaces it with another Debian bookworm that has python3, venv
+# and pip with `python` on PATH (the project's image test builds on a debootstrap tree, as no image
+# can be pulled there, with DEBIAN_SNAPSHOT=live): the link is then that base's interpreter, still
+# valid as both stages share it.
+ARG BASE=python:3.11.17-slim-bookworm@sha256:0a310eeecf4e1f5a0743f9a6520c90c88d089c903ca5fd283f501e3a805f5f89
+ARG DEBIAN_SNAPSHOT=base
 
 FROM ${BASE} AS builder
 
@@ -37,13 +54,18 @@ LABEL org.opencontainers.image.title="cni-reaper" \
 #   nftables  nft, for the nftables backend's cni_plugins_masquerade / cni_hostport rules
 #   iproute2  ip, for plugins that shell out to it and for debugging inside the pod
 # util-linux (nsenter, mount tools) is already in the base image: it is Essential in bookworm.
-# Versions are bookworm's; refresh them with `apt-cache policy iptables nftables iproute2` in
-# the base image when a Debian point release replaces one.
-RUN apt-get update \
- && apt-get install -y --no-install-recommends \
-      iptables=1.8.9-2 \
-      nftables=1.0.6-2+deb12u2 \
-      iproute2=6.1.0-3 \
+# Versions: whatever DEBIAN_SNAPSHOT's archive holds (see the top of this file), recorded in
+# /usr/share/cni-reaper/debian-packages.txt; the base's apt sources are put back after.
+ARG DEBIAN_SNAPSHOT
+# hadolint ignore=DL3008
+RUN --mount=type=bind,source=image/apt-snapshot.sh,target=/run/apt-snapshot.sh \
+    sh /run/apt-snapshot.sh pin "${DEBIAN_SNAPSHOT}" \
+ && apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      iptables \
+      nftables \
+      iproute2 \
+ && sh /run/apt-snapshot.sh record /usr/share/cni-reaper/debian-packages.txt \
  && rm -rf /var/lib/apt/lists/*
 
 COPY --from=builder /opt/venv /opt/venv

@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEB_PACKAGES := containerd runc containernetworking-plugins iptables nftables iproute2 \
 	util-linux gcc libc6-dev iputils-ping procps ca-certificates prometheus prometheus-node-exporter systemd podman busybox-static \
-	debootstrap systemd-container
+	debootstrap systemd-container shellcheck
 PYTEST_ARGS ?=
 # Line coverage each group of the reclaim path keeps (issue 24), by the unit tests alone and by
 # the whole suite: "files:percent", checked after pytest by `coverage report --fail-under`.

@@ -88,11 +88,14 @@ class PrivatePodman:
             if tar.wait(120) != 0:
                 raise PodmanError(f"tar of {rootfs} failed")
 
-    def build(self, tag: str, base: str, home: Path, context: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    def build(
+        self, tag: str, base: str, home: Path, context: Path = ROOT, args: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         lend = ["-v", f"{CA_CERTS}:{CA_CERTS}:ro"] if CA_CERTS.is_dir() else []
         lend += ["-v", f"{home}:/root:ro"]
+        build_args = [f"--build-arg={name}={value}" for name, value in {"BASE": base, **(args or {})}.items()]
         return self(
-            "build", "--pull=never", "--network", "host", *ULIMITS, *lend, "--build-arg", f"BASE={base}",
+            "build", "--pull=never", "--network", "host", *ULIMITS, *lend, *build_args,
             "-t", tag, str(context), timeout=1200,
         )  # fmt: skip
 
@@ -191,12 +194,16 @@ class ChartPod:
             if mount.get("readOnly"):
                 options.append("ro=true")
             flags += ["--mount", ",".join(options)]
+        # A value may name a variable defined before it, `$(NODE_IP):9753`, which the kubelet
+        # expands (the chart's REAPER_LISTEN); the variables given stand in for the downward API's.
+        defined = dict(env)
         for var in self.container["env"]:
             name = var["name"]
             if name in env:
                 flags += ["--env", f"{name}={env[name]}"]
             elif "value" in var:
-                flags += ["--env", f"{name}={var['value']}"]
+                defined[name] = expand([var["value"]], defined)[0]
+                flags += ["--env", f"{name}={defined[name]}"]
         return flags
 
     def _host_path(self, path: Path, kind: str) -> None:

@@ -1,7 +1,10 @@
 """The project's image, built from the Dockerfile by podman and run the way the Helm chart runs it.
 
 No base image can be pulled here, so the Dockerfile's BASE is a Debian bookworm made by
-debootstrap (tests/harness/debian_base.py, cached between runs). The build borrows the host's CA
+debootstrap (tests/harness/debian_base.py, cached between runs). That tree names no
+snapshot.debian.org state (Debian's images do), and the snapshot archive cannot be reached from
+here either, so the build installs with DEBIAN_SNAPSHOT=live; tests/packaging/test_apt_snapshot.py
+checks what `base` and a snapshot time do to the sources. The build borrows the host's CA
 bundle and pip config; nothing of them may be in the image. The container then gets what the
 chart's DaemonSet asks for, read from the rendered manifest: privileged, the host's PID
 namespace, a read-only root with the chart's /tmp, the chart's host paths with their mount
@@ -30,15 +33,16 @@ import pytest
 import yaml
 
 from tests.harness import debian_base
-from tests.harness.image import ULIMITS, ChartPod, PrivatePodman, expand, lend_pip_home
+from tests.harness.image import ULIMITS, ChartPod, PodmanError, PrivatePodman, expand, lend_pip_home
 from tests.harness.lab import Lab, PortMap, kernel
 from tests.harness.reap_helpers import SCAN, hostport_chains, leak_left, pings
 from tests.harness.reaper_cli import attachments_by_key, run_reaper
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "cni-reaper"
-DOCKERFILE = ROOT / "Dockerfile"
 TAG = "localhost/cni-reaper:test"
+MANIFEST = "/usr/share/cni-reaper/debian-packages.txt"
+TOOL_PACKAGES = ("iptables", "nftables", "iproute2")
 SYSTEM_CNI_BIN = "/usr/lib/cni"  # where the lab's bin dir links point
 
 pytestmark = pytest.mark.skipif(
@@ -68,7 +72,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
         started = time.monotonic()
         podman.import_tree(tree.rootfs, base)
         imported = time.monotonic()
-        podman.build(TAG, base, lend_pip_home(work / "home"))
+        podman.build(TAG, base, lend_pip_home(work / "home"), args={"DEBIAN_SNAPSHOT": "live"})
         done = time.monotonic()
         diff_ids = podman.inspect(base)["RootFS"]["Layers"]
         yield Built(podman, base, diff_ids, imported - started, done - imported)
@@ -82,17 +86,11 @@ def lab() -> Iterator[Lab]:
         yield lab
 
 
-def pinned_packages() -> dict[str, str]:
-    text = DOCKERFILE.read_text().replace("\\\n", " ")
-    install = text.split("apt-get install", 1)[1].split("&&", 1)[0].split()
-    return dict(p.split("=", 1) for p in install if "=" in p)
-
-
 def in_image(built: Built, entrypoint: str, *args: str) -> subprocess.CompletedProcess[str]:
     return built.podman("run", "--rm", *ULIMITS, "--network", "none", "--entrypoint", entrypoint, TAG, *args)
 
 
-def test_image_runs_the_agent_from_its_venv_with_the_pinned_tools(built: Built) -> None:
+def test_image_runs_the_agent_from_its_venv_with_the_recorded_tools(built: Built) -> None:
     # The venv copied from the builder stage works in the final one: its interpreter link
     # resolves (both stages share BASE) and the entry point imports the whole agent.
     check = "import os, sys, reaper.cli, reaper.agent; print(sys.prefix, os.path.realpath(sys.executable))"
@@ -100,11 +98,21 @@ def test_image_runs_the_agent_from_its_venv_with_the_pinned_tools(built: Built) 
     assert prefix == "/opt/venv" and interpreter.startswith("/usr/bin/python3.11")
     usage = built.podman("run", "--rm", *ULIMITS, "--network", "none", TAG, "--help").stdout
     assert all(command in usage for command in ("scan", "reap", "run", "doctor"))
-    # Debian's packages at the Dockerfile's pinned versions, and the tools the agent runs.
-    pins = pinned_packages()
-    assert set(pins) >= {"iptables", "nftables", "iproute2"}
-    installed = in_image(built, "dpkg-query", "-W", "-f", "${Package}=${Version}\n", *pins).stdout.split()
-    assert sorted(installed) == sorted(f"{name}={version}" for name, version in pins.items())
+    # Debian's tools, and the manifest of every package version the build installed: what the
+    # image's dpkg says, line for line, from the sources the build used. The base's own apt
+    # sources are back in place (the snapshot pin is the build's only).
+    manifest = in_image(built, "cat", MANIFEST).stdout.splitlines()
+    listed = [line for line in manifest if not line.startswith("#")]
+    status = "${db:Status-Status} ${Package}=${Version}\n"
+    dpkg = in_image(built, "dpkg-query", "-W", "-f", status).stdout.split("\n")
+    assert listed == sorted(line.split()[1] for line in dpkg if line.startswith("installed "))
+    versions = dict(line.split("=", 1) for line in listed)
+    assert set(versions) >= set(TOOL_PACKAGES)
+    assert "#   http://deb.debian.org/debian" in manifest
+    print("image tools:", ", ".join(f"{name}={versions[name]}" for name in TOOL_PACKAGES))
+    sources = "/etc/apt/sources.list.d/debian.sources"
+    in_base = built.podman("run", "--rm", *ULIMITS, "--network", "none", built.base, "cat", sources).stdout
+    assert in_image(built, "cat", sources).stdout == in_base
     wanted = ("iptables-save", "iptables-restore", "ip6tables-save", "nft", "ip", "nsenter")
     found = in_image(built, "sh", "-c", 'for t in "$@"; do command -v "$t"; done', "-", *wanted).stdout.split()
     assert [Path(t).name for t in found] == list(wanted)
@@ -115,6 +123,11 @@ def test_image_runs_the_agent_from_its_venv_with_the_pinned_tools(built: Built) 
 
 def test_nothing_lent_to_the_build_is_in_the_image(built: Built) -> None:
     lent = re.compile(r"(\./)?(etc/pip\.conf|etc/ssl/certs/.|root/\.config|root/\.pip)")
+    # What the apt step mounts or sets aside for the build only (image/apt-snapshot.sh).
+    apt_step = re.compile(
+        r"(\./)?(run/apt-snapshot\.sh|etc/apt/apt\.conf\.d/99cni-reaper-snapshot|var/lib/apt/cni-reaper-debian\.sources"
+        r"|etc/apt/sources\.list\.d/debian\.sources\.new)$"
+    )
     above_base = 0
     seen_layers = 0
     for diff_id, layer in built.podman.layers(TAG):
@@ -123,12 +136,23 @@ def test_nothing_lent_to_the_build_is_in_the_image(built: Built) -> None:
         seen_layers += 1
         for member in layer.getmembers():
             assert not lent.match(member.name), f"{member.name} was lent to the build and is in the image"
+            assert not apt_step.match(member.name), f"{member.name} is the apt step's own and is in the image"
             above_base += member.size
     assert seen_layers >= 2, "the apt layer and the venv layer"
     # The Dockerfile's own layers (tools and venv) stay small.
     assert above_base < 120 * 2**20, f"{above_base / 2**20:.0f} MiB above the base"
     # Nor is anything the RUN steps mounted left as a mount point.
     assert in_image(built, "sh", "-c", "test ! -e /etc/pip.conf && test ! -e /root/.config").returncode == 0
+
+
+def test_the_default_snapshot_refuses_a_base_that_names_none(built: Built, tmp_path: Path) -> None:
+    # DEBIAN_SNAPSHOT=base (the default) on the debootstrap tree, whose sources name no snapshot:
+    # the build stops at the apt step and says what to pass, rather than installing whatever the
+    # live mirror holds under a digest that promised otherwise. The builder stage is cached.
+    with pytest.raises(PodmanError, match=re.escape("names no snapshot for http://deb.debian.org/debian")) as refused:
+        built.podman.build("localhost/cni-reaper:refused", built.base, lend_pip_home(tmp_path / "home"))
+    assert "DEBIAN_SNAPSHOT" in str(refused.value)
+    assert built.podman("image", "exists", "localhost/cni-reaper:refused", check=False).returncode == 1
 
 
 # --- on the lab ----------------------------------------------------------------------------------

