@@ -119,7 +119,10 @@ def reap_pass(
             level = logging.INFO if note in (NO_KERNEL_EVIDENCE, NO_PIN) else logging.WARNING
             log.log(level, "plugin config refused", extra={"attachment": key.as_text(), "reason": note})
     if reap.dry_run:
-        return result(plan=plan, skipped=tuple(skipped))
+        # The address check reads the kernel only: the plan leaves out what the pass would leave.
+        held = addresses_in_use(selected, records, settings.netns_dirs)
+        skipped += [SkippedAttachment(a.key, held[a.key]) for a in selected if a.key in held]
+        return result(plan=tuple(p for p in plan if p.key not in held), skipped=tuple(skipped))
 
     if stop.is_set():
         skipped += [SkippedAttachment(a.key, "stopping") for a in selected]

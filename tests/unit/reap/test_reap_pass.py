@@ -255,3 +255,15 @@ def test_every_reclaim_line_names_the_pod_network_container_and_method(
         "method=kernel",
     ):
         assert f" {field}" in text, field
+
+
+def test_a_dry_run_leaves_out_of_its_plan_what_the_address_check_would_leave(
+    reap: Pass, node: FakeNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one, two = orphans(node, 1, 2)
+    why = "its address 10.0.0.2 is configured in the netns of pid 4242, not its own: a live pod holds it"
+    monkeypatch.setattr(run, "addresses_in_use", lambda selected, *_: {two.key: why} if two in selected else {})
+    result = reap(one, two, *live(node, 3, 4, 5, 6), dry_run=True)
+    assert [p.key for p in result.plan] == [one.key]
+    assert [(s.key, s.reason) for s in result.skipped] == [(two.key, why)]
+    assert len(node.records) == 8, "a dry run changes nothing"
