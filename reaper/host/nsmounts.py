@@ -1,0 +1,281 @@
+"""Network namespaces held by mounts: every mount namespace's nsfs mounts, read from /proc.
+
+A network namespace lives while a process is in it, an fd holds it, or it is mounted on a file
+somewhere. The runtimes' pins are such mounts in the netns dirs; a mount made anywhere else, in
+any mount namespace (a container given the pin dir with private propagation, a process that
+bind-mounted `/proc/<pid>/ns/net` in a mount namespace of its own: containerd#3667, moby#27277,
+cri-o#4210), keeps the namespace, its veths and its addresses alive after its pin is gone, and
+the reaper can neither see it in the netns dirs nor free it: it never unmounts anything outside
+its netns dirs.
+
+So every mount namespace's `mountinfo` is read once (through one of its processes, the
+namespace told by the stat of `/proc/<pid>/ns/mnt`), and each mount of a network namespace
+(fstype nsfs, or proc on kernels before nsfs; root `net:[INODE]`) is recorded with the
+namespace's key (the device of the mount, which is nsfs' own, and the inode: what `stat()` of
+`/proc/<pid>/ns/net` gives), a process that reaches it, its mount namespace and its mount point.
+
+What counts as a pin and not a holder: a mount in the reaper's own mount namespace directly
+inside a netns dir, and every mount of the same namespace on the same file in other mount
+namespaces (copies of the pin: the kernel detaches them when the pin's file is unlinked, as
+the runtime's own removal of its pin does). A mount is told to be on that file by the file it
+sits on: its parent mount's device and the path inside that filesystem, which every copy of a
+mount tree shares whatever it is mounted under.
+
+The walk is whole or it raises OSError: /proc cannot be listed or does not list this process,
+a mount namespace cannot be read (other than by its processes having exited, which takes its
+mounts with it), one is over its bounds, too many of them, or a mount namespace is pinned with
+no process in it (its mounts cannot be read through /proc). A partial answer would let a held
+namespace look free.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
+
+from msgspec import Struct
+
+from reaper.host.procs import EveryNamespaceBusy, busy_namespaces
+from reaper.model import NsKey
+
+MAX_MOUNT_NAMESPACES = 20_000  # distinct mount namespaces read in one walk
+MAX_LINES = 200_000  # mounts of one mount namespace (the kernel's default mount-max is 100,000)
+MAX_LINE = 64 * 1024  # bytes of one mountinfo line (two escaped PATH_MAX paths fit many times)
+MAX_MOUNTINFO_BYTES = 64 * 1024 * 1024  # bytes of one mountinfo file
+VANISHED = (errno.ENOENT, errno.ESRCH)  # the process exited: its mount namespace may have too
+UNKNOWN_NS = 0  # a mount namespace that cannot be told (no namespace has inode 0)
+
+_NS_ROOT = re.compile(r"(net|mnt):\[([0-9]{1,20})\]")
+_ESCAPE = re.compile(r"\\([0-7]{3})")
+NS_FSTYPES = ("nsfs", "proc")  # proc: namespace files before nsfs (Linux < 3.19)
+
+
+class NsMount(Struct, frozen=True, kw_only=True):
+    """A network namespace mounted on a file in some mount namespace."""
+
+    ns: NsKey  # the network namespace mounted there
+    pid: int  # a process of that mount namespace: /proc/<pid>/root reaches the mount
+    mount_ns: int  # the mount namespace's inode (mnt:[N])
+    mount_point: str  # as that process sees it
+    # The file it is mounted on: (device, path inside that filesystem) of its parent mount;
+    # None when the parent cannot be told (outside the process's root, say).
+    on: tuple[int, str] | None
+
+    @property
+    def reach(self) -> str:
+        """A path to the namespace from this process (through the holder's root)."""
+        return f"/proc/{self.pid}/root{self.mount_point}"
+
+    def describe(self) -> str:
+        where = f"mount namespace mnt:[{self.mount_ns}]" if self.mount_ns != UNKNOWN_NS else "the mount namespace"
+        return f"a mount at {self.mount_point} in {where} (pid {self.pid})"
+
+
+class _Line(Struct, frozen=True):
+    """The fields of one mountinfo line the walk uses."""
+
+    mount_id: int
+    parent_id: int
+    dev: int
+    root: str
+    point: str
+    fstype: str
+
+
+def _unescape(field: str) -> str:
+    """mountinfo's octal escapes (space, tab, newline, backslash) back to characters."""
+    return _ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field) if "\\" in field else field
+
+
+def parse_line(line: str) -> _Line | None:
+    """One mountinfo line, or None when it is not one (too few fields, no separator, numbers
+    that are no numbers)."""
+    fields = line.rstrip("\n").split(" ")
+    if len(fields) < 10 or "-" not in fields[6:]:
+        return None
+    sep = fields.index("-", 6)
+    if sep + 1 >= len(fields):
+        return None
+    major, _, minor = fields[2].partition(":")
+    try:
+        mount_id, parent_id, dev = int(fields[0]), int(fields[1]), os.makedev(int(major), int(minor))
+    except (ValueError, OverflowError):
+        return None
+    return _Line(mount_id, parent_id, dev, _unescape(fields[3]), _unescape(fields[4]), fields[sep + 1])
+
+
+def _on(line: _Line, by_id: Mapping[int, _Line]) -> tuple[int, str] | None:
+    """The file a mount sits on: its parent's device and the path inside the parent's
+    filesystem (the parent's root joined with the mount point below the parent's)."""
+    parent = by_id.get(line.parent_id)
+    if parent is None or parent.mount_id == line.mount_id:
+        return None
+    base = parent.point.rstrip("/")
+    if not line.point.startswith(base + "/"):
+        return None
+    return parent.dev, os.path.normpath(parent.root.rstrip("/") + line.point[len(base) :])
+
+
+class MountInfo(Struct, frozen=True):
+    """One mount namespace's mounts of namespaces: of network namespaces, and the mount
+    namespaces pinned there (whose mounts no process may show)."""
+
+    net: tuple[tuple[_Line, tuple[int, str] | None], ...]
+    pinned_mount_namespaces: frozenset[int]
+
+
+def parse_mountinfo(lines: Iterable[str], where: str = "mountinfo") -> MountInfo:
+    """The namespace mounts of one mountinfo; OSError past the bounds."""
+    by_id: dict[int, _Line] = {}
+    wanted: list[tuple[_Line, str]] = []
+    total = 0
+    for count, line in enumerate(lines, 1):
+        total += len(line)
+        if count > MAX_LINES or len(line) > MAX_LINE or total > MAX_MOUNTINFO_BYTES:
+            raise OSError(errno.EFBIG, f"{where} is over its bounds ({MAX_LINES} mounts, {MAX_LINE} bytes a line)")
+        parsed = parse_line(line)
+        if parsed is None:
+            continue
+        by_id[parsed.mount_id] = parsed
+        if parsed.fstype in NS_FSTYPES:
+            found = _NS_ROOT.fullmatch(parsed.root)
+            if found is not None:
+                wanted.append((parsed, found[1]))
+    net, pinned = [], set()
+    for parsed, ns_type in wanted:
+        if ns_type == "net":
+            net.append((parsed, _on(parsed, by_id)))
+        else:
+            pinned.add(int(parsed.root[5:-1]))
+    return MountInfo(tuple(net), frozenset(pinned))
+
+
+def _read_lines(path: str) -> Iterator[str]:
+    """The lines of a /proc file, read as they come (a huge one is refused by the parser
+    before it is all in memory)."""
+    with open(path, encoding="utf-8", errors="surrogateescape", newline="\n") as f:
+        while True:
+            line = f.readline(MAX_LINE + 1)
+            if not line:
+                return
+            yield line
+
+
+def _mount_ns(proc: str, pid: str) -> int | None:
+    """The inode of the process's mount namespace; None when it has exited (or is a zombie);
+    UNKNOWN_NS when it may not be looked at (a protected init), though its mountinfo may."""
+    try:
+        return os.stat(f"{proc}/{pid}/ns/mnt").st_ino
+    except OSError as err:
+        if err.errno in VANISHED:
+            return None
+        if err.errno in (errno.EACCES, errno.EPERM):
+            return UNKNOWN_NS
+        raise
+
+
+def netns_mounts(proc: str = "/proc") -> list[NsMount]:
+    """Every mount of a network namespace in every mount namespace some process is in.
+    OSError when the walk cannot be whole (see the module's docstring)."""
+    entries = os.listdir(proc)
+    pids = sorted((entry for entry in entries if entry.isdigit()), key=int)
+    if not pids:
+        raise OSError(errno.EIO, f"{proc} lists no process")
+    if str(os.getpid()) not in pids:
+        raise OSError(errno.EIO, f"{proc} does not list this process (pid {os.getpid()})")
+    read: set[int] = set()
+    pinned: set[int] = set()
+    found: list[NsMount] = []
+    for pid in pids:
+        mount_ns = _mount_ns(proc, pid)
+        if mount_ns is None or (mount_ns in read and mount_ns != UNKNOWN_NS):
+            continue
+        if len(read) >= MAX_MOUNT_NAMESPACES:
+            raise OSError(errno.E2BIG, f"more than {MAX_MOUNT_NAMESPACES} mount namespaces")
+        try:
+            info = parse_mountinfo(_read_lines(f"{proc}/{pid}/mountinfo"), f"{proc}/{pid}/mountinfo")
+        except OSError as err:
+            if err.errno in VANISHED:
+                continue  # exited: another process of its mount namespace is read, if any is left
+            raise
+        if _mount_ns(proc, pid) != mount_ns:
+            continue  # it moved to another mount namespace while read: read through another pid
+        # One that cannot be told is read through each of its processes: it may be any.
+        read.add(mount_ns if mount_ns != UNKNOWN_NS else -int(pid))
+        pinned |= info.pinned_mount_namespaces
+        found.extend(
+            NsMount(ns=NsKey(line.dev, int(line.root[5:-1])), pid=int(pid), mount_ns=mount_ns,
+                    mount_point=line.point, on=on)
+            for line, on in info.net
+        )  # fmt: skip
+    unread = pinned - read
+    if unread:
+        shown = ", ".join(f"mnt:[{n}]" for n in sorted(unread)[:3])
+        raise OSError(errno.EIO, f"mount namespace {shown} is pinned with no process in it: its mounts cannot be read")
+    return found
+
+
+def own_mount_namespace(proc: str = "/proc") -> int:
+    return os.stat(f"{proc}/{os.getpid()}/ns/mnt").st_ino
+
+
+def held_elsewhere(
+    mounts: Iterable[NsMount], netns_dirs: Iterable[str], own_mount_ns: int
+) -> dict[NsKey, tuple[NsMount, ...]]:
+    """The namespaces mounts hold outside the netns dirs, with those mounts. A pin is a mount in
+    `own_mount_ns` directly inside a netns dir (`netns_dirs` as this process resolves them);
+    the same namespace mounted on the same file in another mount namespace is that pin too."""
+    dirs = {os.path.realpath(d) for d in netns_dirs}
+    mounts = list(mounts)
+    pins = {(m.on, m.ns) for m in mounts if m.mount_ns == own_mount_ns and os.path.dirname(m.mount_point) in dirs}
+    held: dict[NsKey, list[NsMount]] = {}
+    for m in mounts:
+        if m.on is not None and (m.on, m.ns) in pins:
+            continue
+        held.setdefault(m.ns, []).append(m)
+    return {ns: tuple(found) for ns, found in held.items()}
+
+
+def pin_files_shared(mounts: Iterable[NsMount], netns_dirs: Iterable[str], own_mount_ns: int) -> dict[NsKey, str]:
+    """Pins whose file carries a mount of another namespace in another mount namespace:
+    unlinking that file would detach that mount, so the pin's namespace must stay."""
+    dirs = {os.path.realpath(d) for d in netns_dirs}
+    mounts = list(mounts)
+    pins = {m.on: m.ns for m in mounts if m.mount_ns == own_mount_ns and os.path.dirname(m.mount_point) in dirs}
+    shared: dict[NsKey, str] = {}
+    for m in mounts:
+        pin_ns = pins.get(m.on) if m.on is not None else None
+        if pin_ns is not None and pin_ns != m.ns:
+            shared.setdefault(pin_ns, f"its pin's file carries another namespace's mount: {m.describe()}")
+    return shared
+
+
+def mount_held(netns_dirs: tuple[str, ...], proc: str = "/proc") -> Mapping[NsKey, str]:
+    """Namespaces a mount holds outside the netns dirs right now (and pins whose file another
+    namespace is mounted on), with why. When the walk cannot be whole, every namespace is
+    (EveryNamespaceBusy)."""
+    try:
+        mounts = netns_mounts(proc)
+        own = own_mount_namespace(proc)
+    except OSError as err:
+        return EveryNamespaceBusy(f"the mounts that may hold its netns cannot all be read now ({err})")
+    busy = pin_files_shared(mounts, netns_dirs, own)
+    for ns, found in held_elsewhere(mounts, netns_dirs, own).items():
+        busy[ns] = f"its netns is held by {found[0].describe()}; never unmounted by the reaper"
+    return busy
+
+
+def in_use(bin_dirs: tuple[str, ...], netns_dirs: tuple[str, ...], only: NsKey | None = None) -> Mapping[NsKey, str]:
+    """Namespaces that must stay right now, with why: some process is in them
+    (reaper.host.procs.busy_namespaces; `only`: just that namespace's processes are described)
+    or a mount holds them outside the netns dirs (mount_held). Either walk failing makes every
+    namespace stay."""
+    busy = busy_namespaces(bin_dirs, only)
+    if isinstance(busy, EveryNamespaceBusy):
+        return busy
+    held = mount_held(netns_dirs)
+    if isinstance(held, EveryNamespaceBusy):
+        return held
+    return {**held, **busy}
