@@ -15,8 +15,8 @@ from msgspec import Struct
 
 from reaper.host.files import DirLister
 from reaper.host.mounts import unpin_hazard
+from reaper.host.nsmounts import in_use
 from reaper.host.pins import list_pins, unpin
-from reaper.host.procs import busy_namespaces
 from reaper.kinds import Found, Kind, Look, Pin, ReclaimContext
 from reaper.model import CorruptFile, DetailValue, Done, Identity, NetnsTie, NsKey, ResourceRef
 from reaper.names import is_runtime_netns_name
@@ -89,7 +89,7 @@ def reclaim(pins: Sequence[NetnsPin], ctx: ReclaimContext) -> dict[Identity, Don
     hazard = unpin_hazard(ctx.netns_dirs)
     if hazard is not None:
         return {identity(pin): Done.left(hazard) for pin in pins}
-    busy = busy_namespaces(ctx.bin_dirs)
+    busy = in_use(ctx.bin_dirs, ctx.netns_dirs)
     return {identity(pin): _unpin(pin, ctx, busy) for pin in pins}
 
 

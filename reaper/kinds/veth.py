@@ -14,8 +14,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from msgspec import Struct
 
 from reaper.host.netlink import RawLink, delete_links, dump_links, nsids_of
-from reaper.host.procs import busy_namespaces
-from reaper.kinds import Found, Kind, Look, ReclaimContext
+from reaper.host.nsmounts import in_use
+from reaper.kinds import Found, Kind, Look, ReclaimContext, heldns
+from reaper.kinds.heldns import HeldNetns
 from reaper.kinds.netns import NetnsPin
 from reaper.model import DetailValue, Done, Identity, NsKey, PeerTie, ResourceRef, SourceError
 
@@ -34,12 +35,19 @@ class VethLink(Struct, frozen=True, kw_only=True):
     peer_netns: NsKey | None  # the pinned namespace the peer lives in, when known
 
 
-def veths_from(links: list[RawLink], nsids: Iterable[tuple[NsKey, int]], pins: Sequence[NetnsPin]) -> list[VethLink]:
+def veths_from(
+    links: list[RawLink],
+    nsids: Iterable[tuple[NsKey, int]],
+    pins: Sequence[NetnsPin],
+    held: Iterable[NsKey] = (),
+) -> list[VethLink]:
     """The veths, each tied to the pinned namespace its peer is in: the one whose nsid (as the
     kernel answered for a namespace, `nsids`) is the veth's link-netnsid. Only namespaces the
-    netns kind found pinned count; an nsid two namespaces claim ties neither (fail closed)."""
+    netns kind found pinned count, and those a mount holds elsewhere (`held`, the heldns kind's:
+    such a veth is tied to them, never left as one of a namespace nobody names); an nsid two
+    namespaces claim ties neither (fail closed)."""
     by_index = {link.ifindex: link.name for link in links}
-    pinned = {pin.ns for pin in pins if pin.is_namespace}
+    pinned = {pin.ns for pin in pins if pin.is_namespace} | set(held)
     nsid_to_ns: dict[int, NsKey | None] = {}
     for ns, nsid in nsids:
         if ns in pinned:
@@ -79,6 +87,7 @@ def find(look: Look) -> Found[VethLink]:
     this process is in, so that is kept too. A one-shot run asks every pin: no memo is kept on
     disk, where whoever could write it would choose which pod a veth belongs to."""
     pins: tuple[NetnsPin, ...] = look.earlier.get("netns", ())
+    held: tuple[HeldNetns, ...] = look.earlier.get(heldns.NAME, ())
     memo = look.memo.of("veth")
     try:
         viewer = _own_netns()
@@ -103,7 +112,9 @@ def find(look: Look) -> Found[VethLink]:
                 known[pin.path] = (st, said[2])
             else:
                 ask.append(pin.path)
-        return ask
+        # A namespace held elsewhere is asked through its holder's root each look: there is no
+        # pin of it whose stat the memo could be kept under.
+        return ask + [record.mounts[0].reach for record in held]
 
     try:
         links = dump_links()
@@ -111,11 +122,13 @@ def find(look: Look) -> Found[VethLink]:
         asked = nsids_of(wanted) if wanted else {}
     except OSError as err:
         return Found((), errors=(SourceError("netlink", str(err)),))
+    reached = {record.mounts[0].reach for record in held}
     for path, (st, nsid) in asked.items():
-        memo.put(path, st, (*viewer, nsid))
+        if path not in reached:
+            memo.put(path, st, (*viewer, nsid))
         known[path] = (st, nsid)
     nsids = [(NsKey(st.st_dev, st.st_ino), nsid) for st, nsid in known.values()]
-    return Found(tuple(veths_from(links, nsids, pins)))
+    return Found(tuple(veths_from(links, nsids, pins, (record.ns for record in held))))
 
 
 def identity(veth: VethLink) -> Identity:
@@ -171,7 +184,7 @@ def reclaim(veths: Sequence[VethLink], ctx: ReclaimContext) -> dict[Identity, Do
     if any(ident[0] == "netns" and done.ok for ident, done in ctx.done.items()):
         _wait_gone({v.ifindex for v in veths}, UNPIN_GRACE)
     by_index = {link.ifindex: link for link in dump_links()}
-    busy = busy_namespaces(ctx.bin_dirs)
+    busy = in_use(ctx.bin_dirs, ctx.netns_dirs)
     done: dict[Identity, Done] = {}
     to_delete: dict[int, VethLink] = {}
     for veth in veths:
