@@ -7,8 +7,8 @@ Before: the veth's peer was in a namespace the reaper could not name, so the vet
 attachment and was not reported at all; a mount made elsewhere after the scan was not seen by
 the re-check. Now the mount is found by reading every mount namespace's mountinfo, the
 namespace's attachment is live with the holder (pid, mount namespace, mount point) as its
-reason, the veth is tied to it, and the veth reclaim and the re-check leave it; the holder's
-mount is never touched."""
+reason, the veth is tied to it, the veth reclaim and the re-check leave it, and its address
+keeps the lease split from it; the holder's mount is never touched."""
 
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ PROBE = """
 import json, os, re, subprocess, sys, tempfile, time
 from reaper.correlate import correlate
 from reaper.host.nsmounts import in_use
-from reaper.kinds import FindOptions, ReclaimContext, heldns, netns, veth
-from reaper.model import Policy, RuntimeView
+from reaper.kinds import FindOptions, ReclaimContext, heldns, hostlocal, netns, veth
+from reaper.kinds.hostlocal import HostLocalLease
+from reaper.model import Attachment, AttachmentKey, Policy, RuntimeView
+from reaper.reap.addresses import addresses_in_use
 from reaper.reconcile import reconcile
 from reaper.snapshot import take_snapshot
 
@@ -60,6 +62,7 @@ a = pin("cni-aaaaaaaa-0000-0000-0000-000000000000")
 b = pin("cni-bbbbbbbb-0000-0000-0000-000000000000")
 sh("ip", "link", "add", "ha", "type", "veth", "peer", "name", "eth0", "netns", a)
 sh("ip", "link", "add", "hb", "type", "veth", "peer", "name", "eth0", "netns", b)
+sh("nsenter", f"--net={a}", "ip", "addr", "add", "10.9.0.2/24", "dev", "eth0")
 a_key = key(a)
 held = os.path.join(work, "held")
 holder = hold(a, held)
@@ -92,6 +95,17 @@ ctx = ReclaimContext(
 reclaim_ha = veth.reclaim([veths["ha"]], ctx)[veth.identity(veths["ha"])]
 ha_left = subprocess.run(["ip", "link", "show", "ha"], capture_output=True).returncode == 0
 busy_at_scan = {f"{ns.dev}:{ns.ino}": why for ns, why in in_use((), (pins,)).items()}
+# The held pod's lease, split from its namespace now that the pin is gone: its address is
+# configured in the held namespace, so it stays.
+lease = HostLocalLease(
+    network="net1", ip="10.9.0.2", container_id="c" * 64, ifname="eth0", path=os.path.join(work, "10.9.0.2"),
+    data_dir=work, mtime=0.0,
+)
+split = Attachment(
+    key=AttachmentKey("c" * 64, "net1", "eth0"), resources=(hostlocal.KIND.ref(lease),), netns=None,
+    verdict="orphan", reason="", age_seconds=1e6,
+)
+address_left = addresses_in_use([split], {hostlocal.KIND.identity(lease): lease}, (pins,)).get(split.key)
 
 # After the scan, another process mounts b's namespace in a mount namespace of its own: the
 # re-check and the veth reclaim see it.
@@ -115,7 +129,7 @@ print(json.dumps({
     "ha_peer": list(veths["ha"].peer_netns or []), "reclaim_ha": [reclaim_ha.ok, reclaim_ha.error], "ha_left": ha_left,
     "reclaim_hb": [reclaim_hb.ok, reclaim_hb.error], "hb_left": hb_left,
     "busy_at_scan": busy_at_scan, "busy_late": busy_late, "busy_after_late": busy_after_late,
-    "holders_mount": holders_mount,
+    "holders_mount": holders_mount, "address_left": address_left,
 }))
 """
 
@@ -139,6 +153,8 @@ def test_a_namespace_held_by_a_mount_in_another_mount_namespace_keeps_its_veth()
     # The veth reclaim leaves the held namespace's veth, and the holder's mount is untouched.
     assert out["reclaim_ha"][0] is False and f"pid {out['holder']}" in out["reclaim_ha"][1]
     assert out["ha_left"] and out["holders_mount"]
+    # The pod's address, configured in the held namespace, keeps its lease.
+    assert "10.9.0.2" in out["address_left"] and f"pid {out['holder']}" in out["address_left"]
     # The re-check: held at the scan, and a mount made after the scan keeps b; gone with it.
     assert a in out["busy_at_scan"] and b not in out["busy_at_scan"]
     assert f"pid {out['late']}" in out["busy_late"][b]
