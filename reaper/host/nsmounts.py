@@ -21,11 +21,13 @@ the runtime's own removal of its pin does). A mount is told to be on that file b
 sits on: its parent mount's device and the path inside that filesystem, which every copy of a
 mount tree shares whatever it is mounted under.
 
+A mount namespace pinned on a file with no process in it (snapd keeps one per snap) is entered
+to be read, with nsenter and this node's cat run by fd; its mounts are reported with no pid.
+
 The walk is whole or it raises OSError: /proc cannot be listed or does not list this process,
 a mount namespace cannot be read (other than by its processes having exited, which takes its
-mounts with it), one is over its bounds, too many of them, or a mount namespace is pinned with
-no process in it (its mounts cannot be read through /proc). A partial answer would let a held
-namespace look free.
+mounts with it), one is over its bounds, too many of them, or one pinned with no process in it
+cannot be entered (or pins yet another). A partial answer would let a held namespace look free.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import subprocess
 from collections.abc import Iterable, Iterator, Mapping
 
 from msgspec import Struct
@@ -46,6 +49,9 @@ MAX_LINE = 64 * 1024  # bytes of one mountinfo line (two escaped PATH_MAX paths 
 MAX_MOUNTINFO_BYTES = 64 * 1024 * 1024  # bytes of one mountinfo file
 VANISHED = (errno.ENOENT, errno.ESRCH)  # the process exited: its mount namespace may have too
 UNKNOWN_NS = 0  # a mount namespace that cannot be told (no namespace has inode 0)
+NO_PROCESS = 0  # the pid of a mount in a mount namespace no process is in
+CAT = "/bin/cat"  # run by fd inside a mount namespace no process is in, to print its mountinfo
+ENTER_TIMEOUT = 10.0  # seconds to read one such mount namespace
 
 _NS_ROOT = re.compile(r"(net|mnt):\[([0-9]{1,20})\]")
 _ESCAPE = re.compile(r"\\([0-7]{3})")
@@ -65,12 +71,14 @@ class NsMount(Struct, frozen=True, kw_only=True):
 
     @property
     def reach(self) -> str:
-        """A path to the namespace from this process (through the holder's root)."""
+        """A path to the namespace from this process (through the holder's root). A mount in a
+        mount namespace no process is in has none that opens (/proc/0 does not exist)."""
         return f"/proc/{self.pid}/root{self.mount_point}"
 
     def describe(self) -> str:
         where = f"mount namespace mnt:[{self.mount_ns}]" if self.mount_ns != UNKNOWN_NS else "the mount namespace"
-        return f"a mount at {self.mount_point} in {where} (pid {self.pid})"
+        who = f"pid {self.pid}" if self.pid != NO_PROCESS else "no process in it: it is pinned"
+        return f"a mount at {self.mount_point} in {where} ({who})"
 
 
 class _Line(Struct, frozen=True):
@@ -123,7 +131,7 @@ class MountInfo(Struct, frozen=True):
     namespaces pinned there (whose mounts no process may show)."""
 
     net: tuple[tuple[_Line, tuple[int, str] | None], ...]
-    pinned_mount_namespaces: frozenset[int]
+    pinned_mount_namespaces: tuple[tuple[int, str], ...]  # (inode, mount point)
 
 
 def parse_mountinfo(lines: Iterable[str], where: str = "mountinfo") -> MountInfo:
@@ -143,13 +151,13 @@ def parse_mountinfo(lines: Iterable[str], where: str = "mountinfo") -> MountInfo
             found = _NS_ROOT.fullmatch(parsed.root)
             if found is not None:
                 wanted.append((parsed, found[1]))
-    net, pinned = [], set()
+    net, pinned = [], []
     for parsed, ns_type in wanted:
         if ns_type == "net":
             net.append((parsed, _on(parsed, by_id)))
         else:
-            pinned.add(int(parsed.root[5:-1]))
-    return MountInfo(tuple(net), frozenset(pinned))
+            pinned.append((int(parsed.root[5:-1]), parsed.point))
+    return MountInfo(tuple(net), tuple(pinned))
 
 
 def _read_lines(path: str) -> Iterator[str]:
@@ -186,7 +194,7 @@ def netns_mounts(proc: str = "/proc") -> list[NsMount]:
     if str(os.getpid()) not in pids:
         raise OSError(errno.EIO, f"{proc} does not list this process (pid {os.getpid()})")
     read: set[int] = set()
-    pinned: set[int] = set()
+    pinned: dict[int, str] = {}  # mount namespaces pinned on a file: how to reach each
     found: list[NsMount] = []
     for pid in pids:
         mount_ns = _mount_ns(proc, pid)
@@ -204,17 +212,59 @@ def netns_mounts(proc: str = "/proc") -> list[NsMount]:
             continue  # it moved to another mount namespace while read: read through another pid
         # One that cannot be told is read through each of its processes: it may be any.
         read.add(mount_ns if mount_ns != UNKNOWN_NS else -int(pid))
-        pinned |= info.pinned_mount_namespaces
-        found.extend(
-            NsMount(ns=NsKey(line.dev, int(line.root[5:-1])), pid=int(pid), mount_ns=mount_ns,
-                    mount_point=line.point, on=on)
-            for line, on in info.net
-        )  # fmt: skip
-    unread = pinned - read
-    if unread:
-        shown = ", ".join(f"mnt:[{n}]" for n in sorted(unread)[:3])
-        raise OSError(errno.EIO, f"mount namespace {shown} is pinned with no process in it: its mounts cannot be read")
+        for ino, point in info.pinned_mount_namespaces:
+            pinned.setdefault(ino, f"{proc}/{pid}/root{point}")
+        found.extend(_net_mounts(info, int(pid), mount_ns))
+    # A mount namespace pinned on a file with no process in it (snapd keeps its snaps' so) holds
+    # its mounts all the same: it is entered to be read.
+    for ino, path in sorted(pinned.items()):
+        if ino in read:
+            continue
+        if len(read) >= MAX_MOUNT_NAMESPACES:
+            raise OSError(errno.E2BIG, f"more than {MAX_MOUNT_NAMESPACES} mount namespaces")
+        info = parse_mountinfo(read_entered(path, ino).splitlines(keepends=True), f"mount namespace mnt:[{ino}]")
+        if any(inner not in read and inner not in pinned for inner, _ in info.pinned_mount_namespaces):
+            raise OSError(errno.EIO, f"mount namespace mnt:[{ino}], pinned with no process in it, pins another")
+        read.add(ino)
+        found.extend(_net_mounts(info, NO_PROCESS, ino))
     return found
+
+
+def _net_mounts(info: MountInfo, pid: int, mount_ns: int) -> Iterator[NsMount]:
+    for line, on in info.net:
+        ns = NsKey(line.dev, int(line.root[5:-1]))
+        yield NsMount(ns=ns, pid=pid, mount_ns=mount_ns, mount_point=line.point, on=on)
+
+
+def read_entered(path: str, ino: int) -> str:
+    """The mountinfo of the mount namespace mounted at `path` (inode `ino`), read from inside it:
+    nsenter enters it through an fd checked to be that namespace, and this node's cat, run by
+    fd (nothing of the namespace's own files is run), prints its /proc/self/mountinfo. OSError
+    when it cannot be read, whole and within the bounds."""
+    ns_fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if os.fstat(ns_fd).st_ino != ino:
+            raise OSError(errno.ESTALE, f"another namespace is at {path} now")
+        cat_fd = os.open(CAT, os.O_PATH | os.O_CLOEXEC)
+        try:
+            fd_dir = "/proc/self/fd"
+            argv = ["nsenter", f"--mount={fd_dir}/{ns_fd}", "--", f"{fd_dir}/{cat_fd}", "/proc/self/mountinfo"]
+            try:
+                done = subprocess.run(
+                    argv, pass_fds=(ns_fd, cat_fd), capture_output=True, timeout=ENTER_TIMEOUT, check=False
+                )
+            except subprocess.TimeoutExpired as err:
+                raise OSError(errno.ETIMEDOUT, f"reading mount namespace mnt:[{ino}] timed out") from err
+        finally:
+            os.close(cat_fd)
+    finally:
+        os.close(ns_fd)
+    if done.returncode != 0:
+        why = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+        raise OSError(errno.EIO, f"mount namespace mnt:[{ino}] cannot be entered: {why[0][:200]}")
+    if len(done.stdout) > MAX_MOUNTINFO_BYTES:
+        raise OSError(errno.EFBIG, f"mount namespace mnt:[{ino}] has a mountinfo over its bounds")
+    return done.stdout.decode(errors="surrogateescape")
 
 
 def own_mount_namespace(proc: str = "/proc") -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from tests.harness.probe import run_probe
 
 PROBE = """
-import json, os, re, subprocess, sys, tempfile, time
+import atexit, json, os, re, subprocess, sys, tempfile, time
 from reaper.correlate import correlate
 from reaper.host.nsmounts import in_use
 from reaper.kinds import FindOptions, ReclaimContext, heldns, hostlocal, netns, veth
@@ -30,7 +30,8 @@ subprocess.run(["mount", "-t", "tmpfs", "tmpfs", work], check=True)
 pins = os.path.join(work, "netns")
 os.mkdir(pins)
 def sh(*argv):
-    subprocess.run(argv, check=True, capture_output=True)
+    done = subprocess.run(argv, capture_output=True, text=True)
+    assert done.returncode == 0, (argv[:4], done.stderr)
 def pin(name):
     path = os.path.join(pins, name)
     open(path, "w").close()
@@ -49,12 +50,15 @@ if libc.mount(sys.argv[1].encode(), sys.argv[2].encode(), None, ctypes.c_ulong(0
 print("ready", flush=True)
 time.sleep(600)
 '''
+holders = []
+atexit.register(lambda: [proc.kill() for proc in holders])  # whatever happens, none outlives the probe
 def hold(source, target):
     open(target, "w").close()
     proc = subprocess.Popen(
         ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", HOLDER, source, target],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )
+    holders.append(proc)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     return proc
 
@@ -116,6 +120,28 @@ hb_left = subprocess.run(["ip", "link", "show", "hb"], capture_output=True).retu
 late.kill(); late.wait()
 busy_after_late = {f"{ns.dev}:{ns.ino}": why for ns, why in in_use((), (pins,)).items()}
 
+# A mount namespace no process is in, pinned on a file, holds c's namespace: it is entered to
+# be read, and its mount is a holder with no pid.
+c = pin("cni-cccccccc-0000-0000-0000-000000000000")
+c_key = key(c)
+mnt_pin = os.path.join(work, "mnt-pin")
+open(mnt_pin, "w").close()
+# The holder's mount namespace bound on a file here, then the holder gone: no process is in it.
+# The kernel refuses the bind (EINVAL) unless the namespace's id is above this one's, and ids
+# are handed out per CPU, so a namespace made later may have a lower one: made again until not.
+for _ in range(50):
+    pinned_holder = hold(c, os.path.join(work, "held-c"))
+    bound = subprocess.run(["mount", "--bind", f"/proc/{pinned_holder.pid}/ns/mnt", mnt_pin], capture_output=True)
+    pinned_holder.kill()
+    pinned_holder.wait()
+    if bound.returncode == 0:
+        break
+assert bound.returncode == 0, bound.stderr
+sh("umount", c)
+os.unlink(c)
+busy_pinned = {f"{ns.dev}:{ns.ino}": why for ns, why in in_use((), (pins,)).items()}
+mnt_pin_ino = os.stat(mnt_pin).st_ino
+
 with open(f"/proc/{holder.pid}/mountinfo") as f:
     holders_mount = any(line.split(" ")[4] == held for line in f)
 reach = os.stat(f"/proc/{holder.pid}/root{held}")
@@ -130,6 +156,7 @@ print(json.dumps({
     "reclaim_hb": [reclaim_hb.ok, reclaim_hb.error], "hb_left": hb_left,
     "busy_at_scan": busy_at_scan, "busy_late": busy_late, "busy_after_late": busy_after_late,
     "holders_mount": holders_mount, "address_left": address_left,
+    "c": c_key, "busy_pinned": busy_pinned, "mnt_pin": mnt_pin_ino,
 }))
 """
 
@@ -160,3 +187,6 @@ def test_a_namespace_held_by_a_mount_in_another_mount_namespace_keeps_its_veth()
     assert f"pid {out['late']}" in out["busy_late"][b]
     assert out["reclaim_hb"][0] is False and out["hb_left"]
     assert b not in out["busy_after_late"]
+    # A mount namespace with no process in it, pinned on a file, is read too.
+    held_c = out["busy_pinned"][f"{out['c'][0]}:{out['c'][1]}"]
+    assert f"mnt:[{out['mnt_pin']}]" in held_c and "held-c" in held_c and "no process in it" in held_c

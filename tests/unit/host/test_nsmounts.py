@@ -66,7 +66,7 @@ def test_only_mounts_of_network_namespaces_are_kept_and_other_nsfs_mounts_are_no
         ("net:[4026532004]", "/run/a held\npin"): (os.makedev(0, 25), "/a held\npin"),
         ("net:[4026532005]", "/run/old"): (os.makedev(0, 25), "/old"),
     }
-    assert info.pinned_mount_namespaces == {4026532008}
+    assert info.pinned_mount_namespaces == ((4026532008, "/run/mnt-pin"),)
 
 
 def test_a_huge_mountinfo_is_refused_not_half_read(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -168,10 +168,43 @@ def test_a_walk_that_cannot_be_whole_raises_instead_of_finding_no_mount(
     assert isinstance(busy, EveryNamespaceBusy) and NsKey(NSFS, 4026532009) in busy
 
 
-def test_a_mount_namespace_pinned_with_no_process_in_it_makes_the_walk_fail(proc: FakeProc) -> None:
+def test_a_mount_namespace_pinned_with_no_process_in_it_is_entered_or_the_walk_fails(
+    proc: FakeProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
     proc.process(100, "other", [ROOT, RUN, nsfs(40, 20, 4026539999, "/run/mnt-pin", kind="mnt")])
-    with pytest.raises(OSError, match="pinned with no process"):
+    entered: list[tuple[str, int]] = []
+
+    def enter(path: str, ino: int) -> str:
+        entered.append((path, ino))
+        return "\n".join([ROOT, RUN, nsfs(41, 20, 4026532010, "/run/held-there"), ""])
+
+    monkeypatch.setattr(nsmounts, "read_entered", enter)
+    found = [m for m in netns_mounts(str(proc.root)) if m.mount_point == "/run/held-there"]
+    assert entered == [(f"{proc.root}/100/root/run/mnt-pin", 4026539999)]
+    assert [(m.pid, m.mount_ns, m.ns) for m in found] == [(nsmounts.NO_PROCESS, 4026539999, NsKey(NSFS, 4026532010))]
+    assert "no process in it" in found[0].describe()
+
+    def unenterable(path: str, ino: int) -> str:
+        raise OSError(errno.EIO, "mount namespace mnt:[4026539999] cannot be entered")
+
+    monkeypatch.setattr(nsmounts, "read_entered", unenterable)
+    with pytest.raises(OSError, match="cannot be entered"):
         netns_mounts(str(proc.root))
+
+    def pinning_another(path: str, ino: int) -> str:
+        return "\n".join([ROOT, RUN, nsfs(42, 20, 4026539998, "/run/deeper", kind="mnt"), ""])
+
+    monkeypatch.setattr(nsmounts, "read_entered", pinning_another)
+    with pytest.raises(OSError, match="pins another"):
+        netns_mounts(str(proc.root))
+
+
+def test_entering_refuses_a_file_that_is_not_the_namespace_found(tmp_path: Path) -> None:
+    plain = tmp_path / "not-a-namespace"
+    plain.touch()
+    with pytest.raises(OSError) as raised:
+        nsmounts.read_entered(str(plain), plain.stat().st_ino + 1)
+    assert raised.value.errno == errno.ESTALE
 
 
 def test_too_many_mount_namespaces_or_a_proc_without_this_process_raise(
