@@ -56,6 +56,14 @@ ENTER_TIMEOUT = 10.0  # seconds to read one such mount namespace
 _NS_ROOT = re.compile(r"(net|mnt):\[([0-9]{1,20})\]")
 _ESCAPE = re.compile(r"\\([0-7]{3})")
 NS_FSTYPES = ("nsfs", "proc")  # proc: namespace files before nsfs (Linux < 3.19)
+# Filesystems whose lookups the kernel answers itself. A path to a mount is walked (to reach its
+# namespace) only through these: a lookup in FUSE, a network filesystem or anything else may
+# wait on a process, which whoever can mount would make the reaper wait on for good.
+LOCAL_FSTYPES = frozenset(
+    {"tmpfs", "ramfs", "devtmpfs", "ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "squashfs", "erofs",
+     "overlay", "proc", "sysfs", "nsfs", "cgroup", "cgroup2", "vfat"}
+)  # fmt: skip
+MAX_DEPTH = 256  # mounts between a mount and its namespace's root
 
 
 class NsMount(Struct, frozen=True, kw_only=True):
@@ -68,11 +76,14 @@ class NsMount(Struct, frozen=True, kw_only=True):
     # The file it is mounted on: (device, path inside that filesystem) of its parent mount;
     # None when the parent cannot be told (outside the process's root, say).
     on: tuple[int, str] | None
+    # Its path is walked through local filesystems only (LOCAL_FSTYPES): `reach` may be opened.
+    reachable: bool = True
 
     @property
     def reach(self) -> str:
-        """A path to the namespace from this process (through the holder's root). A mount in a
-        mount namespace no process is in has none that opens (/proc/0 does not exist)."""
+        """A path to the namespace from this process (through the holder's root). Opened only
+        when `reachable`; a mount in a mount namespace no process is in has none that opens
+        (/proc/0 does not exist)."""
         return f"/proc/{self.pid}/root{self.mount_point}"
 
     def describe(self) -> str:
@@ -130,8 +141,8 @@ class MountInfo(Struct, frozen=True):
     """One mount namespace's mounts of namespaces: of network namespaces, and the mount
     namespaces pinned there (whose mounts no process may show)."""
 
-    net: tuple[tuple[_Line, tuple[int, str] | None], ...]
-    pinned_mount_namespaces: tuple[tuple[int, str], ...]  # (inode, mount point)
+    net: tuple[tuple[_Line, tuple[int, str] | None, bool], ...]  # (mount, the file it is on, reachable)
+    pinned_mount_namespaces: tuple[tuple[int, str, bool], ...]  # (inode, mount point, reachable)
 
 
 def parse_mountinfo(lines: Iterable[str], where: str = "mountinfo") -> MountInfo:
@@ -154,10 +165,25 @@ def parse_mountinfo(lines: Iterable[str], where: str = "mountinfo") -> MountInfo
     net, pinned = [], []
     for parsed, ns_type in wanted:
         if ns_type == "net":
-            net.append((parsed, _on(parsed, by_id)))
+            net.append((parsed, _on(parsed, by_id), _local_path(parsed, by_id)))
         else:
-            pinned.append((int(parsed.root[5:-1]), parsed.point))
+            pinned.append((int(parsed.root[5:-1]), parsed.point, _local_path(parsed, by_id)))
     return MountInfo(tuple(net), tuple(pinned))
+
+
+def _local_path(line: _Line, by_id: Mapping[int, _Line]) -> bool:
+    """Whether every mount a walk of the path to `line` goes through (its parent, and theirs,
+    up to the namespace's root) is of a local filesystem."""
+    parent = by_id.get(line.parent_id)
+    for _ in range(MAX_DEPTH):
+        if parent is None:
+            return True  # above the root this namespace shows
+        if parent.fstype not in LOCAL_FSTYPES:
+            return False
+        if parent.parent_id == parent.mount_id:
+            return True
+        parent = by_id.get(parent.parent_id)
+    return False
 
 
 def _read_lines(path: str) -> Iterator[str]:
@@ -194,7 +220,7 @@ def netns_mounts(proc: str = "/proc") -> list[NsMount]:
     if str(os.getpid()) not in pids:
         raise OSError(errno.EIO, f"{proc} does not list this process (pid {os.getpid()})")
     read: set[int] = set()
-    pinned: dict[int, str] = {}  # mount namespaces pinned on a file: how to reach each
+    pinned: dict[int, str] = {}  # mount namespaces pinned on a file: how to reach each ("": none safe)
     found: list[NsMount] = []
     for pid in pids:
         mount_ns = _mount_ns(proc, pid)
@@ -212,8 +238,8 @@ def netns_mounts(proc: str = "/proc") -> list[NsMount]:
             continue  # it moved to another mount namespace while read: read through another pid
         # One that cannot be told is read through each of its processes: it may be any.
         read.add(mount_ns if mount_ns != UNKNOWN_NS else -int(pid))
-        for ino, point in info.pinned_mount_namespaces:
-            pinned.setdefault(ino, f"{proc}/{pid}/root{point}")
+        for ino, point, reachable in info.pinned_mount_namespaces:
+            pinned.setdefault(ino, f"{proc}/{pid}/root{point}" if reachable else "")
         found.extend(_net_mounts(info, int(pid), mount_ns))
     # A mount namespace pinned on a file with no process in it (snapd keeps its snaps' so) holds
     # its mounts all the same: it is entered to be read.
@@ -222,8 +248,10 @@ def netns_mounts(proc: str = "/proc") -> list[NsMount]:
             continue
         if len(read) >= MAX_MOUNT_NAMESPACES:
             raise OSError(errno.E2BIG, f"more than {MAX_MOUNT_NAMESPACES} mount namespaces")
+        if not path:
+            raise OSError(errno.EIO, f"mount namespace mnt:[{ino}] is pinned only below a filesystem not walked")
         info = parse_mountinfo(read_entered(path, ino).splitlines(keepends=True), f"mount namespace mnt:[{ino}]")
-        if any(inner not in read and inner not in pinned for inner, _ in info.pinned_mount_namespaces):
+        if any(inner not in read and inner not in pinned for inner, _, _ in info.pinned_mount_namespaces):
             raise OSError(errno.EIO, f"mount namespace mnt:[{ino}], pinned with no process in it, pins another")
         read.add(ino)
         found.extend(_net_mounts(info, NO_PROCESS, ino))
@@ -231,9 +259,9 @@ def netns_mounts(proc: str = "/proc") -> list[NsMount]:
 
 
 def _net_mounts(info: MountInfo, pid: int, mount_ns: int) -> Iterator[NsMount]:
-    for line, on in info.net:
+    for line, on, reachable in info.net:
         ns = NsKey(line.dev, int(line.root[5:-1]))
-        yield NsMount(ns=ns, pid=pid, mount_ns=mount_ns, mount_point=line.point, on=on)
+        yield NsMount(ns=ns, pid=pid, mount_ns=mount_ns, mount_point=line.point, on=on, reachable=reachable)
 
 
 def read_entered(path: str, ino: int) -> str:

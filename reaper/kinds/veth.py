@@ -112,23 +112,34 @@ def find(look: Look) -> Found[VethLink]:
                 known[pin.path] = (st, said[2])
             else:
                 ask.append(pin.path)
-        # A namespace held elsewhere is asked through its holder's root each look: there is no
-        # pin of it whose stat the memo could be kept under.
-        return ask + [record.mounts[0].reach for record in held]
+        return ask
 
     try:
         links = dump_links()
         wanted = choose_pins(links)
         asked = nsids_of(wanted) if wanted else {}
+        for path, (st, nsid) in asked.items():
+            memo.put(path, st, (*viewer, nsid))
+            known[path] = (st, nsid)
+        known.update(_held_nsids(links, held, {nsid for _, nsid in known.values()}))
     except OSError as err:
         return Found((), errors=(SourceError("netlink", str(err)),))
-    reached = {record.mounts[0].reach for record in held}
-    for path, (st, nsid) in asked.items():
-        if path not in reached:
-            memo.put(path, st, (*viewer, nsid))
-        known[path] = (st, nsid)
     nsids = [(NsKey(st.st_dev, st.st_ino), nsid) for st, nsid in known.values()]
     return Found(tuple(veths_from(links, nsids, pins, (record.ns for record in held))))
+
+
+def _held_nsids(
+    links: list[RawLink], held: Sequence[HeldNetns], known: set[int]
+) -> dict[str, tuple[os.stat_result, int]]:
+    """The nsids of the namespaces mounts hold elsewhere, asked only when some veth's peer is in
+    a namespace no pin's nsid names, each through its holder's root (only a mount whose path
+    crosses local filesystems alone: see reaper.host.nsmounts), and never remembered: there is
+    no pin whose stat a memo could be kept under."""
+    if not any(link.kind == "veth" and link.link_netnsid not in (None, *known) for link in links):
+        return {}
+    paths = [next((m.reach for m in record.mounts if m.reachable), "") for record in held]
+    wanted = [path for path in paths if path]
+    return nsids_of(wanted) if wanted else {}
 
 
 def identity(veth: VethLink) -> Identity:

@@ -49,6 +49,7 @@ from reaper.model import Attachment, AttachmentKey, Identity, NsKey
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 DEADLINE = 10.0  # seconds for reading every namespace's addresses, all together
 HANDLES = 4  # ways to reach one namespace kept (its pins, then the lowest pids in it)
+UNREACHABLE = "/proc/0/ns/net"  # a handle that opens nothing: there is no process 0
 
 
 class HeldAddresses(Struct, frozen=True):
@@ -159,8 +160,11 @@ def node_namespaces(
         ways = [Handle(f"/proc/{pid}/ns/net", pinned=False) for pid in sorted(inside)[:HANDLES]]
         handles.setdefault(ns, []).extend(ways)
     for ns, mounts in mounted.items():
-        # The mount point as its holder sees it, never through a symlink at its end.
-        handles.setdefault(ns, []).extend(Handle(m.reach, pinned=True) for m in mounts[:HANDLES])
+        # The mount point as its holder sees it, never through a symlink at its end, and only
+        # through local filesystems; with no such way, one that opens nothing (/proc/0 is no
+        # process) makes the namespace unread, never the one this thread is in.
+        ways = [Handle(m.reach, pinned=True) for m in mounts if m.reachable][:HANDLES]
+        handles.setdefault(ns, []).extend(ways or [Handle(UNREACHABLE, pinned=False)])
     targets = [] if here in skip else [NamespaceToRead(here, "the netns the reaper runs in", ())]
     for ns, ways in sorted(handles.items()):
         if ns == here or ns in skip:

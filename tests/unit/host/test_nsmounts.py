@@ -60,13 +60,13 @@ def test_only_mounts_of_network_namespaces_are_kept_and_other_nsfs_mounts_are_no
             "garbage",
         ]
     )
-    net = {(line.root, line.point): on for line, on in info.net}
+    net = {(line.root, line.point): on for line, on, _ in info.net}
     assert net == {
         ("net:[4026532001]", "/run/netns/cni-a"): (os.makedev(0, 25), "/netns/cni-a"),
         ("net:[4026532004]", "/run/a held\npin"): (os.makedev(0, 25), "/a held\npin"),
         ("net:[4026532005]", "/run/old"): (os.makedev(0, 25), "/old"),
     }
-    assert info.pinned_mount_namespaces == ((4026532008, "/run/mnt-pin"),)
+    assert info.pinned_mount_namespaces == ((4026532008, "/run/mnt-pin", True),)
 
 
 def test_a_huge_mountinfo_is_refused_not_half_read(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -267,3 +267,45 @@ def test_the_key_is_what_stat_of_the_namespace_gives() -> None:
     st = os.stat("/proc/self/ns/net")
     line = parse_line(f"50 20 {os.major(st.st_dev)}:{os.minor(st.st_dev)} net:[{st.st_ino}] /x rw - nsfs nsfs rw")
     assert line is not None and (line.dev, int(line.root[5:-1])) == (st.st_dev, st.st_ino)
+
+
+def test_a_mount_below_a_filesystem_that_may_wait_on_a_process_is_never_walked_to() -> None:
+    """A lookup in FUSE (or a network filesystem) can wait on whoever serves it for good: a
+    mount whose path crosses one is recorded, and holds its namespace, but `reach` is never
+    opened."""
+    info = parse_mountinfo(
+        [
+            ROOT,
+            RUN,
+            "50 20 0:60 / /run/user/fuse rw - fuse.sshfs host:/ rw",
+            "51 50 0:25 /inner /run/user/fuse/dir rw - tmpfs tmpfs rw",  # local, but below FUSE
+            nsfs(52, 51, 4026532011, "/run/user/fuse/dir/held"),
+            nsfs(53, 20, 4026532012, "/run/held"),
+            "54 54 0:61 / /loop rw - tmpfs tmpfs rw",  # its own parent: a namespace's root
+            nsfs(55, 54, 4026532013, "/loop/held"),
+            nsfs(56, 20, 4026532014, "/run/mnt-pin", kind="mnt"),
+            nsfs(57, 51, 4026532015, "/run/user/fuse/dir/mnt-pin", kind="mnt"),
+        ]
+    )
+    assert {line.point: reachable for line, _, reachable in info.net} == {
+        "/run/user/fuse/dir/held": False,
+        "/run/held": True,
+        "/loop/held": True,
+    }
+    assert info.pinned_mount_namespaces == (
+        (4026532014, "/run/mnt-pin", True),
+        (4026532015, "/run/user/fuse/dir/mnt-pin", False),
+    )
+
+
+def test_a_pinned_mount_namespace_reached_only_through_fuse_is_not_entered(
+    proc: FakeProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proc.process(
+        100,
+        "other",
+        [ROOT, "50 1 0:60 / /fuse rw - fuse fuse rw", nsfs(51, 50, 4026539997, "/fuse/mnt-pin", kind="mnt")],
+    )
+    monkeypatch.setattr(nsmounts, "read_entered", lambda path, ino: pytest.fail("a FUSE path was walked"))
+    with pytest.raises(OSError, match="not walked"):
+        netns_mounts(str(proc.root))
