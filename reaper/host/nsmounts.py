@@ -61,7 +61,7 @@ NS_FSTYPES = ("nsfs", "proc")  # proc: namespace files before nsfs (Linux < 3.19
 # wait on a process, which whoever can mount would make the reaper wait on for good.
 LOCAL_FSTYPES = frozenset(
     {"tmpfs", "ramfs", "devtmpfs", "ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "squashfs", "erofs",
-     "overlay", "proc", "sysfs", "nsfs", "cgroup", "cgroup2", "vfat"}
+     "overlay", "proc", "sysfs", "nsfs", "cgroup", "cgroup2", "vfat", "devpts", "mqueue", "hugetlbfs", "bpf"}
 )  # fmt: skip
 MAX_DEPTH = 256  # mounts between a mount and its namespace's root
 
