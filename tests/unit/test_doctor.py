@@ -1,4 +1,5 @@
-"""`reaper doctor`'s checks that are pure: the chart's preset and the pod CIDR against the node's configs."""
+"""`reaper doctor`'s checks that are pure: the chart's preset and the pod CIDR against the node's
+configs, and what the mount walk says."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from pathlib import Path
 import pytest
 from msgspec.structs import replace
 
+from reaper import doctor
 from reaper.cli import build_parser
 from reaper.doctor import _cni_dirs, _dirs, _pod_cidrs, _preset
+from reaper.host.nsmounts import NsMount
 from reaper.kinds.netconf import collect_configs_of, parse_network_config
 from reaper.layout import Layout
-from reaper.model import NetworkConfig
+from reaper.model import NetworkConfig, NsKey
 from reaper.podcidr import PodCidrs
 from reaper.settings import settings_from
 
@@ -74,3 +77,18 @@ def test_doctor_lists_and_checks_every_conf_dir_and_reads_configs_from_each(tmp_
     assert ("conf dir", "ok", f"{second} readable") in checks
     configs, _ = collect_configs_of(settings.cni_conf_dirs)
     assert [c.name for c in configs] == ["kata"]
+
+
+def test_the_held_netns_check_fails_when_the_mounts_cannot_all_be_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    mount = NsMount(ns=NsKey(4, 9), pid=12, mount_ns=7, mount_point="/var/held", on=None)
+    monkeypatch.setattr(doctor, "own_mount_namespace", lambda: 1)
+    monkeypatch.setattr(doctor, "netns_mounts", lambda: [mount])
+    check = doctor._held_mounts(("/run/netns",))
+    assert check.status == "ok" and "1 network namespace" in check.message and "pid 12" in check.message
+
+    def fails() -> list[NsMount]:
+        raise OSError(5, "mount namespace mnt:[3] cannot be entered")
+
+    monkeypatch.setattr(doctor, "netns_mounts", fails)
+    check = doctor._held_mounts(("/run/netns",))
+    assert check.status == "fail" and "cannot be entered" in check.message and "orphan" in check.message
