@@ -214,16 +214,15 @@ def join(ties: Ties, runtime: RuntimeView) -> Correlation:
     alone: dict[NsKey, tuple[HeldTie, ResourceRef]] = {}
     for held, ref in sorted(ties.held, key=lambda t: t[0].path):
         target = pin_group.get(held.ns)
-        owner = ns_owner.get(held.ns)
-        if target is None and owner is None:
-            alone.setdefault(held.ns, (held, ref))
-            continue
-        if target is None and owner is not None:
+        if target is None:
+            owner = ns_owner.get(held.ns)
+            if owner is None:
+                alone.setdefault(held.ns, (held, ref))
+                continue
             target = groups.primary(owner, None)
             groups.netns.setdefault(target, held.ns)
             pin_group[held.ns] = target
-        if target is not None:
-            groups.add(target, ref)
+        groups.add(target, ref)
 
     # Claims join what the rest made: never an attachment of their own.
     keyed: dict[str, dict[str, _Key]] = {}
