@@ -86,8 +86,4 @@ def holds(held: HeldNetns) -> tuple[NsKey, str]:
     return held.ns, held.why()
 
 
-def reach(held: HeldNetns) -> str:
-    return held.mounts[0].reach
-
-
 KIND: Kind[HeldNetns] = Kind(name=NAME, find=find, identity=identity, ref=ref, tie=tie, reclaim=reclaim, holds=holds)
