@@ -85,7 +85,9 @@ def tie(pin: NetnsPin) -> NetnsTie:
 
 
 def reclaim(pins: Sequence[NetnsPin], ctx: ReclaimContext) -> dict[Identity, Done]:
-    """Unmount and unlink every pin at once, so the kernel drops their veths in one batch."""
+    """Unmount and unlink every pin at once, so the kernel drops their veths in one batch; never
+    one whose namespace a live sandbox names, a process is in, or a mount holds elsewhere (it
+    would outlive the pin: reaper.host.nsmounts.in_use)."""
     hazard = unpin_hazard(ctx.netns_dirs)
     if hazard is not None:
         return {identity(pin): Done.left(hazard) for pin in pins}

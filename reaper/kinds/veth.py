@@ -1,8 +1,10 @@
 """Host-side veths: the half of a pod's pair left in the netns the reaper runs in.
 
 Identity: name and ifindex (a name reused by a new link is another veth). A veth joins only
-the attachment whose pinned namespace holds its peer, never one that merely names it; and it is
-never deleted while its peer's namespace is a live sandbox's, in use, or cannot be inspected.
+the attachment whose pinned namespace holds its peer (or the namespace a mount holds outside the
+netns dirs: reaper.kinds.heldns), never one that merely names it; and it is never deleted while
+its peer's namespace is a live sandbox's, in use (a process in it, a mount holding it), or
+cannot be inspected.
 """
 
 from __future__ import annotations
@@ -187,9 +189,10 @@ def _peer_in_use(veth: VethLink, ctx: ReclaimContext, busy: Mapping[NsKey, str])
 
 
 def reclaim(veths: Sequence[VethLink], ctx: ReclaimContext) -> dict[Identity, Done]:
-    """Delete host veths still there after their pin went (their namespace kept by a mount
-    elsewhere), each only if its index still has the same name, kind and peer, and never while
-    its peer's namespace is a live sandbox's, has a process in it, or cannot be inspected."""
+    """Delete host veths still there after their pin went (their namespace kept by an open fd,
+    say), each only if its index still has the same name, kind and peer, and never while its
+    peer's namespace is a live sandbox's, has a process in it, is held by a mount in any mount
+    namespace, or cannot be inspected."""
     if not veths:
         return {}
     if any(ident[0] == "netns" and done.ok for ident, done in ctx.done.items()):
