@@ -197,11 +197,11 @@ def _read_lines(path: str) -> Iterator[str]:
             yield line
 
 
-def _mount_ns(proc: str, pid: str) -> int | None:
+def _mount_ns(base: str) -> int | None:
     """The inode of the process's mount namespace; None when it has exited (or is a zombie);
     UNKNOWN_NS when it may not be looked at (a protected init), though its mountinfo may."""
     try:
-        return os.stat(f"{proc}/{pid}/ns/mnt").st_ino
+        return os.stat(f"{base}/ns/mnt").st_ino
     except OSError as err:
         if err.errno in VANISHED:
             return None
@@ -222,25 +222,25 @@ def netns_mounts(proc: str = "/proc") -> list[NsMount]:
     read: set[int] = set()
     pinned: dict[int, str] = {}  # mount namespaces pinned on a file: how to reach each ("": none safe)
     found: list[NsMount] = []
-    for pid in pids:
-        mount_ns = _mount_ns(proc, pid)
+    for base, task in (task for pid in pids for task in _tasks(proc, pid)):
+        mount_ns = _mount_ns(base)
         if mount_ns is None or (mount_ns in read and mount_ns != UNKNOWN_NS):
             continue
         if len(read) >= MAX_MOUNT_NAMESPACES:
             raise OSError(errno.E2BIG, f"more than {MAX_MOUNT_NAMESPACES} mount namespaces")
         try:
-            info = parse_mountinfo(_read_lines(f"{proc}/{pid}/mountinfo"), f"{proc}/{pid}/mountinfo")
+            info = parse_mountinfo(_read_lines(f"{base}/mountinfo"), f"{base}/mountinfo")
         except OSError as err:
             if err.errno in VANISHED:
                 continue  # exited: another process of its mount namespace is read, if any is left
             raise
-        if _mount_ns(proc, pid) != mount_ns:
+        if _mount_ns(base) != mount_ns:
             continue  # it moved to another mount namespace while read: read through another pid
         # One that cannot be told is read through each of its processes: it may be any.
-        read.add(mount_ns if mount_ns != UNKNOWN_NS else -int(pid))
+        read.add(mount_ns if mount_ns != UNKNOWN_NS else -task)
         for ino, point, reachable in info.pinned_mount_namespaces:
-            pinned.setdefault(ino, f"{proc}/{pid}/root{point}" if reachable else "")
-        found.extend(_net_mounts(info, int(pid), mount_ns))
+            pinned.setdefault(ino, f"{proc}/{task}/root{point}" if reachable else "")
+        found.extend(_net_mounts(info, task, mount_ns))
     # A mount namespace pinned on a file with no process in it (snapd keeps its snaps' so) holds
     # its mounts all the same: it is entered to be read.
     for ino, path in sorted(pinned.items()):
@@ -256,6 +256,22 @@ def netns_mounts(proc: str = "/proc") -> list[NsMount]:
         read.add(ino)
         found.extend(_net_mounts(info, NO_PROCESS, ino))
     return found
+
+
+def _tasks(proc: str, pid: str) -> Iterator[tuple[str, int]]:
+    """(/proc dir, id) of the process, then of each of its other threads: a thread may have a
+    mount namespace of its own (unshare(CLONE_NEWNS) in one thread), and its mounts hold as
+    much. A thread's id reaches it as a pid does (/proc/<tid>, unlisted)."""
+    base = f"{proc}/{pid}"
+    yield base, int(pid)
+    try:
+        # The task dir's link count is 2 + its threads: listed only when there are several.
+        tids = os.listdir(f"{base}/task") if os.stat(f"{base}/task").st_nlink > 3 else []
+    except OSError:
+        return  # exited: its threads with it
+    for tid in tids:
+        if tid != pid and tid.isdigit():
+            yield f"{base}/task/{tid}", int(tid)
 
 
 def _net_mounts(info: MountInfo, pid: int, mount_ns: int) -> Iterator[NsMount]:

@@ -126,21 +126,59 @@ c = pin("cni-cccccccc-0000-0000-0000-000000000000")
 c_key = key(c)
 mnt_pin = os.path.join(work, "mnt-pin")
 open(mnt_pin, "w").close()
-# The holder's mount namespace bound on a file here, then the holder gone: no process is in it.
+# A mount namespace of its own bound on a file here, then its process gone: no process is in it.
 # The kernel refuses the bind (EINVAL) unless the namespace's id is above this one's, and ids
 # are handed out per CPU, so a namespace made later may have a lower one: made again until not.
-for _ in range(50):
-    pinned_holder = hold(c, os.path.join(work, "held-c"))
-    bound = subprocess.run(["mount", "--bind", f"/proc/{pinned_holder.pid}/ns/mnt", mnt_pin], capture_output=True)
-    pinned_holder.kill()
-    pinned_holder.wait()
+for _ in range(2000):
+    empty = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "600"])
+    holders.append(empty)
+    while os.stat(f"/proc/{empty.pid}/ns/mnt").st_ino == os.stat("/proc/self/ns/mnt").st_ino:
+        time.sleep(0.001)  # until unshare has made its namespace
+    bound = subprocess.run(["mount", "--bind", f"/proc/{empty.pid}/ns/mnt", mnt_pin], capture_output=True)
     if bound.returncode == 0:
         break
+    empty.kill()
+    empty.wait()
 assert bound.returncode == 0, bound.stderr
+# In it, c's namespace is bound on a file; then the last process in it goes.
+BIND = HOLDER.replace('print("ready", flush=True)', "").replace("time.sleep(600)", "")
+open(os.path.join(work, "held-c"), "w").close()
+sh("nsenter", f"--mount={mnt_pin}", sys.executable, "-c", BIND, c, os.path.join(work, "held-c"))
+empty.kill()
+empty.wait()
 sh("umount", c)
 os.unlink(c)
 busy_pinned = {f"{ns.dev}:{ns.ino}": why for ns, why in in_use((), (pins,)).items()}
 mnt_pin_ino = os.stat(mnt_pin).st_ino
+
+# One thread of a process with a mount namespace of its own (its process's is the probe's)
+# holds d's namespace: the walk reads every thread's.
+THREAD_HOLDER = '''
+import ctypes, sys, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+def hold():
+    if libc.unshare(0x00020000) != 0:  # CLONE_NEWNS, this thread only
+        raise OSError(ctypes.get_errno(), "unshare")
+    if libc.mount(sys.argv[1].encode(), sys.argv[2].encode(), None, ctypes.c_ulong(0x1000), None) != 0:
+        raise OSError(ctypes.get_errno(), "mount")
+    print(threading.get_native_id(), flush=True)
+    time.sleep(600)
+threading.Thread(target=hold, daemon=True).start()
+time.sleep(600)
+'''
+d = pin("cni-dddddddd-0000-0000-0000-000000000000")
+d_key = key(d)
+open(os.path.join(work, "held-d"), "w").close()
+threaded = subprocess.Popen(
+    [sys.executable, "-c", THREAD_HOLDER, d, os.path.join(work, "held-d")],
+    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+)
+holders.append(threaded)
+assert threaded.stdout is not None
+holding_thread = int(threaded.stdout.readline())
+sh("umount", d)
+os.unlink(d)
+busy_thread = {f"{ns.dev}:{ns.ino}": why for ns, why in in_use((), (pins,)).items()}
 
 with open(f"/proc/{holder.pid}/mountinfo") as f:
     holders_mount = any(line.split(" ")[4] == held for line in f)
@@ -157,6 +195,7 @@ print(json.dumps({
     "busy_at_scan": busy_at_scan, "busy_late": busy_late, "busy_after_late": busy_after_late,
     "holders_mount": holders_mount, "address_left": address_left,
     "c": c_key, "busy_pinned": busy_pinned, "mnt_pin": mnt_pin_ino,
+    "d": d_key, "busy_thread": busy_thread, "threaded": threaded.pid, "holding_thread": holding_thread,
 }))
 """
 
@@ -190,3 +229,7 @@ def test_a_namespace_held_by_a_mount_in_another_mount_namespace_keeps_its_veth()
     # A mount namespace with no process in it, pinned on a file, is read too.
     held_c = out["busy_pinned"][f"{out['c'][0]}:{out['c'][1]}"]
     assert f"mnt:[{out['mnt_pin']}]" in held_c and "held-c" in held_c and "no process in it" in held_c
+    # A thread with a mount namespace of its own is read too.
+    assert out["holding_thread"] != out["threaded"]
+    held_d = out["busy_thread"][f"{out['d'][0]}:{out['d'][1]}"]
+    assert f"pid {out['holding_thread']}" in held_d and "held-d" in held_d

@@ -309,3 +309,24 @@ def test_a_pinned_mount_namespace_reached_only_through_fuse_is_not_entered(
     monkeypatch.setattr(nsmounts, "read_entered", lambda path, ino: pytest.fail("a FUSE path was walked"))
     with pytest.raises(OSError, match="not walked"):
         netns_mounts(str(proc.root))
+
+
+def test_a_thread_with_a_mount_namespace_of_its_own_is_read_through_its_id(proc: FakeProc) -> None:
+    """unshare(CLONE_NEWNS) in one thread gives it a mount namespace its process does not
+    show; each thread of a process with several is looked at."""
+    proc.process(100, "host", [ROOT])
+    task = proc.root / "100" / "task"
+    for tid, mount_ns, lines in (
+        (100, "host", [ROOT]),
+        (101, "host", [ROOT]),
+        (102, "thread", [ROOT, RUN, nsfs(60, 20, 4026532020, "/run/thread-held")]),
+    ):
+        (task / str(tid) / "ns").mkdir(parents=True)
+        if mount_ns not in proc.namespaces:
+            proc.namespaces[mount_ns] = proc.root / f".mnt-{mount_ns}"
+            proc.namespaces[mount_ns].touch()
+        os.link(proc.namespaces[mount_ns], task / str(tid) / "ns" / "mnt")
+        (task / str(tid) / "mountinfo").write_text("".join(line + "\n" for line in lines))
+    found = [m for m in netns_mounts(str(proc.root)) if m.mount_point == "/run/thread-held"]
+    expected = [(102, proc.ino("thread"), "/proc/102/root/run/thread-held")]
+    assert [(m.pid, m.mount_ns, m.reach) for m in found] == expected
