@@ -8,11 +8,12 @@ cri-o#4210), keeps the namespace, its veths and its addresses alive after its pi
 the reaper can neither see it in the netns dirs nor free it: it never unmounts anything outside
 its netns dirs.
 
-So every mount namespace's `mountinfo` is read once (through one of its processes, the
-namespace told by the stat of `/proc/<pid>/ns/mnt`), and each mount of a network namespace
-(fstype nsfs, or proc on kernels before nsfs; root `net:[INODE]`) is recorded with the
-namespace's key (the device of the mount, which is nsfs' own, and the inode: what `stat()` of
-`/proc/<pid>/ns/net` gives), a process that reaches it, its mount namespace and its mount point.
+So every mount namespace's `mountinfo` is read once (through one of its processes, or threads:
+a thread may have one of its own; the namespace told by the stat of `/proc/<pid>/ns/mnt`), and
+each mount of a network namespace (fstype nsfs, or proc on kernels before nsfs; root
+`net:[INODE]`) is recorded with the namespace's key (the device of the mount, which is nsfs'
+own, and the inode: what `stat()` of `/proc/<pid>/ns/net` gives), a process that reaches it,
+its mount namespace and its mount point.
 
 What counts as a pin and not a holder: a mount in the reaper's own mount namespace directly
 inside a netns dir, and every mount of the same namespace on the same file in other mount
