@@ -330,7 +330,14 @@ def held_elsewhere(
         if m.on is not None and (m.on, m.ns) in pins:
             continue
         held.setdefault(m.ns, []).append(m)
-    return {ns: tuple(found) for ns, found in held.items()}
+    return {ns: tuple(sorted(found, key=_reachable_first)) for ns, found in held.items()}
+
+
+def _reachable_first(mount: NsMount) -> tuple[bool, bool, int]:
+    """Mounts in a mount namespace that could be told first (a process that may not be looked
+    at, a protected init, has a root this process may not walk either), then by pid; those in
+    one no process is in last."""
+    return (mount.mount_ns == UNKNOWN_NS, mount.pid == NO_PROCESS, mount.pid)
 
 
 def pin_files_shared(mounts: Iterable[NsMount], netns_dirs: Iterable[str], own_mount_ns: int) -> dict[NsKey, str]:
