@@ -337,7 +337,7 @@ def _reachable_first(mount: NsMount) -> tuple[bool, bool, int]:
     """Mounts in a mount namespace that could be told first (a process that may not be looked
     at, a protected init, has a root this process may not walk either), then by pid; those in
     one no process is in last."""
-    return (mount.mount_ns == UNKNOWN_NS, mount.pid == NO_PROCESS, mount.pid)
+    return (mount.pid == NO_PROCESS, mount.mount_ns == UNKNOWN_NS, mount.pid)
 
 
 def pin_files_shared(mounts: Iterable[NsMount], netns_dirs: Iterable[str], own_mount_ns: int) -> dict[NsKey, str]:

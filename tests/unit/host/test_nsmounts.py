@@ -330,3 +330,18 @@ def test_a_thread_with_a_mount_namespace_of_its_own_is_read_through_its_id(proc:
     found = [m for m in netns_mounts(str(proc.root)) if m.mount_point == "/run/thread-held"]
     expected = [(102, proc.ino("thread"), "/proc/102/root/run/thread-held")]
     assert [(m.pid, m.mount_ns, m.reach) for m in found] == expected
+
+
+def test_a_held_namespaces_mounts_come_reachable_first() -> None:
+    """The ways to a held namespace are tried in order: a protected process's (whose mount
+    namespace, and root, may not be looked at) come after those that can be walked, and a
+    mount namespace with no process in it last."""
+    on = (8, "/var/held")
+    mounts = [
+        mount(9, nsmounts.UNKNOWN_NS, "/var/held", on, pid=1),
+        mount(9, 600, "/var/held", on, pid=0),
+        mount(9, 500, "/var/held", on, pid=40),
+        mount(9, 500, "/var/held", on, pid=2),
+    ]
+    held = held_elsewhere(mounts, (), 500)
+    assert [(m.pid, m.mount_ns) for m in held[NsKey(NSFS, 9)]] == [(2, 500), (40, 500), (1, 0), (0, 600)]
