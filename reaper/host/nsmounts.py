@@ -41,6 +41,7 @@ from collections.abc import Iterable, Iterator, Mapping
 
 from msgspec import Struct
 
+from reaper.host.mounts import MountLine, parse_line
 from reaper.host.procs import EveryNamespaceBusy, busy_namespaces
 from reaper.model import NsKey
 
@@ -55,7 +56,6 @@ CAT = "/bin/cat"  # run by fd inside a mount namespace no process is in, to prin
 ENTER_TIMEOUT = 10.0  # seconds to read one such mount namespace
 
 _NS_ROOT = re.compile(r"(net|mnt):\[([0-9]{1,20})\]")
-_ESCAPE = re.compile(r"\\([0-7]{3})")
 NS_FSTYPES = ("nsfs", "proc")  # proc: namespace files before nsfs (Linux < 3.19)
 # Filesystems whose lookups the kernel answers itself. A path to a mount is walked (to reach its
 # namespace) only through these: a lookup in FUSE, a network filesystem or anything else may
@@ -93,40 +93,7 @@ class NsMount(Struct, frozen=True, kw_only=True):
         return f"a mount at {self.mount_point} in {where} ({who})"
 
 
-class _Line(Struct, frozen=True):
-    """The fields of one mountinfo line the walk uses."""
-
-    mount_id: int
-    parent_id: int
-    dev: int
-    root: str
-    point: str
-    fstype: str
-
-
-def _unescape(field: str) -> str:
-    """mountinfo's octal escapes (space, tab, newline, backslash) back to characters."""
-    return _ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field) if "\\" in field else field
-
-
-def parse_line(line: str) -> _Line | None:
-    """One mountinfo line, or None when it is not one (too few fields, no separator, numbers
-    that are no numbers)."""
-    fields = line.rstrip("\n").split(" ")
-    if len(fields) < 10 or "-" not in fields[6:]:
-        return None
-    sep = fields.index("-", 6)
-    if sep + 1 >= len(fields):
-        return None
-    major, _, minor = fields[2].partition(":")
-    try:
-        mount_id, parent_id, dev = int(fields[0]), int(fields[1]), os.makedev(int(major), int(minor))
-    except (ValueError, OverflowError):
-        return None
-    return _Line(mount_id, parent_id, dev, _unescape(fields[3]), _unescape(fields[4]), fields[sep + 1])
-
-
-def _on(line: _Line, by_id: Mapping[int, _Line]) -> tuple[int, str] | None:
+def _on(line: MountLine, by_id: Mapping[int, MountLine]) -> tuple[int, str] | None:
     """The file a mount sits on: its parent's device and the path inside the parent's
     filesystem (the parent's root joined with the mount point below the parent's)."""
     parent = by_id.get(line.parent_id)
@@ -142,14 +109,14 @@ class MountInfo(Struct, frozen=True):
     """One mount namespace's mounts of namespaces: of network namespaces, and the mount
     namespaces pinned there (whose mounts no process may show)."""
 
-    net: tuple[tuple[_Line, tuple[int, str] | None, bool], ...]  # (mount, the file it is on, reachable)
+    net: tuple[tuple[MountLine, tuple[int, str] | None, bool], ...]  # (mount, the file it is on, reachable)
     pinned_mount_namespaces: tuple[tuple[int, str, bool], ...]  # (inode, mount point, reachable)
 
 
 def parse_mountinfo(lines: Iterable[str], where: str = "mountinfo") -> MountInfo:
     """The namespace mounts of one mountinfo; OSError past the bounds."""
-    by_id: dict[int, _Line] = {}
-    wanted: list[tuple[_Line, str]] = []
+    by_id: dict[int, MountLine] = {}
+    wanted: list[tuple[MountLine, str]] = []
     total = 0
     for count, line in enumerate(lines, 1):
         total += len(line)
@@ -172,7 +139,7 @@ def parse_mountinfo(lines: Iterable[str], where: str = "mountinfo") -> MountInfo
     return MountInfo(tuple(net), tuple(pinned))
 
 
-def _local_path(line: _Line, by_id: Mapping[int, _Line]) -> bool:
+def _local_path(line: MountLine, by_id: Mapping[int, MountLine]) -> bool:
     """Whether every mount a walk of the path to `line` goes through (its parent, and theirs,
     up to the namespace's root) is of a local filesystem."""
     parent = by_id.get(line.parent_id)

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from reaper.host import nsmounts
+from reaper.host.mounts import parse_line
 from reaper.host.nsmounts import (
     NsMount,
     held_elsewhere,
     in_use,
     mount_held,
     netns_mounts,
-    parse_line,
     parse_mountinfo,
     pin_files_shared,
 )
@@ -39,6 +39,7 @@ def test_a_mountinfo_line_is_read_with_its_escapes_and_optional_fields() -> None
     assert line is not None
     assert (line.mount_id, line.parent_id, line.dev) == (36, 35, os.makedev(98, 0))
     assert (line.root, line.point, line.fstype) == ("/mnt1", "/mnt 2\\x", "ext3")
+    assert line.tags == ("master:1", "shared:7")
     for broken in ("", "36 35 98:0 / /x rw", "x 35 98:0 / /x rw - ext3 a b", "36 35 98 / /x rw - ext3 a b"):
         assert parse_line(broken) is None
 
