@@ -2,9 +2,10 @@
 
 Each kind says how its records tie to an attachment (reaper.model's Tie); this module only
 joins: whole keys first, then resources that know their container, then pins by the
-namespace they hold, then the pins beside a netns pin (by the name they share), then claims
-(keys that make no attachment of their own: what matches none is unconfirmed), then veths
-by where their peer lives.
+namespace they hold, then the pins beside a netns pin (by the name they share), then the
+namespaces a mount holds outside the netns dirs (with their pin, their owner, or alone), then
+claims (keys that make no attachment of their own: what matches none is unconfirmed), then
+veths by where their peer lives.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from reaper.model import (
     BesidePin,
     Claim,
     ContainerTie,
+    HeldTie,
     NetnsTie,
     NodeSnapshot,
     NsKey,
@@ -90,12 +92,14 @@ class Ties(Struct, kw_only=True):
     pins: list[tuple[NetnsTie, ResourceRef]]
     veths: list[tuple[PeerTie, ResourceRef]]
     beside: list[tuple[BesidePin, ResourceRef]]
+    held: list[tuple[HeldTie, ResourceRef]]
 
     def namespaces(self) -> set[NsKey]:
-        """Every namespace a record ties itself to (a pin's, one a cache entry names): each
-        attachment's namespace is one of them."""
+        """Every namespace a record ties itself to (a pin's, one a cache entry names, one a
+        mount holds): each attachment's namespace is one of them."""
         named = {own.netns for own, _ in self.own if own.netns is not None}
         named.update(pin.ns for pin, _ in self.pins if pin.ns is not None)
+        named.update(held.ns for held, _ in self.held)
         return named
 
 
@@ -105,7 +109,7 @@ class Correlation(Struct, frozen=True):
 
 
 def tie_all(snapshot: NodeSnapshot, kinds: Sequence[Kind[Any]] = KINDS) -> Ties:
-    ties = Ties(own=[], container=[], claims=[], pins=[], veths=[], beside=[])
+    ties = Ties(own=[], container=[], claims=[], pins=[], veths=[], beside=[], held=[])
     for kind in kinds:
         for record in snapshot.of(kind.name):
             tie = kind.tie(record)
@@ -122,6 +126,8 @@ def tie_all(snapshot: NodeSnapshot, kinds: Sequence[Kind[Any]] = KINDS) -> Ties:
                 ties.pins.append((tie, ref))
             elif isinstance(tie, BesidePin):
                 ties.beside.append((tie, ref))
+            elif isinstance(tie, HeldTie):
+                ties.held.append((tie, ref))
             else:
                 ties.veths.append((tie, ref))
     return ties
@@ -201,6 +207,23 @@ def join(ties: Ties, runtime: RuntimeView) -> Correlation:
         else:
             groups.add(target, ref)
 
+    # A namespace a mount holds elsewhere joins its pin's attachment, else its owner's, and
+    # holds it; its host veth joins it below. One that nothing else names stands alone only
+    # with a host veth whose peer is in it: any process that may mount makes namespaces of its
+    # own, and those are no attachment (nor a count the breaker weighs).
+    alone: dict[NsKey, tuple[HeldTie, ResourceRef]] = {}
+    for held, ref in sorted(ties.held, key=lambda t: t[0].path):
+        target = pin_group.get(held.ns)
+        if target is None:
+            owner = ns_owner.get(held.ns)
+            if owner is None:
+                alone.setdefault(held.ns, (held, ref))
+                continue
+            target = groups.primary(owner, None)
+            groups.netns.setdefault(target, held.ns)
+            pin_group[held.ns] = target
+        groups.add(target, ref)
+
     # Claims join what the rest made: never an attachment of their own.
     keyed: dict[str, dict[str, _Key]] = {}
     for claim, ref, kind in ties.claims:
@@ -213,6 +236,11 @@ def join(ties: Ties, runtime: RuntimeView) -> Correlation:
     # A veth goes where its peer lives; a name proves nothing (some plugins name the host veth
     # after the pod, so a recreated pod's veth has its predecessor's name).
     for veth, ref in ties.veths:
+        if veth.peer_netns is not None and veth.peer_netns not in pin_group and veth.peer_netns in alone:
+            held, held_ref = alone[veth.peer_netns]
+            pin_group[held.ns] = (None, None, None, held.path)
+            groups.add(pin_group[held.ns], held_ref)
+            groups.netns[pin_group[held.ns]] = held.ns
         target = pin_group.get(veth.peer_netns) if veth.peer_netns is not None else None
         if target is not None:
             groups.add(target, ref)  # else its peer is in no pinned netns: not ours to judge

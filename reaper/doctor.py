@@ -13,6 +13,7 @@ from msgspec import Struct
 
 from reaper.host.files import describe_oserror
 from reaper.host.mounts import unpin_hazard
+from reaper.host.nsmounts import held_elsewhere, netns_mounts, own_mount_namespace
 from reaper.host.procs import unseen_processes
 from reaper.kinds import flannel, multus
 from reaper.kinds.iptables import iptables_tools
@@ -357,6 +358,25 @@ def _namespaces(settings: Settings) -> Iterator[Check]:
     else:
         fix = "mount the netns dir with Bidirectional propagation (the chart does) or run in the host's mount namespace"
         yield Check("mounts", "warn", f"{hazard}: no pin will be unlinked", fix)
+    yield _held_mounts(settings.netns_dirs)
+
+
+def _held_mounts(netns_dirs: tuple[str, ...]) -> Check:
+    """Whether every mount namespace's mounts can be read, and the namespaces mounts hold
+    outside the netns dirs (each keeps its attachment live)."""
+    try:
+        held = held_elsewhere(netns_mounts(), netns_dirs, own_mount_namespace())
+    except OSError as err:
+        fix = "run with the host's PID namespace and its /proc, with nsenter on PATH"
+        return Check("held netns", "fail", f"the mounts of every mount namespace cannot be read ({err}): "
+                     "nothing with a netns can be called an orphan", fix)  # fmt: skip
+    if not held:
+        return Check("held netns", "ok", "no network namespace is mounted outside the netns dirs")
+    first = next(iter(held.values()))[0]
+    return Check(
+        "held netns", "ok", f"{len(held)} network namespace(s) mounted outside the netns dirs, never reclaimed "
+        f"(one: {first.describe()})"
+    )  # fmt: skip
 
 
 def _firewall() -> Iterator[Check]:

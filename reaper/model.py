@@ -192,7 +192,16 @@ class BesidePin(Struct, frozen=True):
     netns_path: str
 
 
-Tie = OwnKey | ContainerTie | Claim | NetnsTie | PeerTie | BesidePin
+class HeldTie(Struct, frozen=True):
+    """A network namespace a mount holds outside the netns dirs: it joins the attachment of its
+    namespace (its pin's, or the one a sandbox or cache entry names), or stands alone, named by
+    `path` (a way to it through a holder's root), and the host veth whose peer is in it joins it."""
+
+    ns: NsKey
+    path: str
+
+
+Tie = OwnKey | ContainerTie | Claim | NetnsTie | PeerTie | BesidePin | HeldTie
 
 
 # ----------------------------------------------------------------- liveness

@@ -11,7 +11,7 @@ from msgspec import Struct
 
 from reaper.correlate import Correlation, ResourceGroup, correlate
 from reaper.durations import format_duration
-from reaper.kinds.registry import OWNER_SAYING
+from reaper.kinds.registry import HOLDING, OWNER_SAYING
 from reaper.model import (
     Attachment,
     AttachmentHistory,
@@ -34,6 +34,7 @@ class _Owners(Struct, frozen=True):
     by_id: Mapping[str, Sandbox]
     by_netns: Mapping[NsKey, Sandbox]
     holders: Mapping[NsKey, tuple[Holder, ...]]
+    held: Mapping[NsKey, str]  # namespaces a record holds where the reaper never frees them
 
     def reason(self, group: ResourceGroup) -> str | None:
         """Why this attachment is live, or None when nothing owns it."""
@@ -48,6 +49,8 @@ class _Owners(Struct, frozen=True):
         if group.netns is not None:
             if group.netns in self.by_netns:
                 return f"its netns belongs to sandbox {self.by_netns[group.netns].id[:12]}"
+            if group.netns in self.held:
+                return self.held[group.netns]
             inside = [h for h in self.holders.get(group.netns, ()) if h.keeps_netns_busy]
             if inside:
                 h = inside[0]
@@ -99,7 +102,10 @@ def reconcile(
         {s.id: s for s in runtime.sandboxes},
         {s.netns: s for s in runtime.sandboxes if s.netns is not None},
         holders,
+        dict(holds(record) for name, holds in HOLDING for record in snapshot.of(name)),
     )
+    # A kind that finds what holds a namespace, not read whole: a namespace may be held unseen.
+    unread = next((name for name, _ in HOLDING if name in snapshot.partly_read), None)
     attachments: list[Attachment] = []
     foreign: list[ForeignPin] = []
     new_history: dict[str, AttachmentHistory] = {}
@@ -126,6 +132,8 @@ def reconcile(
                 verdict, reason = "live", owner
             elif group.netns is not None and snapshot.unseen_processes is not None:
                 verdict, reason = "unknown", f"{snapshot.unseen_processes}; its netns may be in use"
+            elif group.netns is not None and unread is not None:
+                verdict, reason = "unknown", f"what holds a netns ({unread}) was not all read; its netns may be held"
             else:
                 streak = _carried(previous, policy) + 1
                 verdict, reason = _unowned_verdict(age, streak, policy)

@@ -1,8 +1,14 @@
-"""Mount namespaces and propagation: whether a pin that looks stale here is stale everywhere."""
+"""Mount namespaces and propagation: whether a pin that looks stale here is stale everywhere.
+
+Also the one reader of the mountinfo format (parse_line), which reaper.host.nsmounts uses too.
+"""
 
 from __future__ import annotations
 
 import os
+import re
+
+from msgspec import Struct
 
 INIT_TASKS = ("1", "2")  # init, else kthreadd: always in the host's namespaces
 
@@ -20,8 +26,43 @@ def in_host_mount_namespace() -> bool:
     return mine is not None and any(_namespace(pid, "mnt") == mine for pid in INIT_TASKS)
 
 
-def _unescape(field: str) -> str:
-    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+class MountLine(Struct, frozen=True):
+    """The fields of one line of /proc/<pid>/mountinfo the reaper uses."""
+
+    mount_id: int
+    parent_id: int
+    dev: int  # of the mounted filesystem (st_dev of what is on it)
+    root: str  # the path inside that filesystem that is mounted (`net:[N]` for a namespace)
+    point: str  # where, as the reading process sees it
+    tags: tuple[str, ...]  # propagation: shared:N, master:N, propagate_from:N, unbindable
+    fstype: str
+
+
+def unescape(field: str) -> str:
+    """mountinfo's octal escapes (space, tab, newline, backslash) back to characters."""
+    return _ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field) if "\\" in field else field
+
+
+def parse_line(line: str) -> MountLine | None:
+    """One mountinfo line, or None when it is not one (too few fields, no separator, numbers
+    that are no numbers)."""
+    fields = line.rstrip("\n").split(" ")
+    if len(fields) < 10 or "-" not in fields[6:]:
+        return None
+    sep = fields.index("-", 6)
+    if sep + 1 >= len(fields):
+        return None
+    major, _, minor = fields[2].partition(":")
+    try:
+        mount_id, parent_id, dev = int(fields[0]), int(fields[1]), os.makedev(int(major), int(minor))
+    except (ValueError, OverflowError):
+        return None
+    return MountLine(
+        mount_id, parent_id, dev, unescape(fields[3]), unescape(fields[4]), tuple(fields[6:sep]), fields[sep + 1]
+    )
 
 
 def propagation_of(path: str, mountinfo: str) -> set[str]:
@@ -29,13 +70,13 @@ def propagation_of(path: str, mountinfo: str) -> set[str]:
     the longest mount point, and of mounts stacked on one point the last (the one on top)."""
     best: tuple[int, set[str]] = (-1, set())
     for line in mountinfo.splitlines():
-        fields = line.split(" ")
-        if len(fields) < 7 or "-" not in fields[6:]:
+        parsed = parse_line(line)
+        if parsed is None:
             continue
-        point = _unescape(fields[4])
+        point = parsed.point
         inside = path == point or path.startswith(point.rstrip("/") + "/")
         if inside and len(point) >= best[0]:
-            best = (len(point), {f.split(":")[0] for f in fields[6 : fields.index("-", 6)]})
+            best = (len(point), {tag.split(":")[0] for tag in parsed.tags})
     return best[1]
 
 

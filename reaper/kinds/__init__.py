@@ -133,6 +133,10 @@ class Kind(Struct, Generic[R], frozen=True, kw_only=True):
     added_config: Callable[[R], bytes | None] | None = None
     # Its refs' `owner` detail says whose runtime made the attachment (cri, other, unknown).
     says_owner: bool = False
+    # The record keeps a network namespace alive where the reaper never frees it (a mount in
+    # another mount namespace): that namespace and why. Its attachment is live; while the kind
+    # could not be read whole, no attachment with a namespace is decided.
+    holds: Callable[[R], tuple[NsKey, str]] | None = None
 
 
 def reclaim_order(kinds: Sequence[Kind[Any]]) -> tuple[Kind[Any], ...]:

@@ -15,8 +15,8 @@ from msgspec import Struct
 
 from reaper.host.files import DirLister
 from reaper.host.mounts import unpin_hazard
+from reaper.host.nsmounts import in_use
 from reaper.host.pins import list_pins, unpin
-from reaper.host.procs import busy_namespaces
 from reaper.kinds import Found, Kind, Look, Pin, ReclaimContext
 from reaper.model import CorruptFile, DetailValue, Done, Identity, NetnsTie, NsKey, ResourceRef
 from reaper.names import is_runtime_netns_name
@@ -85,11 +85,13 @@ def tie(pin: NetnsPin) -> NetnsTie:
 
 
 def reclaim(pins: Sequence[NetnsPin], ctx: ReclaimContext) -> dict[Identity, Done]:
-    """Unmount and unlink every pin at once, so the kernel drops their veths in one batch."""
+    """Unmount and unlink every pin at once, so the kernel drops their veths in one batch; never
+    one whose namespace a live sandbox names, a process is in, or a mount holds elsewhere (it
+    would outlive the pin: reaper.host.nsmounts.in_use)."""
     hazard = unpin_hazard(ctx.netns_dirs)
     if hazard is not None:
         return {identity(pin): Done.left(hazard) for pin in pins}
-    busy = busy_namespaces(ctx.bin_dirs)
+    busy = in_use(ctx.bin_dirs, ctx.netns_dirs)
     return {identity(pin): _unpin(pin, ctx, busy) for pin in pins}
 
 

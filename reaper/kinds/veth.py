@@ -1,8 +1,10 @@
 """Host-side veths: the half of a pod's pair left in the netns the reaper runs in.
 
 Identity: name and ifindex (a name reused by a new link is another veth). A veth joins only
-the attachment whose pinned namespace holds its peer, never one that merely names it; and it is
-never deleted while its peer's namespace is a live sandbox's, in use, or cannot be inspected.
+the attachment whose pinned namespace holds its peer (or the namespace a mount holds outside the
+netns dirs: reaper.kinds.heldns), never one that merely names it; and it is never deleted while
+its peer's namespace is a live sandbox's, in use (a process in it, a mount holding it), or
+cannot be inspected.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from msgspec import Struct
 
 from reaper.host.netlink import RawLink, delete_links, dump_links, nsids_of
-from reaper.host.procs import busy_namespaces
-from reaper.kinds import Found, Kind, Look, ReclaimContext
+from reaper.host.nsmounts import in_use
+from reaper.kinds import Found, Kind, Look, ReclaimContext, heldns
+from reaper.kinds.heldns import HeldNetns
 from reaper.kinds.netns import NetnsPin
 from reaper.model import DetailValue, Done, Identity, NsKey, PeerTie, ResourceRef, SourceError
 
@@ -34,12 +37,19 @@ class VethLink(Struct, frozen=True, kw_only=True):
     peer_netns: NsKey | None  # the pinned namespace the peer lives in, when known
 
 
-def veths_from(links: list[RawLink], nsids: Iterable[tuple[NsKey, int]], pins: Sequence[NetnsPin]) -> list[VethLink]:
+def veths_from(
+    links: list[RawLink],
+    nsids: Iterable[tuple[NsKey, int]],
+    pins: Sequence[NetnsPin],
+    held: Iterable[NsKey] = (),
+) -> list[VethLink]:
     """The veths, each tied to the pinned namespace its peer is in: the one whose nsid (as the
     kernel answered for a namespace, `nsids`) is the veth's link-netnsid. Only namespaces the
-    netns kind found pinned count; an nsid two namespaces claim ties neither (fail closed)."""
+    netns kind found pinned count, and those a mount holds elsewhere (`held`, the heldns kind's:
+    such a veth is tied to them, never left as one of a namespace nobody names); an nsid two
+    namespaces claim ties neither (fail closed)."""
     by_index = {link.ifindex: link.name for link in links}
-    pinned = {pin.ns for pin in pins if pin.is_namespace}
+    pinned = {pin.ns for pin in pins if pin.is_namespace} | set(held)
     nsid_to_ns: dict[int, NsKey | None] = {}
     for ns, nsid in nsids:
         if ns in pinned:
@@ -79,6 +89,7 @@ def find(look: Look) -> Found[VethLink]:
     this process is in, so that is kept too. A one-shot run asks every pin: no memo is kept on
     disk, where whoever could write it would choose which pod a veth belongs to."""
     pins: tuple[NetnsPin, ...] = look.earlier.get("netns", ())
+    held: tuple[HeldNetns, ...] = look.earlier.get(heldns.NAME, ())
     memo = look.memo.of("veth")
     try:
         viewer = _own_netns()
@@ -109,13 +120,28 @@ def find(look: Look) -> Found[VethLink]:
         links = dump_links()
         wanted = choose_pins(links)
         asked = nsids_of(wanted) if wanted else {}
+        for path, (st, nsid) in asked.items():
+            memo.put(path, st, (*viewer, nsid))
+            known[path] = (st, nsid)
+        known.update(_held_nsids(links, held, {nsid for _, nsid in known.values()}))
     except OSError as err:
         return Found((), errors=(SourceError("netlink", str(err)),))
-    for path, (st, nsid) in asked.items():
-        memo.put(path, st, (*viewer, nsid))
-        known[path] = (st, nsid)
     nsids = [(NsKey(st.st_dev, st.st_ino), nsid) for st, nsid in known.values()]
-    return Found(tuple(veths_from(links, nsids, pins)))
+    return Found(tuple(veths_from(links, nsids, pins, (record.ns for record in held))))
+
+
+def _held_nsids(
+    links: list[RawLink], held: Sequence[HeldNetns], known: set[int]
+) -> dict[str, tuple[os.stat_result, int]]:
+    """The nsids of the namespaces mounts hold elsewhere, asked only when some veth's peer is in
+    a namespace no pin's nsid names, each through its holder's root (only a mount whose path
+    crosses local filesystems alone: see reaper.host.nsmounts), and never remembered: there is
+    no pin whose stat a memo could be kept under."""
+    if not any(link.kind == "veth" and link.link_netnsid not in (None, *known) for link in links):
+        return {}
+    paths = [next((m.reach for m in record.mounts if m.reachable), "") for record in held]
+    wanted = [path for path in paths if path]
+    return nsids_of(wanted) if wanted else {}
 
 
 def identity(veth: VethLink) -> Identity:
@@ -163,15 +189,16 @@ def _peer_in_use(veth: VethLink, ctx: ReclaimContext, busy: Mapping[NsKey, str])
 
 
 def reclaim(veths: Sequence[VethLink], ctx: ReclaimContext) -> dict[Identity, Done]:
-    """Delete host veths still there after their pin went (their namespace kept by a mount
-    elsewhere), each only if its index still has the same name, kind and peer, and never while
-    its peer's namespace is a live sandbox's, has a process in it, or cannot be inspected."""
+    """Delete host veths still there after their pin went (their namespace kept by an open fd,
+    say), each only if its index still has the same name, kind and peer, and never while its
+    peer's namespace is a live sandbox's, has a process in it, is held by a mount in any mount
+    namespace, or cannot be inspected."""
     if not veths:
         return {}
     if any(ident[0] == "netns" and done.ok for ident, done in ctx.done.items()):
         _wait_gone({v.ifindex for v in veths}, UNPIN_GRACE)
     by_index = {link.ifindex: link for link in dump_links()}
-    busy = busy_namespaces(ctx.bin_dirs)
+    busy = in_use(ctx.bin_dirs, ctx.netns_dirs)
     done: dict[Identity, Done] = {}
     to_delete: dict[int, VethLink] = {}
     for veth in veths:

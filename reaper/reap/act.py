@@ -15,7 +15,7 @@ from msgspec.structs import replace
 
 from reaper.cni.invoke import del_network, network_status
 from reaper.cni.requests import DelRequest, request_from_cache, safe_ifname
-from reaper.host.procs import busy_namespaces
+from reaper.host.nsmounts import in_use
 from reaper.host.quarantine import Quarantine
 from reaper.kinds import COMMAND_TIMEOUT, Kind, ReclaimContext
 from reaper.kinds.netconf import stateful_plugins
@@ -288,7 +288,7 @@ class Reclaimer(Struct, kw_only=True):
             return Recheck({a.key: f"{UNREACHABLE_AT_RECHECK}: {view.error}" for a in attachments})
         live = frozenset(s.netns for s in view.sandboxes if s.netns is not None)
         only = attachments[0].netns if len(attachments) == 1 else None
-        busy = busy_namespaces(self.bin_dirs, only) if only is not None or len(attachments) > 1 else {}
+        busy = in_use(self.bin_dirs, self.netns_dirs, only) if only is not None or len(attachments) > 1 else {}
         reasons = {a.key: recheck_reason(a, view, busy) for a in attachments}
         return Recheck({key: why for key, why in reasons.items() if why is not None}, live)
 

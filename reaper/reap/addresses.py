@@ -7,9 +7,10 @@ attachment of no namespace, apart from the pin, veth and process that show it al
 joined to some other, dead pin. What the writer cannot forge is where an address is configured
 in the kernel. So, right before acting, every selected orphan that holds addresses is compared
 with the addresses configured in every namespace on the node but its own pinned one(s): the
-netns the reaper runs in, every pinned namespace, every namespace a process is in. One whose
-address is configured elsewhere is left this pass, with where; so is every such orphan when some
-namespace could not be read, or not every process could be seen (fail closed). The pins of the
+netns the reaper runs in, every pinned namespace, every namespace a process is in, every
+namespace a mount holds in any mount namespace (reaper.host.nsmounts). One whose address is
+configured elsewhere is left this pass, with where; so is every such orphan when some namespace
+could not be read, or not every process or mount could be seen (fail closed). The pins of the
 orphans the pass reclaims, with no process inside, prove nothing live: a runtime that forgot a
 sandbox leaves its pin and its files as two attachments, the address of one in the other.
 
@@ -24,9 +25,9 @@ Addresses are compared by meaning (ipaddress; an IPv4-mapped IPv6 address is its
 address). Loopback, link-local, unspecified and multicast addresses are no pod's own: every
 namespace has some, so they are left out on both sides.
 
-The cost is paid only when some selected orphan holds an address: one /proc walk, one listing
-of the netns dirs, and one address dump per namespace (reaper.host.netns_addrs), all within
-one deadline.
+The cost is paid only when some selected orphan holds an address: one /proc walk, one read of
+every mount namespace's mounts, one listing of the netns dirs, and one address dump per
+namespace (reaper.host.netns_addrs), all within one deadline.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from typing import Any
 from msgspec import Struct
 
 from reaper.host.netns_addrs import Handle, NamespaceAddresses, NamespaceToRead, read_addresses, this_threads_netns
+from reaper.host.nsmounts import NsMount, held_elsewhere, netns_mounts, own_mount_namespace
 from reaper.host.procs import netns_members, unseen_processes
 from reaper.kinds.netns import collect_pins
 from reaper.kinds.registry import BY_NAME, pin_of
@@ -47,6 +49,7 @@ from reaper.model import Attachment, AttachmentKey, Identity, NsKey
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 DEADLINE = 10.0  # seconds for reading every namespace's addresses, all together
 HANDLES = 4  # ways to reach one namespace kept (its pins, then the lowest pids in it)
+UNREACHABLE = "/proc/0/ns/net"  # a handle that opens nothing: there is no process 0
 
 
 class HeldAddresses(Struct, frozen=True):
@@ -136,10 +139,15 @@ def leave_for_addresses(
 
 
 def node_namespaces(
-    netns_dirs: tuple[str, ...], members: Mapping[NsKey, set[int]], skip: frozenset[NsKey]
+    netns_dirs: tuple[str, ...],
+    members: Mapping[NsKey, set[int]],
+    skip: frozenset[NsKey],
+    mounted: Mapping[NsKey, tuple[NsMount, ...]] | None = None,
 ) -> list[NamespaceToRead]:
     """Every network namespace on the node but those in `skip`: the one this thread is in, each
-    pinned under the netns dirs, each some process is in (`members`, from a walk of /proc)."""
+    pinned under the netns dirs, each some process is in (`members`, from a walk of /proc),
+    each a mount holds elsewhere (`mounted`, reached through its holder's root)."""
+    mounted = mounted or {}
     pins, _ = collect_pins(netns_dirs, ())
     here = this_threads_netns()
     handles: dict[NsKey, list[Handle]] = {}
@@ -151,6 +159,12 @@ def node_namespaces(
     for ns, inside in members.items():
         ways = [Handle(f"/proc/{pid}/ns/net", pinned=False) for pid in sorted(inside)[:HANDLES]]
         handles.setdefault(ns, []).extend(ways)
+    for ns, mounts in mounted.items():
+        # The mount point as its holder sees it, never through a symlink at its end, and only
+        # through local filesystems; with no such way, one that opens nothing (/proc/0 is no
+        # process) makes the namespace unread, never the one this thread is in.
+        ways = [Handle(m.reach, pinned=True) for m in mounts if m.reachable][:HANDLES]
+        handles.setdefault(ns, []).extend(ways or [Handle(UNREACHABLE, pinned=False)])
     targets = [] if here in skip else [NamespaceToRead(here, "the netns the reaper runs in", ())]
     for ns, ways in sorted(handles.items()):
         if ns == here or ns in skip:
@@ -158,8 +172,10 @@ def node_namespaces(
         pids = sorted(members.get(ns, ()))
         if ns in pinned_at:
             where = f"the netns pinned at {pinned_at[ns]}" + (f" (pid {pids[0]} inside)" if pids else "")
-        else:
+        elif pids:
             where = f"the netns of pid {pids[0]}"
+        else:
+            where = f"the netns held by {mounted[ns][0].describe()}"
         targets.append(NamespaceToRead(ns, where, tuple(ways[:HANDLES])))
     return targets
 
@@ -185,6 +201,11 @@ def addresses_in_use(
         members = netns_members()
     except OSError as err:
         return leave_for_addresses(held, [], f"the walk of /proc failed: {err}")
+    try:
+        # A namespace a mount holds elsewhere, its pin gone, keeps its pod's addresses.
+        mounted = held_elsewhere(netns_mounts(), netns_dirs, own_mount_namespace())
+    except OSError as err:
+        return leave_for_addresses(held, [], f"the mounts of every mount namespace cannot be read: {err}")
     # The pins of the orphans this pass reclaims, nothing inside: a split-off lease's address
     # configured there is that dead pod's (a runtime that forgot a sandbox leaves its pin and
     # its files as two attachments).
@@ -192,5 +213,6 @@ def addresses_in_use(
     dead = frozenset(p.ns for p in pins if p is not None and p.ns not in members)
     # A namespace that is every such attachment's own, or dead, is not read: it proves none live.
     skip = dead | frozenset.intersection(*(h.own for h in held.values()))
-    seen = read_addresses(node_namespaces(netns_dirs, members, skip), deadline=clock() + deadline, clock=clock)
+    targets = node_namespaces(netns_dirs, members, skip, mounted)
+    seen = read_addresses(targets, deadline=clock() + deadline, clock=clock)
     return leave_for_addresses(held, seen, None, dead)

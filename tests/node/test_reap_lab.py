@@ -11,6 +11,8 @@ import json
 import os
 import secrets
 import stat
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,12 +23,13 @@ import pytest
 
 from reaper.kinds.iptables import chain_name
 from tests.harness.configs import cache_doc
-from tests.harness.lab import Lab, PortMap
+from tests.harness.lab import Lab, PortMap, kernel
 from tests.harness.lab import cni as labcni
 from tests.harness.reap_helpers import (
     HANG_PLUGIN,
     REAP,
     SCAN,
+    host_links,
     hostport_chains,
     leak_left,
     pings,
@@ -116,7 +119,7 @@ def test_everything_the_runtime_forgot_is_reclaimed(forgotten: Forgotten, tmp_pa
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr
     assert all(r["ok"] for o in run.doc["reclaimed"] for r in o["resources"])
 
-    assert leak_left(lab, cached) == [] and leak_left(lab, bare) == []
+    assert leak_left(lab, cached) == [] and leak_left(lab, bare) == [], run.doc["skipped"]
     assert not legacy.exists()
     assert not any(p.exists() for p in corrupt)
     assert untied.exists(), "a file no attachment names is reported, never deleted"
@@ -609,4 +612,64 @@ def test_chains_in_the_legacy_iptables_backend(forgotten: Forgotten, tmp_path: P
         cleanup = f"*nat\n-D POSTROUTING -s {lab.pod_ip(web)}/32 -m comment --comment {comment} -j {chain}\n"
         cleanup += f"-F {chain}\n-X {chain}\nCOMMIT\n"
         lab.run_in_netns(["iptables-legacy-restore", "--noflush"], input=cleanup)
+    assert_live_intact(forgotten, tmp_path)
+
+
+# Bind-mounts argv[1] onto argv[2] in the mount namespace it was started in, says so, waits.
+HOLDER = """
+import ctypes, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.mount(sys.argv[1].encode(), sys.argv[2].encode(), None, ctypes.c_ulong(0x1000), None) != 0:
+    raise OSError(ctypes.get_errno(), "mount")
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_leak_whose_netns_a_mount_holds_elsewhere_keeps_everything_until_it_goes(
+    forgotten: Forgotten, tmp_path: Path
+) -> None:
+    """containerd#3667, moby#27277, cri-o#4210 on the real runtime's plugins: a process in a
+    mount namespace of its own bind-mounted a dead pod's netns, then the pod's pin was removed.
+    The namespace, its veth and its address live on. The reap leaves all of it (the veth tied
+    to the held namespace and live with the holder named; the lease, chain and cache entry,
+    which name only the pin that is gone, kept because the address is configured there) and
+    never touches the holder's mount; a leak beside it goes. Once the holder is gone, the next
+    reap frees the rest."""
+    lab = forgotten.lab
+    leak, control = lab.make_leak(with_cache=True), lab.make_leak(with_cache=True)
+    held = tmp_path / "held"
+    held.touch()
+    argv = ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", HOLDER]
+    holder = subprocess.Popen(
+        [*argv, str(leak.netns_path), str(held)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        kernel.umount(str(leak.netns_path), 2)  # the runtime removes its pin, as it does
+        leak.netns_path.unlink()
+        run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
+        assert run.returncode in (0, 1), run.stdout[-3000:] + run.stderr
+        assert leak_left(lab, leak) == ["veth " + leak.host_veth, f"lease {leak.ip}", "cache entry", "chains"]
+        assert leak_left(lab, control) == []
+        (tied,) = [a for a in run.doc["attachments"] if leak.host_veth in {r["name"] for r in a["resources"]}]
+        assert tied["verdict"] == "live" and {r["kind"] for r in tied["resources"]} == {"veth", "heldns"}
+        assert f"pid {holder.pid}" in tied["reason"] and str(held) in tied["reason"]
+        skipped = {s["container_id"]: s["reason"] for s in run.doc["skipped"]}
+        assert leak.ip in skipped[leak.container_id] and f"pid {holder.pid}" in skipped[leak.container_id]
+        with open(f"/proc/{holder.pid}/mountinfo", encoding="utf-8") as f:
+            assert any(line.split(" ")[4] == str(held) for line in f), "the holder's mount was touched"
+    finally:
+        holder.kill()
+        holder.wait()
+    for _ in range(50):  # the namespace, and its veth, die with the holder's mount namespace
+        if leak.host_veth not in host_links(lab):
+            break
+        time.sleep(0.1)
+    run = run_reaper(lab, "reap", tmp_path / "state2.json", "--json", *REAP)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr
+    assert leak_left(lab, leak) == []
     assert_live_intact(forgotten, tmp_path)

@@ -1,5 +1,6 @@
-"""`reaper doctor`'s checks that are pure: the chart's preset and the pod CIDR against the node's configs, and
-what the node's configs and runtimes keep that the reaper does not see (temp dirs as the host's root and its own)."""
+"""`reaper doctor`'s checks that are pure: the chart's preset and the pod CIDR against the node's configs,
+what the node's configs and runtimes keep that the reaper does not see (temp dirs as the host's root and
+its own), and what the mount walk says."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from pathlib import Path
 import pytest
 from msgspec.structs import replace
 
+from reaper import doctor
 from reaper.cli import build_parser
 from reaper.doctor import Check, _cni_dirs, _dirs, _plugins, _pod_cidrs, _preset, _visibility, doctor_json
+from reaper.host.nsmounts import NsMount
 from reaper.kinds.netconf import collect_configs_of, parse_network_config
 from reaper.layout import Layout
-from reaper.model import NetworkConfig
+from reaper.model import NetworkConfig, NsKey
 from reaper.podcidr import PodCidrs
 from reaper.settings import settings_from
 
@@ -215,3 +218,18 @@ def test_calico_state_moved_by_its_config_is_looked_for_there() -> None:
         plain = _network("k8s-pod-network", {"type": "calico"})
         (default,) = [c for c in _plugins(settings, [plain]) if c.status == "warn"]
         assert default.fix == "mount /var/lib/calico (chart: cniPreset=calico)"
+
+
+def test_the_held_netns_check_fails_when_the_mounts_cannot_all_be_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    mount = NsMount(ns=NsKey(4, 9), pid=12, mount_ns=7, mount_point="/var/held", on=None)
+    monkeypatch.setattr(doctor, "own_mount_namespace", lambda: 1)
+    monkeypatch.setattr(doctor, "netns_mounts", lambda: [mount])
+    check = doctor._held_mounts(("/run/netns",))
+    assert check.status == "ok" and "1 network namespace" in check.message and "pid 12" in check.message
+
+    def fails() -> list[NsMount]:
+        raise OSError(5, "mount namespace mnt:[3] cannot be entered")
+
+    monkeypatch.setattr(doctor, "netns_mounts", fails)
+    check = doctor._held_mounts(("/run/netns",))
+    assert check.status == "fail" and "cannot be entered" in check.message and "orphan" in check.message

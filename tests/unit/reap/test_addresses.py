@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from reaper.host.netns_addrs import NamespaceAddresses, NamespaceToRead
+from reaper.host.netns_addrs import Handle, NamespaceAddresses, NamespaceToRead
+from reaper.host.nsmounts import NsMount
 from reaper.kinds import cache, firewall, hostlocal, iptables, netns
 from reaper.kinds.cache import CacheEntry
 from reaper.kinds.firewall import ForwardRule
@@ -200,8 +201,10 @@ def _fake_node(
     members: Mapping[NsKey, set[int]],
     pins: Sequence[NetnsPin],
     configured: Mapping[NsKey, tuple[str, ...]],
+    mounted: Sequence[NsMount] = (),
 ) -> list[list[NamespaceToRead]]:
-    """The node as addresses_in_use sees it; what it asked to read, call by call."""
+    """The node as addresses_in_use sees it (`mounted`: the mounts of network namespaces in
+    every mount namespace); what it asked to read, call by call."""
     asked: list[list[NamespaceToRead]] = []
 
     def read(targets: Sequence[NamespaceToRead], **_: Any) -> list[NamespaceAddresses]:
@@ -213,6 +216,8 @@ def _fake_node(
     monkeypatch.setattr(addresses, "collect_pins", lambda dirs, patterns: (list(pins), []))
     monkeypatch.setattr(addresses, "this_threads_netns", lambda: HOST)
     monkeypatch.setattr(addresses, "read_addresses", read)
+    monkeypatch.setattr(addresses, "netns_mounts", lambda: list(mounted))
+    monkeypatch.setattr(addresses, "own_mount_namespace", lambda: 1)
     return asked
 
 
@@ -260,3 +265,38 @@ def test_a_walk_of_proc_that_fails_leaves_them_all(monkeypatch: pytest.MonkeyPat
     orphan, records = attach(lease("10.0.0.5"))
     reasons = addresses_in_use([orphan], records, ("/run/netns",))
     assert "the walk of /proc failed" in reasons[orphan.key] and "10.0.0.5 cannot be told" in reasons[orphan.key]
+
+
+def test_a_namespace_a_mount_holds_is_read_through_its_holder_or_counts_as_unread(tmp_path: Any) -> None:
+    """A namespace held by a mount elsewhere is read through the holder's root; one whose only
+    mounts lie below a filesystem that may wait on a process gets a way that opens nothing, so
+    it is unread (and its orphans' addresses undecided), never the namespace read from."""
+    walkable = NsMount(ns=NsKey(4, 71), pid=12, mount_ns=9, mount_point="/var/held", on=None)
+    below_fuse = NsMount(ns=NsKey(4, 72), pid=13, mount_ns=9, mount_point="/fuse/held", on=None, reachable=False)
+    targets = addresses.node_namespaces(
+        (str(tmp_path),), {}, frozenset(), {walkable.ns: (walkable,), below_fuse.ns: (below_fuse,)}
+    )
+    by_ns = {t.ns: t for t in targets}
+    assert by_ns[walkable.ns].handles == (Handle("/proc/12/root/var/held", pinned=True),)
+    assert "pid 12" in by_ns[walkable.ns].where and "/var/held" in by_ns[walkable.ns].where
+    assert by_ns[below_fuse.ns].handles == (Handle(addresses.UNREACHABLE, pinned=False),)
+
+
+def test_an_address_configured_in_a_namespace_only_a_mount_holds_keeps_the_orphan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its pin gone, a pod's namespace held by a mount in another mount namespace still has the
+    address: the lease split from it stays. A mount walk that cannot be whole leaves it too."""
+    held_ns = NsKey(4, 77)
+    mount = NsMount(ns=held_ns, pid=12, mount_ns=9, mount_point="/var/held", on=None)
+    _fake_node(monkeypatch, {HOST: {1}}, [], {held_ns: ("10.0.0.5/24",)}, [mount])
+    orphan, records = attach(lease("10.0.0.5"))
+    why = addresses_in_use([orphan], records, ("/run/netns",))[orphan.key]
+    assert "10.0.0.5" in why and "pid 12" in why and "/var/held" in why
+
+    def fails() -> list[NsMount]:
+        raise OSError(5, "mount namespace mnt:[9] cannot be entered")
+
+    monkeypatch.setattr(addresses, "netns_mounts", fails)
+    why = addresses_in_use([orphan], records, ("/run/netns",))[orphan.key]
+    assert "mounts of every mount namespace cannot be read" in why

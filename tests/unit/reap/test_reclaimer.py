@@ -13,6 +13,8 @@ import pytest
 from msgspec.structs import replace
 
 from reaper.cni.requests import DelRequest
+from reaper.host import nsmounts
+from reaper.host.procs import EveryNamespaceBusy
 from reaper.model import Attachment, AttachmentKey, NodeSnapshot, ReclaimOutcome, ResourceOutcome, RuntimeView
 from reaper.reap import act
 from reaper.reap.act import UNREACHABLE_AT_RECHECK, Reclaimer, reclaim_log_fields
@@ -137,6 +139,27 @@ def test_a_sandbox_listed_again_before_the_kernel_step_keeps_its_resources(node:
     assert skipped == []
     assert {r.error for r in outcomes[0].resources} == {"its sandbox is listed again"}
     assert len(node.records) == 2 and node.batches == []
+
+
+def test_a_namespace_a_mount_holds_since_the_scan_is_left_at_the_recheck(
+    node: FakeNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The re-check reads the mounts of every mount namespace again: one made after the scan
+    keeps the attachment whose namespace it holds, and mounts that cannot all be read keep
+    every attachment."""
+    one, two = two_resources(node, 1), two_resources(node, 2)
+    assert one.netns is not None
+    held = {one.netns: "its netns is held by a mount at /x in mount namespace mnt:[9] (pid 7)"}
+    monkeypatch.setattr(nsmounts, "busy_namespaces", lambda bin_dirs, only=None: {})
+    monkeypatch.setattr(nsmounts, "mount_held", lambda dirs, proc="/proc": held)
+    outcomes, skipped = reclaimer(node).run([one, two], {})
+    assert [(s.key, s.reason) for s in skipped] == [(one.key, held[one.netns])]
+    assert [o.key for o in outcomes] == [two.key] and {r.name for r in node.records.values()} == {"res-1", "last-1"}
+    unseen = EveryNamespaceBusy("the mounts that may hold its netns cannot all be read now")
+    monkeypatch.setattr(nsmounts, "mount_held", lambda dirs, proc="/proc": unseen)
+    three = two_resources(node, 3)
+    outcomes, skipped = reclaimer(node).run([three], {})
+    assert outcomes == [] and [s.reason for s in skipped] == [unseen.reason]
 
 
 def test_a_runtime_unreachable_at_the_recheck_leaves_every_attachment(node: FakeNode) -> None:

@@ -1,0 +1,89 @@
+"""Network namespaces held by a mount outside the netns dirs, in any mount namespace.
+
+A pod's namespace bind-mounted somewhere else (a container given the pin dir with private
+propagation, a process that mounted `/proc/<pid>/ns/net` in a mount namespace of its own:
+containerd#3667, moby#27277, cri-o#4210) outlives its pin, with its veths and addresses. The
+reaper never unmounts such a mount, and nothing the namespace holds is freed while it is
+there: a record of this kind holds its namespace (the `holds` hook), so the attachment of the
+namespace is live, reported with the mounts that hold it, and the host veth whose peer lives
+there is tied to it instead of being dropped as a veth of a namespace nobody names.
+
+Identity: the namespace. Found by reaper.host.nsmounts; a walk that cannot be whole is this
+kind's error, and then no attachment with a namespace is decided (reaper.reconcile).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from msgspec import Struct
+
+from reaper.host.nsmounts import NsMount, held_elsewhere, netns_mounts, own_mount_namespace
+from reaper.kinds import Found, Kind, Look, ReclaimContext
+from reaper.model import DetailValue, Done, HeldTie, Identity, NsKey, ResourceRef, SourceError
+from reaper.state import is_netns_path
+
+NAME = "heldns"
+SHOWN = 4  # mounts named in a report's details; the rest are counted
+
+
+class HeldNetns(Struct, frozen=True):
+    """A network namespace mounted outside the netns dirs, and the mounts that hold it."""
+
+    ns: NsKey
+    mounts: tuple[NsMount, ...]
+
+    @property
+    def path(self) -> str:
+        """A path to it through its first holder (how the report and the state file name it)."""
+        first = self.mounts[0]
+        return first.reach if is_netns_path(first.reach) else f"/proc/{first.pid}/ns/net"
+
+    def why(self) -> str:
+        more = len(self.mounts) - 1
+        also = f", and {more} more mount{'s' if more > 1 else ''}" if more else ""
+        return f"its netns is held by {self.mounts[0].describe()}{also}; never unmounted by the reaper"
+
+
+def find(look: Look) -> Found[HeldNetns]:
+    try:
+        mounts = netns_mounts()
+        own = own_mount_namespace()
+    except OSError as err:
+        return Found((), errors=(SourceError(NAME, f"the mounts of every mount namespace cannot be read: {err}"),))
+    held = held_elsewhere(mounts, look.options.netns_dirs, own)
+    return Found(tuple(HeldNetns(ns, found) for ns, found in sorted(held.items())))
+
+
+def identity(held: HeldNetns) -> Identity:
+    return (NAME, str(held.ns.dev), str(held.ns.ino))
+
+
+def ref(held: HeldNetns) -> ResourceRef:
+    details: dict[str, DetailValue] = {}
+    for n, mount in enumerate(held.mounts[:SHOWN]):
+        suffix = "" if n == 0 else f"_{n + 1}"
+        details[f"pid{suffix}"] = mount.pid
+        details[f"mount_ns{suffix}"] = f"mnt:[{mount.mount_ns}]"
+        details[f"mount_point{suffix}"] = mount.mount_point
+    if len(held.mounts) > SHOWN:
+        details["more_mounts"] = len(held.mounts) - SHOWN
+    return ResourceRef(
+        kind=NAME, name=f"net:[{held.ns.ino}]", created_at=None, details=details, identity=identity(held)
+    )
+
+
+def tie(held: HeldNetns) -> HeldTie:
+    return HeldTie(held.ns, held.path)
+
+
+def reclaim(records: Sequence[HeldNetns], ctx: ReclaimContext) -> dict[Identity, Done]:
+    """Nothing: a mount outside the netns dirs is never the reaper's to unmount."""
+    return {identity(r): Done.left(r.why()) for r in records}
+
+
+def holds(held: HeldNetns) -> tuple[NsKey, str]:
+    return held.ns, held.why()
+
+
+KIND: Kind[HeldNetns] = Kind(name=NAME, find=find, identity=identity, ref=ref, tie=tie, reclaim=reclaim, holds=holds)
