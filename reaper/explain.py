@@ -22,7 +22,7 @@ from reaper.kinds.netconf import plugin_list
 from reaper.model import Attachment, AttachmentHistory, Holder, NsKey, ScanResult
 from reaper.reap.act import del_request, held_by_others, index, kept_state, waits_for_plugin
 from reaper.reap.trust import node_trust, proven_namespaces
-from reaper.report import attachment_json
+from reaper.report import attachment_json, runtime_lines
 
 _HEX_PREFIX = re.compile(r"[0-9a-f]{3,64}")
 
@@ -72,16 +72,8 @@ def matches(attachment: Attachment, target: str) -> bool:
 
 def _runtimes(result: ScanResult, attachment: Attachment) -> tuple[str, ...]:
     view = result.report.runtime
-    lines = []
-    for answer in view.runtimes:
-        who = " ".join(x for x in (answer.name, answer.version) if x) or "a runtime"
-        if answer.reachable:
-            lines.append(f"{who} at {answer.endpoint} ({answer.source}) listed {answer.sandboxes} sandboxes")
-        else:
-            state = "skipped" if answer.skipped else "did not answer"
-            lines.append(f"{who} at {answer.endpoint} ({answer.source}) {state}: {answer.error}")
+    lines = runtime_lines(view)
     if not view.reachable:
-        lines.append("not every runtime answered: nothing can be called an orphan")
         return tuple(lines)
     cid = attachment.key.container_id
     listed = next((s for s in view.sandboxes if cid is not None and s.id == cid), None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from reaper.durations import format_duration
-from reaper.model import VERDICTS, Attachment, ReapResult, ResourceRef, ScanReport
+from reaper.model import VERDICTS, Attachment, ReapResult, ResourceRef, RuntimeView, ScanReport
 from reaper.settings import Settings
 
 
@@ -111,8 +111,9 @@ def _short(value: str | None, width: int) -> str:
     return value if len(value) <= width else value[: width - 1] + "~"
 
 
-def report_table(report: ScanReport) -> str:
-    rt = report.runtime
+def runtime_lines(rt: RuntimeView) -> list[str]:
+    """What each runtime said this pass, a line each; and, when not all answered, that nothing
+    can be called orphan."""
     lines = []
     for answer in rt.runtimes:
         who = " ".join(x for x in (answer.name, answer.version) if x) or "runtime"
@@ -125,6 +126,11 @@ def report_table(report: ScanReport) -> str:
         # Each runtime's error is on its own line above; only with none to list is the why here.
         why = "" if rt.runtimes else f" ({rt.error})"
         lines.append(f"runtime: UNREACHABLE{why}; no attachment can be called orphan this pass")
+    return lines
+
+
+def report_table(report: ScanReport) -> str:
+    lines = runtime_lines(report.runtime)
     for verdict in ("orphan", "pending", "excluded", "unknown", "live"):
         group = [a for a in report.attachments if a.verdict == verdict]
         if not group:
