@@ -26,7 +26,6 @@ there, and only while the leases that held its address have been freed this pass
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 from collections import Counter
@@ -211,15 +210,7 @@ def _still_held(rule: ForwardRule, done: Mapping[Identity, Done]) -> str | None:
     looked at was not freed this pass, or it was shared. None: it may go."""
     if rule.container_id is None and rule.leases:
         return f"left: {rule.owner}"
-    for lease in rule.leases:
-        freed = done.get(lease)
-        if freed is not None and freed.ok:
-            continue
-        # Not freed by the kernel step: gone all the same when the plugins' DEL released it.
-        # A file there (the orphan's still, or a new pod's already) keeps the rule.
-        if freed is not None or os.path.lexists(lease[-1]):
-            return f"left: its address is still leased ({lease[-1]})"
-    return None
+    return hostlocal.still_leased(rule.leases, done)
 
 
 def reclaim(rules: Sequence[ForwardRule], ctx: ReclaimContext) -> dict[Identity, Done]:

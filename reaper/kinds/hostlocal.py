@@ -17,7 +17,7 @@ import socket
 import stat
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from msgspec import Struct
 
@@ -228,6 +228,21 @@ def find(look: Look) -> Found[HostLocalLease]:
 
 def identity(lease: HostLocalLease) -> Identity:
     return ("ipam", lease.path)
+
+
+def still_leased(leases: Iterable[Identity], done: Mapping[Identity, Done]) -> str | None:
+    """Why an address the `leases` held when the node was looked at may be someone's now (for a
+    record that frees it: a firewall or policy rule), or None when it may go. A lease this pass
+    freed lets it go; one it did not free, or one whose file is there again (the orphan's still,
+    or a new pod's already), keeps it. Gone though not freed by the kernel step: the plugins'
+    DEL released it."""
+    for lease in leases:
+        freed = done.get(lease)
+        if freed is not None and freed.ok:
+            continue
+        if freed is not None or os.path.lexists(str(lease[-1])):
+            return f"left: its address is still leased ({lease[-1]})"
+    return None
 
 
 def ref(lease: HostLocalLease) -> ResourceRef:

@@ -29,7 +29,6 @@ but another shape could be taken for is left.
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -201,18 +200,6 @@ def tie(rule: PodRule) -> Claim:
 # ------------------------------------------------------------------------------ reclaiming
 
 
-def _still_held(rule: PodRule, done: Mapping[Identity, Done]) -> str | None:
-    """Why the rule's address may be someone's now: a lease that held it when the node was
-    looked at was kept this pass. None: it may go."""
-    for lease in rule.leases:
-        freed = done.get(lease)
-        if freed is not None and freed.ok:
-            continue
-        if freed is not None or os.path.lexists(lease[-1]):
-            return f"left: its address is still leased ({lease[-1]})"
-    return None
-
-
 def decide(
     rules: Sequence[PodRule], now: Sequence[RawRule], done: Mapping[Identity, Done]
 ) -> dict[Identity, Done | RawRule]:
@@ -227,7 +214,7 @@ def decide(
             out[identity(rule)] = Done.left(
                 "another rule of the same priority, table and selector is there; left alone"
             )
-        elif (why := _still_held(rule, done)) is not None:
+        elif (why := hostlocal.still_leased(rule.leases, done)) is not None:
             out[identity(rule)] = Done.left(why)
         else:
             out[identity(rule)] = mine[0]
