@@ -69,16 +69,18 @@ def held_by_others(snapshot: NodeSnapshot, orphans: Sequence[Attachment]) -> tup
     kinds name them (veths): a result's other host interfaces are shared ones (the bridge
     every pod hangs off)."""
     judged = {ref.identity for a in orphans for ref in a.resources}
-    found = {kind.identity(r): (kind, r) for kind in KINDS for r in snapshot.of(kind.name)}
     ips: set[str] = set()
     ifnames: set[str] = set()
-    for ident, (kind, record) in found.items():
-        if ident in judged:
+    for kind in KINDS:
+        if kind.claims is None and kind.host_ifname is None:
             continue
-        if kind.claims is not None:
-            ips.update(kind.claims(record))
-        if kind.host_ifname is not None:
-            ifnames.add(kind.host_ifname(record))
+        for record in snapshot.of(kind.name):
+            if kind.identity(record) in judged:
+                continue
+            if kind.claims is not None:
+                ips.update(kind.claims(record))
+            if kind.host_ifname is not None:
+                ifnames.add(kind.host_ifname(record))
     return ips, ifnames
 
 
