@@ -15,7 +15,6 @@ temp dir, the processes and (with them) the namespaces are gone at the end.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import json
 import os
@@ -31,15 +30,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 
 from reaper.http import MAX_CONNECTIONS
 from tests.harness.cri import api_pb2 as pb
+from tests.harness.netns_thread import in_netns
 
 ROOT = Path(__file__).resolve().parent.parent
 FILE_STEPS = (0, 10_000, 100_000)
@@ -53,10 +53,8 @@ AGENT_PORT = 9753  # free by construction: the agent's netns is new and empty
 # agent listens on: its own, as the node IP is the kubelet's.
 FLOOD_SOURCES = [f"127.0.1.{n}" for n in range(1, 65)]
 NETWORK = "net1"
-CLONE_NEWNET = 0x40000000
 MIB = 1024 * 1024
 
-T = TypeVar("T")
 
 # --------------------------------------------------------------------------- the fake runtime
 
@@ -308,36 +306,6 @@ def scan_memory(tmp: Path, cri: str) -> None:
 
 
 # --------------------------------------------------------------------------- 2: idle flood
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def in_netns(pid: int, work: Callable[[], T]) -> T:
-    """`work()` on a thread of its own that has joined the network namespace of `pid` (a socket
-    keeps the namespace it was made in, whichever thread uses it later)."""
-    result: list[T] = []
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if _libc.setns(fd, CLONE_NEWNET) != 0:
-                    code = ctypes.get_errno()
-                    raise OSError(code, f"setns: {os.strerror(code)}")
-            finally:
-                os.close(fd)
-            result.append(work())
-        except BaseException as err:
-            failure.append(err)
-
-    thread = threading.Thread(target=run, name="netns")
-    thread.start()
-    thread.join()
-    if failure:
-        raise failure[0]
-    return result[0]
 
 
 def tcp_socket(source: str | None = None) -> socket.socket:

@@ -13,27 +13,22 @@ IP), the source address left to the kernel.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
 from reaper.http import MAX_CONNECTIONS, NODE_CONNECTIONS, PER_CLIENT, REQUEST_DEADLINE
-
-T = TypeVar("T")
+from tests.harness.netns_thread import in_netns
 
 ROOT = Path(__file__).resolve().parents[2]
-CLONE_NEWNET = 0x40000000
 NODE_IP = "198.18.0.1"  # RFC 2544's benchmarking range, inside the test's namespaces only
 OTHERS = [f"198.18.1.{n}" for n in range(1, 65)]  # the 64 flooding addresses
 BYSTANDER = "198.18.2.1"  # another host that does not flood: it finds every slot of theirs taken
@@ -42,36 +37,6 @@ PROBE_BUDGET = 1.0  # seconds the probe has to get its answer
 # The flood lasts two request deadlines and more: the server cuts its first connections off and
 # it takes their slots again while the probes go on.
 FLOOD_SECONDS = 2 * REQUEST_DEADLINE + 3
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def in_netns(pid: int, work: Callable[[], T]) -> T:
-    """`work()` on a thread of its own that joined the network namespace of `pid`; a socket made
-    there keeps that namespace whichever thread uses it later."""
-    result: list[T] = []
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if _libc.setns(fd, CLONE_NEWNET) != 0:
-                    code = ctypes.get_errno()
-                    raise OSError(code, f"setns: {os.strerror(code)}")
-            finally:
-                os.close(fd)
-            result.append(work())
-        except BaseException as err:
-            failure.append(err)
-
-    thread = threading.Thread(target=run, name="netns")
-    thread.start()
-    thread.join()
-    if failure:
-        raise failure[0]
-    return result[0]
 
 
 @dataclass
