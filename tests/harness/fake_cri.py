@@ -5,6 +5,7 @@ counts what it was asked (how many status calls, which IDs, how many at once).""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterable
@@ -98,3 +99,24 @@ class FakeRuntime:
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
+
+
+class NotCri(threading.Thread):
+    """A socket that is no CRI runtime: it counts the connections it is offered and hangs up on
+    each, as a dead or foreign listener on a CRI path does."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(daemon=True)
+        self.accepted = 0
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(path))
+        self.listener.listen(16)
+
+    def run(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()

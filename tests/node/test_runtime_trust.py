@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +18,7 @@ import pytest
 
 from reaper.runtime.cri import CriLiveness
 from reaper.runtime.discovery import Endpoint, close_all, discover
-from tests.harness.fake_cri import FakeRuntime, sandbox, sandbox_list
+from tests.harness.fake_cri import FakeRuntime, NotCri, sandbox, sandbox_list
 
 PYTHON = "/usr/bin/python3.11"  # a standalone interpreter any user may run, owned by root
 NOBODY = "65534"
@@ -35,26 +33,6 @@ NAMED = (
     "os.write(1, b'k')\n"
     "time.sleep(600)\n"
 )
-
-
-class NotCri(threading.Thread):
-    """A socket that is no CRI runtime: it counts the connections it is offered and hangs up."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(daemon=True)
-        self.accepted = 0
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(str(path))
-        self.listener.listen(16)
-
-    def run(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            conn.close()
 
 
 def start_kubelet(prefix: list[str], endpoint: str, *, exe: str = PYTHON, chroot: str = "") -> subprocess.Popen[bytes]:

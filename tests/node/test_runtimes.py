@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import re
 import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from reaper.runtime.cri import CriLiveness
+from tests.harness.fake_cri import NotCri
 from tests.harness.lab import Lab
 from tests.harness.reap_helpers import REAP, pings, reproduce_both_seeds
 from tests.harness.reaper_cli import attachments_by_key, kubelet_argv, run_reaper_discovering
@@ -73,29 +73,9 @@ def test_with_no_flags_every_runtime_is_asked_and_the_decoy_changes_nothing(
     assert reap.doc["reclaimed"] == [] and nocni_pin.exists() and pings(lab, web)
 
 
-class _Hangup(threading.Thread):
-    """Something listening on a CRI path that hangs up on every call (and counts them)."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(daemon=True)
-        self.accepted = 0
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(str(path))
-        self.listener.listen(16)
-
-    def run(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            conn.close()
-
-
 def test_a_runtime_that_cannot_answer_makes_the_pass_undecided(labs: tuple[Lab, Lab, str, str], tmp_path: Path) -> None:
     lab, _, web, _ = labs
-    broken = _Hangup(tmp_path / "broken.sock")
+    broken = NotCri(tmp_path / "broken.sock")
     broken.start()
     try:
         sockets = {CONTAINERD_SOCK: tmp_path / "broken.sock", CRIO_SOCK: socket_of(lab)}
@@ -130,7 +110,7 @@ def test_a_kubelet_the_hosts_init_would_not_start_is_reported_and_not_asked(
     socket that is no CRI runtime. It is reported (scan's runtimes, doctor's warning), never
     connected to, and the pass stays decided."""
     lab, _, web, _ = labs
-    not_cri = _Hangup(tmp_path / "not-cri.sock")
+    not_cri = NotCri(tmp_path / "not-cri.sock")
     not_cri.start()
     evil = "/run/evil/cri.sock"
     sockets = {CONTAINERD_SOCK: socket_of(lab), evil: tmp_path / "not-cri.sock"}
