@@ -9,13 +9,11 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import grpc
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from google.protobuf.message import Message
 
 from reaper.runtime.client import CriError, RuntimeClient
+from tests.harness.cri import api_pb2 as cri_pb2
 
 NSEXEC = Path(__file__).with_name("nsexec.py")
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -307,50 +305,18 @@ def wait_ready(layout: ContainerdLayout, proc: subprocess.Popen[bytes], timeout:
     raise RuntimeStartError(f"containerd not ready after {timeout}s ({last}); log:\n{log_tail(layout)}")
 
 
-def _status_messages() -> tuple[type[Message], type[Message]]:
-    """CRI StatusRequest{verbose=2} / StatusResponse{info=2 map}: not in reaper's CRI subset.
-
-    Built from a descriptor in a private pool (field numbers of k8s.io/cri-api runtime.v1).
-    """
-    fdp = descriptor_pb2.FileDescriptorProto(
-        name="reaperlab/cri_status.proto", package="reaperlab.cri", syntax="proto3"
-    )
-    f = descriptor_pb2.FieldDescriptorProto
-    req = fdp.message_type.add(name="StatusRequest")
-    req.field.add(name="verbose", number=1, type=f.TYPE_BOOL, label=f.LABEL_OPTIONAL)
-    resp = fdp.message_type.add(name="StatusResponse")
-    entry = resp.nested_type.add(name="InfoEntry")
-    entry.options.map_entry = True
-    entry.field.add(name="key", number=1, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
-    entry.field.add(name="value", number=2, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
-    resp.field.add(
-        name="info",
-        number=2,
-        type=f.TYPE_MESSAGE,
-        label=f.LABEL_REPEATED,
-        type_name=".reaperlab.cri.StatusResponse.InfoEntry",
-    )
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(fdp)
-    return (
-        message_factory.GetMessageClass(pool.FindMessageTypeByName("reaperlab.cri.StatusRequest")),
-        message_factory.GetMessageClass(pool.FindMessageTypeByName("reaperlab.cri.StatusResponse")),
-    )
-
-
 def runtime_status_info(endpoint: str, timeout: float) -> dict[str, str]:
     """CRI Status(verbose=true).info: containerd 1.6 puts ``cniconfig`` and
     ``lastCNILoadStatus`` there, which tells when a conf dir change has been loaded."""
-    request_type, response_type = _status_messages()
-    request = request_type(verbose=True)
+    request = cri_pb2.StatusRequest(verbose=True)
     with grpc.insecure_channel(endpoint) as channel:
         stub = channel.unary_unary(
             "/runtime.v1.RuntimeService/Status",
             request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=response_type.FromString,
+            response_deserializer=cri_pb2.StatusResponse.FromString,
         )
         try:
-            response: Any = stub(request, timeout=timeout)
+            response: cri_pb2.StatusResponse = stub(request, timeout=timeout)
         except grpc.RpcError as err:
             raise CriError(f"Status on {endpoint}: {err}") from None
     return {str(k): str(v) for k, v in response.info.items()}
