@@ -32,13 +32,18 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
+COPY requirements/runtime.lock requirements/build.lock ./requirements/
 COPY reaper ./reaper
 
-# A wheel of the project, installed with its dependencies into a venv that the final stage copies
-# whole. Binary wheels only (grpcio has them), so no compiler is needed.
-RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
+# The dependencies from the lock (every version pinned, every file checked by its hash) into a
+# venv that the final stage copies whole, then the project's wheel, built with the locked build
+# backend in a venv of its own (not copied). Binary wheels only (grpcio has them): no compiler.
+RUN python -m venv /opt/build \
+ && /opt/build/bin/pip install --no-cache-dir --require-hashes --only-binary=:all: -r requirements/build.lock \
+ && /opt/build/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels . \
  && python -m venv /opt/venv \
- && /opt/venv/bin/pip install --no-cache-dir --only-binary=:all: /wheels/*.whl
+ && /opt/venv/bin/pip install --no-cache-dir --require-hashes --only-binary=:all: -r requirements/runtime.lock \
+ && /opt/venv/bin/pip install --no-cache-dir --no-deps /wheels/*.whl
 
 
 FROM ${BASE}

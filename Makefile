@@ -14,11 +14,27 @@ PYTEST_ARGS ?=
 COVERAGE_FLOORS := reaper/reap/*:85 reaper/agent.py:80 reaper/metrics.py:80 reaper/report.py:80
 COV_ARGS := --cov=reaper --cov-report=term-missing:skip-covered
 
-.PHONY: demo-notice test demo bench bench-reap bench-agent bench-churn deps venv lint typecheck unit coverage-floors proto clean
+# The Python packages, every one pinned with its hashes (uv pip compile, see DEVELOPMENT.md):
+# test.lock is what make venv installs, runtime.lock what the image and the systemd install do,
+# build.lock the build backend the project's own wheel is built with.
+LOCKS := requirements/test.lock requirements/runtime.lock requirements/build.lock
+UV_COMPILE = $(BIN)/uv pip compile --universal --python-version 3.11 --generate-hashes --quiet
 
-test: deps venv lint typecheck
-	$(BIN)/python -m pytest $(COV_ARGS) $(PYTEST_ARGS)
+.PHONY: demo-notice test check node-tests demo bench bench-reap bench-agent bench-churn deps venv lock lint typecheck unit coverage-floors proto clean
+
+# The fast checks first (lint, types, unit tests: no root, no Debian package), then the Debian
+# packages and the root-only node and packaging tests, then the coverage floors of the whole run.
+test: check
+	$(MAKE) --no-print-directory deps
+	$(MAKE) --no-print-directory node-tests
 	$(MAKE) --no-print-directory coverage-floors
+
+# What a contributor without root runs: ruff, mypy --strict and the unit tests.
+check: venv lint typecheck
+	$(BIN)/python -m pytest $(COV_ARGS) tests/unit
+
+node-tests: venv
+	$(BIN)/python -m pytest $(COV_ARGS) --cov-append tests/node tests/packaging $(PYTEST_ARGS)
 
 demo: demo-notice deps venv
 	$(BIN)/python -m tests.harness.lab.demo
@@ -48,16 +64,28 @@ deps:
 	done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; } || \
+	    { echo "make deps: could not install the Debian packages:$$missing (needs root and apt; see DEVELOPMENT.md)"; exit 1; }; \
 	fi
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+# Rebuilt whole when the lock changes: a warm machine runs what a fresh one does. pip checks
+# every hash and that every dependency is in the lock; the project itself is built with the
+# locked setuptools (no build isolation, which would take whatever the index serves).
+$(VENV)/.installed: requirements/test.lock
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --require-hashes -r requirements/test.lock
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
+
+# Refresh the lock: the newest releases pyproject.toml's ranges admit, for every platform the
+# image is built for, with hashes. test.lock first; the others are held to its versions.
+lock: venv
+	$(UV_COMPILE) pyproject.toml requirements/build.in --extra test -o requirements/test.lock --upgrade
+	$(UV_COMPILE) pyproject.toml -c requirements/test.lock -o requirements/runtime.lock
+	$(UV_COMPILE) requirements/build.in -c requirements/test.lock -o requirements/build.lock
 
 lint: venv
 	$(BIN)/ruff check reaper tests bench
@@ -66,8 +94,7 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy reaper tests bench
 
-unit: venv
-	$(BIN)/python -m pytest $(COV_ARGS) tests/unit
+unit: check
 	$(MAKE) --no-print-directory coverage-floors
 
 # Fails when a group's line coverage, in the .coverage the last pytest run wrote, is under its floor.

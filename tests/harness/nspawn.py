@@ -25,7 +25,6 @@ import shutil
 import signal
 import subprocess
 import time
-import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -57,15 +56,13 @@ class NspawnError(Exception):
     pass
 
 
-def project_dependencies() -> list[str]:
-    deps: list[str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    return deps
+# What the README's systemd install reads: the locked dependencies and build backend.
+INSTALL_LOCKS = ("requirements/runtime.lock", "requirements/build.lock")
 
 
-def build_requirements() -> list[str]:
-    """What `pip install .` installs to build the wheel (its build isolation)."""
-    reqs: list[str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
-    return reqs
+def install_locks() -> list[str]:
+    """The text of each lock the install reads (the wheelhouse's cache key)."""
+    return [(ROOT / lock).read_text() for lock in INSTALL_LOCKS]
 
 
 def _lend_pip() -> list[str]:
@@ -128,17 +125,18 @@ def _build_layer(base: Path, layer: Path) -> None:
 
 
 def _download_wheels(base: Path, wheelhouse: Path) -> None:
-    """Into `wheelhouse`: every wheel `pip install .` needs on bookworm, by bookworm's own pip (so
-    the wheels are the ones for its Python and architecture). The overlay's upper is thrown away."""
-    reqs = " ".join(shlex.quote(r) for r in [*project_dependencies(), *build_requirements()])
+    """Into `wheelhouse`: every wheel the README's install takes from the locks, by bookworm's
+    own pip (so the wheels are the ones for its Python and architecture), each checked by its
+    hash. The overlay's upper is thrown away."""
+    locks = " ".join(f"-r /checkout/{lock}" for lock in INSTALL_LOCKS)
     scratch = wheelhouse.parent / "scratch"
     scratch.mkdir()
     try:
         _in_base(
             base,
             scratch,
-            f"python3 -m pip download -q --no-cache-dir --only-binary=:all: -d /wheelhouse {reqs}",
-            binds=[f"--bind={wheelhouse}:/wheelhouse"],
+            f"python3 -m pip download -q --no-cache-dir --require-hashes --only-binary=:all: -d /wheelhouse {locks}",
+            binds=[f"--bind={wheelhouse}:/wheelhouse", f"--bind-ro={ROOT / 'requirements'}:/checkout/requirements"],
         )
     finally:
         shutil.rmtree(scratch)
@@ -163,7 +161,7 @@ def wheelhouse() -> Path:
     base = debian_base.bookworm_python()
     inputs = {
         "base": base.key,
-        "requirements": [*project_dependencies(), *build_requirements()],
+        "locks": install_locks(),
         "nspawn": debian_base._tool_version("systemd-container"),
     }
     return debian_base.cached_tree(

@@ -184,7 +184,11 @@ def test_readme_blocks_install_what_the_units_run_and_uninstall_it() -> None:
     install = shell_block("systemd-install")
     # A venv, not the system Python (PEP 668 refuses that on Debian 12 and Ubuntu 24.04).
     assert f"python3 -m venv {VENV}\n" in install
-    assert f"{VENV}/bin/pip install ." in install
+    # The dependencies from the lock, hashes required; the reaper itself built without fetching.
+    assert (
+        f"{VENV}/bin/pip install --require-hashes -r requirements/runtime.lock -r requirements/build.lock\n" in install
+    )
+    assert f"{VENV}/bin/pip install --no-deps --no-build-isolation .\n" in install
     assert not [line for line in install.splitlines() if line.split()[:1] in (["pip"], ["pip3"])]
     assert "python3 -m pip" not in install
     # Every file the blocks copy exists in the checkout.
