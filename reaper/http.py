@@ -53,14 +53,18 @@ class _BoundedServer(ThreadingHTTPServer):
     # net.core.somaxconn).
     request_queue_size = 4096
 
-    def server_activate(self) -> None:
-        super().server_activate()
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        # Set before the socket is bound: a bind that fails (the port in use) calls server_close.
         self._lock = threading.Lock()
         self._per_client: dict[str, int] = {}
         self._others = 0  # admitted connections from other addresses
         self._own = 0  # admitted connections from the node's own address
         self._deadlines: dict[socket.socket, tuple[float, bool]] = {}  # connection -> (deadline, own)
         self._closing = threading.Event()
+        super().__init__(address, handler)
+
+    def server_activate(self) -> None:
+        super().server_activate()
         threading.Thread(target=self._cut_off_late, name="http-deadlines", daemon=True).start()
 
     def process_request(self, request: Any, client_address: Any) -> None:

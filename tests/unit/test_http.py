@@ -8,6 +8,7 @@ another host."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import socket
 import threading
 import time
@@ -147,3 +148,13 @@ def test_the_nodes_own_address_has_a_bounded_number_of_slots_too() -> None:
         for conn in conns:
             conn.close()
         server.close()
+
+
+def test_a_port_in_use_is_an_oserror_naming_it() -> None:
+    """Issue 35: a port in use raised AttributeError ('_closing') and hid EADDRINUSE."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(OSError) as raised:
+            HealthServer("127.0.0.1", taken.getsockname()[1], lambda: b"", lambda: (True, "ok"))
+    assert raised.value.errno == errno.EADDRINUSE
