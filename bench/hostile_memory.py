@@ -37,7 +37,7 @@ from typing import Any
 
 import grpc
 
-from reaper.http import MAX_CONNECTIONS
+from reaper.http import MAX_CONNECTIONS, NODE_CONNECTIONS, PER_CLIENT
 from tests.harness.cri import api_pb2 as pb
 from tests.harness.netns_thread import in_netns
 
@@ -516,6 +516,63 @@ def idle_flood(tmp: Path, cri: str) -> None:
         print(f"  {label + ':':<24} {text}")
 
 
+def fat_headers(tmp: Path, cri: str) -> None:
+    """Every slot of the agent's HTTP endpoint held by a client sending 100 header lines of
+    64 KiB and reconnecting whenever closed (issue 31, point 7): its memory meanwhile."""
+    print(
+        f"3. resident memory of `reaper run --mode scan` while each of its {MAX_CONNECTIONS + NODE_CONNECTIONS} HTTP "
+        f"slots ({MAX_CONNECTIONS} from {MAX_CONNECTIONS // PER_CLIENT} other addresses, {NODE_CONNECTIONS} from its "
+        f"own) is held for {HOLD:g} s by a client sending 100 header lines of 64 KiB, reconnecting whenever closed",
+        flush=True,
+    )
+    with agent(tmp, cri) as proc:
+        pid = proc.pid
+        time.sleep(2)
+        idle_rss, idle_threads = proc_status(pid)
+        harness = ["nsenter", f"--net=/proc/{pid}/ns/net", sys.executable, "-m", "tests.harness.http_flood", "heads"]
+        harness += ["127.0.0.1", str(AGENT_PORT), f"--seconds={HOLD}"]
+        floods = []
+        for sources, per_source in (
+            (FLOOD_SOURCES[: MAX_CONNECTIONS // PER_CLIENT], PER_CLIENT),  # every slot of other addresses
+            (["127.0.0.1"], NODE_CONNECTIONS),  # every slot of its own
+        ):
+            argv = [*harness, *(f"--source={a}" for a in sources), f"--per-source={per_source}"]
+            floods.append(subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        peak_rss, peak_threads = idle_rss, idle_threads
+        try:
+            while any(flood.poll() is None for flood in floods):
+                rss, threads = proc_status(pid)
+                peak_rss, peak_threads = max(peak_rss, rss), max(peak_threads, threads)
+                time.sleep(0.1)
+            reports = [json.loads(flood.communicate()[0] or "{}") for flood in floods]
+        finally:
+            for flood in floods:
+                if flood.poll() is None:
+                    flood.kill()
+                flood.wait()
+        hwm = 0.0
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                hwm = int(line.split()[1]) / 1024
+        after = http_get(pid, "/healthz")
+    answers: dict[str, int] = {}
+    for report in reports:
+        for status, count in report.get("answers", {}).items():
+            answers[status] = answers.get(status, 0) + count
+    rows = [
+        ("idle", f"VmRSS {idle_rss:6.1f} MiB, {idle_threads:>2} threads"),
+        ("flood held", f"VmRSS at most {peak_rss:6.1f} MiB (sampled every 0.1 s), {peak_threads:>2} threads at most; "
+                       f"VmHWM {hwm:.1f} MiB since start (its first pass included)"),
+        ("flood", f"{sum(r.get('connects', 0) for r in reports):,} connections, {answers} answered, "
+                  f"{sum(r.get('unanswered', 0) for r in reports):,} closed unanswered, "
+                  f"{sum(r.get('sent_whole', 0) for r in reports):,} sent all 6.4 MiB"),
+        ("after", f"/healthz {answered(after)}"),
+        ("stopped", f"SIGTERM to pid {proc.pid}: exit status {proc.returncode}"),
+    ]  # fmt: skip
+    for label, text in rows:
+        print(f"  {label + ':':<24} {text}")
+
+
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--fake-cri":
         serve_fake_cri(sys.argv[2])
@@ -528,6 +585,8 @@ def main() -> None:
             scan_memory(tmp, cri)
             print(flush=True)
             idle_flood(tmp, cri)
+            print(flush=True)
+            fat_headers(tmp, cri)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -23,6 +25,15 @@ PER_CLIENT = 4  # at once from one other address
 NODE_CONNECTIONS = 8
 REQUEST_DEADLINE = 5.0  # seconds a connection has, in all, to send its request and take the answer
 _WATCH_EVERY = 0.25
+# What one request may send, read before anything else and never past these bounds (the stock
+# handler takes 100 header lines of 64 KiB each: 6.4 MiB held a connection until the deadline).
+# Prometheus sends Host, User-Agent, Accept (a few hundred bytes), Accept-Encoding and
+# X-Prometheus-Scrape-Timeout-Seconds, and Authorization when a token is configured
+# (prometheus/prometheus scrape/scrape.go, targetScraper.scrape); the kubelet's probe sends Host,
+# User-Agent, Accept, Connection and the probe's own httpHeaders.
+MAX_REQUEST_LINE = 8 * 1024  # bytes of "GET /path?query HTTP/1.1\r\n"; past it: 414
+MAX_HEADER_BYTES = 8 * 1024  # bytes of all header lines together, the blank line after them included; past it: 431
+MAX_HEADERS = 32  # header lines; past it: 431
 
 
 def from_own_address(conn: socket.socket, client: str) -> bool:
@@ -37,13 +48,55 @@ def from_own_address(conn: socket.socket, client: str) -> bool:
         return False
 
 
+@dataclass(frozen=True, kw_only=True)
+class RequestHead:
+    request_line: bytes
+    header_lines: bytes  # every header line, the blank line that ends them included
+
+
+class HeadTooLarge(Exception):
+    """A request line or header block past its bound: answered with `status`, then closed."""
+
+    def __init__(self, status: HTTPStatus, why: str) -> None:
+        super().__init__(why)
+        self.status = status
+        self.why = why
+
+
+def read_head(stream: io.BufferedIOBase) -> RequestHead | None:
+    """The request line and the header lines from `stream`, never reading past MAX_REQUEST_LINE
+    and MAX_HEADER_BYTES (a body, if any, is never read); None when the client closed before the
+    blank line that ends them. Raises HeadTooLarge."""
+    request_line = stream.readline(MAX_REQUEST_LINE + 1)
+    if len(request_line) > MAX_REQUEST_LINE:
+        raise HeadTooLarge(HTTPStatus.REQUEST_URI_TOO_LONG, f"request line over {MAX_REQUEST_LINE} bytes")
+    if not request_line.endswith(b"\n"):
+        return None
+    lines: list[bytes] = []
+    size = 0
+    while True:
+        line = stream.readline(MAX_HEADER_BYTES - size + 1)
+        size += len(line)
+        if size > MAX_HEADER_BYTES:
+            raise HeadTooLarge(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, f"headers over {MAX_HEADER_BYTES} bytes")
+        if not line.endswith(b"\n"):
+            return None
+        lines.append(line)
+        if line in (b"\r\n", b"\n"):
+            return RequestHead(request_line=request_line, header_lines=b"".join(lines))
+        if len(lines) > MAX_HEADERS:
+            raise HeadTooLarge(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, f"more than {MAX_HEADERS} header lines")
+
+
 class _BoundedServer(ThreadingHTTPServer):
     """A thread per connection, but never more than MAX_CONNECTIONS of them from other addresses,
     PER_CLIENT from one address, and NODE_CONNECTIONS from the node's own address; each cut off
     REQUEST_DEADLINE after it was accepted whatever it sends (a per-read timeout would restart
     with every byte a slow client drips). A flood of idle or dripping connections from any number
     of addresses costs a bounded number of threads for a few seconds, and the kubelet's probes,
-    from the node's own address, have slots no other address can take."""
+    from the node's own address, have slots no other address can take. Each connection's request
+    is read within MAX_REQUEST_LINE and MAX_HEADER_BYTES (see read_head), so every slot held costs
+    a few tens of KiB, whatever a client sends."""
 
     daemon_threads = True
     max_connections = MAX_CONNECTIONS
@@ -53,14 +106,18 @@ class _BoundedServer(ThreadingHTTPServer):
     # net.core.somaxconn).
     request_queue_size = 4096
 
-    def server_activate(self) -> None:
-        super().server_activate()
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        # Set before the socket is bound: a bind that fails (the port in use) calls server_close.
         self._lock = threading.Lock()
         self._per_client: dict[str, int] = {}
         self._others = 0  # admitted connections from other addresses
         self._own = 0  # admitted connections from the node's own address
         self._deadlines: dict[socket.socket, tuple[float, bool]] = {}  # connection -> (deadline, own)
         self._closing = threading.Event()
+        super().__init__(address, handler)
+
+    def server_activate(self) -> None:
+        super().server_activate()
         threading.Thread(target=self._cut_off_late, name="http-deadlines", daemon=True).start()
 
     def process_request(self, request: Any, client_address: Any) -> None:
@@ -138,6 +195,34 @@ def _handler(metrics: Callable[[], bytes], readiness: Check, health: Check) -> t
     class Handler(BaseHTTPRequestHandler):
         server_version = "cni-reaper"
         timeout = REQUEST_DEADLINE
+
+        def handle_one_request(self) -> None:
+            """One request a connection (HTTP/1.0), its head read within the bounds before the
+            stock parser sees it; a method other than GET is answered 501 and its body never read."""
+            self.close_connection = True
+            try:
+                head = read_head(self.rfile)
+            except HeadTooLarge as err:
+                self.requestline, self.request_version, self.command = "", "", ""
+                self.send_error(err.status, explain=err.why)
+                return
+            if head is None:
+                return
+            self.raw_requestline = head.request_line
+            connection = self.rfile
+            self.rfile = io.BytesIO(head.header_lines)  # the stock parser reads the headers from here
+            try:
+                parsed = self.parse_request()
+            finally:
+                self.rfile = connection  # finish() closes it, and with it the socket's last reference
+            self.close_connection = True  # whatever its Connection header says
+            if not parsed:
+                return
+            if self.command != "GET":
+                self.send_error(HTTPStatus.NOT_IMPLEMENTED, explain=f"unsupported method {self.command!r}")
+                return
+            self.do_GET()
+            self.wfile.flush()
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]

@@ -1,4 +1,6 @@
 """Issue 23, case 5: connections from 64 other addresses never starve the kubelet's probes.
+Issue 31, point 7: every slot held by a client sending 100 header lines of 64 KiB never takes
+the server near the chart's memory limit.
 
 Two network namespaces of the test's own, each held by a `sleep` started with `unshare --net`
 (gone with it, with everything in them; /run/netns is not touched): "node", where the agent's
@@ -22,6 +24,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -155,11 +158,16 @@ def _backlog(netns_pid: int) -> int:
     return int(line.split()[2])
 
 
-def _threads(pid: int) -> int:
+def _status(pid: int, field: str) -> int:
+    """A number of /proc/<pid>/status (kB for the Vm* fields)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("Threads:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1])
-    raise AssertionError(f"no Threads: line for {pid}")
+    raise AssertionError(f"no {field}: line for {pid}")
+
+
+def _threads(pid: int) -> int:
+    return _status(pid, "Threads")
 
 
 @contextlib.contextmanager
@@ -257,4 +265,55 @@ def test_the_kubelets_probes_are_answered_while_64_other_addresses_flood_the_por
             time.sleep(0.1)
     assert server.returncode == 0
     # Connections turned away or cut off are no errors of the agent's: nothing on its log.
+    assert log.read_text() == ""
+
+
+# What every slot's in-flight request may cost the server together, far under the chart's 256 MiB
+# limit: the stock handler held 6.4 MiB a connection, 256 MiB for the 40 slots.
+IN_FLIGHT_MIB = 32
+FAT_SECONDS = REQUEST_DEADLINE + 3  # past the deadline: today's server cuts the first ones off
+
+
+def _fat_heads(netns_pid: int, sources: list[str], per_source: int) -> subprocess.Popen[str]:
+    argv = ["nsenter", f"--net=/proc/{netns_pid}/ns/net", sys.executable, "-m", "tests.harness.http_flood"]
+    argv += ["heads", NODE_IP, str(PORT), *(f"--source={a}" for a in sources)]
+    argv += [f"--per-source={per_source}", f"--seconds={FAT_SECONDS}"]
+    return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_every_slot_sending_64_kib_header_lines_keeps_the_server_bounded_in_bytes(net: Net, tmp_path: Path) -> None:
+    """Issue 31, point 7: 100 header lines of 64 KiB on each of the 40 slots (32 from 8 other
+    addresses, 8 from the node's own), reconnecting whenever closed, took the stock handler from
+    23.5 to 273.9 MiB. Each is answered 431 once past the header bound, its bytes never held."""
+    log = tmp_path / "server.log"
+    with _server(net, log) as server:
+        assert http_get(net.node, "/metrics").status == 200
+        idle_kib = _status(server.pid, "VmRSS")
+        others = _fat_heads(net.outside, OTHERS[: MAX_CONNECTIONS // PER_CLIENT], PER_CLIENT)
+        own = _fat_heads(net.node, [NODE_IP], NODE_CONNECTIONS)
+        reports: list[dict[str, Any]] = []
+        try:
+            for flood in (others, own):
+                stdout, stderr = flood.communicate(timeout=FAT_SECONDS + 60)
+                assert flood.returncode == 0, stderr
+                reports.append(json.loads(stdout))
+        finally:
+            _stop(others)
+            _stop(own)
+        grown_mib = (_status(server.pid, "VmHWM") - idle_kib) / 1024
+        answers: dict[str, int] = {}
+        for report in reports:
+            for status, count in report["answers"].items():
+                answers[status] = answers.get(status, 0) + count
+
+        assert grown_mib < IN_FLIGHT_MIB, f"the server grew {grown_mib:.1f} MiB over its idle {idle_kib / 1024:.1f}"
+        # The flood took every slot, again and again, and was answered 431 for its headers.
+        assert sum(r["connects"] for r in reports) >= MAX_CONNECTIONS + NODE_CONNECTIONS, reports
+        assert answers.get("431", 0) >= MAX_CONNECTIONS + NODE_CONNECTIONS, reports
+
+        # Prometheus and the kubelet are answered as before.
+        assert http_get(net.node, "/metrics").status == 200
+        assert http_get(net.node, "/healthz").status == 200
+        assert http_get(net.outside, "/readyz", source=BYSTANDER).status == 200
+    assert server.returncode == 0
     assert log.read_text() == ""

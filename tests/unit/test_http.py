@@ -8,6 +8,8 @@ another host."""
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import socket
 import threading
 import time
@@ -15,7 +17,18 @@ import urllib.request
 
 import pytest
 
-from reaper.http import MAX_CONNECTIONS, NODE_CONNECTIONS, PER_CLIENT, REQUEST_DEADLINE, HealthServer
+from reaper.http import (
+    MAX_CONNECTIONS,
+    MAX_HEADER_BYTES,
+    MAX_HEADERS,
+    MAX_REQUEST_LINE,
+    NODE_CONNECTIONS,
+    PER_CLIENT,
+    REQUEST_DEADLINE,
+    HeadTooLarge,
+    HealthServer,
+    read_head,
+)
 
 
 def test_idle_connections_cost_a_bounded_number_of_threads() -> None:
@@ -147,3 +160,117 @@ def test_the_nodes_own_address_has_a_bounded_number_of_slots_too() -> None:
         for conn in conns:
             conn.close()
         server.close()
+
+
+def _ask(server: HealthServer, request: bytes, source: str = "127.0.0.2") -> tuple[int | None, bytes]:
+    """(the status answered, the whole answer) to `request` sent whole, or (None, b"") when the
+    server closed or reset the connection without an answer."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5, source_address=(source, 0)) as conn:
+        with contextlib.suppress(OSError):  # closed while sending: the server stopped reading
+            conn.sendall(request)
+        answer = b""
+        with contextlib.suppress(OSError):
+            while chunk := conn.recv(4096):
+                answer += chunk
+    parts = answer.split(b" ", 2)
+    status = int(parts[1]) if answer.startswith(b"HTTP/") and len(parts) > 1 and parts[1].isdigit() else None
+    return status, answer
+
+
+# What Prometheus sends (prometheus/prometheus scrape/scrape.go, targetScraper.scrape), with a
+# service-account token as a bearer token, as a scrape config's `authorization` sends it.
+PROMETHEUS_SCRAPE = (
+    b"GET /metrics HTTP/1.1\r\nHost: 10.0.0.1:9753\r\nUser-Agent: Prometheus/3.1.0\r\n"
+    b"Accept: application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,"
+    b"application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,"
+    b"text/plain;version=0.0.4;q=0.3,*/*;q=0.2\r\n"
+    b"Accept-Encoding: gzip\r\nAuthorization: Bearer " + b"e" * 2048 + b"\r\n"
+    b"X-Prometheus-Scrape-Timeout-Seconds: 10\r\n\r\n"
+)
+KUBELET_PROBE = (
+    b"GET /healthz HTTP/1.1\r\nHost: 10.0.0.1:9753\r\nUser-Agent: kube-probe/1.31\r\n"
+    b"Accept: */*\r\nConnection: close\r\n\r\n"
+)
+
+
+def _request(*header_lines: bytes, target: bytes = b"/healthz") -> bytes:
+    return b"GET " + target + b" HTTP/1.1\r\nHost: 10.0.0.1\r\n" + b"".join(h + b"\r\n" for h in header_lines) + b"\r\n"
+
+
+def test_a_prometheus_scrape_and_a_kubelet_probe_are_answered() -> None:
+    server = HealthServer("127.0.0.1", 0, lambda: b"metrics\n", lambda: (True, "ok"))
+    try:
+        status, answer = _ask(server, PROMETHEUS_SCRAPE)
+        assert status == 200 and answer.endswith(b"\r\n\r\nmetrics\n")
+        status, answer = _ask(server, KUBELET_PROBE, source="127.0.0.1")
+        assert status == 200 and answer.endswith(b"\r\n\r\nok\n")
+        assert _ask(server, _request(target=b"/metrics?x=" + b"y" * 4000))[0] == 200  # a query string is ignored
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        # One header line of 64 KiB: the stock handler takes it (and 99 more).
+        (_request(b"X-Fill: " + b"a" * (64 * 1024 - 10)), 431),
+        (_request(*(b"X-Fill: " + b"a" * 1000 for _ in range(9))), 431),  # over the bytes of the block
+        (_request(*(b"X-%d: a" % n for n in range(MAX_HEADERS + 1))), 431),  # over the count
+        (_request(target=b"/metrics?" + b"q" * MAX_REQUEST_LINE), 414),
+    ],
+    ids=["one-64-kib-line", "block-over-bytes", "too-many-lines", "request-line"],
+)
+def test_a_head_over_its_bound_is_answered_and_closed(request_bytes: bytes, status: int) -> None:
+    server = HealthServer("127.0.0.1", 0, lambda: b"metrics\n", lambda: (True, "ok"))
+    try:
+        assert _ask(server, request_bytes)[0] == status
+        assert _ask(server, KUBELET_PROBE, source="127.0.0.1")[0] == 200
+    finally:
+        server.close()
+
+
+def test_heads_just_within_the_bounds_are_answered() -> None:
+    server = HealthServer("127.0.0.1", 0, lambda: b"metrics\n", lambda: (True, "ok"))
+    try:
+        line = b"GET /healthz?" + b"q" * (MAX_REQUEST_LINE - len(b"GET /healthz? HTTP/1.0\r\n")) + b" HTTP/1.0\r\n"
+        assert len(line) == MAX_REQUEST_LINE
+        assert _ask(server, line + b"\r\n")[0] == 200
+        fields = [b"X-%02d: " % n + b"a" * 200 for n in range(MAX_HEADERS)]
+        assert len(b"".join(f + b"\r\n" for f in fields)) + len(b"Host: 10.0.0.1\r\n\r\n") < MAX_HEADER_BYTES
+        assert _ask(server, _request(*fields[:-1]))[0] == 200
+    finally:
+        server.close()
+
+
+def test_a_request_with_a_body_is_answered_without_reading_it() -> None:
+    """A method other than GET is answered 501 and closed; the body it announces is never read."""
+    server = HealthServer("127.0.0.1", 0, lambda: b"metrics\n", lambda: (True, "ok"))
+    try:
+        post = b"POST /metrics HTTP/1.1\r\nHost: 10.0.0.1\r\nContent-Length: 1073741824\r\n\r\n"
+        assert _ask(server, post)[0] == 501  # a body read would wait for the deadline and be cut off unanswered
+    finally:
+        server.close()
+
+
+def test_a_port_in_use_is_an_oserror_naming_it() -> None:
+    """Issue 35: a port in use raised AttributeError ('_closing') and hid EADDRINUSE."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(OSError) as raised:
+            HealthServer("127.0.0.1", taken.getsockname()[1], lambda: b"", lambda: (True, "ok"))
+    assert raised.value.errno == errno.EADDRINUSE
+
+
+def test_the_head_is_read_and_never_a_byte_past_it_or_its_bound() -> None:
+    stream = io.BytesIO(KUBELET_PROBE + b"a body never read")
+    head = read_head(stream)
+    assert head is not None and head.request_line == b"GET /healthz HTTP/1.1\r\n"
+    assert stream.read() == b"a body never read"
+    fat = b"GET / HTTP/1.1\r\n" + b"X-Fill: " + b"a" * (64 * 1024) + b"\r\n\r\n"
+    stream = io.BytesIO(fat)
+    with pytest.raises(HeadTooLarge) as raised:
+        read_head(stream)
+    assert raised.value.status == 431
+    assert stream.tell() <= len(b"GET / HTTP/1.1\r\n") + MAX_HEADER_BYTES + 1
+    assert read_head(io.BytesIO(b"GET / HTTP/1.1\r\nHost: a")) is None  # closed before the blank line
