@@ -374,7 +374,7 @@ def discover(proc: str = "/proc", known: tuple[tuple[str, str], ...] = KNOWN_SOC
             return
         seen.add(found.key)
         if isinstance(found, Unfollowed):
-            why = f"could not be asked: {found.reason}; fix it or {NAME_THEM}"
+            why = f"could not be asked: {found.reason}; fix that path or, {NAME_THEM}"
             out.append(Endpoint(endpoint.url, endpoint.source, unaskable=why))
         else:
             out.append(Endpoint(endpoint.url, endpoint.source, fd=found.fd))
