@@ -86,6 +86,18 @@ def test_two_known_paths_reaching_one_socket_ask_it_once(tmp_path: Path) -> None
     assert [a.endpoint for a in view.runtimes] == [f"unix://{spellings[0][1]}"]
 
 
+def test_as_many_links_as_the_kernel_follows_are_followed(tmp_path: Path, decoy: Path) -> None:
+    """MAX_LINKS links in a row is what the kernel itself follows (MAXSYMLINKS): still asked."""
+    (tmp_path / "crio").mkdir()
+    at = tmp_path / "crio" / "crio.sock"
+    hops = [tmp_path / "crio" / f"hop-{i}" for i in range(MAX_LINKS)]
+    for here, there in zip([at, *hops[:-1]], hops, strict=True):
+        here.symlink_to(there)
+    with FakeRuntime(hops[-1], PINNED, {"pinned": "/run/netns/cni-pinned"}):
+        view = observe(tmp_path / "proc", ("containerd", decoy), ("cri-o", at))
+    assert view.reachable and [s.id for s in view.sandboxes] == ["pinned"], view.error
+
+
 def _loop(at: Path) -> None:
     (at.parent / "other.sock").symlink_to(at)
     at.symlink_to(at.parent / "other.sock")
