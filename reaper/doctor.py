@@ -24,7 +24,7 @@ from reaper.layout import Layout
 from reaper.model import NetworkConfig, RuntimeView
 from reaper.podcidr import PodCidrs
 from reaper.reap.trust import executed_types
-from reaper.runtime.cause import likely_cause
+from reaper.runtime.cause import likely_cause, refused
 from reaper.runtime.discovery import KNOWN_SOCKETS, open_socket
 from reaper.settings import Settings
 
@@ -420,7 +420,12 @@ def _runtimes(view: RuntimeView, layout: Layout) -> Iterator[Check]:
         elif answer.skipped:
             yield Check("runtime", "warn", f"{answer.endpoint} ({answer.source}): {answer.error}")
         else:
-            fix = "fix or stop that runtime, or pass --runtime-endpoint with the ones that serve pods"
+            # A runtime that is there and could not be asked stops every pass: restarted or
+            # fixed, or, by the operator who knows it is gone, left out by naming the others.
+            if refused(answer):
+                fix = "start it again; if it is gone for good, pass --runtime-endpoint with the ones that serve pods"
+            else:
+                fix = "fix or stop that runtime, or pass --runtime-endpoint with the ones that serve pods"
             yield Check("runtime", "fail", f"{answer.endpoint} ({answer.source}): {answer.error}", fix)
     if view.runtimes and not any(a.reachable for a in view.runtimes):
         yield Check("runtime", "fail", "no runtime answers: every pass would be undecided", likely_cause(view, layout))

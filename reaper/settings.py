@@ -198,7 +198,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--runtime-endpoint", "REAPER_RUNTIME_ENDPOINT", None,
            "CRI socket, unix:///path (repeatable; when given, exactly these are asked); default: the kubelet's "
            "configured endpoint and every known socket that exists (containerd, CRI-O, cri-dockerd, k3s/rke2, "
-           "microk8s), all of them asked", "paths", _endpoint, ",", "URL"),
+           "microk8s), all of them asked, and one that cannot be (a crashed runtime's socket) makes the pass "
+           "wait: name the runtimes that serve pods when one is gone for good", "paths", _endpoint, ",", "URL"),
     Option("--runtime-timeout", "REAPER_RUNTIME_TIMEOUT", "10s", "deadline of each CRI call", "paths",
            _positive_duration, metavar="DURATION"),
     Option("--min-age", "REAPER_MIN_AGE", "10m",

@@ -15,7 +15,7 @@ from reaper.host.jsondoc import parse_json
 from reaper.model import RuntimeAnswer, RuntimeView, Sandbox
 from reaper.runtime import api_pb2 as pb
 from reaper.runtime.client import CriError, RuntimeClient
-from reaper.runtime.discovery import KNOWN_SOCKETS, Endpoint, close_all, discover, socket_path
+from reaper.runtime.discovery import KNOWN_SOCKETS, NAME_THEM, REFUSED, Endpoint, close_all, discover, socket_path
 from reaper.runtime.liveness import OBSERVE_DEADLINES
 
 # PodSandboxStatus calls one runtime has in flight at once: a runtime listing many sandboxes
@@ -88,7 +88,8 @@ class CriLiveness:
     """Every CRI runtime on the node: the endpoints given (exactly those), else the ones
     discovery finds (each connected through the socket it checked; one that only a process not
     believed to be the kubelet named is reported as skipped, never asked). A sandbox any of
-    them lists is live; one that cannot be asked makes the whole view unreachable.
+    them lists is live; one that cannot be asked (a path that leads to no socket of root's, a
+    socket nobody listens on) makes the whole view unreachable.
 
     Bounded: a runtime's list over 16 MiB or 100,000 sandboxes is its error; PodSandboxStatus
     only for listed IDs whose netns no earlier answer gave, STATUS_IN_FLIGHT at once, one
@@ -141,14 +142,15 @@ class CriLiveness:
                 answers.append(_unanswered(endpoint, why))
                 problems.append(why)
                 continue
-            unfit = _unfit_socket(endpoint.path) if self.endpoints else None
+            unfit = _unfit_socket(endpoint.path) if self.endpoints else endpoint.unaskable
+            if unfit is None and not self.endpoints and _refused(socket_path(endpoint.target), min(self.timeout, left)):
+                # A runtime that crashed leaves its socket file: its sandboxes are still its
+                # own, so it is a runtime that could not be asked, never one to skip.
+                unfit = f"{REFUSED}; {NAME_THEM}"
             if unfit is not None:
+                why = unfit if self.endpoints else f"{endpoint.url}: {unfit}"
                 answers.append(_unanswered(endpoint, unfit))
-                problems.append(unfit)
-                continue
-            if not self.endpoints and _refused(socket_path(endpoint.target), min(self.timeout, left)):
-                why = "nobody listens on this socket (connection refused); skipped"
-                answers.append(_unanswered(endpoint, why, skipped=True))
+                problems.append(why)
                 continue
             try:
                 with RuntimeClient(endpoint.url, self.timeout, endpoint.target, deadline) as client:

@@ -10,11 +10,20 @@ and mount namespace, from an executable file owned by root that no group or othe
 write. The endpoint of any other process called kubelet is reported and never asked: asking
 it would let whoever runs it make every pass undecided, or answer for the node.
 
-A socket is asked through the very file that was checked: it is opened `O_PATH | O_NOFOLLOW`
-(a kubelet's path resolved in the host's root, as the kubelet resolves it), its inode read
-from that fd, and the client connects to `/proc/self/fd/N`, which names that inode whatever
-is renamed or swapped at the path afterwards. Sockets are told apart by that inode, the known
-paths first: a kubelet's endpoint can only add a runtime, never stand in for a known socket.
+Every known socket path that exists is asked, or reported as a runtime that could not be
+asked (the pass then waits): it is resolved one component at a time (resolve.py; a kubelet's
+path in the host's root, as the kubelet resolves it), symlinks followed only while every
+link, every directory on the way and the socket are root's alone; a dangling link, a file
+that is no socket, a component a user owns is "could not be asked", with why, never "no
+socket". The socket's inode is read from the fd the walk ends on, and the client connects to
+`/proc/self/fd/N`, which names that inode whatever is renamed or swapped at the path
+afterwards. Sockets are told apart by that inode (two known paths reaching one socket, /run
+and /var/run, are asked once), the known paths first: a kubelet's endpoint can only add a
+runtime, never stand in for a known socket.
+
+The kubelet's config and drop-ins are read in its own root: `openat2(RESOLVE_IN_ROOT)` on a
+directory fd of /proc/<pid>/root (or, without openat2, the same walk), so an absolute symlink
+in them resolves where the kubelet resolves it, not in the reaper's root.
 
 Processes are read here through a descriptor of each one's /proc dir, not with psutil (which
 the holders' descriptions use): the trust checks, the command line and the config read in the
@@ -33,6 +42,7 @@ from collections.abc import Iterable, Iterator
 from msgspec import Struct
 
 from reaper.host.confined import RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS, openat2
+from reaper.runtime.resolve import Resolved, Unfollowed, open_checked_socket, resolve_in_root
 
 UNIX = "unix://"
 # Where each runtime puts its CRI socket by default.
@@ -56,7 +66,10 @@ _CONFIG_FLAG = "--config"
 _CONFIG_DIR_FLAG = "--config-dir"
 MAX_DROP_INS = 256
 _CONFIG_ENDPOINT = re.compile(r"""^containerRuntimeEndpoint:\s*["']?([^"'\s#]+)["']?\s*(?:#.*)?$""", re.MULTILINE)
-_SOCKET_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+# What the operator who knows a runtime is gone for good does: the one-line reasons say it.
+NAME_THEM = "if that runtime is gone for good, name the node's runtimes with --runtime-endpoint"
+# A socket file nobody listens on: a runtime that crashed (its sandboxes are still its own).
+REFUSED = "could not be asked: nobody listens on it (connection refused: a runtime that crashed or was stopped)"
 
 
 class Endpoint(Struct, frozen=True):
@@ -67,6 +80,9 @@ class Endpoint(Struct, frozen=True):
     # An O_PATH fd of the socket file that was checked: what the client connects to. None: the
     # URL as given (--runtime-endpoint). Whoever made the Endpoint closes it (close_all).
     fd: int | None = None
+    # Why a runtime that is there could not be asked (a path that exists and leads to no socket
+    # of root's): the pass cannot be decided while it stands.
+    unaskable: str | None = None
 
     @property
     def path(self) -> str:
@@ -125,6 +141,11 @@ def _read(path: str, limit: int, dir_fd: int | None = None) -> bytes | None:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return None
+    return _read_fd(fd, limit)
+
+
+def _read_fd(fd: int, limit: int) -> bytes | None:
+    """Like _read, of a file already open on `fd` (closed here)."""
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
@@ -133,6 +154,40 @@ def _read(path: str, limit: int, dir_fd: int | None = None) -> bytes | None:
         return None
     finally:
         os.close(fd)
+
+
+def _open_in_root(pid_fd: int, path: str, flags: int) -> int | None:
+    """`path` (absolute) opened with `flags` in the root of the process whose /proc dir is
+    `pid_fd`, every symlink on the way resolved in that root, as that process resolves it;
+    None when it cannot be. An absolute symlink read through /proc/<pid>/root/... by path
+    would resolve in the reaper's own root instead."""
+    try:
+        root_fd = os.open("root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=pid_fd)
+    except OSError:
+        return None
+    try:
+        fd = openat2(root_fd, path, flags, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+        if fd is not None:
+            return fd
+        # Without openat2 (kernels before 5.6): the walk the sockets take, then the file it
+        # ended on reopened through its fd.
+        found = resolve_in_root(root_fd, path, checked=False)
+        if not isinstance(found, Resolved):
+            return None
+        try:
+            return os.open(f"/proc/self/fd/{found.fd}", flags | os.O_CLOEXEC)
+        finally:
+            os.close(found.fd)
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(root_fd)
+
+
+def _read_in_root(pid_fd: int, path: str, limit: int) -> bytes | None:
+    """`_read` of `path` in the root of the process whose /proc dir is `pid_fd`."""
+    fd = _open_in_root(pid_fd, path, os.O_RDONLY | os.O_NONBLOCK)
+    return None if fd is None else _read_fd(fd, limit)
 
 
 def _identity(path: str, dir_fd: int | None = None) -> tuple[int, int]:
@@ -228,15 +283,14 @@ def believed_command_lines(proc: str, comm: bytes) -> list[tuple[int, list[str]]
 def _drop_in_endpoint(pid_fd: int, directory: str) -> str | None:
     """The last `containerRuntimeEndpoint` of the kubelet's `--config-dir` drop-ins (files
     ending .conf, merged in lexical order over --config), in its own root."""
-    try:
-        dir_fd = os.open("root" + directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=pid_fd)
-    except OSError:
+    dir_fd = _open_in_root(pid_fd, directory, os.O_RDONLY | os.O_DIRECTORY)
+    if dir_fd is None:
         return None
     found = None
     try:
         for name in sorted(os.listdir(dir_fd))[:MAX_DROP_INS]:
             if name.endswith(".conf"):
-                text = _read(name, MAX_KUBELET_CONFIG, dir_fd)
+                text = _read_in_root(pid_fd, f"{directory.rstrip('/')}/{name}", MAX_KUBELET_CONFIG)
                 found = (endpoint_in_config(text.decode("utf-8", "replace")) if text else None) or found
     except OSError:
         return found
@@ -262,7 +316,7 @@ def kubelet_endpoints(proc: str = "/proc") -> list[Endpoint]:
             if value is None:
                 config = flag_value(argv, _CONFIG_FLAG) or KUBELET_CONFIG_DEFAULT
                 # In its own root (the host's, when it is believed); read within bounds either way.
-                text = _read("root" + config, MAX_KUBELET_CONFIG, pid_fd) if config.startswith("/") else None
+                text = _read_in_root(pid_fd, config, MAX_KUBELET_CONFIG) if config.startswith("/") else None
                 value = endpoint_in_config(text.decode("utf-8", "replace")) if text else None
                 source = f"kubelet (pid {pid}) config {config}"
                 drop_ins = flag_value(argv, _CONFIG_DIR_FLAG)
@@ -278,53 +332,52 @@ def kubelet_endpoints(proc: str = "/proc") -> list[Endpoint]:
 
 
 def open_socket(path: str, root: str | None = None) -> tuple[int, tuple[int, int]] | None:
-    """The socket file at `path` (in `root`, a directory taken as "/", else this process's
-    root) as an O_PATH fd, and its (device, inode); None when there is none (missing, a
-    symlink, not a socket)."""
+    """The socket at `path` (in `root`, a directory taken as "/", else this process's root)
+    as an O_PATH fd, and its (device, inode), when every component on the way is root's alone
+    (resolve.py); None otherwise."""
+    found = checked_socket(path, root)
+    return (found.fd, found.key) if isinstance(found, Resolved) else None
+
+
+def checked_socket(path: str, root: str | None = None) -> Resolved | Unfollowed | None:
+    """The socket at `path` in `root` ("/" when None), symlinks followed while every
+    component is root's alone; Unfollowed (why) for a path that exists and is no such socket;
+    None when the path does not exist."""
     try:
-        if root is None:
-            fd = os.open(path, _SOCKET_FLAGS)
-        else:
-            root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                # Every step resolved with `root` as "/", symlinks included, as the kubelet sees it.
-                opened = openat2(root_fd, path, _SOCKET_FLAGS, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
-            finally:
-                os.close(root_fd)
-            # Without openat2 (kernels before 5.6) an absolute symlink on the way resolves in
-            # this process's root: the same root where the reaper runs on the host itself.
-            fd = opened if opened is not None else os.open(root + path, _SOCKET_FLAGS)
-    except OSError:
-        return None
+        root_fd = os.open(root or "/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as err:
+        return Unfollowed(f"{root or '/'}: {err.strerror}", (0, 0))
     try:
-        st = os.fstat(fd)
-    except OSError:
-        os.close(fd)
-        return None
-    if not stat.S_ISSOCK(st.st_mode):
-        os.close(fd)
-        return None
-    return fd, (st.st_dev, st.st_ino)
+        return open_checked_socket(root_fd, path)
+    finally:
+        os.close(root_fd)
 
 
 def discover(proc: str = "/proc", known: tuple[tuple[str, str], ...] = KNOWN_SOCKETS) -> list[Endpoint]:
     """Every known socket (`known`: runtime name, path) that exists, then each believed
-    kubelet's endpoint that is another socket, each opened (`fd`); then each endpoint of a
-    process that is not believed (`refused`, no fd). The caller closes the fds (close_all)."""
+    kubelet's endpoint that is another socket, each opened (`fd`) or, when it exists and
+    cannot be followed to a socket of root's, with why (`unaskable`); then each endpoint of
+    a process that is not believed (`refused`, no fd). The caller closes the fds (close_all)."""
     seen: set[tuple[int, int]] = set()
     out: list[Endpoint] = []
     refused: list[Endpoint] = []
 
-    def add(endpoint: Endpoint, root: str | None) -> None:
-        opened = open_socket(endpoint.path, root)
-        if opened is None:
-            return  # no such socket here
-        fd, key = opened
-        if key in seen:
-            os.close(fd)  # one socket found twice (/run and /var/run are usually one): the first stays
+    def add(endpoint: Endpoint, root: str | None, *, absent: str | None = None) -> None:
+        found = checked_socket(endpoint.path, root)
+        if found is None:
+            if absent is not None:  # a believed kubelet's runtime, with no socket where it says
+                out.append(Endpoint(endpoint.url, endpoint.source, unaskable=absent))
             return
-        seen.add(key)
-        out.append(Endpoint(endpoint.url, endpoint.source, fd=fd))
+        if found.key in seen:
+            if isinstance(found, Resolved):
+                os.close(found.fd)  # one socket found twice (/run and /var/run are usually one): the first stays
+            return
+        seen.add(found.key)
+        if isinstance(found, Unfollowed):
+            why = f"could not be asked: {found.reason}; fix that path or, {NAME_THEM}"
+            out.append(Endpoint(endpoint.url, endpoint.source, unaskable=why))
+        else:
+            out.append(Endpoint(endpoint.url, endpoint.source, fd=found.fd))
 
     try:
         for name, path in known:
@@ -333,7 +386,8 @@ def discover(proc: str = "/proc", known: tuple[tuple[str, str], ...] = KNOWN_SOC
             if endpoint.refused is not None:
                 refused.append(endpoint)
             else:
-                add(endpoint, f"{proc}/1/root")
+                absent = f"could not be asked: the kubelet names it and there is no socket there; {NAME_THEM}"
+                add(endpoint, f"{proc}/1/root", absent=absent)
     except BaseException:
         close_all(out)
         raise

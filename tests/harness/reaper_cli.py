@@ -86,11 +86,12 @@ def run_reaper_discovering(
     *extra: str,
     kubelets: Sequence[Sequence[str]] = (),
     timeout: float = 120,
+    links: dict[str, str] | None = None,
 ) -> ReaperRun:
     """`reaper COMMAND` with no --runtime-endpoint, in the lab's netns and a mount namespace of
     its own whose /run is an empty tmpfs holding only `sockets` (path there -> socket file here),
     bind-mounted: the reaper then finds exactly these runtimes, as it would on a node, and the
-    host's /run is neither seen nor touched.
+    host's /run is neither seen nor touched. `links`: symlinks made there after (path -> target).
 
     With `kubelets` (command lines, see kubelet_argv), also in a pid namespace of its own with
     its own /proc: they are started there first, and the reaper is that namespace's pid 1, the
@@ -106,6 +107,10 @@ def run_reaper_discovering(
     for inside, outside in sockets.items():
         script.append(f"mkdir -p {shlex.quote(os.path.dirname(inside))} && touch {shlex.quote(inside)}")
         script.append(f"mount --bind {shlex.quote(str(outside))} {shlex.quote(inside)}")
+    for link, target in (links or {}).items():
+        script.append(
+            f"mkdir -p {shlex.quote(os.path.dirname(link))} && ln -s {shlex.quote(target)} {shlex.quote(link)}"
+        )
     for kubelet in kubelets:
         script.append("{ " + " ".join(shlex.quote(a) for a in kubelet) + " & }")
     if kubelets:

@@ -1,5 +1,6 @@
-"""Every runtime on the node is asked: found with no flags, a decoy runtime listing nothing
-never turns another runtime's sandboxes into orphans, and one that cannot answer stops the pass."""
+"""Every runtime on the node is asked: found with no flags (through a symlink too), a decoy
+runtime listing nothing never turns another runtime's sandboxes into orphans, and one that
+cannot answer (a crashed one included) stops the pass."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from tests.harness.reaper_cli import attachments_by_key, kubelet_argv, run_reape
 
 CONTAINERD_SOCK = "/run/containerd/containerd.sock"
 CRIO_SOCK = "/run/crio/crio.sock"
-CRI_DOCKERD_SOCK = "/run/cri-dockerd.sock"
 
 
 @pytest.fixture(scope="module")
@@ -46,31 +46,57 @@ def socket_of(lab: Lab) -> Path:
 def test_with_no_flags_every_runtime_is_asked_and_the_decoy_changes_nothing(
     labs: tuple[Lab, Lab, str, str], tmp_path: Path
 ) -> None:
+    """Issue 31 case 4: the node's runtime is reached only through a symlink at CRI-O's path
+    (/var/run/crio/crio.sock, as k3s users link containerd's path to k3s' own), while a decoy
+    that lists nothing answers at containerd's. The link is followed (everything on the way is
+    root's) and the runtime asked once under both spellings of /run: nothing of its sandboxes,
+    the NOTREADY one included, is reclaimed."""
     lab, decoy, web, nocni = labs
     sockets = {
         CONTAINERD_SOCK: socket_of(decoy),  # the first known socket: an empty list
-        CRIO_SOCK: socket_of(lab),  # the pods' runtime, on CRI-O's path
-        CRI_DOCKERD_SOCK: dead_socket(tmp_path / "dead.sock"),
+        "/run/node-runtime/cri.sock": socket_of(lab),  # the pods' runtime, on no known path
     }
+    links = {"/var/run/crio/crio.sock": "/run/node-runtime/cri.sock"}
     state = tmp_path / "state.json"
-    scan = run_reaper_discovering(lab, "scan", state, sockets, "--json", *REAP[:4])
+    scan = run_reaper_discovering(lab, "scan", state, sockets, "--json", *REAP[:4], links=links)
     assert scan.returncode in (0, 1), scan.stderr
     runtimes = {r["endpoint"]: r for r in scan.doc["runtimes"]}
-    assert set(runtimes) == {f"unix://{p}" for p in sockets}
+    assert set(runtimes) == {f"unix://{CONTAINERD_SOCK}", f"unix://{CRIO_SOCK}"}
     assert (
         runtimes[f"unix://{CONTAINERD_SOCK}"]["sandboxes"] == 0 and runtimes[f"unix://{CONTAINERD_SOCK}"]["reachable"]
     )
     assert runtimes[f"unix://{CRIO_SOCK}"]["sandboxes"] == len(lab.sandboxes())
-    dead = runtimes[f"unix://{CRI_DOCKERD_SOCK}"]
-    assert dead["skipped"] and not dead["reachable"] and "connection refused" in dead["error"]
     by_key = attachments_by_key(scan.doc)
     assert all(a["verdict"] == "live" for a in by_key.values() if a["container_id"] in (web, nocni))
     nocni_pin = lab.pod_netns_path(nocni)
     assert nocni_pin is not None
 
-    reap = run_reaper_discovering(lab, "reap", state, sockets, "--json", *REAP)
+    reap = run_reaper_discovering(lab, "reap", state, sockets, "--json", *REAP, links=links)
     assert reap.returncode == 0, reap.stderr
     assert reap.doc["reclaimed"] == [] and nocni_pin.exists() and pings(lab, web)
+
+
+def test_a_crashed_runtime_beside_one_that_answers_makes_the_pass_wait(
+    labs: tuple[Lab, Lab, str, str], tmp_path: Path
+) -> None:
+    """Issue 31 case 5: the node's runtime crashed (its socket file left, connections refused)
+    while a decoy answers at another known path and lists nothing. The crashed runtime's
+    sandboxes (the NOTREADY one with no process) are still its own: nothing is reclaimed, exit
+    2, and the line names the socket and what the operator who knows it is gone can do."""
+    lab, decoy, web, nocni = labs
+    sockets = {CONTAINERD_SOCK: dead_socket(tmp_path / "dead.sock"), CRIO_SOCK: socket_of(decoy)}
+    reap = run_reaper_discovering(lab, "reap", tmp_path / "state.json", sockets, "--json", *REAP)
+    assert reap.returncode == 2, reap.stdout + reap.stderr
+    assert "cannot decide" in reap.stderr and CONTAINERD_SOCK in reap.stderr and "--runtime-endpoint" in reap.stderr
+    assert reap.doc["reclaimed"] == [] and pings(lab, web)
+    nocni_pin = lab.pod_netns_path(nocni)
+    assert nocni_pin is not None and nocni_pin.exists()
+    (crashed,) = [r for r in reap.doc["runtimes"] if not r["reachable"]]
+    assert crashed["endpoint"] == f"unix://{CONTAINERD_SOCK}" and not crashed["skipped"]
+    assert "connection refused" in crashed["error"]
+    doctor = run_reaper_discovering(lab, "doctor", tmp_path / "state.json", sockets, "--json")
+    failed = [c for c in doctor.doc["checks"] if c["check"] == "runtime" and CONTAINERD_SOCK in c["message"]]
+    assert [c["status"] for c in failed] == ["fail"] and "--runtime-endpoint" in failed[0]["fix"], doctor.stdout
 
 
 def test_a_runtime_that_cannot_answer_makes_the_pass_undecided(labs: tuple[Lab, Lab, str, str], tmp_path: Path) -> None:

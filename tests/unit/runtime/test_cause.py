@@ -11,7 +11,7 @@ from reaper.layout import Layout, RuntimeLayout
 from reaper.model import RuntimeAnswer, RuntimeView
 from reaper.runtime.cause import likely_cause
 from reaper.runtime.cri import CriLiveness
-from reaper.runtime.discovery import Endpoint
+from reaper.runtime.discovery import NAME_THEM, REFUSED, Endpoint
 
 CONTAINERD = RuntimeLayout(
     runtime="containerd",
@@ -47,15 +47,16 @@ def test_a_runtime_configured_here_with_no_socket_is_the_cause() -> None:
 
 
 def test_a_configured_runtimes_socket_nobody_listens_on_is_the_cause() -> None:
-    refused = answer("unix:///run/containerd/containerd.sock", "nobody listens on this socket", skipped=True)
+    refused = answer("unix:///run/containerd/containerd.sock", f"{REFUSED}; {NAME_THEM}", skipped=False)
     cause = likely_cause(view(refused), Layout(runtimes=(CONTAINERD,)))
-    assert cause.startswith("containerd's config is here") and cause.endswith("is containerd running?")
+    assert cause.startswith("containerd's config is here") and "is containerd running?" in cause
+    assert cause.endswith(NAME_THEM)  # a crashed runtime is waited for, unless the operator names the others
 
 
 def test_a_dead_socket_of_no_configured_runtime() -> None:
-    refused = answer("unix:///run/cri-dockerd.sock", "nobody listens on this socket", skipped=True)
+    refused = answer("unix:///run/cri-dockerd.sock", f"{REFUSED}; {NAME_THEM}", skipped=False)
     assert likely_cause(view(refused), Layout()) == (
-        "nothing listens on /run/cri-dockerd.sock: is the runtime that made it running?"
+        f"nothing listens on /run/cri-dockerd.sock: has the runtime that made it crashed?; {NAME_THEM}"
     )
 
 
@@ -94,21 +95,34 @@ def test_an_endpoint_given_whose_socket_nobody_serves_is_still_asked(tmp_path: P
     assert not seen.reachable and seen.error is not None and "no socket at" not in seen.error
 
 
-def test_discovered_endpoints_are_not_checked_for_a_file(tmp_path: Path) -> None:
-    # Discovery opened the socket it found; a refused one is skipped, as before.
+def test_a_discovered_socket_nobody_listens_on_is_a_runtime_that_could_not_be_asked(tmp_path: Path) -> None:
+    # A runtime that crashed leaves its socket file: never skipped (issue 31 case 5).
     path = tmp_path / "dead.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
     listener.close()
     seen = CriLiveness((), 2.0, find=lambda: [Endpoint(f"unix://{path}", "known socket (containerd)")]).observe({})
     (only,) = seen.runtimes
-    assert only.skipped and "nobody listens" in (only.error or "")
+    assert not only.skipped and not seen.reachable and only.error == f"{REFUSED}; {NAME_THEM}"
 
 
 def test_doctor_gives_the_likely_cause_as_its_fix_not_a_flag_to_pass() -> None:
-    refused = answer("unix:///run/containerd/containerd.sock", "nobody listens on this socket", skipped=True)
-    for seen in (view(), view(refused)):
-        checks = list(_runtimes(seen, Layout(runtimes=(CONTAINERD,))))
-        failed = [c for c in checks if c.status == "fail"]
-        assert failed and failed[-1].fix is not None and failed[-1].fix.endswith("is containerd running?")
-        assert not any("--runtime-endpoint" in (c.fix or "") for c in failed)
+    checks = list(_runtimes(view(), Layout(runtimes=(CONTAINERD,))))
+    failed = [c for c in checks if c.status == "fail"]
+    assert failed and failed[-1].fix is not None and failed[-1].fix.endswith("is containerd running?")
+    assert not any("--runtime-endpoint" in (c.fix or "") for c in failed)
+
+
+def test_doctor_says_a_crashed_runtime_is_waited_for_unless_the_others_are_named() -> None:
+    refused = answer("unix:///run/containerd/containerd.sock", f"{REFUSED}; {NAME_THEM}", skipped=False)
+    checks = list(_runtimes(view(refused), Layout(runtimes=(CONTAINERD,))))
+    failed = [c for c in checks if c.status == "fail"]
+    assert failed[0].message.startswith("unix:///run/containerd/containerd.sock (known socket): could not be asked")
+    assert failed[0].fix is not None and failed[0].fix.startswith(
+        "start it again; if it is gone for good, pass --runtime-endpoint"
+    )
+    assert (
+        failed[-1].fix is not None
+        and "is containerd running?" in failed[-1].fix
+        and "--runtime-endpoint" in failed[-1].fix
+    )

@@ -1,0 +1,184 @@
+"""A runtime's socket path resolved one component at a time, inside a root, every step checked.
+
+Runtime sockets are often reached through symlinks: k3s users link
+/run/containerd/containerd.sock to /run/k3s/containerd/containerd.sock, and /var/run is a link
+to /run on most distributions. The reaper follows them as the kernel would, but itself: each
+component is opened `O_PATH | O_NOFOLLOW` relative to the directory before it, a symlink's
+text read from its own fd, an absolute target restarted at the root (the root is "/" for
+anything under it, as `openat2(RESOLVE_IN_ROOT)` does: a kubelet's path is resolved in pid
+1's root), `..` taken back to the directory the walk came from, never above the root.
+
+With `checked`, what could swap the socket must be root's alone (or this process's own uid's):
+every directory on the way is owned by root and writable by no group or other (or sticky, as
+/tmp: then others cannot rename or remove the root-owned entries the walk found in it, the
+reasoning of the kernel's fs.protected_symlinks), every symlink is owned by root, and the
+socket itself was bound by root (owned by root; its mode is not weighed: write on a socket is
+leave to connect, and containerd makes its own 0660 for its `grpc.gid`, containerd/containerd
+pkg/sys/socket_unix.go GetLocalListener). A link in /proc (a "magic" link, whose text is no
+path) is never followed.
+
+The result is an open fd, so what is asked is the inode that was checked (a client connects
+to /proc/self/fd/N), or why the path could not be followed, or nothing when the path does not
+exist: a component before its last is missing, as os.path.lexists says. A last component
+that exists (a dangling symlink, a file, a link owned by a user) is never "nothing".
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections import deque
+
+from msgspec import Struct
+
+from reaper.host.confined import fstatfs_type
+
+# The kernel's own bound on the symlinks one lookup follows (MAXSYMLINKS, fs/namei.c).
+MAX_LINKS = 40
+PROC_SUPER_MAGIC = 0x9FA0
+_OPEN = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class Resolved(Struct, frozen=True):
+    """The file the path leads to, open O_PATH (the caller closes it), and its (device, inode)."""
+
+    fd: int
+    key: tuple[int, int]
+    mode: int
+    uid: int
+
+
+class Unfollowed(Struct, frozen=True):
+    """Why the path, which exists, could not be followed to a file; `key`: the (device, inode)
+    of what the reason is about (the same link reached by two spellings is one problem)."""
+
+    reason: str
+    key: tuple[int, int]
+
+
+def _kind(mode: int) -> str:
+    kinds = (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISLNK, "a symlink"),
+    )
+    return next((name for test, name in kinds if test(mode)), "an unknown kind of file")
+
+
+def _distrusted(where: str, st: os.stat_result) -> str | None:
+    """Why a component is not root's alone; None when it is. This process's own effective uid
+    is trusted as root is (the reaper runs as root; a user running it trusts itself, as the
+    kernel's fs.protected_symlinks trusts the follower's own links)."""
+    if st.st_uid not in (0, os.geteuid()):
+        return f"{where} is owned by uid {st.st_uid}, not root"
+    if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return f"{where} may be written by others than root (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _parts(path: str) -> list[str]:
+    return [p for p in path.split("/") if p not in ("", ".")]
+
+
+def _shown(names: list[str], name: str | None = None) -> str:
+    return "/" + "/".join([*names, name] if name is not None else names)
+
+
+def resolve_in_root(root_fd: int, path: str, *, checked: bool) -> Resolved | Unfollowed | None:
+    """`path` (absolute) resolved with `root_fd` as "/" (see the module's docstring); None
+    when it does not exist. `root_fd` stays open; with `checked`, the root is checked too."""
+    if not path.startswith("/"):
+        raise ValueError(f"not an absolute path: {path!r}")
+    original = _parts(path)
+    if not original:
+        raise ValueError("the root itself is no socket path")
+    # (name, whether it is the path's own last component): a missing component before that one
+    # means the path does not exist; once it was found, a missing one is a dangling symlink.
+    todo: deque[tuple[str, bool]] = deque((name, i == len(original) - 1) for i, name in enumerate(original))
+    stack: list[int] = [root_fd]  # the directories walked down, the root first
+    names: list[str] = []  # their names, as the walk spells them (for the reasons)
+    last_found = False
+    links = 0
+    link_key = (0, 0)  # the last symlink followed: what a dangling one is reported by
+    root_st = os.fstat(root_fd)
+    where_key = (root_st.st_dev, root_st.st_ino)
+    if checked and (problem := _distrusted("/", root_st)):
+        return Unfollowed(problem, where_key)
+    try:
+        while todo:
+            name, is_last = todo.popleft()
+            if name == "..":
+                if len(stack) > 1:
+                    os.close(stack.pop())
+                    names.pop()
+                continue
+            try:
+                fd = os.open(name, _OPEN, dir_fd=stack[-1])
+            except (FileNotFoundError, NotADirectoryError):
+                if not last_found:
+                    return None
+                return Unfollowed(f"{_shown(names, name)} does not exist (a dangling symlink)", link_key)
+            except OSError as err:
+                return Unfollowed(f"{_shown(names, name)}: {err.strerror}", where_key)
+            keep = False
+            try:
+                st = os.fstat(fd)
+                where_key = (st.st_dev, st.st_ino)
+                where = _shown(names, name)
+                last_found = last_found or is_last
+                if checked and (problem := _distrusted(where, st)):
+                    return Unfollowed(problem, where_key)
+                if stat.S_ISLNK(st.st_mode):
+                    links += 1
+                    link_key = where_key
+                    if links > MAX_LINKS:
+                        return Unfollowed(f"more than {MAX_LINKS} symlinks on the way (a loop?) at {where}", where_key)
+                    if fstatfs_type(fd) == PROC_SUPER_MAGIC:
+                        return Unfollowed(f"{where} is a link in /proc, never followed", where_key)
+                    target = os.readlink("", dir_fd=fd)
+                    if not target:
+                        return Unfollowed(f"{where} is an empty symlink", where_key)
+                    if target.startswith("/"):
+                        while len(stack) > 1:
+                            os.close(stack.pop())
+                        names.clear()
+                    todo.extendleft(reversed([(part, False) for part in _parts(target)]))
+                    continue
+                if not todo:
+                    keep = True
+                    return Resolved(fd, where_key, st.st_mode, st.st_uid)
+                if not stat.S_ISDIR(st.st_mode):
+                    if not last_found:
+                        return None
+                    return Unfollowed(f"{where} is {_kind(st.st_mode)}, not a directory", where_key)
+                stack.append(fd)
+                names.append(name)
+                keep = True
+            finally:
+                if not keep:
+                    os.close(fd)
+        # The walk ended on a directory (a path ending in "..").
+        return Unfollowed(f"{_shown(names)} is a directory", where_key)
+    finally:
+        for fd in stack[1:]:
+            os.close(fd)
+
+
+def open_checked_socket(root_fd: int, path: str) -> Resolved | Unfollowed | None:
+    """The socket at `path` in `root_fd`, every component root's alone (`resolve_in_root`
+    with `checked`); Unfollowed for a path that exists and is no such socket."""
+    st = os.fstat(root_fd)
+    try:
+        found = resolve_in_root(root_fd, path, checked=True)
+    except OSError as err:
+        return Unfollowed(f"{path}: {err.strerror}", (st.st_dev, st.st_ino))
+    except ValueError:  # a kubelet's endpoint with a NUL byte in it
+        return Unfollowed(f"{path!r} is no path", (st.st_dev, st.st_ino))
+    if isinstance(found, Resolved) and not stat.S_ISSOCK(found.mode):
+        os.close(found.fd)
+        return Unfollowed(f"{path} leads to {_kind(found.mode)}, not a socket", found.key)
+    return found
