@@ -22,6 +22,7 @@ process ends, so a holder recorded is alive.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -157,7 +158,9 @@ def take_lock(
                 raise LockBusy(path, holder, round(time.monotonic() - started, 1))
             if pause is None:
                 time.sleep(min(POLL, left))
-        os.pwrite(fd, _record(command), 0)
+        # On a full disk the lock is held all the same, and a waiter is told of no record.
+        with contextlib.suppress(OSError):
+            os.pwrite(fd, _record(command), 0)
     except BaseException:
         os.close(fd)
         raise

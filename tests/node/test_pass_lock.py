@@ -22,6 +22,7 @@ import grpc
 import pytest
 
 from tests.harness.fake_cri import FakeRuntime, sandbox_list
+from tests.harness.probe import run_probe
 
 WAIT_FOR = 60.0  # seconds the test waits for a process to get somewhere before failing
 WAITING = "waiting for another reaper's pass"
@@ -163,3 +164,36 @@ def test_the_agent_and_a_one_shot_take_turns(tmp_path: Path, runtime: GatedRunti
     assert agent.returncode == 0
     agent_log = (tmp_path / "agent.log").read_text()
     assert "pass" in agent_log and "outcome=ok" in agent_log, agent_log
+
+
+FULL_DISK_PROBE = """
+import json, os, sys
+from reaper.host.passlock import LockBusy, take_lock
+from tests.harness.lab.kernel import mount as kernel_mount
+
+top = sys.argv[1]
+kernel_mount("tmpfs", top, "tmpfs", 0, "size=64k")  # in the probe's own mount namespace
+fd = os.open(f"{top}/filler", os.O_WRONLY | os.O_CREAT, 0o600)
+try:
+    while os.write(fd, b"\\0" * 4096):
+        pass
+except OSError:
+    pass  # full
+state = f"{top}/state.json"
+out = {}
+with take_lock(state, 0, "reaper reap"):
+    try:
+        take_lock(state, 0, "reaper scan")
+    except LockBusy as err:
+        out["busy"] = str(err)
+out["size"] = os.stat(f"{state}.lock").st_size
+print(json.dumps(out))
+"""
+
+
+def test_a_full_disk_does_not_stop_the_lock(tmp_path: Path) -> None:
+    """No room for the holder's record: the lock is held all the same, and a waiter is told so."""
+    (tmp_path / "full").mkdir()
+    out = run_probe(FULL_DISK_PROBE, str(tmp_path / "full"))
+    assert out["size"] == 0
+    assert "(a holder that left no record)" in out["busy"]
