@@ -197,3 +197,38 @@ def test_a_full_disk_does_not_stop_the_lock(tmp_path: Path) -> None:
     out = run_probe(FULL_DISK_PROBE, str(tmp_path / "full"))
     assert out["size"] == 0
     assert "(a holder that left no record)" in out["busy"]
+
+
+READ_ONLY_PROBE = """
+import json, logging, os, sys
+from reaper.host.passlock import LockUnusable, pass_lock
+from tests.harness.lab.kernel import mount as kernel_mount
+
+top = sys.argv[1]
+MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
+kernel_mount(top, top, None, MS_BIND)  # in the probe's own mount namespace
+kernel_mount(None, top, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
+log = logging.getLogger("probe")
+warned = []
+log.addHandler(type("H", (logging.Handler,), {"emit": lambda self, r: warned.append(r.getMessage())})())
+out = {}
+with pass_lock(f"{top}/state.json", 0, log, changes_node=False) as lock:
+    out["scan_held"] = lock.held
+out["scan_warned"] = warned
+try:
+    pass_lock(f"{top}/state.json", 0, log, changes_node=True)
+except LockUnusable as err:
+    out["reap"] = str(err)
+print(json.dumps(out))
+"""
+
+
+def test_where_the_state_dir_is_read_only_only_a_scan_goes_on_without_the_lock(tmp_path: Path) -> None:
+    """A scan that can save no state (a read-only state dir, a user other than root) changes
+    nothing the lock guards and goes on with a warning; a reap does not start."""
+    (tmp_path / "ro").mkdir()
+    out = run_probe(READ_ONLY_PROBE, str(tmp_path / "ro"))
+    assert out["scan_held"] is False
+    (warning,) = out["scan_warned"]
+    assert "Read-only file system" in warning and "going on without it" in warning, warning
+    assert out["reap"] == f"cannot take the lock {tmp_path}/ro/state.json.lock: Read-only file system", out
