@@ -15,6 +15,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from reaper.events import EventPoster
 from reaper.host.memo import InventoryMemo
+from reaper.host.passlock import LockBusy, LockUnusable, pass_lock
 from reaper.http import HealthServer
 from reaper.metrics import ReaperMetrics
 from reaper.model import VERDICTS, PassOutcome, ReapResult, ScanResult
@@ -65,7 +66,7 @@ class Agent:
         started = self.pass_started = time.monotonic()
         outcome: PassOutcome
         try:
-            outcome, fields = self._pass()
+            outcome, fields = self._locked_pass()
         except Exception as err:  # a pass must never kill the agent; the next one tries again
             self.log.exception("pass failed", extra={"error": str(err)})
             outcome, fields = "error", {}
@@ -81,6 +82,23 @@ class Agent:
         self.log.info(
             "pass", extra={"mode": self.agent.mode, "outcome": outcome, "seconds": round(seconds, 3), **fields}
         )
+
+    def _locked_pass(self) -> tuple[PassOutcome, dict[str, object]]:
+        """One pass under the lock beside the state file, let go at its end: an operator's
+        one-shot (`kubectl exec ... reaper reap`) runs between two passes. Held by another
+        reaper for the whole --lock-wait, this pass is skipped; the next one tries again."""
+        try:
+            lock = pass_lock(
+                self.settings.state_file,
+                self.settings.lock_wait,
+                self.log,
+                changes_node=self.agent.mode == "reap",
+                pause=self.stop.wait,
+            )
+        except (LockBusy, LockUnusable) as err:
+            return "error", {"error": str(err)}
+        with lock:
+            return self._pass()
 
     def _pass(self) -> tuple[PassOutcome, dict[str, object]]:
         if self.agent.mode == "scan":

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from msgspec.structs import replace
 
 from reaper.host.jsondoc import dumps_indented
+from reaper.host.passlock import LockBusy, LockUnusable, pass_lock
 from reaper.layout import Layout, detect_layout
 from reaper.logs import setup_logging
 from reaper.report import layout_json
@@ -40,6 +41,7 @@ EXIT_CLEAN = 0
 EXIT_ORPHANS = 1
 EXIT_UNDECIDED = 2
 EXIT_BREAKER = 3
+EXIT_LOCKED = 4  # another reaper on this node held the lock for the whole --lock-wait
 
 DESCRIPTION = """\
 Find container-network resources that no live pod owns: pinned network namespaces,
@@ -57,7 +59,8 @@ verdicts:
   excluded nothing owns it, but --exclude-namespace, --exclude-pod or
            --exclude-network keeps it: never reclaimed
 
-exit status: 0 no orphan, 1 orphans found, 2 could not decide (runtime or config)
+exit status: 0 no orphan, 1 orphans found, 2 could not decide (runtime or config), 4 another
+reaper's pass held the lock beside --state-file for the whole --lock-wait (stderr names it)
 
 examples:
   reaper scan                                   # containerd/CRI-O on their default sockets
@@ -99,7 +102,8 @@ that still names the orphan under the IPAM lock, a veth with the same index, nam
 at most --max-reap attachments a pass; the breaker refuses to act when too many look orphaned.
 
 exit status: 0 every orphan reclaimed (or none), 1 some could not be, 2 could not decide
-(runtime or config), 3 breaker open
+(runtime or config), 3 breaker open, 4 another reaper's pass held the lock beside --state-file
+for the whole --lock-wait (stderr names it; nothing was done)
 
 examples:
   reaper reap --dry-run                         # the plan, nothing changed
@@ -137,6 +141,7 @@ DOCTOR_UNUSED = (
     "--exclude-pod",
     "--exclude-network",
     "--state-file",
+    "--lock-wait",
     "--textfile",
     "--log-level",
 )
@@ -203,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a container ID or a prefix of one (3+ hex digits), a pod NAMESPACE/NAME, an IP address, "
         "or the name or path of a resource (veth, pin, lease, chain, cache file)",
     )
-    add_options(explain, ("paths", "output"), skip=("--textfile",))
+    add_options(explain, ("paths", "output"), skip=("--textfile", "--lock-wait"))
     return parser
 
 
@@ -268,16 +273,17 @@ def _scan(args: argparse.Namespace) -> int:
     _warn_dirs(settings, log)
     if os.geteuid() != 0:
         log.warning("not running as root: namespaces, /proc and iptables may be partly unreadable")
-    result = scan_pass(settings, liveness_from(settings), log)
-    report = result.report
-    if settings.textfile is not None:
-        from reaper.metrics import ReaperMetrics  # noqa: PLC0415
+    with pass_lock(settings.state_file, settings.lock_wait, log, changes_node=False):  # counts, counters
+        result = scan_pass(settings, liveness_from(settings), log)
+        report = result.report
+        if settings.textfile is not None:
+            from reaper.metrics import ReaperMetrics  # noqa: PLC0415
 
-        metrics = ReaperMetrics()
-        metrics.observe_scan(report)
-        metrics.observe_state(result.state_saved)
-        metrics.observe_pass(result.seconds, result.outcome, time.time())
-        _write_textfile(settings, metrics, log)
+            metrics = ReaperMetrics()
+            metrics.observe_scan(report)
+            metrics.observe_state(result.state_saved)
+            metrics.observe_pass(result.seconds, result.outcome, time.time())
+            _write_textfile(settings, metrics, log)
     if settings.json_output:
         doc = {**report_json(report), "layout": layout_json(settings)}
         _output(dumps_indented(doc))
@@ -357,20 +363,21 @@ def _reap(args: argparse.Namespace) -> int:
         except PlanError as err:
             print(f"reaper: {err}", file=sys.stderr)
             return EXIT_UNDECIDED
-    started = time.monotonic()
-    result = reap_pass(settings, reap, liveness_from(settings), log, reviewed=reviewed)
-    if reap.plan_out is not None and result.problem is None:
-        try:
-            write_atomically(
-                reap.plan_out, plan_document(result.plan, result.report.attachments, node, time.time()), 0o600
-            )
-        except OSError as err:
-            print(f"reaper: --plan-out {reap.plan_out}: {err.strerror}", file=sys.stderr)
-            return EXIT_UNDECIDED
-    metrics = ReaperMetrics()
-    metrics.observe_reap(result)
-    metrics.observe_pass(time.monotonic() - started, result.outcome, time.time())
-    _write_textfile(settings, metrics, log)
+    with pass_lock(settings.state_file, settings.lock_wait, log, changes_node=True):  # one DEL at a time
+        started = time.monotonic()
+        result = reap_pass(settings, reap, liveness_from(settings), log, reviewed=reviewed)
+        if reap.plan_out is not None and result.problem is None:
+            try:
+                write_atomically(
+                    reap.plan_out, plan_document(result.plan, result.report.attachments, node, time.time()), 0o600
+                )
+            except OSError as err:
+                print(f"reaper: --plan-out {reap.plan_out}: {err.strerror}", file=sys.stderr)
+                return EXIT_UNDECIDED
+        metrics = ReaperMetrics()
+        metrics.observe_reap(result)
+        metrics.observe_pass(time.monotonic() - started, result.outcome, time.time())
+        _write_textfile(settings, metrics, log)
     if settings.json_output:
         _output(dumps_indented({**reap_json(result), "layout": layout_json(settings)}))
     else:
@@ -438,6 +445,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "explain":
             return _explain(args)
     except SettingsError as err:
+        print(f"reaper: {err}", file=sys.stderr)
+        return EXIT_UNDECIDED
+    except LockBusy as err:
+        print(f"reaper: {err}", file=sys.stderr)
+        return EXIT_LOCKED
+    except LockUnusable as err:
         print(f"reaper: {err}", file=sys.stderr)
         return EXIT_UNDECIDED
     except KeyboardInterrupt:

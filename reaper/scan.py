@@ -76,8 +76,9 @@ def _scan_pass(
     memo = memo if memo is not None else InventoryMemo()  # a one-shot's: this pass only
     snapshot = take_snapshot(find_options(settings), memo)
     watch = Stopwatch()
-    # What PodSandboxStatus said before, by (sandbox ID, creation time): never a cache entry's word.
-    known = dict(state.sandbox_netns)
+    # What PodSandboxStatus said to this process before, by (sandbox ID, creation time): never a
+    # file's word (a cache entry's or the state file's).
+    known = dict(kept.sandbox_netns) if kept is not None else {}
     runtime = liveness.observe(known)
     watch.lap("liveness")
     ties = tie_all(snapshot)
@@ -88,9 +89,9 @@ def _scan_pass(
     report, history = reconcile(snapshot, runtime, state.attachments, settings.policy, now, correlation)
     watch.lap("reconcile")
     if save:
-        netns_map, saved = _save(settings, kept, state, runtime, history, first_seen, warnings)
+        netns_map, saved = _save(settings, kept, state, runtime, known, history, first_seen, warnings)
     else:
-        netns_map, saved = dict(state.sandbox_netns), False
+        netns_map, saved = known, False
     watch.lap("state")
     timings = (*snapshot.timings, *_scan_timings(dict(watch.laps)))
     seconds = time.monotonic() - started
@@ -147,19 +148,22 @@ def _save(
     kept: KeptState | None,
     state: State,
     runtime: RuntimeView,
+    known: dict[str, str],
     history: Mapping[str, AttachmentHistory],
     first_seen: dict[str, float],
     warnings: list[str],
 ) -> tuple[dict[str, str], bool]:
-    """Save the new state: its netns map from the runtimes, or the old state's map and
-    first-seen times when they could not be asked. The netns map, and whether it was saved."""
+    """Save the new state: the first-seen times, or the old state's when the runtimes could not
+    be asked. The netns map the runtimes gave (kept in memory only, for a long-running caller;
+    `known`, what they gave before, when they could not be asked), and whether it was saved."""
     if runtime.reachable:
         netns_map = {s.status_key: s.netns_path for s in runtime.sandboxes if s.netns_path and s.status_key}
     else:
-        netns_map, first_seen = dict(state.sandbox_netns), dict(state.sandbox_first_seen)
-    new_state = State(history, netns_map, first_seen, state.counters)  # the textfile's, carried
+        netns_map, first_seen = known, dict(state.sandbox_first_seen)
+    new_state = State(history, first_seen, state.counters)  # the textfile's, carried
     if kept is not None:
         kept.state = new_state
+        kept.sandbox_netns = netns_map
     try:
         save_state(settings.state_file, new_state)
     except StateError as err:

@@ -222,6 +222,10 @@ OPTIONS: tuple[Option, ...] = (
            "GLOB"),
     Option("--state-file", "REAPER_STATE_FILE", "/var/lib/cni-reaper/state.json",
            "where confirmations are counted between passes and runs", "paths", _absolute, metavar="PATH"),
+    Option("--lock-wait", "REAPER_LOCK_WAIT", "60s",
+           "how long to wait while another reaper on this node holds the lock beside --state-file (its pass "
+           "under way); then exit 4 naming it (the agent skips that pass); 0: do not wait", "paths",
+           parse_duration, metavar="DURATION"),
     Option("--log-format", "REAPER_LOG_FORMAT", "text", "log lines on stderr: text or json", "paths",
            _one_of("text", "json"), metavar="FORMAT"),
     Option("--log-level", "REAPER_LOG_LEVEL", "info", "debug, info, warning or error", "paths",
@@ -355,6 +359,7 @@ class Settings(Struct, frozen=True, kw_only=True):
     log_format: str
     log_level: str
     textfile: str | None = None
+    lock_wait: float = 60.0  # seconds a pass waits for another reaper's (reaper.host.passlock)
     # (flag, where its value came from: "flag", its variable, "default" or the runtime configs
     # it was detected in) for the dirs layout detection may fill in
     origins: tuple[tuple[str, str], ...] = ()
@@ -509,6 +514,7 @@ def settings_from(
         log_format=v["log_format"],
         log_level=v["log_level"],
         textfile=v["textfile"],
+        lock_wait=v["lock_wait"],
         origins=tuple(origins.items()),
         layout_problems=layout.problems if layout is not None else (),
         given_problems=given_problems,

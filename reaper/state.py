@@ -14,6 +14,12 @@ kept in memory (KeptState). What the file can still say is bounded where it is u
 stands for more than `confirmations - 1` passes (reaper.reconcile), so every orphan verdict
 rests on at least one fresh pass of this process's own, and a first-seen time after the pass
 is taken as the pass's own time.
+
+The file holds no runtime's answer: a sandbox's netns comes from its runtime's PodSandboxStatus
+in every run (a path planted in the file once stood in for the runtime's own, and no status was
+asked). The agent remembers the answers in memory (KeptState.sandbox_netns), where no one else
+writes. The `sandbox_netns` key older versions wrote is still taken, and ignored whatever it
+holds; it is no longer written.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ STATE_VERSION = 2
 # A node's state is a few hundred bytes a pod (2,500 attachments: about 300 KB); the cap keeps
 # what a forged file can make this process hold small beside the chart's memory limit.
 MAX_STATE_BYTES = 8 << 20
-MAX_ENTRIES = 50_000  # in each of the three maps
+MAX_ENTRIES = 50_000  # in each map
 MAX_STREAK = 1 << 20  # consecutive passes: far more than any --confirmations
 MAX_TIME = 1 << 40  # seconds since the epoch: beyond any real clock, finite
 MAX_COUNTERS = 4096  # textfile counter samples: every kind, method, outcome, capped network and bucket
@@ -49,9 +55,6 @@ _COUNTER_SAMPLE = re.compile(rf"cni_reaper_[a-z_]{{1,80}}(?:\{{{_LABEL}(?:,{_LAB
 
 class State(Struct, frozen=True):
     attachments: Mapping[str, AttachmentHistory]
-    # Sandbox.status_key -> the netns path PodSandboxStatus gave, so it is asked once per sandbox.
-    # Keys of files older than status keys hold no '@' and so match nothing.
-    sandbox_netns: Mapping[str, str]
     # sandbox ID -> when first listed, for sandboxes whose runtime reports no creation time
     sandbox_first_seen: Mapping[str, float]
     # A one-shot's textfile counters so far, by sample (`name{labels}`): each run adds its own,
@@ -59,7 +62,7 @@ class State(Struct, frozen=True):
     counters: Mapping[str, float] = {}
 
 
-EMPTY_STATE = State({}, {}, {})
+EMPTY_STATE = State({}, {})
 
 
 class StateError(Exception):
@@ -73,19 +76,20 @@ class KeptState:
 
     def __init__(self) -> None:
         self.state: State | None = None
+        # Sandbox.status_key -> the netns path its runtime's PodSandboxStatus gave, so that the
+        # agent asks once per sandbox (by ID and creation time); only ever in this process.
+        self.sandbox_netns: Mapping[str, str] = {}
 
 
 class _Doc(Struct, forbid_unknown_fields=True):
-    """The file as written: key -> [first_seen, orphan_streak], and the two sandbox maps."""
+    """The file as written: key -> [first_seen, orphan_streak], and the sandboxes' first-seen
+    times. `sandbox_netns`: older versions' cache of runtime answers, taken and never read."""
 
     version: int
     attachments: dict[str, tuple[float, int]] = {}
-    sandbox_netns: dict[str, str] = {}
+    sandbox_netns: msgspec.Raw = msgspec.Raw()
     sandbox_first_seen: dict[str, float] = {}
     counters: dict[str, float] = {}
-
-
-_STATUS_KEY = re.compile(r"(.+)@(-?[0-9]{1,20})")  # "<sandbox ID>@<creation time, ns>"
 
 
 def is_netns_path(path: str) -> bool:
@@ -105,11 +109,6 @@ def is_attachment_key(key: str) -> bool:
     return is_cni_id(cid) and (network == "" or is_cni_id(network)) and (ifname == "" or is_ifname(ifname))
 
 
-def is_status_key(key: str) -> bool:
-    match = _STATUS_KEY.fullmatch(key)
-    return match is not None and is_cni_id(match.group(1))
-
-
 def _is_time(value: float) -> bool:
     return math.isfinite(value) and 0 <= value <= MAX_TIME
 
@@ -127,19 +126,12 @@ def _why_refused(doc: _Doc) -> str | None:
     """The first rule the decoded file breaks, or None."""
     if doc.version != STATE_VERSION:
         return f"version {doc.version}, not {STATE_VERSION}"
-    for name, entries in (
-        ("attachments", doc.attachments),
-        ("sandbox_netns", doc.sandbox_netns),
-        ("sandbox_first_seen", doc.sandbox_first_seen),
-    ):
+    for name, entries in (("attachments", doc.attachments), ("sandbox_first_seen", doc.sandbox_first_seen)):
         if len(entries) > MAX_ENTRIES:
             return f"{len(entries)} {name}, over {MAX_ENTRIES}"
     for key, (first_seen, streak) in doc.attachments.items():
         if not _history_fits(key, first_seen, streak):
             return f"attachment {key[:120]!r}: a key, time or count no pass writes"
-    for key, path in doc.sandbox_netns.items():
-        if not (is_status_key(key) and is_netns_path(path)):
-            return f"sandbox netns {key[:120]!r}: a key or path no runtime gives"
     for key, when in doc.sandbox_first_seen.items():
         if not (is_cni_id(key) and _is_time(when)):
             return f"sandbox first seen {key[:120]!r}: an ID or time no pass writes"
@@ -173,7 +165,7 @@ def load_state(path: str) -> tuple[State, str | None]:
         return EMPTY_STATE, f"state file {path} is corrupt ({why}); {_set_aside(path)}; starting afresh"
     attachments = {k: AttachmentHistory(float(v[0]), v[1]) for k, v in doc.attachments.items()}
     first_seen = {k: float(v) for k, v in doc.sandbox_first_seen.items()}
-    return State(attachments, dict(doc.sandbox_netns), first_seen, dict(doc.counters)), None
+    return State(attachments, first_seen, dict(doc.counters)), None
 
 
 def _set_aside(path: str) -> str:
@@ -191,21 +183,18 @@ def save_state(path: str, state: State) -> None:
 
     Only entries load_state takes are written (a sandbox ID no CNI ID rule allows, a count past
     MAX_STREAK, entries past MAX_ENTRIES in key order): the reaper never sets aside its own
-    file. An entry left out costs that attachment's or sandbox's count or cached netns, never
-    a wrong verdict."""
+    file. An entry left out costs that attachment's or sandbox's count, never a wrong verdict."""
     attachments = sorted(
         (k, [v.first_seen, min(v.orphan_streak, MAX_STREAK)])
         for k, v in state.attachments.items()
         if _history_fits(k, v.first_seen, 0) and v.orphan_streak >= 0
     )
-    netns = sorted((k, v) for k, v in state.sandbox_netns.items() if is_status_key(k) and is_netns_path(v))
     first_seen = sorted((k, v) for k, v in state.sandbox_first_seen.items() if is_cni_id(k) and _is_time(v))
     counters = sorted((k, v) for k, v in state.counters.items() if counter_fits(k, v))
     doc = {
         "version": STATE_VERSION,
         # key -> [first_seen, orphan_streak]: compact, a node can have thousands.
         "attachments": dict(attachments[:MAX_ENTRIES]),
-        "sandbox_netns": dict(netns[:MAX_ENTRIES]),
         "sandbox_first_seen": dict(first_seen[:MAX_ENTRIES]),
         "counters": dict(counters[:MAX_COUNTERS]),
     }

@@ -74,3 +74,68 @@ def test_a_forged_count_costs_a_one_shot_at_most_all_but_one_pass_and_the_agent_
     assert out["agent_first"] == ["pending", "no owner on 1 of 3 required passes"]
     assert out["agent_second"] == ["pending", "no owner on 2 of 3 required passes"]
     assert out["agent_third"][0] == "orphan"
+
+
+NETNS_PROBE = """
+import json, logging, sys
+from pathlib import Path
+from reaper.model import Policy
+from reaper.names import compile_netns_patterns
+from reaper.runtime.cri import CriLiveness
+from reaper.scan import scan_pass
+from reaper.settings import Settings
+from reaper.state import KeptState
+from tests.harness.fake_cri import FakeRuntime, sandbox, sandbox_list
+
+work = Path(sys.argv[1])
+for sub in ("netns", "ipam", "cache", "conf", "bin"):
+    (work / sub).mkdir(parents=True, exist_ok=True)
+CREATED = 1_700_000_000_000_000_000
+state = work / "state.json"
+settings = Settings(
+    netns_dirs=(str(work / "netns"),), netns_patterns=compile_netns_patterns(()), ipam_dirs=(str(work / "ipam"),),
+    cni_cache_dir=str(work / "cache"), cni_conf_dir=str(work / "conf"), cni_bin_dirs=(str(work / "bin"),),
+    runtime_endpoints=(f"unix://{work}/cri.sock",), runtime_timeout=5.0,
+    policy=Policy(min_age=0.0, confirmations=1, stuck_after=900.0),
+    state_file=str(state), json_output=True, log_format="text", log_level="warning",
+)
+log = logging.getLogger("probe")
+
+def plant():
+    # Whoever writes the state dir says where the live sandbox's netns is.
+    doc = json.loads(state.read_bytes()) if state.exists() else {"version": 2}
+    doc["sandbox_netns"] = {f"web@{CREATED}": "/run/netns/planted"}
+    state.write_text(json.dumps(doc))
+
+def netns_seen(**kw):
+    (web,) = scan_pass(settings, CriLiveness(settings.runtime_endpoints, 5.0), log, **kw).report.runtime.sandboxes
+    return web.netns_path
+
+out = {}
+listed = sandbox_list([sandbox("web", created_at=CREATED)])
+with FakeRuntime(work / "cri.sock", listed, {"web": "/run/netns/cni-web"}) as cri:
+    plant()
+    out["one_shot"] = [netns_seen(), cri.calls["PodSandboxStatus"]]
+    plant()
+    out["one_shot_again"] = [netns_seen(), cri.calls["PodSandboxStatus"]]
+    kept = KeptState()
+    plant()
+    out["agent_first"] = [netns_seen(kept=kept), cri.calls["PodSandboxStatus"]]
+    plant()
+    out["agent_second"] = [netns_seen(kept=kept), cri.calls["PodSandboxStatus"]]
+    out["saved_keys"] = sorted(json.loads(state.read_bytes()))
+print(json.dumps(out))
+"""
+
+
+def test_a_netns_planted_in_the_state_file_never_stands_for_the_runtimes_answer(tmp_path: Path) -> None:
+    """The state file holds no runtime's answer: a `sandbox_netns` entry a writer of the state
+    dir plants for a listed sandbox (older versions kept that map there) is never used. Every
+    one-shot asks the runtime's PodSandboxStatus; the agent asks once per sandbox and remembers
+    the answer in memory, whatever the file says between its passes."""
+    out = run_probe(NETNS_PROBE, str(tmp_path))
+    assert out["one_shot"] == ["/run/netns/cni-web", 1], "the runtime is asked, the planted path unused"
+    assert out["one_shot_again"] == ["/run/netns/cni-web", 2], "a one-shot remembers nothing from the file"
+    assert out["agent_first"] == ["/run/netns/cni-web", 3]
+    assert out["agent_second"] == ["/run/netns/cni-web", 3], "the agent's own memory answers, not the file"
+    assert "sandbox_netns" not in out["saved_keys"]

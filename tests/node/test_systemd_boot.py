@@ -9,6 +9,9 @@ README.md (tests/harness/readme.py), from the checkout as an operator would:
     file, and reclaims nothing;
   - systemd-reap: the drop-in goes; a pass now reaps, and frees what it may;
   - systemd-uninstall: no unit, venv, link, textfile or state is left.
+node_exporter's textfile dir is there before the install, another tool's, with that tool's file
+in it: after both runs the dir and the file keep their owner and mode (the unit owns only its own
+dir).
 The node has no package index: pip there reads a wheelhouse of bookworm's wheels for the
 project's requirements (tests/harness/nspawn.py), as a site's mirror would stand in for PyPI.
 
@@ -34,6 +37,7 @@ the timer's 5 minutes.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shutil
 import stat
@@ -69,6 +73,10 @@ INSTALLED = (
     "/" + TEXTFILE,
     "/var/lib/cni-reaper",
 )
+# node_exporter's textfile dir as another tool made it, with another exporter's file in it: the
+# unit must use it as it is (a StateDirectory= there had systemd chown both to root).
+OTHER_TOOL = 65534
+OTHER_PROM = "var/lib/node_exporter/textfile_collector/node_os.prom"
 # The service's properties a run is judged by.
 PROPS = ("ActiveState", "Result", "ExecMainStatus", "ExecMainExitTimestampMonotonic", "InvocationID", "ExecStart")
 
@@ -116,6 +124,12 @@ def prepare_node(node: BootedNode, lab: Lab, pin: str) -> None:
     (system / "cni-reaper.timer.d" / "soon.conf").write_text(
         "[Timer]\nOnBootSec=\nOnBootSec=2s\nOnUnitActiveSec=5min\nRandomizedDelaySec=0\nAccuracySec=1s\n"
     )
+    other = node.upper / OTHER_PROM
+    other.parent.mkdir(parents=True)
+    other.write_text("node_os_info 1\n")
+    for path in (other.parent, other):
+        os.chown(path, OTHER_TOOL, OTHER_TOOL)
+    other.parent.chmod(0o775)
     env = {
         "REAPER_RUNTIME_ENDPOINT": lab.endpoint,
         "REAPER_NETNS_DIR": str(lab.netns_dir),
@@ -149,6 +163,11 @@ def existing(node: BootedNode, paths: tuple[str, ...]) -> list[str]:
 
 def journal_of(node: BootedNode, invocation: str) -> str:
     return node.run("journalctl", "--no-pager", "-o", "cat", f"_SYSTEMD_INVOCATION_ID={invocation}").stdout
+
+
+def owners(path: Path) -> list[tuple[int, int, int]]:
+    """Owner, group and mode of the dir `path` is in, and of `path`."""
+    return [(p.stat().st_uid, p.stat().st_gid, p.stat().st_mode) for p in (path.parent, path)]
 
 
 def live_attachments(lab: Lab, state: Path) -> dict[tuple[str | None, str | None, str | None], list[str]]:
@@ -191,6 +210,7 @@ def test_the_readme_install_report_only_reap_and_uninstall(tmp_path: Path) -> No
         node = BootedNode(tmp_path / "node", lab.netns_path, binds=[lab.root], ro_binds=[SYSTEM_CNI_BIN])
         prepare_node(node, lab, leak.netns_path.name)
         textfile, state = node.upper / TEXTFILE, node.upper / STATE
+        other_before = owners(node.upper / OTHER_PROM)
         try:
             node.boot()
             stock = node.run("sh", "-c", f"test ! -e {VENV} && ! command -v reaper", check=False).returncode == 0
@@ -214,6 +234,7 @@ def test_the_readme_install_report_only_reap_and_uninstall(tmp_path: Path) -> No
             body = textfile.read_text()
             textfile_mode = stat.S_IMODE(textfile.stat().st_mode)
             state_mode, state_doc = stat.S_IMODE(state.stat().st_mode), json.loads(state.read_text())
+            other_after = owners(node.upper / OTHER_PROM)
 
             mounted_before = pin in node.run("cat", "/proc/self/mountinfo").stdout
             node.run("systemctl", "start", "cni-reaper-unpin.service", check=False)
@@ -273,6 +294,8 @@ def test_the_readme_install_report_only_reap_and_uninstall(tmp_path: Path) -> No
         assert "not in the host's PID namespace" in journal
         assert state_mode == 0o600
         assert state_doc
+        # Two runs later, node_exporter's dir and the other exporter's file are as that tool left them.
+        assert other_after == other_before and other_before[0][:2] == (OTHER_TOOL, OTHER_TOOL)
 
         # Under the unit's hardening the reaper's unpin unmounted the pin in the container's own
         # mount namespace (no namespace of the unit's, umount2 allowed); only nspawn's hidden

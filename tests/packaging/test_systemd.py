@@ -8,6 +8,7 @@ blocks in a booted systemd.
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
@@ -122,10 +123,55 @@ def test_service_runs_one_reap_pass_into_the_textfile_collector() -> None:
     assert argv[:2] == [BINARY, "reap"]
     assert argv[argv.index("--textfile") + 1] == TEXTFILE
     assert argv[argv.index("--log-format") + 1] == "json"
-    # The state file's and the textfile's dirs exist before the pass.
+    # The state file's dir (and the lock's) exists before the pass.
     state_dirs = " ".join(values(service, "StateDirectory")).split()
-    assert {"cni-reaper", "node_exporter/textfile_collector"} <= set(state_dirs)
+    assert "cni-reaper" in state_dirs
     assert values(service, "TimeoutStartSec"), "a hung pass must not block the timer forever"
+
+
+# The directory settings systemd makes, chmods and chowns (with all that is in them, to the
+# unit's user) before each start; and where each is relative to.
+MANAGED_DIRS = {
+    "StateDirectory": "/var/lib",
+    "CacheDirectory": "/var/cache",
+    "LogsDirectory": "/var/log",
+    "RuntimeDirectory": "/run",
+    "ConfigurationDirectory": "/etc",
+}
+
+
+def test_the_unit_owns_only_its_own_dirs(tmp_path: Path) -> None:
+    """systemd chowns a StateDirectory= (and the rest of MANAGED_DIRS) with every file in it to
+    the unit's user before each run: only the reaper's own dirs may be named there, never
+    node_exporter's textfile dir, which other exporters' files share. That dir is used as it is;
+    the README's install makes it only where it is missing, and leaves an existing one and
+    another tool's file in it as they are."""
+    units = (SERVICE, REPORT_ONLY)
+    managed = [
+        f"{MANAGED_DIRS[key]}/{name}"
+        for unit in units
+        for key, value in parse_unit(unit).get("Service", [])
+        if key in MANAGED_DIRS
+        for name in value.split()
+    ]
+    assert managed == ["/var/lib/cni-reaper"], managed
+    textfile_dir = str(Path(TEXTFILE).parent)
+    install = shell_block("systemd-install")
+    made = [line for line in install.splitlines() if textfile_dir in line]
+    assert [shlex.split(line, comments=True) for line in made] == [["mkdir", "-p", textfile_dir]], made
+    # The README's line, run on a textfile dir another tool made, with that tool's file in it.
+    other = tmp_path / textfile_dir.lstrip("/")
+    other.mkdir(parents=True)
+    other.chmod(0o775)
+    (other / "node_os.prom").write_text("node_os_info 1\n")
+    if os.geteuid() == 0:  # another tool's user, as on a node
+        for path in (other, other / "node_os.prom"):
+            os.chown(path, 65534, 65534)
+    before = [(p.stat().st_uid, p.stat().st_gid, p.stat().st_mode) for p in (other, other / "node_os.prom")]
+    line = made[0].replace(textfile_dir, str(other))
+    subprocess.run(["sh", "-ec", line], check=True, timeout=30)
+    after = [(p.stat().st_uid, p.stat().st_gid, p.stat().st_mode) for p in (other, other / "node_os.prom")]
+    assert after == before
 
 
 def test_hardening_keeps_the_host_namespaces_and_the_needed_capabilities() -> None:
@@ -207,5 +253,5 @@ def test_readme_blocks_install_what_the_units_run_and_uninstall_it() -> None:
     uninstall = shell_block("systemd-uninstall")
     for gone in (VENV, "/usr/local/sbin/reaper", "/etc/systemd/system/cni-reaper.service.d", TEXTFILE):
         assert gone in uninstall, gone
-    # `systemctl clean` would remove the textfile collector's dir, which other exporters share.
-    assert "systemctl clean" not in uninstall
+    # The textfile dir is node_exporter's: the uninstall removes the reaper's file from it, never it.
+    assert f"rm -rf {Path(TEXTFILE).parent}" not in uninstall

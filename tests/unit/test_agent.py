@@ -15,6 +15,7 @@ from msgspec.structs import replace
 
 from reaper import agent as agent_module
 from reaper.agent import READY_INTERVALS, Agent
+from reaper.host.passlock import LockBusy, take_lock
 from reaper.model import ReapResult, ScanResult
 from reaper.settings import AgentSettings
 from tests.harness.reclaim_fakes import FakeLiveness, fake_settings, reap_settings, scan_result
@@ -195,3 +196,29 @@ def test_run_schedules_a_pass_at_once_and_stops_cleanly(tmp_path: Path, passes: 
     assert agent.run() == 0
     assert agent.passes == 1 and len(passes.calls) == 1
     assert signal.getsignal(signal.SIGTERM) == agent.request_stop
+
+
+def test_a_pass_holds_the_lock_and_one_held_by_another_reaper_is_skipped(tmp_path: Path, passes: Passes) -> None:
+    """Each pass holds the lock beside the state file for its length and lets it go after; a
+    pass whose lock another reaper holds for the whole --lock-wait runs nothing, an error pass,
+    and the next pass runs."""
+    agent = make_agent(tmp_path, Clock())
+    agent.settings = replace(agent.settings, lock_wait=0.0)
+    busy: list[str] = []
+
+    def another_reaper_tries() -> None:
+        with pytest.raises(LockBusy) as err:
+            take_lock(agent.settings.state_file, 0, "reaper reap")
+        busy.append(str(err.value))
+
+    passes.during = another_reaper_tries
+    passes.results = [reap_result()]
+    agent.run_pass()
+    assert passes_total(agent, "ok") == 1 and len(busy) == 1 and "reaper" in busy[0]
+    with take_lock(agent.settings.state_file, 0, "reaper reap"):  # let go between passes
+        agent.run_pass()
+    assert len(passes.calls) == 1, "no pass ran while another reaper held the lock"
+    assert passes_total(agent, "error") == 1
+    passes.during = lambda: None
+    agent.run_pass()
+    assert len(passes.calls) == 2 and passes_total(agent, "ok") == 2

@@ -32,6 +32,15 @@ def test_defaults() -> None:
     assert reap.max_reap == 100 and reap.max_orphan_ratio == 0.5 and not reap.kernel_only
 
 
+def test_the_lock_wait_has_a_bounded_default_a_variable_and_a_flag() -> None:
+    """Every command that takes the lock (scan, reap, run) waits 60s for another reaper's pass by
+    default; 0 does not wait."""
+    for command in ("scan", "reap", "run"):
+        assert parse(command=command)[0].lock_wait == 60
+    assert parse(env={"REAPER_LOCK_WAIT": "0"})[0].lock_wait == 0
+    assert parse("--lock-wait", "2m", env={"REAPER_LOCK_WAIT": "0"})[0].lock_wait == 120
+
+
 def test_a_flag_beats_its_variable_and_repeatable_variables_split() -> None:
     env = {"REAPER_MIN_AGE": "1h", "REAPER_NETNS_DIR": "/a:/b", "REAPER_MAX_REAP": "7"}
     settings, reap = parse("--min-age", "90", env=env)
@@ -55,6 +64,7 @@ def test_a_flag_beats_its_variable_and_repeatable_variables_split() -> None:
         (["--max-orphan-ratio", "2"], "--max-orphan-ratio='2': must be between 0 and 1"),
         (["--method", "nuke"], "--method='nuke': must be auto or kernel"),
         (["--log-format", "xml"], "--log-format='xml': must be text or json"),
+        (["--lock-wait=-1s"], "--lock-wait='-1s': must not be negative"),
     ],
 )
 def test_bad_values_are_one_line_errors(argv: list[str], message: str) -> None:

@@ -27,7 +27,7 @@ from reaper.state import (
         json.dumps({"version": 2, "attachments": {"k": []}}),
         json.dumps({"version": 2, "attachments": []}),
         json.dumps({"version": 2, "attachments": {"k": ["x", 1]}}),
-        json.dumps({"version": 2, "sandbox_netns": 7}),
+        json.dumps({"version": 2, "sandbox_first_seen": 7}),
         json.dumps({"version": 99}),
         "[" * 100_000,
         "\xff not json",
@@ -67,7 +67,6 @@ def _doc(**maps: dict[str, object]) -> dict[str, object]:
     doc: dict[str, object] = {
         "version": 2,
         "attachments": {f"{CID}/mynet/eth0": [1000.0, 1], f"netns:{GOOD_PIN}": [1000.0, 0]},
-        "sandbox_netns": {f"{CID}@1700000000000000000": GOOD_PIN},
         "sandbox_first_seen": {CID: 1000.0},
         "counters": {'cni_reaper_passes_total{outcome="ok"}': 3.0},
     }
@@ -89,13 +88,6 @@ HOSTILE: dict[str, str] = {
     "a time before the epoch": json.dumps(_doc(attachments={f"{CID}/mynet/eth0": [-5.0, 1]})),
     "an infinite time": json.dumps(_doc(attachments={f"{CID}/mynet/eth0": [1.0, 1]})).replace("[1.0,", "[1e999,"),
     "a third field": json.dumps(_doc(attachments={f"{CID}/mynet/eth0": [1.0, 1, 1]})),
-    "a netns path that is relative": json.dumps(_doc(sandbox_netns={f"{CID}@1": "run/netns/x"})),
-    "a netns path not normalized": json.dumps(_doc(sandbox_netns={f"{CID}@1": "/run/netns/./x"})),
-    "a netns path with a NUL": json.dumps(_doc(sandbox_netns={f"{CID}@1": "/run/netns/x\0"})),
-    "a netns path past PATH_MAX": json.dumps(_doc(sandbox_netns={f"{CID}@1": "/" + "a" * 5000})),
-    "a netns path that is a number": json.dumps(_doc(sandbox_netns={f"{CID}@1": 7})),
-    "a status key with no time": json.dumps(_doc(sandbox_netns={CID: GOOD_PIN})),
-    "a status key whose ID is a path": json.dumps(_doc(sandbox_netns={"../x@1": GOOD_PIN})),
     "a first-seen ID that is a path": json.dumps(_doc(sandbox_first_seen={"x/y": 1.0})),
     "a first-seen time that is text": json.dumps(_doc(sandbox_first_seen={CID: "now"})),
     "a key more": json.dumps({**_doc(), "extra": 1}),
@@ -134,7 +126,6 @@ def test_a_state_file_a_pass_writes_is_read_back_whole(tmp_path: Path) -> None:
         f"{CID}/mynet/eth0": AttachmentHistory(1000.0, 1),
         f"netns:{GOOD_PIN}": AttachmentHistory(1000.0, 0),
     }
-    assert state.sandbox_netns == {f"{CID}@1700000000000000000": GOOD_PIN}
     assert state.sandbox_first_seen == {CID: 1000.0}
     assert state.counters == {'cni_reaper_passes_total{outcome="ok"}': 3.0}
     save_state(str(path), state)
@@ -142,21 +133,18 @@ def test_a_state_file_a_pass_writes_is_read_back_whole(tmp_path: Path) -> None:
 
 
 def test_the_reaper_never_writes_an_entry_its_reader_would_refuse(tmp_path: Path) -> None:
-    """A runtime's sandbox ID no CNI rule allows, a netns path it gave unnormalized, a count past
-    the bound: left out, so the reaper never sets its own file aside (every pass would then start
-    confirmations over, and nothing would ever be reclaimed)."""
+    """A runtime's sandbox ID no CNI rule allows, a count past the bound: left out, so the
+    reaper never sets its own file aside (every pass would then start confirmations over, and
+    nothing would ever be reclaimed)."""
     path = tmp_path / "state.json"
     odd = State(
         {f"{CID}/mynet/eth0": AttachmentHistory(1000.0, 2**40), "x/../y/z": AttachmentHistory(1.0, 1)},
-        {f"{CID}@1": GOOD_PIN, "sandbox/1@2": GOOD_PIN, f"{CID}@3": "/run//netns/x/"},
         {CID: 5.0, "-bad": 5.0},
     )
     save_state(str(path), odd)
     state, warning = load_state(str(path))
     assert warning is None
-    assert state == State(
-        {f"{CID}/mynet/eth0": AttachmentHistory(1000.0, MAX_STREAK)}, {f"{CID}@1": GOOD_PIN}, {CID: 5.0}
-    )
+    assert state == State({f"{CID}/mynet/eth0": AttachmentHistory(1000.0, MAX_STREAK)}, {CID: 5.0})
 
 
 def test_a_state_file_past_the_size_cap_is_set_aside_unread(tmp_path: Path) -> None:
@@ -166,3 +154,31 @@ def test_a_state_file_past_the_size_cap_is_set_aside_unread(tmp_path: Path) -> N
     state, warning = load_state(str(path))
     assert state == EMPTY_STATE and warning is not None and "starting afresh" in warning
     assert (tmp_path / "state.json.corrupt").exists() and not path.exists()
+
+
+@pytest.mark.parametrize(
+    "netns",
+    [
+        {f"{CID}@1700000000000000000": GOOD_PIN},  # as older versions wrote it
+        {f"{CID}@1": "run/netns/x", "../x@1": "/run/netns/./x\0"},  # what no runtime gives
+        7,
+    ],
+)
+def test_an_older_files_sandbox_netns_is_taken_and_never_used_or_written(tmp_path: Path, netns: object) -> None:
+    """A sandbox's netns is its runtime's answer in every run: the `sandbox_netns` map older
+    versions kept in the file loads (the counts beside it count) and is dropped whatever it
+    holds, and no pass writes it again."""
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps({**_doc(), "sandbox_netns": netns}))
+    state, warning = load_state(str(path))
+    assert warning is None and state == load_state_of(tmp_path / "without.json", _doc())
+    assert not hasattr(state, "sandbox_netns")
+    save_state(str(path), state)
+    assert "sandbox_netns" not in json.loads(path.read_text())
+
+
+def load_state_of(path: Path, doc: dict[str, object]) -> State:
+    path.write_text(json.dumps(doc))
+    state, warning = load_state(str(path))
+    assert warning is None
+    return state
