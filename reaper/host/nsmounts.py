@@ -51,11 +51,13 @@ NS_GET_USERNS, NS_GET_OWNER_UID, NS_GET_PARENT) is that user's: it could be made
 at will (a pin shadowed by a tmpfs, hundreds of megabytes of mount paths), and a failed walk
 makes every namespace on the node busy, which would let any user stop reclaiming for good.
 What such a user can hold with a mount it can as well hold with an open fd, which no walk
-sees (SECURITY.md, "mounts in a mount namespace of its own", says why). So a user's mount
+sees (SECURITY.md, "A user's mount namespaces, and what they can hold"). So a user's mount
 namespace that cannot be read, or a namespace pinned there that cannot be reached or entered,
 is left out and named in MountWalk.unread (logged); what can be read of it still holds. A root
 user's (every owner uid 0: the host's, a runtime's, a pod's with user namespaces) that cannot
-be read fails the walk, as before.
+be read fails the walk, as before. Users' mount namespaces are counted apart from root's: past
+MAX_USER_MOUNT_NAMESPACES the rest of theirs are left out, so that thousands of them neither
+take root's bound (whose excess fails the walk) nor hold a walk for long.
 """
 
 from __future__ import annotations
@@ -64,7 +66,6 @@ import contextlib
 import ctypes
 import errno
 import fcntl
-import functools
 import gc
 import logging
 import os
@@ -83,7 +84,9 @@ from reaper.host.mounts import MountLine, parse_line
 from reaper.host.procs import EveryNamespaceBusy, busy_namespaces
 from reaper.model import NsKey
 
-MAX_MOUNT_NAMESPACES = 20_000  # distinct mount namespaces read in one walk
+MAX_MOUNT_NAMESPACES = 20_000  # distinct root-made mount namespaces read in one walk
+MAX_USER_MOUNT_NAMESPACES = 2_000  # and unprivileged users' (past it, theirs are left out)
+MAX_NOTES = 20  # what was left out, named one by one; the rest counted
 MAX_LINES = 200_000  # mounts of one mount namespace (the kernel's default mount-max is 100,000)
 MAX_LINE = 64 * 1024  # bytes of one mountinfo line (two escaped PATH_MAX paths fit many times)
 MAX_MOUNTINFO_BYTES = 64 * 1024 * 1024  # bytes of one mountinfo file
@@ -244,7 +247,7 @@ class _Pinned(Struct, kw_only=True):
     fd: int | None = None
     why: str = ""
     # For each mount namespace it is pinned in: whether an unprivileged user made that one.
-    users: list[Callable[[], bool]]
+    users: list[bool]
 
     def open(self, ino: int) -> int | None:
         for root, point in self.ways:
@@ -277,28 +280,31 @@ def walk_mounts(proc: str = "/proc") -> MountWalk:
     read: set[int] = set()
     pins: dict[int, _Pinned] = {}  # mount namespaces pinned on a file
     found: list[NsMount] = []
-    unread: list[str] = []
+    tally = _Tally()
     try:
         for base, task in (task for pid in pids for task in _tasks(proc, pid)):
             mount_ns = _mount_ns(base)
             if mount_ns is None or (mount_ns in read and mount_ns != UNKNOWN_NS):
                 continue
-            _count(read)
+            users = _users_at(base, mount_ns)
+            what = f"mount namespace mnt:[{mount_ns}] of pid {task}"
+            if not tally.take(users=users, what=what):
+                read.add(mount_ns)
+                continue
             try:
                 info = parse_mountinfo(_read_lines(f"{base}/mountinfo"), f"{base}/mountinfo")
             except OSError as err:
                 if err.errno in VANISHED:
                     continue  # exited: another process of its mount namespace is read, if any is left
-                if not _users_at(base, mount_ns):
+                if not users:
                     raise
                 read.add(mount_ns)
-                unread.append(f"mount namespace mnt:[{mount_ns}] of pid {task}: {err}")
+                tally.leave(what, str(err))
                 continue
             if _mount_ns(base) != mount_ns:
                 continue  # it moved to another mount namespace while read: read through another pid
             # One that cannot be told is read through each of its processes: it may be any.
             read.add(mount_ns if mount_ns != UNKNOWN_NS else -task)
-            users = functools.partial(_users_at, base, mount_ns)
             for ino, point, reachable in info.pinned_mount_namespaces:
                 pin = pins.setdefault(ino, _Pinned(ways=[], users=[], why="below a filesystem not walked"))
                 pin.users.append(users)
@@ -312,22 +318,24 @@ def walk_mounts(proc: str = "/proc") -> MountWalk:
             ino = waiting.pop(0)
             if ino in read:
                 continue
-            _count(read)
             read.add(ino)
             pin = pins[ino]
-            where = f"mount namespace mnt:[{ino}], pinned with no process in it,"
+            where = f"mount namespace mnt:[{ino}], pinned with no process in it"
             fd = pin.fd if pin.fd is not None else pin.open(ino)
             if fd is None:
-                if not all(users() for users in pin.users):
-                    raise OSError(errno.EIO, f"{where} cannot be reached: {pin.why}")
-                unread.append(f"{where} cannot be reached: {pin.why}")
+                if not all(pin.users):
+                    raise OSError(errno.EIO, f"{where}, cannot be reached: {pin.why}")
+                tally.leave(where, f"cannot be reached: {pin.why}")
+                continue
+            users = not made_by_root(fd)
+            if not tally.take(users=users, what=where):
                 continue
             try:
-                info, inner = _read_pinned(fd, ino, where)
+                info, inner = _read_pinned(fd, ino, where, users=users)
             except OSError as err:
-                if made_by_root(fd):
+                if not users:
                     raise
-                unread.append(f"{where} {err}")
+                tally.leave(where, str(err))
                 continue
             for inner_ino, inner_pin in inner.items():
                 if inner_ino in read or inner_ino in pins:
@@ -341,10 +349,43 @@ def walk_mounts(proc: str = "/proc") -> MountWalk:
         for pin in pins.values():
             if pin.fd is not None:
                 os.close(pin.fd)
-    return MountWalk(mounts=tuple(found), unread=tuple(unread))
+    return MountWalk(mounts=tuple(found), unread=tally.notes())
 
 
-def _read_pinned(fd: int, ino: int, where: str) -> tuple[MountInfo, dict[int, _Pinned]]:
+class _Tally(Struct, kw_only=True):
+    """The mount namespaces a walk reads, root's and unprivileged users' counted apart (a user
+    can make thousands), and what it left out of users' (named up to MAX_NOTES)."""
+
+    root: int = 0
+    users: int = 0
+    named: list[str] = []
+    more: int = 0
+
+    def take(self, *, users: bool, what: str) -> bool:
+        """Whether one more may be read: past its bound a root one fails the walk, a user's is
+        left out."""
+        if not users:
+            if self.root >= MAX_MOUNT_NAMESPACES:
+                raise OSError(errno.E2BIG, f"more than {MAX_MOUNT_NAMESPACES} mount namespaces")
+            self.root += 1
+            return True
+        if self.users >= MAX_USER_MOUNT_NAMESPACES:
+            self.leave(what, f"past the {MAX_USER_MOUNT_NAMESPACES} of unprivileged users' a walk reads")
+            return False
+        self.users += 1
+        return True
+
+    def leave(self, what: str, why: str) -> None:
+        if len(self.named) < MAX_NOTES:
+            self.named.append(f"{what}: {why}")
+        else:
+            self.more += 1
+
+    def notes(self) -> tuple[str, ...]:
+        return (*self.named, f"and {self.more} more") if self.more else tuple(self.named)
+
+
+def _read_pinned(fd: int, ino: int, where: str, *, users: bool) -> tuple[MountInfo, dict[int, _Pinned]]:
     """The mounts of the mount namespace `fd` (inode `ino`), read through a child that joined
     it, and the mount namespaces pinned in it, each opened while the child is there."""
     inner: dict[int, _Pinned] = {}
@@ -353,7 +394,6 @@ def _read_pinned(fd: int, ino: int, where: str) -> tuple[MountInfo, dict[int, _P
             info = parse_mountinfo(_read_lines(f"{base}/mountinfo"), where)
             if _mount_ns(base) != ino:
                 raise OSError(errno.ESTALE, f"{where} was left while read")
-            users = functools.partial(_users_fd, fd)
             for inner_ino, point, reachable in info.pinned_mount_namespaces:
                 pin = inner.setdefault(inner_ino, _Pinned(ways=[], users=[users], why="below a filesystem not walked"))
                 if reachable and pin.fd is None:
@@ -366,11 +406,6 @@ def _read_pinned(fd: int, ino: int, where: str) -> tuple[MountInfo, dict[int, _P
                 os.close(pin.fd)
         raise
     return info, inner
-
-
-def _count(read: set[int]) -> None:
-    if len(read) >= MAX_MOUNT_NAMESPACES:
-        raise OSError(errno.E2BIG, f"more than {MAX_MOUNT_NAMESPACES} mount namespaces")
 
 
 def open_pin(root: str, point: str, ino: int) -> int:
@@ -410,10 +445,6 @@ def _users_at(base: str, mount_ns: int) -> bool:
         os.close(fd)
 
 
-def _users_fd(ns_fd: int) -> bool:
-    return not made_by_root(ns_fd)
-
-
 def made_by_root(ns_fd: int) -> bool:
     """Whether every user namespace above namespace `ns_fd` (its owner, that one's parent, up
     to the initial one) was made by uid 0 (fs/nsfs.c: NS_GET_USERNS, NS_GET_OWNER_UID,
@@ -450,7 +481,12 @@ def entered(ns_fd: int, ino: int) -> Iterator[str]:
     setns = libc.setns  # looked up here, not in the child
     ready_r, ready_w = os.pipe()
     release_r, release_w = os.pipe()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        for fd in (ready_r, ready_w, release_r, release_w):
+            os.close(fd)
+        raise
     if pid == 0:  # pragma: no cover - the child, ended by os._exit
         _join_and_wait(setns, ns_fd, ready_w, release_r, (ready_r, release_w))
     try:

@@ -8,7 +8,11 @@ namespace (one process, sleeping) in the variant asked for:
 - `shadow`: a tmpfs mounted over the pin's dir afterwards, so no path reaches it;
 - `binfmt`: on binfmt_misc's `status`, a binfmt_misc mounted in the user namespace (Linux 6.7+).
 
-With `as_root`, root makes the same (no user namespace): a root-made structure."""
+With `as_root`, root makes the same (no user namespace): a root-made structure.
+
+The program writes the value of the environment variable TAG (its name) of whoever ran it: other
+reapers on a shared machine (older checkouts) walk every mount namespace too, so a test tells its
+own reaper's runs (TAG set in its environment) from theirs."""
 
 from __future__ import annotations
 
@@ -23,13 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 NOBODY = 65534
+TAG = "PLANTED_PROGRAM_RUN_TAG"
 AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
 
 # Run in a mount namespace of the maker's own: $1 its dir, $2 the marker, $3 the variant.
 ATTACK = r"""#!/bin/sh
 set -e
-U=$1; MARK=$2; VARIANT=$3
-export U MARK
+U=$1; MARK=$2; VARIANT=$3; TAG=$4
+export U MARK TAG
 touch "$U/net-pin"
 mkdir -p "$U/shadow"
 touch "$U/shadow/mnt-pin"
@@ -48,7 +53,7 @@ while :; do
     mkdir -p /proc/self/fd
     i=0
     while [ $i -le 255 ]; do
-      printf "#!/bin/sh\necho ran-as-\$(id -u) >> %s\n" "$MARK" > /proc/self/fd/$i
+      printf "#!/bin/sh\necho ran-as-\$(id -u) run=\$%s args=\$* >> %s\n" "$TAG" "$MARK" > /proc/self/fd/$i
       chmod 755 /proc/self/fd/$i
       i=$((i+1))
     done
@@ -74,11 +79,17 @@ exec sleep 600
 
 @dataclass(frozen=True)
 class PinnedByUser:
-    marker: Path  # written only if something ran the planted program
+    marker: Path  # written only if something ran the planted program: a line a run
     mount_ns: int  # the pinned mount namespace's inode (no process in it)
     netns: int  # the inode of the network namespace mounted inside it
     net_pin: str  # where, inside it
     holder: int  # pid of the maker's process (its own mount namespace holds the pin)
+
+    def runs(self, tag: str) -> list[str]:
+        """The planted program's runs by a process whose TAG was `tag`."""
+        if not self.marker.exists():
+            return []
+        return [line for line in self.marker.read_text().splitlines() if f" run={tag} " in line]
 
 
 def _inode(text: str) -> int:
@@ -107,7 +118,8 @@ def pinned_by_user(variant: str, *, as_root: bool = False) -> Iterator[PinnedByU
         marker = root_only / "marker"
         log = open(work / "log", "wb")  # noqa: SIM115 - closed below
         with log:
-            maker = subprocess.Popen([*wrap, str(script), str(user), str(marker), variant], stdout=log, stderr=log)
+            argv = [*wrap, str(script), str(user), str(marker), variant, TAG]
+            maker = subprocess.Popen(argv, stdout=log, stderr=log)
         deadline = time.monotonic() + 60
         while not (user / "m-ready").exists():
             assert maker.poll() is None, (work / "log").read_text()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,17 @@ import pytest
 
 from reaper.host.nsmounts import NO_PROCESS, mount_held, walk_mounts
 from reaper.host.procs import EveryNamespaceBusy
-from tests.harness.users_pins import PinnedByUser, pinned_by_user
+from tests.harness.users_pins import TAG, PinnedByUser, pinned_by_user
+
+
+@pytest.fixture
+def tag(monkeypatch: pytest.MonkeyPatch) -> str:
+    """This test's mark in the environment its reaper runs with (this process, its scans): a
+    planted program run by this test's reaper writes it, one run by any other reaper on the
+    machine does not."""
+    value = secrets.token_hex(8)
+    monkeypatch.setenv(TAG, value)
+    return value
 
 
 def scan(empty: Path) -> tuple[int, dict[str, Any]]:
@@ -49,10 +60,10 @@ def held_there(pinned: PinnedByUser) -> list[tuple[int, int, str]]:
     return [(m.pid, m.mount_ns, m.mount_point) for m in walk.mounts if m.ns.ino == pinned.netns]
 
 
-def test_a_program_planted_in_a_users_pinned_mount_namespace_is_never_run(tmp_path: Path) -> None:
+def test_a_program_planted_in_a_users_pinned_mount_namespace_is_never_run(tmp_path: Path, tag: str) -> None:
     with pinned_by_user("plain") as pinned:
         code, doc = scan(tmp_path)
-        assert not pinned.marker.exists(), f"the planted program ran: {pinned.marker.read_text()}"
+        assert pinned.runs(tag) == [], "the planted program ran as root"
         assert code == 2 and doc["errors"] == [], doc["errors"]  # undecided only for want of a runtime
         # The namespace is still read, as the kernel shows it: the user's netns mounted there
         # is held, by a mount in that namespace with no process in it.
@@ -60,11 +71,11 @@ def test_a_program_planted_in_a_users_pinned_mount_namespace_is_never_run(tmp_pa
         held = mount_held((str(tmp_path / "netns"),))
         assert not isinstance(held, EveryNamespaceBusy), held
         assert any(ns.ino == pinned.netns for ns in held)
-        assert not pinned.marker.exists()
+        assert pinned.runs(tag) == []
 
 
 def test_a_users_pinned_mount_namespace_no_walk_reaches_leaves_the_other_namespaces_decided(
-    tmp_path: Path,
+    tmp_path: Path, tag: str
 ) -> None:
     with pinned_by_user("shadow") as pinned:
         walk = walk_mounts()
@@ -72,15 +83,15 @@ def test_a_users_pinned_mount_namespace_no_walk_reaches_leaves_the_other_namespa
         assert not isinstance(mount_held((str(tmp_path / "netns"),)), EveryNamespaceBusy)
         _, doc = scan(tmp_path)
         assert doc["errors"] == [], doc["errors"]
-        assert not pinned.marker.exists()
+        assert pinned.runs(tag) == []
 
 
 @pytest.mark.skipif(tuple(map(int, os.uname().release.split(".")[:2])) < (6, 7), reason="binfmt_misc in a userns: 6.7+")
-def test_a_users_mount_namespace_pinned_on_binfmt_misc_is_read(tmp_path: Path) -> None:
+def test_a_users_mount_namespace_pinned_on_binfmt_misc_is_read(tmp_path: Path, tag: str) -> None:
     with pinned_by_user("binfmt") as pinned:
         assert held_there(pinned) == [(NO_PROCESS, pinned.mount_ns, pinned.net_pin)]
         assert walk_mounts().unread == ()
-        assert not pinned.marker.exists()
+        assert pinned.runs(tag) == []
 
 
 def test_the_same_made_by_root_still_fails_the_walk_closed(tmp_path: Path) -> None:

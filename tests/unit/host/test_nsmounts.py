@@ -301,6 +301,29 @@ def test_an_unprivileged_users_unreadable_mount_namespaces_are_left_out_not_ever
     assert not isinstance(held, EveryNamespaceBusy) and NsKey(NSFS, 4026532010) in held
 
 
+def test_thousands_of_a_users_mount_namespaces_are_read_up_to_their_own_bound(
+    proc: FakeProc, entering: Entering, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user can make mount namespaces by the thousand: past their own bound they are left out
+    (counted, the first few named), never taking the bound of root's, which still fails the walk."""
+    monkeypatch.setattr(nsmounts, "MAX_USER_MOUNT_NAMESPACES", 3)
+    monkeypatch.setattr(nsmounts, "MAX_NOTES", 2)
+    monkeypatch.setattr(nsmounts, "MAX_MOUNT_NAMESPACES", 3)
+    users = {pid for pid in range(100, 110)}
+    for pid in sorted(users):
+        proc.process(pid, f"user{pid}", [ROOT, RUN, nsfs(40, 20, 4026532000 + pid, f"/run/held{pid}")])
+    proc.process(200, "root1", [ROOT])
+    monkeypatch.setattr(nsmounts, "_users_at", lambda base, ns: int(base.rsplit("/", 1)[1]) in users)
+    walk = nsmounts.walk_mounts(str(proc.root))
+    assert sorted(m.pid for m in walk.mounts if m.mount_point.startswith("/run/held")) == [100, 101, 102]
+    assert len(walk.unread) == 3 and walk.unread[-1] == "and 5 more", walk.unread
+    assert "pid 103" in walk.unread[0]
+    proc.process(201, "root2", [ROOT])
+    proc.process(202, "root3", [ROOT])
+    with pytest.raises(OSError, match="more than 3 mount namespaces"):
+        nsmounts.walk_mounts(str(proc.root))
+
+
 def test_a_pin_is_opened_beneath_the_processs_root_with_no_symlink_and_checked(tmp_path: Path) -> None:
     root = tmp_path / "root"
     (root / "run").mkdir(parents=True)
