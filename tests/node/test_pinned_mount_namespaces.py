@@ -9,7 +9,11 @@ busy, and nothing with a netns decided again, for as long as the user kept it.
 
 Now a child of the reaper joins the namespace and runs nothing; its mountinfo is read from
 outside. The user's namespace is still read (the netns mounted there is held); one the user
-made unreachable is left out and named; the same made by root still fails the walk."""
+made unreachable is left out and named; the same made by root still fails the walk.
+
+On a shared machine other reapers (older checkouts) walk these namespaces too, and the old
+ones run the planted program: each test counts only the runs its own reaper made (the TAG of
+tests.harness.users_pins, set in its environment)."""
 
 from __future__ import annotations
 
