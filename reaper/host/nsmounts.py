@@ -22,47 +22,99 @@ the runtime's own removal of its pin does). A mount is told to be on that file b
 sits on: its parent mount's device and the path inside that filesystem, which every copy of a
 mount tree shares whatever it is mounted under.
 
-A mount namespace pinned on a file with no process in it (snapd keeps one per snap) is entered
-to be read, with nsenter and this node's cat run by fd; its mounts are reported with no pid.
+A mount namespace pinned on a file with no process in it (snapd keeps one per snap) holds its
+mounts all the same, and no process shows them. It is read the way a process's are: a child
+of this process, forked for it, joins it (setns(2) on an fd checked by fstat to be the
+namespace found there) and waits; its `/proc/<pid>/mountinfo` is read from outside, through
+this process's own /proc, as the kernel prints it; then the child is killed. Nothing is run
+inside: no exec (a program path or the dynamic loader would resolve in the namespace, whose
+files, `/proc` included, its maker chose), and the child runs no code of its own there. A
+forked child and not a thread of this process: a thread in the namespace would share this
+process's interpreter, whose garbage collector may run any object's finalizer on whichever
+thread allocates, and a finalizer that opens a path or imports would then do so inside. The
+child blocks every signal and turns its collector off before it joins, so between the join and
+its end it runs only the write that says it is in and the read it waits in (and it has its
+own fs_struct, which joining a mount namespace needs). Pinned mount namespaces found inside
+one are opened through the child while it is there, and read the same way, in turn.
+
+A path to a pin is walked beneath the process's root (`/proc/<pid>/root`) with no symlink
+followed, and only through filesystems the kernel answers itself (LOCAL_FSTYPES).
 
 The walk is whole or it raises OSError: /proc cannot be listed or does not list this process,
 a mount namespace cannot be read (other than by its processes having exited, which takes its
 mounts with it), one is over its bounds, too many of them, or one pinned with no process in it
-cannot be entered (or pins yet another). A partial answer would let a held namespace look free.
+cannot be reached or entered. A partial answer would let a held namespace look free.
+
+But not for a structure an unprivileged user made. A mount namespace whose owning user
+namespace, or one of that one's ancestors, was made by a uid other than 0 (ioctl
+NS_GET_USERNS, NS_GET_OWNER_UID, NS_GET_PARENT) is that user's: it could be made unreadable
+at will (a pin shadowed by a tmpfs, hundreds of megabytes of mount paths), and a failed walk
+makes every namespace on the node busy, which would let any user stop reclaiming for good.
+What such a user can hold with a mount it can as well hold with an open fd, which no walk
+sees (SECURITY.md, "A user's mount namespaces, and what they can hold"). So a user's mount
+namespace that cannot be read, or a namespace pinned there that cannot be reached or entered,
+is left out and named in MountWalk.unread (logged); what can be read of it still holds. A root
+user's (every owner uid 0: the host's, a runtime's, a pod's with user namespaces) that cannot
+be read fails the walk, as before. Users' mount namespaces are counted apart from root's: past
+MAX_USER_MOUNT_NAMESPACES the rest of theirs are left out, so that thousands of them neither
+take root's bound (whose excess fails the walk) nor hold a walk for long.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
+import fcntl
+import gc
+import logging
 import os
 import re
-import subprocess
-from collections.abc import Iterable, Iterator, Mapping
+import select
+import signal
+import stat
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import NoReturn
 
 from msgspec import Struct
 
+from reaper.host.confined import libc, open_beneath, parts_beneath
 from reaper.host.mounts import MountLine, parse_line
 from reaper.host.procs import EveryNamespaceBusy, busy_namespaces
 from reaper.model import NsKey
 
-MAX_MOUNT_NAMESPACES = 20_000  # distinct mount namespaces read in one walk
+MAX_MOUNT_NAMESPACES = 20_000  # distinct root-made mount namespaces read in one walk
+MAX_USER_MOUNT_NAMESPACES = 2_000  # and unprivileged users' (past it, theirs are left out)
+MAX_NOTES = 20  # what was left out, named one by one; the rest counted
 MAX_LINES = 200_000  # mounts of one mount namespace (the kernel's default mount-max is 100,000)
 MAX_LINE = 64 * 1024  # bytes of one mountinfo line (two escaped PATH_MAX paths fit many times)
 MAX_MOUNTINFO_BYTES = 64 * 1024 * 1024  # bytes of one mountinfo file
 VANISHED = (errno.ENOENT, errno.ESRCH)  # the process exited: its mount namespace may have too
 UNKNOWN_NS = 0  # a mount namespace that cannot be told (no namespace has inode 0)
 NO_PROCESS = 0  # the pid of a mount in a mount namespace no process is in
-CAT = "/bin/cat"  # run by fd inside a mount namespace no process is in, to print its mountinfo
-ENTER_TIMEOUT = 10.0  # seconds to read one such mount namespace
+ENTER_TIMEOUT = 10.0  # seconds a child gets to join a mount namespace no process is in
+CLONE_NEWNS = 0x00020000
+# ioctls on an nsfs fd (include/uapi/linux/nsfs.h): _IO(0xb7, n)
+NS_GET_USERNS = 0xB701  # an fd of the user namespace that owns the namespace
+NS_GET_PARENT = 0xB702  # an fd of a user namespace's parent; EPERM at the initial one
+NS_GET_OWNER_UID = 0xB704  # the uid that made a user namespace
+MAX_USERNS_DEPTH = 33  # the kernel nests user namespaces 32 deep
+_ALL_SIGNALS = signal.valid_signals()
+log = logging.getLogger(__name__)
 
 _NS_ROOT = re.compile(r"(net|mnt):\[([0-9]{1,20})\]")
 NS_FSTYPES = ("nsfs", "proc")  # proc: namespace files before nsfs (Linux < 3.19)
 # Filesystems whose lookups the kernel answers itself. A path to a mount is walked (to reach its
 # namespace) only through these: a lookup in FUSE, a network filesystem or anything else may
-# wait on a process, which whoever can mount would make the reaper wait on for good.
+# wait on a process, which whoever can mount would make the reaper wait on for good. The
+# kernel's own pseudo-filesystems are in: their lookups are libfs' or the kernel's code
+# (binfmt_misc, mountable in a user namespace since Linux 6.7: fs/binfmt_misc.c bm_fill_super,
+# simple_fill_super of fs/libfs.c; securityfs, debugfs, tracefs, configfs, pstore alike).
 LOCAL_FSTYPES = frozenset(
     {"tmpfs", "ramfs", "devtmpfs", "ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "squashfs", "erofs",
-     "overlay", "proc", "sysfs", "nsfs", "cgroup", "cgroup2", "vfat", "devpts", "mqueue", "hugetlbfs", "bpf"}
+     "overlay", "proc", "sysfs", "nsfs", "cgroup", "cgroup2", "vfat", "devpts", "mqueue", "hugetlbfs", "bpf",
+     "binfmt_misc", "securityfs", "debugfs", "tracefs", "configfs", "pstore"}
 )  # fmt: skip
 MAX_DEPTH = 256  # mounts between a mount and its namespace's root
 
@@ -178,9 +230,47 @@ def _mount_ns(base: str) -> int | None:
         raise
 
 
+class MountWalk(Struct, frozen=True, kw_only=True):
+    """What a walk of every mount namespace found: the mounts of network namespaces, and the
+    mount namespaces an unprivileged user made that could not be read (left out, with why)."""
+
+    mounts: tuple[NsMount, ...]
+    unread: tuple[str, ...] = ()
+
+
+class _Pinned(Struct, kw_only=True):
+    """A mount namespace pinned on a file: the ways found to open it (a process's root and the
+    pin's mount point beneath it), or an fd opened already (a pin found inside a namespace no
+    process is in, opened while the child that joined it was there), or why it cannot be."""
+
+    ways: list[tuple[str, str]]
+    fd: int | None = None
+    why: str = ""
+    # For each mount namespace it is pinned in: whether an unprivileged user made that one.
+    users: list[bool]
+
+    def open(self, ino: int) -> int | None:
+        for root, point in self.ways:
+            try:
+                self.fd = open_pin(root, point, ino)
+                break
+            except OSError as err:
+                self.why = f"{point}: {err.strerror or err}"
+        return self.fd
+
+
 def netns_mounts(proc: str = "/proc") -> list[NsMount]:
-    """Every mount of a network namespace in every mount namespace some process is in.
-    OSError when the walk cannot be whole (see the module's docstring)."""
+    """Every mount of a network namespace in every mount namespace (walk_mounts); the mount
+    namespaces of unprivileged users that could not be read are logged."""
+    walk = walk_mounts(proc)
+    for why in walk.unread:
+        log.warning("a user's mount namespace is left out of the mount walk: %s", why)
+    return list(walk.mounts)
+
+
+def walk_mounts(proc: str = "/proc") -> MountWalk:
+    """Every mount of a network namespace in every mount namespace some process is in, or
+    that is pinned on a file. OSError when the walk cannot be whole (the module's docstring)."""
     entries = os.listdir(proc)
     pids = sorted((entry for entry in entries if entry.isdigit()), key=int)
     if not pids:
@@ -188,42 +278,258 @@ def netns_mounts(proc: str = "/proc") -> list[NsMount]:
     if str(os.getpid()) not in pids:
         raise OSError(errno.EIO, f"{proc} does not list this process (pid {os.getpid()})")
     read: set[int] = set()
-    pinned: dict[int, str] = {}  # mount namespaces pinned on a file: how to reach each ("": none safe)
+    pins: dict[int, _Pinned] = {}  # mount namespaces pinned on a file
     found: list[NsMount] = []
-    for base, task in (task for pid in pids for task in _tasks(proc, pid)):
-        mount_ns = _mount_ns(base)
-        if mount_ns is None or (mount_ns in read and mount_ns != UNKNOWN_NS):
-            continue
-        if len(read) >= MAX_MOUNT_NAMESPACES:
-            raise OSError(errno.E2BIG, f"more than {MAX_MOUNT_NAMESPACES} mount namespaces")
-        try:
-            info = parse_mountinfo(_read_lines(f"{base}/mountinfo"), f"{base}/mountinfo")
-        except OSError as err:
-            if err.errno in VANISHED:
-                continue  # exited: another process of its mount namespace is read, if any is left
-            raise
-        if _mount_ns(base) != mount_ns:
-            continue  # it moved to another mount namespace while read: read through another pid
-        # One that cannot be told is read through each of its processes: it may be any.
-        read.add(mount_ns if mount_ns != UNKNOWN_NS else -task)
-        for ino, point, reachable in info.pinned_mount_namespaces:
-            pinned.setdefault(ino, f"{proc}/{task}/root{point}" if reachable else "")
-        found.extend(_net_mounts(info, task, mount_ns))
-    # A mount namespace pinned on a file with no process in it (snapd keeps its snaps' so) holds
-    # its mounts all the same: it is entered to be read.
-    for ino, path in sorted(pinned.items()):
-        if ino in read:
-            continue
-        if len(read) >= MAX_MOUNT_NAMESPACES:
-            raise OSError(errno.E2BIG, f"more than {MAX_MOUNT_NAMESPACES} mount namespaces")
-        if not path:
-            raise OSError(errno.EIO, f"mount namespace mnt:[{ino}] is pinned only below a filesystem not walked")
-        info = parse_mountinfo(read_entered(path, ino).splitlines(keepends=True), f"mount namespace mnt:[{ino}]")
-        if any(inner not in read and inner not in pinned for inner, _, _ in info.pinned_mount_namespaces):
-            raise OSError(errno.EIO, f"mount namespace mnt:[{ino}], pinned with no process in it, pins another")
-        read.add(ino)
-        found.extend(_net_mounts(info, NO_PROCESS, ino))
-    return found
+    tally = _Tally()
+    try:
+        for base, task in (task for pid in pids for task in _tasks(proc, pid)):
+            mount_ns = _mount_ns(base)
+            if mount_ns is None or (mount_ns in read and mount_ns != UNKNOWN_NS):
+                continue
+            users = _users_at(base, mount_ns)
+            what = f"mount namespace mnt:[{mount_ns}] of pid {task}"
+            if not tally.take(users=users, what=what):
+                read.add(mount_ns)
+                continue
+            try:
+                info = parse_mountinfo(_read_lines(f"{base}/mountinfo"), f"{base}/mountinfo")
+            except OSError as err:
+                if err.errno in VANISHED:
+                    continue  # exited: another process of its mount namespace is read, if any is left
+                if not users:
+                    raise
+                read.add(mount_ns)
+                tally.leave(what, str(err))
+                continue
+            if _mount_ns(base) != mount_ns:
+                continue  # it moved to another mount namespace while read: read through another pid
+            # One that cannot be told is read through each of its processes: it may be any.
+            read.add(mount_ns if mount_ns != UNKNOWN_NS else -task)
+            for ino, point, reachable in info.pinned_mount_namespaces:
+                pin = pins.setdefault(ino, _Pinned(ways=[], users=[], why="below a filesystem not walked"))
+                pin.users.append(users)
+                if reachable:
+                    pin.ways.append((f"{proc}/{task}/root", point))
+            found.extend(_net_mounts(info, task, mount_ns))
+        # Mount namespaces pinned with no process in them (snapd keeps its snaps' so), and the
+        # ones pinned in those, in turn.
+        waiting = sorted(pins)
+        while waiting:
+            ino = waiting.pop(0)
+            if ino in read:
+                continue
+            read.add(ino)
+            pin = pins[ino]
+            where = f"mount namespace mnt:[{ino}], pinned with no process in it"
+            fd = pin.fd if pin.fd is not None else pin.open(ino)
+            if fd is None:
+                if not all(pin.users):
+                    raise OSError(errno.EIO, f"{where}, cannot be reached: {pin.why}")
+                tally.leave(where, f"cannot be reached: {pin.why}")
+                continue
+            users = not made_by_root(fd)
+            if not tally.take(users=users, what=where):
+                continue
+            try:
+                info, inner = _read_pinned(fd, ino, where, users=users)
+            except OSError as err:
+                if not users:
+                    raise
+                tally.leave(where, str(err))
+                continue
+            for inner_ino, inner_pin in inner.items():
+                if inner_ino in read or inner_ino in pins:
+                    if inner_pin.fd is not None:
+                        os.close(inner_pin.fd)
+                    continue
+                pins[inner_ino] = inner_pin
+                waiting.append(inner_ino)
+            found.extend(_net_mounts(info, NO_PROCESS, ino))
+    finally:
+        for pin in pins.values():
+            if pin.fd is not None:
+                os.close(pin.fd)
+    return MountWalk(mounts=tuple(found), unread=tally.notes())
+
+
+class _Tally(Struct, kw_only=True):
+    """The mount namespaces a walk reads, root's and unprivileged users' counted apart (a user
+    can make thousands), and what it left out of users' (named up to MAX_NOTES)."""
+
+    root: int = 0
+    users: int = 0
+    named: list[str] = []
+    more: int = 0
+
+    def take(self, *, users: bool, what: str) -> bool:
+        """Whether one more may be read: past its bound a root one fails the walk, a user's is
+        left out."""
+        if not users:
+            if self.root >= MAX_MOUNT_NAMESPACES:
+                raise OSError(errno.E2BIG, f"more than {MAX_MOUNT_NAMESPACES} mount namespaces")
+            self.root += 1
+            return True
+        if self.users >= MAX_USER_MOUNT_NAMESPACES:
+            self.leave(what, f"past the {MAX_USER_MOUNT_NAMESPACES} of unprivileged users' a walk reads")
+            return False
+        self.users += 1
+        return True
+
+    def leave(self, what: str, why: str) -> None:
+        if len(self.named) < MAX_NOTES:
+            self.named.append(f"{what}: {why}")
+        else:
+            self.more += 1
+
+    def notes(self) -> tuple[str, ...]:
+        return (*self.named, f"and {self.more} more") if self.more else tuple(self.named)
+
+
+def _read_pinned(fd: int, ino: int, where: str, *, users: bool) -> tuple[MountInfo, dict[int, _Pinned]]:
+    """The mounts of the mount namespace `fd` (inode `ino`), read through a child that joined
+    it, and the mount namespaces pinned in it, each opened while the child is there."""
+    inner: dict[int, _Pinned] = {}
+    try:
+        with entered(fd, ino) as base:
+            info = parse_mountinfo(_read_lines(f"{base}/mountinfo"), where)
+            if _mount_ns(base) != ino:
+                raise OSError(errno.ESTALE, f"{where} was left while read")
+            for inner_ino, point, reachable in info.pinned_mount_namespaces:
+                pin = inner.setdefault(inner_ino, _Pinned(ways=[], users=[users], why="below a filesystem not walked"))
+                if reachable and pin.fd is None:
+                    pin.ways = [(f"{base}/root", point)]
+                    pin.open(inner_ino)
+                    pin.ways = []  # the child's /proc/<pid> is no way once it is gone
+    except BaseException:
+        for pin in inner.values():
+            if pin.fd is not None:
+                os.close(pin.fd)
+        raise
+    return info, inner
+
+
+def open_pin(root: str, point: str, ino: int) -> int:
+    """An fd (for setns) of the mount namespace mounted at `point` beneath `root` (a process's
+    root), walked with no symlink followed, checked to be namespace `ino`; OSError if not."""
+    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        path_fd = open_beneath(root_fd, parts_beneath("/", point), os.O_PATH)
+    finally:
+        os.close(root_fd)
+    try:
+        st = os.fstat(path_fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_ino != ino or st.st_dev != _nsfs_dev():
+            raise OSError(errno.ESTALE, f"another file is at {point} now")
+        # Reopened through the checked fd: a namespace reads as an empty regular file.
+        return os.open(f"/proc/self/fd/{path_fd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    finally:
+        os.close(path_fd)
+
+
+def _nsfs_dev() -> int:
+    return os.stat("/proc/self/ns/mnt").st_dev
+
+
+def _users_at(base: str, mount_ns: int) -> bool:
+    """Whether the mount namespace of the process at `base` (/proc/<pid>), found to be
+    `mount_ns`, is an unprivileged user's; False (fail closed) when that cannot be told."""
+    if mount_ns == UNKNOWN_NS:
+        return False
+    try:
+        fd = os.open(f"{base}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return os.fstat(fd).st_ino == mount_ns and not made_by_root(fd)
+    finally:
+        os.close(fd)
+
+
+def made_by_root(ns_fd: int) -> bool:
+    """Whether every user namespace above namespace `ns_fd` (its owner, that one's parent, up
+    to the initial one) was made by uid 0 (fs/nsfs.c: NS_GET_USERNS, NS_GET_OWNER_UID,
+    NS_GET_PARENT). True when it cannot be told (a kernel before 4.11): fail closed."""
+    try:
+        userns = fcntl.ioctl(ns_fd, NS_GET_USERNS)
+    except OSError:
+        return True
+    try:
+        for _ in range(MAX_USERNS_DEPTH):
+            owner = bytearray(4)
+            try:
+                fcntl.ioctl(userns, NS_GET_OWNER_UID, owner, True)
+            except OSError:
+                return True
+            if int.from_bytes(owner, sys.byteorder) != 0:
+                return False
+            try:
+                parent = fcntl.ioctl(userns, NS_GET_PARENT)
+            except OSError as err:
+                return err.errno == errno.EPERM  # the initial user namespace (or this process's)
+            os.close(userns)
+            userns = parent
+        return True
+    finally:
+        os.close(userns)
+
+
+@contextlib.contextmanager
+def entered(ns_fd: int, ino: int) -> Iterator[str]:
+    """`/proc/<pid>` of a child of this process that joined the mount namespace `ns_fd` (inode
+    `ino`) and waits there, running nothing; it is killed when the block ends. OSError when it
+    cannot join within ENTER_TIMEOUT."""
+    setns = libc.setns  # looked up here, not in the child
+    ready_r, ready_w = os.pipe()
+    release_r, release_w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        for fd in (ready_r, ready_w, release_r, release_w):
+            os.close(fd)
+        raise
+    if pid == 0:  # pragma: no cover - the child, ended by os._exit
+        _join_and_wait(setns, ns_fd, ready_w, release_r, (ready_r, release_w))
+    try:
+        os.close(ready_w)
+        os.close(release_r)
+        poll = select.poll()
+        poll.register(ready_r, select.POLLIN)
+        if not poll.poll(int(ENTER_TIMEOUT * 1000)):
+            raise OSError(errno.ETIMEDOUT, f"joining mount namespace mnt:[{ino}] timed out")
+        said = os.read(ready_r, 1)
+        if said != b"\0":
+            code = said[0] if said else errno.EIO
+            raise OSError(code, f"mount namespace mnt:[{ino}] cannot be entered: {os.strerror(code)}")
+        base = f"/proc/{pid}"
+        if _mount_ns(base) != ino:
+            raise OSError(errno.ESTALE, f"the child that joined mount namespace mnt:[{ino}] is elsewhere")
+        yield base
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        for fd in (ready_r, release_w):
+            os.close(fd)
+
+
+def _join_and_wait(
+    setns: Callable[[int, int], int], ns_fd: int, ready: int, release: int, parents: tuple[int, ...]
+) -> NoReturn:  # pragma: no cover - runs in the forked child
+    """The child: no signal handler or garbage collection can run code here from now on; it
+    joins, says so (a byte: 0, or the errno), and waits until it is killed (or the reaper is
+    gone: the read ends)."""
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, _ALL_SIGNALS)
+        gc.disable()
+        for fd in parents:
+            os.close(fd)
+        code = 0 if setns(ns_fd, CLONE_NEWNS) == 0 else (ctypes.get_errno() or errno.EIO)
+        os.write(ready, bytes((min(code, 255),)))
+        if code == 0:
+            os.read(release, 1)
+    finally:
+        os._exit(0)
 
 
 def _tasks(proc: str, pid: str) -> Iterator[tuple[str, int]]:
@@ -246,37 +552,6 @@ def _net_mounts(info: MountInfo, pid: int, mount_ns: int) -> Iterator[NsMount]:
     for line, on, reachable in info.net:
         ns = NsKey(line.dev, int(line.root[5:-1]))
         yield NsMount(ns=ns, pid=pid, mount_ns=mount_ns, mount_point=line.point, on=on, reachable=reachable)
-
-
-def read_entered(path: str, ino: int) -> str:
-    """The mountinfo of the mount namespace mounted at `path` (inode `ino`), read from inside it:
-    nsenter enters it through an fd checked to be that namespace, and this node's cat, run by
-    fd (nothing of the namespace's own files is run), prints its /proc/self/mountinfo. OSError
-    when it cannot be read, whole and within the bounds."""
-    ns_fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        if os.fstat(ns_fd).st_ino != ino:
-            raise OSError(errno.ESTALE, f"another namespace is at {path} now")
-        cat_fd = os.open(CAT, os.O_PATH | os.O_CLOEXEC)
-        try:
-            fd_dir = "/proc/self/fd"
-            argv = ["nsenter", f"--mount={fd_dir}/{ns_fd}", "--", f"{fd_dir}/{cat_fd}", "/proc/self/mountinfo"]
-            try:
-                done = subprocess.run(
-                    argv, pass_fds=(ns_fd, cat_fd), capture_output=True, timeout=ENTER_TIMEOUT, check=False
-                )
-            except subprocess.TimeoutExpired as err:
-                raise OSError(errno.ETIMEDOUT, f"reading mount namespace mnt:[{ino}] timed out") from err
-        finally:
-            os.close(cat_fd)
-    finally:
-        os.close(ns_fd)
-    if done.returncode != 0:
-        why = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {done.returncode}"]
-        raise OSError(errno.EIO, f"mount namespace mnt:[{ino}] cannot be entered: {why[0][:200]}")
-    if len(done.stdout) > MAX_MOUNTINFO_BYTES:
-        raise OSError(errno.EFBIG, f"mount namespace mnt:[{ino}] has a mountinfo over its bounds")
-    return done.stdout.decode(errors="surrogateescape")
 
 
 def own_mount_namespace(proc: str = "/proc") -> int:

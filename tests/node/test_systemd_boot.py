@@ -21,6 +21,11 @@ Two things of nspawn's keep a pin from being freed in its container, whatever th
   - nspawn keeps the host's mount tree, copied, hidden under the container's root, so after
     the pin is unmounted in the container its unlink fails with EBUSY (a mount point in the
     caller's own mount namespace); the host's mount is a master the container cannot unmount.
+A mount namespace with no process in it, pinned on a file in the container and holding a netns of
+the lab (bound on a file there), is made after the boot: the timer's first scan reads it through
+a child that joins it (the unit must let it: CAP_SYS_CHROOT, RestrictNamespaces=mnt), so that
+netns is reported held, by a mount with no process in it, and the mount walk does not fail.
+
 What the unit's hardening decides is whether the unmount happens in the mount namespace the pins
 are in. The reaper's own unpin code (tests/harness/probes/unpin.py), run as the ExecStart of a
 copy of the shipped service with all its hardening, shows that it does: the pin's mount is gone
@@ -148,6 +153,34 @@ def prepare_node(node: BootedNode, lab: Lab, pin: str) -> None:
     )
 
 
+# In the container: a mount namespace with no process in it, pinned on /run/held-mnt-pin, in which
+# the netns pinned at $1 is bound on /run/held-net. Made again until the kernel takes the bind (it
+# binds a mount namespace only above the binder's own id). Prints the namespace's inode.
+PIN_MOUNT_NAMESPACE = """
+touch /run/held-mnt-pin /run/held-net
+me=$(readlink /proc/self/ns/mnt)
+tries=0
+while :; do
+  unshare --mount --propagation private sleep 600 &
+  x=$!
+  while [ "$(readlink /proc/$x/ns/mnt)" = "$me" ]; do sleep 0.01; done
+  if mount --bind /proc/$x/ns/mnt /run/held-mnt-pin 2>/dev/null; then break; fi
+  kill $x; wait $x || true
+  tries=$((tries+1)); [ $tries -lt 2000 ]
+done
+nsenter --mount=/run/held-mnt-pin mount --bind "$HELD" /run/held-net
+kill $x; wait $x || true
+stat -L -c %i /run/held-mnt-pin
+"""
+
+
+def pin_mount_namespace(node: BootedNode, held: Path) -> int:
+    """PIN_MOUNT_NAMESPACE run in the container; the pinned namespace's inode."""
+    run = node.sh(f"HELD={held}\n{PIN_MOUNT_NAMESPACE}")
+    assert run.returncode == 0, run.stdout + run.stderr
+    return int(run.stdout.split()[-1])
+
+
 def readme(node: BootedNode, *names: str) -> str:
     """The README's blocks `names`, run in order from the checkout; their output."""
     script = "".join(shell_block(name) for name in names)
@@ -200,6 +233,7 @@ def test_the_readme_install_report_only_reap_and_uninstall(tmp_path: Path) -> No
         leak = lab.make_leak(with_cache=False)
         pin = str(leak.netns_path)
         bare_pin = lab.make_pin()  # unpinned outside any unit, for comparison
+        held_pin = lab.make_pin()  # held in the container by a mount namespace no process is in
         # A cache file a crash cut to nothing, of a container no runtime knows: it holds no
         # address, so the pass may free it though the unit cannot see every namespace.
         cut = lab.cache_dir / "results" / f"{lab.network_name}-{secrets.token_hex(32)}-eth0"
@@ -214,6 +248,7 @@ def test_the_readme_install_report_only_reap_and_uninstall(tmp_path: Path) -> No
         try:
             node.boot()
             stock = node.run("sh", "-c", f"test ! -e {VENV} && ! command -v reaper", check=False).returncode == 0
+            pinned_mnt = pin_mount_namespace(node, held_pin)
 
             # Report only: the README's install, its drop-in and the timer, as written.
             readme(node, "systemd-install", "systemd-report-only", "systemd-enable")
@@ -268,6 +303,13 @@ def test_the_readme_install_report_only_reap_and_uninstall(tmp_path: Path) -> No
         assert metric(scan_body, "cni_reaper_attachments", verdict="orphan") >= 1
         assert metric(scan_body, "cni_reaper_reclaimed_total", kind="cache", method="kernel") == 0
         assert cut_after_scan and state_after_scan
+        # The mount namespace no process is in was read by the timer's one-shot: the netns bound
+        # there is held (its attachment live, by that mount), and the mount walk did not fail.
+        table = scan_journal.splitlines()
+        reasons = [table[i + 1] for i, line in enumerate(table[:-1]) if held_pin.name in line]  # the next line
+        held = f"held by a mount at /run/held-net in mount namespace mnt:[{pinned_mnt}] (no process in it"
+        assert any(held in reason for reason in reasons), (reasons, scan_journal[-3000:])
+        assert "cannot be read" not in scan_journal and '"source": "heldns"' not in scan_journal, scan_journal[-3000:]
 
         # Without the drop-in the shipped unit reaps, and the pass succeeded.
         assert f"argv[]={VENV}/bin/reaper reap --textfile /{TEXTFILE} " in service["ExecStart"], service["ExecStart"]

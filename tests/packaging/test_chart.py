@@ -280,6 +280,10 @@ def test_daemonset_runs_on_every_node_privileged_in_host_namespaces(chart: helm.
     c = container(docs)
     assert c["securityContext"]["privileged"] is True
     assert c["securityContext"].get("runAsNonRoot") is not True
+    # Nothing narrows privileged: a child joins pinned mount namespaces (setns: CAP_SYS_ADMIN,
+    # CAP_SYS_CHROOT, and no seccomp profile that refuses setns).
+    assert not {"capabilities", "seccompProfile", "appArmorProfile"} & c["securityContext"].keys()
+    assert "seccompProfile" not in (pod.get("securityContext") or {})
     assert c["image"] == "cni-reaper:0.1.0"  # tag defaults to appVersion
     assert c["resources"]["requests"] == {"cpu": "50m", "memory": "64Mi"}
     assert c["resources"]["limits"]["memory"] == "256Mi"

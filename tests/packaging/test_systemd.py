@@ -183,11 +183,13 @@ def test_hardening_keeps_the_host_namespaces_and_the_needed_capabilities() -> No
     (bounding,) = values(service, "CapabilityBoundingSet")
     caps = set(bounding.split())
     assert not bounding.startswith("~")
-    assert {"CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_NET_RAW", "CAP_SYS_PTRACE"} <= caps
+    # CAP_SYS_CHROOT: joining a mount namespace no process is in (mntns_install) needs it.
+    assert {"CAP_SYS_ADMIN", "CAP_SYS_CHROOT", "CAP_NET_ADMIN", "CAP_NET_RAW", "CAP_SYS_PTRACE"} <= caps
     (families,) = values(service, "RestrictAddressFamilies")
     assert {"AF_UNIX", "AF_NETLINK", "AF_INET", "AF_INET6"} <= set(families.split())
     for namespaces in values(service, "RestrictNamespaces"):
-        assert "net" in namespaces.split() or namespaces == "no"
+        # net: plugins join pod netns; mnt: a pinned mount namespace is joined to be read.
+        assert {"net", "mnt"} <= set(namespaces.split()) or namespaces == "no"
     for syscall_filter in values(service, "SystemCallFilter"):
         assert syscall_filter.startswith("~"), "an allow list would need every plugin's syscalls"
         assert "@mount" not in syscall_filter, "umount2 unpins a netns"

@@ -3,6 +3,7 @@ namespace read once, bounded, and never a partial answer that would let a held n
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from collections.abc import Iterator
@@ -169,43 +170,184 @@ def test_a_walk_that_cannot_be_whole_raises_instead_of_finding_no_mount(
     assert isinstance(busy, EveryNamespaceBusy) and NsKey(NSFS, 4026532009) in busy
 
 
-def test_a_mount_namespace_pinned_with_no_process_in_it_is_entered_or_the_walk_fails(
-    proc: FakeProc, monkeypatch: pytest.MonkeyPatch
+class Entering:
+    """Fakes of the ways into a mount namespace no process is in: `open_pin` opens /dev/null
+    (recording the way), `entered` yields a fake helper's /proc dir (ns/mnt a hard link to the
+    namespace's file, its mountinfo the lines given), or fails as told."""
+
+    def __init__(self, proc: FakeProc, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.proc, self.tmp = proc, tmp_path
+        self.opened: list[tuple[str, str, int]] = []
+        self.entered: list[int] = []
+        self.mountinfo: dict[int, list[str]] = {}
+        self.fails: OSError | None = None
+        self.unreachable: set[int] = set()
+        self.root_made = True
+        monkeypatch.setattr(nsmounts, "open_pin", self.open_pin)
+        monkeypatch.setattr(nsmounts, "entered", self.enter)
+        monkeypatch.setattr(nsmounts, "made_by_root", lambda fd: self.root_made)
+        monkeypatch.setattr(nsmounts, "_users_at", lambda base, ns: not self.root_made)
+
+    def namespace(self, name: str, lines: list[str]) -> int:
+        self.proc.namespaces[name] = self.tmp / f".mnt-{name}"
+        self.proc.namespaces[name].touch()
+        ino = self.proc.ino(name)
+        helper = self.tmp / f"helper-{ino}"
+        (helper / "ns").mkdir(parents=True)
+        os.link(self.proc.namespaces[name], helper / "ns" / "mnt")
+        (helper / "mountinfo").write_text("".join(line + "\n" for line in lines))
+        return ino
+
+    def open_pin(self, root: str, point: str, ino: int) -> int:
+        self.opened.append((root, point, ino))
+        if ino in self.unreachable:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory")  # a tmpfs over its dir, say
+        return os.open(os.devnull, os.O_RDONLY)
+
+    @contextlib.contextmanager
+    def enter(self, fd: int, ino: int) -> Iterator[str]:
+        self.entered.append(ino)
+        if self.fails is not None:
+            raise self.fails
+        yield str(self.tmp / f"helper-{ino}")
+
+
+@pytest.fixture
+def entering(proc: FakeProc, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Entering:
+    return Entering(proc, tmp_path, monkeypatch)
+
+
+def test_a_mount_namespace_pinned_with_no_process_in_it_is_read_through_a_child_in_it(
+    proc: FakeProc, entering: Entering, tmp_path: Path
 ) -> None:
-    proc.process(100, "other", [ROOT, RUN, nsfs(40, 20, 4026539999, "/run/mnt-pin", kind="mnt")])
-    entered: list[tuple[str, int]] = []
+    inner = entering.namespace("inner", [ROOT, RUN, nsfs(43, 20, 4026532011, "/run/held-deeper")])
+    pinned = entering.namespace(
+        "pinned", [ROOT, RUN, nsfs(41, 20, 4026532010, "/run/held-there"), nsfs(42, 20, inner, "/run/deeper", "mnt")]
+    )
+    proc.process(100, "other", [ROOT, RUN, nsfs(40, 20, pinned, "/run/mnt-pin", kind="mnt")])
+    found = {m.mount_point: m for m in netns_mounts(str(proc.root)) if m.pid == nsmounts.NO_PROCESS}
+    # Reached beneath the pinning process's root, then the one pinned inside it beneath the
+    # child's, while that child is there: both read.
+    assert entering.opened == [
+        (f"{proc.root}/100/root", "/run/mnt-pin", pinned),
+        (f"{tmp_path}/helper-{pinned}/root", "/run/deeper", inner),
+    ]
+    assert entering.entered == [pinned, inner]
+    assert {point: (m.mount_ns, m.ns) for point, m in found.items()} == {
+        "/run/held-there": (pinned, NsKey(NSFS, 4026532010)),
+        "/run/held-deeper": (inner, NsKey(NSFS, 4026532011)),
+    }
+    assert "no process in it" in found["/run/held-there"].describe()
 
-    def enter(path: str, ino: int) -> str:
-        entered.append((path, ino))
-        return "\n".join([ROOT, RUN, nsfs(41, 20, 4026532010, "/run/held-there"), ""])
 
-    monkeypatch.setattr(nsmounts, "read_entered", enter)
-    found = [m for m in netns_mounts(str(proc.root)) if m.mount_point == "/run/held-there"]
-    assert entered == [(f"{proc.root}/100/root/run/mnt-pin", 4026539999)]
-    assert [(m.pid, m.mount_ns, m.ns) for m in found] == [(nsmounts.NO_PROCESS, 4026539999, NsKey(NSFS, 4026532010))]
-    assert "no process in it" in found[0].describe()
-
-    def unenterable(path: str, ino: int) -> str:
-        raise OSError(errno.EIO, "mount namespace mnt:[4026539999] cannot be entered")
-
-    monkeypatch.setattr(nsmounts, "read_entered", unenterable)
+def test_a_root_made_pinned_namespace_that_cannot_be_entered_or_reached_fails_the_walk(
+    proc: FakeProc, entering: Entering
+) -> None:
+    pinned = entering.namespace("pinned", [ROOT, RUN])
+    proc.process(100, "other", [ROOT, RUN, nsfs(40, 20, pinned, "/run/mnt-pin", kind="mnt")])
+    entering.fails = OSError(errno.EPERM, "mount namespace mnt:[x] cannot be entered")
     with pytest.raises(OSError, match="cannot be entered"):
         netns_mounts(str(proc.root))
-
-    def pinning_another(path: str, ino: int) -> str:
-        return "\n".join([ROOT, RUN, nsfs(42, 20, 4026539998, "/run/deeper", kind="mnt"), ""])
-
-    monkeypatch.setattr(nsmounts, "read_entered", pinning_another)
-    with pytest.raises(OSError, match="pins another"):
+    assert isinstance(mount_held((), str(proc.root)), EveryNamespaceBusy)
+    entering.fails = None
+    entering.unreachable.add(pinned)
+    with pytest.raises(OSError, match="cannot be reached: /run/mnt-pin: No such file"):
         netns_mounts(str(proc.root))
+    assert isinstance(mount_held((), str(proc.root)), EveryNamespaceBusy)
 
 
-def test_entering_refuses_a_file_that_is_not_the_namespace_found(tmp_path: Path) -> None:
-    plain = tmp_path / "not-a-namespace"
-    plain.touch()
+def test_an_unprivileged_users_unreadable_mount_namespaces_are_left_out_not_every_namespace_busy(
+    proc: FakeProc, entering: Entering, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a user made (an owner uid other than 0 up its user namespaces) and the reaper
+    cannot read is left out and named; what can be read of it still holds."""
+    entering.root_made = False
+    unenterable = entering.namespace("unenterable", [ROOT])
+    shadowed = entering.namespace("shadowed", [ROOT])
+    fuse = "50 20 0:60 / /run/fuse rw - fuse fuse rw"
+    proc.process(
+        100,
+        "users",
+        [
+            ROOT,
+            RUN,
+            fuse,
+            nsfs(40, 20, 4026532010, "/run/held-by-user"),
+            nsfs(41, 20, unenterable, "/run/a", kind="mnt"),
+            nsfs(42, 20, shadowed, "/run/b", kind="mnt"),
+            nsfs(43, 50, 4026539990, "/run/fuse/c", kind="mnt"),
+        ],
+    )
+    proc.process(101, "huge", [ROOT] * 11)
+    monkeypatch.setattr(nsmounts, "MAX_LINES", 10)
+    entering.unreachable.add(shadowed)
+    real = entering.enter
+
+    @contextlib.contextmanager
+    def enter(fd: int, ino: int) -> Iterator[str]:
+        if ino == unenterable:
+            raise OSError(errno.ETIMEDOUT, "joining timed out")
+        with real(fd, ino) as base:
+            yield base
+
+    monkeypatch.setattr(nsmounts, "entered", enter)
+    walk = nsmounts.walk_mounts(str(proc.root))
+    assert [m.mount_point for m in walk.mounts if m.pid == 100] == ["/run/held-by-user"]
+    unread = "\n".join(walk.unread)
+    assert len(walk.unread) == 4, unread
+    for why in (f"mnt:[{unenterable}]", f"mnt:[{shadowed}]", "mnt:[4026539990]", "pid 101"):
+        assert why in unread
+    held = mount_held((), str(proc.root))
+    assert not isinstance(held, EveryNamespaceBusy) and NsKey(NSFS, 4026532010) in held
+
+
+def test_thousands_of_a_users_mount_namespaces_are_read_up_to_their_own_bound(
+    proc: FakeProc, entering: Entering, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user can make mount namespaces by the thousand: past their own bound they are left out
+    (counted, the first few named), never taking the bound of root's, which still fails the walk."""
+    monkeypatch.setattr(nsmounts, "MAX_USER_MOUNT_NAMESPACES", 3)
+    monkeypatch.setattr(nsmounts, "MAX_NOTES", 2)
+    monkeypatch.setattr(nsmounts, "MAX_MOUNT_NAMESPACES", 3)
+    users = {pid for pid in range(100, 110)}
+    for pid in sorted(users):
+        proc.process(pid, f"user{pid}", [ROOT, RUN, nsfs(40, 20, 4026532000 + pid, f"/run/held{pid}")])
+    proc.process(200, "root1", [ROOT])
+    monkeypatch.setattr(nsmounts, "_users_at", lambda base, ns: int(base.rsplit("/", 1)[1]) in users)
+    walk = nsmounts.walk_mounts(str(proc.root))
+    assert sorted(m.pid for m in walk.mounts if m.mount_point.startswith("/run/held")) == [100, 101, 102]
+    assert len(walk.unread) == 3 and walk.unread[-1] == "and 5 more", walk.unread
+    assert "pid 103" in walk.unread[0]
+    proc.process(201, "root2", [ROOT])
+    proc.process(202, "root3", [ROOT])
+    with pytest.raises(OSError, match="more than 3 mount namespaces"):
+        nsmounts.walk_mounts(str(proc.root))
+
+
+def test_a_pin_is_opened_beneath_the_processs_root_with_no_symlink_and_checked(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "run").mkdir(parents=True)
+    (root / "run" / "pin").touch()
+    (root / "link").symlink_to(root / "run")
     with pytest.raises(OSError) as raised:
-        nsmounts.read_entered(str(plain), plain.stat().st_ino + 1)
-    assert raised.value.errno == errno.ESTALE
+        nsmounts.open_pin(str(root), "/run/pin", (root / "run" / "pin").stat().st_ino)
+    assert raised.value.errno == errno.ESTALE  # a plain file, not nsfs: refused
+    with pytest.raises(OSError) as raised:
+        nsmounts.open_pin(str(root), "/link/pin", 1)
+    assert raised.value.errno == errno.ELOOP
+
+
+def test_only_namespaces_whose_user_namespaces_uid_0_made_are_root_made() -> None:
+    fd = os.open("/proc/self/ns/mnt", os.O_RDONLY)
+    try:
+        assert nsmounts.made_by_root(fd)  # the host's (or this test's root-made ones)
+    finally:
+        os.close(fd)
+    plain = os.open(os.devnull, os.O_RDONLY)
+    try:
+        assert nsmounts.made_by_root(plain)  # what cannot be told is root's: fail closed
+    finally:
+        os.close(plain)
 
 
 def test_too_many_mount_namespaces_or_a_proc_without_this_process_raise(
@@ -299,17 +441,15 @@ def test_a_mount_below_a_filesystem_that_may_wait_on_a_process_is_never_walked_t
     )
 
 
-def test_a_pinned_mount_namespace_reached_only_through_fuse_is_not_entered(
-    proc: FakeProc, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_pinned_mount_namespace_reached_only_through_fuse_is_not_entered(proc: FakeProc, entering: Entering) -> None:
     proc.process(
         100,
         "other",
         [ROOT, "50 1 0:60 / /fuse rw - fuse fuse rw", nsfs(51, 50, 4026539997, "/fuse/mnt-pin", kind="mnt")],
     )
-    monkeypatch.setattr(nsmounts, "read_entered", lambda path, ino: pytest.fail("a FUSE path was walked"))
     with pytest.raises(OSError, match="not walked"):
         netns_mounts(str(proc.root))
+    assert entering.opened == [] and entering.entered == []
 
 
 def test_a_thread_with_a_mount_namespace_of_its_own_is_read_through_its_id(proc: FakeProc) -> None:
