@@ -29,7 +29,8 @@ def describe_oserror(err: OSError) -> str:
 
 
 def namespace_of(path: str | None) -> NsKey | None:
-    """The (dev, ino) a netns path names now, or None when it is empty, relative or gone."""
+    """The (dev, ino) a netns path a runtime gave names now, or None when it is empty, relative
+    or gone. For a runtime's own answer only: a path a file names goes through NetnsPlaces."""
     if not path or not path.startswith("/"):
         return None
     try:
@@ -37,37 +38,6 @@ def namespace_of(path: str | None) -> NsKey | None:
     except (OSError, ValueError):  # ValueError: a NUL or an unencodable character in it
         return None
     return NsKey(st.st_dev, st.st_ino)
-
-
-def namespace_uninspectable(path: str | None) -> bool:
-    """A netns path that exists (or is a process's) but cannot be stat'ed: nobody can tell
-    whether it is in use, so nothing that names it may be called an orphan."""
-    if not path:
-        return False
-    try:
-        os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return path.startswith("/proc/") and os.path.isdir(path.split("/ns/")[0])
-    except ValueError:  # a NUL or an unencodable character: no such path can exist
-        return False
-    except OSError:
-        return True
-    return False
-
-
-def namespace_at(path: str | None) -> tuple[NsKey | None, bool]:
-    """`namespace_of(path)` and `namespace_uninspectable(path)`, from one stat."""
-    if not path:
-        return None, False
-    try:
-        st = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return None, path.startswith("/proc/") and os.path.isdir(path.split("/ns/")[0])
-    except ValueError:
-        return None, False
-    except OSError:
-        return None, True
-    return (NsKey(st.st_dev, st.st_ino) if path.startswith("/") else None), False
 
 
 MAX_LISTED_CORRUPT = 1000  # per kind and pass: 100,000 junk files cost a count, not 100,000 records

@@ -23,9 +23,10 @@ from typing import Any, NamedTuple
 from msgspec import Struct
 
 from reaper.host.confined import UnfitFile, read_at, read_beneath
-from reaper.host.files import DirLister, describe_oserror, namespace_at
+from reaper.host.files import DirLister, describe_oserror
 from reaper.host.jsondoc import NotAnObject, parse_object
 from reaper.host.memo import FileMemo
+from reaper.host.netns_paths import NetnsPlaces, shown
 from reaper.host.quarantine import remove_or_quarantine
 from reaper.kinds import Found, Kind, Look, ReclaimContext, multus
 from reaper.kinds.netconf import ConfigError, parse_network_config
@@ -56,6 +57,9 @@ class CacheEntry(Struct, frozen=True, kw_only=True):
     corrupt: str | None = None
     # Its netns path exists but cannot be inspected (a protected /proc/<pid>/ns/net).
     netns_uninspectable: bool = False
+    # Why its netns path was not looked at: it is not where a netns can be (see
+    # reaper.host.netns_paths); the entry is then tied by its container ID alone.
+    netns_refused: str | None = None
     # Whose it is, by the CNI_ARGS its runtime passed: "cri" (K8S_POD_NAMESPACE, which every CRI
     # runtime passes), "other" (podman, nerdctl: without it), "unknown" (nothing to tell by).
     owner: Owner = "unknown"
@@ -202,10 +206,27 @@ _Said = tuple[
 
 
 def collect_cache(
-    cache_dir: str, known_networks: Set[str], memo: FileMemo[object] | None = None, other_roots: Sequence[str] = ()
+    cache_dir: str,
+    known_networks: Set[str],
+    memo: FileMemo[object] | None = None,
+    other_roots: Sequence[str] = (),
+    *,
+    netns_dirs: Sequence[str] = (),
 ) -> CacheInventory:
     """The entries in each of RESULT_SUBDIRS beneath `cache_dir`, and in `results` beneath
-    each of `other_roots` (cache dirs of their own)."""
+    each of `other_roots` (cache dirs of their own). Each entry's netns path is looked up only
+    in `netns_dirs` or as /proc/<pid>/ns/net (reaper.host.netns_paths)."""
+    with NetnsPlaces(netns_dirs) as places:
+        return _collect(cache_dir, known_networks, memo, other_roots, places)
+
+
+def _collect(
+    cache_dir: str,
+    known_networks: Set[str],
+    memo: FileMemo[object] | None,
+    other_roots: Sequence[str],
+    places: NetnsPlaces,
+) -> CacheInventory:
     memo = memo if memo is not None else FileMemo()
     entries: list[CacheEntry] = []
     corrupt_mtimes: dict[str, tuple[float, str]] = {}  # (mtime, root) of each corrupt file listed
@@ -253,12 +274,15 @@ def collect_cache(
                     cid, net, ifname, _netns_from(doc, result, ifname), _host_ifnames(result), _owner(doc, legacy),
                     _addresses(result), encoded if isinstance(encoded, str) else None,
                 )  # fmt: skip
-                if legacy:
-                    entries.append(_entry(path, entry.name, root, lst, said, legacy=True))
-                    _remember_config(said[7], path, configs, bad_configs)
-                    continue  # not remembered: a legacy entry's reading depends on the known networks
-                memo.put(path, lst, said)
-            entries.append(_entry(path, entry.name, root, lst, said))
+                if not legacy:  # a legacy entry's reading depends on the known networks
+                    memo.put(path, lst, said)
+            else:
+                legacy = False
+            found = _entry(path, entry.name, root, lst, said, places, legacy=legacy)
+            if found.netns_refused is not None:
+                why = f"netns {shown(str(found.netns_path))} {found.netns_refused}"
+                corrupt.append(CorruptFile("cache", path, why))
+            entries.append(found)
             _remember_config(said[7], path, configs, bad_configs)
     networks = known_networks | {c.name for c in configs.values()}
     named = [
@@ -270,11 +294,13 @@ def collect_cache(
     return CacheInventory(tuple(entries + named), tuple(configs.values()), corrupt.records())
 
 
-def _entry(path: str, name: str, root: str, lst: os.stat_result, said: _Said, legacy: bool = False) -> CacheEntry:
+def _entry(
+    path: str, name: str, root: str, lst: os.stat_result, said: _Said, places: NetnsPlaces, legacy: bool = False
+) -> CacheEntry:
     """The entry at `path`, as the look found it (where it is, when it changed), and as its
-    content said (whose it is); its netns looked up now."""
+    content said (whose it is); its netns looked up now, only where a netns can be."""
     cid, net, ifname, netns_path, host_ifnames, (owner, pod_namespace, pod_name), ips, _ = said
-    netns, uninspectable = namespace_at(netns_path)
+    netns, uninspectable, refused = places.look(netns_path)
     return CacheEntry(
         path=path,
         name=name,
@@ -288,6 +314,7 @@ def _entry(path: str, name: str, root: str, lst: os.stat_result, said: _Said, le
         mtime=lst.st_mtime,
         cache_dir=root,
         netns_uninspectable=uninspectable,
+        netns_refused=refused,
         owner=owner,
         ips=ips,
         pod_namespace=pod_namespace,
@@ -379,7 +406,9 @@ def cached_config(entry: CacheEntry) -> bytes | None:
 def find(look: Look) -> Found[CacheEntry]:
     cache_dir = look.options.cache_dir
     multus_dirs = [d for d in multus.cni_dirs(look)[0] if d != os.path.join(cache_dir, multus.DEFAULT_SUBDIR)]
-    inventory = collect_cache(cache_dir, {c.name for c in look.configs}, look.memo.of("cache"), multus_dirs)
+    known = {c.name for c in look.configs}
+    netns_dirs = look.options.netns_dirs
+    inventory = collect_cache(cache_dir, known, look.memo.of("cache"), multus_dirs, netns_dirs=netns_dirs)
     return Found(inventory.entries, inventory.corrupt, configs=inventory.configs)
 
 
@@ -393,6 +422,8 @@ def ref(entry: CacheEntry) -> ResourceRef:
         details["pod"] = f"{entry.pod_namespace}/{entry.pod_name}"
     if entry.corrupt is not None:
         details["corrupt"] = entry.corrupt
+    if entry.netns_refused is not None:
+        details["netns_refused"] = entry.netns_refused
     return ResourceRef(kind="cache", name=entry.name, created_at=entry.mtime, details=details, identity=identity(entry))
 
 

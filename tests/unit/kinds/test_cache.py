@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from reaper.host.files import MAX_LISTED_CORRUPT
 from reaper.host.memo import FileMemo
-from reaper.kinds.cache import CacheCorrupt, collect_cache, parse_cache_file
+from reaper.kinds.cache import CacheCorrupt, collect_cache, parse_cache_file, ref, tie
+from reaper.model import NsKey
 from reaper.names import is_cni_id, is_ifname
 from tests.harness.configs import cache_doc, conflist
 from tests.harness.fuzz import FUZZ, hostile_names, json_values
@@ -125,19 +126,48 @@ def test_a_network_name_with_dashes_and_dots_is_read_from_json_not_the_file_name
     assert [c.name for c in inventory.configs] == ["my-net.v2-a"]
 
 
-@pytest.mark.parametrize("netns", ["/proc/1/ns/net", "/proc/self/ns/net", "relative/path", "/nonexistent", ""])
+@pytest.mark.parametrize("netns", ["/proc/1/ns/net", "/proc/<own pid>/ns/net", "relative/path", "/nonexistent", ""])
 def test_a_cache_entrys_netns_is_never_taken_at_its_word(tmp_path: Path, netns: str) -> None:
+    netns = netns.replace("<own pid>", str(os.getpid()))
     results = tmp_path / "results"
     results.mkdir()
     doc = {"kind": "cniCacheV1", "containerId": CID, "networkName": "n", "ifName": "eth0", "netns": netns}
     (results / f"n-{CID}-eth0").write_text(json.dumps(doc))
-    (entry,) = collect_cache(str(tmp_path), set()).entries
-    if netns == "/proc/self/ns/net":
+    inventory = collect_cache(str(tmp_path), set())
+    (entry,) = inventory.entries
+    if netns == f"/proc/{os.getpid()}/ns/net":
         assert entry.netns is not None  # a real namespace: reconcile then sees who is inside
     elif netns == "/proc/1/ns/net":
         assert entry.netns is not None or entry.netns_uninspectable
     else:
         assert entry.netns is None and not entry.netns_uninspectable
+    # A path no runtime writes is not looked at, and the report says so in one line.
+    refused = netns.startswith(("relative", "/nonexistent"))
+    assert (entry.netns_refused is not None) == refused
+    assert [c.error.startswith(f"netns {netns!r} not looked at") for c in inventory.corrupt] == [True] * refused
+
+
+def test_a_cache_entrys_netns_is_looked_up_in_the_netns_dirs_only(tmp_path: Path) -> None:
+    """A pin in a netns dir it was given is looked at; the same pin named through
+    /proc/<pid>/root, or a dir it was not given, is not."""
+    netns_dir = tmp_path / "netns"
+    netns_dir.mkdir()
+    (netns_dir / "cni-1").touch()
+    results = tmp_path / "cache" / "results"
+    results.mkdir(parents=True)
+    for n, netns in enumerate((f"{netns_dir}/cni-1", f"/proc/{os.getpid()}/root{netns_dir}/cni-1")):
+        cid = f"{n}" * 64
+        doc = {"kind": "cniCacheV1", "containerId": cid, "networkName": "n", "ifName": "eth0", "netns": netns}
+        (results / f"n-{cid}-eth0").write_text(json.dumps(doc))
+    found = collect_cache(str(tmp_path / "cache"), set(), netns_dirs=[str(netns_dir)])
+    by_cid = {e.container_id[0]: e for e in found.entries}
+    pin = os.lstat(netns_dir / "cni-1")
+    assert by_cid["0"].netns == NsKey(pin.st_dev, pin.st_ino) and by_cid["0"].netns_refused is None
+    assert by_cid["1"].netns is None and by_cid["1"].netns_refused is not None
+    assert ref(by_cid["1"]).details["netns_refused"] == by_cid["1"].netns_refused
+    assert tie(by_cid["1"]).container_id == "1" * 64  # still tied by its container ID
+    unpinned = collect_cache(str(tmp_path / "cache"), set())
+    assert all(e.netns is None and e.netns_refused is not None for e in unpinned.entries)
 
 
 def test_whose_entry_it_is_by_the_args_its_runtime_passed(tmp_path: Path) -> None:

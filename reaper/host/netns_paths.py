@@ -1,0 +1,292 @@
+"""Looking up a netns path a file names, only where a network namespace can be.
+
+A cache entry's `netns` (and a result's `sandbox`) is whatever the writer of the cache dir put
+there. A stat(2) of any path it names can wait for good: a path on a FUSE mount whose server
+answers only the handshake (an allow_other FUSE, or a pod's FUSE or NFS volume reached through
+/proc/<pid>/root/...) leaves the caller in state D, beyond SIGKILL, and the pass with it. So
+such a path is looked at only in the two places runtimes put one:
+
+- a pin directly in a netns dir the reaper was given (`--netns-dir`, or what the runtimes'
+  configs say), as text, with `/var/run` and `/run` one when they are one here. The dir is
+  opened as a root (reaper.host.confined: its own last component no symlink), its filesystem
+  must be a local one (LOCAL_FILESYSTEMS, by fstatfs), and the pin is looked at with one
+  statx(2) beneath it that follows no symlink and asks no filesystem server
+  (AT_STATX_DONT_SYNC): what is mounted on the pin must be a namespace (nsfs) or nothing (a
+  stale file on the dir's own filesystem).
+- `/proc/<pid>/ns/net` of this machine's /proc (procfs by fstatfs), the pid as digits: the
+  link resolves to nsfs without any other filesystem on the way.
+
+The runtimes write no other path (read 2026-12): containerd's pkg/netns/netns_linux.go pins
+`<baseDir>/cni-<random hex 8-4-4-4-12>`, baseDir `/var/run/netns` or
+`<state dir>/netns` with netns_mounts_under_state_dir (internal/cri/server, sandbox_run.go);
+CRI-O's internal/config/nsmgr/nsmgr_linux.go pins `<namespaces_dir>/netns/<uuid>` (default
+`/var/run`); podman's CNI backend (containers/common pkg/netns/netns_linux.go) pins
+`/run/netns/netns-<hex 8-4-4-4-12>` as root; dockershim and cri-dockerd
+(Mirantis/cri-dockerd core/helpers_linux.go, dockerNetNSFmt) give `/proc/<pid>/ns/net`.
+libcni caches the CNI_NETNS it was given (containernetworking/cni libcni/api.go, cacheAdd).
+
+Any other path is not looked at: the record says why, in one line, and its other evidence (the
+container ID) still ties it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import re
+import stat
+from collections.abc import Sequence
+from types import TracebackType
+from typing import NamedTuple, Self
+
+from reaper.host.confined import fstatfs_type, libc, open_root
+from reaper.host.files import PROC_SUPER_MAGIC
+from reaper.model import NsKey
+
+PATH_MAX = 4096
+NAME_MAX = 255
+PROC = "/proc"
+_PROC_NS_NET = re.compile(r"/proc/([1-9][0-9]{0,9})/ns/net")
+
+# statfs f_type of the filesystems a netns dir may be on (include/uapi/linux/magic.h): memory
+# and local disk ones, never FUSE (whose server may never answer) or a network filesystem.
+LOCAL_FILESYSTEMS = {
+    0x01021994: "tmpfs",
+    0x858458F6: "ramfs",
+    0xEF53: "ext4",
+    0x58465342: "xfs",
+    0x9123683E: "btrfs",
+    0xF2F52010: "f2fs",
+    0x2FC12FC1: "zfs",
+    0x794C7630: "overlay",
+}
+
+AT_SYMLINK_NOFOLLOW = 0x100
+AT_NO_AUTOMOUNT = 0x800
+AT_EMPTY_PATH = 0x1000
+AT_STATX_DONT_SYNC = 0x4000
+STATX_TYPE = 0x1
+STATX_INO = 0x100
+
+
+class _Statx(ctypes.Structure):
+    """struct statx (include/uapi/linux/stat.h), up to the device numbers."""
+
+    _fields_ = (
+        ("mask", ctypes.c_uint32),
+        ("blksize", ctypes.c_uint32),
+        ("attributes", ctypes.c_uint64),
+        ("nlink", ctypes.c_uint32),
+        ("uid", ctypes.c_uint32),
+        ("gid", ctypes.c_uint32),
+        ("mode", ctypes.c_uint16),
+        ("spare0", ctypes.c_uint16),
+        ("ino", ctypes.c_uint64),
+        ("size", ctypes.c_uint64),
+        ("blocks", ctypes.c_uint64),
+        ("attributes_mask", ctypes.c_uint64),
+        ("times", ctypes.c_uint8 * 64),
+        ("rdev_major", ctypes.c_uint32),
+        ("rdev_minor", ctypes.c_uint32),
+        ("dev_major", ctypes.c_uint32),
+        ("dev_minor", ctypes.c_uint32),
+        ("rest", ctypes.c_uint8 * 112),  # the struct is 256 bytes
+    )
+
+
+class Cached(NamedTuple):
+    """What statx says from the kernel's caches alone: type, device, inode."""
+
+    mode: int
+    dev: int
+    ino: int
+
+
+def cached_stat(dir_fd: int, name: str, *, follow: bool) -> Cached:
+    """statx(2) of `name` in `dir_fd` ("" for the fd itself) with AT_STATX_DONT_SYNC: a FUSE or
+    network filesystem answers from its cache and never asks its server. OSError on failure."""
+    statx = getattr(libc, "statx", None)  # glibc 2.28 and later
+    if statx is None:
+        raise OSError(errno.ENOSYS, "statx is not in this libc", name)
+    buf = _Statx()
+    flags = AT_NO_AUTOMOUNT | AT_STATX_DONT_SYNC | (0 if follow else AT_SYMLINK_NOFOLLOW)
+    if not name:
+        flags |= AT_EMPTY_PATH
+    if statx(dir_fd, os.fsencode(name), flags, STATX_TYPE | STATX_INO, ctypes.byref(buf)) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), name)
+    return Cached(buf.mode, os.makedev(buf.dev_major, buf.dev_minor), buf.ino)
+
+
+class NetnsLookup(NamedTuple):
+    key: NsKey | None  # what the path names now; None when empty, gone or not looked at
+    uninspectable: bool = False  # it exists (or is a live process's) but cannot be inspected
+    refused: str | None = None  # why it was not looked at: not where a netns can be
+
+
+GONE = NetnsLookup(None)
+
+
+class _Dir(NamedTuple):
+    fd: int
+    dev: int
+
+
+def _aliases(directory: str, var_run_is_run: bool) -> set[str]:
+    """The spellings of a netns dir a runtime may write: as given, as resolved, and with
+    `/var/run` for `/run` (and back) when the one is a link to the other here."""
+    given = os.path.normpath(directory)
+    names = {given, os.path.realpath(given)}
+    if var_run_is_run:
+        for name in list(names):
+            if name.startswith("/run/"):
+                names.add("/var" + name)
+            elif name.startswith("/var/run/"):
+                names.add(name[4:])
+    return names
+
+
+class NetnsPlaces:
+    """Looks up netns paths that files name, only in `netns_dirs` and `/proc/<pid>/ns/net`
+    (see the module's docstring). Opens each dir at most once; use it as a context manager."""
+
+    def __init__(self, netns_dirs: Sequence[str], proc: str = PROC) -> None:
+        self.netns_dirs = tuple(dict.fromkeys(netns_dirs))
+        self.proc = proc
+        var_run_is_run = os.path.realpath("/var/run") == "/run"
+        self._dir_of: dict[str, str] = {}
+        for directory in self.netns_dirs:
+            for alias in _aliases(directory, var_run_is_run):
+                self._dir_of.setdefault(alias, directory)
+        # dir -> (its fd, its device), or what every path below it is
+        self._opened: dict[str, _Dir | NetnsLookup] = {}
+        self._nsfs: int | None = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for opened in self._opened.values():
+            if isinstance(opened, _Dir):
+                os.close(opened.fd)
+        self._opened.clear()
+
+    def look(self, path: str | None) -> NetnsLookup:
+        if not path:
+            return GONE
+        refused = _not_plain(path)
+        if refused is not None:
+            return NetnsLookup(None, refused=refused)
+        match = _PROC_NS_NET.fullmatch(path)
+        if match is not None:
+            return self._look_proc(match.group(1))
+        directory = self._dir_of.get(os.path.dirname(path))
+        if directory is None:
+            shown = ", ".join(self.netns_dirs) or "none given"
+            return NetnsLookup(None, refused=f"not looked at: neither in a netns dir ({shown}) nor /proc/<pid>/ns/net")
+        return self._look_pin(directory, os.path.basename(path))
+
+    def _opened_dir(self, directory: str, magic: int, what: str) -> _Dir | NetnsLookup:
+        """`directory` as an fd and its device, when its filesystem is `magic` (0: a local one);
+        else what every path below it is."""
+        known = self._opened.get(directory)
+        if known is not None:
+            return known
+        opened: _Dir | NetnsLookup
+        try:
+            fd = open_root(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            opened = GONE
+        except OSError as err:
+            opened = NetnsLookup(None, refused=f"not looked at: {directory}: {err.strerror or err}")
+        else:
+            try:
+                f_type = fstatfs_type(fd)
+                dev = cached_stat(fd, "", follow=False).dev
+            except OSError as err:
+                os.close(fd)
+                opened = NetnsLookup(None, refused=f"not looked at: {directory}: {err.strerror or err}")
+            else:
+                if (f_type == magic) if magic else (f_type in LOCAL_FILESYSTEMS):
+                    opened = _Dir(fd, dev)
+                else:
+                    os.close(fd)
+                    opened = NetnsLookup(None, refused=f"not looked at: {directory} is on {what}, f_type {f_type:#x}")
+        self._opened[directory] = opened
+        return opened
+
+    def _nsfs_device(self) -> int | None:
+        if self._nsfs is None:
+            with contextlib.suppress(OSError):
+                self._nsfs = os.stat("/proc/thread-self/ns/net").st_dev
+        return self._nsfs
+
+    def _look_pin(self, directory: str, name: str) -> NetnsLookup:
+        opened = self._opened_dir(directory, 0, "no local filesystem")
+        if isinstance(opened, NetnsLookup):
+            return opened
+        dir_fd, home = opened
+        try:
+            st = cached_stat(dir_fd, name, follow=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return GONE
+        except OSError:
+            return NetnsLookup(None, uninspectable=True)
+        if stat.S_ISLNK(st.mode):
+            return NetnsLookup(None, refused="not looked at: a symlink in the netns dir, not followed")
+        if st.dev != home and st.dev != self._nsfs_device():
+            return NetnsLookup(None, refused="not looked at: another filesystem is mounted there, not a namespace")
+        return NetnsLookup(NsKey(st.dev, st.ino))
+
+    def _look_proc(self, pid: str) -> NetnsLookup:
+        opened = self._opened_dir(self.proc, PROC_SUPER_MAGIC, "no procfs")
+        if isinstance(opened, NetnsLookup):
+            return opened
+        proc_fd, proc_dev = opened
+        try:
+            pid_fd = os.open(pid, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=proc_fd)
+        except (FileNotFoundError, NotADirectoryError):
+            return GONE  # no such process
+        except OSError:
+            return NetnsLookup(None, uninspectable=True)
+        try:
+            if cached_stat(pid_fd, "", follow=False).dev != proc_dev:
+                return NetnsLookup(None, refused=f"not looked at: {self.proc}/{pid} is not on {self.proc}")
+            st = cached_stat(pid_fd, "ns/net", follow=True)
+        except OSError:
+            # The process is there, its namespace cannot be seen (a kernel thread, a zombie,
+            # a protected process): nobody can tell whether it is in use.
+            return NetnsLookup(None, uninspectable=True)
+        finally:
+            os.close(pid_fd)
+        if st.dev != self._nsfs_device():
+            return NetnsLookup(None, refused="not looked at: not a namespace")
+        return NetnsLookup(NsKey(st.dev, st.ino))
+
+
+def _not_plain(path: str) -> str | None:
+    """Why `path` is no plain absolute path the kernel could take, or None."""
+    try:
+        size = len(os.fsencode(path))
+    except UnicodeEncodeError:
+        return "not looked at: not a path (an unencodable character)"
+    if "\0" in path:
+        return "not looked at: not a path (a NUL)"
+    if size >= PATH_MAX:
+        return f"not looked at: {size} bytes, longer than any path"
+    if not path.startswith("/") or os.path.normpath(path) != path or path.startswith("//"):
+        return "not looked at: not a plain absolute path"
+    if len(os.fsencode(os.path.basename(path))) > NAME_MAX:
+        return "not looked at: a name longer than any file's"
+    return None
+
+
+def shown(path: str, width: int = 120) -> str:
+    """`path` for a one-line reason: quoted, escapes for what does not print, cut to `width`."""
+    text = repr(path)
+    return text if len(text) <= width else text[: width - 3] + "..."
