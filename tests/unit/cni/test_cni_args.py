@@ -9,14 +9,16 @@ The real host-local's DEL with a hostile IgnoreUnknown is in tests/node/test_cni
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from msgspec.structs import replace
 
-from reaper.cni.invoke import PluginEnv, PluginFailure, run_plugin
 from reaper.cni.requests import IGNORE_UNKNOWN, MAX_CNI_ARGS, UnfitArgs, cni_args_of, request_from_cache
 from reaper.kinds import cache, hostlocal, netns
 from reaper.kinds.netconf import parse_network_config
@@ -99,28 +101,50 @@ def test_a_pair_that_would_split_or_cannot_be_sent_refuses_the_entry(pair: list[
     assert why in _refusal([*POD, pair])
 
 
+# In a process of its own whose stack limit is 256 KiB, so that the kernel allows argv and env
+# only its floor of ARG_MAX (max(stack / 4, 32 pages)): the largest CNI_ARGS allowed, with a
+# netns path of PATH_MAX, reaches the plugin whole.
+_SMALL_STACK = """
+import json, resource, sys
+from msgspec.structs import replace
+from reaper.cni.invoke import PluginEnv, PluginFailure, run_plugin
+from reaper.cni.requests import cni_args_of
+resource.setrlimit(resource.RLIMIT_STACK, (256 << 10, resource.getrlimit(resource.RLIMIT_STACK)[1]))
+bin_dir, pad = sys.argv[1], int(sys.argv[2])
+args = cni_args_of([["K8S_POD_NAMESPACE", "default"], ["K8S_POD_NAME", "web-0"], ["K", "v" * pad]])
+env = PluginEnv(command="DEL", container_id="c" * 64, netns="/" + "n" * 4094, ifname="eth0", args=args,
+                bin_dirs=(bin_dir,))
+print(json.dumps(run_plugin("echo-args", {}, env, timeout=30)))
+try:
+    run_plugin("echo-args", {}, replace(env, args=(("K", "v" * 200_000),)), timeout=30)
+except PluginFailure as err:
+    print(err)
+"""
+
+
 def test_the_largest_cni_args_allowed_is_executed_under_the_smallest_stack(tmp_path: Path) -> None:
     """The bound is under what the kernel always takes (ARG_MAX, 32 pages, whatever the stack
-    limit): a plugin gets CNI_ARGS of MAX_CNI_ARGS bytes whole, with a netns path of PATH_MAX,
-    in a process whose stack limit is the smallest the reaper could run under."""
+    limit): a plugin gets CNI_ARGS of MAX_CNI_ARGS bytes whole. What the kernel refuses (a 200 kB
+    value) the reaper's exec reports in one line, and the bound keeps it from ever being tried."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     plugin = bin_dir / "echo-args"
     plugin.write_text('#!/bin/sh\nprintf \'{"size": %d}\' "${#CNI_ARGS}"\n')
     plugin.chmod(0o755)
-    head = ";".join(f"{k}={v}" for k, v in SENT) + ";K="
-    pad = MAX_CNI_ARGS - len(head)
-    args = cni_args_of([*POD, ["K", "v" * pad]])
-    text = ";".join(f"{k}={v}" for k, v in args)
-    assert len(text) == MAX_CNI_ARGS
-    env = PluginEnv(
-        command="DEL", container_id=CID, netns="/" + "n" * 4094, ifname="eth0", args=args, bin_dirs=(str(bin_dir),)
+    pad = MAX_CNI_ARGS - len(";".join(f"{k}={v}" for k, v in SENT) + ";K=")
+    assert len(";".join(f"{k}={v}" for k, v in cni_args_of([*POD, ["K", "v" * pad]]))) == MAX_CNI_ARGS
+    done = subprocess.run(
+        [sys.executable, "-c", _SMALL_STACK, str(bin_dir), str(pad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])},
     )
-    assert run_plugin("echo-args", {}, env, timeout=30) == {"size": MAX_CNI_ARGS}
-    # What the kernel refuses, the reaper's exec reports in one line (the bound keeps it away).
-    huge = replace(env, args=(("K", "v" * 200_000),))
-    with pytest.raises(PluginFailure, match="Argument list too long"):
-        run_plugin("echo-args", {}, huge, timeout=30)
+    assert done.returncode == 0, done.stderr
+    fits, refused = done.stdout.splitlines()
+    assert json.loads(fits) == {"size": MAX_CNI_ARGS}
+    assert refused == "echo-args: cannot execute: Argument list too long"
 
 
 def _attachment(tmp: Path, args: object) -> tuple[Attachment, dict[Identity, Any]]:
