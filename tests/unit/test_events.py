@@ -29,7 +29,7 @@ from reaper.events import (
     pass_events,
 )
 from reaper.kinds.registry import KIND_NAMES
-from reaper.kubeapi import service_account
+from reaper.kubeapi import API_TIMEOUT, service_account
 from reaper.kubeclient import api_client
 from reaper.model import Attachment, IpamRange, ReclaimOutcome, ResourceOutcome, StuckSandbox
 from reaper.reap import act, run
@@ -106,8 +106,15 @@ def live(node: FakeNode, *ns: int) -> list[Attachment]:
 
 
 def poster(
-    api: ApiServer, clock: Clock, *, window: float = 600.0, timeout: float = 2.0, env: dict[str, str] | None = None
+    api: ApiServer,
+    clock: Clock,
+    *,
+    window: float = 600.0,
+    timeout: float = API_TIMEOUT,
+    env: dict[str, str] | None = None,
 ) -> EventPoster:
+    """A poster whose calls each have `timeout` for the whole call (the agent's own by default:
+    a shared CI machine can take more than 2 s for a handshake and a POST)."""
     environ = {**api.env(), **(env or {})}
     return EventPoster(
         NODE,
