@@ -4,16 +4,22 @@
 lightkube speaks the API: paths, typed resources (msgspec Structs, as the reaper's own
 records), status errors. What this module adds is what the reaper asks of every input: the
 server is verified with the service account's CA alone, no proxy or CA comes from the
-environment, every call has a deadline, and every answer is cut off past a size by a transport
-that counts the bytes as they arrive, so a broken or hostile server costs no more memory than a
-bounded file does.
+environment, every answer is cut off past a size by a transport that counts the bytes as they
+arrive, so a broken or hostile server costs no more memory than a bounded file does, and every
+call has one deadline for the whole of it: httpx's timeouts bound each read, so a server that
+sends a byte now and then would hold a call (and the agent's start-up, which waits for the
+pod-CIDR lookup) for as long as it likes. The transport's own network backend gives every
+connect, TLS handshake, read and write only what is left of the call's deadline.
 """
 
 from __future__ import annotations
 
 import ssl
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
 
+import httpcore2 as httpcore
 import httpx2 as httpx
 import msgspec
 from lightkube import Client, KubeConfig
@@ -32,50 +38,179 @@ class AnswerTooLarge(Exception):
         self.limit = limit
 
 
-class _BoundedStream(httpx.SyncByteStream):
-    """A response body that stops with AnswerTooLarge once more than `limit` bytes came."""
+class CallDeadline(httpx.TimeoutException):
+    """The whole call took longer than its deadline; the connection was closed."""
 
-    def __init__(self, inner: httpx.SyncByteStream, limit: int) -> None:
+
+class _Deadline:
+    """What is left of one call's time, for each socket operation of it."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+
+    def left(self, timeout: float | None, expired: type[Exception]) -> float:
+        """`timeout` cut to what is left; `expired` (an httpcore timeout) once nothing is."""
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise expired(f"the call's deadline of {self.seconds:g}s passed")
+        return left if timeout is None else min(timeout, left)
+
+    def passed(self) -> bool:
+        return time.monotonic() >= self.at
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A connection whose every read and write, and its TLS handshake, end by the deadline."""
+
+    def __init__(self, inner: httpcore.NetworkStream, deadline: _Deadline) -> None:
+        self.inner = inner
+        self.deadline = deadline
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self.inner.read(max_bytes, self.deadline.left(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self.inner.write(buffer, self.deadline.left(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def start_tls(
+        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.NetworkStream:
+        # CPython's do_handshake holds one deadline of the socket's timeout for the whole handshake.
+        left = self.deadline.left(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self.inner.start_tls(ssl_context, server_hostname, left), self.deadline)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self.inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    """httpcore's own sockets, each given what is left of one call's deadline."""
+
+    def __init__(self, deadline: _Deadline) -> None:
+        self.inner = httpcore.SyncBackend()
+        self.deadline = deadline
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.NetworkStream:
+        left = self.deadline.left(timeout, httpcore.ConnectTimeout)
+        stream = self.inner.connect_tcp(host, port, left, local_address, socket_options)
+        return _DeadlineStream(stream, self.deadline)
+
+
+def _mapped(err: Exception, request: httpx.Request, deadline: _Deadline) -> httpx.TransportError:
+    """The httpx error for an httpcore one (the classes share their names); CallDeadline once
+    the call's deadline passed."""
+    if isinstance(err, httpcore.TimeoutException) and deadline.passed():
+        return CallDeadline(f"the call's deadline of {deadline.seconds:g}s passed", request=request)
+    found = getattr(httpx, type(err).__name__, None)
+    kind = found if isinstance(found, type) and issubclass(found, httpx.TransportError) else httpx.TransportError
+    return kind(str(err) or type(err).__name__, request=request)
+
+
+_HTTPCORE_FAILURES = (
+    httpcore.TimeoutException,
+    httpcore.NetworkError,
+    httpcore.ProtocolError,
+    httpcore.UnsupportedProtocol,
+    httpcore.ProxyError,
+)
+
+
+class _BoundedStream(httpx.SyncByteStream):
+    """A response body that stops with AnswerTooLarge once more than `limit` bytes came, read
+    within the call's deadline; closing it closes the call's connection."""
+
+    def __init__(
+        self,
+        inner: Iterable[bytes],
+        limit: int,
+        pool: httpcore.ConnectionPool,
+        request: httpx.Request,
+        deadline: _Deadline,
+    ) -> None:
         self.inner = inner
         self.limit = limit
+        self.pool = pool
+        self.request = request
+        self.deadline = deadline
 
     def __iter__(self) -> Iterator[bytes]:
         got = 0
-        for chunk in self.inner:
-            got += len(chunk)
-            if got > self.limit:
-                raise AnswerTooLarge(self.limit)
-            yield chunk
+        try:
+            for chunk in self.inner:
+                got += len(chunk)
+                if got > self.limit:
+                    raise AnswerTooLarge(self.limit)
+                yield chunk
+        except _HTTPCORE_FAILURES as err:
+            raise _mapped(err, self.request, self.deadline) from None
 
     def close(self) -> None:
-        self.inner.close()
+        try:
+            close = getattr(self.inner, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self.pool.close()
 
 
 class _BoundedTransport(httpx.BaseTransport):
-    """httpx's own transport, verifying with the service account's CA, every body bounded."""
+    """httpcore's connection pool, verifying with the service account's CA, one per call: its
+    network backend holds the call's deadline (`whole` seconds from the call's start, for the
+    connect, the handshake, the request and the whole answer), and the body is bounded."""
 
-    def __init__(self, context: ssl.SSLContext, limit: int) -> None:
-        self.inner = httpx.HTTPTransport(verify=context, trust_env=False)
+    def __init__(self, context: ssl.SSLContext, limit: int, whole: float) -> None:
+        self.context = context
         self.limit = limit
+        self.whole = whole
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        response = self.inner.handle_request(request)
-        stream = response.stream
-        assert isinstance(stream, httpx.SyncByteStream)  # a sync transport's body
+        assert isinstance(request.stream, Iterable)  # a sync client's body
+        deadline = _Deadline(self.whole)
+        pool = httpcore.ConnectionPool(ssl_context=self.context, network_backend=_DeadlineBackend(deadline))
+        call = httpcore.Request(
+            method=request.method,
+            url=httpcore.URL(
+                scheme=request.url.raw_scheme,
+                host=request.url.raw_host,
+                port=request.url.port,
+                target=request.url.raw_path,
+            ),
+            headers=request.headers.raw,
+            content=request.stream,
+            extensions=request.extensions,
+        )
+        try:
+            answer = pool.handle_request(call)
+        except _HTTPCORE_FAILURES as err:
+            pool.close()
+            raise _mapped(err, request, deadline) from None
+        except BaseException:
+            pool.close()
+            raise
+        assert isinstance(answer.stream, Iterable)  # a sync pool's body
         return httpx.Response(
-            response.status_code,
-            headers=response.headers,
-            stream=_BoundedStream(stream, self.limit),
-            extensions=response.extensions,
+            answer.status,
+            headers=answer.headers,
+            stream=_BoundedStream(answer.stream, self.limit, pool, request, deadline),
+            extensions=answer.extensions,
             request=request,
         )
 
-    def close(self) -> None:
-        self.inner.close()
-
 
 def api_client(sa: ServiceAccount, *, timeout: float = API_TIMEOUT, max_answer: int = MAX_ANSWER_BYTES) -> Client:
-    """A lightkube Client with `sa`'s token, each call bounded by `timeout`, each answer by
+    """A lightkube Client with `sa`'s token, each call bounded by `timeout` (one deadline for the
+    whole call: its connect, handshake and every byte of its answer), each answer by
     `max_answer`. The token is the one read into `sa`: after a 401 (the kubelet rotates it),
     make a new client from a fresh reaper.kubeapi.service_account."""
     context = ssl.create_default_context()
@@ -90,7 +225,7 @@ def api_client(sa: ServiceAccount, *, timeout: float = API_TIMEOUT, max_answer: 
         config,
         timeout=httpx.Timeout(timeout),
         trust_env=False,
-        transport=_BoundedTransport(context, max_answer),
+        transport=_BoundedTransport(context, max_answer, timeout),
     )
 
 
@@ -106,6 +241,8 @@ def describe(err: BaseException, where: str) -> str:
         return f"HTTP {err.response.status_code} ({err.response.reason_phrase})"
     if isinstance(err, AnswerTooLarge):
         return str(err)
+    if isinstance(err, CallDeadline):
+        return f"the API server at {where} did not answer in time ({err})"
     if isinstance(err, httpx.TimeoutException):
         return f"the API server at {where} did not answer in time ({type(err).__name__})"
     if isinstance(err, httpx.HTTPError | OSError):  # TLS failures included

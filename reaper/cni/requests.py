@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import copy
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,6 +14,76 @@ from msgspec import Struct, field
 from reaper.names import is_ifname
 
 DEFAULT_IFNAME = "eth0"
+
+# Plugins refuse CNI_ARGS they do not know unless told to ignore them (containernetworking/cni
+# pkg/types/args.go LoadArgs: "ARGS: unknown args"); runtimes send this pair, and so does every
+# DEL the reaper runs, whatever a cache entry says.
+IGNORE_UNKNOWN = ("IgnoreUnknown", "1")
+# Bounds of what a cache entry's cniArgs may make CNI_ARGS. The spec says only "alphanumeric
+# key-value pairs separated by semicolons" and libcni's skel reads the variable whole; what a
+# CRI runtime sends (IgnoreUnknown, K8S_POD_NAMESPACE, K8S_POD_NAME,
+# K8S_POD_INFRA_CONTAINER_ID, K8S_POD_UID) is a few hundred bytes. The kernel takes one env
+# string of at most MAX_ARG_STRLEN (32 pages), and argv and env together of at least ARG_MAX
+# (32 pages, 128 KiB) whatever the stack limit (linux fs/exec.c bprm_stack_limits,
+# include/uapi/linux/binfmts.h): 16 KiB leaves the rest of a DEL's environment (CNI_PATH,
+# CNI_NETNS, at most PATH_MAX each) well inside that, so a DEL is always executable.
+MAX_ARG_PAIRS = 64
+MAX_ARG_KEY = 256  # bytes
+MAX_CNI_ARGS = 16 << 10  # bytes of the whole `K=V;K=V` value, IgnoreUnknown=1 included
+# A key as plugins look one up (a Go struct field name in LoadArgs, a plain name elsewhere):
+# printable ASCII, never the separators.
+_ARG_KEY = re.compile(r"[!-:<>-~]+")  # 0x21-0x7e without `;` (0x3b) and `=` (0x3d)
+
+
+class UnfitArgs(ValueError):
+    """A cache entry's cniArgs that cannot be sent as CNI_ARGS; the message is one line."""
+
+
+def _unfit_value(value: str) -> str | None:
+    """Why a value cannot go into CNI_ARGS as it is, or None."""
+    if any(c in value for c in ";="):
+        return "holds a `;` or `=`, which split CNI_ARGS into other pairs"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        return "holds a control character"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not UTF-8"
+    return None
+
+
+def cni_args_of(value: object) -> tuple[tuple[str, str], ...]:
+    """CNI_ARGS for a DEL from a cache entry's `cniArgs` (libcni keeps it as a list of
+    [key, value] pairs): IgnoreUnknown=1 first, then the entry's pairs in order, without any
+    spelling of IgnoreUnknown of its own. The key is matched without regard to case: LoadArgs
+    matches the field exactly and the last pair wins, and plugins with parsers of their own may
+    fold case, so an entry's `IgnoreUnknown=false` or `ignoreunknown=0` would make every DEL
+    fail `unknown args`. UnfitArgs, one line, for anything that could not be sent as the runtime
+    sent it: a pair that is not two strings, a key or value that would split into other pairs,
+    or past the bounds above. No DEL then runs with other args than the ADD's."""
+    if value is None:
+        return (IGNORE_UNKNOWN,)
+    if not isinstance(value, list):
+        raise UnfitArgs("cniArgs is not a list")
+    if len(value) > MAX_ARG_PAIRS:
+        raise UnfitArgs(f"cniArgs has {len(value)} pairs, more than {MAX_ARG_PAIRS}")
+    args = [IGNORE_UNKNOWN]
+    for n, pair in enumerate(value):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+            raise UnfitArgs(f"cniArgs[{n}] is not a [key, value] pair of strings")
+        key, text = pair
+        if len(key) > MAX_ARG_KEY:
+            raise UnfitArgs(f"cniArgs[{n}] has a key of {len(key)} characters, more than {MAX_ARG_KEY}")
+        if not _ARG_KEY.fullmatch(key):
+            raise UnfitArgs(f"cniArgs[{n}] has a key {key[:60]!r} that is not printable ASCII without `;` and `=`")
+        if (why := _unfit_value(text)) is not None:
+            raise UnfitArgs(f"the value of cniArgs[{n}] ({key}) {why}")
+        if key.lower() != "ignoreunknown":
+            args.append((key, text))
+    size = len(";".join(f"{k}={v}" for k, v in args).encode())
+    if size > MAX_CNI_ARGS:
+        raise UnfitArgs(f"cniArgs make a CNI_ARGS of {size} bytes, more than {MAX_CNI_ARGS}")
+    return tuple(args)
 
 
 class PinnedFile(Struct, frozen=True):
@@ -42,7 +113,7 @@ class DelRequest(Struct, frozen=True, kw_only=True):
     netns: str  # "" when the namespace is gone
     config: bytes  # the network list as loaded (or a single plugin config)
     source: str  # where the config came from: the cache file or the conf file
-    cni_args: tuple[tuple[str, str], ...] = (("IgnoreUnknown", "1"),)
+    cni_args: tuple[tuple[str, str], ...] = (IGNORE_UNKNOWN,)
     capability_args: Mapping[str, Any] = field(default_factory=dict)
     prev_result: Mapping[str, Any] | None = None
     delegations: tuple[Delegation, ...] = ()  # what its delegating plugins will read, checked
@@ -99,23 +170,15 @@ def request_from_cache(
     doc: Mapping[str, Any], container_id: str, network: str, ifname: str, netns: str, source: str
 ) -> DelRequest | None:
     """A DEL request from a cniCacheV1 entry (already read and checked to name this
-    attachment, by reaper.kinds.cache); None when it carries no config."""
+    attachment, by reaper.kinds.cache); None when it carries no config; UnfitArgs when its
+    CNI_ARGS cannot be sent (cni_args_of)."""
     try:
         config = base64.b64decode(str(doc.get("config", "")), validate=True)
     except (binascii.Error, ValueError):
         return None
     if not config:
         return None
-    args = []
-    for pair in doc.get("cniArgs") or []:
-        if isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair):
-            key, value = pair
-            if key and not any(c in key + value for c in ";=\n\0"):
-                args.append((key, value))
-    # Plugins refuse CNI_ARGS they do not know unless told to ignore them; runtimes say so, but
-    # a cache entry written without it would make every DEL fail.
-    if not any(k.lower() == "ignoreunknown" for k, _ in args):
-        args.insert(0, ("IgnoreUnknown", "1"))
+    args = cni_args_of(doc.get("cniArgs"))
     caps = doc.get("capabilityArgs")
     result = doc.get("result")
     return DelRequest(
@@ -125,7 +188,7 @@ def request_from_cache(
         netns=netns,
         config=config,
         source=source,
-        cni_args=tuple(args),
+        cni_args=args,
         capability_args=caps if isinstance(caps, dict) else {},
         prev_result=result if isinstance(result, dict) else None,
     )

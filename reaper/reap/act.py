@@ -14,7 +14,7 @@ from msgspec import Struct, field
 from msgspec.structs import replace
 
 from reaper.cni.invoke import del_network, network_status
-from reaper.cni.requests import DelRequest, request_from_cache, safe_ifname
+from reaper.cni.requests import DelRequest, UnfitArgs, request_from_cache, safe_ifname
 from reaper.host.nsmounts import in_use
 from reaper.host.quarantine import Quarantine
 from reaper.kinds import COMMAND_TIMEOUT, Kind, ReclaimContext
@@ -86,7 +86,8 @@ def held_by_others(snapshot: NodeSnapshot, orphans: Sequence[Attachment]) -> tup
 
 def _cached_request(attachment: Attachment, records: Records, netns: str) -> tuple[DelRequest, object] | None:
     """DEL as the attachment's cache entry would run it, and the entry's result as it is written
-    (None when it has none); None when there is no usable entry with a config."""
+    (None when it has none); None when there is no usable entry with a config; UnfitArgs when
+    its CNI_ARGS cannot be sent."""
     key = attachment.key
     if key.container_id is None or key.network is None or key.ifname is None:
         return None
@@ -140,7 +141,12 @@ def _config_request(
         # plugins (kindnet) as "nothing to do", and they answer success having freed nothing.
         return None, NO_PIN
     refusal = None
-    cached = _cached_request(attachment, records, netns)
+    try:
+        cached = _cached_request(attachment, records, netns)
+    except UnfitArgs as err:
+        # Not the conf dir's config either: no DEL runs with other args than the ADD's. The
+        # kinds reclaim what is left, and a chain that keeps state elsewhere keeps its entry.
+        return None, f"no plugin runs: {err}"
     if cached is not None:
         request, result = cached
         refusal = cached_config_refusal(attachment, request.config, result, trust)

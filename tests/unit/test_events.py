@@ -6,6 +6,7 @@ it no wait."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -28,12 +29,13 @@ from reaper.events import (
     pass_events,
 )
 from reaper.kinds.registry import KIND_NAMES
-from reaper.kubeapi import service_account
+from reaper.kubeapi import API_TIMEOUT, service_account
 from reaper.kubeclient import api_client
 from reaper.model import Attachment, IpamRange, ReclaimOutcome, ResourceOutcome, StuckSandbox
 from reaper.reap import act, run
 from reaper.settings import AgentSettings, agent_settings_from, resolve
 from tests.harness.apiserver import EVENTS, TOKEN, ApiServer, api_server
+from tests.harness.drip_apiserver import drip_server
 from tests.harness.reclaim_fakes import (
     FAKE,
     FAKE_LAST,
@@ -104,8 +106,15 @@ def live(node: FakeNode, *ns: int) -> list[Attachment]:
 
 
 def poster(
-    api: ApiServer, clock: Clock, *, window: float = 600.0, timeout: float = 2.0, env: dict[str, str] | None = None
+    api: ApiServer,
+    clock: Clock,
+    *,
+    window: float = 600.0,
+    timeout: float = API_TIMEOUT,
+    env: dict[str, str] | None = None,
 ) -> EventPoster:
+    """A poster whose calls each have `timeout` for the whole call (the agent's own by default:
+    a shared CI machine can take more than 2 s for a handshake and a POST)."""
     environ = {**api.env(), **(env or {})}
     return EventPoster(
         NODE,
@@ -264,7 +273,7 @@ def counted(agent: Agent) -> str:
     return "\n".join(line for line in text.splitlines() if "seconds" not in line and "_created" not in line)
 
 
-@pytest.mark.parametrize("failure", ["refuses", "hangs", "gone"])
+@pytest.mark.parametrize("failure", ["refuses", "hangs", "gone", "drips"])
 def test_an_api_that_fails_changes_nothing_and_costs_one_log_line(
     api: ApiServer,
     node: FakeNode,
@@ -274,12 +283,17 @@ def test_an_api_that_fails_changes_nothing_and_costs_one_log_line(
     failure: str,
 ) -> None:
     plain = make_agent(tmp_path / "plain", Clock(), None)  # the same passes with no Events at all
+    stack = contextlib.ExitStack()
     env: dict[str, str] = {}
     listener: socket.socket | None = None
     if failure == "refuses":
         api.refuse_events = 403
     elif failure == "hangs":
         api.hang = threading.Event()
+    elif failure == "drips":  # a byte every 0.2 s: every read is in time, the call is not
+        (tmp_path / "drip").mkdir()
+        dripping = stack.enter_context(drip_server(tmp_path / "drip"))
+        env.update(dripping.env())
     else:
         listener = socket.socket()
         listener.bind(("127.0.0.1", 0))
@@ -308,7 +322,11 @@ def test_an_api_that_fails_changes_nothing_and_costs_one_log_line(
         "refuses": "HTTP 403 (Forbidden)",
         "hangs": "did not answer in time",
         "gone": "did not answer",
+        "drips": "did not answer in time (the call's deadline of 2s passed)",
     }[failure] in error, error
+    if failure == "drips":
+        assert dripping.sent >= 3 and dripping.closed.wait(10), "dripped within each read's timeout, then cut off"
+    stack.close()
 
 
 def test_a_run_pass_with_a_hanging_api_returns_at_once(

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +29,7 @@ from reaper.podcidr import (
 )
 from reaper.settings import SettingsError, resolve, settings_from, with_pod_cidrs
 from tests.harness.apiserver import ApiServer, api_server, node_doc
+from tests.harness.drip_apiserver import drip_server
 
 NODE = "worker-3.example"
 
@@ -197,3 +200,42 @@ def test_a_hostile_service_account_file_is_one_line_and_never_blocks(api: ApiSer
         from_api(NODE, {**api.env(), "REAPER_SERVICEACCOUNT_DIR": str(sa_dir)}, timeout=2)
     assert time.monotonic() - started < 5 and "\n" not in str(err.value)
     assert ("is not a bearer token" if kind == "nul" else "cannot read") in str(err.value), err.value
+
+
+# Start-up as the agent and every command make it: the settings, then the pod CIDRs.
+_START_UP = """
+import json, sys
+from reaper.cli import build_parser
+from reaper.settings import settings_from, with_pod_cidrs
+env = json.loads(sys.argv[1])
+settings = with_pod_cidrs(settings_from(build_parser().parse_args(["scan"]), env), env)
+print(json.dumps({"pod_cidrs": settings.pod_cidrs is not None, "problems": settings.layout_problems}))
+"""
+
+
+def test_an_api_server_that_drips_bytes_costs_start_up_one_deadline(tmp_path: Path) -> None:
+    """A byte every 0.2 s keeps every read under its timeout: with a deadline per read, the
+    pod-CIDR lookup (and so start-up) waited as long as the server went on. One deadline for the
+    whole call: start-up goes on with the problem line it has when the API is unreachable, and
+    the connection is closed. In a process of its own, so that a lookup that never returns is a
+    failure, not a hung test."""
+    with drip_server(tmp_path) as server:
+        env = {**server.env(), "REAPER_NODE_NAME": NODE}
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", _START_UP, json.dumps(env)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+                env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+            )
+        except subprocess.TimeoutExpired:
+            pytest.fail("the pod-CIDR lookup was still waiting after 60s for a server that drips bytes")
+        assert done.returncode == 0, done.stderr
+        found = json.loads(done.stdout)
+        where = f"127.0.0.1:{server.port}"
+        why = f"the API server at {where} did not answer in time (the call's deadline of 5s passed)"
+        assert found == {"pod_cidrs": False, "problems": [f"pod CIDR: {why}"]}
+        assert server.sent >= 3, "the server dripped a byte at a time, within every read's timeout"
+        assert server.closed.wait(10), "the connection was closed"
