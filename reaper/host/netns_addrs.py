@@ -209,14 +209,20 @@ def read_addresses(
     deadline: float,
     clock: Callable[[], float] = time.monotonic,
     wanted: frozenset[bytes] | None = None,
-    max_messages: int = MAX_ADDRESS_MESSAGES,
-    max_bytes: int = MAX_ADDRESS_BYTES,
+    max_messages: int | None = None,
+    max_bytes: int | None = None,
 ) -> list[NamespaceAddresses]:
     """Each target's addresses, in order, read one at a time on one thread of its own until
     `deadline` (on `clock`); every target not read whole by then has an error instead, as has
     one whose dump is over `max_messages` or `max_bytes`. With `wanted` (packed addresses, 4 or
-    16 bytes), only those are kept of what a namespace holds."""
-    limits = DumpLimits(max_bytes=max_bytes, max_items=max_messages, deadline=deadline, clock=clock)
+    16 bytes), only those are kept of what a namespace holds. The bounds default to
+    MAX_ADDRESS_MESSAGES and MAX_ADDRESS_BYTES as they are at the call."""
+    limits = DumpLimits(
+        max_bytes=MAX_ADDRESS_BYTES if max_bytes is None else max_bytes,
+        max_items=MAX_ADDRESS_MESSAGES if max_messages is None else max_messages,
+        deadline=deadline,
+        clock=clock,
+    )
     results: dict[int, NamespaceAddresses] = {}
     lock = threading.Lock()
     stop = threading.Event()
