@@ -21,7 +21,7 @@ import time
 RTM_NEWADDR = 20
 NLM_F_REQUEST, NLM_F_EXCL, NLM_F_CREATE = 0x1, 0x200, 0x400
 IFA_LOCAL, IFA_ADDRESS = 2, 1
-PAIRS = 50  # veth pairs: 100 devices
+PER_DEVICE = 1000  # addresses a device: veth pairs enough for that
 PER_WRITE = 2000
 _HDR = struct.Struct("=IHHII")
 _IFA = struct.Struct("=BBBBI")
@@ -32,11 +32,11 @@ def _attr(atype: int, payload: bytes) -> bytes:
 
 
 def fill(count: int, first: ipaddress.IPv4Address) -> None:
+    pairs = max(1, -(-count // (2 * PER_DEVICE)))
+    links = "".join(f"link add f{2 * n} type veth peer name f{2 * n + 1}\n" for n in range(pairs))
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-    for pair in range(PAIRS):
-        subprocess.run(["ip", "link", "add", f"f{2 * pair}", "type", "veth", "peer", "name", f"f{2 * pair + 1}"],
-                       check=True)  # fmt: skip
-    indexes = [socket.if_nametoindex(f"f{n}") for n in range(2 * PAIRS)]
+    subprocess.run(["ip", "-batch", "-"], input=links.encode(), check=True)
+    indexes = [socket.if_nametoindex(f"f{n}") for n in range(2 * pairs)]
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0) as nl:
         nl.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
         nl.bind((0, 0))
