@@ -218,6 +218,7 @@ def node_namespaces(
         # process) makes the namespace unread, never the one this thread is in.
         ways = [Handle(m.reach, pinned=True) for m in mounts if m.reachable][:HANDLES]
         handles.setdefault(ns, []).extend(ways or [Handle(UNREACHABLE, pinned=False)])
+    asked: dict[tuple[int, int], int | None] = {}  # who made each holder's mount namespace, asked once
     targets = [] if here in skip else [NamespaceToRead(here, "the netns the reaper runs in", ())]
     for ns, ways in sorted(handles.items()):
         if ns == here or ns in skip:
@@ -230,7 +231,10 @@ def node_namespaces(
             where = f"the netns of pid {pids[0]}"
         else:
             where = f"the netns held by {mounted[ns][0].describe()}"
-            users = [mounting(m) for m in mounted[ns]]
+            for m in mounted[ns]:
+                if (m.pid, m.mount_ns) not in asked:
+                    asked[m.pid, m.mount_ns] = mounting(m)
+            users = [asked[m.pid, m.mount_ns] for m in mounted[ns]]
             user = users[0] if None not in users else None
         targets.append(NamespaceToRead(ns, where, tuple(ways[:HANDLES]), user))
     return targets
