@@ -5,6 +5,14 @@ kubelet asks it).
 
 Run as root: `make bench` (or `.venv/bin/python -m bench.hostile_memory`). Prints figures.
 
+`--addresses [N] [--before DIR]` instead: the address check a reap makes before acting (one
+orphan's lease), in a process of its own, beside a network namespace of N addresses (default
+1,000,000) made by uid 65534 in its own user namespace (`unshare -Urn`), then beside one root
+made: peak RSS, wall time and the verdict. With `--before DIR` (a tree of an older version's
+`reaper` package, `git archive main reaper | tar -x -C DIR`), the same check of that version
+too. It runs in a mount, network and PID namespace of its own: what the check sees is the
+namespaces made for it, and they go with it.
+
 Every reaper process runs in a network namespace of its own (`unshare --net`), with every path
 flag pointing into a temp dir, against a fake CRI runtime: this script, started again with
 `--fake-cri SOCKET`, answering Version and an empty ListPodSandbox on a unix socket in the temp
@@ -573,9 +581,97 @@ def fat_headers(tmp: Path, cri: str) -> None:
         print(f"  {label + ':':<24} {text}")
 
 
+# --------------------------------------------------------------------------- 4: address check
+
+ADDRESS_FLOOD = ROOT / "tests" / "harness" / "address_flood.py"
+ADDRESS_CHECK = """
+import json, sys, time
+from reaper.kinds import hostlocal
+from reaper.kinds.hostlocal import HostLocalLease
+from reaper.model import Attachment, AttachmentKey
+from reaper.reap import addresses
+
+addresses.unseen_processes = lambda: None  # the bench's PID namespace is the node
+lease = HostLocalLease(network="net1", ip="10.9.0.5", container_id="d" * 64, ifname="eth0", path="/nonexistent",
+                       data_dir="/nonexistent", mtime=0.0)
+orphan = Attachment(key=AttachmentKey("d" * 64, "net1", "eth0"), resources=(hostlocal.KIND.ref(lease),), netns=None,
+                    verdict="orphan", reason="", age_seconds=1e6)
+started = time.perf_counter()
+left = addresses.addresses_in_use([orphan], {hostlocal.KIND.identity(lease): lease}, ("/nonexistent",),
+                                  deadline=600.0)
+print(json.dumps({"check_s": time.perf_counter() - started, "left": list(left.values())}))
+"""
+
+
+def _address_check(code: Path) -> dict[str, Any]:
+    """The check in a process of its own, importing `reaper` from `code`: peak RSS (wait4),
+    seconds in the check, the verdict."""
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([sys.executable, "-c", ADDRESS_CHECK], cwd=code, env=env, stdout=out, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4
+        out.seek(0)
+        err.seek(0)
+        printed, errors = out.read(), err.read()
+    figures: dict[str, Any] = {"exit": proc.returncode, "rss_mib": usage.ru_maxrss / 1024}
+    try:
+        figures.update(json.loads(printed))
+    except ValueError:
+        figures["left"] = [" ".join(errors.decode(errors="replace").strip().splitlines()[-1:])]
+    return figures
+
+
+def address_check_inside(count: int, before: Path | None) -> None:
+    """The rows of section 4; run inside the bench's own mount, network and PID namespace."""
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    nobody = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "unshare", "-Urn"]
+    makers = [("uid 65534 (unshare -Urn)", nobody, "10.9.0.0"), ("root (unshare -n)", ["unshare", "-n"], "11.0.0.0")]
+    codes = [("this tree", ROOT)] + ([("before", before)] if before is not None else [])
+    print(f"{'namespace made by':<26} {'addresses':>10} {'made in s':>9} {'code':<10} {'peak RSS MiB':>12} "
+          f"{'check s':>8}  verdict")  # fmt: skip
+    for label, argv, first in makers:
+        t = time.perf_counter()
+        flood = subprocess.Popen([*argv, "python3", str(ADDRESS_FLOOD), str(count), first], stdout=subprocess.PIPE)
+        try:
+            assert flood.stdout is not None and flood.stdout.readline() == b"ready\n", label
+            made = time.perf_counter() - t
+            for name, code in codes:
+                f = _address_check(code)
+                verdict = f["left"][0][:110] if f["left"] else "the orphan's lease may be freed"
+                check = f"{f['check_s']:>8.2f}" if "check_s" in f else f"{'-':>8}"
+                print(
+                    f"{label:<26} {count:>10,} {made:>9.1f} {name:<10} {f['rss_mib']:>12.1f} {check}  "
+                    f"exit {f['exit']}: {verdict}",
+                    flush=True,
+                )
+        finally:
+            stop(flood)
+
+
+def address_check(count: int, before: Path | None) -> None:
+    print(
+        f"4. the address check before a reap acts (one orphan holding 10.9.0.5), in a process of its own, beside "
+        f"a network namespace of {count:,} addresses (uid 65534's holds 10.9.0.5 too)",
+        flush=True,
+    )
+    inside = ["unshare", "--mount", "--propagation", "private", "--net", "--pid", "--fork", "--mount-proc"]
+    argv = [*inside, sys.executable, "-m", "bench.hostile_memory", "--addresses-inside", str(count)]
+    subprocess.run([*argv, *([str(before)] if before is not None else [])], cwd=ROOT, check=True)
+
+
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--fake-cri":
         serve_fake_cri(sys.argv[2])
+        return
+    if len(sys.argv) >= 3 and sys.argv[1] == "--addresses-inside":
+        address_check_inside(int(sys.argv[2]), Path(sys.argv[3]) if len(sys.argv) > 3 else None)
+        return
+    if len(sys.argv) >= 2 and sys.argv[1] == "--addresses":
+        rest = sys.argv[2:]
+        before = Path(rest[rest.index("--before") + 1]).resolve() if "--before" in rest else None
+        counts = [int(a) for a in rest if a.isdigit()]
+        address_check(counts[0] if counts else 1_000_000, before)
         return
     if os.geteuid() != 0:
         sys.exit("run as root: it makes network namespaces")
@@ -589,6 +685,8 @@ def main() -> None:
             fat_headers(tmp, cri)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    print(flush=True)
+    address_check(1_000_000, None)
 
 
 if __name__ == "__main__":

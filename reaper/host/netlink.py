@@ -12,6 +12,11 @@ A dump the kernel flags as interrupted (NLM_F_DUMP_INTR: the table changed while
 may miss links or hold stale ones: it is asked again, a few times, and then is an error, never
 a partial inventory.
 
+Every dump is bounded (DumpLimits): in the bytes and the messages the kernel answers with, and
+in time (the clock is looked at between reads, not only a read's own timeout). A dump over its
+bound is an error (DumpOverBound) the moment it is seen to be, never read to its end: what a
+namespace holds is as big as whoever may configure it chooses.
+
 A kind that wants links of one link kind only (the bandwidth plugin's IFBs) asks the kernel to
 filter the dump by that kind: the kernel then sends only those, so the answer costs next to
 nothing however many veths the node has.
@@ -25,7 +30,9 @@ import re
 import socket
 import stat
 import struct
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from itertools import count
 from typing import TypeVar
 
@@ -43,6 +50,8 @@ NLM_F_REQUEST = 0x1
 NLM_F_DUMP = 0x300
 NLM_F_DUMP_INTR = 0x10
 DUMP_ATTEMPTS = 4  # asks of a dump the kernel keeps flagging as interrupted
+MAX_DUMP_BYTES = 64 * 1024 * 1024  # bytes the kernel may answer one dump with
+MAX_DUMP_ITEMS = 200_000  # messages the kernel may answer one dump with
 NLMSG_ERROR = 0x2
 NLMSG_DONE = 0x3
 IFLA_IFNAME = 3
@@ -185,37 +194,144 @@ class DumpInterrupted(OSError):
     """The kernel flagged every answer to a dump as interrupted (NLM_F_DUMP_INTR)."""
 
 
-def dump_raw(nl: Netlink, mtype: int, body: bytes) -> tuple[int, list[bytes]]:
+class DumpOverBound(OSError):
+    """A dump answered with more bytes or messages than its bound, or past its deadline: it was
+    not read to its end."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DumpLimits:
+    """How much of one dump is read before it is an error: bytes and messages of the answer
+    (each ask of an interrupted dump counted alone), and a deadline on `clock` for all asks."""
+
+    max_bytes: int = MAX_DUMP_BYTES
+    max_items: int = MAX_DUMP_ITEMS
+    deadline: float | None = None
+    clock: Callable[[], float] = field(default=time.monotonic)
+
+
+DEFAULT_LIMITS = DumpLimits()
+
+
+class _Budget:
+    """What one ask of a dump has taken so far, against its limits."""
+
+    def __init__(self, limits: DumpLimits) -> None:
+        self.limits = limits
+        self.bytes = 0
+        self.items = 0
+
+    def before_read(self, nl: Netlink) -> None:
+        """Past the deadline: an error; else the next read waits no longer than what is left."""
+        deadline = self.limits.deadline
+        if deadline is None:
+            return
+        left = deadline - self.limits.clock()
+        if left <= 0:
+            raise DumpOverBound(errno.ETIMEDOUT, "the dump was not read whole by the deadline")
+        timeout = nl.sock.gettimeout()
+        if timeout is None or left < timeout:
+            nl.sock.settimeout(left)
+
+    def took(self, size: int, items: int) -> None:
+        self.bytes += size
+        self.items += items
+        if self.bytes > self.limits.max_bytes or self.items > self.limits.max_items:
+            raise DumpOverBound(
+                errno.EFBIG,
+                f"the dump is over its bound ({self.limits.max_items} messages, {self.limits.max_bytes} bytes):"
+                " not read whole",
+            )
+
+
+def dump_raw(nl: Netlink, mtype: int, body: bytes, limits: DumpLimits = DEFAULT_LIMITS) -> tuple[int, list[bytes]]:
     """A dump request's answer as the kernel sent it: (sequence, each read), asked again while
-    the kernel flags it as interrupted; DumpInterrupted after DUMP_ATTEMPTS such answers."""
+    the kernel flags it as interrupted; DumpInterrupted after DUMP_ATTEMPTS such answers,
+    DumpOverBound past `limits`."""
     for _ in range(DUMP_ATTEMPTS):
-        seq, reads, interrupted = _dump_once(nl, mtype, body)
+        seq, reads, interrupted = _dump_once(nl, mtype, body, limits)
         if not interrupted:
             return seq, reads
-    raise DumpInterrupted(
+    raise _interrupted()
+
+
+def _interrupted() -> DumpInterrupted:
+    return DumpInterrupted(
         errno.EAGAIN, f"the kernel interrupted the dump {DUMP_ATTEMPTS} times (it changed while being read)"
     )
 
 
-def _dump_once(nl: Netlink, mtype: int, body: bytes) -> tuple[int, list[bytes], bool]:
-    """One dump: (sequence, each read, whether any answer to it carried NLM_F_DUMP_INTR)."""
+def _ask(nl: Netlink, mtype: int, body: bytes) -> int:
+    """Send one dump request; its sequence number."""
     seq, msg = nl.message(mtype, NLM_F_REQUEST | NLM_F_DUMP, body)
     nl.sock.send(msg)
-    reads: list[bytes] = []
-    interrupted = False
+    return seq
+
+
+def _answers(nl: Netlink, seq: int, limits: DumpLimits) -> Iterator[tuple[bytes, int, int, int, int, int]]:
+    """(read, offset, length, type, flags, sequence) of each message received, ours (`seq`) or
+    not, until the answer to ours ends (NLMSG_DONE or NLMSG_ERROR, which is yielded too);
+    DumpOverBound past `limits`, checked at each read."""
+    budget = _Budget(limits)
     while True:
+        budget.before_read(nl)
         data = nl.sock.recv(_RECV_BYTES)
-        reads.append(data)
-        off = 0
+        off, ours, ended = 0, 0, False
         while off + _HDR.size <= len(data):
             length, atype, flags, aseq, _ = _HDR.unpack_from(data, off)
             if length < _HDR.size or off + length > len(data):
                 raise OSError(errno.EBADMSG, "malformed netlink message")
             if aseq == seq:
-                interrupted = interrupted or bool(flags & NLM_F_DUMP_INTR)
-                if atype in (NLMSG_DONE, NLMSG_ERROR):
-                    return seq, reads, interrupted
+                ours += 1
+                ended = ended or atype in (NLMSG_DONE, NLMSG_ERROR)
+            yield data, off, length, atype, flags, aseq
             off += (length + 3) & ~3
+        budget.took(len(data), ours)
+        if ended:
+            return
+
+
+def _dump_once(nl: Netlink, mtype: int, body: bytes, limits: DumpLimits) -> tuple[int, list[bytes], bool]:
+    """One dump: (sequence, each read, whether any answer to it carried NLM_F_DUMP_INTR)."""
+    seq = _ask(nl, mtype, body)
+    reads: list[bytes] = []
+    interrupted = False
+    for data, _, _, _, flags, aseq in _answers(nl, seq, limits):
+        if not reads or reads[-1] is not data:
+            reads.append(data)
+        if aseq == seq:
+            interrupted = interrupted or bool(flags & NLM_F_DUMP_INTR)
+    return seq, reads, interrupted
+
+
+def dump_kept(
+    nl: Netlink,
+    mtype: int,
+    body: bytes,
+    keep: Callable[[bytes, int, int], T | None],
+    limits: DumpLimits = DEFAULT_LIMITS,
+) -> list[T]:
+    """What `keep` makes of each answer to a dump request, but None, decoded read by read: only
+    what is kept stays in memory. Asked again while the kernel flags it as interrupted (what
+    was kept of an interrupted ask is dropped); OSError when the kernel refuses it,
+    DumpInterrupted, DumpOverBound as dump_raw."""
+    for _ in range(DUMP_ATTEMPTS):
+        seq = _ask(nl, mtype, body)
+        kept: list[T] = []
+        interrupted = False
+        for data, off, length, atype, flags, aseq in _answers(nl, seq, limits):
+            if aseq != seq:
+                continue
+            interrupted = interrupted or bool(flags & NLM_F_DUMP_INTR)
+            if atype == NLMSG_ERROR:
+                code = -_I32.unpack_from(data, off + _HDR.size)[0]
+                if code:
+                    raise OSError(code, os.strerror(code))
+            elif atype != NLMSG_DONE and (value := keep(data, off, length)) is not None:
+                kept.append(value)
+        if not interrupted:
+            return kept
+    raise _interrupted()
 
 
 def decode_raw(seq: int, reads: list[bytes], decode: Callable[[bytes, int, int], T]) -> Iterator[T]:

@@ -12,10 +12,18 @@ A namespace is opened by a path (a pin, `/proc/<pid>/ns/net`) and read only when
 opened is the namespace the caller found there ((st_dev, st_ino) by fstat): a pin swapped or
 a pid reused in between is that namespace's error, never another namespace's addresses.
 
+A namespace a user without root made (its owning user namespace, or one above it, owned by a
+uid other than 0: reaper.host.userns) is opened and asked who made it, never joined nor read:
+whatever it holds, none of it can be a pod's (see reaper.reap.addresses), and what it holds is
+as big as that user chooses.
+
 pyroute2's `IPRoute(netns=...)` was the other way: it forks a child per namespace (and makes a
 missing named netns unless told `flags=0`), which costs a process a namespace; a thread and a
 socket per namespace cost neither. Bounded: one thread, one namespace at a time, one deadline
-for them all; what was not read by then is an error, as is what could not be read.
+for them all, looked at between reads (the thread itself stops there, not only the wait for
+it); each dump bounded in bytes and messages (over it: that namespace's error, never read to its
+end), and only the addresses asked about kept. What was not read by then is an error, as is
+what could not be read.
 
 No CNI knowledge here: namespaces and addresses only.
 """
@@ -36,7 +44,8 @@ from collections.abc import Callable, Sequence
 from msgspec import Struct
 
 from reaper.host.confined import libc
-from reaper.host.netlink import Netlink, attrs, decode_raw, dump_raw
+from reaper.host.netlink import DumpLimits, Netlink, attrs, dump_kept
+from reaper.host.userns import owners_of
 from reaper.model import NsKey
 
 CLONE_NEWNET = 0x40000000
@@ -49,6 +58,11 @@ _ADDR_WANTED = frozenset({IFA_ADDRESS, IFA_LOCAL})
 _ALL_FAMILIES = _IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)
 _FAMILY_BYTES: dict[int, int] = {int(socket.AF_INET): 4, int(socket.AF_INET6): 16}
 READ_TIMEOUT = 5.0  # seconds the kernel gets to answer one namespace's dump
+# One namespace's address dump: messages and bytes read before it is that namespace's error.
+# A node's own netns may hold many (kube-proxy's IPVS mode puts every Service address on
+# kube-ipvs0); a pod's a handful.
+MAX_ADDRESS_MESSAGES = 200_000
+MAX_ADDRESS_BYTES = 32 * 1024 * 1024
 
 
 class Handle(Struct, frozen=True):
@@ -64,6 +78,9 @@ class NamespaceToRead(Struct, frozen=True):
     ns: NsKey  # what the caller found there: the fd opened must be this namespace
     where: str  # in words, for a reason: "the netns pinned at /run/netns/x", "the netns of pid 42"
     handles: tuple[Handle, ...]  # none: the namespace the reader starts in
+    # Found only through mounts in mount namespaces a user without root made (that uid): it may
+    # be a pod's namespace that user bind-mounted, or one of its own.
+    mounted_by_user: int | None = None
 
 
 class NamespaceAddresses(Struct, frozen=True):
@@ -73,6 +90,8 @@ class NamespaceAddresses(Struct, frozen=True):
     where: str
     addresses: tuple[str, ...]
     error: str | None = None
+    made_by_user: int | None = None  # a user without root made it (this uid): it was not read
+    mounted_by_user: int | None = None  # as the NamespaceToRead said
 
 
 def _setns_ctypes(fd: int, nstype: int) -> None:
@@ -91,9 +110,12 @@ def this_threads_netns() -> NsKey:
     return NsKey(st.st_dev, st.st_ino)
 
 
-def parse_address(data: bytes | bytearray, offset: int, length: int) -> str | None:
+def parse_address(
+    data: bytes | bytearray, offset: int, length: int, wanted: frozenset[bytes] | None = None
+) -> str | None:
     """One RTM_NEWADDR message's address: IFA_LOCAL when there is one (the address of this
-    end; IFA_ADDRESS is then a point-to-point peer's), else IFA_ADDRESS (IPv6 has only that)."""
+    end; IFA_ADDRESS is then a point-to-point peer's), else IFA_ADDRESS (IPv6 has only that).
+    With `wanted` (packed addresses), None for any other."""
     if length < _HEADER + _IFADDRMSG.size:
         return None
     family = data[offset + _HEADER]
@@ -104,14 +126,21 @@ def parse_address(data: bytes | bytearray, offset: int, length: int) -> str | No
     span = at.get(IFA_LOCAL) or at.get(IFA_ADDRESS)
     if span is None or span[1] - span[0] != size:
         return None
-    return socket.inet_ntop(family, bytes(data[span[0] : span[1]]))
+    raw = bytes(data[span[0] : span[1]])
+    if wanted is not None and raw not in wanted:
+        return None
+    return socket.inet_ntop(family, raw)
 
 
-def _dump_addresses(timeout: float) -> tuple[str, ...]:
-    """Every address of the namespace the calling thread is in, on a socket made there."""
-    with Netlink(timeout=timeout) as nl:
-        found = decode_raw(*dump_raw(nl, RTM_GETADDR, _ALL_FAMILIES), parse_address)
-        return tuple(sorted({a for a in found if a is not None}))
+def _dump_addresses(limits: DumpLimits, wanted: frozenset[bytes] | None) -> tuple[str, ...]:
+    """The addresses (all, or the `wanted` ones) of the namespace the calling thread is in, on
+    a socket made there; OSError past `limits`."""
+    left = READ_TIMEOUT if limits.deadline is None else limits.deadline - limits.clock()
+    with Netlink(timeout=max(0.001, min(left, READ_TIMEOUT))) as nl:
+        found = dump_kept(
+            nl, RTM_GETADDR, _ALL_FAMILIES, lambda data, off, length: parse_address(data, off, length, wanted), limits
+        )
+        return tuple(sorted(set(found)))
 
 
 def _open_checked(handle: Handle, ns: NsKey) -> int:
@@ -135,34 +164,39 @@ def _open_checked(handle: Handle, ns: NsKey) -> int:
     return fd
 
 
-def _join(target: NamespaceToRead, home: int) -> None:
-    """Move the calling thread into the target's namespace, by the first handle that opens it
-    (a process may have left it, a pin gone, since they were found); OSError when none does."""
-    if not target.handles:
-        _setns(home, CLONE_NEWNET)
-        st = os.fstat(home)
-        if NsKey(st.st_dev, st.st_ino) != target.ns:
-            raise OSError(errno.ESTALE, "the reader did not start in it")
-        return
+def _open_target(target: NamespaceToRead) -> int:
+    """An fd on the target's namespace, by the first handle that opens it (a process may have
+    left it, a pin gone, since they were found); OSError when none does."""
     failed: OSError | None = None
     for handle in target.handles:
         try:
-            fd = _open_checked(handle, target.ns)
+            return _open_checked(handle, target.ns)
         except OSError as err:
             failed = err
-            continue
-        try:
-            _setns(fd, CLONE_NEWNET)
-        finally:
-            os.close(fd)
-        return
     assert failed is not None
     raise failed
 
 
-def _read_one(target: NamespaceToRead, home: int, timeout: float) -> tuple[str, ...]:
-    _join(target, home)
-    return _dump_addresses(timeout)
+def _read_one(
+    target: NamespaceToRead, home: int, limits: DumpLimits, wanted: frozenset[bytes] | None
+) -> NamespaceAddresses:
+    """The target read from inside it; a namespace a user without root made is not joined."""
+    if not target.handles:
+        st = os.fstat(home)
+        if NsKey(st.st_dev, st.st_ino) != target.ns:
+            raise OSError(errno.ESTALE, "the reader did not start in it")
+        _setns(home, CLONE_NEWNET)
+    else:
+        fd = _open_target(target)
+        try:
+            user = owners_of(fd).user
+            if user is not None:
+                return NamespaceAddresses(target.ns, target.where, (), None, user, target.mounted_by_user)
+            _setns(fd, CLONE_NEWNET)
+        finally:
+            os.close(fd)
+    addresses = _dump_addresses(limits, wanted)
+    return NamespaceAddresses(target.ns, target.where, addresses, None, None, target.mounted_by_user)
 
 
 def _why(err: OSError) -> str:
@@ -170,10 +204,25 @@ def _why(err: OSError) -> str:
 
 
 def read_addresses(
-    targets: Sequence[NamespaceToRead], *, deadline: float, clock: Callable[[], float] = time.monotonic
+    targets: Sequence[NamespaceToRead],
+    *,
+    deadline: float,
+    clock: Callable[[], float] = time.monotonic,
+    wanted: frozenset[bytes] | None = None,
+    max_messages: int | None = None,
+    max_bytes: int | None = None,
 ) -> list[NamespaceAddresses]:
     """Each target's addresses, in order, read one at a time on one thread of its own until
-    `deadline` (on `clock`); every target not read whole by then has an error instead."""
+    `deadline` (on `clock`); every target not read whole by then has an error instead, as has
+    one whose dump is over `max_messages` or `max_bytes`. With `wanted` (packed addresses, 4 or
+    16 bytes), only those are kept of what a namespace holds. The bounds default to
+    MAX_ADDRESS_MESSAGES and MAX_ADDRESS_BYTES as they are at the call."""
+    limits = DumpLimits(
+        max_bytes=MAX_ADDRESS_BYTES if max_bytes is None else max_bytes,
+        max_items=MAX_ADDRESS_MESSAGES if max_messages is None else max_messages,
+        deadline=deadline,
+        clock=clock,
+    )
     results: dict[int, NamespaceAddresses] = {}
     lock = threading.Lock()
     stop = threading.Event()
@@ -185,7 +234,8 @@ def read_addresses(
         except OSError as err:
             with lock:
                 for i, t in enumerate(targets):
-                    results[i] = NamespaceAddresses(t.ns, t.where, (), f"no fd on the reader's netns: {_why(err)}")
+                    why = f"no fd on the reader's netns: {_why(err)}"
+                    results[i] = NamespaceAddresses(t.ns, t.where, (), why, None, t.mounted_by_user)
             finished.set()
             return
         try:
@@ -194,11 +244,11 @@ def read_addresses(
                 if stop.is_set() or left <= 0:
                     break
                 try:
-                    done = NamespaceAddresses(target.ns, target.where, _read_one(target, home, min(left, READ_TIMEOUT)))
+                    done = _read_one(target, home, limits, wanted)
                 except OSError as err:
-                    done = NamespaceAddresses(target.ns, target.where, (), _why(err))
+                    done = _failed(target, _why(err))
                 except Exception as err:  # an answer that does not decode: this namespace's error
-                    done = NamespaceAddresses(target.ns, target.where, (), f"{type(err).__name__}: {err}")
+                    done = _failed(target, f"{type(err).__name__}: {err}")
                 with lock:
                     results[i] = done
         finally:
@@ -213,5 +263,8 @@ def read_addresses(
     stop.set()
     with lock:
         got = dict(results)
-    late = "not read by the deadline"
-    return [got.get(i) or NamespaceAddresses(t.ns, t.where, (), late) for i, t in enumerate(targets)]
+    return [got.get(i) or _failed(t, "not read by the deadline") for i, t in enumerate(targets)]
+
+
+def _failed(target: NamespaceToRead, why: str) -> NamespaceAddresses:
+    return NamespaceAddresses(target.ns, target.where, (), why, None, target.mounted_by_user)

@@ -14,6 +14,27 @@ could not be read, or not every process or mount could be seen (fail closed). Th
 orphans the pass reclaims, with no process inside, prove nothing live: a runtime that forgot a
 sandbox leaves its pin and its files as two attachments, the address of one in the other.
 
+Each namespace is weighed by what it could really hold (reaper.host.userns tells who made it):
+- One a user without root made (its owning user namespace, or one above it below the reaper's,
+  owned by a uid other than 0) holds no pod's address: a pod's interface reaches it only
+  through a link made in, or moved from, a namespace of the node's or a pod's, which takes
+  CAP_NET_ADMIN over that namespace's owning user namespace (the kernel's rtnetlink checks it
+  of the link's source and target namespaces), and such a user has it over its own only. The
+  runtimes make pods' namespaces as root, in the host's user namespace or in one they make for
+  the pod (containerd pkg/netns/netns_linux.go: a new netns, or that of the sandbox's first
+  process, bind-mounted on a file it creates; CRI-O pinns/src/pinns.c: unshare as root, the
+  user namespace first when the pod has one, then the pin). So such a namespace is neither
+  read (it costs nothing, however much it holds) nor keeps anything: the addresses its owner
+  configured there, or that an unprivileged user would hide there, are its owner's own.
+- One found only through mounts in mount namespaces such users made may still be a pod's: a
+  pin is an nsfs file of mode 0444 (fs/nsfs.c), which anyone who can reach it may open and
+  bind-mount in a mount namespace of their own. Read through that mount, it counts as any
+  other. When it cannot be read (its mount below a filesystem that is never walked, hidden
+  under another mount), it keeps only the attachment it is the namespace of (by its key:
+  nsfs' device and the inode of `net:[INODE]` in the mountinfo), not every orphan on the node.
+- Any other namespace that cannot be read (made by root, or by no one the reaper can name)
+  leaves every orphan holding an address, as before: only root could have made it so.
+
 The addresses an orphan holds are those the reaper would free: its leases' and those the kernel
 holds for it, its firewall rules' and the jumps to its masquerade chain (written by the plugins,
 beyond a file writer's reach). Not its cache entries' results: that writer can put any address
@@ -27,7 +48,8 @@ namespace has some, so they are left out on both sides.
 
 The cost is paid only when some selected orphan holds an address: one /proc walk, one read of
 every mount namespace's mounts, one listing of the netns dirs, and one address dump per
-namespace (reaper.host.netns_addrs), all within one deadline.
+namespace (reaper.host.netns_addrs), all within one deadline, each dump bounded, and of what a
+namespace holds only the addresses the orphans hold kept.
 """
 
 from __future__ import annotations
@@ -42,6 +64,7 @@ from msgspec import Struct
 from reaper.host.netns_addrs import Handle, NamespaceAddresses, NamespaceToRead, read_addresses, this_threads_netns
 from reaper.host.nsmounts import NsMount, held_elsewhere, netns_mounts, own_mount_namespace
 from reaper.host.procs import netns_members, unseen_processes
+from reaper.host.userns import mount_namespace_owners
 from reaper.kinds.netns import collect_pins
 from reaper.kinds.registry import BY_NAME, pin_of
 from reaper.model import Attachment, AttachmentKey, Identity, NsKey
@@ -76,6 +99,23 @@ def address_key(text: str) -> IPAddress | None:
     return address
 
 
+def packed_forms(addresses: Sequence[IPAddress]) -> frozenset[bytes]:
+    """The bytes the kernel may hold each address as: an IPv4 address also as IPv4-mapped IPv6."""
+    forms: set[bytes] = set()
+    for address in addresses:
+        forms.add(address.packed)
+        if isinstance(address, ipaddress.IPv4Address):
+            forms.add(ipaddress.IPv6Address(b"\0" * 10 + b"\xff\xff" + address.packed).packed)
+    return frozenset(forms)
+
+
+def mounting_user(mount: NsMount) -> int | None:
+    """The uid of the user without root whose mount namespace holds `mount`; None when root's,
+    or when it cannot be told (a mount namespace no process is in, a holder gone)."""
+    owners = mount_namespace_owners(mount.pid, mount.mount_ns)
+    return None if owners is None else owners.user
+
+
 def addresses_held(attachment: Attachment, records: Mapping[Identity, Any]) -> HeldAddresses:
     """What `attachment` would free that is an address, and the namespaces its own pins hold."""
     texts: list[str] = []
@@ -105,13 +145,16 @@ def leave_for_addresses(
     with no process inside), whose addresses are the leftovers of a pod that is gone."""
     configured: dict[IPAddress, list[NamespaceAddresses]] = {}
     for ns in seen:
-        if ns.ns in dead:
+        if ns.ns in dead or ns.made_by_user is not None:
             continue
         for text in ns.addresses:
             address = address_key(text)
             if address is not None:
                 configured.setdefault(address, []).append(ns)
-    failed = [ns for ns in seen if ns.error is not None and ns.ns not in dead]
+    failed = [ns for ns in seen if ns.error is not None and ns.ns not in dead and ns.made_by_user is None]
+    # Unread and found only through users' mounts: each may be the namespace of one attachment.
+    users_unread = {ns.ns: ns for ns in failed if ns.mounted_by_user is not None}
+    failed = [ns for ns in failed if ns.mounted_by_user is None]
     reasons: dict[AttachmentKey, str] = {}
     for key, holds in held.items():
         if not holds.addresses:
@@ -129,6 +172,13 @@ def leave_for_addresses(
             address, ns = elsewhere
             reasons[key] = f"its address {address} is configured in {ns.where}, not its own: a live pod holds it"
             continue
+        own_unread = next((users_unread[ns] for ns in sorted(holds.own) if ns in users_unread), None)
+        if own_unread is not None:
+            reasons[key] = (
+                f"its own namespace, {own_unread.where} (a mount of uid {own_unread.mounted_by_user}'s), could not be"
+                f" read ({own_unread.error}): whether it still holds its address {first} cannot be told"
+            )
+            continue
         unread = next((ns for ns in failed if ns.ns not in holds.own), None)
         if unread is not None:
             reasons[key] = (
@@ -143,10 +193,13 @@ def node_namespaces(
     members: Mapping[NsKey, set[int]],
     skip: frozenset[NsKey],
     mounted: Mapping[NsKey, tuple[NsMount, ...]] | None = None,
+    mounting: Callable[[NsMount], int | None] = mounting_user,
 ) -> list[NamespaceToRead]:
     """Every network namespace on the node but those in `skip`: the one this thread is in, each
     pinned under the netns dirs, each some process is in (`members`, from a walk of /proc),
-    each a mount holds elsewhere (`mounted`, reached through its holder's root)."""
+    each a mount holds elsewhere (`mounted`, reached through its holder's root). One found
+    only through mounts every one of which `mounting` names a user without root for is marked
+    with that user (the first such mount's)."""
     mounted = mounted or {}
     pins, _ = collect_pins(netns_dirs, ())
     here = this_threads_netns()
@@ -165,18 +218,25 @@ def node_namespaces(
         # process) makes the namespace unread, never the one this thread is in.
         ways = [Handle(m.reach, pinned=True) for m in mounts if m.reachable][:HANDLES]
         handles.setdefault(ns, []).extend(ways or [Handle(UNREACHABLE, pinned=False)])
+    asked: dict[tuple[int, int], int | None] = {}  # who made each holder's mount namespace, asked once
     targets = [] if here in skip else [NamespaceToRead(here, "the netns the reaper runs in", ())]
     for ns, ways in sorted(handles.items()):
         if ns == here or ns in skip:
             continue
         pids = sorted(members.get(ns, ()))
+        user: int | None = None
         if ns in pinned_at:
             where = f"the netns pinned at {pinned_at[ns]}" + (f" (pid {pids[0]} inside)" if pids else "")
         elif pids:
             where = f"the netns of pid {pids[0]}"
         else:
             where = f"the netns held by {mounted[ns][0].describe()}"
-        targets.append(NamespaceToRead(ns, where, tuple(ways[:HANDLES])))
+            for m in mounted[ns]:
+                if (m.pid, m.mount_ns) not in asked:
+                    asked[m.pid, m.mount_ns] = mounting(m)
+            users = [asked[m.pid, m.mount_ns] for m in mounted[ns]]
+            user = users[0] if None not in users else None
+        targets.append(NamespaceToRead(ns, where, tuple(ways[:HANDLES]), user))
     return targets
 
 
@@ -214,5 +274,6 @@ def addresses_in_use(
     # A namespace that is every such attachment's own, or dead, is not read: it proves none live.
     skip = dead | frozenset.intersection(*(h.own for h in held.values()))
     targets = node_namespaces(netns_dirs, members, skip, mounted)
-    seen = read_addresses(targets, deadline=clock() + deadline, clock=clock)
+    wanted = packed_forms([address for h in held.values() for address in h.addresses])
+    seen = read_addresses(targets, deadline=clock() + deadline, clock=clock, wanted=wanted)
     return leave_for_addresses(held, seen, None, dead)

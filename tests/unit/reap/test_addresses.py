@@ -300,3 +300,59 @@ def test_an_address_configured_in_a_namespace_only_a_mount_holds_keeps_the_orpha
     monkeypatch.setattr(addresses, "netns_mounts", fails)
     why = addresses_in_use([orphan], records, ("/run/netns",))[orphan.key]
     assert "mounts of every mount namespace cannot be read" in why
+
+
+def test_a_namespace_a_user_without_root_made_keeps_nothing() -> None:
+    """Its addresses are its owner's own (never read in fact: the reader reports only who made
+    it), and one it could not read would not count either."""
+    orphan, records = attach(lease("10.0.0.5"))
+    held = {orphan.key: addresses_held(orphan, records)}
+    users = [
+        NamespaceAddresses(OTHER, "the netns of pid 7", ("10.0.0.5",), None, 65534),
+        NamespaceAddresses(GONE, "the netns of pid 8", (), "Permission denied", 1000),
+    ]
+    assert leave_for_addresses(held, users, None) == {}
+
+
+def test_an_unread_namespace_only_users_mounts_hold_keeps_only_its_own_attachment() -> None:
+    """It may be a pod's pin a user bind-mounted: the attachment it is the namespace of stays,
+    and no other orphan on the node does."""
+    own, own_records = attach(lease("10.0.0.6", cid=LIVE), cid=LIVE, netns_key=OTHER)
+    other, other_records = attach(lease("10.0.0.5"))
+    held = {own.key: addresses_held(own, own_records), other.key: addresses_held(other, other_records)}
+    unread = NamespaceAddresses(OTHER, "the netns held by a mount at /b/status", (), "No such file", None, 65534)
+    reasons = leave_for_addresses(held, [unread, seen(HOST, "host", "192.0.2.2")], None)
+    assert list(reasons) == [own.key]
+    assert "its own namespace" in reasons[own.key] and "uid 65534" in reasons[own.key]
+    # Made by root (or by no one the reaper can name), unread: every orphan stays, as before.
+    root = NamespaceAddresses(OTHER, "the netns held by a mount at /x", (), "No such file")
+    assert set(leave_for_addresses(held, [root], None)) == {other.key}
+
+
+def test_a_namespace_is_marked_a_users_only_when_every_mount_of_it_is_a_users() -> None:
+    users = {9: 65534, 10: None}  # mount namespace -> who made it
+    mine = NsMount(ns=NsKey(4, 81), pid=12, mount_ns=9, mount_point="/b/status", on=None, reachable=False)
+    roots = NsMount(ns=NsKey(4, 82), pid=13, mount_ns=10, mount_point="/held", on=None)
+    both = (NsMount(ns=NsKey(4, 83), pid=12, mount_ns=9, mount_point="/b/x", on=None), roots)
+    mounted = {mine.ns: (mine,), roots.ns: (roots,), NsKey(4, 83): both}
+    targets = addresses.node_namespaces(("/nonexistent",), {}, frozenset(), mounted, lambda m: users[m.mount_ns])
+    by_ns = {t.ns: t.mounted_by_user for t in targets if t.handles}  # not the one the reader starts in
+    assert by_ns == {mine.ns: 65534, roots.ns: None, NsKey(4, 83): None}
+
+
+def test_only_the_orphans_addresses_are_asked_for_in_every_spelling_the_kernel_holds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[frozenset[bytes] | None] = []
+
+    def read(targets: Sequence[NamespaceToRead], **kw: Any) -> list[NamespaceAddresses]:
+        asked.append(kw.get("wanted"))
+        return [NamespaceAddresses(t.ns, t.where, ()) for t in targets]
+
+    _fake_node(monkeypatch, {HOST: {1}}, [], {})
+    monkeypatch.setattr(addresses, "read_addresses", read)
+    orphan, records = attach(lease("10.0.0.5"), rule("fd00::5"))
+    assert addresses_in_use([orphan], records, ("/run/netns",)) == {}
+    v4, v6 = ipaddress.ip_address("10.0.0.5"), ipaddress.ip_address("fd00::5")
+    mapped = ipaddress.ip_address("::ffff:10.0.0.5")
+    assert asked == [frozenset({v4.packed, mapped.packed, v6.packed})]

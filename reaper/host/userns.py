@@ -1,0 +1,109 @@
+"""Who made a namespace: the owners of the user namespaces above it, as the kernel tells them.
+
+Every namespace is owned by a user namespace (the one its creator was in), and every user
+namespace has an owner (the effective uid of the process that made it) and a parent. The kernel
+answers both through ioctls on an nsfs fd (torvalds/linux include/uapi/linux/nsfs.h, fs/nsfs.c
+`ns_ioctl`): NS_GET_USERNS opens the owning user namespace, NS_GET_PARENT a user namespace's
+parent (EPERM at the caller's own user namespace or above it), NS_GET_OWNER_UID a user
+namespace's owner as a uid of the caller's user namespace (the overflow uid when unmapped).
+
+The chain is walked from the namespace's owner up to the reader's own user namespace, which is
+left out: what is in it is the reader's peers'. No uid in the chain (an empty one included)
+means only root of the reader's user namespace, or what it started, could have made the
+namespace; a uid other than 0 means a user without root made it or one above it.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import struct
+
+from msgspec import Struct
+
+NS_GET_USERNS = 0xB701  # _IO(NSIO 0xb7, 0x1)
+NS_GET_PARENT = 0xB702  # _IO(NSIO, 0x2)
+NS_GET_OWNER_UID = 0xB704  # _IO(NSIO, 0x4), a uid_t written to the argument
+MAX_DEPTH = 40  # user namespaces nest 32 deep at most (kernel/user_namespace.c, create_user_ns)
+_UID = struct.Struct("=I")
+
+
+class Owners(Struct, frozen=True):
+    """The owner of each user namespace from a namespace's owner up, below the reader's own."""
+
+    uids: tuple[int, ...]
+
+    @property
+    def user(self) -> int | None:
+        """The uid of a user without root that made the namespace or one above it; None when
+        every owner is uid 0 (or the namespace is owned by the reader's user namespace)."""
+        return next((uid for uid in self.uids if uid != 0), None)
+
+
+def _key(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def own_user_namespace() -> tuple[int, int]:
+    """(device, inode) of the calling process's user namespace."""
+    st = os.stat("/proc/self/ns/user")
+    return st.st_dev, st.st_ino
+
+
+def owner_uid(user_fd: int) -> int:
+    """The owner of the user namespace `user_fd` is open on, as a uid of the caller's."""
+    buf = bytearray(_UID.size)
+    fcntl.ioctl(user_fd, NS_GET_OWNER_UID, buf, True)
+    return int(_UID.unpack(buf)[0])
+
+
+def owners_of(ns_fd: int, home: tuple[int, int] | None = None) -> Owners:
+    """The owners of the user namespaces above the namespace `ns_fd` is open on (any type but a
+    user namespace), up to `home` (default: the caller's user namespace). A namespace owned
+    outside the caller's user namespace (EPERM) has none that the caller can name: it is the
+    caller's parents', so it weighs as theirs. OSError when the kernel cannot tell."""
+    home = home if home is not None else own_user_namespace()
+    try:
+        user = fcntl.ioctl(ns_fd, NS_GET_USERNS)
+    except OSError as err:
+        if err.errno == errno.EPERM:
+            return Owners(())
+        raise
+    uids: list[int] = []
+    try:
+        for _ in range(MAX_DEPTH):
+            if _key(user) == home:
+                return Owners(tuple(uids))
+            uids.append(owner_uid(user))
+            try:
+                parent = fcntl.ioctl(user, NS_GET_PARENT)
+            except OSError as err:
+                if err.errno == errno.EPERM:
+                    return Owners(tuple(uids))  # at the top the caller can see
+                raise
+            os.close(user)
+            user = parent
+    finally:
+        os.close(user)
+    raise OSError(errno.ELOOP, f"user namespaces nested over {MAX_DEPTH} deep")
+
+
+def mount_namespace_owners(pid: int, mount_ns: int) -> Owners | None:
+    """The owners above mount namespace `mount_ns` (its inode), reached through process or
+    thread `pid`; None when `pid` is not in it now (gone, moved, reused) or cannot be asked."""
+    if pid <= 0:
+        return None
+    try:
+        fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if os.fstat(fd).st_ino != mount_ns:
+            return None
+        return owners_of(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
