@@ -65,7 +65,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import fcntl
 import gc
 import logging
 import os
@@ -73,7 +72,6 @@ import re
 import select
 import signal
 import stat
-import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import NoReturn
 
@@ -82,6 +80,7 @@ from msgspec import Struct
 from reaper.host.confined import libc, open_beneath, parts_beneath
 from reaper.host.mounts import MountLine, parse_line
 from reaper.host.procs import EveryNamespaceBusy, busy_namespaces
+from reaper.host.userns import owners_of
 from reaper.model import NsKey
 
 MAX_MOUNT_NAMESPACES = 20_000  # distinct root-made mount namespaces read in one walk
@@ -96,10 +95,6 @@ NO_PROCESS = 0  # the pid of a mount in a mount namespace no process is in
 ENTER_TIMEOUT = 10.0  # seconds a child gets to join a mount namespace no process is in
 CLONE_NEWNS = 0x00020000
 # ioctls on an nsfs fd (include/uapi/linux/nsfs.h): _IO(0xb7, n)
-NS_GET_USERNS = 0xB701  # an fd of the user namespace that owns the namespace
-NS_GET_PARENT = 0xB702  # an fd of a user namespace's parent; EPERM at the initial one
-NS_GET_OWNER_UID = 0xB704  # the uid that made a user namespace
-MAX_USERNS_DEPTH = 33  # the kernel nests user namespaces 32 deep
 _ALL_SIGNALS = signal.valid_signals()
 log = logging.getLogger(__name__)
 
@@ -131,6 +126,10 @@ class NsMount(Struct, frozen=True, kw_only=True):
     on: tuple[int, str] | None
     # Its path is walked through local filesystems only (LOCAL_FSTYPES): `reach` may be opened.
     reachable: bool = True
+    # The uid of a user without root that made the mount namespace holding it, where the walk
+    # told it (a mount namespace no process is in, which no pid can be asked about later);
+    # None: root's, or to be asked through `pid`.
+    made_by_user: int | None = None
 
     @property
     def reach(self) -> str:
@@ -327,7 +326,8 @@ def walk_mounts(proc: str = "/proc") -> MountWalk:
                     raise OSError(errno.EIO, f"{where}, cannot be reached: {pin.why}")
                 tally.leave(where, f"cannot be reached: {pin.why}")
                 continue
-            users = not made_by_root(fd)
+            maker = made_by_user(fd)
+            users = maker is not None
             if not tally.take(users=users, what=where):
                 continue
             try:
@@ -344,7 +344,7 @@ def walk_mounts(proc: str = "/proc") -> MountWalk:
                     continue
                 pins[inner_ino] = inner_pin
                 waiting.append(inner_ino)
-            found.extend(_net_mounts(info, NO_PROCESS, ino))
+            found.extend(_net_mounts(info, NO_PROCESS, ino, maker))
     finally:
         for pin in pins.values():
             if pin.fd is not None:
@@ -445,32 +445,20 @@ def _users_at(base: str, mount_ns: int) -> bool:
         os.close(fd)
 
 
-def made_by_root(ns_fd: int) -> bool:
-    """Whether every user namespace above namespace `ns_fd` (its owner, that one's parent, up
-    to the initial one) was made by uid 0 (fs/nsfs.c: NS_GET_USERNS, NS_GET_OWNER_UID,
-    NS_GET_PARENT). True when it cannot be told (a kernel before 4.11): fail closed."""
+def made_by_user(ns_fd: int) -> int | None:
+    """The uid of a user without root that made the user namespace owning namespace `ns_fd`, or
+    one above it (reaper.host.userns: NS_GET_USERNS, NS_GET_OWNER_UID, NS_GET_PARENT); None when
+    every one was made by uid 0, or when it cannot be told (a kernel before 4.11): fail closed,
+    as root's."""
     try:
-        userns = fcntl.ioctl(ns_fd, NS_GET_USERNS)
+        return owners_of(ns_fd).user
     except OSError:
-        return True
-    try:
-        for _ in range(MAX_USERNS_DEPTH):
-            owner = bytearray(4)
-            try:
-                fcntl.ioctl(userns, NS_GET_OWNER_UID, owner, True)
-            except OSError:
-                return True
-            if int.from_bytes(owner, sys.byteorder) != 0:
-                return False
-            try:
-                parent = fcntl.ioctl(userns, NS_GET_PARENT)
-            except OSError as err:
-                return err.errno == errno.EPERM  # the initial user namespace (or this process's)
-            os.close(userns)
-            userns = parent
-        return True
-    finally:
-        os.close(userns)
+        return None
+
+
+def made_by_root(ns_fd: int) -> bool:
+    """Whether namespace `ns_fd` weighs as root's (made_by_user found no user)."""
+    return made_by_user(ns_fd) is None
 
 
 @contextlib.contextmanager
@@ -548,10 +536,12 @@ def _tasks(proc: str, pid: str) -> Iterator[tuple[str, int]]:
             yield f"{base}/task/{tid}", int(tid)
 
 
-def _net_mounts(info: MountInfo, pid: int, mount_ns: int) -> Iterator[NsMount]:
+def _net_mounts(info: MountInfo, pid: int, mount_ns: int, maker: int | None = None) -> Iterator[NsMount]:
     for line, on, reachable in info.net:
         ns = NsKey(line.dev, int(line.root[5:-1]))
-        yield NsMount(ns=ns, pid=pid, mount_ns=mount_ns, mount_point=line.point, on=on, reachable=reachable)
+        yield NsMount(
+            ns=ns, pid=pid, mount_ns=mount_ns, mount_point=line.point, on=on, reachable=reachable, made_by_user=maker
+        )
 
 
 def own_mount_namespace(proc: str = "/proc") -> int:

@@ -111,7 +111,10 @@ def packed_forms(addresses: Sequence[IPAddress]) -> frozenset[bytes]:
 
 def mounting_user(mount: NsMount) -> int | None:
     """The uid of the user without root whose mount namespace holds `mount`; None when root's,
-    or when it cannot be told (a mount namespace no process is in, a holder gone)."""
+    or when it cannot be told (a holder gone). A mount namespace no process is in is told by
+    the walk, through the file it is pinned on."""
+    if mount.made_by_user is not None:
+        return mount.made_by_user  # a mount namespace no process is in: the walk asked its pin
     owners = mount_namespace_owners(mount.pid, mount.mount_ns)
     return None if owners is None else owners.user
 

@@ -65,6 +65,17 @@ if case == "binfmt_misc":
 elif case == "covered":
     attacker = as_nobody('mkdir "$1/c"; touch "$1/c/net"; ' + OWN_NETNS + '"$1/c/net"; '
                          'mount -t tmpfs tmpfs "$1/c"; echo ready; exec sleep 600', user)
+elif case == "pinned":
+    # A mount namespace of its own holding that netns, pinned on a file, then left by its last
+    # process: the walk reads it through a child, and no pid can be asked who made it.
+    with open(os.path.join(user, "inner.sh"), "w") as f:
+        f.write('ip link set lo up; ip addr add 10.9.0.5/32 dev lo; mount --bind /proc/self/ns/net "$1/inner"\n')
+    with open(os.path.join(user, "holder.sh"), "w") as f:
+        f.write('unshare -n sh -eu "$1/inner.sh" "$1"; touch "$1/inner-ready"; exec sleep 600\n')
+    attacker = as_nobody('touch "$1/mnt" "$1/inner"; unshare -m --propagation private sh -eu "$1/holder.sh" "$1" & '
+                         'child=$!; while [ ! -e "$1/inner-ready" ]; do sleep 0.05; done; '
+                         'mount --bind /proc/$child/ns/mnt "$1/mnt"; kill $child; wait $child || true; '
+                         'echo ready; exec sleep 600', user)
 elif case == "reachable":
     attacker = as_nobody('touch "$1/net"; ' + OWN_NETNS + '"$1/net"; echo ready; exec sleep 600', user)
 
@@ -123,9 +134,10 @@ def run(case: str) -> dict[str, object]:
     return out
 
 
-@pytest.mark.parametrize("case", ["binfmt_misc", "covered", "reachable"])
+@pytest.mark.parametrize("case", ["binfmt_misc", "covered", "pinned", "reachable"])
 def test_a_users_own_netns_held_where_the_reaper_cannot_reach_keeps_no_orphan(case: str) -> None:
-    """2(A) below binfmt_misc, 2(C) under a tmpfs, and one reachable with the leak's address
+    """2(A) below binfmt_misc, 2(C) under a tmpfs, in a mount namespace of its own pinned with no
+    process in it (2(B)'s way of hiding from a pid), and one reachable with the leak's address
     configured: the leak's lease is freed while the attacker's mount is held."""
     out = run(case)
     assert out["attacker_running"] is True and out["attacker_nsfs_mounts"] == 1, out

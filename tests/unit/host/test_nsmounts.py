@@ -185,7 +185,7 @@ class Entering:
         self.root_made = True
         monkeypatch.setattr(nsmounts, "open_pin", self.open_pin)
         monkeypatch.setattr(nsmounts, "entered", self.enter)
-        monkeypatch.setattr(nsmounts, "made_by_root", lambda fd: self.root_made)
+        monkeypatch.setattr(nsmounts, "made_by_user", lambda fd: None if self.root_made else 65534)
         monkeypatch.setattr(nsmounts, "_users_at", lambda base, ns: not self.root_made)
 
     def namespace(self, name: str, lines: list[str]) -> int:
@@ -238,6 +238,17 @@ def test_a_mount_namespace_pinned_with_no_process_in_it_is_read_through_a_child_
         "/run/held-deeper": (inner, NsKey(NSFS, 4026532011)),
     }
     assert "no process in it" in found["/run/held-there"].describe()
+    assert {m.made_by_user for m in found.values()} == {None}  # root's: nothing to tell later
+
+
+def test_a_users_pinned_mount_namespace_names_its_maker_on_each_mount(proc: FakeProc, entering: Entering) -> None:
+    """No pid can be asked later who made a mount namespace no process is in: the walk tells
+    it on each mount read there, so the address check weighs those mounts as the user's."""
+    entering.root_made = False
+    pinned = entering.namespace("pinned", [ROOT, RUN, nsfs(41, 20, 4026532010, "/run/held-there")])
+    proc.process(100, "other", [ROOT, RUN, nsfs(40, 20, pinned, "/run/mnt-pin", kind="mnt")])
+    found = [m for m in netns_mounts(str(proc.root)) if m.pid == nsmounts.NO_PROCESS]
+    assert [(m.mount_point, m.made_by_user) for m in found] == [("/run/held-there", 65534)]
 
 
 def test_a_root_made_pinned_namespace_that_cannot_be_entered_or_reached_fails_the_walk(

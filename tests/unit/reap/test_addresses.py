@@ -356,3 +356,16 @@ def test_only_the_orphans_addresses_are_asked_for_in_every_spelling_the_kernel_h
     v4, v6 = ipaddress.ip_address("10.0.0.5"), ipaddress.ip_address("fd00::5")
     mapped = ipaddress.ip_address("::ffff:10.0.0.5")
     assert asked == [frozenset({v4.packed, mapped.packed, v6.packed})]
+
+
+def test_a_mount_in_a_users_pinned_mount_namespace_is_that_users(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mount namespace no process is in has no pid to ask: the maker the walk told is used,
+    and no process is asked."""
+    asked: list[int] = []
+    monkeypatch.setattr(addresses, "mount_namespace_owners", lambda pid, ns: asked.append(pid))
+    pinned = NsMount(
+        ns=NsKey(4, 4026532010), pid=0, mount_ns=4026532999, mount_point="/run/x", on=None, made_by_user=65534
+    )
+    assert addresses.mounting_user(pinned) == 65534 and asked == []
+    root_pinned = NsMount(ns=NsKey(4, 4026532010), pid=0, mount_ns=4026532999, mount_point="/run/x", on=None)
+    assert addresses.mounting_user(root_pinned) is None
