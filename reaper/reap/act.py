@@ -36,6 +36,7 @@ from reaper.model import (
 )
 from reaper.reap import delegates
 from reaper.reap.plan import recheck_reason
+from reaper.reap.stays import kept_with_namespace, staying_namespaces
 from reaper.reap.trust import NO_KERNEL_EVIDENCE, NodeTrust, cached_config_refusal, kernel_proven
 from reaper.stopwatch import Stopwatch
 
@@ -309,7 +310,8 @@ class Reclaimer(Struct, kw_only=True):
         skipped = [SkippedAttachment(a.key, left_before_del[a.key]) for a in attachments if a.key in left_before_del]
         attachments = [a for a in attachments if a.key not in left_before_del]
         self.watch.lap("del")
-        after_del = index(self.look())
+        after = self.look()
+        after_del = index(after)
         self.watch.lap("look")
         # A chain that keeps state elsewhere keeps its cache entry (and the other files DEL
         # reads) unless its DEL ran as the runtime would run it, with the pin, and succeeded.
@@ -329,7 +331,11 @@ class Reclaimer(Struct, kw_only=True):
             }
             remaining = [a for a in attachments if a.key not in left]
             no_del = {key for key in needs_plugin if requests.get(key) is None}
-            kernel_done.update(self._kernel(remaining, after_del, needs_plugin, no_del, judged or {}, live=live))
+            kernel_done.update(
+                self._kernel(
+                    remaining, after_del, needs_plugin, no_del, judged or {}, live=live, unread=after.partly_read
+                )
+            )
         self.watch.lap("kernel")
         last_look = self.look()
         final = index(last_look)
@@ -420,15 +426,23 @@ class Reclaimer(Struct, kw_only=True):
         judged: Records,
         *,
         live: frozenset[NsKey] = frozenset(),
+        unread: Set[str] = frozenset(),
     ) -> dict[Identity, Done]:
         """Each kind reclaims what is still there, in the registry's order. A `last` kind's
         record goes only once every other resource of its attachment is gone. While a plugin
         that keeps state elsewhere still needs its DEL (`needs_plugin`), what that DEL needs
-        stays: the `last` kinds' files and the `del_needs` kinds' pin and veths. `live`: the
-        namespaces the re-checks named, besides those named when the pass was planned."""
+        stays: the `last` kinds' files and the `del_needs` kinds' pin and veths. The records
+        `with_addresses` of an attachment go only once no namespace it lives in stays
+        (reaper.reap.stays), whatever kept it. `live`: the namespaces the re-checks named,
+        besides those named when the pass was planned; `unread`: the kinds the look after DEL
+        could not read whole."""
         live_netns = self.live_netns | live
         done: dict[Identity, Done] = {}
+        staying: dict[NsKey, str] | str | None = None
         for kind in RECLAIM_ORDER:
+            if kind.with_addresses and staying is None:
+                # Every kind that keeps a namespace has run (reclaim_order): what stays is known.
+                staying = staying_namespaces(KINDS, present, done, unread)
             records = []
             for a in attachments:
                 for ref in a.resources:
@@ -439,6 +453,11 @@ class Reclaimer(Struct, kw_only=True):
                         why = _kept_because(needs_plugin[a.key], a.key in no_del, pinned)
                         done[ref.identity] = Done.left(why)
                         continue
+                    if staying is not None and kind.with_addresses:
+                        kept = kept_with_namespace(KINDS, a, present, staying)
+                        if kept is not None:
+                            done[ref.identity] = Done.left(kept)
+                            continue
                     if kind.last:
                         others = [r.identity for r in a.resources if r.kind not in LAST and r.identity in present]
                         if not all(done.get(i, Done.freed()).ok for i in others):

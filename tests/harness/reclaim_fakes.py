@@ -37,11 +37,14 @@ from tests.harness.snapshots import HOST, cid
 
 FAKE = "fake"  # a kind reclaimed in registry order
 FAKE_LAST = "fakelast"  # a kind reclaimed last, like the cache entry
+FAKE_PIN = "fakepin"  # a kind whose records keep a namespace (keeps_netns) and a DEL needs, like a pin
+FAKE_LEASE = "fakelease"  # a kind with_addresses, like a lease, reclaimed after the pins
 
 
 class FakeRecord(Struct, frozen=True):
     kind: str
     name: str
+    ns: NsKey | None = None  # the namespace a FAKE_PIN record keeps
 
 
 def _identity(record: FakeRecord) -> Identity:
@@ -70,15 +73,20 @@ class FakeNode:
         self.contexts: list[ReclaimContext] = []  # the context each reclaim call was handed
         self.looks = 0
         self.kinds: tuple[Kind[Any], ...] = reclaim_order(
-            (self._kind(FAKE, last=False), self._kind(FAKE_LAST, last=True))
+            (
+                self._kind(FAKE_PIN, del_needs=True, keeps_netns=lambda r: r.ns),
+                self._kind(FAKE),
+                self._kind(FAKE_LEASE, with_addresses=True),
+                self._kind(FAKE_LAST, last=True),
+            )
         )
 
-    def _kind(self, name: str, *, last: bool) -> Kind[FakeRecord]:
+    def _kind(self, name: str, **hooks: Any) -> Kind[FakeRecord]:
         def find(_look: Look) -> Any:
             raise AssertionError("fake kinds are never found through a Look")
 
         return Kind(
-            name=name, find=find, identity=_identity, ref=_ref, tie=lambda _r: None, reclaim=self._reclaim, last=last
+            name=name, find=find, identity=_identity, ref=_ref, tie=lambda _r: None, reclaim=self._reclaim, **hooks
         )
 
     def _reclaim(self, records: Sequence[FakeRecord], ctx: ReclaimContext) -> Mapping[Identity, Done]:
@@ -96,14 +104,14 @@ class FakeNode:
             done[_identity(r)] = Done.freed()
         return done
 
-    def add(self, name: str, kind: str = FAKE) -> ResourceRef:
-        record = FakeRecord(kind, name)
+    def add(self, name: str, kind: str = FAKE, ns: NsKey | None = None) -> ResourceRef:
+        record = FakeRecord(kind, name, ns)
         self.records[_identity(record)] = record
         return _ref(record)
 
     def look(self) -> NodeSnapshot:
         self.looks += 1
-        by_kind: dict[str, tuple[FakeRecord, ...]] = {FAKE: (), FAKE_LAST: ()}
+        by_kind: dict[str, tuple[FakeRecord, ...]] = {FAKE_PIN: (), FAKE: (), FAKE_LEASE: (), FAKE_LAST: ()}
         for ident, marker in self.freed_by.items():
             if marker.exists():
                 self.records.pop(ident, None)
