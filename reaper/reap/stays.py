@@ -12,19 +12,27 @@ or route its addresses (`Kind.with_addresses`: leases, firewall and masquerade r
 rules) go only once no namespace it lives in stays, and are reported kept, with the record
 that keeps the namespace and why.
 
+An address can also sit in another orphan's namespace: a runtime that forgot a sandbox leaves
+its pin and its files as two attachments, the lease of one configured in the other's pin. The
+address check before acting (reaper.reap.addresses) does not read the pins of the orphans the
+pass reclaims, since they go with it; so the kernel step reads those of them that stay, and a
+record that frees an address configured in one of them (or in one that cannot be read) stays.
+
 The rule reads the kinds' hooks only (`keeps_netns`, `with_addresses`); which records keep a
 namespace, and which serve an address, is each kind's own knowledge. `reclaim_order` puts every
 kind that keeps a namespace before every kind with addresses, so the answer is known in time.
-Pure: no I/O.
+Pure: no I/O (the caller reads the namespaces).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import Any
 
+from reaper.host.netns_addrs import NamespaceAddresses
 from reaper.kinds import Kind
 from reaper.model import Attachment, Done, Identity, NsKey
+from reaper.reap.addresses import address_key
 
 Records = Mapping[Identity, Any]
 UNTOUCHED = "not reclaimed this pass"
@@ -92,4 +100,24 @@ def kept_with_namespace(
                 f"kept: its address stays configured in the netns that {staying[ns]}; freed with that netns, "
                 "never before"
             )
+    return None
+
+
+def held_in_staying(addresses: Iterable[str], own: Set[NsKey], seen: Sequence[NamespaceAddresses]) -> str | None:
+    """Why a record that frees `addresses` (as written) stays: one of them is configured in a
+    namespace of `seen` (the pins of this pass's orphans that stay, as read) that is not one of
+    its attachment's own (`own`: those keep it anyway), or such a namespace could not be read.
+    Addresses compare by meaning (reaper.reap.addresses.address_key)."""
+    keys = [key for key in map(address_key, addresses) if key is not None]
+    if not keys:
+        return None
+    for ns in seen:
+        if ns.ns in own:
+            continue
+        if ns.error is not None:
+            return f"kept: whether {ns.where} holds its address {keys[0]} cannot be told ({ns.error[:_WHY_CHARS]})"
+        configured = {address_key(text) for text in ns.addresses}
+        found = next((key for key in keys if key in configured), None)
+        if found is not None:
+            return f"kept: its address {found} is configured in {ns.where}; freed with that netns, never before"
     return None

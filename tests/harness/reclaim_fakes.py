@@ -17,7 +17,7 @@ from typing import Any
 
 from msgspec import Struct
 
-from reaper.kinds import Kind, Look, ReclaimContext, reclaim_order
+from reaper.kinds import Kind, Look, Pin, ReclaimContext, reclaim_order
 from reaper.model import (
     Attachment,
     AttachmentKey,
@@ -45,6 +45,7 @@ class FakeRecord(Struct, frozen=True):
     kind: str
     name: str
     ns: NsKey | None = None  # the namespace a FAKE_PIN record keeps
+    addresses: tuple[str, ...] = ()  # what a FAKE_LEASE record frees
 
 
 def _identity(record: FakeRecord) -> Identity:
@@ -53,6 +54,11 @@ def _identity(record: FakeRecord) -> Identity:
 
 def _ref(record: FakeRecord) -> ResourceRef:
     return ResourceRef(kind=record.kind, name=record.name, created_at=None, identity=_identity(record))
+
+
+def _fake_pin(record: FakeRecord) -> Pin | None:
+    """A FAKE_PIN record as a pin: its namespace, at a path under /fake (never opened)."""
+    return Pin(record.ns, f"/fake/{record.name}") if record.ns is not None else None
 
 
 class FakeNode:
@@ -74,9 +80,9 @@ class FakeNode:
         self.looks = 0
         self.kinds: tuple[Kind[Any], ...] = reclaim_order(
             (
-                self._kind(FAKE_PIN, del_needs=True, keeps_netns=lambda r: r.ns),
+                self._kind(FAKE_PIN, del_needs=True, keeps_netns=lambda r: r.ns, pin=_fake_pin),
                 self._kind(FAKE),
-                self._kind(FAKE_LEASE, with_addresses=True),
+                self._kind(FAKE_LEASE, with_addresses=True, frees=lambda r: r.addresses),
                 self._kind(FAKE_LAST, last=True),
             )
         )
@@ -104,8 +110,8 @@ class FakeNode:
             done[_identity(r)] = Done.freed()
         return done
 
-    def add(self, name: str, kind: str = FAKE, ns: NsKey | None = None) -> ResourceRef:
-        record = FakeRecord(kind, name, ns)
+    def add(self, name: str, kind: str = FAKE, ns: NsKey | None = None, addresses: tuple[str, ...] = ()) -> ResourceRef:
+        record = FakeRecord(kind, name, ns, addresses)
         self.records[_identity(record)] = record
         return _ref(record)
 

@@ -17,15 +17,18 @@ keeps a namespace and a DEL needs, a lease kind with addresses):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 
+from reaper.host.netns_addrs import NamespaceAddresses, NamespaceToRead
 from reaper.kinds import Kind, reclaim_order
 from reaper.kinds.registry import KINDS, RECLAIM_ORDER
 from reaper.model import Attachment, AttachmentKey, Done, NsKey, ReclaimOutcome
 from reaper.reap import act
-from reaper.reap.stays import UNTOUCHED, kept_with_namespace, lives_in, staying_namespaces
+from reaper.reap.stays import UNTOUCHED, held_in_staying, kept_with_namespace, lives_in, staying_namespaces
 from tests.harness.passes import bare_reclaimer
 from tests.harness.reclaim_fakes import (
     FAKE,
@@ -185,3 +188,72 @@ def test_every_kind_that_keeps_a_namespace_is_reclaimed_before_every_kind_with_a
     pin_kind: Kind[object] = FakeNode().kinds[0]
     with pytest.raises(ValueError, match="is reclaimed before"):
         reclaim_order((lease_kind, pin_kind))
+
+
+class FakeReader:
+    """Reads the namespaces the kernel step asks for from a table: (addresses, error) by namespace."""
+
+    def __init__(self, table: dict[NsKey, tuple[tuple[str, ...], str | None]]) -> None:
+        self.table = table
+        self.asked: list[list[str]] = []
+
+    def __call__(self, targets: Sequence[NamespaceToRead]) -> list[NamespaceAddresses]:
+        self.asked.append([t.where for t in targets])
+        return [NamespaceAddresses(t.ns, t.where, *self.table.get(t.ns, ((), None))) for t in targets]
+
+
+def split_off(node: FakeNode, address: str) -> tuple[Attachment, Attachment]:
+    """A runtime that forgot a sandbox leaves its pin and its files as two attachments: pin-1
+    (kept for its chain's DEL), and a lease of no namespace whose address is configured in pin-1."""
+    ns = NsKey(4, 5001)
+    pinned = node.attachment(1, node.add("pin-1", FAKE_PIN, ns), node.add("last-1", FAKE_LAST))
+    files = replace(node.attachment(2, node.add("lease-2", FAKE_LEASE, addresses=(f"{address}/24",))), netns=None)
+    return pinned, files
+
+
+def test_a_lease_whose_address_is_in_another_orphans_pin_that_stays_stays(node: FakeNode) -> None:
+    """The address check does not read the pins of the pass's orphans (they go with it); one
+    that stays after all is read, and a lease whose address is configured there stays."""
+    pinned, files = split_off(node, "10.0.0.5")
+    reader = FakeReader({NsKey(4, 5001): (("::ffff:10.0.0.5",), None)})
+    r = bare_reclaimer(look=node.look)
+    r.read_netns = reader
+    outcomes, _ = r.run([pinned, files], {}, keep={pinned.key: "noop-stateful"})
+    why = str(errors(outcomes[1])["lease-2"])
+    assert why.startswith("kept: its address 10.0.0.5 is configured in the netns pinned at /fake/pin-1"), why
+    assert ("fakelease", "lease-2") in node.records
+    assert len(reader.asked) == 1 and "fakepin pin-1 stays" in reader.asked[0][0]
+
+
+def test_a_pin_that_stays_and_cannot_be_read_keeps_every_lease_with_an_address(node: FakeNode) -> None:
+    pinned, files = split_off(node, "10.0.0.5")
+    r = bare_reclaimer(look=node.look)
+    r.read_netns = FakeReader({NsKey(4, 5001): ((), "no such file")})
+    outcomes, _ = r.run([pinned, files], {}, keep={pinned.key: "noop-stateful"})
+    assert "cannot be told (no such file)" in str(errors(outcomes[1])["lease-2"])
+
+
+def test_a_lease_of_an_address_no_staying_pin_holds_goes(node: FakeNode) -> None:
+    pinned, files = split_off(node, "10.0.0.6")
+    r = bare_reclaimer(look=node.look)
+    r.read_netns = FakeReader({NsKey(4, 5001): (("10.0.0.5",), None)})
+    outcomes, _ = r.run([pinned, files], {}, keep={pinned.key: "noop-stateful"})
+    assert outcomes[1].ok and ("fakelease", "lease-2") not in node.records
+
+
+def test_no_namespace_is_read_when_every_pin_of_the_pass_goes(node: FakeNode) -> None:
+    pinned, files = split_off(node, "10.0.0.5")
+    reader = FakeReader({})
+    r = bare_reclaimer(look=node.look)
+    r.read_netns = reader
+    outcomes, _ = r.run([pinned, files], {})
+    assert all(o.ok for o in outcomes) and reader.asked == []
+
+
+def test_held_in_staying_compares_by_meaning_and_skips_the_attachments_own() -> None:
+    ns = NsKey(4, 1)
+    seen = [NamespaceAddresses(ns, "the netns pinned at /x", ("10.0.0.5",))]
+    assert held_in_staying(["10.0.0.5/24"], set(), seen) is not None
+    assert held_in_staying(["::ffff:a00:5"], set(), seen) is not None
+    assert held_in_staying(["10.0.0.5"], {ns}, seen) is None, "its own namespace keeps it by the first rule"
+    assert held_in_staying(["fe80::1", "not an address"], set(), seen) is None
