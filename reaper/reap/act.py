@@ -480,6 +480,22 @@ class Reclaimer(Struct, kw_only=True):
         done: dict[Identity, Done] = {}
         staying: dict[NsKey, str] | str | None = None
         seen: list[NamespaceAddresses] | None = None
+
+        def kept_for_addresses(
+            staying: dict[NsKey, str] | str, a: Attachment, kind: Kind[Any], record: Any
+        ) -> str | None:
+            """Why a record with addresses stays: a namespace its attachment lives in stays, or
+            an address it frees is configured in one of the pass's pins that stays (read once,
+            and only when some record would otherwise free an address)."""
+            nonlocal seen
+            why = kept_with_namespace(KINDS, a, present, staying)
+            frees = kind.frees(record) if kind.frees is not None else ()
+            if why is not None or not frees or isinstance(staying, str):
+                return why
+            if seen is None:
+                seen = self._read_staying(pass_pins or {}, staying)
+            return held_in_staying(frees, lives_in(KINDS, a, present), seen)
+
         for kind in RECLAIM_ORDER:
             if kind.with_addresses and staying is None:
                 # Every kind that keeps a namespace has run (reclaim_order): what stays is known.
@@ -495,13 +511,7 @@ class Reclaimer(Struct, kw_only=True):
                         done[ref.identity] = Done.left(why)
                         continue
                     if staying is not None and kind.with_addresses:
-                        kept = kept_with_namespace(KINDS, a, present, staying)
-                        record = present[ref.identity]
-                        frees = kind.frees(record) if kind.frees is not None and kept is None else ()
-                        if frees and not isinstance(staying, str):
-                            if seen is None:
-                                seen = self._read_staying(pass_pins or {}, staying)
-                            kept = held_in_staying(frees, lives_in(KINDS, a, present), seen)
+                        kept = kept_for_addresses(staying, a, kind, present[ref.identity])
                         if kept is not None:
                             done[ref.identity] = Done.left(kept)
                             continue
@@ -528,8 +538,8 @@ class Reclaimer(Struct, kw_only=True):
         return done
 
     def _read_staying(self, pins: Mapping[NsKey, str], staying: Mapping[NsKey, str]) -> list[NamespaceAddresses]:
-        """What is configured in each of `pins` that stays (`staying`, with why), read once a
-        pass and only when some record would free an address; none is read when none stays."""
+        """What is configured in each of `pins` that stays (`staying`, with why); nothing is
+        read when none stays."""
         targets = [
             NamespaceToRead(ns, f"the netns pinned at {path} ({staying[ns]})", (Handle(path, pinned=True),))
             for ns, path in sorted(pins.items())
