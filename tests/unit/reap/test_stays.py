@@ -24,11 +24,13 @@ import pytest
 from msgspec.structs import replace
 
 from reaper.host.netns_addrs import NamespaceAddresses, NamespaceToRead
-from reaper.kinds import Kind, reclaim_order
+from reaper.kinds import Kind, netns, reclaim_order
+from reaper.kinds import veth as veth_kind
 from reaper.kinds.registry import KINDS, RECLAIM_ORDER
 from reaper.model import Attachment, AttachmentKey, Done, NsKey, ReclaimOutcome
 from reaper.reap import act
 from reaper.reap.stays import UNTOUCHED, held_in_staying, kept_with_namespace, lives_in, staying_namespaces
+from tests.harness import snapshots
 from tests.harness.passes import bare_reclaimer
 from tests.harness.reclaim_fakes import (
     FAKE,
@@ -257,3 +259,17 @@ def test_held_in_staying_compares_by_meaning_and_skips_the_attachments_own() -> 
     assert held_in_staying(["::ffff:a00:5"], set(), seen) is not None
     assert held_in_staying(["10.0.0.5"], {ns}, seen) is None, "its own namespace keeps it by the first rule"
     assert held_in_staying(["fe80::1", "not an address"], set(), seen) is None
+
+
+def test_a_pin_and_a_veth_keep_their_namespace_and_a_stale_pin_keeps_none() -> None:
+    """The registry's kinds: a pin keeps the namespace mounted on it, a host veth the one its
+    peer lives in; a stale pin file keeps nothing, and the rule sees them in a real Records."""
+    pin, veth = snapshots.pin(1), snapshots.veth(1)
+    present = {netns.identity(pin): pin, veth_kind.identity(veth): veth}
+    assert staying_namespaces(KINDS, present, {}) == {
+        NsKey(4, 1001): f"netns {pin.name} stays ({UNTOUCHED})",
+    }
+    stale = replace(pin, is_namespace=False)
+    assert staying_namespaces(KINDS, {netns.identity(stale): stale}, {}) == {}
+    gone = {netns.identity(pin): Done.freed(), veth_kind.identity(veth): Done.left("peer in use")}
+    assert staying_namespaces(KINDS, present, gone) == {NsKey(4, 1001): f"veth {veth.name} stays (peer in use)"}
