@@ -133,6 +133,13 @@ class Kind(Struct, Generic[R], frozen=True, kw_only=True):
     added_config: Callable[[R], bytes | None] | None = None
     # Its refs' `owner` detail says whose runtime made the attachment (cri, other, unknown).
     says_owner: bool = False
+    # The network namespace the record keeps in being, and every address configured in it with
+    # it (a pin's namespace; the one a host veth's peer lives in); None: it keeps none.
+    keeps_netns: Callable[[R], NsKey | None] | None = None
+    # Its records hand out or route an attachment's addresses (a lease; a rule that matches
+    # them): reclaimed only once no namespace the attachment lives in stays (`keeps_netns`), so
+    # that no address is free to hand out while a namespace on the node still holds it.
+    with_addresses: bool = False
     # The record keeps a network namespace alive where the reaper never frees it (a mount in
     # another mount namespace): that namespace and why. Its attachment is live; while the kind
     # could not be read whole, no attachment with a namespace is decided.
@@ -140,5 +147,13 @@ class Kind(Struct, Generic[R], frozen=True, kw_only=True):
 
 
 def reclaim_order(kinds: Sequence[Kind[Any]]) -> tuple[Kind[Any], ...]:
-    """The kinds in the order they are reclaimed: as registered, the `last` ones at the end."""
-    return tuple(k for k in kinds if not k.last) + tuple(k for k in kinds if k.last)
+    """The kinds in the order they are reclaimed: as registered, the `last` ones at the end.
+    Every kind whose records keep a namespace (`keeps_netns`) goes before every kind
+    `with_addresses`: whether a namespace stays is known before its addresses are freed."""
+    order = tuple(k for k in kinds if not k.last) + tuple(k for k in kinds if k.last)
+    keepers = [i for i, k in enumerate(order) if k.keeps_netns is not None]
+    freers = [i for i, k in enumerate(order) if k.with_addresses]
+    if keepers and freers and max(keepers) > min(freers):
+        early, late = order[min(freers)].name, order[max(keepers)].name
+        raise ValueError(f"kind {early} (with_addresses) is reclaimed before {late}, which keeps a netns")
+    return order

@@ -243,5 +243,5 @@ def frees(rule: ForwardRule) -> tuple[str, ...]:
 
 
 KIND: Kind[ForwardRule] = Kind(
-    name=KIND_NAME, find=find, identity=identity, ref=ref, tie=tie, reclaim=reclaim, frees=frees
+    name=KIND_NAME, find=find, identity=identity, ref=ref, tie=tie, reclaim=reclaim, frees=frees, with_addresses=True
 )

@@ -341,4 +341,5 @@ KIND: Kind[HostLocalLease] = Kind(
     quarantinable=True,
     claims=addresses,
     frees=addresses,
+    with_addresses=True,
 )

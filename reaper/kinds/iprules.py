@@ -251,4 +251,6 @@ def frees(rule: PodRule) -> tuple[str, ...]:
     return (rule.ip,)
 
 
-KIND: Kind[PodRule] = Kind(name=KIND_NAME, find=find, identity=identity, ref=ref, tie=tie, reclaim=reclaim, frees=frees)
+KIND: Kind[PodRule] = Kind(
+    name=KIND_NAME, find=find, identity=identity, ref=ref, tie=tie, reclaim=reclaim, frees=frees, with_addresses=True
+)

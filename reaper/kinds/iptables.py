@@ -430,5 +430,5 @@ def frees(chain: IptablesChain) -> list[str]:
 
 
 KIND: Kind[IptablesChain] = Kind(
-    name=KIND_NAME, find=find, identity=identity, ref=ref, tie=tie, reclaim=reclaim, frees=frees
+    name=KIND_NAME, find=find, identity=identity, ref=ref, tie=tie, reclaim=reclaim, frees=frees, with_addresses=True
 )

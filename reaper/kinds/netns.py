@@ -111,6 +111,11 @@ def as_pin(pin: NetnsPin) -> Pin | None:
     return Pin(pin.ns, pin.path) if pin.is_namespace else None
 
 
+def keeps_netns(pin: NetnsPin) -> NsKey | None:
+    """The namespace mounted on the pin, which lives (its addresses configured) while it does."""
+    return pin.ns if pin.is_namespace else None
+
+
 def proves(pin: NetnsPin, netns: NsKey | None) -> bool:
     """A namespace mounted on the pin proves its attachment; a stale file does not."""
     return pin.is_namespace
@@ -126,4 +131,5 @@ KIND: Kind[NetnsPin] = Kind(
     del_needs=True,
     pin=as_pin,
     proves=proves,
+    keeps_netns=keeps_netns,
 )

@@ -245,4 +245,8 @@ def reclaim(rules: Sequence[NftRule], ctx: ReclaimContext) -> dict[Identity, Don
     return done
 
 
-KIND: Kind[NftRule] = Kind(name="nft", find=find, identity=identity, ref=ref, tie=tie, reclaim=reclaim, key_of=_key_of)
+# with_addresses: a masquerade rule matches its pod's address (`ip saddr`), as the iptables
+# backend's chain does; a hostport rule DNATs to it.
+KIND: Kind[NftRule] = Kind(
+    name="nft", find=find, identity=identity, ref=ref, tie=tie, reclaim=reclaim, key_of=_key_of, with_addresses=True
+)

@@ -221,6 +221,12 @@ def host_ifname(veth: VethLink) -> str:
     return veth.name
 
 
+def keeps_netns(veth: VethLink) -> NsKey | None:
+    """The namespace the peer lives in: deleting the host veth deletes the peer and the pod's
+    address on it; while the veth stays, so does the peer's address."""
+    return veth.peer_netns
+
+
 def proves(veth: VethLink, netns: NsKey | None) -> bool:
     """A host veth whose peer lives in the attachment's namespace proves it."""
     return veth.peer_netns is not None and veth.peer_netns == netns
@@ -236,4 +242,5 @@ KIND: Kind[VethLink] = Kind(
     del_needs=True,
     host_ifname=host_ifname,
     proves=proves,
+    keeps_netns=keeps_netns,
 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence, Set
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -15,6 +16,7 @@ from msgspec.structs import replace
 
 from reaper.cni.invoke import del_network, network_status
 from reaper.cni.requests import DelRequest, UnfitArgs, request_from_cache, safe_ifname
+from reaper.host.netns_addrs import Handle, NamespaceAddresses, NamespaceToRead, read_addresses
 from reaper.host.nsmounts import in_use
 from reaper.host.quarantine import Quarantine
 from reaper.kinds import COMMAND_TIMEOUT, Kind, ReclaimContext
@@ -36,6 +38,7 @@ from reaper.model import (
 )
 from reaper.reap import delegates
 from reaper.reap.plan import recheck_reason
+from reaper.reap.stays import held_in_staying, kept_with_namespace, lives_in, staying_namespaces
 from reaper.reap.trust import NO_KERNEL_EVIDENCE, NodeTrust, cached_config_refusal, kernel_proven
 from reaper.stopwatch import Stopwatch
 
@@ -45,6 +48,7 @@ DEL_WORKERS = min(8, 2 * (os.cpu_count() or 1))
 
 Records = Mapping[Identity, Any]
 UNREACHABLE_AT_RECHECK = "runtime unreachable at the re-check"
+STAYING_DEADLINE = 5.0  # seconds for reading the addresses of the pass's pins that stay, all together
 NO_PIN = "no plugin runs: no namespace pin to pass as CNI_NETNS, as the runtime would"
 
 
@@ -101,6 +105,26 @@ def _cached_request(attachment: Attachment, records: Records, netns: str) -> tup
         request = request_from_cache(doc, key.container_id, key.network, key.ifname, netns, path)
         return (request, doc.get("result")) if request is not None else None
     return None
+
+
+def pins_of(attachments: Sequence[Attachment], records: Records) -> dict[NsKey, str]:
+    """The namespaces pinned by the attachments' own pins (the kinds' `pin` hook), each with
+    the path of one pin, as `records` finds them."""
+    by_name = {kind.name: kind for kind in KINDS if kind.pin is not None}
+    found: dict[NsKey, str] = {}
+    for attachment in attachments:
+        for ref in attachment.resources:
+            kind, record = by_name.get(ref.kind), records.get(ref.identity)
+            pin = kind.pin(record) if kind is not None and kind.pin is not None and record is not None else None
+            if pin is not None:
+                found.setdefault(pin.ns, pin.path)
+    return found
+
+
+def read_staying(targets: Sequence[NamespaceToRead]) -> list[NamespaceAddresses]:
+    """The addresses configured in each of the pass's pins that stay (reaper.host.netns_addrs),
+    within one deadline."""
+    return read_addresses(targets, deadline=time.monotonic() + STAYING_DEADLINE)
 
 
 def _records_of(kind: Kind[Any], attachment: Attachment, records: Records) -> list[Any]:
@@ -283,6 +307,10 @@ class Reclaimer(Struct, kw_only=True):
     # The conf dir's config of each network: asked for STATUS before the kernel step frees
     # what an attachment without a DEL holds.
     network_configs: Mapping[str, bytes] = field(default_factory=dict)
+    # How the kernel step reads the addresses of the pass's pins that stay (read_staying).
+    read_netns: Callable[[Sequence[NamespaceToRead]], list[NamespaceAddresses]] = field(
+        default_factory=lambda: read_staying
+    )
     _statuses: dict[bytes, str | None] = field(default_factory=dict)
     _status_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -311,11 +339,16 @@ class Reclaimer(Struct, kw_only=True):
         step; those the first re-check leaves are skipped whole. `keep` names, by attachment,
         the plugins of its chain that keep state only their DEL frees (see kept_state)."""
         self.watch.restart()
+        attachments_all = attachments
         plugin_errors, left_before_del, live = self._del_all(attachments, requests)
         skipped = [SkippedAttachment(a.key, left_before_del[a.key]) for a in attachments if a.key in left_before_del]
         attachments = [a for a in attachments if a.key not in left_before_del]
         self.watch.lap("del")
-        after_del = index(self.look())
+        after = self.look()
+        after_del = index(after)
+        # Every pin of the pass's orphans, those left at a re-check too: the address check did
+        # not read them (reaper.reap.addresses), so the kernel step reads those that stay.
+        pass_pins = pins_of(attachments_all, after_del)
         self.watch.lap("look")
         # A chain that keeps state elsewhere keeps its cache entry (and the other files DEL
         # reads) unless its DEL ran as the runtime would run it, with the pin, and succeeded.
@@ -335,7 +368,18 @@ class Reclaimer(Struct, kw_only=True):
             }
             remaining = [a for a in attachments if a.key not in left]
             no_del = {key for key in needs_plugin if requests.get(key) is None}
-            kernel_done.update(self._kernel(remaining, after_del, needs_plugin, no_del, judged or {}, live=live))
+            kernel_done.update(
+                self._kernel(
+                    remaining,
+                    after_del,
+                    needs_plugin,
+                    no_del,
+                    judged or {},
+                    live=live,
+                    unread=after.partly_read,
+                    pass_pins=pass_pins,
+                )
+            )
         self.watch.lap("kernel")
         last_look = self.look()
         final = index(last_look)
@@ -426,15 +470,42 @@ class Reclaimer(Struct, kw_only=True):
         judged: Records,
         *,
         live: frozenset[NsKey] = frozenset(),
+        unread: Set[str] = frozenset(),
+        pass_pins: Mapping[NsKey, str] | None = None,
     ) -> dict[Identity, Done]:
         """Each kind reclaims what is still there, in the registry's order. A `last` kind's
         record goes only once every other resource of its attachment is gone. While a plugin
         that keeps state elsewhere still needs its DEL (`needs_plugin`), what that DEL needs
-        stays: the `last` kinds' files and the `del_needs` kinds' pin and veths. `live`: the
-        namespaces the re-checks named, besides those named when the pass was planned."""
+        stays: the `last` kinds' files and the `del_needs` kinds' pin and veths. The records
+        `with_addresses` of an attachment go only once no namespace it lives in stays
+        (reaper.reap.stays), whatever kept it, nor while an address they free is configured in
+        one of `pass_pins` (the pins of the pass's orphans, by namespace) that stays. `live`: the
+        namespaces the re-checks named, besides those named when the pass was planned;
+        `unread`: the kinds the look after DEL could not read whole."""
         live_netns = self.live_netns | live
         done: dict[Identity, Done] = {}
+        staying: dict[NsKey, str] | str | None = None
+        seen: list[NamespaceAddresses] | None = None
+
+        def kept_for_addresses(
+            staying: dict[NsKey, str] | str, a: Attachment, kind: Kind[Any], record: Any
+        ) -> str | None:
+            """Why a record with addresses stays: a namespace its attachment lives in stays, or
+            an address it frees is configured in one of the pass's pins that stays (read once,
+            and only when some record would otherwise free an address)."""
+            nonlocal seen
+            why = kept_with_namespace(KINDS, a, present, staying)
+            frees = kind.frees(record) if kind.frees is not None else ()
+            if why is not None or not frees or isinstance(staying, str):
+                return why
+            if seen is None:
+                seen = self._read_staying(pass_pins or {}, staying)
+            return held_in_staying(frees, lives_in(KINDS, a, present), seen)
+
         for kind in RECLAIM_ORDER:
+            if kind.with_addresses and staying is None:
+                # Every kind that keeps a namespace has run (reclaim_order): what stays is known.
+                staying = staying_namespaces(KINDS, present, done, unread)
             records = []
             for a in attachments:
                 for ref in a.resources:
@@ -445,6 +516,11 @@ class Reclaimer(Struct, kw_only=True):
                         why = _kept_because(needs_plugin[a.key], a.key in no_del, pinned)
                         done[ref.identity] = Done.left(why)
                         continue
+                    if staying is not None and kind.with_addresses:
+                        kept = kept_for_addresses(staying, a, kind, present[ref.identity])
+                        if kept is not None:
+                            done[ref.identity] = Done.left(kept)
+                            continue
                     if kind.last:
                         others = [r.identity for r in a.resources if r.kind not in LAST and r.identity in present]
                         if not all(done.get(i, Done.freed()).ok for i in others):
@@ -466,6 +542,16 @@ class Reclaimer(Struct, kw_only=True):
             )
             done.update(self._reclaim_isolated(kind, records, ctx))
         return done
+
+    def _read_staying(self, pins: Mapping[NsKey, str], staying: Mapping[NsKey, str]) -> list[NamespaceAddresses]:
+        """What is configured in each of `pins` that stays (`staying`, with why); nothing is
+        read when none stays."""
+        targets = [
+            NamespaceToRead(ns, f"the netns pinned at {path} ({staying[ns]})", (Handle(path, pinned=True),))
+            for ns, path in sorted(pins.items())
+            if ns in staying
+        ]
+        return self.read_netns(targets) if targets else []
 
     def _reclaim_isolated(self, kind: Kind[Any], records: list[Any], ctx: ReclaimContext) -> dict[Identity, Done]:
         """The kind's reclaim of the batch; if it fails unexpectedly, of each record alone, so

@@ -17,7 +17,7 @@ from typing import Any
 
 from msgspec import Struct
 
-from reaper.kinds import Kind, Look, ReclaimContext, reclaim_order
+from reaper.kinds import Kind, Look, Pin, ReclaimContext, reclaim_order
 from reaper.model import (
     Attachment,
     AttachmentKey,
@@ -37,11 +37,15 @@ from tests.harness.snapshots import HOST, cid
 
 FAKE = "fake"  # a kind reclaimed in registry order
 FAKE_LAST = "fakelast"  # a kind reclaimed last, like the cache entry
+FAKE_PIN = "fakepin"  # a kind whose records keep a namespace (keeps_netns) and a DEL needs, like a pin
+FAKE_LEASE = "fakelease"  # a kind with_addresses, like a lease, reclaimed after the pins
 
 
 class FakeRecord(Struct, frozen=True):
     kind: str
     name: str
+    ns: NsKey | None = None  # the namespace a FAKE_PIN record keeps
+    addresses: tuple[str, ...] = ()  # what a FAKE_LEASE record frees
 
 
 def _identity(record: FakeRecord) -> Identity:
@@ -50,6 +54,11 @@ def _identity(record: FakeRecord) -> Identity:
 
 def _ref(record: FakeRecord) -> ResourceRef:
     return ResourceRef(kind=record.kind, name=record.name, created_at=None, identity=_identity(record))
+
+
+def _fake_pin(record: FakeRecord) -> Pin | None:
+    """A FAKE_PIN record as a pin: its namespace, at a path under /fake (never opened)."""
+    return Pin(record.ns, f"/fake/{record.name}") if record.ns is not None else None
 
 
 class FakeNode:
@@ -70,15 +79,20 @@ class FakeNode:
         self.contexts: list[ReclaimContext] = []  # the context each reclaim call was handed
         self.looks = 0
         self.kinds: tuple[Kind[Any], ...] = reclaim_order(
-            (self._kind(FAKE, last=False), self._kind(FAKE_LAST, last=True))
+            (
+                self._kind(FAKE_PIN, del_needs=True, keeps_netns=lambda r: r.ns, pin=_fake_pin),
+                self._kind(FAKE),
+                self._kind(FAKE_LEASE, with_addresses=True, frees=lambda r: r.addresses),
+                self._kind(FAKE_LAST, last=True),
+            )
         )
 
-    def _kind(self, name: str, *, last: bool) -> Kind[FakeRecord]:
+    def _kind(self, name: str, **hooks: Any) -> Kind[FakeRecord]:
         def find(_look: Look) -> Any:
             raise AssertionError("fake kinds are never found through a Look")
 
         return Kind(
-            name=name, find=find, identity=_identity, ref=_ref, tie=lambda _r: None, reclaim=self._reclaim, last=last
+            name=name, find=find, identity=_identity, ref=_ref, tie=lambda _r: None, reclaim=self._reclaim, **hooks
         )
 
     def _reclaim(self, records: Sequence[FakeRecord], ctx: ReclaimContext) -> Mapping[Identity, Done]:
@@ -96,14 +110,14 @@ class FakeNode:
             done[_identity(r)] = Done.freed()
         return done
 
-    def add(self, name: str, kind: str = FAKE) -> ResourceRef:
-        record = FakeRecord(kind, name)
+    def add(self, name: str, kind: str = FAKE, ns: NsKey | None = None, addresses: tuple[str, ...] = ()) -> ResourceRef:
+        record = FakeRecord(kind, name, ns, addresses)
         self.records[_identity(record)] = record
         return _ref(record)
 
     def look(self) -> NodeSnapshot:
         self.looks += 1
-        by_kind: dict[str, tuple[FakeRecord, ...]] = {FAKE: (), FAKE_LAST: ()}
+        by_kind: dict[str, tuple[FakeRecord, ...]] = {FAKE_PIN: (), FAKE: (), FAKE_LEASE: (), FAKE_LAST: ()}
         for ident, marker in self.freed_by.items():
             if marker.exists():
                 self.records.pop(ident, None)

@@ -136,8 +136,9 @@ def test_everything_the_runtime_forgot_is_reclaimed(forgotten: Forgotten, tmp_pa
 
 def test_del_impossible_keeps_what_a_later_del_needs_and_frees_the_rest(forgotten: Forgotten, tmp_path: Path) -> None:
     """A plugin not known to be stateless may keep state only its DEL frees: while that DEL
-    fails, its cache entry and the pin it is passed stay (needs_plugin); the rest is freed. Once
-    DEL can succeed, the next pass frees them."""
+    fails, its cache entry and the pin it is passed stay (needs_plugin), and so do the lease and
+    the masquerade chain of the address still configured in that pin (issue 31); the rest is
+    freed. Once DEL can succeed, the next pass frees them."""
     lab = forgotten.lab
     missing = lab.make_leak(with_cache=True)
     rewrite_cached_config(missing, [{"type": "bridge-that-is-not-installed"}])
@@ -149,12 +150,15 @@ def test_del_impossible_keeps_what_a_later_del_needs_and_frees_the_rest(forgotte
     run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP, *allow)
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr  # not everything could be freed
     needed = [f"netns {leak.netns_path.name}" for leak in (missing, failing)]
-    assert set(leak_left(lab, missing)) - {f"veth {missing.host_veth}"} == {needed[0], "cache entry"}
+    kept_with_pin = {f"lease {missing.ip}", "chains"}
+    assert set(leak_left(lab, missing)) - {f"veth {missing.host_veth}"} == {needed[0], "cache entry", *kept_with_pin}
     assert set(leak_left(lab, failing)) - {f"veth {failing.host_veth}"} == {needed[1], "cache entry"}
     gone = reclaimed(run, missing.container_id)
     assert gone["needs_plugin"] == "bridge-that-is-not-installed"
     assert any("not found" in e for e in gone["plugin_errors"])
-    assert {r["kind"]: r["method"] for r in gone["resources"]}["ipam"] == "kernel"
+    (lease,) = [r for r in gone["resources"] if r["kind"] == "ipam"]
+    assert lease["method"] == "kernel" and not lease["ok"], lease
+    assert lease["error"].startswith(f"kept: its address stays configured in the netns that netns {needed[0][6:]}")
     # libcni stops at the first failing plugin (the last one, as DEL runs in reverse); the
     # reaper goes on, so bridge still released the lease through host-local.
     went = reclaimed(run, failing.container_id)

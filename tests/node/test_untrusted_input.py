@@ -314,21 +314,24 @@ def test_the_agent_keeps_reclaiming_beside_hostile_files_and_healthz_tells_a_sta
         assert agent.stop() == 0
         for path in planted:
             path.unlink(missing_ok=True)
-    # reaper-hang is not known stateless and its DEL never succeeded: a kernel-only pass frees
-    # the lease and the chain, and keeps what that DEL needs (the entry, the pin, the veth).
+    # reaper-hang is not known stateless and its DEL never succeeded: a kernel-only pass keeps
+    # what that DEL needs (the entry, the pin, the veth), and the lease and the chain naming the
+    # address still configured in that pin (issue 31).
     run = run_reaper(the_lab, "reap", tmp_path / "after.json", "--json", *REAP, "--method", "kernel")
     assert run.returncode == 1, run.stdout[-2000:] + run.stderr
     (outcome,) = [o for o in run.doc["reclaimed"] if o["container_id"] == wedged.container_id]
     assert outcome["needs_plugin"] == "reaper-hang", outcome
     done = {r["kind"]: (r["method"], r["ok"]) for r in outcome["resources"]}
     assert done == {
-        "ipam": ("kernel", True),
-        "iptables": ("kernel", True),
+        "ipam": ("kernel", False),
+        "iptables": ("kernel", False),
         "cache": ("kernel", False),
         "netns": ("kernel", False),
         "veth": ("kernel", False),
     }, outcome
-    assert all(r["error"].startswith("kept: reaper-hang") for r in outcome["resources"] if not r["ok"])
+    for r in outcome["resources"]:
+        with_pin = r["kind"] in ("ipam", "iptables")
+        assert r["error"].startswith("kept: its address stays" if with_pin else "kept: reaper-hang"), r
     # Its chain made stateless again (the node's own plugins): the next pass frees the rest.
     _recache(the_lab, wedged, node_plugins)
     run = run_reaper(the_lab, "reap", tmp_path / "last.json", "--json", *REAP, "--method", "kernel")

@@ -5,22 +5,24 @@ a host-local IPAM dir, a libcni cache dir, a conf dir with one valid conflist, a
 or stubs of the conflist's plugins that log their calls and succeed or fail, beside a plugin no
 config uses), a state file and a quarantine dir. Into those roots go a few live "canary" pods (a
 lease and a cache entry each, some a real pinned netns with a veth whose peer is in it), a few
-well-formed leaks of dead containers, and hostile entries at any depth: regular files named like
-cache entries and leases of dead and canary containers or with odd bytes in their names, holding
-nothing, odd bytes, valid cache JSON that names any container, network or netns path (the host's
-netns, a canary's pin, a NUL), JSON nested past the recursion limit, files just over each
-reader's size limit; symlinks to the host files outside the roots, to their directory (also
-through /proc/<pid>/root), to /dev/zero, to a canary's files, dangling or looping; hard links to
-the host files (see the bugs below); directories; FIFOs (a network dir's `lock` included); whole
-directories (results/, a network dir) replaced by symlinks; a hostile state file; symlinks where
-the quarantine will write. And what a writer of /var/lib/cni forges for a container ID to make
-a root plugin act: a lease, a cache entry (eth0, or eth1 beside a pod's own) whose prevResult
-names a canary's address in another spelling (IPv4-mapped IPv6, `IPs`/`Address`, U+017F for
-`s`), and flannel's and multus' per-container files whose delegates carry such a prevResult and
-a dataDir outside the roots; at times the conf dir runs flannel too (its network's leases are
-forged as well). The runtime answer lists every canary as READY, a random subset of
-the other containers (READY or NOTREADY), or is unreachable. The policy is min-age 0, one
-confirmation, no breaker, at times --dry-run, --method kernel, --quarantine-dir or --max-reap 1.
+well-formed leaks of dead containers (a leak's real pin has its lease's address on `eth0`), and
+hostile entries at any depth: regular files named like cache entries and leases of dead and
+canary containers or with odd bytes in their names, holding nothing, odd bytes, valid cache JSON
+that names any container, network or netns path (the host's netns, a canary's pin, a NUL), JSON
+nested past the recursion limit, files just over each reader's size limit; symlinks to the host
+files outside the roots, to their directory (also through /proc/<pid>/root), to /dev/zero, to a
+canary's files, dangling or looping; hard links to the host files (see the bugs below);
+directories; FIFOs (a network dir's `lock` included); whole directories (results/, a network
+dir) replaced by symlinks; a hostile state file; symlinks where the quarantine will write. And
+what a writer of /var/lib/cni forges for a container ID to make a root plugin act: a lease, a
+cache entry (eth0, or eth1 beside a pod's own) whose prevResult names a canary's address in
+another spelling (IPv4-mapped IPv6, `IPs`/`Address`, U+017F for `s`), and flannel's and multus'
+per-container files whose delegates carry such a prevResult and a dataDir outside the roots; at
+times the conf dir runs flannel too (its network's leases are forged as well), and at times its
+chain ends in a plugin that keeps state elsewhere (`keeper`), whose DEL the pass keeps a pin
+for. The runtime answer lists every canary as READY, a random subset of the other containers
+(READY or NOTREADY), or is unreachable. The policy is min-age 0, one confirmation, no breaker,
+at times --dry-run, --method kernel, --quarantine-dir or --max-reap 1.
 
 What is proven for every example:
 - the pass returns a ReapResult and does not raise, and it finishes within PASS_TIMEOUT (a
@@ -36,7 +38,8 @@ What is proven for every example:
   its attachments), and nothing a plugin is given names a canary's address, in any spelling;
 - with --dry-run or an unreachable runtime nothing changes at all but the state file, and no
   plugin runs;
-- every resource reported freed is gone from its path.
+- every resource reported freed is gone from its path;
+- a leak's lease stays while its pin (the same namespace, its address on `eth0`) stays.
 
 Network isolation: the pass reads and may delete the links, iptables chains and nft rules of the
 network namespace it runs in. The property therefore runs in a child process started under
@@ -115,7 +118,7 @@ PASS_TIMEOUT = 30.0  # seconds; a pass here takes well under one
 CHILD_TIMEOUT = 600.0
 
 NET = "mynet"  # the conf dir's network: the canaries' and the leaks'
-CONFLIST = json.loads(conflist(NET))
+CONFLIST: dict[str, Any] = json.loads(conflist(NET))
 HOST_CID = "d" * 64  # the dead container the host files are named after
 HOST_PIN = "cni-0d0d0d0d-0000-4000-8000-000000000000"
 HOST_FILES: dict[str, bytes] = {
@@ -259,6 +262,9 @@ class NodeState:
     plugin: Literal["absent", "ok", "fail"]
     forged: tuple[Forged, ...] = ()
     flannel_conf: bool = False  # the conf dir holds a flannel config (a stub records its runs)
+    # The chain ends in a plugin that keeps state elsewhere (`keeper`): a pass keeps what its DEL
+    # needs, the pin included, while that DEL has not succeeded.
+    keeper: bool = False
 
 
 def _plain_name(name: bytes) -> bool:
@@ -388,6 +394,7 @@ def node_states(draw: st.DrawFn) -> NodeState:
         plugin=draw(st.sampled_from(("absent", "ok", "fail"))),
         forged=tuple(draw(st.lists(forgeries(ids), max_size=4, unique_by=_cid))),
         flannel_conf=draw(st.booleans()),
+        keeper=draw(st.booleans()),
     )
 
 
@@ -439,6 +446,15 @@ class Tree:
     canary_veths: dict[str, int] = field(default_factory=dict)
     pins: dict[str, Path] = field(default_factory=dict)  # container ID -> its real pin
     veths: list[str] = field(default_factory=list)
+    # A leak's real pin -> its lease, whose address is configured on the pin's eth0.
+    leak_leases: dict[Path, Path] = field(default_factory=dict)
+
+    @property
+    def chain(self) -> dict[str, Any]:
+        """The conf dir's network list, as its cache entries carry it too."""
+        if not self.state.keeper:
+            return CONFLIST
+        return {**CONFLIST, "plugins": [*CONFLIST["plugins"], {"type": "keeper"}]}
 
     @property
     def host(self) -> Path:
@@ -454,10 +470,11 @@ class Tree:
         for name, data in HOST_FILES.items():
             (self.host / name).write_bytes(data)
             (self.host / name).chmod(0o644)
-        (self.top / "conf" / f"10-{NET}.conflist").write_bytes(conflist(NET))
+        chain = json.dumps(self.chain).encode() if self.state.keeper else conflist(NET)
+        (self.top / "conf" / f"10-{NET}.conflist").write_bytes(chain)
         if self.state.plugin != "absent":
             tail = "exit 0" if self.state.plugin == "ok" else STUB_FAILS
-            for plugin in ("bridge", "portmap", "evil", "flannel"):
+            for plugin in ("bridge", "portmap", "evil", "flannel", "keeper"):
                 stub = self.top / "bin" / plugin
                 log = self.top / "markers" / "calls"
                 stub.write_text(STUB.format(name=plugin, log=log, tail="exit 0" if plugin == "evil" else tail))
@@ -496,6 +513,10 @@ class Tree:
             subprocess.run(["ip", "link", "add", veth, "type", "veth", *peer], check=True)
             self.pins[pod.cid] = pin
             self.veths.append(veth)
+            if not canary:
+                address = ["ip", "addr", "add", f"{ip}/24", "dev", "eth0"]
+                subprocess.run(["nsenter", f"--net={pin}", *address], check=True)
+                self.leak_leases[pin] = self.top / "ipam" / NET / ip
             if canary:
                 self.canary_pins[pin] = _ns(pin)
                 self.canary_veths[veth] = socket.if_nametoindex(veth)
@@ -504,7 +525,7 @@ class Tree:
         interfaces = [{"name": f"veth{n}"}, {"name": "eth0", "sandbox": str(pin)}]
         result = {"cniVersion": "1.0.0", "interfaces": interfaces, "ips": [{"address": f"{ip}/24", "interface": 1}]}
         args = [["K8S_POD_NAMESPACE", "default"], ["K8S_POD_NAME", f"pod-{n}"]]
-        doc = cache_doc(pod.cid, NET, config=CONFLIST, netns=str(pin), result=result, cniArgs=args)
+        doc = cache_doc(pod.cid, NET, config=self.chain, netns=str(pin), result=result, cniArgs=args)
         entry = self.top / self.state.results_dir / f"{NET}-{pod.cid}-eth0"
         entry.write_bytes(json.dumps(doc).encode())
         if canary:
@@ -918,6 +939,7 @@ def check_pass(tree: Tree, base: Path) -> None:
     whole = listing(top, {top / "state"}) if quiet else None
     zero = _fingerprint(b"/dev/zero", os.lstat("/dev/zero"))
     RECORDS.messages.clear()
+    leases = {pin: (lease, _ns(pin), lease.read_bytes()) for pin, lease in tree.leak_leases.items() if lease.is_file()}
 
     result = run_pass(tree)
 
@@ -947,6 +969,10 @@ def check_pass(tree: Tree, base: Path) -> None:
     }
     unproven = [c for c in calls if c[1] == "DEL" and (not c[2:] or c[2] not in proven)]
     assert not unproven, f"a plugin ran for a container no real pin proves: {unproven}"
+    for pin, (lease, ns, data) in leases.items():
+        # The pin stays, and with it the lease's address on its eth0: the lease stays too (issue 31).
+        if pin.exists() and fs_type(str(pin)) == NSFS_MAGIC and _ns(pin) == ns:
+            assert lease.is_file() and lease.read_bytes() == data, f"{lease} freed while {pin} holds its address"
     named = tree.canary_addresses_handed_on()
     assert not named, f"a plugin was handed a canary's address: {named}"
     if whole is not None:
@@ -1062,6 +1088,8 @@ FORGED = replace(
 @example(state=replace(HOSTILE, reachable=False))
 @example(state=NUL_NETNS)
 @example(state=FORGED)
+@example(state=replace(HOSTILE, keeper=True, kernel_only=True))
+@example(state=replace(HOSTILE, keeper=True, plugin="fail"))
 def whole_pass_stays_in_its_roots(base: Path, state: NodeState) -> None:
     number = next(EXAMPLES)
     tree = Tree(base / f"ex{number}", state, number)

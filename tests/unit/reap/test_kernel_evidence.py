@@ -146,7 +146,9 @@ def test_a_kept_pinned_attachment_is_not_said_to_lack_a_pin(tmp_path: Path) -> N
     (outcome,), skipped = reclaimer.run([attachment], {attachment.key: None}, records, {attachment.key: "dhcp"})
     assert skipped == [] and outcome.needs_plugin == "dhcp"
     done = {r.kind: r for r in outcome.resources}
-    assert done["ipam"].ok
+    # The pin stays, and the address configured in it: its lease stays with it (issue 31).
+    assert not done["ipam"].ok and "stays configured in the netns" in str(done["ipam"].error)
+    assert (tmp_path / "ipam" / NET / "10.0.0.9").exists()
     for kind in ("cache", "netns"):
         error = str(done[kind].error)
         assert not done[kind].ok and "that DEL does not run for it" in error and "no netns pin" not in error, error
