@@ -141,7 +141,8 @@ def leave_for_addresses(
     unseen: str | None,
     dead: frozenset[NsKey] = frozenset(),
 ) -> dict[AttachmentKey, str]:
-    """Pure: why each attachment must be left, by what the namespaces other than its own hold.
+    """Pure: why each attachment must be left, by what the namespaces hold: any other than its
+    own, and its own unless this pass frees it (in `dead`).
     `seen`: each namespace read (or why it could not be); `unseen`: why not every namespace on
     the node could even be listed, which leaves every attachment holding an address; `dead`:
     namespaces no attachment's address proves live in (pinned by an orphan this pass reclaims,
@@ -169,11 +170,22 @@ def leave_for_addresses(
                 f" address {first} cannot be told"
             )
             continue
-        where = ((address, ns) for address in holds.addresses for ns in configured.get(address, ()))
+        where = [(address, ns) for address in holds.addresses for ns in configured.get(address, ())]
         elsewhere = next(((address, ns) for address, ns in where if ns.ns not in holds.own), None)
         if elsewhere is not None:
             address, ns = elsewhere
             reasons[key] = f"its address {address} is configured in {ns.where}, not its own: a live pod holds it"
+            continue
+        # Its own namespace, if this pass does not free it (a mount elsewhere holds it, its pin
+        # already gone, or a process is inside), keeps the address configured: freed, the lease
+        # would hand it to a new pod while it is there.
+        own_kept = next(((address, ns) for address, ns in where if ns.ns not in dead), None)
+        if own_kept is not None:
+            address, ns = own_kept
+            reasons[key] = (
+                f"its address {address} is still configured in its own namespace, {ns.where}, which this pass does"
+                " not free"
+            )
             continue
         own_unread = next((users_unread[ns] for ns in sorted(holds.own) if ns in users_unread), None)
         if own_unread is not None:
@@ -273,9 +285,11 @@ def addresses_in_use(
     # configured there is that dead pod's (a runtime that forgot a sandbox leaves its pin and
     # its files as two attachments).
     pins = (pin_of(ref, records) for a in attachments for ref in a.resources)
-    dead = frozenset(p.ns for p in pins if p is not None and p.ns not in members)
+    dead = frozenset(p.ns for p in pins if p is not None and p.ns not in members and p.ns not in mounted)
     # A namespace that is every such attachment's own, or dead, is not read: it proves none live.
-    skip = dead | frozenset.intersection(*(h.own for h in held.values()))
+    # One a process is in or a mount holds elsewhere outlives the pass, its addresses with it.
+    own_everywhere = frozenset.intersection(*(h.own for h in held.values()))
+    skip = dead | frozenset(ns for ns in own_everywhere if ns not in members and ns not in mounted)
     targets = node_namespaces(netns_dirs, members, skip, mounted)
     wanted = packed_forms([address for h in held.values() for address in h.addresses])
     seen = read_addresses(targets, deadline=clock() + deadline, clock=clock, wanted=wanted)

@@ -80,17 +80,22 @@ elif case == "reachable":
     attacker = as_nobody('touch "$1/net"; ' + OWN_NETNS + '"$1/net"; echo ready; exec sleep 600', user)
 
 pod_ns = None
-if case == "pod":
+if case.startswith("pod"):
     # A pod's pin made by root; uid 65534 opens it (nsfs files are 0444) and binds it below a
-    # binfmt_misc of its own; then the runtime removes its pin.
+    # binfmt_misc of its own (which the walk reads through), or on a file a tmpfs then covers
+    # (which it cannot); then the runtime removes its pin.
     pin = os.path.join(pins, "cni-aaaaaaaa-0000-0000-0000-000000000000")
     open(pin, "w").close()
     subprocess.run(["unshare", f"--net={pin}", "sh", "-c", "ip link set lo up; ip addr add 10.9.0.7/32 dev lo"],
                    check=True)
     st = os.stat(pin)
     pod_ns = NsKey(st.st_dev, st.st_ino)
-    attacker = as_nobody('mkdir "$1/b"; mount -t binfmt_misc binfmt_misc "$1/b"; mount --bind "$2" "$1/b/status"; '
-                         'echo ready; exec sleep 600', user, pin)
+    if case == "pod":
+        attacker = as_nobody('mkdir "$1/b"; mount -t binfmt_misc binfmt_misc "$1/b"; mount --bind "$2" "$1/b/status"; '
+                             'echo ready; exec sleep 600', user, pin)
+    else:
+        attacker = as_nobody('mkdir "$1/c"; touch "$1/c/net"; mount --bind "$2" "$1/c/net"; '
+                             'mount -t tmpfs tmpfs "$1/c"; echo ready; exec sleep 600', user, pin)
     subprocess.run(["umount", pin], check=True)
     os.unlink(pin)
 
@@ -145,13 +150,18 @@ def test_a_users_own_netns_held_where_the_reaper_cannot_reach_keeps_no_orphan(ca
     assert out["freed"] == [True] and out["leases"] == [], out
 
 
-def test_a_pod_like_netns_only_a_users_mount_holds_keeps_only_its_own_attachment() -> None:
-    """Root's pin, bind-mounted by uid 65534 below its binfmt_misc, the pin then removed: the
-    namespace cannot be read and may be a pod's, so its own attachment stays; the other
-    orphan's lease is freed."""
-    out = run("pod")
+@pytest.mark.parametrize("case", ["pod", "pod-covered"])
+def test_a_pod_like_netns_only_a_users_mount_holds_keeps_only_its_own_attachment(case: str) -> None:
+    """Root's pin, bind-mounted by uid 65534 (below its binfmt_misc, or under a tmpfs it then
+    mounts over the file), the pin then removed: the namespace may be a pod's and outlives the
+    pass. Read, its own address there keeps its lease; unreadable, whether it still holds it
+    cannot be told. Either way only its own attachment stays: the other orphan's lease is freed."""
+    out = run(case)
     assert out["attacker_running"] is True and out["attacker_nsfs_mounts"] == 1, out
     left = out["left"]
     assert isinstance(left, dict) and list(left) == ["e"], out
-    assert "its own namespace" in left["e"] and "uid 65534" in left["e"] and "could not be read" in left["e"]
+    if case == "pod":
+        assert "10.9.0.7 is still configured in its own namespace" in left["e"] and "b/status" in left["e"], left
+    else:
+        assert "its own namespace" in left["e"] and "uid 65534" in left["e"] and "could not be read" in left["e"], left
     assert out["freed"] == [True] and out["leases"] == ["10.9.0.7"], out

@@ -135,9 +135,25 @@ def test_addresses_in_its_own_pin_or_a_dead_pin_or_nowhere_leave_nothing() -> No
     split, split_records = attach(lease("10.0.0.6", cid=LIVE), cid=LIVE)
     held = {orphan.key: addresses_held(orphan, records), split.key: addresses_held(split, split_records)}
     found = [seen(HOST, "host", "192.0.2.2"), seen(OWN, "its pin", "10.0.0.5"), seen(GONE, "a dead pin", "10.0.0.6")]
-    assert leave_for_addresses(held, found, None, dead=frozenset({GONE})) == {}
+    # Its own pin goes with it this pass (dead, as addresses_in_use finds it: no process inside,
+    # no mount elsewhere).
+    assert leave_for_addresses(held, found, None, dead=frozenset({GONE, OWN})) == {}
     # The dead pin is only dead for what it proves: its address in a live namespace still counts.
-    assert set(leave_for_addresses(held, found, None)) == {split.key}
+    assert set(leave_for_addresses(held, found, None, dead=frozenset({OWN}))) == {split.key}
+
+
+def test_its_own_namespace_that_outlives_the_pass_keeps_its_address() -> None:
+    """antrea#8239's failure mode: the orphan's own namespace stays (a mount elsewhere holds it,
+    its pin gone; a process is inside) with its address configured: the lease stays with it."""
+    orphan, records = attach(lease("10.0.0.5"), pin(OWN))
+    held = {orphan.key: addresses_held(orphan, records)}
+    found = [seen(OWN, "the netns held by a mount at /x", "10.0.0.5")]
+    reasons = leave_for_addresses(held, found, None)
+    assert reasons == {
+        orphan.key: "its address 10.0.0.5 is still configured in its own namespace, the netns held by a mount at"
+        " /x, which this pass does not free"
+    }
+    assert leave_for_addresses(held, [seen(OWN, "x", "10.0.0.9")], None) == {}  # another address there: no hold
 
 
 def test_a_namespace_that_could_not_be_read_leaves_every_orphan_holding_an_address() -> None:
@@ -191,7 +207,7 @@ def test_a_live_address_written_into_a_leaks_cache_entry_keeps_nothing() -> None
     jump = "-A POSTROUTING -s 10.0.0.5/32 -j CNI-0123456789abcdef01234567"
     orphan, records = attach(lease("10.0.0.5"), entry("10.0.0.77"), masquerade(jump), pin(OWN))
     found = [seen(OWN, "its pin", "10.0.0.5"), seen(OTHER, "the netns of pid 7", "10.0.0.77")]
-    assert leave_for_addresses({orphan.key: addresses_held(orphan, records)}, found, None) == {}
+    assert leave_for_addresses({orphan.key: addresses_held(orphan, records)}, found, None, frozenset({OWN})) == {}
     forged, forged_records = attach(entry("10.0.0.77"), cid=LIVE)
     assert addresses_held(forged, forged_records).addresses == ()
 
@@ -369,3 +385,20 @@ def test_a_mount_in_a_users_pinned_mount_namespace_is_that_users(monkeypatch: py
     assert addresses.mounting_user(pinned) == 65534 and asked == []
     root_pinned = NsMount(ns=NsKey(4, 4026532010), pid=0, mount_ns=4026532999, mount_point="/run/x", on=None)
     assert addresses.mounting_user(root_pinned) is None
+
+
+def test_its_own_pin_a_mount_elsewhere_also_holds_is_read_and_keeps_its_lease(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An orphan's own pin that a mount in another mount namespace also holds outlives the
+    unpin: it is neither dead nor skipped, so it is read, and its address there keeps the lease."""
+    own_pin = pin(GONE, "cni-held")
+    orphan, records = attach(lease("10.0.0.6"), own_pin)
+    elsewhere = NsMount(ns=GONE, pid=12, mount_ns=9, mount_point="/var/held", on=None)
+    asked = _fake_node(monkeypatch, {HOST: {1}}, [own_pin], {GONE: ("10.0.0.6",)}, [elsewhere])
+    monkeypatch.setattr(addresses, "mounting_user", lambda mount: None)
+    reasons = addresses_in_use([orphan], records, ("/run/netns",))
+    assert list(reasons) == [orphan.key] and "still configured in its own namespace" in reasons[orphan.key]
+    assert GONE in [t.ns for t in asked[0]]
+    # Held by nothing but its pin: dead, not read, the lease goes with it.
+    asked = _fake_node(monkeypatch, {HOST: {1}}, [own_pin], {GONE: ("10.0.0.6",)})
+    assert addresses_in_use([orphan], records, ("/run/netns",)) == {}
+    assert GONE not in [t.ns for t in asked[0]]
