@@ -80,7 +80,7 @@ from msgspec import Struct
 from reaper.host.confined import libc, open_beneath, parts_beneath
 from reaper.host.mounts import MountLine, parse_line
 from reaper.host.procs import EveryNamespaceBusy, busy_namespaces
-from reaper.host.userns import owners_of
+from reaper.host.userns import owners_at, owners_of
 from reaper.model import NsKey
 
 MAX_MOUNT_NAMESPACES = 20_000  # distinct root-made mount namespaces read in one walk
@@ -435,14 +435,8 @@ def _users_at(base: str, mount_ns: int) -> bool:
     `mount_ns`, is an unprivileged user's; False (fail closed) when that cannot be told."""
     if mount_ns == UNKNOWN_NS:
         return False
-    try:
-        fd = os.open(f"{base}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        return os.fstat(fd).st_ino == mount_ns and not made_by_root(fd)
-    finally:
-        os.close(fd)
+    owners = owners_at(f"{base}/ns/mnt", mount_ns)
+    return owners is not None and owners.user is not None
 
 
 def made_by_user(ns_fd: int) -> int | None:

@@ -93,14 +93,18 @@ def owners_of(ns_fd: int, home: tuple[int, int] | None = None) -> Owners:
 def mount_namespace_owners(pid: int, mount_ns: int) -> Owners | None:
     """The owners above mount namespace `mount_ns` (its inode), reached through process or
     thread `pid`; None when `pid` is not in it now (gone, moved, reused) or cannot be asked."""
-    if pid <= 0:
-        return None
+    return owners_at(f"/proc/{pid}/ns/mnt", mount_ns) if pid > 0 else None
+
+
+def owners_at(path: str, ino: int) -> Owners | None:
+    """The owners above the namespace at `path` (a `/proc/<pid>/ns/<type>` link), if it is still
+    the one of inode `ino`; None when it is not, or cannot be opened or asked."""
     try:
-        fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        if os.fstat(fd).st_ino != mount_ns:
+        if os.fstat(fd).st_ino != ino:
             return None
         return owners_of(fd)
     except OSError:
