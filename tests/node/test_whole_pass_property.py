@@ -20,7 +20,15 @@ another spelling (IPv4-mapped IPv6, `IPs`/`Address`, U+017F for `s`), and flanne
 per-container files whose delegates carry such a prevResult and a dataDir outside the roots; at
 times the conf dir runs flannel too (its network's leases are forged as well), and at times its
 chain ends in a plugin that keeps state elsewhere (`keeper`), whose DEL the pass keeps a pin
-for. The runtime answer lists every canary as READY, a random subset of the other containers
+for. A leak's cache entry's `cniArgs` may carry its own IgnoreUnknown (`false`, `0`, any case),
+a value over the reaper's bound or of 200 kB, more pairs than the bound, or a value with `;`,
+`=` or control characters. A cache entry of a container nothing else names may name, as its
+netns, a leak's or a canary's real pin reached from outside the netns dir (through
+/proc/<pid>/root or /proc/self/root, a symlink or a bind mount outside the roots, a symlink in
+the netns dir). At times uid 65534 makes a network namespace of its own (setpriv, unshare
+-Urm, then -n), configures every leak's and the first canary's address there, and holds it by
+a mount in its own mount namespace: on a file, under a tmpfs, or below a binfmt_misc. The
+runtime answer lists every canary as READY, a random subset of the other containers
 (READY or NOTREADY), or is unreachable. The policy is min-age 0, one confirmation, no breaker,
 at times --dry-run, --method kernel, --quarantine-dir or --max-reap 1.
 
@@ -36,6 +44,14 @@ What is proven for every example:
   one, and no cached config ran the plugin no config uses;
 - a plugin runs only for a container a kernel object proves (a real pin made here is in one of
   its attachments), and nothing a plugin is given names a canary's address, in any spelling;
+  its CNI_NETNS is empty or a pin made here, never a path outside the netns dir, and a cache
+  entry whose netns is such a path never makes a plugin run;
+- every plugin's CNI_ARGS holds `IgnoreUnknown=1` once, the reaper's, no entry's own spelling,
+  each pair one `K=V` of printable characters, within the reaper's bounds (pairs and bytes); a
+  leak whose entry's cniArgs cannot be sent so runs no plugin, and no DEL fails because the
+  kernel would not execute it (E2BIG);
+- uid 65534's namespace keeps no orphan: no orphan is left for what it holds or what could not
+  be read of it (the canaries stay, by the checks above);
 - with --dry-run or an unreachable runtime nothing changes at all but the state file, and no
   plugin runs;
 - every resource reported freed is gone from its path;
@@ -54,7 +70,9 @@ tmp_path afterwards. Every path the pass is given is under tmp_path.
 Bugs it found, each fixed and kept as a test of its own at the end: a quarantine that chmod'ed
 the inode a hard link shares with a host file; a NUL in one cache entry's netns that failed the
 whole cache kind; a forged cache entry whose claim on a pin beat the sandbox the runtime lists
-with it; resources of a kind the verify look could not read reported freed.
+with it; resources of a kind the verify look could not read reported freed. Issue 31's cniArgs,
+netns-path and users'-namespace attacks were fixed before they were added here; each check
+above fails with its fix reverted in reaper/ (see ATTACKED).
 """
 
 from __future__ import annotations
@@ -67,6 +85,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import stat
@@ -86,7 +105,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from reaper.cni.requests import DelRequest
+from reaper.cni.requests import MAX_ARG_PAIRS, MAX_CNI_ARGS, DelRequest
 from reaper.host.files import NSFS_MAGIC, fs_type
 from reaper.host.quarantine import Quarantine
 from reaper.kinds import ReclaimContext, cache
@@ -111,6 +130,7 @@ from tests.harness.lab.kernel import unmount_all_under
 from tests.harness.passes import bare_reclaimer
 from tests.harness.plugin_files import multus_delegate, multus_scratch
 from tests.harness.static_liveness import StaticLiveness
+from tests.harness.users_netns import UsersNetns, users_netns
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_EXAMPLES = 100
@@ -216,6 +236,35 @@ class Plant:
     body: Body
 
 
+# What a writer of /var/lib/cni may put in a leak's cache entry's cniArgs besides the pod's own
+# pairs (see cni_args): its own IgnoreUnknown in other spellings, which the reaper's must
+# outweigh; and what cannot be sent as CNI_ARGS (over the bound but still executable, past what
+# the kernel executes, too many pairs, pairs that split or hold a control character), which
+# makes the entry run no plugin.
+ArgsAttack = Literal["plain", "own-false", "own-0", "own-case", "long", "huge", "many", "split", "control"]
+ARGS_ATTACKS: tuple[ArgsAttack, ...] = (
+    "plain", "plain", "own-false", "own-0", "own-case", "long", "control", "many", "split", "huge"
+)  # fmt: skip
+UNFIT_ARGS = frozenset({"long", "huge", "many", "split", "control"})
+
+
+def cni_args(attack: ArgsAttack, n: int) -> list[list[str]]:
+    """A pod's cniArgs, as a CRI runtime writes them, with `attack`'s pairs added."""
+    pod = [["K8S_POD_NAMESPACE", "default"], ["K8S_POD_NAME", f"pod-{n}"]]
+    added = {
+        "plain": [],
+        "own-false": [["IgnoreUnknown", "false"]],
+        "own-0": [["ignoreunknown", "0"]],
+        "own-case": [["IgnoreUnknown", "1"], ["IGNOREUNKNOWN", "False"]],
+        "long": [["K8S_POD_UID", "u" * (MAX_CNI_ARGS + 100)]],  # over the bound, still executable
+        "huge": [["K8S_POD_UID", "u" * 200_000]],  # past one env string's MAX_ARG_STRLEN
+        "many": [[f"K{i}", "v"] for i in range(MAX_ARG_PAIRS)],
+        "split": [["K8S_POD_UID", "x;IgnoreUnknown=false"], ["IgnoreUnknown=1;K", "v"]],
+        "control": [["K8S_POD_UID", "a\x01b\tc"]],
+    }[attack]
+    return [*pod, *added] if attack != "own-false" else [*added, *pod]
+
+
 @dataclass(frozen=True)
 class Pod:
     """A canary (listed READY) or a leak (a dead container): a lease and a cache entry."""
@@ -223,6 +272,7 @@ class Pod:
     cid: str
     real_pin: bool  # a pinned netns with a veth whose peer is in it
     legacy_lease: bool
+    args: ArgsAttack = "plain"  # what its cache entry's cniArgs add to the pod's own
 
 
 Spelling = Literal["plain", "mapped", "mapped-hex", "keys", "long-s", "own"]
@@ -241,6 +291,26 @@ class Forged:
     spelling: Spelling
     flannel: bool
     multus: bool
+
+
+Way = Literal["proc-pid-root", "proc-self-root", "tmp-link", "bind", "link"]
+WAYS: tuple[Way, ...] = ("proc-pid-root", "proc-self-root", "tmp-link", "bind", "link")
+
+
+@dataclass(frozen=True)
+class Redirect:
+    """A cache entry of a container nothing else names whose `netns` reaches a real pin (the
+    first leak's or canary's that has one) from outside the netns dir: through /proc/<pid>/root
+    or /proc/self/root, a symlink or a bind mount of the namespace outside the roots, or a
+    symlink in the netns dir. Such a path is not looked at (reaper.host.netns_paths): nothing
+    proves the container, and no plugin runs for it."""
+
+    way: Way
+    target: Literal["leak", "canary"]
+
+
+def redirected_cid(n: int) -> str:
+    return f"5e{n:062x}"
 
 
 @dataclass(frozen=True)
@@ -265,6 +335,10 @@ class NodeState:
     # The chain ends in a plugin that keeps state elsewhere (`keeper`): a pass keeps what its DEL
     # needs, the pin included, while that DEL has not succeeded.
     keeper: bool = False
+    redirects: tuple[Redirect, ...] = ()
+    # uid 65534's own netns, every leak's and the first canary's address on its lo, held by a
+    # mount in its own mount namespace (tests.harness.users_netns): it keeps nothing.
+    attacker: Literal["none", "plain", "covered", "binfmt"] = "none"
 
 
 def _plain_name(name: bytes) -> bool:
@@ -367,16 +441,17 @@ def node_states(draw: st.DrawFn) -> NodeState:
     n_leaks = draw(st.integers(1, min(4, len(ids) - n_canaries)))
     others = ids[n_canaries:]  # the leaks first, then containers only the plants name
 
-    def pod(cid: str) -> Pod:
-        return Pod(cid, real_pin=draw(st.booleans()), legacy_lease=draw(st.booleans()))
+    def pod(cid: str, canary: bool) -> Pod:
+        args = "plain" if canary else draw(st.sampled_from(ARGS_ATTACKS))
+        return Pod(cid, real_pin=draw(st.booleans()), legacy_lease=draw(st.booleans()), args=args)
 
     results_dir = draw(st.sampled_from(RESULT_DIRS))
     linkable = [d for d in LINKABLE if not results_dir.startswith(d)]
     quarantine = draw(st.booleans())
     plants = st.builds(Plant, st.sampled_from(PLACES), names(ids), bodies(ids))
     return NodeState(
-        canaries=tuple(pod(cid) for cid in ids[:n_canaries]),
-        leaks=tuple(pod(cid) for cid in others[:n_leaks]),
+        canaries=tuple(pod(cid, canary=True) for cid in ids[:n_canaries]),
+        leaks=tuple(pod(cid, canary=False) for cid in others[:n_leaks]),
         results_dir=results_dir,
         linked=tuple(draw(st.lists(st.tuples(st.sampled_from(linkable), link_refs), max_size=3, unique_by=_first))),
         plants=tuple(draw(st.lists(plants, min_size=1, max_size=30))),
@@ -395,6 +470,10 @@ def node_states(draw: st.DrawFn) -> NodeState:
         forged=tuple(draw(st.lists(forgeries(ids), max_size=4, unique_by=_cid))),
         flannel_conf=draw(st.booleans()),
         keeper=draw(st.booleans()),
+        attacker=draw(st.sampled_from(("none", "none", "none", "none", "plain", "covered", "binfmt"))),
+        redirects=tuple(
+            draw(st.lists(st.builds(Redirect, st.sampled_from(WAYS), st.sampled_from(("leak", "canary"))), max_size=2))
+        ),
     )
 
 
@@ -422,7 +501,10 @@ def _first(pair: tuple[str, str]) -> str:
 # ----------------------------------------------------------------------- building the node
 
 STUB = """#!/bin/sh
-cat > "$(mktemp {log}.stdin.XXXXXX)"
+stdin=$(mktemp {log}.stdin.XXXXXX)
+cat > "$stdin"
+printf '%s\\n%s\\n%s\\n%s\\n%s' "$CNI_COMMAND" "$CNI_CONTAINERID" "$CNI_IFNAME" "$CNI_NETNS" "$CNI_ARGS" \\
+  > {log}.env.${{stdin##*.}}
 echo "{name} $CNI_COMMAND $CNI_CONTAINERID" >> {log}
 {tail}
 """
@@ -432,6 +514,29 @@ STUB_FAILS = """echo '{"cniVersion":"1.0.0","code":11,"msg":"stub failure"}'; ex
 
 def _b64(doc: dict[str, Any]) -> str:
     return base64.b64encode(json.dumps(doc).encode()).decode()
+
+
+@dataclass(frozen=True)
+class PluginRun:
+    command: str
+    cid: str
+    network: str
+    ifname: str
+    netns: str  # CNI_NETNS
+    args: str  # CNI_ARGS
+
+
+def args_problems(args: str) -> list[str]:
+    """What is wrong with a DEL's CNI_ARGS: IgnoreUnknown=1 must be in it once, as the
+    reaper's, with no other spelling of IgnoreUnknown; every pair one `K=V` of printable
+    characters; within the reaper's bounds (reaper.cni.requests)."""
+    pairs = args.split(";")
+    own = [p for p in pairs if p.partition("=")[0].lower() == "ignoreunknown"]
+    problems = [] if own == ["IgnoreUnknown=1"] else [f"IgnoreUnknown pairs {own}"]
+    if len(args.encode()) > MAX_CNI_ARGS or len(pairs) > MAX_ARG_PAIRS + 1:
+        problems.append(f"{len(args.encode())} bytes in {len(pairs)} pairs")
+    problems += [f"pair {p[:40]!r}" for p in pairs if p.count("=") != 1 or not p.isprintable()]
+    return problems
 
 
 @dataclass
@@ -448,6 +553,7 @@ class Tree:
     veths: list[str] = field(default_factory=list)
     # A leak's real pin -> its lease, whose address is configured on the pin's eth0.
     leak_leases: dict[Path, Path] = field(default_factory=dict)
+    attacker: UsersNetns | None = None
 
     @property
     def chain(self) -> dict[str, Any]:
@@ -459,6 +565,12 @@ class Tree:
     @property
     def host(self) -> Path:
         return self.top / "host"
+
+    def alone(self, cid: str) -> bool:
+        """No cache entry but the pod's own is named for `cid`'s eth0 (a plant may be)."""
+        name = f"{NET}-{cid}-eth0"
+        others = (self.top / d / name for d in RESULT_DIRS if d != self.state.results_dir)
+        return not any(os.path.lexists(p) for p in others) and cid not in {f.cid for f in self.state.forged}
 
     def pin_path(self, cid: str) -> Path:
         return self.top / "netns" / f"cni-{uuid.uuid5(uuid.NAMESPACE_OID, cid)}"
@@ -488,6 +600,15 @@ class Tree:
             (self.top / "conf" / "20-flannel.conflist").write_text(json.dumps(flannel))
         for n, forged in enumerate(self.state.forged, start=200):
             self.forge(forged, n)
+        if self.state.attacker != "none":
+            held = [f"10.88.0.{n}/32" for n in (10, *range(100, 100 + len(self.state.leaks)))]
+            made = users_netns(self.state.attacker, held)
+            if isinstance(made, str):
+                STATS["attacker_failed"] = sorted({*STATS["attacker_failed"], made})
+            else:
+                self.attacker = made
+        for n, redirect in enumerate(self.state.redirects):
+            self.redirect(redirect, n)
         for where, ref in self.state.linked:
             self.link_dir(where, ref)
         for plant in self.state.plants:
@@ -524,8 +645,7 @@ class Tree:
         lease.write_bytes(pod.cid.encode() if pod.legacy_lease else f"{pod.cid}\r\neth0".encode())
         interfaces = [{"name": f"veth{n}"}, {"name": "eth0", "sandbox": str(pin)}]
         result = {"cniVersion": "1.0.0", "interfaces": interfaces, "ips": [{"address": f"{ip}/24", "interface": 1}]}
-        args = [["K8S_POD_NAMESPACE", "default"], ["K8S_POD_NAME", f"pod-{n}"]]
-        doc = cache_doc(pod.cid, NET, config=self.chain, netns=str(pin), result=result, cniArgs=args)
+        doc = cache_doc(pod.cid, NET, config=self.chain, netns=str(pin), result=result, cniArgs=cni_args(pod.args, n))
         entry = self.top / self.state.results_dir / f"{NET}-{pod.cid}-eth0"
         entry.write_bytes(json.dumps(doc).encode())
         if canary:
@@ -576,6 +696,37 @@ class Tree:
             path = self.top / "cache" / kind / forged.cid
             if data is not None and self.directory(f"cache/{kind}") is not None and not os.path.lexists(path):
                 path.write_bytes(data)
+
+    def redirect(self, redirect: Redirect, n: int) -> None:
+        pods = self.state.leaks if redirect.target == "leak" else self.state.canaries
+        pin = next((self.pins[p.cid] for p in pods if p.cid in self.pins), None)
+        entry = self.top / self.state.results_dir / f"{NET}-{redirected_cid(n)}-eth0"
+        if pin is None or self.directory(self.state.results_dir) is None or os.path.lexists(entry):
+            return
+        if redirect.way == "proc-pid-root":
+            netns = f"/proc/{os.getppid()}/root{pin}"  # a process of this mount namespace, not this one
+        elif redirect.way == "proc-self-root":
+            netns = f"/proc/self/root{pin}"
+        elif redirect.way in ("tmp-link", "bind"):
+            (self.top / "elsewhere").mkdir(exist_ok=True)
+            outside = self.top / "elsewhere" / f"ns-{n}"
+            if redirect.way == "tmp-link":
+                outside.symlink_to(pin)
+            else:  # the mount holds the namespace: its pod is live while it stays
+                outside.touch()
+                subprocess.run(["mount", "--bind", str(pin), str(outside)], check=True)
+            netns = str(outside)
+        else:
+            link = self.top / "netns" / f"cni-{uuid.uuid5(uuid.NAMESPACE_OID, redirected_cid(n))}"
+            link.symlink_to(pin)
+            netns = str(link)
+        ip = f"10.88.0.{150 + n}"
+        interfaces = [{"name": f"vethr{n}"}, {"name": "eth0", "sandbox": netns}]
+        result = {"cniVersion": "1.0.0", "interfaces": interfaces, "ips": [{"address": f"{ip}/24", "interface": 1}]}
+        doc = cache_doc(
+            redirected_cid(n), NET, config=self.chain, netns=netns, result=result, cniArgs=cni_args("plain", n)
+        )
+        entry.write_text(json.dumps(doc))
 
     def directory(self, rel: str) -> bytes | None:
         """`rel` under the top, made one directory at a time; None when some part of it is
@@ -772,6 +923,17 @@ class Tree:
             return []
         return [line.split() for line in text.splitlines()]
 
+    def plugin_runs(self) -> list[PluginRun]:
+        """Each plugin run's environment, as the stub wrote it, and the network on its stdin."""
+        found = []
+        for path in (self.top / "markers").glob("calls.env.*"):
+            command, cid, ifname, netns, args = path.read_bytes().decode("utf-8", "replace").split("\n", 4)
+            stdin = path.with_name(path.name.replace(".env.", ".stdin.")).read_bytes()
+            doc = json.loads(stdin or b"null")
+            network = str(doc.get("name")) if isinstance(doc, dict) else ""
+            found.append(PluginRun(command, cid, network, ifname, netns, args))
+        return found
+
     def canary_addresses_handed_on(self) -> list[str]:
         """Every string any plugin was given on stdin that is a canary's address, however
         spelled (an IPv4-mapped address is its IPv4 one, as Go reads it)."""
@@ -789,6 +951,8 @@ class Tree:
         return found
 
     def remove(self) -> None:
+        if self.attacker is not None:
+            self.attacker.close()
         unmount_all_under(self.top)
         for veth in self.veths:
             with contextlib.suppress(OSError):
@@ -900,6 +1064,8 @@ STATS: dict[str, Any] = {
     "unreachable": 0,
     "dry_run": 0,
     "unexpected": [],
+    "attacked": 0,
+    "attacker_failed": [],
 }
 
 
@@ -940,6 +1106,8 @@ def check_pass(tree: Tree, base: Path) -> None:
     zero = _fingerprint(b"/dev/zero", os.lstat("/dev/zero"))
     RECORDS.messages.clear()
     leases = {pin: (lease, _ns(pin), lease.read_bytes()) for pin, lease in tree.leak_leases.items() if lease.is_file()}
+    # Leaks whose cache entry's cniArgs cannot be sent, that entry the only one of their eth0.
+    unfit = {(pod.cid, NET, "eth0") for pod in state.leaks if pod.args in UNFIT_ARGS and tree.alone(pod.cid)}
 
     result = run_pass(tree)
 
@@ -969,6 +1137,22 @@ def check_pass(tree: Tree, base: Path) -> None:
     }
     unproven = [c for c in calls if c[1] == "DEL" and (not c[2:] or c[2] not in proven)]
     assert not unproven, f"a plugin ran for a container no real pin proves: {unproven}"
+    runs = [run for run in tree.plugin_runs() if run.command != "STATUS"]
+    bad_args = [(run.cid, problems) for run in runs if (problems := args_problems(run.args))]
+    assert not bad_args, f"a plugin was given CNI_ARGS the reaper must not send: {bad_args}"
+    elsewhere = [(run.cid, run.netns) for run in runs if run.netns not in ("", *pinned)]
+    assert not elsewhere, f"a plugin was given a CNI_NETNS that is no pin made here: {elsewhere}"
+    redirected = {redirected_cid(n) for n in range(len(state.redirects))}
+    assert not [c for c in calls if c[2:] and c[2] in redirected], f"a netns outside the netns dir ran: {calls}"
+    sent = [run for run in runs if (run.cid, run.network, run.ifname) in unfit]
+    assert not sent, f"a cache entry whose cniArgs cannot be sent ran a plugin: {sent}"
+    if tree.attacker is not None:
+        mark, pid = str(tree.attacker.work), re.compile(rf"\bpid {tree.attacker.maker.pid}\b")
+        blamed = [s for s in result.skipped if mark in s.reason or pid.search(s.reason)]
+        assert not blamed, f"uid 65534's own netns kept an orphan: {blamed}"
+        STATS["attacked"] += 1
+    too_long = [e for o in result.reclaimed for e in o.plugin_errors if "Argument list too long" in e]
+    assert not too_long, f"a DEL the kernel would not execute: {too_long}"
     for pin, (lease, ns, data) in leases.items():
         # The pin stays, and with it the lease's address on its eth0: the lease stays too (issue 31).
         if pin.exists() and fs_type(str(pin)) == NSFS_MAGIC and _ns(pin) == ns:
@@ -1002,7 +1186,10 @@ def check_pass(tree: Tree, base: Path) -> None:
 LIVE, DEAD, GONE = "c" * 64, "e" * 64, "f" * 64
 HOSTILE = NodeState(
     canaries=(Pod(LIVE, real_pin=True, legacy_lease=False), Pod("live-2", real_pin=False, legacy_lease=True)),
-    leaks=(Pod(DEAD, real_pin=True, legacy_lease=False), Pod(GONE, real_pin=False, legacy_lease=True)),
+    leaks=(
+        Pod(DEAD, real_pin=True, legacy_lease=False, args="own-false"),
+        Pod(GONE, real_pin=False, legacy_lease=True),
+    ),
     results_dir="cache/cache/results",
     linked=(("cache/results", "host-dir"), ("ipam/othernet", "proc-self:"), ("netns/sub", "dev-zero")),
     plants=(
@@ -1069,6 +1256,28 @@ FORGED = replace(
     flannel_conf=True,
 )
 
+# Every cniArgs attack on a leak with a pin (a DEL would run), and every way a cache entry's netns
+# reaches a leak's or a canary's pin from outside the netns dir.
+ATTACKED = replace(
+    HOSTILE,
+    leaks=(
+        Pod(DEAD, real_pin=True, legacy_lease=False, args="huge"),
+        *(
+            Pod(c * 64, real_pin=True, legacy_lease=False, args=a)
+            for c, a in zip("ab9876", ARGS_ATTACKS[3:9], strict=True)
+        ),
+        Pod(GONE, real_pin=False, legacy_lease=True, args="own-case"),
+    ),
+    redirects=(
+        Redirect("proc-pid-root", "leak"),
+        Redirect("proc-self-root", "leak"),
+        Redirect("link", "leak"),
+        Redirect("tmp-link", "leak"),
+        Redirect("bind", "canary"),
+    ),
+    attacker="binfmt",
+)
+
 
 @settings(
     max_examples=MAX_EXAMPLES,
@@ -1084,10 +1293,11 @@ FORGED = replace(
 @given(state=node_states())
 @example(state=HOSTILE)
 @example(state=QUARANTINED)
-@example(state=replace(HOSTILE, dry_run=True))
+@example(state=replace(HOSTILE, dry_run=True, attacker="covered"))
 @example(state=replace(HOSTILE, reachable=False))
 @example(state=NUL_NETNS)
 @example(state=FORGED)
+@example(state=ATTACKED)
 @example(state=replace(HOSTILE, keeper=True, kernel_only=True))
 @example(state=replace(HOSTILE, keeper=True, plugin="fail"))
 def whole_pass_stays_in_its_roots(base: Path, state: NodeState) -> None:
@@ -1134,9 +1344,12 @@ def test_the_whole_pass_survives_any_node_state(tmp_path: Path) -> None:
     assert stats["netns"] != own_netns
     assert stats["examples"] >= MAX_EXAMPLES, stats
     assert stats["acted"] > 0 and stats["dry_run"] > 0 and stats["unreachable"] > 0, stats
+    assert stats["attacked"] > 0 or stats["attacker_failed"], stats
     assert os.stat("/proc/self/ns/net").st_ino == own_netns
     assert _host_names() == host_before
     assert os.listdir(tmp_path) == ["examples"]
+    if stats["attacker_failed"]:
+        warnings.warn(f"uid 65534's netns could not be made: {stats['attacker_failed']}", stacklevel=1)
     if stats["unexpected"]:
         # The pass contains these (a kind's find or reclaim that raised): not a failure of the
         # property, but bugs all the same.
