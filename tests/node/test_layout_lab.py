@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -40,6 +41,19 @@ state = "{K3S_STATE}"
 """
 
 
+def _k3s_cache(lab: Lab, dest: Path) -> Path:
+    """The lab's libcni cache as k3s' containerd would have written it: each entry's netns names
+    the pin under the k3s netns dir, where the layout binds the lab's (the reaper looks up a
+    cache entry's netns only in the netns dirs it was given, by path)."""
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(lab.cache_dir, dest, symlinks=True)
+    for entry in dest.rglob("*"):
+        if entry.is_file() and not entry.is_symlink():
+            text = entry.read_text(errors="surrogateescape")
+            entry.write_text(text.replace(str(lab.netns_dir), K3S_NETNS), errors="surrogateescape")
+    return dest
+
+
 def _k3s_shaped(
     lab: Lab, config: Path, *reaper_args: str, command: str = "scan", leave_out: str = "", wrap: tuple[str, ...] = ()
 ) -> subprocess.CompletedProcess[str]:
@@ -48,7 +62,7 @@ def _k3s_shaped(
         K3S_CONF: str(lab.conf_dir),
         K3S_BIN: str(lab.bin_dir),
         K3S_NETNS: str(lab.netns_dir),
-        "/var/lib/cni": str(lab.cache_dir),
+        "/var/lib/cni": str(_k3s_cache(lab, config.parent / "cni")),
         f"{K3S_DATA}/agent/etc/containerd/config.toml": str(config),
     }
     script = [f"mount -t tmpfs cni-reaper-test {d}" for d in ("/run", "/var/lib", "/etc/containerd")]
