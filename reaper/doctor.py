@@ -367,7 +367,10 @@ def _held_mounts(netns_dirs: tuple[str, ...]) -> Check:
     try:
         held = held_elsewhere(netns_mounts(), netns_dirs, own_mount_namespace())
     except OSError as err:
-        fix = "run with the host's PID namespace and its /proc, with nsenter on PATH"
+        fix = (
+            "run with the host's PID namespace and its /proc, and CAP_SYS_ADMIN and CAP_SYS_CHROOT to join a mount"
+            " namespace pinned with no process in it"
+        )
         return Check("held netns", "fail", f"the mounts of every mount namespace cannot be read ({err}): "
                      "nothing with a netns can be called an orphan", fix)  # fmt: skip
     if not held:
