@@ -94,6 +94,7 @@ UNKNOWN_NS = 0  # a mount namespace that cannot be told (no namespace has inode 
 NO_PROCESS = 0  # the pid of a mount in a mount namespace no process is in
 ENTER_TIMEOUT = 10.0  # seconds a child gets to join a mount namespace no process is in
 CLONE_NEWNS = 0x00020000
+CLONE_FS = 0x00000200
 # ioctls on an nsfs fd (include/uapi/linux/nsfs.h): _IO(0xb7, n)
 _ALL_SIGNALS = signal.valid_signals()
 log = logging.getLogger(__name__)
@@ -460,7 +461,7 @@ def entered(ns_fd: int, ino: int) -> Iterator[str]:
     """`/proc/<pid>` of a child of this process that joined the mount namespace `ns_fd` (inode
     `ino`) and waits there, running nothing; it is killed when the block ends. OSError when it
     cannot join within ENTER_TIMEOUT."""
-    setns = libc.setns  # looked up here, not in the child
+    setns, unshare = libc.setns, libc.unshare  # looked up here, not in the child
     ready_r, ready_w = os.pipe()
     release_r, release_w = os.pipe()
     try:
@@ -470,7 +471,7 @@ def entered(ns_fd: int, ino: int) -> Iterator[str]:
             os.close(fd)
         raise
     if pid == 0:  # pragma: no cover - the child, ended by os._exit
-        _join_and_wait(setns, ns_fd, ready_w, release_r, (ready_r, release_w))
+        _join_and_wait(setns, unshare, ns_fd, ready_w, release_r, (ready_r, release_w))
     try:
         os.close(ready_w)
         os.close(release_r)
@@ -496,17 +497,29 @@ def entered(ns_fd: int, ino: int) -> Iterator[str]:
 
 
 def _join_and_wait(
-    setns: Callable[[int, int], int], ns_fd: int, ready: int, release: int, parents: tuple[int, ...]
+    setns: Callable[[int, int], int],
+    unshare: Callable[[int], int],
+    ns_fd: int,
+    ready: int,
+    release: int,
+    parents: tuple[int, ...],
 ) -> NoReturn:  # pragma: no cover - runs in the forked child
     """The child: no signal handler or garbage collection can run code here from now on; it
     joins, says so (a byte: 0, or the errno), and waits until it is killed (or the reaper is
-    gone: the read ends)."""
+    gone: the read ends).
+
+    A fork handler of a library may have started a thread in the child already (gRPC's does,
+    once the reaper has asked a runtime), and the kernel refuses to move a thread that shares
+    its filesystem context with another into a mount namespace (EINVAL, `mntns_install`): so
+    this thread first takes a filesystem context of its own (unshare(CLONE_FS), no namespace).
+    Only this thread, the one /proc/<pid>/mountinfo shows, joins."""
     try:
         signal.pthread_sigmask(signal.SIG_BLOCK, _ALL_SIGNALS)
         gc.disable()
         for fd in parents:
             os.close(fd)
-        code = 0 if setns(ns_fd, CLONE_NEWNS) == 0 else (ctypes.get_errno() or errno.EIO)
+        joined = unshare(CLONE_FS) == 0 and setns(ns_fd, CLONE_NEWNS) == 0
+        code = 0 if joined else (ctypes.get_errno() or errno.EIO)
         os.write(ready, bytes((min(code, 255),)))
         if code == 0:
             os.read(release, 1)
