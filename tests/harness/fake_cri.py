@@ -4,11 +4,12 @@ counts what it was asked (how many status calls, which IDs, how many at once).""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -120,3 +121,13 @@ class NotCri(threading.Thread):
                 return
             self.accepted += 1
             conn.close()
+
+
+@contextlib.contextmanager
+def decoy_runtime(tmp: Path) -> Iterator[Path]:
+    """A runtime that answers and lists nothing, at a socket path of its own under `tmp` (a
+    second runtime beside the node's: Docker's containerd with CRI on, a leftover k3s)."""
+    path = tmp / "decoy" / "containerd.sock"
+    path.parent.mkdir()
+    with FakeRuntime(path, b"", {}):
+        yield path

@@ -17,6 +17,7 @@ from typing import Any
 
 from msgspec import Struct
 
+from reaper.cni.requests import DelRequest
 from reaper.kinds import Kind, Look, Pin, ReclaimContext, reclaim_order
 from reaper.model import (
     Attachment,
@@ -263,3 +264,15 @@ def plugin_config(plugin: str = "fakeplugin", *, name: str = "mynet", version: s
 def verbs_run(bin_dir: Path, name: str = "fakeplugin") -> list[str]:
     log = bin_dir / f"{name}.log"
     return log.read_text().split() if log.exists() else []
+
+
+def request_for(attachment: Attachment, config: bytes) -> DelRequest:
+    """The DEL request the reclaim path builds for a fake attachment of network mynet."""
+    return DelRequest(
+        container_id=str(attachment.key.container_id),
+        network="mynet",
+        ifname="eth0",
+        netns="/proc/self/ns/net",
+        config=config,
+        source="/test/conf",
+    )

@@ -17,7 +17,7 @@ import pytest
 from reaper.model import RuntimeView
 from reaper.runtime.cri import CriLiveness
 from reaper.runtime.discovery import discover
-from tests.harness.fake_cri import FakeRuntime, sandbox, sandbox_list
+from tests.harness.fake_cri import FakeRuntime, decoy_runtime, sandbox, sandbox_list
 
 NOBODY = 65534
 AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
@@ -27,9 +27,7 @@ PINNED = sandbox_list([sandbox("pinned", ready=False)])
 @pytest.fixture
 def decoy(tmp_path: Path) -> Iterator[Path]:
     """A runtime that answers and lists nothing, at a known path of its own."""
-    path = tmp_path / "decoy" / "containerd.sock"
-    path.parent.mkdir()
-    with FakeRuntime(path, b"", {}):
+    with decoy_runtime(tmp_path) as path:
         yield path
 
 

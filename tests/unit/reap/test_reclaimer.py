@@ -25,18 +25,10 @@ from tests.harness.reclaim_fakes import (
     FakeNode,
     fake_plugin,
     plugin_config,
+    request_for,
     verbs_run,
 )
 from tests.harness.snapshots import cid, runtime, sandbox
-
-
-@pytest.fixture
-def node(monkeypatch: pytest.MonkeyPatch) -> FakeNode:
-    """A fake node whose kinds are the only ones the reclaim path knows."""
-    fake = FakeNode()
-    monkeypatch.setattr(act, "KINDS", fake.kinds)
-    monkeypatch.setattr(act, "RECLAIM_ORDER", fake.kinds)
-    return fake
 
 
 def reclaimer(node: FakeNode, *views: RuntimeView, bin_dirs: tuple[str, ...] = ()) -> Reclaimer:
@@ -182,17 +174,6 @@ def test_a_stateful_chain_without_a_del_keeps_what_its_del_needs(node: FakeNode)
     assert "no DEL runs" in str(kept["last-1"].error)
     assert second.ok
     assert {r.name for r in node.records.values()} == {"last-1"}
-
-
-def request_for(attachment: Attachment, config: bytes) -> DelRequest:
-    return DelRequest(
-        container_id=str(attachment.key.container_id),
-        network="mynet",
-        ifname="eth0",
-        netns="/proc/self/ns/net",
-        config=config,
-        source="/test/conf",
-    )
 
 
 def test_a_network_whose_plugin_is_not_available_gets_no_step(node: FakeNode, tmp_path: Path) -> None:

@@ -28,7 +28,6 @@ from reaper.kinds import Kind, netns, reclaim_order
 from reaper.kinds import veth as veth_kind
 from reaper.kinds.registry import KINDS, RECLAIM_ORDER
 from reaper.model import Attachment, AttachmentKey, Done, NsKey, ReclaimOutcome
-from reaper.reap import act
 from reaper.reap.stays import UNTOUCHED, held_in_staying, kept_with_namespace, lives_in, staying_namespaces
 from tests.harness import snapshots
 from tests.harness.passes import bare_reclaimer
@@ -41,17 +40,9 @@ from tests.harness.reclaim_fakes import (
     FakeNode,
     fake_plugin,
     plugin_config,
+    request_for,
 )
 from tests.harness.snapshots import cid, runtime
-from tests.unit.reap.test_reclaimer import request_for
-
-
-@pytest.fixture
-def node(monkeypatch: pytest.MonkeyPatch) -> FakeNode:
-    fake = FakeNode()
-    monkeypatch.setattr(act, "KINDS", fake.kinds)
-    monkeypatch.setattr(act, "RECLAIM_ORDER", fake.kinds)
-    return fake
 
 
 def pod(node: FakeNode, n: int) -> Attachment:

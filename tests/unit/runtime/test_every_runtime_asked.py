@@ -20,7 +20,7 @@ from reaper.runtime import discovery
 from reaper.runtime.cri import CriLiveness
 from reaper.runtime.discovery import discover, kubelet_endpoints
 from reaper.runtime.resolve import MAX_LINKS
-from tests.harness.fake_cri import FakeRuntime, sandbox, sandbox_list
+from tests.harness.fake_cri import FakeRuntime, decoy_runtime, sandbox, sandbox_list
 from tests.harness.procs import believed_process, host_proc
 
 PINNED = sandbox_list([sandbox("pinned", ready=False)])  # a NOTREADY sandbox: its pin is its own
@@ -29,9 +29,7 @@ PINNED = sandbox_list([sandbox("pinned", ready=False)])  # a NOTREADY sandbox: i
 @pytest.fixture
 def decoy(tmp_path: Path) -> Iterator[Path]:
     """A runtime that answers and lists nothing, at a known path of its own."""
-    path = tmp_path / "decoy" / "containerd.sock"
-    path.parent.mkdir()
-    with FakeRuntime(path, b"", {}):
+    with decoy_runtime(tmp_path) as path:
         yield path
 
 
