@@ -128,18 +128,8 @@ def attach(lab: Lab, net: Network) -> Attached:
     cid = secrets.token_hex(32)
     pin = lab.make_pin()
     call = call_for(lab, cid, pin)
-    result = labcni.add_network_list(net.conflist, call, {})
+    result, cache = labcni.add_and_cache(lab.cache_dir, net.conflist, call)
     assert labcni.result_ip(result) == net.address
-    entry = labcni.cache_entry(
-        container_id=cid,
-        network=net.name,
-        ifname=labcni.IFNAME,
-        conflist=json.dumps(net.conflist).encode(),
-        cni_args=call.cni_args,
-        capability_args={},
-        result=result,
-    )
-    cache = labcni.write_cache_entry(lab.cache_dir, entry)
     attached = Attached(cid, pin, cache, lab.ipam_dir / net.name / net.address)
     assert configured_in(lab, pin) == {net.address} and attached.lease.exists()
     return attached

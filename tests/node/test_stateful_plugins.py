@@ -111,19 +111,10 @@ def attach(world: World) -> Attached:
         bin_dir=lab.bin_dir,
         exec_netns=lab.netns_path,
     )
-    result = labcni.add_network_list(world.conflist, call, {})
-    entry = labcni.cache_entry(
-        container_id=cid,
-        network=world.network,
-        ifname=labcni.IFNAME,
-        conflist=json.dumps(world.conflist).encode(),
-        cni_args=call.cni_args,
-        capability_args={},
-        result=result,
-    )
+    _, cache = labcni.add_and_cache(lab.cache_dir, world.conflist, call)
     record = world.store / cid
     assert record.exists()
-    return Attached(cid, pin, labcni.write_cache_entry(lab.cache_dir, entry), record)
+    return Attached(cid, pin, cache, record)
 
 
 def unpin(pin: Path) -> None:

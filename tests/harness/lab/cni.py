@@ -308,6 +308,22 @@ def write_cache_entry(cache_dir: Path, entry: Mapping[str, object]) -> Path:
     return path
 
 
+def add_and_cache(cache_dir: Path, conflist: Mapping[str, object], call: PluginCall) -> tuple[dict[str, object], Path]:
+    """ADD the network list as a runtime does (add_network_list), then cache its result as
+    libcni does (cache_entry, write_cache_entry): the result and the cache entry's path."""
+    result = add_network_list(conflist, call, {})
+    entry = cache_entry(
+        container_id=call.container_id,
+        network=str(conflist["name"]),
+        ifname=call.ifname,
+        conflist=json.dumps(conflist).encode(),
+        cni_args=call.cni_args,
+        capability_args={},
+        result=result,
+    )
+    return result, write_cache_entry(cache_dir, entry)
+
+
 def result_ip(result: Mapping[str, object]) -> str:
     """The first IP of a CNI (>= 0.3.0) result, without its prefix length."""
     ips = result.get("ips")
