@@ -451,11 +451,6 @@ def made_by_user(ns_fd: int) -> int | None:
         return None
 
 
-def made_by_root(ns_fd: int) -> bool:
-    """Whether namespace `ns_fd` weighs as root's (made_by_user found no user)."""
-    return made_by_user(ns_fd) is None
-
-
 @contextlib.contextmanager
 def entered(ns_fd: int, ino: int) -> Iterator[str]:
     """`/proc/<pid>` of a child of this process that joined the mount namespace `ns_fd` (inode

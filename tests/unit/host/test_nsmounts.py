@@ -351,12 +351,12 @@ def test_a_pin_is_opened_beneath_the_processs_root_with_no_symlink_and_checked(t
 def test_only_namespaces_whose_user_namespaces_uid_0_made_are_root_made() -> None:
     fd = os.open("/proc/self/ns/mnt", os.O_RDONLY)
     try:
-        assert nsmounts.made_by_root(fd)  # the host's (or this test's root-made ones)
+        assert nsmounts.made_by_user(fd) is None  # the host's (or this test's root-made ones)
     finally:
         os.close(fd)
     plain = os.open(os.devnull, os.O_RDONLY)
     try:
-        assert nsmounts.made_by_root(plain)  # what cannot be told is root's: fail closed
+        assert nsmounts.made_by_user(plain) is None  # what cannot be told is root's: fail closed
     finally:
         os.close(plain)
 
