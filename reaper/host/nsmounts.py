@@ -72,7 +72,7 @@ import re
 import select
 import signal
 import stat
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import NoReturn
 
 from msgspec import Struct
@@ -603,15 +603,19 @@ def mount_held(netns_dirs: tuple[str, ...], proc: str = "/proc") -> Mapping[NsKe
     return busy
 
 
-def in_use(bin_dirs: tuple[str, ...], netns_dirs: tuple[str, ...], only: NsKey | None = None) -> Mapping[NsKey, str]:
+def in_use(
+    bin_dirs: tuple[str, ...], netns_dirs: tuple[str, ...], only: Collection[NsKey] | None = None
+) -> Mapping[NsKey, str]:
     """Namespaces that must stay right now, with why: some process is in them
-    (reaper.host.procs.busy_namespaces; `only`: just that namespace's processes are described)
+    (reaper.host.procs.busy_namespaces; `only`: just those namespaces' processes are described,
+    any other with a process in it stays whoever it is)
     or a mount holds them outside the netns dirs (mount_held). Either walk failing makes every
     namespace stay."""
-    busy = busy_namespaces(bin_dirs, only)
-    if isinstance(busy, EveryNamespaceBusy):
-        return busy
     held = mount_held(netns_dirs)
     if isinstance(held, EveryNamespaceBusy):
         return held
+    # The mounts first: their walk is the longer, and a process entering is the likelier news.
+    busy = busy_namespaces(bin_dirs, only)
+    if isinstance(busy, EveryNamespaceBusy):
+        return busy
     return {**held, **busy}

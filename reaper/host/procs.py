@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 
 import psutil
 from msgspec import Struct
@@ -137,12 +137,25 @@ def _started_by(facts: ProcessFacts, ancestor: tuple[int, float]) -> bool:
     return False
 
 
-def holders_by_netns(bin_dirs: tuple[str, ...], only: NsKey | None = None) -> dict[NsKey, tuple[Holder, ...]]:
-    """The processes in each namespace some process is in (with `only`, just that one)."""
+def holders_by_netns(
+    bin_dirs: tuple[str, ...], only: Collection[NsKey] | None = None
+) -> dict[NsKey, tuple[Holder, ...]]:
+    """The processes in each namespace some process is in, described (with `only`, just those
+    namespaces' processes are; every other namespace maps to its pids undescribed, as plain
+    holders that keep it busy)."""
     members = netns_members()
-    if only is not None:
-        members = {only: members[only]} if only in members else {}
-    described = describe({pid for pids in members.values() for pid in pids}, bin_dirs)
+    if only is None:
+        described = describe({pid for pids in members.values() for pid in pids}, bin_dirs)
+    else:
+        wanted = set(only)
+        described = describe({pid for ns, pids in members.items() if ns in wanted for pid in pids}, bin_dirs)
+        described.update(
+            (pid, Holder(pid=pid, comm="", is_cni_plugin=False))
+            for ns, pids in members.items()
+            if ns not in wanted
+            for pid in pids
+            if pid not in described
+        )
     return {ns: tuple(described[pid] for pid in sorted(pids)) for ns, pids in members.items()}
 
 
@@ -167,9 +180,11 @@ class EveryNamespaceBusy(Mapping[NsKey, str]):
         return 0
 
 
-def busy_namespaces(bin_dirs: tuple[str, ...], only: NsKey | None = None) -> Mapping[NsKey, str]:
-    """Namespaces some process is in right now (not a plugin of this reaper's), with why. When
-    /proc cannot be walked whole, every namespace is busy (EveryNamespaceBusy)."""
+def busy_namespaces(bin_dirs: tuple[str, ...], only: Collection[NsKey] | None = None) -> Mapping[NsKey, str]:
+    """Namespaces some process is in right now (not a plugin of this reaper's), with why. With
+    `only`, the processes of those namespaces are described; any other namespace with a process
+    in it is busy, whoever it is. When /proc cannot be walked whole, every namespace is busy
+    (EveryNamespaceBusy)."""
     try:
         by_netns = holders_by_netns(bin_dirs, only)
     except OSError as err:

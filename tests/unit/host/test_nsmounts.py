@@ -411,6 +411,7 @@ def test_in_use_joins_processes_and_mounts_and_fails_closed_with_either(
     assert in_use((), ()) == {inside_ns: "pid 5 inside", held_ns: "held by a mount"}
     monkeypatch.setattr(nsmounts, "mount_held", lambda dirs, proc="/proc": EveryNamespaceBusy("unseen"))
     assert NsKey(NSFS, 99) in in_use((), ())
+    monkeypatch.setattr(nsmounts, "mount_held", lambda dirs, proc="/proc": {held_ns: "held by a mount"})
     monkeypatch.setattr(nsmounts, "busy_namespaces", lambda bin_dirs, only=None: EveryNamespaceBusy("no /proc"))
     assert in_use((), ())[NsKey(NSFS, 99)] == "no /proc"
 

@@ -14,7 +14,7 @@ import pytest
 from reaper.host import procs
 from reaper.host.procs import describe, netns_members, unseen_processes
 from reaper.model import Attachment, AttachmentKey, Holder, NsKey
-from reaper.reap.plan import recheck_reason
+from reaper.reap.plan import listed, recheck_reason
 from tests.harness.snapshots import cid, runtime
 
 
@@ -93,7 +93,7 @@ def test_a_failed_walk_makes_every_namespace_busy_at_the_recheck(monkeypatch: py
     ns = NsKey(4, 4026532999)
     assert isinstance(busy, procs.EveryNamespaceBusy)
     assert ns in busy and "walk of /proc failed" in busy[ns] and busy.get(ns) == busy[ns]
-    only = procs.busy_namespaces((), ns)
+    only = procs.busy_namespaces((), {ns})
     assert only.get(ns) is not None
     attachment = Attachment(
         key=AttachmentKey(cid(1), "mynet", "eth0"),
@@ -103,7 +103,7 @@ def test_a_failed_walk_makes_every_namespace_busy_at_the_recheck(monkeypatch: py
         reason="no owner",
         age_seconds=700.0,
     )
-    assert recheck_reason(attachment, runtime(), busy) == busy[ns]
+    assert recheck_reason(attachment, listed(runtime()), busy) == busy[ns]
     monkeypatch.setattr(procs, "netns_members", real)
     assert not isinstance(procs.busy_namespaces(()), procs.EveryNamespaceBusy)
 
