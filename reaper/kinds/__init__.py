@@ -15,6 +15,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 from msgspec import Struct
 
 from reaper.host.memo import InventoryMemo
+from reaper.host.nsmounts import in_use
 from reaper.host.quarantine import Quarantine
 from reaper.model import (
     CorruptFile,
@@ -82,6 +83,13 @@ class ReclaimContext(Struct, frozen=True, kw_only=True):
     quarantine: Quarantine | None
     command_timeout: float
     done: Mapping[Identity, Done]  # what the kinds reclaimed before this one did, this pass
+    # Who is in which namespace, from the re-check that cleared this batch (fresh again when
+    # that one is older than the re-check window); None: a walk of its own, now.
+    in_use: Callable[[], Mapping[NsKey, str]] | None = None
+
+    def busy(self) -> Mapping[NsKey, str]:
+        """The namespaces that must stay right now, with why (reaper.host.nsmounts.in_use)."""
+        return self.in_use() if self.in_use is not None else in_use(self.bin_dirs, self.netns_dirs)
 
 
 class Kind(Struct, Generic[R], frozen=True, kw_only=True):

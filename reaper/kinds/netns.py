@@ -15,7 +15,6 @@ from msgspec import Struct
 
 from reaper.host.files import DirLister
 from reaper.host.mounts import unpin_hazard
-from reaper.host.nsmounts import in_use
 from reaper.host.pins import list_pins, unpin
 from reaper.kinds import Found, Kind, Look, Pin, ReclaimContext
 from reaper.model import CorruptFile, DetailValue, Done, Identity, NetnsTie, NsKey, ResourceRef
@@ -91,7 +90,7 @@ def reclaim(pins: Sequence[NetnsPin], ctx: ReclaimContext) -> dict[Identity, Don
     hazard = unpin_hazard(ctx.netns_dirs)
     if hazard is not None:
         return {identity(pin): Done.left(hazard) for pin in pins}
-    busy = in_use(ctx.bin_dirs, ctx.netns_dirs)
+    busy = ctx.busy()
     return {identity(pin): _unpin(pin, ctx, busy) for pin in pins}
 
 

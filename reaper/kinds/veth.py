@@ -16,7 +16,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from msgspec import Struct
 
 from reaper.host.netlink import RawLink, delete_links, dump_links, nsids_of
-from reaper.host.nsmounts import in_use
 from reaper.kinds import Found, Kind, Look, ReclaimContext, heldns
 from reaper.kinds.heldns import HeldNetns
 from reaper.kinds.netns import NetnsPin
@@ -198,7 +197,7 @@ def reclaim(veths: Sequence[VethLink], ctx: ReclaimContext) -> dict[Identity, Do
     if any(ident[0] == "netns" and done.ok for ident, done in ctx.done.items()):
         _wait_gone({v.ifindex for v in veths}, UNPIN_GRACE)
     by_index = {link.ifindex: link for link in dump_links()}
-    busy = in_use(ctx.bin_dirs, ctx.netns_dirs)
+    busy = ctx.busy()
     done: dict[Identity, Done] = {}
     to_delete: dict[int, VethLink] = {}
     for veth in veths:

@@ -7,8 +7,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence, Set
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, NamedTuple
 
 from msgspec import Struct, field
@@ -37,7 +38,7 @@ from reaper.model import (
     SkippedAttachment,
 )
 from reaper.reap import delegates
-from reaper.reap.plan import recheck_reason
+from reaper.reap.plan import Listed, listed, recheck_reason
 from reaper.reap.stays import held_in_staying, kept_with_namespace, lives_in, staying_namespaces
 from reaper.reap.trust import NO_KERNEL_EVIDENCE, NodeTrust, cached_config_refusal, kernel_proven
 from reaper.stopwatch import Stopwatch
@@ -50,6 +51,13 @@ Records = Mapping[Identity, Any]
 UNREACHABLE_AT_RECHECK = "runtime unreachable at the re-check"
 STAYING_DEADLINE = 5.0  # seconds for reading the addresses of the pass's pins that stay, all together
 NO_PIN = "no plugin runs: no namespace pin to pass as CNI_NETNS, as the runtime would"
+# Seconds after a re-check finished within which what it cleared may be acted on: a DEL starts,
+# a kind's batch is reclaimed. Batches are sized to fit (Reclaimer); SECURITY.md says why a
+# window this long is safe.
+RECHECK_WINDOW = 1.0
+FIRST_KERNEL_BATCH = 128  # records in a kind's first batch, before its pace is known
+MIN_BATCH = 16
+LATE_TRIES = 3  # times a DEL may miss its window before its attachment waits for the next pass
 
 
 def index(snapshot: NodeSnapshot) -> dict[Identity, Any]:
@@ -284,11 +292,48 @@ def _kept_because(what: str, no_del: bool, pinned: bool) -> str:
 
 
 class Recheck(NamedTuple):
-    """What a re-check found: why each attachment must be left after all, and the namespaces
-    the runtimes named at it (live, whatever a record says)."""
+    """What a re-check found: why each attachment must be left after all, the namespaces the
+    runtimes named at it (live, whatever a record says), who is in which namespace, and when
+    it finished (time.monotonic)."""
 
     left: dict[AttachmentKey, str]
     live_netns: frozenset[NsKey] = frozenset()
+    busy: Mapping[NsKey, str] = {}
+    at: float = 0.0
+
+
+class NodeView(NamedTuple):
+    """One look at who may still use an orphan: who is in which namespace (the mounts, then
+    /proc), then what the runtimes list (None when they could not all be asked: `error`), and
+    when it was complete (time.monotonic)."""
+
+    busy: Mapping[NsKey, str]
+    now: Listed | None
+    error: str | None
+    at: float
+
+    def judge(self, attachments: Iterable[Attachment]) -> Recheck:
+        """Why each of `attachments` must be left after all, by this view."""
+        if self.now is None:
+            return Recheck({a.key: f"{UNREACHABLE_AT_RECHECK}: {self.error}" for a in attachments}, at=self.at)
+        reasons = {a.key: recheck_reason(a, self.now, self.busy) for a in attachments}
+        left = {key: why for key, why in reasons.items() if why is not None}
+        return Recheck(left, self.now.netns, self.busy, self.at)
+
+
+class _Views:
+    """The kernel step's looks at the node, each of every namespace the step's attachments
+    live in: one serves every batch that starts within half the re-check window of it."""
+
+    def __init__(self, take: Callable[[Set[NsKey]], NodeView], namespaces: frozenset[NsKey]) -> None:
+        self.take = take
+        self.namespaces = namespaces
+        self.last: NodeView | None = None
+
+    def fresh(self) -> NodeView:
+        if self.last is None or time.monotonic() - self.last.at > RECHECK_WINDOW / 2:
+            self.last = self.take(self.namespaces)
+        return self.last
 
 
 class Reclaimer(Struct, kw_only=True):
@@ -314,19 +359,31 @@ class Reclaimer(Struct, kw_only=True):
     _statuses: dict[bytes, str | None] = field(default_factory=dict)
     _status_lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def recheck(self, attachments: Sequence[Attachment]) -> Recheck:
-        """Right before acting on them: why each attachment must be left after all, by what the
-        runtimes list now and who is in its netns now, and the namespaces they named. It
-        changes nothing shared (the DEL pool runs it in threads): the caller combines what
-        each re-check learned. Unreachable runtimes leave them all."""
+    def recheck(self, attachments: Sequence[Attachment], namespaces: Set[NsKey] = frozenset()) -> Recheck:
+        """Right before acting on a batch: why each attachment must be left after all, by one
+        look at the node (view)."""
+        return self.view({a.netns for a in attachments if a.netns is not None} | namespaces).judge(attachments)
+
+    def view(self, namespaces: Set[NsKey]) -> NodeView:
+        """Who is in which namespace now (one walk of the mounts and of /proc; the processes in
+        `namespaces` are described, any other namespace with a process in it counts busy), then
+        what the runtimes list now (asked once): the runtimes last, so that the answer a batch
+        is judged by is the freshest part of the view."""
+        busy = in_use(self.bin_dirs, self.netns_dirs, namespaces) if namespaces else {}
         view = self.observe()
-        if not view.reachable:
-            return Recheck({a.key: f"{UNREACHABLE_AT_RECHECK}: {view.error}" for a in attachments})
-        live = frozenset(s.netns for s in view.sandboxes if s.netns is not None)
-        only = attachments[0].netns if len(attachments) == 1 else None
-        busy = in_use(self.bin_dirs, self.netns_dirs, only) if only is not None or len(attachments) > 1 else {}
-        reasons = {a.key: recheck_reason(a, view, busy) for a in attachments}
-        return Recheck({key: why for key, why in reasons.items() if why is not None}, live)
+        now = listed(view) if view.reachable else None
+        return NodeView(busy, now, view.error, time.monotonic())
+
+    def _busy_from(self, found: Recheck, namespaces: Set[NsKey]) -> Callable[[], Mapping[NsKey, str]]:
+        """Who is in which namespace for a kind about to act on a batch: the re-check's walk
+        while it is within the window, else a walk made now."""
+
+        def busy() -> Mapping[NsKey, str]:
+            if time.monotonic() - found.at <= RECHECK_WINDOW:
+                return found.busy
+            return in_use(self.bin_dirs, self.netns_dirs, namespaces)
+
+        return busy
 
     def run(
         self,
@@ -335,9 +392,10 @@ class Reclaimer(Struct, kw_only=True):
         judged: Records | None = None,
         keep: Mapping[AttachmentKey, str] | None = None,
     ) -> tuple[list[ReclaimOutcome], list[SkippedAttachment]]:
-        """Reclaim each attachment, re-checked right before its DEL and again before the kernel
-        step; those the first re-check leaves are skipped whole. `keep` names, by attachment,
-        the plugins of its chain that keep state only their DEL frees (see kept_state)."""
+        """Reclaim each attachment, re-checked in batches right before its DEL and again before
+        each batch of the kernel step (see _del_all, _kernel); those the first re-check leaves
+        are skipped whole. `keep` names, by attachment, the plugins of its chain that keep state
+        only their DEL frees (see kept_state)."""
         self.watch.restart()
         attachments_all = attachments
         plugin_errors, left_before_del, live = self._del_all(attachments, requests)
@@ -357,29 +415,17 @@ class Reclaimer(Struct, kw_only=True):
             for key, what in (keep or {}).items()
             if (request := requests.get(key)) is None or not request.netns or plugin_errors.get(key)
         }
-        if self.stop.is_set():
-            # Stopping: no new step starts. What DEL freed is reported; the rest waits.
-            kernel_done = {i: Done.left("interrupted: stopping") for i in after_del}
-        else:
-            found = self.recheck(attachments) if attachments else Recheck({})
-            left, live = found.left, live | found.live_netns
-            kernel_done = {
-                r.identity: Done.left(left[a.key]) for a in attachments if a.key in left for r in a.resources
-            }
-            remaining = [a for a in attachments if a.key not in left]
-            no_del = {key for key in needs_plugin if requests.get(key) is None}
-            kernel_done.update(
-                self._kernel(
-                    remaining,
-                    after_del,
-                    needs_plugin,
-                    no_del,
-                    judged or {},
-                    live=live,
-                    unread=after.partly_read,
-                    pass_pins=pass_pins,
-                )
-            )
+        no_del = {key for key in needs_plugin if requests.get(key) is None}
+        kernel_done = self._kernel(
+            attachments,
+            after_del,
+            needs_plugin,
+            no_del,
+            judged or {},
+            live=live,
+            unread=after.partly_read,
+            pass_pins=pass_pins,
+        )
         self.watch.lap("kernel")
         last_look = self.look()
         final = index(last_look)
@@ -422,44 +468,88 @@ class Reclaimer(Struct, kw_only=True):
     def _del_all(
         self, attachments: Sequence[Attachment], requests: Mapping[AttachmentKey, DelRequest | None]
     ) -> tuple[dict[AttachmentKey, tuple[str, ...]], dict[AttachmentKey, str], frozenset[NsKey]]:
-        """Each attachment's DEL (where it has a config), right after its own re-check: (plugin
-        errors, why an attachment was left) by attachment, and the namespaces the runtimes
-        named at the re-checks."""
+        """Each attachment's DEL (where it has a config), in batches each re-checked once
+        (recheck) right before its DELs are handed to the pool: (plugin errors, why an
+        attachment was left) by attachment, and the namespaces the runtimes named at the
+        re-checks. A DEL starts within RECHECK_WINDOW of its batch's re-check or not at all:
+        one that would start later goes back for the next batch's re-check. A batch holds as
+        many DELs as the pool got through in a window so far, so the re-checks cost one walk of
+        the node per window of DELs, not one per attachment."""
 
-        def one(attachment: Attachment) -> tuple[AttachmentKey, tuple[str, ...], str | None, frozenset[NsKey]]:
+        def one(attachment: Attachment, cleared_at: float) -> tuple[AttachmentKey, tuple[str, ...], str | None, bool]:
+            """(key, plugin errors, why it was left, whether it missed its window)."""
             key, request = attachment.key, requests.get(attachment.key)
             if self.stop.is_set():
-                return key, (), "stopping", frozenset()
-            found = self.recheck([attachment])
-            why, live = found.left.get(key), found.live_netns
-            if why is not None:
-                return key, (), why, live
+                return key, (), "stopping", False
             config = request.config if request is not None else self.network_configs.get(key.network or "")
             unavailable = self.status(config) if config is not None else None
             if unavailable is not None:
-                return key, (), f"waits: a plugin of its network is not available (CNI STATUS): {unavailable}", live
+                return key, (), f"waits: a plugin of its network is not available (CNI STATUS): {unavailable}", False
             if request is None:
-                return key, (), None, live
+                return key, (), None, False
+            if time.monotonic() - cleared_at > RECHECK_WINDOW:
+                return key, (), None, True
             try:
                 with delegates.pinned(request) as (ready, changed):
                     if ready is None:
-                        return key, (f"no plugin ran: {changed}",), None, live
+                        return key, (f"no plugin ran: {changed}",), None, False
                     outcomes = del_network(ready, self.bin_dirs, self.plugin_timeout, self.stop)
             except Exception as err:  # this attachment's error; the others go on
-                return key, (f"DEL failed unexpectedly: {type(err).__name__}: {err}",), None, live
-            return key, tuple(o.error for o in outcomes if o.error), None, live
+                return key, (f"DEL failed unexpectedly: {type(err).__name__}: {err}",), None, False
+            return key, tuple(o.error for o in outcomes if o.error), None, False
 
-        with ThreadPoolExecutor(max_workers=DEL_WORKERS) as pool:
-            results = list(pool.map(one, attachments))
-        errors = {key: found for key, found, _, _ in results if found}
-        left = {key: why for key, _, why, _ in results if why is not None}
-        live = frozenset[NsKey]().union(*(named for _, _, _, named in results))
+        errors: dict[AttachmentKey, tuple[str, ...]] = {}
+        left: dict[AttachmentKey, str] = {}
+        live: set[NsKey] = set()
+        queue = deque(attachments)
         by_key = {a.key: a for a in attachments}
-        for key, found in errors.items():
+        late: dict[AttachmentKey, int] = {}
+        batch = 4 * DEL_WORKERS
+        started = time.monotonic()
+        finished = 0
+        with ThreadPoolExecutor(max_workers=DEL_WORKERS) as pool:
+            running: set[Future[tuple[AttachmentKey, tuple[str, ...], str | None, bool]]] = set()
+            while queue or running:
+                if queue and self.stop.is_set():
+                    left.update((a.key, "stopping") for a in queue)
+                    queue.clear()
+                if queue and len(running) <= DEL_WORKERS:
+                    # The pool is about to run dry: re-check the next batch while the last DELs
+                    # run. An attachment with no DEL to run counts for nothing in the batch: the
+                    # kernel step re-checks it again before it acts.
+                    chunk, dels = [], 0
+                    while queue and dels < batch:
+                        chunk.append(queue.popleft())
+                        dels += requests.get(chunk[-1].key) is not None
+                    found = self.recheck(chunk)
+                    live |= found.live_netns
+                    left.update(found.left)
+                    running |= {pool.submit(one, a, found.at) for a in chunk if a.key not in found.left}
+                if not running:
+                    continue
+                done, running = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    key, found_errors, why, missed = future.result()
+                    if missed:
+                        late[key] = late.get(key, 0) + 1
+                        if late[key] < LATE_TRIES:
+                            queue.appendleft(by_key[key])
+                        else:
+                            left[key] = f"no DEL started within {RECHECK_WINDOW:g}s of its re-check; next pass"
+                        continue
+                    finished += requests.get(key) is not None
+                    if found_errors:
+                        errors[key] = found_errors
+                    if why is not None:
+                        left[key] = why
+                # As many as the pool finishes in a window, and never fewer than it can run at once.
+                pace = finished / max(time.monotonic() - started, 1e-3)
+                batch = max(DEL_WORKERS, int(pace * RECHECK_WINDOW))
+        for key, found_errors in errors.items():
             fields = {"attachment": key.as_text(), **attachment_log_fields(key, by_key.get(key)), "method": "cni-del"}
-            for error in found:
+            for error in found_errors:
                 self.log.warning("plugin DEL failed", extra={**fields, "error": error})
-        return errors, left, live
+        return errors, left, frozenset(live)
 
     def _kernel(
         self,
@@ -502,14 +592,25 @@ class Reclaimer(Struct, kw_only=True):
                 seen = self._read_staying(pass_pins or {}, staying)
             return held_in_staying(frees, lives_in(KINDS, a, present), seen)
 
+        # Attachments a batch's re-check left: none of their records is touched after that.
+        left_at: dict[AttachmentKey, str] = {}
+        views = _Views(self.view, frozenset(ns for a in attachments for ns in lives_in(KINDS, a, present)))
         for kind in RECLAIM_ORDER:
+            if self.stop.is_set():
+                # Stopping: no new step starts. What was freed is reported; the rest waits.
+                stopped = Done.left("interrupted: stopping")
+                done.update((r.identity, stopped) for a in attachments for r in a.resources if r.identity not in done)
+                break
             if kind.with_addresses and staying is None:
                 # Every kind that keeps a namespace has run (reclaim_order): what stays is known.
                 staying = staying_namespaces(KINDS, present, done, unread)
-            records = []
+            chosen: list[tuple[Attachment, Any]] = []
             for a in attachments:
                 for ref in a.resources:
                     if ref.kind != kind.name or ref.identity not in present:
+                        continue
+                    if a.key in left_at:
+                        done[ref.identity] = Done.left(left_at[a.key])
                         continue
                     if (kind.last or kind.del_needs) and a.key in needs_plugin:
                         pinned = bool(_netns_for_del(a, present))
@@ -529,19 +630,54 @@ class Reclaimer(Struct, kw_only=True):
                     # The record as it was judged, not as the later look found it: a lease file
                     # host-local gave a new pod meanwhile has the same path, and a kind compares
                     # the node with the record it is handed before it deletes.
-                    records.append(judged.get(ref.identity, present[ref.identity]))
-            if not records:
-                continue
-            ctx = ReclaimContext(
-                netns_dirs=self.netns_dirs,
-                bin_dirs=self.bin_dirs,
-                live_netns=live_netns,
-                quarantine=self.quarantine,
-                command_timeout=COMMAND_TIMEOUT,
-                done=dict(done),
-            )
-            done.update(self._reclaim_isolated(kind, records, ctx))
+                    chosen.append((a, judged.get(ref.identity, present[ref.identity])))
+            done.update(self._reclaim_batches(kind, chosen, views, done, live_netns, left_at))
         return done
+
+    def _reclaim_batches(
+        self,
+        kind: Kind[Any],
+        chosen: Sequence[tuple[Attachment, Any]],
+        views: _Views,
+        done: Mapping[Identity, Done],
+        live_netns: frozenset[NsKey],
+        left_at: dict[AttachmentKey, str],
+    ) -> dict[Identity, Done]:
+        """The kind's reclaim of `chosen` (each record with its attachment), in batches each
+        judged right before it is handed over by a view of the node at most half the window
+        old, and sized by the kind's pace so far to take at most the other half. An attachment
+        a view leaves is added to `left_at`."""
+        out: dict[Identity, Done] = {}
+        size, at = FIRST_KERNEL_BATCH, 0
+        while at < len(chosen):
+            batch = chosen[at : at + size]
+            at += len(batch)
+            if self.stop.is_set():
+                out.update((kind.identity(r), Done.left("interrupted: stopping")) for _, r in chosen[at - len(batch) :])
+                break
+            found = views.fresh().judge({a.key: a for a, _ in batch}.values())
+            left_at.update(found.left)
+            records = []
+            for a, record in batch:
+                if a.key in found.left:
+                    out[kind.identity(record)] = Done.left(found.left[a.key])
+                else:
+                    records.append(record)
+            started = time.monotonic()
+            if records:
+                ctx = ReclaimContext(
+                    netns_dirs=self.netns_dirs,
+                    bin_dirs=self.bin_dirs,
+                    live_netns=live_netns | found.live_netns,
+                    quarantine=self.quarantine,
+                    command_timeout=COMMAND_TIMEOUT,
+                    done={**done, **out},
+                    in_use=self._busy_from(found, views.namespaces),
+                )
+                out.update(self._reclaim_isolated(kind, records, ctx))
+            took = time.monotonic() - started
+            size = max(MIN_BATCH, int(len(batch) * RECHECK_WINDOW / 2 / max(took, 1e-3)))
+        return out
 
     def _read_staying(self, pins: Mapping[NsKey, str], staying: Mapping[NsKey, str]) -> list[NamespaceAddresses]:
         """What is configured in each of `pins` that stays (`staying`, with why); nothing is

@@ -90,12 +90,26 @@ def select(orphans: Sequence[Attachment], policy: ReapPolicy) -> tuple[list[Atta
     return list(orphans[: policy.max_reap]), deferred
 
 
-def recheck_reason(attachment: Attachment, view: RuntimeView, busy: Mapping[NsKey, str]) -> str | None:
+class Listed(Struct, frozen=True, kw_only=True):
+    """What the runtimes listed at a re-check: the sandbox IDs and the namespaces they name."""
+
+    ids: frozenset[str]
+    netns: frozenset[NsKey]
+
+
+def listed(view: RuntimeView) -> Listed:
+    return Listed(
+        ids=frozenset(s.id for s in view.sandboxes),
+        netns=frozenset(s.netns for s in view.sandboxes if s.netns is not None),
+    )
+
+
+def recheck_reason(attachment: Attachment, now: Listed, busy: Mapping[NsKey, str]) -> str | None:
     """Why an orphan must be left after all, by what the runtime and the node say right now."""
-    if attachment.key.container_id is not None and attachment.key.container_id in {s.id for s in view.sandboxes}:
+    if attachment.key.container_id is not None and attachment.key.container_id in now.ids:
         return "its sandbox is listed again"
     if attachment.netns is not None:
-        if attachment.netns in {s.netns for s in view.sandboxes if s.netns is not None}:
+        if attachment.netns in now.netns:
             return "its netns belongs to a sandbox listed now"
         return busy.get(attachment.netns)
     return None

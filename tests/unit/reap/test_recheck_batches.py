@@ -1,0 +1,138 @@
+"""The reclaim path's re-checks come one per batch, not one per attachment, and a batch is acted
+on only within the re-check window: every DEL starts, and every kind's batch is handed over,
+at most RECHECK_WINDOW after the re-check that cleared it (a later one waits for a new one)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+import pytest
+from msgspec.structs import replace
+
+from reaper.cni.requests import DelRequest
+from reaper.kinds import ReclaimContext
+from reaper.model import Attachment, Done, Identity, NsKey, RuntimeView
+from reaper.reap import act
+from tests.harness.passes import bare_reclaimer
+from tests.harness.reclaim_fakes import FAKE, FAKE_LAST, FakeNode, plugin_config, request_for
+from tests.harness.snapshots import runtime
+
+Walk = tuple[float, frozenset[NsKey]]
+
+
+class Walks:
+    """A stand-in for the /proc and mount walk (act.in_use): when each walk finished and which
+    namespaces it described; nothing is busy."""
+
+    def __init__(self) -> None:
+        self.done: list[Walk] = []
+        self._lock = threading.Lock()
+
+    def __call__(
+        self, bin_dirs: tuple[str, ...], netns_dirs: tuple[str, ...], only: Collection[NsKey] | None = None
+    ) -> Mapping[NsKey, str]:
+        with self._lock:
+            self.done.append((time.monotonic(), frozenset(only or ())))
+        return {}
+
+    def last_covering(self, ns: NsKey, before: float) -> float | None:
+        """When the latest walk that described `ns` finished, of those done by `before`."""
+        times = [at for at, only in self.done if ns in only and at <= before]
+        return max(times) if times else None
+
+
+def attachments(node: FakeNode, count: int) -> list[Attachment]:
+    return [node.attachment(n, node.add(f"res-{n}"), node.add(f"last-{n}", FAKE_LAST)) for n in range(count)]
+
+
+def counted(view: RuntimeView) -> tuple[list[float], Any]:
+    asked: list[float] = []
+
+    def observe() -> RuntimeView:
+        asked.append(time.monotonic())
+        return view
+
+    return asked, observe
+
+
+def test_the_runtimes_are_asked_once_a_batch_not_once_an_attachment(
+    node: FakeNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    walks = Walks()
+    monkeypatch.setattr(act, "in_use", walks)
+    found = attachments(node, 400)
+    asked, observe = counted(runtime())
+    outcomes, skipped = bare_reclaimer(look=node.look, observe=observe).run(found, {})
+    assert skipped == [] and len(outcomes) == 400 and all(o.ok for o in outcomes)
+    assert node.records == {}
+    # One re-check per attachment before DEL, as before batching, would be 400 and more.
+    assert len(asked) <= 12, f"{len(asked)} re-checks for 400 attachments"
+    assert len(walks.done) <= 12, f"{len(walks.done)} walks of /proc for 400 attachments"
+
+
+def test_no_del_starts_later_than_the_window_after_its_re_check(
+    node: FakeNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DELs slower than the window allows for one batch: each starts within the window of the
+    walk that cleared its namespace, and every attachment still gets its DEL."""
+    window = 0.3
+    monkeypatch.setattr(act, "RECHECK_WINDOW", window)
+    monkeypatch.setattr(act, "DEL_WORKERS", 2)
+    walks = Walks()
+    monkeypatch.setattr(act, "in_use", walks)
+    monkeypatch.setattr(act, "network_status", lambda *_args: None)
+    started: dict[str, float] = {}
+    lock = threading.Lock()
+
+    def slow_del(request: DelRequest, *_args: object) -> list[Any]:
+        with lock:
+            started[request.container_id] = time.monotonic()
+        time.sleep(0.04)
+        return []
+
+    monkeypatch.setattr(act, "del_network", slow_del)
+    found = attachments(node, 60)
+    requests: dict[Any, DelRequest | None] = {a.key: request_for(a, plugin_config()) for a in found}
+    asked, observe = counted(runtime())
+    outcomes, skipped = bare_reclaimer(look=node.look, observe=observe).run(found, requests)
+    assert skipped == [] and len(outcomes) == 60
+    assert set(started) == {str(a.key.container_id) for a in found}, "every attachment got its DEL"
+    for a in found:
+        assert a.netns is not None
+        at = started[str(a.key.container_id)]
+        cleared = walks.last_covering(a.netns, at)
+        assert cleared is not None, f"{a.key.as_text()}: DEL with no re-check before it"
+        assert at - cleared <= window + 0.05, f"{a.key.as_text()}: DEL {at - cleared:.2f}s after its re-check"
+    assert 2 < len(asked) < 60, "more than one batch, fewer than one re-check an attachment"
+
+
+def test_a_kind_gets_the_batch_walk_and_a_new_one_once_the_window_passed(
+    node: FakeNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kind asking who is in a namespace right before it acts gets its batch's walk while
+    that is within the window, and a walk made then once it is not (a kind that waited, as the
+    veth kind waits for the kernel to drop veths)."""
+    window = 0.2
+    monkeypatch.setattr(act, "RECHECK_WINDOW", window)
+    walks = Walks()
+    monkeypatch.setattr(act, "in_use", walks)
+    asked_at: list[tuple[float, int]] = []
+
+    def reclaim(records: Sequence[Any], ctx: ReclaimContext) -> dict[Identity, Done]:
+        if not asked_at:
+            time.sleep(window + 0.05)  # the first batch waits past the window before it asks
+        ctx.busy()
+        asked_at.append((time.monotonic(), len(walks.done)))
+        return {(r.kind, r.name): Done.freed() for r in records if node.records.pop((r.kind, r.name), None)}
+
+    kinds = tuple(replace(k, reclaim=reclaim) if k.name == FAKE else k for k in node.kinds)
+    monkeypatch.setattr(act, "KINDS", kinds)
+    monkeypatch.setattr(act, "RECLAIM_ORDER", kinds)
+    found = [node.attachment(n, node.add(f"res-{n}")) for n in range(3)]
+    outcomes, _ = bare_reclaimer(look=node.look).run(found, {})
+    assert all(o.ok for o in outcomes)
+    walks_before_kind = 2  # the batch re-check before DEL, and the one before the kind's batch
+    assert asked_at == [(asked_at[0][0], walks_before_kind + 1)], "a walk of its own once the window passed"
