@@ -81,6 +81,9 @@ class NamespaceToRead(Struct, frozen=True):
     # Found only through mounts in mount namespaces a user without root made (that uid): it may
     # be a pod's namespace that user bind-mounted, or one of its own.
     mounted_by_user: int | None = None
+    # Its handles are every process the walk of /proc found in it, and no pin or mount holds
+    # it: once each of them has exited, nothing that walk saw holds it, and it is read as empty.
+    only_processes: bool = False
 
 
 class NamespaceAddresses(Struct, frozen=True):
@@ -164,17 +167,25 @@ def _open_checked(handle: Handle, ns: NsKey) -> int:
     return fd
 
 
+class EveryProcessLeft(OSError):
+    """Each process a namespace was found through has exited, and nothing else was seen to hold it."""
+
+
 def _open_target(target: NamespaceToRead) -> int:
     """An fd on the target's namespace, by the first handle that opens it (a process may have
-    left it, a pin gone, since they were found); OSError when none does."""
-    failed: OSError | None = None
+    left it, a pin gone, since they were found); OSError when none does, EveryProcessLeft when
+    the target is `only_processes` and each of them is gone."""
+    failed: list[OSError] = []
     for handle in target.handles:
         try:
             return _open_checked(handle, target.ns)
         except OSError as err:
-            failed = err
-    assert failed is not None
-    raise failed
+            failed.append(err)
+    assert failed
+    processes = all(not h.pinned and h.path.startswith("/proc/") for h in target.handles)
+    if target.only_processes and processes and all(err.errno in (errno.ENOENT, errno.ESRCH) for err in failed):
+        raise EveryProcessLeft(errno.ENOENT, "every process it was found through has exited")
+    raise failed[-1]
 
 
 def _read_one(
@@ -187,7 +198,11 @@ def _read_one(
             raise OSError(errno.ESTALE, "the reader did not start in it")
         _setns(home, CLONE_NEWNET)
     else:
-        fd = _open_target(target)
+        try:
+            fd = _open_target(target)
+        except EveryProcessLeft:
+            # Gone with its processes, or held now only by what no walk sees (an open fd).
+            return NamespaceAddresses(target.ns, target.where, (), None, None, target.mounted_by_user)
         try:
             user = owners_of(fd).user
             if user is not None:

@@ -251,7 +251,8 @@ def node_namespaces(
                     asked[m.pid, m.mount_ns] = mounting(m)
             users = [asked[m.pid, m.mount_ns] for m in mounted[ns]]
             user = users[0] if None not in users else None
-        targets.append(NamespaceToRead(ns, where, tuple(ways[:HANDLES]), user))
+        alone = ns not in pinned_at and ns not in mounted and 0 < len(pids) <= HANDLES
+        targets.append(NamespaceToRead(ns, where, tuple(ways[:HANDLES]), user, only_processes=alone))
     return targets
 
 

@@ -1,6 +1,7 @@
 """Reading the addresses of other network namespaces on a real kernel, each from inside it: a
 pin's and a process's namespace each give their own addresses; a pin swapped for another
-namespace, a symlink, or a pid that is gone give an error, never another namespace's addresses;
+namespace, a symlink, or a pid that is gone give an error, never another namespace's addresses
+(but a namespace found only through processes that have all exited reads as empty);
 the deadline ends the reading; and the calling thread never leaves its namespace."""
 
 from __future__ import annotations
@@ -53,11 +54,18 @@ proc.kill()
 proc.wait()
 gone = read_addresses([NamespaceToRead(p_ns, "gone", (Handle(f"/proc/{proc.pid}/ns/net", False),))],
                       deadline=time.monotonic() + 5)
+left = read_addresses([NamespaceToRead(p_ns, "left", (Handle(f"/proc/{proc.pid}/ns/net", False),),
+                                       only_processes=True)], deadline=time.monotonic() + 5)
+# A pin that is gone is no process that left: still an error.
+pin_gone = read_addresses([NamespaceToRead(p_ns, "pin", (Handle(os.path.join(work, "nothing"), True),),
+                                           only_processes=True)], deadline=time.monotonic() + 5)
 time.sleep(0.2)
 print(json.dumps({
     "got": {r.where: [list(r.addresses), r.error] for r in got},
     "late": [late[0].addresses, late[0].error],
     "gone": [gone[0].addresses, bool(gone[0].error)],
+    "left": [left[0].addresses, left[0].error],
+    "pin_gone": bool(pin_gone[0].error),
     "home": this_threads_netns() == here,
     "readers": [t.name for t in threading.enumerate() if t.name == "netns-addresses"],
 }))
@@ -77,4 +85,7 @@ def test_each_namespace_is_read_from_inside_it_and_only_the_one_found_there() ->
     }
     assert out["late"] == [[], "not read by the deadline"]
     assert out["gone"] == [[], True]
+    # Every process the namespace was found through has exited, and nothing else held it.
+    assert out["left"] == [[], None]
+    assert out["pin_gone"] is True
     assert out["home"] is True and out["readers"] == [], "the caller stays home; the reader thread ended"

@@ -298,6 +298,18 @@ def test_a_namespace_a_mount_holds_is_read_through_its_holder_or_counts_as_unrea
     assert by_ns[below_fuse.ns].handles == (Handle(addresses.UNREACHABLE, pinned=False),)
 
 
+def test_only_a_namespace_every_process_of_which_is_a_handle_may_read_as_gone(tmp_path: Any) -> None:
+    """A namespace found only through processes, each of them a handle, reads as empty once
+    they have all exited; one with more processes than handles, or also held by a mount, never."""
+    few, many, mounted_too = NsKey(4, 81), NsKey(4, 82), NsKey(4, 83)
+    mount = NsMount(ns=mounted_too, pid=12, mount_ns=9, mount_point="/var/held", on=None)
+    members = {few: {30, 31}, many: set(range(40, 40 + addresses.HANDLES + 1)), mounted_too: {50}}
+    targets = addresses.node_namespaces((str(tmp_path),), members, frozenset(), {mounted_too: (mount,)})
+    by_ns = {t.ns: t for t in targets}
+    assert by_ns[few].only_processes
+    assert not by_ns[many].only_processes and not by_ns[mounted_too].only_processes
+
+
 def test_an_address_configured_in_a_namespace_only_a_mount_holds_keeps_the_orphan(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
