@@ -1,13 +1,20 @@
-"""Benchmark of reclaiming: 2,000 leaked attachments beside 250 live pods on a real containerd.
+"""Benchmark of reclaiming leaked attachments beside 250 live pods on a real containerd.
 
-Three rounds, each on 2,000 fresh leaks (netns, veth, lease, cache entry, ipMasq chain):
-  kernel: `reaper reap --method kernel` (no plugin runs);
-  floor:  the least any tool must do for the same leaks: unmount and unlink every pin (bare
-          syscalls, no checks), wait for the kernel to drop the veths, unlink every lease and
-          cache file, one iptables-restore deleting every chain and its jump;
-  del:    `reaper reap` (the plugins' DEL, two at a time, then the kernel for what is left).
+Rounds, each on fresh leaks (netns, veth, lease, cache entry, ipMasq chain), interleaved:
+  kernel N:   `reaper reap --method kernel` (no plugin runs), at N = 500, 2,000 and 5,000;
+  floor N:    the least any tool must do for the same leaks: the scan's reads (the link dump,
+              `iptables-save -t nat`, every lease, cache file and pin), unmount and unlink every pin (bare
+              syscalls, no checks), wait for the kernel to drop the veths, unlink every lease
+              and cache file, one iptables-restore deleting every chain and its jump;
+  del 2000:   `reaper reap` (the plugins' DEL, then the kernel for what is left);
+  delfloor:   the same plugin chain's DEL run directly for each leak (the lab's own libcni-like
+              runner: each plugin of the conflist in reverse, the cached result as prevResult),
+              as many at once as the reaper runs, then each pin unmounted and its cache entry
+              removed, as a runtime does after DEL; after the same scan reads.
 
-Run as root: `make bench-reap` (or `.venv/bin/python -m bench.reap_bench`). Prints a table.
+Run as root: `make bench-reap` (or `.venv/bin/python -m bench.reap_bench [N ...]`). Prints a
+table: seconds, milliseconds an attachment (flat when the cost is linear), and the ratios
+against the floors of the same run.
 """
 
 from __future__ import annotations
@@ -27,11 +34,14 @@ from typing import Any
 
 from bench.build_leaks import FakeAttachment, make_attachments
 from reaper.kinds.iptables import chain_name
+from reaper.reap.act import DEL_WORKERS
 from tests.harness.lab import Lab
+from tests.harness.lab.cni import PluginCall, del_network_list
 from tests.harness.reaper_cli import lab_flags
 
 LIVE = 250
-LEAKS = 2000
+SIZES = (500, 2000, 5000)
+CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
@@ -56,8 +66,25 @@ def reap(lab: Lab, state: Path, *extra: str) -> dict[str, Any]:
     return {"wall": wall, "cpu": cpu, "timings": doc["timings"], "methods": methods, "count": len(doc["reclaimed"])}
 
 
+def scan_floor(lab: Lab) -> float:
+    """What any tool must read to find the leaks: the link dump and the nat table (C tools, in
+    the lab's netns), every lease and cache file, the pins."""
+    t = time.perf_counter()
+    for argv in (["ip", "-j", "-d", "link", "show"], ["iptables-save", "-t", "nat"]):
+        if lab.run_in_netns(argv, timeout=600).returncode != 0:
+            raise RuntimeError(f"floor {argv[0]} failed")
+    for root in (lab.ipam_dir, lab.cache_dir):
+        for dirpath, _, files in os.walk(root):
+            for name in files:
+                with open(os.path.join(dirpath, name), "rb") as f:
+                    f.read()
+    for entry in os.scandir(lab.netns_dir):
+        entry.stat(follow_symlinks=False)
+    return time.perf_counter() - t
+
+
 def floor(lab: Lab, leaks: list[FakeAttachment]) -> dict[str, float]:
-    out = {}
+    out = {"scan": scan_floor(lab)}
     t = time.perf_counter()
     for leak in leaks:
         _libc.umount2(os.fsencode(str(leak.pin)), 2)
@@ -89,42 +116,97 @@ def floor(lab: Lab, leaks: list[FakeAttachment]) -> dict[str, float]:
     return out
 
 
+def del_floor(lab: Lab, leaks: list[FakeAttachment]) -> dict[str, float]:
+    """Each leak's chain DEL run directly, DEL_WORKERS at once, from threads in the lab's netns
+    (setns is per thread; the plugins they start inherit it), then the pins and cache entries."""
+    conflist = json.loads(lab.network_spec.conflist_bytes("normal"))
+    results = lab.cache_dir / "results"
+    netns_fd = os.open(lab.netns_path, os.O_RDONLY)
+
+    def enter() -> None:
+        if _libc.setns(netns_fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), "setns into the lab netns")
+
+    def one(leak: FakeAttachment) -> None:
+        entry = json.loads((results / f"{lab.network_name}-{leak.container_id}-eth0").read_bytes())
+        call = PluginCall(
+            command="DEL",
+            container_id=leak.container_id,
+            netns=str(leak.pin),
+            ifname="eth0",
+            cni_args=tuple((k, v) for k, v in entry["cniArgs"]),
+            bin_dir=lab.bin_dir,
+            exec_netns=None,
+        )
+        del_network_list(conflist, call, {}, entry["result"])
+
+    out = {"scan": scan_floor(lab)}
+    try:
+        t = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=DEL_WORKERS, initializer=enter) as pool:
+            list(pool.map(one, leaks))
+        out["chain_del"] = time.perf_counter() - t
+    finally:
+        os.close(netns_fd)
+    t = time.perf_counter()
+    for leak in leaks:
+        os.unlink(results / f"{lab.network_name}-{leak.container_id}-eth0")
+        _libc.umount2(os.fsencode(str(leak.pin)), 2)
+        os.unlink(leak.pin)
+    out["unpin_files"] = time.perf_counter() - t
+    out["total"] = sum(out.values())
+    return out
+
+
 def main() -> None:
-    with Lab(subnet="10.202.0.0/18", cri_timeout=120) as lab, tempfile.TemporaryDirectory() as tmp:
+    sizes = tuple(int(arg) for arg in sys.argv[1:]) or SIZES
+    del_leaks = sizes[len(sizes) // 2]  # the DEL rounds at the middle size: 2,000 by default
+    need = LIVE + 10 + 2 * sum(sizes) + 2 * del_leaks
+    with Lab(subnet="10.202.0.0/17", cri_timeout=120) as lab, tempfile.TemporaryDirectory() as tmp:
+        assert need < 32_000, "the leaks must fit the lab's /17"
         t = time.perf_counter()
         with ThreadPoolExecutor(max_workers=4) as pool:
             list(pool.map(lambda i: lab.run_pod(f"live-{i}", namespace="bench"), range(LIVE)))
         print(f"built {LIVE} live pods in {time.perf_counter() - t:.1f}s", flush=True)
         first = LIVE + 10
-        rounds: dict[str, Any] = {}
-        for name in ("kernel", "floor", "del"):
+        rows: list[tuple[str, int, float, str]] = []
+        walls: dict[str, float] = {}
+        plan = [(name, n) for n in sizes for name in ("kernel", "floor")] + [
+            ("del", del_leaks),
+            ("delfloor", del_leaks),
+        ]
+        for name, n in plan:
             t = time.perf_counter()
-            leaks = make_attachments(lab, LEAKS, first_host=first)
-            first += LEAKS
-            print(f"built {LEAKS} leaks in {time.perf_counter() - t:.1f}s for the {name} round", flush=True)
+            leaks = make_attachments(lab, n, first_host=first)
+            first += n
+            print(f"built {n} leaks in {time.perf_counter() - t:.1f}s for the {name} round", flush=True)
             if name == "floor":
-                rounds[name] = floor(lab, leaks)
+                found = floor(lab, leaks)
+                wall, parts = found["total"], ", ".join(f"{k} {v:.2f}" for k, v in found.items() if k != "total")
+            elif name == "delfloor":
+                found = del_floor(lab, leaks)
+                wall, parts = found["total"], ", ".join(f"{k} {v:.2f}" for k, v in found.items() if k != "total")
             else:
                 extra = ("--method", "kernel") if name == "kernel" else ()
-                rounds[name] = reap(lab, Path(tmp) / f"state-{name}.json", *extra)
-            print(f"  {name}: {json.dumps(rounds[name])}", flush=True)
-        kernel_round, floor_round, del_round = rounds["kernel"], rounds["floor"], rounds["del"]
-        reclaim_s = kernel_round["timings"].get("kernel", 0.0)
+                got = reap(lab, Path(tmp) / f"state-{name}-{n}.json", *extra)
+                if got["count"] != n:
+                    raise RuntimeError(f"{name} {n}: reclaimed {got['count']} attachments")
+                wall = got["wall"]
+                parts = ", ".join(f"{k} {v:.2f}" for k, v in got["timings"].items())
+                parts += f"; {got['cpu']:.1f} CPU-s; by method {got['methods']}"
+            walls[f"{name} {n}"] = wall
+            rows.append((name, n, wall, parts))
+            print(f"  {name} {n}: {wall:.2f} s ({parts})", flush=True)
         print()
-        print(f"{'round':<8} {'attach':>6} {'wall s':>8} {'of which':<60}")
-        parts = ", ".join(f"{k} {v:.2f}" for k, v in kernel_round["timings"].items())
-        print(f"{'kernel':<8} {kernel_round['count']:>6} {kernel_round['wall']:>8.2f} {parts}")
-        parts = ", ".join(f"{k} {v:.2f}" for k, v in floor_round.items() if k != "total")
-        print(f"{'floor':<8} {LEAKS:>6} {floor_round['total']:>8.2f} {parts}")
-        parts = ", ".join(f"{k} {v:.2f}" for k, v in del_round["timings"].items())
-        print(f"{'del':<8} {del_round['count']:>6} {del_round['wall']:>8.2f} {parts}")
+        print(f"{'round':<9} {'attach':>6} {'wall s':>8} {'ms/att':>7}  of which")
+        for name, n, wall, parts in rows:
+            print(f"{name:<9} {n:>6} {wall:>8.2f} {1000 * wall / n:>7.2f}  {parts}")
         print()
-        whole = kernel_round["wall"] / floor_round["total"]
-        print(f"kernel step alone / floor: {reclaim_s / floor_round['total']:.2f}  "
-              f"(whole pass, with scan, re-check and two more looks: {whole:.2f})")  # fmt: skip
-        cores = del_round["cpu"] / del_round["wall"]
-        print(f"del round: {del_round['cpu']:.1f} CPU-s in {del_round['wall']:.1f} s wall = {cores:.2f} cores busy")
-        print(f"resources by method, kernel round: {kernel_round['methods']}; del round: {del_round['methods']}")
+        for n in sizes:
+            ratio = walls[f"kernel {n}"] / walls[f"floor {n}"]
+            print(f"kernel / floor at {n}: {ratio:.2f}  (target at 2,000: at most 3)")
+        ratio = walls[f"del {del_leaks}"] / walls[f"delfloor {del_leaks}"]
+        print(f"del / plugin-chain floor at {del_leaks}: {ratio:.2f}  (target: at most 1.5)")
 
 
 if __name__ == "__main__":
