@@ -321,18 +321,45 @@ class NodeView(NamedTuple):
         return Recheck(left, self.now.netns, self.busy, self.at)
 
 
+def _unpinned(
+    attachments: Sequence[Attachment],
+    present: Records,
+    done: Mapping[Identity, Done],
+    staying: Mapping[NsKey, str] | str,
+) -> frozenset[NsKey]:
+    """The namespaces whose pin (a kind's `pin` hook) this step freed and that no record keeps
+    (`staying`): unmounted with no process or mount in them at the look that cleared them."""
+    if isinstance(staying, str):
+        return frozenset()
+    by_name = {kind.name: kind for kind in KINDS if kind.pin is not None}
+    found = set()
+    for a in attachments:
+        for ref in a.resources:
+            kind, result = by_name.get(ref.kind), done.get(ref.identity)
+            if kind is None or kind.pin is None or result is None or not result.ok or ref.identity not in present:
+                continue
+            pin = kind.pin(present[ref.identity])
+            if pin is not None and pin.ns not in staying:
+                found.add(pin.ns)
+    return frozenset(found)
+
+
 class _Views:
-    """The kernel step's looks at the node, each of every namespace the step's attachments
-    live in: one serves every batch that starts within half the re-check window of it."""
+    """The kernel step's looks at the node: one serves every batch that starts within half the
+    re-check window of it and whose namespaces it described. Each describes every namespace the
+    step may still act on (`wide`), so that the next batches can use it too."""
 
-    def __init__(self, take: Callable[[Set[NsKey]], NodeView], namespaces: frozenset[NsKey]) -> None:
+    def __init__(self, take: Callable[[Set[NsKey]], NodeView]) -> None:
         self.take = take
-        self.namespaces = namespaces
         self.last: NodeView | None = None
+        self.described: frozenset[NsKey] = frozenset()
 
-    def fresh(self) -> NodeView:
-        if self.last is None or time.monotonic() - self.last.at > RECHECK_WINDOW / 2:
-            self.last = self.take(self.namespaces)
+    def fresh(self, namespaces: frozenset[NsKey], wide: frozenset[NsKey]) -> NodeView:
+        stale = self.last is None or time.monotonic() - self.last.at > RECHECK_WINDOW / 2
+        if stale or not namespaces <= self.described:
+            self.described = namespaces | wide
+            self.last = self.take(self.described)
+        assert self.last is not None
         return self.last
 
 
@@ -594,7 +621,11 @@ class Reclaimer(Struct, kw_only=True):
 
         # Attachments a batch's re-check left: none of their records is touched after that.
         left_at: dict[AttachmentKey, str] = {}
-        views = _Views(self.view, frozenset(ns for a in attachments for ns in lives_in(KINDS, a, present)))
+        views = _Views(self.view)
+        every_ns = frozenset(ns for a in attachments for ns in lives_in(KINDS, a, present))
+        # Namespaces this step unpinned with nothing else keeping them: gone, no one can enter
+        # them any more, and a batch's look need not walk the node for them.
+        gone: frozenset[NsKey] = frozenset()
         for kind in RECLAIM_ORDER:
             if self.stop.is_set():
                 # Stopping: no new step starts. What was freed is reported; the rest waits.
@@ -604,6 +635,7 @@ class Reclaimer(Struct, kw_only=True):
             if kind.with_addresses and staying is None:
                 # Every kind that keeps a namespace has run (reclaim_order): what stays is known.
                 staying = staying_namespaces(KINDS, present, done, unread)
+                gone = _unpinned(attachments, present, done, staying)
             chosen: list[tuple[Attachment, Any]] = []
             for a in attachments:
                 for ref in a.resources:
@@ -631,14 +663,17 @@ class Reclaimer(Struct, kw_only=True):
                     # host-local gave a new pod meanwhile has the same path, and a kind compares
                     # the node with the record it is handed before it deletes.
                     chosen.append((a, judged.get(ref.identity, present[ref.identity])))
-            done.update(self._reclaim_batches(kind, chosen, views, done, live_netns, left_at))
+            done.update(
+                self._reclaim_batches(kind, chosen, present, (views, every_ns, gone), done, live_netns, left_at)
+            )
         return done
 
     def _reclaim_batches(
         self,
         kind: Kind[Any],
         chosen: Sequence[tuple[Attachment, Any]],
-        views: _Views,
+        present: Records,
+        looks: tuple[_Views, frozenset[NsKey], frozenset[NsKey]],
         done: Mapping[Identity, Done],
         live_netns: frozenset[NsKey],
         left_at: dict[AttachmentKey, str],
@@ -647,6 +682,7 @@ class Reclaimer(Struct, kw_only=True):
         judged right before it is handed over by a view of the node at most half the window
         old, and sized by the kind's pace so far to take at most the other half. An attachment
         a view leaves is added to `left_at`."""
+        views, wide, gone = looks  # the step's looks, every namespace it may act on, and those gone
         out: dict[Identity, Done] = {}
         size, at = FIRST_KERNEL_BATCH, 0
         while at < len(chosen):
@@ -655,7 +691,9 @@ class Reclaimer(Struct, kw_only=True):
             if self.stop.is_set():
                 out.update((kind.identity(r), Done.left("interrupted: stopping")) for _, r in chosen[at - len(batch) :])
                 break
-            found = views.fresh().judge({a.key: a for a, _ in batch}.values())
+            owners = {a.key: a for a, _ in batch}.values()
+            namespaces = frozenset(ns for a in owners for ns in lives_in(KINDS, a, present)) - gone
+            found = views.fresh(namespaces, wide - gone).judge(owners)
             left_at.update(found.left)
             records = []
             for a, record in batch:
@@ -672,7 +710,7 @@ class Reclaimer(Struct, kw_only=True):
                     quarantine=self.quarantine,
                     command_timeout=COMMAND_TIMEOUT,
                     done={**done, **out},
-                    in_use=self._busy_from(found, views.namespaces),
+                    in_use=self._busy_from(found, namespaces),
                 )
                 out.update(self._reclaim_isolated(kind, records, ctx))
             took = time.monotonic() - started

@@ -17,7 +17,7 @@ from reaper.kinds import ReclaimContext
 from reaper.model import Attachment, Done, Identity, NsKey, RuntimeView
 from reaper.reap import act
 from tests.harness.passes import bare_reclaimer
-from tests.harness.reclaim_fakes import FAKE, FAKE_LAST, FakeNode, plugin_config, request_for
+from tests.harness.reclaim_fakes import FAKE, FAKE_LAST, FAKE_LEASE, FAKE_PIN, FakeNode, plugin_config, request_for
 from tests.harness.snapshots import runtime
 
 Walk = tuple[float, frozenset[NsKey]]
@@ -63,14 +63,17 @@ def test_the_runtimes_are_asked_once_a_batch_not_once_an_attachment(
 ) -> None:
     walks = Walks()
     monkeypatch.setattr(act, "in_use", walks)
+    monkeypatch.setattr(act, "RECHECK_WINDOW", 60.0)  # every look stays fresh: each is reused
     found = attachments(node, 400)
     asked, observe = counted(runtime())
     outcomes, skipped = bare_reclaimer(look=node.look, observe=observe).run(found, {})
     assert skipped == [] and len(outcomes) == 400 and all(o.ok for o in outcomes)
     assert node.records == {}
-    # One re-check per attachment before DEL, as before batching, would be 400 and more.
-    assert len(asked) <= 12, f"{len(asked)} re-checks for 400 attachments"
-    assert len(walks.done) <= 12, f"{len(walks.done)} walks of /proc for 400 attachments"
+    assert len(node.batches) > 2, "the kinds took several batches each"
+    # One look for the DEL step, one for every batch of the kernel step that it still serves:
+    # one per attachment, as before batching, would be 400 and more.
+    assert len(asked) == 2, f"{len(asked)} re-checks for 400 attachments"
+    assert len(walks.done) == 2, f"{len(walks.done)} walks of /proc for 400 attachments"
 
 
 def test_no_del_starts_later_than_the_window_after_its_re_check(
@@ -136,3 +139,26 @@ def test_a_kind_gets_the_batch_walk_and_a_new_one_once_the_window_passed(
     assert all(o.ok for o in outcomes)
     walks_before_kind = 2  # the batch re-check before DEL, and the one before the kind's batch
     assert asked_at == [(asked_at[0][0], walks_before_kind + 1)], "a walk of its own once the window passed"
+
+
+def test_after_the_pins_go_the_looks_walk_no_namespace_they_freed(
+    node: FakeNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A namespace whose pin the step freed, with nothing else keeping it, is gone: the looks
+    before the later kinds' batches ask the runtimes again but walk the node for no such one;
+    one whose pin stays is walked for again."""
+    monkeypatch.setattr(act, "RECHECK_WINDOW", 0.0)  # no look serves two batches
+    walks = Walks()
+    monkeypatch.setattr(act, "in_use", walks)
+    found = [
+        node.attachment(n, node.add(f"pin-{n}", FAKE_PIN, ns=NsKey(4, 5000 + n)), node.add(f"lease-{n}", FAKE_LEASE))
+        for n in range(20)
+    ]
+    node.leave["pin-3"] = "busy"
+    asked, observe = counted(runtime())
+    outcomes, _ = bare_reclaimer(look=node.look, observe=observe).run(found, {})
+    assert [o.key for o in outcomes if not o.ok] == [found[3].key]
+    after_pins = walks.done[2:]  # the DEL step's batch, then the pins' batch
+    assert after_pins and all(only == {NsKey(4, 5003)} for _, only in after_pins), after_pins
+    assert len(asked) == 3, "the runtimes are asked again before the leases' batch"
+    assert ("fakelease", "lease-3") in node.records, "kept with the namespace its pin keeps"
