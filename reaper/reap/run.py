@@ -127,8 +127,8 @@ def reap_pass(
     if stop.is_set():
         skipped += [SkippedAttachment(a.key, "stopping") for a in selected]
         return result(plan=plan, skipped=tuple(skipped))
-    # Before acting, ask the runtimes again (and again right before each attachment's DEL and
-    # before the kernel step): an ID that reappeared, or a netns someone entered, is left alone.
+    # Before acting, ask the runtimes again (and again before each batch of DELs and of the
+    # kernel step): an ID that reappeared, or a netns someone entered, is left alone.
     watch.restart()
     view = liveness.observe(scan.known_netns)
     watch.lap("recheck")
