@@ -508,9 +508,11 @@ def test_a_text_shown_by_many_tasks_that_cannot_be_told_apart_is_parsed_once(
     for pid in protected:
         proc.process(pid, f"hidden{pid}", lines)
     real = nsmounts._mount_ns
-    monkeypatch.setattr(
-        nsmounts, "_mount_ns", lambda base: nsmounts.UNKNOWN_NS if int(base.rsplit("/", 1)[1]) in protected else real(base)
-    )
+
+    def hidden(base: str) -> int | None:
+        return nsmounts.UNKNOWN_NS if int(base.rsplit("/", 1)[1]) in protected else real(base)
+
+    monkeypatch.setattr(nsmounts, "_mount_ns", hidden)
     parsed: list[str] = []
     real_parse = nsmounts.parse_mountinfo
 
@@ -591,9 +593,11 @@ def test_held_mounts_answers_as_held_elsewhere_and_pin_files_shared_do(
     for pid in range(110, 114):
         proc.process(pid, f"hidden{pid}", other)
     real = nsmounts._mount_ns
-    monkeypatch.setattr(
-        nsmounts, "_mount_ns", lambda base: nsmounts.UNKNOWN_NS if base.rsplit("/", 1)[1].startswith("11") else real(base)
-    )
+
+    def hidden(base: str) -> int | None:
+        return nsmounts.UNKNOWN_NS if base.rsplit("/", 1)[1].startswith("11") else real(base)
+
+    monkeypatch.setattr(nsmounts, "_mount_ns", hidden)
     mounts = netns_mounts(str(proc.root))
     own_ns = nsmounts.own_mount_namespace(str(proc.root))
     found = nsmounts.held_mounts(dirs, str(proc.root))
