@@ -678,12 +678,17 @@ class HeldMounts(Struct, frozen=True, kw_only=True):
     unread: tuple[str, ...] = ()
 
 
-def held_mounts(netns_dirs: Iterable[str], proc: str = "/proc", parsed: ParsedMountinfo | None = None) -> HeldMounts:
+def held_mounts(
+    netns_dirs: Iterable[str], proc: str = "/proc", parsed: ParsedMountinfo | None = None, *, first_only: bool = False
+) -> HeldMounts:
     """held_elsewhere and pin_files_shared over every mount namespace's mounts, the same
     answers, judged once a text: every mount namespace that shares the host's mounts shows a
     copy of every pin, so each copy is told from the pins once for all the mount namespaces
     that show the same text, and only the mounts that hold something are made records. OSError
-    when the walk cannot be whole. `parsed`: a long-running caller's texts parsed before."""
+    when the walk cannot be whole. `parsed`: a long-running caller's texts parsed before.
+    `first_only`: each held namespace with its first mount alone (the one held_elsewhere puts
+    first), for a caller that names one: of the tasks that show the same text (threads that
+    cannot be told apart), only the one whose mounts come first makes records."""
     views, unread = _walk(proc, parsed if parsed is not None else ParsedMountinfo())
     _log_unread(unread)
     own = own_mount_namespace(proc)
@@ -699,20 +704,40 @@ def held_mounts(netns_dirs: Iterable[str], proc: str = "/proc", parsed: ParsedMo
     judged: dict[int, tuple[list[_NetLine], list[_NetLine]]] = {}  # by id() of a parsed text
     held: dict[NsKey, list[NsMount]] = {}
     shared: dict[NsKey, str] = {}
+    first = _first_of_each_text(views) if first_only else None
     for view in views:
         if id(view.info) not in judged:
             judged[id(view.info)] = _judge(view.info, pins, pin_on)
         holding, sharing = judged[id(view.info)]
-        for m in _net_mounts(holding, view.pid, view.mount_ns, view.maker):
-            held.setdefault(m.ns, []).append(m)
+        if first is None or first[id(view.info)] is view:
+            for m in _net_mounts(holding, view.pid, view.mount_ns, view.maker):
+                held.setdefault(m.ns, []).append(m)
         for m in _net_mounts(sharing, view.pid, view.mount_ns, view.maker):
             pin_ns = pin_on[m.on] if m.on is not None else m.ns  # _judge keeps only mounts on a pin's file
             shared.setdefault(pin_ns, f"its pin's file carries another namespace's mount: {m.describe()}")
+    ordered = {ns: tuple(sorted(found, key=_reachable_first)) for ns, found in held.items()}
     return HeldMounts(
-        held={ns: tuple(sorted(found, key=_reachable_first)) for ns, found in held.items()},
+        held={ns: found[:1] for ns, found in ordered.items()} if first_only else ordered,
         shared=shared,
         unread=unread,
     )
+
+
+def _first_of_each_text(views: Iterable[_View]) -> dict[int, _View]:
+    """For each parsed text (by id), the view of it whose mounts _reachable_first puts first
+    (of equals, the earliest): every mount a text holds is in each view of it, so no other
+    view of it can give a namespace its first mount."""
+    first: dict[int, _View] = {}
+    for view in views:
+        best = first.get(id(view.info))
+        if best is None or _view_order(view) < _view_order(best):
+            first[id(view.info)] = view
+    return first
+
+
+def _view_order(view: _View) -> tuple[bool, bool, int]:
+    """_reachable_first's key, the same for every mount of a view."""
+    return (view.pid == NO_PROCESS, view.mount_ns == UNKNOWN_NS, view.pid)
 
 
 _NetLine = tuple[tuple[MountLine, tuple[int, str] | None, bool], NsKey]  # one of MountInfo.net, its namespace
@@ -744,7 +769,7 @@ def mount_held(netns_dirs: tuple[str, ...], proc: str = "/proc") -> Mapping[NsKe
     namespace is mounted on), with why. When the walk cannot be whole, every namespace is
     (EveryNamespaceBusy)."""
     try:
-        found = held_mounts(netns_dirs, proc)
+        found = held_mounts(netns_dirs, proc, first_only=True)
     except OSError as err:
         return EveryNamespaceBusy(f"the mounts that may hold its netns cannot all be read now ({err})")
     busy = dict(found.shared)

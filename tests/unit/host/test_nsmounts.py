@@ -606,3 +606,20 @@ def test_held_mounts_answers_as_held_elsewhere_and_pin_files_shared_do(
     assert {ns.ino for ns in found.held} == {4026532100, 4026532200, 4026532300, 4026532400}
     assert list(found.shared) == [NsKey(NSFS, 4026532101)]
     assert dict(mount_held(dirs, str(proc.root))).keys() == {*found.held, *found.shared}
+    # Who names one holder gets held_elsewhere's first, with no record made of the others.
+    made: list[int] = []
+    real_net_mounts = nsmounts._net_mounts
+
+    def counting(
+        lines: Iterator[nsmounts._NetLine], pid: int, mount_ns: int, maker: int | None = None
+    ) -> Iterator[NsMount]:
+        for m in real_net_mounts(lines, pid, mount_ns, maker):
+            made.append(pid)
+            yield m
+
+    monkeypatch.setattr(nsmounts, "_net_mounts", counting)
+    first = nsmounts.held_mounts(dirs, str(proc.root), first_only=True)
+    assert first.held == {ns: found[:1] for ns, found in found.held.items()} and first.shared == found.shared
+    # The first protected task: its two holders and the mount on pin 1's file; the others
+    # showing the same text: only that one, which names the pin that stays.
+    assert [made.count(pid) for pid in (110, 111, 112, 113)] == [3, 1, 1, 1]
