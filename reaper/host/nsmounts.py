@@ -258,14 +258,17 @@ class ParsedMountinfo:
         self._last: dict[bytes, MountInfo] = {}
         self._now: dict[bytes, MountInfo] = {}
 
-    def parse(self, text: bytes, where: str) -> MountInfo:
+    def parse(self, text: bytes, where: str, *, remember: bool = True) -> MountInfo:
+        """The text parsed; `remember` False (a mount namespace an unprivileged user made,
+        whose mounts are theirs to multiply) keeps nothing of it past this call."""
         key = hashlib.blake2b(text, digest_size=32).digest()
         info = self._now.get(key)
         if info is None:
             info = self._last.get(key)
         if info is None:
             info = parse_mountinfo(_lines(text), where)
-        self._now[key] = info
+        if remember:
+            self._now[key] = info
         return info
 
     def end_walk(self) -> None:
@@ -370,7 +373,7 @@ def _walk(proc: str, parsed: ParsedMountinfo) -> tuple[list[_View], tuple[str, .
                 read.add(mount_ns)
                 continue
             try:
-                info = parsed.parse(_read_text(f"{base}/mountinfo"), f"{base}/mountinfo")
+                info = parsed.parse(_read_text(f"{base}/mountinfo"), f"{base}/mountinfo", remember=not users)
             except OSError as err:
                 if err.errno in VANISHED:
                     continue  # exited: another process of its mount namespace is read, if any is left
@@ -473,7 +476,7 @@ def _read_pinned(
     inner: dict[int, _Pinned] = {}
     try:
         with entered(fd, ino) as base:
-            info = parsed.parse(_read_text(f"{base}/mountinfo"), where)
+            info = parsed.parse(_read_text(f"{base}/mountinfo"), where, remember=not users)
             if _mount_ns(base) != ino:
                 raise OSError(errno.ESTALE, f"{where} was left while read")
             for inner_ino, point, reachable in info.pinned_mount_namespaces:

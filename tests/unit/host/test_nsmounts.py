@@ -623,3 +623,27 @@ def test_held_mounts_answers_as_held_elsewhere_and_pin_files_shared_do(
     # The first protected task: its two holders and the mount on pin 1's file; the others
     # showing the same text: only that one, which names the pin that stays.
     assert [made.count(pid) for pid in (110, 111, 112, 113)] == [3, 1, 1, 1]
+
+
+def test_a_users_mount_namespace_is_parsed_afresh_each_walk_never_kept(
+    proc: FakeProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user can make thousands of mount namespaces with thousands of mounts each: the agent
+    keeps no parse of theirs from walk to walk."""
+    proc.process(100, "users", [ROOT, RUN, nsfs(40, 20, 4026532009, "/run/held")])
+    monkeypatch.setattr(nsmounts, "_users_at", lambda base, ns: base.endswith("/100"))
+    parsed: list[str] = []
+    real_parse = nsmounts.parse_mountinfo
+
+    def counting(lines: Iterator[str], where: str = "mountinfo") -> nsmounts.MountInfo:
+        parsed.append(where)
+        return real_parse(lines, where)
+
+    monkeypatch.setattr(nsmounts, "parse_mountinfo", counting)
+    kept = nsmounts.ParsedMountinfo()
+    for _ in range(3):
+        assert [m.pid for m in nsmounts.walk_mounts(str(proc.root), kept).mounts if m.mount_point == "/run/held"] == [
+            100
+        ]
+    assert sum(1 for where in parsed if "/100/" in where) == 3
+    assert sum(1 for where in parsed if "/100/" not in where) == 1  # root's: kept
