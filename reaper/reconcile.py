@@ -158,16 +158,21 @@ def reconcile(
         )
 
     stuck = []
+    # The attachments by container and by namespace, indexed once: a walk of every attachment
+    # for each stuck sandbox was a step per sandbox per attachment.
+    by_cid: dict[str, list[int]] = {}
+    by_netns: dict[NsKey, list[int]] = {}
+    for n, a in enumerate(attachments):
+        if a.key.container_id is not None:
+            by_cid.setdefault(a.key.container_id, []).append(n)
+        if a.netns is not None:
+            by_netns.setdefault(a.netns, []).append(n)
     for sandbox in runtime.sandboxes:
         age = now - sandbox.created_at if sandbox.created_at is not None else 0.0
         if sandbox.ready or age < policy.stuck_after:
             continue
-        held = tuple(
-            r
-            for a in attachments
-            if a.key.container_id == sandbox.id or (sandbox.netns is not None and a.netns == sandbox.netns)
-            for r in a.resources
-        )
+        mine = {*by_cid.get(sandbox.id, ()), *(by_netns.get(sandbox.netns, ()) if sandbox.netns is not None else ())}
+        held = tuple(r for n in sorted(mine) for r in attachments[n].resources)
         stuck.append(
             StuckSandbox(id=sandbox.id, name=sandbox.name, namespace=sandbox.namespace, age_seconds=age, resources=held)
         )

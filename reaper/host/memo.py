@@ -93,12 +93,22 @@ class OutputMemo:
 
 
 class InventoryMemo:
-    """One FileMemo per kind of file, and the memo of command outputs."""
+    """One FileMemo per kind of file, the memo of command outputs, and what a kind keeps of its
+    own from pass to pass (`kept`)."""
 
     def __init__(self, clock: Clock = time.time_ns) -> None:
         self._memos: dict[str, FileMemo[object]] = {}
         self._clock = clock
         self.outputs = OutputMemo()
+        self._kept: dict[str, object] = {}
+
+    def kept(self, name: str, make: type[T]) -> T:
+        """The `make` instance kept under `name` (a new one the first time): for what a kind
+        keeps itself, such as reaper.host.nsmounts.ParsedMountinfo, which forgets on its own."""
+        held = self._kept.get(name)
+        if not isinstance(held, make):
+            held = self._kept[name] = make()
+        return held
 
     def of(self, kind: str) -> FileMemo[object]:
         memo = self._memos.get(kind)

@@ -37,6 +37,12 @@ its end it runs only the write that says it is in and the read it waits in (and 
 own fs_struct, which joining a mount namespace needs). Pinned mount namespaces found inside
 one are opened through the child while it is there, and read the same way, in turn.
 
+Every mount namespace that shares the host's mounts shows a copy of every pin, so the walk
+costs mounts times mount namespaces. What the reaper pays on top of the kernel's reads is kept
+to one parse and one judgement a distinct text (held_mounts): a text read again (a thread whose
+mount namespace cannot be told, or one unchanged since the agent's last pass) is not parsed
+again, and a copy of a pin is never made a record.
+
 A path to a pin is walked beneath the process's root (`/proc/<pid>/root`) with no symlink
 followed, and only through filesystems the kernel answers itself (LOCAL_FSTYPES).
 
@@ -66,6 +72,7 @@ import contextlib
 import ctypes
 import errno
 import gc
+import hashlib
 import logging
 import os
 import re
@@ -89,6 +96,7 @@ MAX_NOTES = 20  # what was left out, named one by one; the rest counted
 MAX_LINES = 200_000  # mounts of one mount namespace (the kernel's default mount-max is 100,000)
 MAX_LINE = 64 * 1024  # bytes of one mountinfo line (two escaped PATH_MAX paths fit many times)
 MAX_MOUNTINFO_BYTES = 64 * 1024 * 1024  # bytes of one mountinfo file
+READ_SIZE = 1024 * 1024  # bytes asked of the kernel in one read of a mountinfo
 VANISHED = (errno.ENOENT, errno.ESRCH)  # the process exited: its mount namespace may have too
 UNKNOWN_NS = 0  # a mount namespace that cannot be told (no namespace has inode 0)
 NO_PROCESS = 0  # the pid of a mount in a mount namespace no process is in
@@ -163,6 +171,11 @@ class MountInfo(Struct, frozen=True):
 
     net: tuple[tuple[MountLine, tuple[int, str] | None, bool], ...]  # (mount, the file it is on, reachable)
     pinned_mount_namespaces: tuple[tuple[int, str, bool], ...]  # (inode, mount point, reachable)
+    net_ns: tuple[NsKey, ...]  # the namespace each of `net` mounts, in the same order
+
+    def nets(self) -> Iterator[_NetLine]:
+        """Each of `net` with the namespace it mounts."""
+        return zip(self.net, self.net_ns, strict=True)
 
 
 def parse_mountinfo(lines: Iterable[str], where: str = "mountinfo") -> MountInfo:
@@ -188,7 +201,7 @@ def parse_mountinfo(lines: Iterable[str], where: str = "mountinfo") -> MountInfo
             net.append((parsed, _on(parsed, by_id), _local_path(parsed, by_id)))
         else:
             pinned.append((int(parsed.root[5:-1]), parsed.point, _local_path(parsed, by_id)))
-    return MountInfo(tuple(net), tuple(pinned))
+    return MountInfo(tuple(net), tuple(pinned), tuple(_ns_of(line) for line, _, _ in net))
 
 
 def _local_path(line: MountLine, by_id: Mapping[int, MountLine]) -> bool:
@@ -206,15 +219,60 @@ def _local_path(line: MountLine, by_id: Mapping[int, MountLine]) -> bool:
     return False
 
 
-def _read_lines(path: str) -> Iterator[str]:
-    """The lines of a /proc file, read as they come (a huge one is refused by the parser
-    before it is all in memory)."""
-    with open(path, encoding="utf-8", errors="surrogateescape", newline="\n") as f:
+def _read_text(path: str) -> bytes:
+    """A /proc file whole, in reads as large as the kernel fills; OSError (EFBIG) past
+    MAX_MOUNTINFO_BYTES, before more is held."""
+    chunks: list[bytes] = []
+    total = 0
+    with open(path, "rb", buffering=0) as f:
         while True:
-            line = f.readline(MAX_LINE + 1)
-            if not line:
-                return
-            yield line
+            chunk = f.read(READ_SIZE)
+            if not chunk:
+                return b"".join(chunks)
+            total += len(chunk)
+            if total > MAX_MOUNTINFO_BYTES:
+                raise OSError(errno.EFBIG, f"{path} is over its bounds ({MAX_MOUNTINFO_BYTES} bytes)")
+            chunks.append(chunk)
+
+
+def _lines(text: bytes) -> Iterator[str]:
+    """The lines of a mountinfo text, each with its newline: split at newlines only (a mount
+    point may hold any other character, and the kernel escapes only space, tab, newline and
+    backslash)."""
+    lines = text.decode("utf-8", "surrogateescape").split("\n")
+    last = lines.pop()
+    for line in lines:
+        yield line + "\n"
+    if last:
+        yield last
+
+
+class ParsedMountinfo:
+    """What each mountinfo text parsed to, by a digest of the whole text: parse_mountinfo is a
+    function of the text alone, so a text read again (a mount namespace seen through a thread
+    that cannot be told apart from the others, or one unchanged since the last walk) is parsed
+    once. A long-running caller keeps one from walk to walk; texts not seen in a walk are
+    forgotten at its end."""
+
+    def __init__(self) -> None:
+        self._last: dict[bytes, MountInfo] = {}
+        self._now: dict[bytes, MountInfo] = {}
+
+    def parse(self, text: bytes, where: str, *, remember: bool = True) -> MountInfo:
+        """The text parsed; `remember` False (a mount namespace an unprivileged user made,
+        whose mounts are theirs to multiply) keeps nothing of it past this call."""
+        key = hashlib.blake2b(text, digest_size=32).digest()
+        info = self._now.get(key)
+        if info is None:
+            info = self._last.get(key)
+        if info is None:
+            info = parse_mountinfo(_lines(text), where)
+        if remember:
+            self._now[key] = info
+        return info
+
+    def end_walk(self) -> None:
+        self._last, self._now = self._now, {}
 
 
 def _mount_ns(base: str) -> int | None:
@@ -263,14 +321,37 @@ def netns_mounts(proc: str = "/proc") -> list[NsMount]:
     """Every mount of a network namespace in every mount namespace (walk_mounts); the mount
     namespaces of unprivileged users that could not be read are logged."""
     walk = walk_mounts(proc)
-    for why in walk.unread:
-        log.warning("a user's mount namespace is left out of the mount walk: %s", why)
+    _log_unread(walk.unread)
     return list(walk.mounts)
 
 
-def walk_mounts(proc: str = "/proc") -> MountWalk:
+def _log_unread(unread: Iterable[str]) -> None:
+    for why in unread:
+        log.warning("a user's mount namespace is left out of the mount walk: %s", why)
+
+
+def walk_mounts(proc: str = "/proc", parsed: ParsedMountinfo | None = None) -> MountWalk:
     """Every mount of a network namespace in every mount namespace some process is in, or
-    that is pinned on a file. OSError when the walk cannot be whole (the module's docstring)."""
+    that is pinned on a file. OSError when the walk cannot be whole (the module's docstring).
+    `parsed`: a long-running caller's texts parsed before."""
+    views, unread = _walk(proc, parsed if parsed is not None else ParsedMountinfo())
+    mounts = [m for view in views for m in _net_mounts(view.info.nets(), view.pid, view.mount_ns, view.maker)]
+    return MountWalk(mounts=tuple(mounts), unread=unread)
+
+
+class _View(Struct, frozen=True):
+    """One mount namespace's mounts of namespaces, as read through process (or thread) `pid`
+    (NO_PROCESS: pinned with no process in it, made by user `maker` if an unprivileged one)."""
+
+    info: MountInfo
+    pid: int
+    mount_ns: int
+    maker: int | None = None
+
+
+def _walk(proc: str, parsed: ParsedMountinfo) -> tuple[list[_View], tuple[str, ...]]:
+    """Each mount namespace's mounts of namespaces, in the order read, and the notes of what
+    was left out (walk_mounts). Mount namespaces that show the same text share one parse."""
     entries = os.listdir(proc)
     pids = sorted((entry for entry in entries if entry.isdigit()), key=int)
     if not pids:
@@ -279,7 +360,7 @@ def walk_mounts(proc: str = "/proc") -> MountWalk:
         raise OSError(errno.EIO, f"{proc} does not list this process (pid {os.getpid()})")
     read: set[int] = set()
     pins: dict[int, _Pinned] = {}  # mount namespaces pinned on a file
-    found: list[NsMount] = []
+    views: list[_View] = []
     tally = _Tally()
     try:
         for base, task in (task for pid in pids for task in _tasks(proc, pid)):
@@ -292,7 +373,7 @@ def walk_mounts(proc: str = "/proc") -> MountWalk:
                 read.add(mount_ns)
                 continue
             try:
-                info = parse_mountinfo(_read_lines(f"{base}/mountinfo"), f"{base}/mountinfo")
+                info = parsed.parse(_read_text(f"{base}/mountinfo"), f"{base}/mountinfo", remember=not users)
             except OSError as err:
                 if err.errno in VANISHED:
                     continue  # exited: another process of its mount namespace is read, if any is left
@@ -310,7 +391,7 @@ def walk_mounts(proc: str = "/proc") -> MountWalk:
                 pin.users.append(users)
                 if reachable:
                     pin.ways.append((f"{proc}/{task}/root", point))
-            found.extend(_net_mounts(info, task, mount_ns))
+            views.append(_View(info, task, mount_ns))
         # Mount namespaces pinned with no process in them (snapd keeps its snaps' so), and the
         # ones pinned in those, in turn.
         waiting = sorted(pins)
@@ -332,7 +413,7 @@ def walk_mounts(proc: str = "/proc") -> MountWalk:
             if not tally.take(users=users, what=where):
                 continue
             try:
-                info, inner = _read_pinned(fd, ino, where, users=users)
+                info, inner = _read_pinned(fd, ino, where, parsed, users=users)
             except OSError as err:
                 if not users:
                     raise
@@ -345,12 +426,13 @@ def walk_mounts(proc: str = "/proc") -> MountWalk:
                     continue
                 pins[inner_ino] = inner_pin
                 waiting.append(inner_ino)
-            found.extend(_net_mounts(info, NO_PROCESS, ino, maker))
+            views.append(_View(info, NO_PROCESS, ino, maker))
     finally:
+        parsed.end_walk()
         for pin in pins.values():
             if pin.fd is not None:
                 os.close(pin.fd)
-    return MountWalk(mounts=tuple(found), unread=tally.notes())
+    return views, tally.notes()
 
 
 class _Tally(Struct, kw_only=True):
@@ -386,13 +468,15 @@ class _Tally(Struct, kw_only=True):
         return (*self.named, f"and {self.more} more") if self.more else tuple(self.named)
 
 
-def _read_pinned(fd: int, ino: int, where: str, *, users: bool) -> tuple[MountInfo, dict[int, _Pinned]]:
+def _read_pinned(
+    fd: int, ino: int, where: str, parsed: ParsedMountinfo, *, users: bool
+) -> tuple[MountInfo, dict[int, _Pinned]]:
     """The mounts of the mount namespace `fd` (inode `ino`), read through a child that joined
     it, and the mount namespaces pinned in it, each opened while the child is there."""
     inner: dict[int, _Pinned] = {}
     try:
         with entered(fd, ino) as base:
-            info = parse_mountinfo(_read_lines(f"{base}/mountinfo"), where)
+            info = parsed.parse(_read_text(f"{base}/mountinfo"), where, remember=not users)
             if _mount_ns(base) != ino:
                 raise OSError(errno.ESTALE, f"{where} was left while read")
             for inner_ino, point, reachable in info.pinned_mount_namespaces:
@@ -538,9 +622,8 @@ def _tasks(proc: str, pid: str) -> Iterator[tuple[str, int]]:
             yield f"{base}/task/{tid}", int(tid)
 
 
-def _net_mounts(info: MountInfo, pid: int, mount_ns: int, maker: int | None = None) -> Iterator[NsMount]:
-    for line, on, reachable in info.net:
-        ns = NsKey(line.dev, int(line.root[5:-1]))
+def _net_mounts(lines: Iterable[_NetLine], pid: int, mount_ns: int, maker: int | None = None) -> Iterator[NsMount]:
+    for (line, on, reachable), ns in lines:
         yield NsMount(
             ns=ns, pid=pid, mount_ns=mount_ns, mount_point=line.point, on=on, reachable=reachable, made_by_user=maker
         )
@@ -588,18 +671,113 @@ def pin_files_shared(mounts: Iterable[NsMount], netns_dirs: Iterable[str], own_m
     return shared
 
 
+class HeldMounts(Struct, frozen=True, kw_only=True):
+    """What a mount walk says of the netns dirs' pins: the namespaces mounts hold outside them
+    (held_elsewhere's answer), the pins whose file carries another namespace's mount
+    (pin_files_shared's), and the users' mount namespaces left out (MountWalk.unread)."""
+
+    held: dict[NsKey, tuple[NsMount, ...]]
+    shared: dict[NsKey, str]
+    unread: tuple[str, ...] = ()
+
+
+def held_mounts(
+    netns_dirs: Iterable[str], proc: str = "/proc", parsed: ParsedMountinfo | None = None, *, first_only: bool = False
+) -> HeldMounts:
+    """held_elsewhere and pin_files_shared over every mount namespace's mounts, the same
+    answers, judged once a text: every mount namespace that shares the host's mounts shows a
+    copy of every pin, so each copy is told from the pins once for all the mount namespaces
+    that show the same text, and only the mounts that hold something are made records. OSError
+    when the walk cannot be whole. `parsed`: a long-running caller's texts parsed before.
+    `first_only`: each held namespace with its first mount alone (the one held_elsewhere puts
+    first), for a caller that names one: of the tasks that show the same text (threads that
+    cannot be told apart), only the one whose mounts come first makes records."""
+    views, unread = _walk(proc, parsed if parsed is not None else ParsedMountinfo())
+    _log_unread(unread)
+    own = own_mount_namespace(proc)
+    dirs = {os.path.realpath(d) for d in netns_dirs}
+    pins: set[tuple[tuple[int, str] | None, NsKey]] = set()
+    pin_on: dict[tuple[int, str] | None, NsKey] = {}
+    for view in views:
+        if view.mount_ns == own:
+            for (line, on, _), ns in view.info.nets():
+                if os.path.dirname(line.point) in dirs:
+                    pins.add((on, ns))
+                    pin_on[on] = ns
+    judged: dict[int, tuple[list[_NetLine], list[_NetLine]]] = {}  # by id() of a parsed text
+    held: dict[NsKey, list[NsMount]] = {}
+    shared: dict[NsKey, str] = {}
+    first = _first_of_each_text(views) if first_only else None
+    for view in views:
+        if id(view.info) not in judged:
+            judged[id(view.info)] = _judge(view.info, pins, pin_on)
+        holding, sharing = judged[id(view.info)]
+        if first is None or first[id(view.info)] is view:
+            for m in _net_mounts(holding, view.pid, view.mount_ns, view.maker):
+                held.setdefault(m.ns, []).append(m)
+        for m in _net_mounts(sharing, view.pid, view.mount_ns, view.maker):
+            pin_ns = pin_on[m.on] if m.on is not None else m.ns  # _judge keeps only mounts on a pin's file
+            shared.setdefault(pin_ns, f"its pin's file carries another namespace's mount: {m.describe()}")
+    ordered = {ns: tuple(sorted(found, key=_reachable_first)) for ns, found in held.items()}
+    return HeldMounts(
+        held={ns: found[:1] for ns, found in ordered.items()} if first_only else ordered,
+        shared=shared,
+        unread=unread,
+    )
+
+
+def _first_of_each_text(views: Iterable[_View]) -> dict[int, _View]:
+    """For each parsed text (by id), the view of it whose mounts _reachable_first puts first
+    (of equals, the earliest): every mount a text holds is in each view of it, so no other
+    view of it can give a namespace its first mount."""
+    first: dict[int, _View] = {}
+    for view in views:
+        best = first.get(id(view.info))
+        if best is None or _view_order(view) < _view_order(best):
+            first[id(view.info)] = view
+    return first
+
+
+def _view_order(view: _View) -> tuple[bool, bool, int]:
+    """_reachable_first's key, the same for every mount of a view."""
+    return (view.pid == NO_PROCESS, view.mount_ns == UNKNOWN_NS, view.pid)
+
+
+_NetLine = tuple[tuple[MountLine, tuple[int, str] | None, bool], NsKey]  # one of MountInfo.net, its namespace
+
+
+def _judge(
+    info: MountInfo, pins: set[tuple[tuple[int, str] | None, NsKey]], pin_on: Mapping[tuple[int, str] | None, NsKey]
+) -> tuple[list[_NetLine], list[_NetLine]]:
+    """A text's mounts of network namespaces that are no pin or copy of one (they hold their
+    namespace), and those on a pin's file of another namespace than the pin's."""
+    holding, sharing = [], []
+    for net, ns in info.nets():
+        on = net[1]
+        if on is None or (on, ns) not in pins:
+            holding.append((net, ns))
+        pin_ns = pin_on.get(on) if on is not None else None
+        if pin_ns is not None and pin_ns != ns:
+            sharing.append((net, ns))
+    return holding, sharing
+
+
+def _ns_of(line: MountLine) -> NsKey:
+    """The namespace mounted by a line of MountInfo.net (root `net:[INODE]`, on nsfs' device)."""
+    return NsKey(line.dev, int(line.root[5:-1]))
+
+
 def mount_held(netns_dirs: tuple[str, ...], proc: str = "/proc") -> Mapping[NsKey, str]:
     """Namespaces a mount holds outside the netns dirs right now (and pins whose file another
     namespace is mounted on), with why. When the walk cannot be whole, every namespace is
     (EveryNamespaceBusy)."""
     try:
-        mounts = netns_mounts(proc)
-        own = own_mount_namespace(proc)
+        found = held_mounts(netns_dirs, proc, first_only=True)
     except OSError as err:
         return EveryNamespaceBusy(f"the mounts that may hold its netns cannot all be read now ({err})")
-    busy = pin_files_shared(mounts, netns_dirs, own)
-    for ns, found in held_elsewhere(mounts, netns_dirs, own).items():
-        busy[ns] = f"its netns is held by {found[0].describe()}; never unmounted by the reaper"
+    busy = dict(found.shared)
+    for ns, mounts in found.held.items():
+        busy[ns] = f"its netns is held by {mounts[0].describe()}; never unmounted by the reaper"
     return busy
 
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from msgspec import Struct
 
-from reaper.host.nsmounts import NsMount, held_elsewhere, netns_mounts, own_mount_namespace
+from reaper.host.nsmounts import NsMount, ParsedMountinfo, held_mounts
 from reaper.kinds import Found, Kind, Look, ReclaimContext
 from reaper.model import DetailValue, Done, HeldTie, Identity, NsKey, ResourceRef, SourceError
 from reaper.state import is_netns_path
@@ -46,12 +46,12 @@ class HeldNetns(Struct, frozen=True):
 
 
 def find(look: Look) -> Found[HeldNetns]:
+    # The agent's memo keeps what each mountinfo text parsed to: most are the same every pass.
+    parsed = look.memo.kept(NAME, ParsedMountinfo)
     try:
-        mounts = netns_mounts()
-        own = own_mount_namespace()
+        held = held_mounts(look.options.netns_dirs, parsed=parsed).held
     except OSError as err:
         return Found((), errors=(SourceError(NAME, f"the mounts of every mount namespace cannot be read: {err}"),))
-    held = held_elsewhere(mounts, look.options.netns_dirs, own)
     return Found(tuple(HeldNetns(ns, found) for ns, found in sorted(held.items())))
 
 

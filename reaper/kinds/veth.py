@@ -136,7 +136,9 @@ def _held_nsids(
     a namespace no pin's nsid names, each through its holder's root (only a mount whose path
     crosses local filesystems alone: see reaper.host.nsmounts), and never remembered: there is
     no pin whose stat a memo could be kept under."""
-    if not any(link.kind == "veth" and link.link_netnsid not in (None, *known) for link in links):
+    # `known` tested as a set: a tuple made of it for each link was a step per veth per pin.
+    unnamed = (link.link_netnsid for link in links if link.kind == "veth")
+    if not any(nsid is not None and nsid not in known for nsid in unnamed):
         return {}
     paths = [next((m.reach for m in record.mounts if m.reachable), "") for record in held]
     wanted = [path for path in paths if path]

@@ -119,13 +119,13 @@ def test_each_mount_namespace_is_read_once_through_any_of_its_processes(
     proc.process(102, "other", held)
     proc.process(2**22 + 3, "host", [ROOT])  # the host's, already read through this process
     read: list[str] = []
-    real = nsmounts._read_lines
+    real = nsmounts._read_text
 
-    def counting(path: str) -> Iterator[str]:
+    def counting(path: str) -> bytes:
         read.append(path)
         return real(path)
 
-    monkeypatch.setattr(nsmounts, "_read_lines", counting)
+    monkeypatch.setattr(nsmounts, "_read_text", counting)
     found = netns_mounts(str(proc.root))
     assert sorted(Path(p).parent.name for p in read) == sorted(["100", "101", str(os.getpid())])
     assert sorted((m.pid, m.mount_point, m.ns) for m in found) == sorted(
@@ -139,15 +139,14 @@ def test_a_mountinfo_that_vanishes_mid_walk_is_read_through_another_process(
 ) -> None:
     proc.process(100, "other", [ROOT, RUN, nsfs(40, 20, 4026532009, "/run/held")])
     proc.process(101, "other", [ROOT, RUN, nsfs(40, 20, 4026532009, "/run/held")])
-    real = nsmounts._read_lines
+    real = nsmounts._read_text
 
-    def vanishing(path: str) -> Iterator[str]:
+    def vanishing(path: str) -> bytes:
         if "/100/" in path:
-            yield ROOT
             raise FileNotFoundError(errno.ENOENT, "gone", path)  # the process exited mid-read
-        yield from real(path)
+        return real(path)
 
-    monkeypatch.setattr(nsmounts, "_read_lines", vanishing)
+    monkeypatch.setattr(nsmounts, "_read_text", vanishing)
     assert [m.pid for m in netns_mounts(str(proc.root)) if m.mount_point == "/run/held"] == [101]
 
 
@@ -155,15 +154,14 @@ def test_a_walk_that_cannot_be_whole_raises_instead_of_finding_no_mount(
     proc: FakeProc, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     proc.process(100, "other", [ROOT, RUN, nsfs(40, 20, 4026532009, "/run/held")])
-    real = nsmounts._read_lines
+    real = nsmounts._read_text
 
-    def failing(path: str) -> Iterator[str]:
+    def failing(path: str) -> bytes:
         if "/100/" in path:
-            yield ROOT
             raise OSError(errno.EIO, "I/O error", path)  # not an exit: that namespace is unseen
-        yield from real(path)
+        return real(path)
 
-    monkeypatch.setattr(nsmounts, "_read_lines", failing)
+    monkeypatch.setattr(nsmounts, "_read_text", failing)
     with pytest.raises(OSError):
         netns_mounts(str(proc.root))
     busy = mount_held((), str(proc.root))
@@ -498,3 +496,155 @@ def test_a_held_namespaces_mounts_come_reachable_first() -> None:
     ]
     held = held_elsewhere(mounts, (), 500)
     assert [(m.pid, m.mount_ns) for m in held[NsKey(NSFS, 9)]] == [(2, 500), (40, 500), (1, 0), (0, 600)]
+
+
+def test_a_text_shown_by_many_tasks_that_cannot_be_told_apart_is_parsed_once(
+    proc: FakeProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tasks whose mount namespace may not be looked at (a protected init's threads) are each
+    read, since each may be any namespace; the same text is parsed once, and each task still
+    names the mounts it shows."""
+    lines = [ROOT, RUN, NETNS_DIR, nsfs(30, 21, 4026532001, "/run/netns/cni-a"), nsfs(40, 20, 4026532009, "/run/x")]
+    protected = range(100, 140)
+    for pid in protected:
+        proc.process(pid, f"hidden{pid}", lines)
+    real = nsmounts._mount_ns
+
+    def hidden(base: str) -> int | None:
+        return nsmounts.UNKNOWN_NS if int(base.rsplit("/", 1)[1]) in protected else real(base)
+
+    monkeypatch.setattr(nsmounts, "_mount_ns", hidden)
+    parsed: list[str] = []
+    real_parse = nsmounts.parse_mountinfo
+
+    def counting(lines: Iterator[str], where: str = "mountinfo") -> nsmounts.MountInfo:
+        parsed.append(where)
+        return real_parse(lines, where)
+
+    monkeypatch.setattr(nsmounts, "parse_mountinfo", counting)
+    found = netns_mounts(str(proc.root))
+    assert len(parsed) == 2  # this process's text, and the protected tasks' one
+    assert sorted(m.pid for m in found if m.mount_point == "/run/x") == list(protected)
+
+
+def test_a_long_running_walk_parses_only_texts_it_has_not_seen_in_the_walk_before(
+    proc: FakeProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proc.process(100, "other", [ROOT, RUN, nsfs(40, 20, 4026532009, "/run/held")])
+    parsed: list[str] = []
+    real_parse = nsmounts.parse_mountinfo
+
+    def counting(lines: Iterator[str], where: str = "mountinfo") -> nsmounts.MountInfo:
+        parsed.append(where)
+        return real_parse(lines, where)
+
+    monkeypatch.setattr(nsmounts, "parse_mountinfo", counting)
+    kept = nsmounts.ParsedMountinfo()
+    first = nsmounts.walk_mounts(str(proc.root), kept)
+    assert len(parsed) == 2 and nsmounts.walk_mounts(str(proc.root), kept) == first and len(parsed) == 2
+    # A changed text is parsed again; a text gone for one walk is forgotten.
+    (proc.root / "100" / "mountinfo").write_text(f"{ROOT}\n{RUN}\n")
+    assert [m.pid for m in nsmounts.walk_mounts(str(proc.root), kept).mounts if m.mount_point == "/run/held"] == []
+    assert len(parsed) == 3
+    (proc.root / "100" / "mountinfo").write_text(f"{ROOT}\n{RUN}\n{nsfs(40, 20, 4026532009, '/run/held')}\n")
+    assert nsmounts.walk_mounts(str(proc.root), kept) == first and len(parsed) == 4
+
+
+def test_a_mountinfo_is_split_at_newlines_only() -> None:
+    """A mount point may hold a carriage return or a form feed (the kernel escapes only space,
+    tab, newline and backslash): such a line stays one line."""
+    odd = nsfs(40, 20, 4026532009, "/run/a\rb\x0cc")
+    text = f"{ROOT}\n{RUN}\n{odd}\n".encode()
+    info = nsmounts.ParsedMountinfo().parse(text, "mountinfo")
+    assert [line.point for line, _, _ in info.net] == ["/run/a\rb\x0cc"]
+
+
+def test_a_mountinfo_over_its_bytes_is_refused_before_more_is_held(
+    proc: FakeProc, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(nsmounts, "MAX_MOUNTINFO_BYTES", 100)
+    monkeypatch.setattr(nsmounts, "READ_SIZE", 10)
+    big = tmp_path / "big"
+    big.write_text(ROOT * 3)
+    with pytest.raises(OSError) as raised:
+        nsmounts._read_text(str(big))
+    assert raised.value.errno == errno.EFBIG
+
+
+def test_held_mounts_answers_as_held_elsewhere_and_pin_files_shared_do(
+    proc: FakeProc, entering: Entering, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The judgement made once a text gives the same answers as the two made over every
+    record: pins, their copies in other mount namespaces and in protected tasks', mounts
+    that hold, another namespace on a pin's file, and a mount namespace no process is in."""
+    netns_dir = tmp_path / "netns"
+    dirs = (str(netns_dir),)
+    run = "20 1 0:25 / /run rw shared:2 - tmpfs tmpfs rw"
+    pin_dir = f"21 20 0:25 /netns {netns_dir} rw shared:3 - tmpfs tmpfs rw"
+    pins = [nsfs(30 + n, 21, 4026532100 + n, f"{netns_dir}/cni-{n}") for n in range(5)]
+    own = [ROOT, run, pin_dir, *pins, nsfs(50, 20, 4026532200, "/run/admin")]
+    (proc.root / str(os.getpid()) / "mountinfo").write_text("".join(line + "\n" for line in own))
+    copy_dir = "21 20 0:25 /netns /host/netns rw master:3 - tmpfs tmpfs rw"
+    copies = [nsfs(60 + n, 21, 4026532100 + n, f"/host/netns/cni-{n}") for n in range(5)]
+    shadow = nsfs(70, 21, 4026532300, "/host/netns/cni-1")  # another namespace on pin 1's file
+    pinned = entering.namespace("pinned", [ROOT, run, nsfs(41, 20, 4026532400, "/run/held-there")])
+    other = [ROOT, run, copy_dir, *copies, shadow, nsfs(71, 20, 4026532100, "/var/held-0")]
+    for pid in (100, 101):
+        proc.process(pid, "other", [*other, nsfs(72, 20, pinned, "/run/mnt-pin", kind="mnt")])
+    for pid in range(110, 114):
+        proc.process(pid, f"hidden{pid}", other)
+    real = nsmounts._mount_ns
+
+    def hidden(base: str) -> int | None:
+        return nsmounts.UNKNOWN_NS if base.rsplit("/", 1)[1].startswith("11") else real(base)
+
+    monkeypatch.setattr(nsmounts, "_mount_ns", hidden)
+    mounts = netns_mounts(str(proc.root))
+    own_ns = nsmounts.own_mount_namespace(str(proc.root))
+    found = nsmounts.held_mounts(dirs, str(proc.root))
+    assert found.held == held_elsewhere(mounts, dirs, own_ns)
+    assert found.shared == pin_files_shared(mounts, dirs, own_ns)
+    assert {ns.ino for ns in found.held} == {4026532100, 4026532200, 4026532300, 4026532400}
+    assert list(found.shared) == [NsKey(NSFS, 4026532101)]
+    assert dict(mount_held(dirs, str(proc.root))).keys() == {*found.held, *found.shared}
+    # Who names one holder gets held_elsewhere's first, with no record made of the others.
+    made: list[int] = []
+    real_net_mounts = nsmounts._net_mounts
+
+    def counting(
+        lines: Iterator[nsmounts._NetLine], pid: int, mount_ns: int, maker: int | None = None
+    ) -> Iterator[NsMount]:
+        for m in real_net_mounts(lines, pid, mount_ns, maker):
+            made.append(pid)
+            yield m
+
+    monkeypatch.setattr(nsmounts, "_net_mounts", counting)
+    first = nsmounts.held_mounts(dirs, str(proc.root), first_only=True)
+    assert first.held == {ns: found[:1] for ns, found in found.held.items()} and first.shared == found.shared
+    # The first protected task: its two holders and the mount on pin 1's file; the others
+    # showing the same text: only that one, which names the pin that stays.
+    assert [made.count(pid) for pid in (110, 111, 112, 113)] == [3, 1, 1, 1]
+
+
+def test_a_users_mount_namespace_is_parsed_afresh_each_walk_never_kept(
+    proc: FakeProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user can make thousands of mount namespaces with thousands of mounts each: the agent
+    keeps no parse of theirs from walk to walk."""
+    proc.process(100, "users", [ROOT, RUN, nsfs(40, 20, 4026532009, "/run/held")])
+    monkeypatch.setattr(nsmounts, "_users_at", lambda base, ns: base.endswith("/100"))
+    parsed: list[str] = []
+    real_parse = nsmounts.parse_mountinfo
+
+    def counting(lines: Iterator[str], where: str = "mountinfo") -> nsmounts.MountInfo:
+        parsed.append(where)
+        return real_parse(lines, where)
+
+    monkeypatch.setattr(nsmounts, "parse_mountinfo", counting)
+    kept = nsmounts.ParsedMountinfo()
+    for _ in range(3):
+        assert [m.pid for m in nsmounts.walk_mounts(str(proc.root), kept).mounts if m.mount_point == "/run/held"] == [
+            100
+        ]
+    assert sum(1 for where in parsed if "/100/" in where) == 3
+    assert sum(1 for where in parsed if "/100/" not in where) == 1  # root's: kept

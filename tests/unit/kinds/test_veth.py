@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,24 @@ def test_a_dump_that_fails_is_the_kinds_error_and_no_veth(
     found = veth.find(Look(options_at(tmp_path), InventoryMemo(), (), {}))
     assert found.records == ()
     assert [(e.source, e.error) for e in found.errors] == [("netlink", str(error))]
+
+
+class _LookedUpOnly(set[int]):
+    """The nsids the pins answered, which may be asked about but never walked: walking them
+    for each veth was a step per veth per pin."""
+
+    def __iter__(self) -> Iterator[int]:
+        raise AssertionError("the known nsids were walked")
+
+
+def test_whether_a_veth_is_in_a_namespace_no_pin_names_is_a_lookup_per_veth(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[list[str]] = []
+
+    def nsids_of(paths: list[str]) -> dict[str, object]:
+        asked.append(paths)
+        return {}
+
+    monkeypatch.setattr(veth, "nsids_of", nsids_of)
+    links = [_veth(f"v{n}", n, n) for n in range(50)]
+    assert veth._held_nsids(links, (), _LookedUpOnly(range(50))) == {} and asked == []
+    assert veth._held_nsids([*links, _veth("vx", 99, 99)], (), _LookedUpOnly(range(50))) == {}
