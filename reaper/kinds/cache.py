@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 import os
 import re
 from collections.abc import Sequence, Set
@@ -22,6 +23,7 @@ from typing import Any, NamedTuple
 
 from msgspec import Struct
 
+from reaper.cni.result import fields
 from reaper.host.confined import UnfitFile, read_at, read_beneath
 from reaper.host.files import DirLister, describe_oserror
 from reaper.host.jsondoc import NotAnObject, parse_object
@@ -29,7 +31,7 @@ from reaper.host.memo import FileMemo
 from reaper.host.netns_paths import NetnsPlaces, shown
 from reaper.host.quarantine import remove_or_quarantine
 from reaper.kinds import Found, Kind, Look, ReclaimContext, multus
-from reaper.kinds.netconf import ConfigError, parse_network_config
+from reaper.kinds.netconf import ConfigError, parse_network_config, plugin_list
 from reaper.model import CorruptFile, DetailValue, Done, Identity, NetworkConfig, NsKey, Owner, OwnKey, ResourceRef
 from reaper.names import is_cni_id, is_ifname, is_path
 
@@ -68,6 +70,9 @@ class CacheEntry(Struct, frozen=True, kw_only=True):
     # both are there and read as Kubernetes names; said by a file, so it names, never proves.
     pod_namespace: str | None = None
     pod_name: str | None = None
+    # What the file says was ADDed and what that made is a loopback's and nothing else
+    # (loopback_only): losing the file costs no pod anything (see costless).
+    loopback_only: bool = False
 
 
 class CacheInventory(Struct, frozen=True):
@@ -124,6 +129,57 @@ def _host_ifnames(result: Any) -> tuple[str, ...]:
         if not iface.get("sandbox") and isinstance(name, str) and is_ifname(name):
             names.append(name)
     return tuple(names)
+
+
+LOOPBACK_PLUGIN = "loopback"
+LOOPBACK_IFNAME = "lo"
+
+
+def _loopback_result(result: Any) -> bool:
+    """Whether a result is what the loopback plugin returns and nothing more: interfaces, each
+    `lo` inside the sandbox, and addresses, each a loopback one (containernetworking/plugins,
+    plugins/main/loopback/loopback.go: `lo` in the netns with its first IPv4 and IPv6 address,
+    refusing any that is not loopback). Every key is read as Go's decoder would take it (any
+    spelling of `ips`, `address`, ...); an address that does not parse is not loopback."""
+    if not isinstance(result, dict):
+        return False
+    interfaces = [i for found in fields(result, "interfaces") for i in (found if isinstance(found, list) else [found])]
+    ips = [ip for found in fields(result, "ips") for ip in (found if isinstance(found, list) else [found])]
+    for iface in interfaces:
+        if not isinstance(iface, dict):
+            return False
+        names, sandboxes = fields(iface, "name"), fields(iface, "sandbox")
+        if not names or any(n != LOOPBACK_IFNAME for n in names) or not sandboxes or not all(sandboxes):
+            return False
+    for ip in ips:
+        addresses = fields(ip, "address") if isinstance(ip, dict) else []
+        if not addresses or not all(_is_loopback(a) for a in addresses):
+            return False
+    return True
+
+
+def _is_loopback(address: object) -> bool:
+    if not isinstance(address, str):
+        return False
+    try:
+        return ipaddress.ip_interface(address).ip.is_loopback
+    except ValueError:
+        return False
+
+
+def _loopback_chain(config: NetworkConfig) -> bool:
+    """Whether a network list runs the loopback plugin alone (go-cni's WithLoNetwork, CRI-O's
+    `cni-loopback`): every plugin's type, in any spelling Go's decoder takes, is `loopback`,
+    and none names an IPAM section."""
+    try:
+        _, _, plugins = plugin_list(config.raw)
+    except ConfigError:
+        return False
+    for plugin in plugins:
+        types = fields(plugin, "type")
+        if not types or any(t != LOOPBACK_PLUGIN for t in types) or fields(plugin, "ipam"):
+            return False
+    return bool(plugins)
 
 
 CRI_ARG = "K8S_POD_NAMESPACE"  # every CRI runtime passes it; podman and nerdctl do not
@@ -199,9 +255,17 @@ def parse_cache_file(name: str, data: bytes, known_networks: Set[str]) -> CacheD
 
 # What a cache file's content said, as the memo keeps it:
 # container ID, network, ifname, netns path, host ifnames, (owner, pod namespace, pod name),
-# addresses, base64 config.
+# addresses, base64 config, whether its result is a loopback's alone (_loopback_result).
 _Said = tuple[
-    str, str, str, str | None, tuple[str, ...], tuple[Owner, str | None, str | None], tuple[str, ...], str | None
+    str,
+    str,
+    str,
+    str | None,
+    tuple[str, ...],
+    tuple[Owner, str | None, str | None],
+    tuple[str, ...],
+    str | None,
+    bool,
 ]
 
 
@@ -273,17 +337,19 @@ def _collect(
                 said = (
                     cid, net, ifname, _netns_from(doc, result, ifname), _host_ifnames(result), _owner(doc, legacy),
                     _addresses(result), encoded if isinstance(encoded, str) else None,
+                    not legacy and _loopback_result(result),
                 )  # fmt: skip
                 if not legacy:  # a legacy entry's reading depends on the known networks
                     memo.put(path, lst, said)
             else:
                 legacy = False
-            found = _entry(path, entry.name, root, lst, said, places, legacy=legacy)
+            config = _remember_config(said[7], path, configs, bad_configs)
+            loopback = said[8] and config is not None and _loopback_chain(config)
+            found = _entry(path, entry.name, root, lst, said, places, legacy=legacy, loopback_only=loopback)
             if found.netns_refused is not None:
                 why = f"netns {shown(str(found.netns_path))} {found.netns_refused}"
                 corrupt.append(CorruptFile("cache", path, why))
             entries.append(found)
-            _remember_config(said[7], path, configs, bad_configs)
     networks = known_networks | {c.name for c in configs.values()}
     named = [
         named_entry
@@ -295,11 +361,19 @@ def _collect(
 
 
 def _entry(
-    path: str, name: str, root: str, lst: os.stat_result, said: _Said, places: NetnsPlaces, legacy: bool = False
+    path: str,
+    name: str,
+    root: str,
+    lst: os.stat_result,
+    said: _Said,
+    places: NetnsPlaces,
+    *,
+    legacy: bool = False,
+    loopback_only: bool = False,
 ) -> CacheEntry:
     """The entry at `path`, as the look found it (where it is, when it changed), and as its
     content said (whose it is); its netns looked up now, only where a netns can be."""
-    cid, net, ifname, netns_path, host_ifnames, (owner, pod_namespace, pod_name), ips, _ = said
+    cid, net, ifname, netns_path, host_ifnames, (owner, pod_namespace, pod_name), ips, _, _ = said
     netns, uninspectable, refused = places.look(netns_path)
     return CacheEntry(
         path=path,
@@ -319,6 +393,7 @@ def _entry(
         ips=ips,
         pod_namespace=pod_namespace,
         pod_name=pod_name,
+        loopback_only=loopback_only,
     )
 
 
@@ -348,14 +423,22 @@ def _entry_from_name(bad: CorruptFile, mtime: float, cache_dir: str, networks: S
     return None
 
 
-def _remember_config(encoded: str | None, path: str, configs: dict[str, NetworkConfig], bad_configs: set[str]) -> None:
-    if encoded is None or encoded in configs or encoded in bad_configs:
-        return
+def _remember_config(
+    encoded: str | None, path: str, configs: dict[str, NetworkConfig], bad_configs: set[str]
+) -> NetworkConfig | None:
+    """The config `encoded` decodes to, decoded once a look; None when there is none or it does
+    not decode."""
+    if encoded is None or encoded in bad_configs:
+        return None
+    known = configs.get(encoded)
+    if known is not None:
+        return known
     cfg = _decode_config(encoded, path)
     if cfg is None:
         bad_configs.add(encoded)
     else:
         configs[encoded] = cfg
+    return cfg
 
 
 def _decode_config(encoded: str, path: str) -> NetworkConfig | None:
@@ -456,7 +539,20 @@ def _remove(entry: CacheEntry, ctx: ReclaimContext) -> Done:
         return remove_or_quarantine(entry.cache_dir, entry.path, st, ctx.quarantine)  # as unreadable as judged
     if not _names(document, entry):
         return Done.left("now names another attachment; left alone")
+    if entry.loopback_only and not _loopback_document(document, entry.path):
+        # Judged costless (and so taken past --max-reap) as a loopback's: it must still be one.
+        return Done.left("no longer a loopback's entry alone, as it was judged; left alone")
     return remove_or_quarantine(entry.cache_dir, entry.path, st, ctx.quarantine)
+
+
+def _loopback_document(document: CacheDocument, path: str) -> bool:
+    """Whether a cache document is a loopback's alone: its result (_loopback_result) and the
+    config it says was ADDed (_loopback_chain)."""
+    if document.legacy or not _loopback_result(document.doc.get("result")):
+        return False
+    encoded = document.doc.get("config")
+    config = _decode_config(encoded, path) if isinstance(encoded, str) else None
+    return config is not None and _loopback_chain(config)
 
 
 def reclaim(entries: Sequence[CacheEntry], ctx: ReclaimContext) -> dict[Identity, Done]:
@@ -465,6 +561,24 @@ def reclaim(entries: Sequence[CacheEntry], ctx: ReclaimContext) -> dict[Identity
 
 def claims(entry: CacheEntry) -> tuple[str, ...]:
     return entry.ips
+
+
+def costless(entry: CacheEntry) -> bool:
+    """Whether removing the entry costs no pod anything, were the verdict on it wrong: a
+    loopback's entry (loopback_only: the loopback plugin alone was ADDed, its result `lo` in
+    the sandbox with loopback addresses and nothing else), read whole, with no namespace
+    found for it. A live pod's loopback needs nothing from the file: its DEL only sets `lo`
+    down, in a namespace that is gone. Anything else may be the only record of what a DEL
+    needs, or name an address or an interface a pod could be using."""
+    return (
+        entry.loopback_only
+        and entry.corrupt is None
+        and not entry.legacy
+        and entry.netns is None
+        and not entry.netns_uninspectable
+        and entry.netns_refused is None
+        and not entry.host_ifnames
+    )
 
 
 def del_document(entries: Sequence[CacheEntry]) -> tuple[dict[str, Any], str] | None:
@@ -490,6 +604,7 @@ KIND: Kind[CacheEntry] = Kind(
     last=True,
     quarantinable=True,
     claims=claims,
+    costless=costless,
     del_document=del_document,
     added_config=cached_config,
     says_owner=True,
