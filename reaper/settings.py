@@ -237,7 +237,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("--max-reap", "REAPER_MAX_REAP", "100",
            "reclaim at most N attachments a pass that a wrong verdict could cost a pod something (an address, a "
            "pin, a veth, a file a DEL may need); the rest wait. A loopback's cache entry alone, in no namespace "
-           "(cni-loopback, lo, only loopback addresses) costs none and is not counted: up to 2,000 of those go "
+           "(cni-loopback, lo, only loopback addresses) costs none and is not counted: up to 1,000 of those go "
            "besides, a bound for the pass's time", "reap", _count, metavar="N"),
     Option("--max-orphan-ratio", "REAPER_MAX_ORPHAN_RATIO", "0.5",
            "breaker: reclaim nothing (exit 3) when more than this share of the node's attachments look orphaned, "

@@ -296,6 +296,7 @@ def _collect(
     corrupt_mtimes: dict[str, tuple[float, str]] = {}  # (mtime, root) of each corrupt file listed
     configs: dict[str, NetworkConfig] = {}
     bad_configs: set[str] = set()
+    loopback_configs: dict[str, bool] = {}  # each config's _loopback_chain, by its base64
     lister = DirLister("cache")
     corrupt = lister.corrupt
     roots = [(cache_dir, sub) for sub in RESULT_SUBDIRS] + [(root, "results") for root in other_roots]
@@ -344,7 +345,7 @@ def _collect(
             else:
                 legacy = False
             config = _remember_config(said[7], path, configs, bad_configs)
-            loopback = said[8] and config is not None and _loopback_chain(config)
+            loopback = said[8] and config is not None and _loopback_config(said[7], config, loopback_configs)
             found = _entry(path, entry.name, root, lst, said, places, legacy=legacy, loopback_only=loopback)
             if found.netns_refused is not None:
                 why = f"netns {shown(str(found.netns_path))} {found.netns_refused}"
@@ -439,6 +440,16 @@ def _remember_config(
     else:
         configs[encoded] = cfg
     return cfg
+
+
+def _loopback_config(encoded: str | None, config: NetworkConfig, known: dict[str, bool]) -> bool:
+    """_loopback_chain of the config `encoded` decoded to, worked out once a look."""
+    if encoded is None:
+        return False
+    found = known.get(encoded)
+    if found is None:
+        found = known[encoded] = _loopback_chain(config)
+    return found
 
 
 def _decode_config(encoded: str, path: str) -> NetworkConfig | None:

@@ -89,7 +89,7 @@ def breaker_reason(orphans: int, attachments: int, policy: ReapPolicy) -> str | 
 # wrong verdict's cost (there is none): each costs the pass a re-check and a re-read before its
 # unlink, and this many keep a pass well within its time while a node with 30,000 such files
 # is clean within an hour of the agent's passes.
-COSTLESS_PER_PASS = 2000
+COSTLESS_PER_PASS = 1000
 
 
 def costs_nothing(attachment: Attachment, records: Mapping[Identity, Any]) -> bool:
