@@ -19,6 +19,7 @@ import ipaddress
 import os
 import re
 from collections.abc import Sequence, Set
+from sys import intern
 from typing import Any, NamedTuple
 
 from msgspec import Struct
@@ -335,9 +336,13 @@ def _collect(
                     continue
                 result = doc.get("result")
                 encoded = doc.get("config")
+                # What many entries share (a network's name, its config, the pod's namespace,
+                # 127.0.0.1) is interned: one string for all, not one per entry held.
+                owner, pod_namespace, pod_name = _owner(doc, legacy)
                 said = (
-                    cid, net, ifname, _netns_from(doc, result, ifname), _host_ifnames(result), _owner(doc, legacy),
-                    _addresses(result), encoded if isinstance(encoded, str) else None,
+                    cid, intern(net), intern(ifname), _netns_from(doc, result, ifname), _host_ifnames(result),
+                    (owner, intern(pod_namespace) if pod_namespace is not None else None, pod_name),
+                    tuple(map(intern, _addresses(result))), intern(encoded) if isinstance(encoded, str) else None,
                     not legacy and _loopback_result(result),
                 )  # fmt: skip
                 if not legacy:  # a legacy entry's reading depends on the known networks

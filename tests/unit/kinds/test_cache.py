@@ -5,11 +5,12 @@ from __future__ import annotations
 import base64
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reaper.host.files import MAX_LISTED_CORRUPT
@@ -322,3 +323,29 @@ def test_a_costless_entry_is_removed_only_while_it_is_still_a_loopbacks(tmp_path
     path.write_bytes(loopback_entry(CID, "/run/netns/cni-gone"))
     (done,) = reclaim([entry], ctx).values()
     assert done.ok and not path.exists()
+
+
+@given(st.lists(st.sampled_from(["loopback", *_NOT_LOOPBACK]), min_size=1, max_size=12))
+@settings(max_examples=40, deadline=None)
+def test_what_the_agents_memo_keeps_reads_as_the_files_do(variants: list[str]) -> None:
+    """The agent reads each unchanged file once and keeps what it said, shared strings
+    interned: every entry, and whether it is costless, is what a fresh read of the files finds."""
+    with tempfile.TemporaryDirectory() as tmp:
+        results = Path(tmp) / "results"
+        results.mkdir()
+        for n, variant in enumerate(variants):
+            cid = f"{n:064x}"
+            data = (
+                loopback_entry(cid, "/run/netns/gone") if variant == "loopback" else _loopback(**_NOT_LOOPBACK[variant])
+            )
+            doc = json.loads(data)
+            doc["containerId"] = cid
+            (results / f"cni-loopback-{cid}-lo").write_text(json.dumps(doc))
+        memo: FileMemo[object] = FileMemo(clock=lambda: 1 << 62)  # every file old enough to keep
+        collect_cache(tmp, set(), memo, netns_dirs=["/run/netns"])
+        memo.end_pass()
+        kept = collect_cache(tmp, set(), memo, netns_dirs=["/run/netns"])
+        assert len(memo) == len(variants), "the second read came from the memo"
+        fresh = collect_cache(tmp, set(), netns_dirs=["/run/netns"])
+        assert sorted(kept.entries, key=lambda e: e.path) == sorted(fresh.entries, key=lambda e: e.path)
+        assert sorted(costless(e) for e in kept.entries) == sorted(v == "loopback" for v in variants)
