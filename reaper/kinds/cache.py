@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import heapq
 import ipaddress
 import os
 import re
@@ -37,6 +38,13 @@ from reaper.model import CorruptFile, DetailValue, Done, Identity, NetworkConfig
 from reaper.names import is_cni_id, is_ifname, is_path
 
 MAX_CACHE_BYTES = 4 << 20
+# Costless entries (a loopback's alone, in no namespace: see costless) a look holds, the oldest
+# by mtime; more are counted and read again next pass. A node can pile up hundreds of thousands
+# (multus#1488: 300,000 cache files), and each one held costs the pass its attachment, verdict
+# and history: held all, they would take the agent past its memory limit on every pass. Leaving
+# one out changes no other verdict: it names no namespace, ties only by its own key, and its
+# loss costs nothing. Others are held whatever their number.
+COSTLESS_HELD = 20_000
 RESULT_SUBDIRS = ("results", "cache/results", "multus/results")
 _HEX_ID = re.compile(r"[0-9a-f]{64}")
 
@@ -298,6 +306,8 @@ def _collect(
     configs: dict[str, NetworkConfig] = {}
     bad_configs: set[str] = set()
     loopback_configs: dict[str, bool] = {}  # each config's _loopback_chain, by its base64
+    held: list[tuple[float, str, CacheEntry]] = []  # costless entries held: a heap, the newest on top
+    beyond = 0  # costless entries found past COSTLESS_HELD
     lister = DirLister("cache")
     corrupt = lister.corrupt
     roots = [(cache_dir, sub) for sub in RESULT_SUBDIRS] + [(root, "results") for root in other_roots]
@@ -355,7 +365,17 @@ def _collect(
             if found.netns_refused is not None:
                 why = f"netns {shown(str(found.netns_path))} {found.netns_refused}"
                 corrupt.append(CorruptFile("cache", path, why))
+            if costless(found):
+                # Held only among the COSTLESS_HELD oldest: one evicted (the newest held, or
+                # this one) is counted, kept out of the memo, and read again next pass.
+                heapq.heappush(held, (-found.mtime, path, found))
+                if len(held) > COSTLESS_HELD:
+                    _, evicted, _ = heapq.heappop(held)
+                    memo.forget(evicted)
+                    beyond += 1
+                continue
             entries.append(found)
+    entries += [found for _, _, found in sorted(held, reverse=True)]  # the oldest first
     networks = known_networks | {c.name for c in configs.values()}
     named = [
         named_entry
@@ -363,7 +383,12 @@ def _collect(
         if bad.path in corrupt_mtimes
         and (named_entry := _entry_from_name(bad, *corrupt_mtimes[bad.path], networks)) is not None
     ]
-    return CacheInventory(tuple(entries + named), tuple(configs.values()), corrupt.records())
+    unheld = (
+        (CorruptFile("cache", cache_dir, f"{beyond} loopback entries past the {COSTLESS_HELD} oldest a look holds: "
+                     "counted, read again next pass", beyond),)
+        if beyond else ()
+    )  # fmt: skip
+    return CacheInventory(tuple(entries + named), tuple(configs.values()), corrupt.records() + unheld)
 
 
 def _entry(

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from reaper.host.files import MAX_LISTED_CORRUPT
 from reaper.host.memo import FileMemo
 from reaper.kinds import ReclaimContext
+from reaper.kinds import cache as cache_kind
 from reaper.kinds.cache import CacheCorrupt, collect_cache, costless, parse_cache_file, reclaim, ref, tie
 from reaper.model import NsKey
 from reaper.names import is_cni_id, is_ifname
@@ -349,3 +350,43 @@ def test_what_the_agents_memo_keeps_reads_as_the_files_do(variants: list[str]) -
         fresh = collect_cache(tmp, set(), netns_dirs=["/run/netns"])
         assert sorted(kept.entries, key=lambda e: e.path) == sorted(fresh.entries, key=lambda e: e.path)
         assert sorted(costless(e) for e in kept.entries) == sorted(v == "loopback" for v in variants)
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from(["loopback", *_NOT_LOOPBACK]), st.integers(0, 50)), min_size=1, max_size=14),
+    st.integers(1, 6),
+)
+@settings(max_examples=40, deadline=None)
+def test_past_the_costless_hold_only_the_newest_costless_entries_are_left_out(
+    files: list[tuple[str, int]], cap: int
+) -> None:
+    """A look holds at most COSTLESS_HELD costless entries, the oldest; every other entry is
+    held whatever their number, and each entry held is what a look holding all finds."""
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as patch:
+        results = Path(tmp) / "results"
+        results.mkdir()
+        for n, (variant, age) in enumerate(files):
+            cid = f"{n:064x}"
+            data = (
+                loopback_entry(cid, "/run/netns/gone") if variant == "loopback" else _loopback(**_NOT_LOOPBACK[variant])
+            )
+            doc = json.loads(data)
+            doc["containerId"] = cid
+            path = results / f"cni-loopback-{cid}-lo"
+            path.write_text(json.dumps(doc))
+            os.utime(path, (1e9 - age * 60 - n, 1e9 - age * 60 - n))
+        whole = collect_cache(tmp, set(), netns_dirs=["/run/netns"])
+        patch.setattr(cache_kind, "COSTLESS_HELD", cap)
+        memo: FileMemo[object] = FileMemo(clock=lambda: 1 << 62)
+        held = collect_cache(tmp, set(), memo, netns_dirs=["/run/netns"])
+    by_path = {e.path: e for e in whole.entries}
+    assert all(by_path[e.path] == e for e in held.entries), "each entry held reads as a whole look reads it"
+    free = sorted((e for e in whole.entries if costless(e)), key=lambda e: (e.mtime, e.path))
+    assert sorted(e.path for e in held.entries if costless(e)) == sorted(e.path for e in free[:cap])
+    assert sorted(e.path for e in held.entries if not costless(e)) == sorted(
+        e.path for e in whole.entries if not costless(e)
+    )
+    left_out = len(free) - min(cap, len(free))
+    notes = [c for c in held.corrupt if "past the" in c.error]
+    assert [c.count for c in notes] == ([left_out] if left_out else [])
+    assert len(memo) == len(held.entries), "what is left out is not kept in the memo either"
