@@ -47,6 +47,7 @@ demo-notice:
 bench: deps venv
 	$(BIN)/python -m bench.scan_bench
 	$(BIN)/python -m bench.hostile_memory
+	$(BIN)/python -m bench.cache_scale
 
 bench-reap: deps venv
 	$(BIN)/python -m bench.reap_bench

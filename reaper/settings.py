@@ -234,8 +234,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("--textfile", "REAPER_TEXTFILE", None,
            "also write the metrics to PATH, atomically, for node_exporter's textfile collector", "output",
            metavar="PATH"),
-    Option("--max-reap", "REAPER_MAX_REAP", "100", "reclaim at most N attachments a pass; the rest wait", "reap",
-           _count, metavar="N"),
+    Option("--max-reap", "REAPER_MAX_REAP", "100",
+           "reclaim at most N attachments a pass that a wrong verdict could cost a pod something (an address, a "
+           "pin, a veth, a file a DEL may need); the rest wait. A loopback's cache entry alone, in no namespace "
+           "(cni-loopback, lo, only loopback addresses) costs none and is not counted: up to 1,000 of those go "
+           "besides, a bound for the pass's time", "reap", _count, metavar="N"),
     Option("--max-orphan-ratio", "REAPER_MAX_ORPHAN_RATIO", "0.5",
            "breaker: reclaim nothing (exit 3) when more than this share of the node's attachments look orphaned, "
            "a sign the runtime's list is wrong", "reap", _ratio, metavar="RATIO"),

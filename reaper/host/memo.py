@@ -55,6 +55,10 @@ class FileMemo(Generic[T]):
             return  # racily clean: a same-size rewrite in the same clock tick would look unchanged
         self._current[path] = (stamp(st), value)
 
+    def forget(self, path: str) -> None:
+        """Keep nothing of `path` from this pass: it is read again next pass."""
+        self._current.pop(path, None)
+
     def __len__(self) -> int:
         """Files remembered this pass."""
         return len(self._current)

@@ -122,6 +122,9 @@ class Kind(Struct, Generic[R], frozen=True, kw_only=True):
     # Addresses the record says its attachment holds (a lease's, a cache entry's result's):
     # while that attachment is in use, no cached config's prevResult may name them.
     claims: Callable[[R], Iterable[str]] | None = None
+    # Whether reclaiming the record on a wrong verdict would cost no pod anything (a loopback's
+    # cache entry): an attachment of such records alone takes no place under --max-reap.
+    costless: Callable[[R], bool] | None = None
     # Addresses that reclaiming the record frees (a lease, a firewall rule, the pod address a
     # masquerade chain's jumps match), as written: checked against every other namespace.
     frees: Callable[[R], Iterable[str]] | None = None

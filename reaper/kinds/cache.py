@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import base64
 import binascii
+import heapq
+import ipaddress
 import os
 import re
 from collections.abc import Sequence, Set
+from sys import intern
 from typing import Any, NamedTuple
 
 from msgspec import Struct
 
+from reaper.cni.result import fields
 from reaper.host.confined import UnfitFile, read_at, read_beneath
 from reaper.host.files import DirLister, describe_oserror
 from reaper.host.jsondoc import NotAnObject, parse_object
@@ -29,11 +33,18 @@ from reaper.host.memo import FileMemo
 from reaper.host.netns_paths import NetnsPlaces, shown
 from reaper.host.quarantine import remove_or_quarantine
 from reaper.kinds import Found, Kind, Look, ReclaimContext, multus
-from reaper.kinds.netconf import ConfigError, parse_network_config
+from reaper.kinds.netconf import ConfigError, parse_network_config, plugin_list
 from reaper.model import CorruptFile, DetailValue, Done, Identity, NetworkConfig, NsKey, Owner, OwnKey, ResourceRef
 from reaper.names import is_cni_id, is_ifname, is_path
 
 MAX_CACHE_BYTES = 4 << 20
+# Costless entries (a loopback's alone, in no namespace: see costless) a look holds, the oldest
+# by mtime; more are counted and read again next pass. A node can pile up hundreds of thousands
+# (multus#1488: 300,000 cache files), and each one held costs the pass its attachment, verdict
+# and history: held all, they would take the agent past its memory limit on every pass. Leaving
+# one out changes no other verdict: it names no namespace, ties only by its own key, and its
+# loss costs nothing. Others are held whatever their number.
+COSTLESS_HELD = 20_000
 RESULT_SUBDIRS = ("results", "cache/results", "multus/results")
 _HEX_ID = re.compile(r"[0-9a-f]{64}")
 
@@ -68,6 +79,9 @@ class CacheEntry(Struct, frozen=True, kw_only=True):
     # both are there and read as Kubernetes names; said by a file, so it names, never proves.
     pod_namespace: str | None = None
     pod_name: str | None = None
+    # What the file says was ADDed and what that made is a loopback's and nothing else
+    # (loopback_only): losing the file costs no pod anything (see costless).
+    loopback_only: bool = False
 
 
 class CacheInventory(Struct, frozen=True):
@@ -124,6 +138,57 @@ def _host_ifnames(result: Any) -> tuple[str, ...]:
         if not iface.get("sandbox") and isinstance(name, str) and is_ifname(name):
             names.append(name)
     return tuple(names)
+
+
+LOOPBACK_PLUGIN = "loopback"
+LOOPBACK_IFNAME = "lo"
+
+
+def _loopback_result(result: Any) -> bool:
+    """Whether a result is what the loopback plugin returns and nothing more: interfaces, each
+    `lo` inside the sandbox, and addresses, each a loopback one (containernetworking/plugins,
+    plugins/main/loopback/loopback.go: `lo` in the netns with its first IPv4 and IPv6 address,
+    refusing any that is not loopback). Every key is read as Go's decoder would take it (any
+    spelling of `ips`, `address`, ...); an address that does not parse is not loopback."""
+    if not isinstance(result, dict):
+        return False
+    interfaces = [i for found in fields(result, "interfaces") for i in (found if isinstance(found, list) else [found])]
+    ips = [ip for found in fields(result, "ips") for ip in (found if isinstance(found, list) else [found])]
+    for iface in interfaces:
+        if not isinstance(iface, dict):
+            return False
+        names, sandboxes = fields(iface, "name"), fields(iface, "sandbox")
+        if not names or any(n != LOOPBACK_IFNAME for n in names) or not sandboxes or not all(sandboxes):
+            return False
+    for ip in ips:
+        addresses = fields(ip, "address") if isinstance(ip, dict) else []
+        if not addresses or not all(_is_loopback(a) for a in addresses):
+            return False
+    return True
+
+
+def _is_loopback(address: object) -> bool:
+    if not isinstance(address, str):
+        return False
+    try:
+        return ipaddress.ip_interface(address).ip.is_loopback
+    except ValueError:
+        return False
+
+
+def _loopback_chain(config: NetworkConfig) -> bool:
+    """Whether a network list runs the loopback plugin alone (go-cni's WithLoNetwork, CRI-O's
+    `cni-loopback`): every plugin's type, in any spelling Go's decoder takes, is `loopback`,
+    and none names an IPAM section."""
+    try:
+        _, _, plugins = plugin_list(config.raw)
+    except ConfigError:
+        return False
+    for plugin in plugins:
+        types = fields(plugin, "type")
+        if not types or any(t != LOOPBACK_PLUGIN for t in types) or fields(plugin, "ipam"):
+            return False
+    return bool(plugins)
 
 
 CRI_ARG = "K8S_POD_NAMESPACE"  # every CRI runtime passes it; podman and nerdctl do not
@@ -199,9 +264,17 @@ def parse_cache_file(name: str, data: bytes, known_networks: Set[str]) -> CacheD
 
 # What a cache file's content said, as the memo keeps it:
 # container ID, network, ifname, netns path, host ifnames, (owner, pod namespace, pod name),
-# addresses, base64 config.
+# addresses, base64 config, whether its result is a loopback's alone (_loopback_result).
 _Said = tuple[
-    str, str, str, str | None, tuple[str, ...], tuple[Owner, str | None, str | None], tuple[str, ...], str | None
+    str,
+    str,
+    str,
+    str | None,
+    tuple[str, ...],
+    tuple[Owner, str | None, str | None],
+    tuple[str, ...],
+    str | None,
+    bool,
 ]
 
 
@@ -232,6 +305,9 @@ def _collect(
     corrupt_mtimes: dict[str, tuple[float, str]] = {}  # (mtime, root) of each corrupt file listed
     configs: dict[str, NetworkConfig] = {}
     bad_configs: set[str] = set()
+    loopback_configs: dict[str, bool] = {}  # each config's _loopback_chain, by its base64
+    held: list[tuple[float, str, CacheEntry]] = []  # costless entries held: a heap, the newest on top
+    beyond = 0  # costless entries found past COSTLESS_HELD
     lister = DirLister("cache")
     corrupt = lister.corrupt
     roots = [(cache_dir, sub) for sub in RESULT_SUBDIRS] + [(root, "results") for root in other_roots]
@@ -270,20 +346,36 @@ def _collect(
                     continue
                 result = doc.get("result")
                 encoded = doc.get("config")
+                # What many entries share (a network's name, its config, the pod's namespace,
+                # 127.0.0.1) is interned: one string for all, not one per entry held.
+                owner, pod_namespace, pod_name = _owner(doc, legacy)
                 said = (
-                    cid, net, ifname, _netns_from(doc, result, ifname), _host_ifnames(result), _owner(doc, legacy),
-                    _addresses(result), encoded if isinstance(encoded, str) else None,
+                    cid, intern(net), intern(ifname), _netns_from(doc, result, ifname), _host_ifnames(result),
+                    (owner, intern(pod_namespace) if pod_namespace is not None else None, pod_name),
+                    tuple(map(intern, _addresses(result))), intern(encoded) if isinstance(encoded, str) else None,
+                    not legacy and _loopback_result(result),
                 )  # fmt: skip
                 if not legacy:  # a legacy entry's reading depends on the known networks
                     memo.put(path, lst, said)
             else:
                 legacy = False
-            found = _entry(path, entry.name, root, lst, said, places, legacy=legacy)
+            config = _remember_config(said[7], path, configs, bad_configs)
+            loopback = said[8] and config is not None and _loopback_config(said[7], config, loopback_configs)
+            found = _entry(path, entry.name, root, lst, said, places, legacy=legacy, loopback_only=loopback)
             if found.netns_refused is not None:
                 why = f"netns {shown(str(found.netns_path))} {found.netns_refused}"
                 corrupt.append(CorruptFile("cache", path, why))
+            if costless(found):
+                # Held only among the COSTLESS_HELD oldest: one evicted (the newest held, or
+                # this one) is counted, kept out of the memo, and read again next pass.
+                heapq.heappush(held, (-found.mtime, path, found))
+                if len(held) > COSTLESS_HELD:
+                    _, evicted, _ = heapq.heappop(held)
+                    memo.forget(evicted)
+                    beyond += 1
+                continue
             entries.append(found)
-            _remember_config(said[7], path, configs, bad_configs)
+    entries += [found for _, _, found in sorted(held, reverse=True)]  # the oldest first
     networks = known_networks | {c.name for c in configs.values()}
     named = [
         named_entry
@@ -291,15 +383,28 @@ def _collect(
         if bad.path in corrupt_mtimes
         and (named_entry := _entry_from_name(bad, *corrupt_mtimes[bad.path], networks)) is not None
     ]
-    return CacheInventory(tuple(entries + named), tuple(configs.values()), corrupt.records())
+    unheld = (
+        (CorruptFile("cache", cache_dir, f"{beyond} loopback entries past the {COSTLESS_HELD} oldest a look holds: "
+                     "counted, read again next pass", beyond),)
+        if beyond else ()
+    )  # fmt: skip
+    return CacheInventory(tuple(entries + named), tuple(configs.values()), corrupt.records() + unheld)
 
 
 def _entry(
-    path: str, name: str, root: str, lst: os.stat_result, said: _Said, places: NetnsPlaces, legacy: bool = False
+    path: str,
+    name: str,
+    root: str,
+    lst: os.stat_result,
+    said: _Said,
+    places: NetnsPlaces,
+    *,
+    legacy: bool = False,
+    loopback_only: bool = False,
 ) -> CacheEntry:
     """The entry at `path`, as the look found it (where it is, when it changed), and as its
     content said (whose it is); its netns looked up now, only where a netns can be."""
-    cid, net, ifname, netns_path, host_ifnames, (owner, pod_namespace, pod_name), ips, _ = said
+    cid, net, ifname, netns_path, host_ifnames, (owner, pod_namespace, pod_name), ips, _, _ = said
     netns, uninspectable, refused = places.look(netns_path)
     return CacheEntry(
         path=path,
@@ -319,6 +424,7 @@ def _entry(
         ips=ips,
         pod_namespace=pod_namespace,
         pod_name=pod_name,
+        loopback_only=loopback_only,
     )
 
 
@@ -348,14 +454,32 @@ def _entry_from_name(bad: CorruptFile, mtime: float, cache_dir: str, networks: S
     return None
 
 
-def _remember_config(encoded: str | None, path: str, configs: dict[str, NetworkConfig], bad_configs: set[str]) -> None:
-    if encoded is None or encoded in configs or encoded in bad_configs:
-        return
+def _remember_config(
+    encoded: str | None, path: str, configs: dict[str, NetworkConfig], bad_configs: set[str]
+) -> NetworkConfig | None:
+    """The config `encoded` decodes to, decoded once a look; None when there is none or it does
+    not decode."""
+    if encoded is None or encoded in bad_configs:
+        return None
+    known = configs.get(encoded)
+    if known is not None:
+        return known
     cfg = _decode_config(encoded, path)
     if cfg is None:
         bad_configs.add(encoded)
     else:
         configs[encoded] = cfg
+    return cfg
+
+
+def _loopback_config(encoded: str | None, config: NetworkConfig, known: dict[str, bool]) -> bool:
+    """_loopback_chain of the config `encoded` decoded to, worked out once a look."""
+    if encoded is None:
+        return False
+    found = known.get(encoded)
+    if found is None:
+        found = known[encoded] = _loopback_chain(config)
+    return found
 
 
 def _decode_config(encoded: str, path: str) -> NetworkConfig | None:
@@ -456,7 +580,20 @@ def _remove(entry: CacheEntry, ctx: ReclaimContext) -> Done:
         return remove_or_quarantine(entry.cache_dir, entry.path, st, ctx.quarantine)  # as unreadable as judged
     if not _names(document, entry):
         return Done.left("now names another attachment; left alone")
+    if entry.loopback_only and not _loopback_document(document, entry.path):
+        # Judged costless (and so taken past --max-reap) as a loopback's: it must still be one.
+        return Done.left("no longer a loopback's entry alone, as it was judged; left alone")
     return remove_or_quarantine(entry.cache_dir, entry.path, st, ctx.quarantine)
+
+
+def _loopback_document(document: CacheDocument, path: str) -> bool:
+    """Whether a cache document is a loopback's alone: its result (_loopback_result) and the
+    config it says was ADDed (_loopback_chain)."""
+    if document.legacy or not _loopback_result(document.doc.get("result")):
+        return False
+    encoded = document.doc.get("config")
+    config = _decode_config(encoded, path) if isinstance(encoded, str) else None
+    return config is not None and _loopback_chain(config)
 
 
 def reclaim(entries: Sequence[CacheEntry], ctx: ReclaimContext) -> dict[Identity, Done]:
@@ -465,6 +602,24 @@ def reclaim(entries: Sequence[CacheEntry], ctx: ReclaimContext) -> dict[Identity
 
 def claims(entry: CacheEntry) -> tuple[str, ...]:
     return entry.ips
+
+
+def costless(entry: CacheEntry) -> bool:
+    """Whether removing the entry costs no pod anything, were the verdict on it wrong: a
+    loopback's entry (loopback_only: the loopback plugin alone was ADDed, its result `lo` in
+    the sandbox with loopback addresses and nothing else), read whole, with no namespace
+    found for it. A live pod's loopback needs nothing from the file: its DEL only sets `lo`
+    down, in a namespace that is gone. Anything else may be the only record of what a DEL
+    needs, or name an address or an interface a pod could be using."""
+    return (
+        entry.loopback_only
+        and entry.corrupt is None
+        and not entry.legacy
+        and entry.netns is None
+        and not entry.netns_uninspectable
+        and entry.netns_refused is None
+        and not entry.host_ifnames
+    )
 
 
 def del_document(entries: Sequence[CacheEntry]) -> tuple[dict[str, Any], str] | None:
@@ -490,6 +645,7 @@ KIND: Kind[CacheEntry] = Kind(
     last=True,
     quarantinable=True,
     claims=claims,
+    costless=costless,
     del_document=del_document,
     added_config=cached_config,
     says_owner=True,

@@ -25,7 +25,7 @@ from reaper.reap.act import (
     waits_for_plugin,
 )
 from reaper.reap.addresses import addresses_in_use
-from reaper.reap.plan import ReapPolicy, breaker_counts, breaker_reason, plan_attachment, select
+from reaper.reap.plan import ReapPolicy, breaker_counts, breaker_reason, costs_nothing, plan_attachment, select
 from reaper.reap.review import PlanFile, plan_keys, reviewed_orphans, steps_changed
 from reaper.reap.trust import NO_KERNEL_EVIDENCE, node_trust, proven_namespaces
 from reaper.runtime.liveness import LivenessSource
@@ -99,12 +99,22 @@ def reap_pass(
             return result(skipped=tuple(not_reviewed))
     records = index(scan.snapshot)
     configs = scan.snapshot.configs
-    waiting = {a.key: why for a in orphans if (why := waits_for_plugin(a, records, configs)) is not None}
-    selected, skipped = select([a for a in orphans if a.key not in waiting], policy)
+    costless = {a.key for a in orphans if costs_nothing(a, records)}
+    waiting = {
+        a.key: why
+        for a in orphans
+        if a.key not in costless and (why := waits_for_plugin(a, records, configs)) is not None
+    }
+    selected, skipped = select([a for a in orphans if a.key not in waiting], policy, costless)
     skipped = not_reviewed + [SkippedAttachment(key, why) for key, why in waiting.items()] + skipped
     trust = node_trust((c for c in configs if not c.path.startswith("cache:")), reap.allow_plugins,
                        *held_by_others(scan.snapshot, orphans), proven=proven_namespaces(orphans, records))  # fmt: skip
-    asked = {a.key: (None, None) if policy.kernel_only else del_request(a, records, configs, trust) for a in selected}
+    # A costless orphan is files alone, in no namespace: no DEL runs for it (none could, with
+    # no pin to pass), and saying why for each of thousands would only fill the log.
+    asked = {
+        a.key: (None, None) if policy.kernel_only or a.key in costless else del_request(a, records, configs, trust)
+        for a in selected
+    }
     requests = {key: request for key, (request, _) in asked.items()}
     plan = tuple(plan_attachment(a, *asked[a.key], policy.quarantine) for a in selected)
     if reviewed is not None:

@@ -5,19 +5,24 @@ from __future__ import annotations
 import base64
 import json
 import os
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reaper.host.files import MAX_LISTED_CORRUPT
 from reaper.host.memo import FileMemo
-from reaper.kinds.cache import CacheCorrupt, collect_cache, parse_cache_file, ref, tie
+from reaper.kinds import ReclaimContext
+from reaper.kinds import cache as cache_kind
+from reaper.kinds.cache import CacheCorrupt, collect_cache, costless, parse_cache_file, reclaim, ref, tie
 from reaper.model import NsKey
 from reaper.names import is_cni_id, is_ifname
 from tests.harness.configs import cache_doc, conflist
 from tests.harness.fuzz import FUZZ, hostile_names, json_values
+from tests.harness.loopback import loopback_entry
 
 CID = "a" * 64
 
@@ -207,3 +212,181 @@ def test_junk_files_past_the_cap_are_counted_not_held(tmp_path: Path) -> None:
     assert summary.path == str(results) and summary.count == extra and str(extra) in summary.error
     assert sum(c.count for c in inventory.corrupt) == MAX_LISTED_CORRUPT + extra
     assert len(memo) <= MAX_LISTED_CORRUPT
+
+
+# ------------------------------------------------------------------------------ costless
+
+
+def _loopback(netns: str = "/run/netns/cni-gone", **change: Any) -> bytes:
+    """A loopback entry as containerd's libcni writes it, its parts changed as `change` says
+    (config: a network list's bytes; result: the result; the rest: the document's keys)."""
+    doc = json.loads(loopback_entry(CID, netns))
+    for key, value in change.items():
+        doc[key] = base64.b64encode(value).decode() if key == "config" else value
+    return json.dumps(doc).encode()
+
+
+def _costless(tmp_path: Path, data: bytes, name: str = f"cni-loopback-{CID}-lo") -> list[bool]:
+    results = tmp_path / "results"
+    results.mkdir(exist_ok=True)
+    (results / name).write_bytes(data)
+    found = collect_cache(str(tmp_path), {"cni-loopback"}, netns_dirs=["/run/netns"])
+    return [costless(e) for e in found.entries]
+
+
+def test_a_loopbacks_entry_alone_with_its_namespace_gone_is_costless(tmp_path: Path) -> None:
+    assert _costless(tmp_path, loopback_entry(CID, "/run/netns/cni-gone")) == [True]
+    # The agent's memo keeps what the file said; the verdict is the same from it.
+    memo: FileMemo[object] = FileMemo()
+    first = collect_cache(str(tmp_path), set(), memo, netns_dirs=["/run/netns"])
+    again = collect_cache(str(tmp_path), set(), memo, netns_dirs=["/run/netns"])
+    assert [costless(e) for e in first.entries] == [costless(e) for e in again.entries] == [True]
+
+
+_BRIDGE = json.dumps({"cniVersion": "0.3.1", "name": "cni-loopback", "plugins": [{"type": "bridge"}]}).encode()
+_LO_IPAM = json.dumps(
+    {"cniVersion": "0.3.1", "name": "cni-loopback", "plugins": [{"type": "loopback", "ipam": {"type": "host-local"}}]}
+).encode()
+_TWO_TYPES = json.dumps(
+    {"cniVersion": "0.3.1", "name": "cni-loopback", "plugins": [{"type": "loopback", "Type": "bridge"}]}
+).encode()
+_NOT_LOOPBACK: dict[str, dict[str, Any]] = {
+    "an address beyond loopback": {
+        "result": {"cniVersion": "0.3.1", "interfaces": [{"name": "lo", "sandbox": "/x"}],
+                   "ips": [{"address": "10.244.1.7/24", "interface": 0}]},
+    },
+    "an IPv4-mapped address": {
+        "result": {"cniVersion": "0.3.1", "ips": [{"address": "::ffff:10.244.1.7/128"}]},
+    },
+    "an address that does not parse": {"result": {"cniVersion": "0.3.1", "ips": [{"address": "127.0.0.1.5/8"}]}},
+    "an address not a string": {"result": {"cniVersion": "0.3.1", "ips": [{"address": 2130706433}]}},
+    "a host interface": {
+        "result": {"cniVersion": "0.3.1", "interfaces": [{"name": "lo", "sandbox": "/x"}, {"name": "veth1234abcd"}]},
+    },
+    "an interface other than lo": {
+        "result": {"cniVersion": "0.3.1", "interfaces": [{"name": "eth0", "sandbox": "/x"}]},
+    },
+    "no result at all": {"result": None},
+    "a second spelling of ips, which Go's decoder takes": {
+        "result": {"cniVersion": "0.3.1", "ips": [{"address": "127.0.0.1/8"}], "IPs": [{"address": "10.0.0.5/24"}]},
+    },
+    "a second spelling of type, which Go's decoder takes": {"config": _TWO_TYPES},
+    "the loopback's name on a bridge chain": {"config": _BRIDGE},
+    "a loopback plugin naming an IPAM plugin": {"config": _LO_IPAM},
+    "a config that does not decode": {"config": b"not json"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("change", _NOT_LOOPBACK.values(), ids=list(_NOT_LOOPBACK))
+def test_a_file_that_could_cost_a_pod_is_never_costless(tmp_path: Path, change: dict[str, Any]) -> None:
+    """Named `cni-loopback-<id>-lo` and said to be a loopback's, but claiming more than a
+    loopback has, or ADDed by more than the loopback plugin: it may be the only record of what
+    a DEL needs, or name what a pod could be using."""
+    assert _costless(tmp_path, _loopback(**change)) == [False]
+
+
+def test_a_loopbacks_entry_whose_namespace_is_there_or_unreadable_is_not_costless(tmp_path: Path) -> None:
+    netns_dir = tmp_path / "netns"
+    netns_dir.mkdir()
+    (netns_dir / "cni-here").touch()
+    results = tmp_path / "cache" / "results"
+    results.mkdir(parents=True)
+    (results / f"cni-loopback-{CID}-lo").write_bytes(loopback_entry(CID, f"{netns_dir}/cni-here"))
+    (entry,) = collect_cache(str(tmp_path / "cache"), set(), netns_dirs=[str(netns_dir)]).entries
+    assert entry.netns is not None and not costless(entry)
+    # A netns path where no netns can be is not looked at: it is not costless either.
+    (refused,) = collect_cache(str(tmp_path / "cache"), set()).entries
+    assert refused.netns_refused is not None and not costless(refused)
+
+
+def test_a_legacy_or_corrupt_loopback_file_is_not_costless(tmp_path: Path) -> None:
+    bare = json.dumps(json.loads(loopback_entry(CID, "/x"))["result"]).encode()
+    assert _costless(tmp_path, bare) == [False]
+    (tmp_path / "results" / f"cni-loopback-{CID}-lo").write_bytes(b"")  # zero bytes: a crash's leftover
+    assert _costless(tmp_path, b"") == [False]
+
+
+def test_a_costless_entry_is_removed_only_while_it_is_still_a_loopbacks(tmp_path: Path) -> None:
+    """Taken past --max-reap as costless, the file must still be a loopback's alone when it is
+    removed: rewritten since the look (to a bridge chain, by the same names), it stays."""
+    results = tmp_path / "results"
+    results.mkdir()
+    path = results / f"cni-loopback-{CID}-lo"
+    path.write_bytes(loopback_entry(CID, "/run/netns/cni-gone"))
+    (entry,) = collect_cache(str(tmp_path), set(), netns_dirs=["/run/netns"]).entries
+    assert costless(entry)
+    ctx = ReclaimContext(
+        netns_dirs=(), bin_dirs=(), live_netns=frozenset(), quarantine=None, command_timeout=1, done={}
+    )
+    path.write_bytes(_loopback(config=_BRIDGE))
+    (done,) = reclaim([entry], ctx).values()
+    assert not done.ok and "no longer a loopback's" in str(done.error) and path.exists()
+    path.write_bytes(loopback_entry(CID, "/run/netns/cni-gone"))
+    (done,) = reclaim([entry], ctx).values()
+    assert done.ok and not path.exists()
+
+
+@given(st.lists(st.sampled_from(["loopback", *_NOT_LOOPBACK]), min_size=1, max_size=12))
+@settings(max_examples=40, deadline=None)
+def test_what_the_agents_memo_keeps_reads_as_the_files_do(variants: list[str]) -> None:
+    """The agent reads each unchanged file once and keeps what it said, shared strings
+    interned: every entry, and whether it is costless, is what a fresh read of the files finds."""
+    with tempfile.TemporaryDirectory() as tmp:
+        results = Path(tmp) / "results"
+        results.mkdir()
+        for n, variant in enumerate(variants):
+            cid = f"{n:064x}"
+            data = (
+                loopback_entry(cid, "/run/netns/gone") if variant == "loopback" else _loopback(**_NOT_LOOPBACK[variant])
+            )
+            doc = json.loads(data)
+            doc["containerId"] = cid
+            (results / f"cni-loopback-{cid}-lo").write_text(json.dumps(doc))
+        memo: FileMemo[object] = FileMemo(clock=lambda: 1 << 62)  # every file old enough to keep
+        collect_cache(tmp, set(), memo, netns_dirs=["/run/netns"])
+        memo.end_pass()
+        kept = collect_cache(tmp, set(), memo, netns_dirs=["/run/netns"])
+        assert len(memo) == len(variants), "the second read came from the memo"
+        fresh = collect_cache(tmp, set(), netns_dirs=["/run/netns"])
+        assert sorted(kept.entries, key=lambda e: e.path) == sorted(fresh.entries, key=lambda e: e.path)
+        assert sorted(costless(e) for e in kept.entries) == sorted(v == "loopback" for v in variants)
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from(["loopback", *_NOT_LOOPBACK]), st.integers(0, 50)), min_size=1, max_size=14),
+    st.integers(1, 6),
+)
+@settings(max_examples=40, deadline=None)
+def test_past_the_costless_hold_only_the_newest_costless_entries_are_left_out(
+    files: list[tuple[str, int]], cap: int
+) -> None:
+    """A look holds at most COSTLESS_HELD costless entries, the oldest; every other entry is
+    held whatever their number, and each entry held is what a look holding all finds."""
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as patch:
+        results = Path(tmp) / "results"
+        results.mkdir()
+        for n, (variant, age) in enumerate(files):
+            cid = f"{n:064x}"
+            data = (
+                loopback_entry(cid, "/run/netns/gone") if variant == "loopback" else _loopback(**_NOT_LOOPBACK[variant])
+            )
+            doc = json.loads(data)
+            doc["containerId"] = cid
+            path = results / f"cni-loopback-{cid}-lo"
+            path.write_text(json.dumps(doc))
+            os.utime(path, (1e9 - age * 60 - n, 1e9 - age * 60 - n))
+        whole = collect_cache(tmp, set(), netns_dirs=["/run/netns"])
+        patch.setattr(cache_kind, "COSTLESS_HELD", cap)
+        memo: FileMemo[object] = FileMemo(clock=lambda: 1 << 62)
+        held = collect_cache(tmp, set(), memo, netns_dirs=["/run/netns"])
+    by_path = {e.path: e for e in whole.entries}
+    assert all(by_path[e.path] == e for e in held.entries), "each entry held reads as a whole look reads it"
+    free = sorted((e for e in whole.entries if costless(e)), key=lambda e: (e.mtime, e.path))
+    assert sorted(e.path for e in held.entries if costless(e)) == sorted(e.path for e in free[:cap])
+    assert sorted(e.path for e in held.entries if not costless(e)) == sorted(
+        e.path for e in whole.entries if not costless(e)
+    )
+    left_out = len(free) - min(cap, len(free))
+    notes = [c for c in held.corrupt if "past the" in c.error]
+    assert [c.count for c in notes] == ([left_out] if left_out else [])
+    assert len(memo) == len(held.entries), "what is left out is not kept in the memo either"
