@@ -57,6 +57,11 @@ NO_PIN = "no plugin runs: no namespace pin to pass as CNI_NETNS, as the runtime 
 RECHECK_WINDOW = 1.0
 FIRST_KERNEL_BATCH = 128  # records in a kind's first batch, before its pace is known
 MIN_BATCH = 16
+# A kind's batches a step at most: what a kind pays once a batch (a save of the ruleset, a
+# wait for the kernel, a dump of the links) grows with the node, so more batches than this
+# would make a step cost the orphans times the node. A kind that cannot fit a window into
+# this many batches acts past it, and still asks who is inside right before it acts.
+MAX_KERNEL_BATCHES = 8
 LATE_TRIES = 3  # times a DEL may miss its window before its attachment waits for the next pass
 
 
@@ -680,11 +685,13 @@ class Reclaimer(Struct, kw_only=True):
     ) -> dict[Identity, Done]:
         """The kind's reclaim of `chosen` (each record with its attachment), in batches each
         judged right before it is handed over by a view of the node at most half the window
-        old, and sized by the kind's pace so far to take at most the other half. An attachment
-        a view leaves is added to `left_at`."""
+        old, and sized by the kind's pace so far to take at most the other half, but never
+        more than MAX_KERNEL_BATCHES of them. An attachment a view leaves is added to
+        `left_at`."""
         views, wide, gone = looks  # the step's looks, every namespace it may act on, and those gone
         out: dict[Identity, Done] = {}
-        size, at = FIRST_KERNEL_BATCH, 0
+        least = max(MIN_BATCH, -(-len(chosen) // MAX_KERNEL_BATCHES))
+        size, at = max(FIRST_KERNEL_BATCH, least), 0
         while at < len(chosen):
             batch = chosen[at : at + size]
             at += len(batch)
@@ -714,7 +721,12 @@ class Reclaimer(Struct, kw_only=True):
                 )
                 out.update(self._reclaim_isolated(kind, records, ctx))
             took = time.monotonic() - started
-            size = max(MIN_BATCH, int(len(batch) * RECHECK_WINDOW / 2 / max(took, 1e-3)))
+            self.log.debug(
+                "reclaimed a batch",
+                extra={"kind": kind.name, "records": len(records), "seconds": round(took, 3),
+                       "look_age": round(started - found.at, 3)},
+            )  # fmt: skip
+            size = max(least, int(len(batch) * RECHECK_WINDOW / 2 / max(took, 1e-3)))
         return out
 
     def _read_staying(self, pins: Mapping[NsKey, str], staying: Mapping[NsKey, str]) -> list[NamespaceAddresses]:

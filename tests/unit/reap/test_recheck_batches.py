@@ -162,3 +162,26 @@ def test_after_the_pins_go_the_looks_walk_no_namespace_they_freed(
     assert after_pins and all(only == {NsKey(4, 5003)} for _, only in after_pins), after_pins
     assert len(asked) == 3, "the runtimes are asked again before the leases' batch"
     assert ("fakelease", "lease-3") in node.records, "kept with the namespace its pin keeps"
+
+
+def test_a_slow_kind_takes_a_bounded_number_of_batches(node: FakeNode, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kind whose every batch outlasts the window (a wait, a save of the whole ruleset) is not
+    cut into ever smaller batches: what it pays once a batch grows with the node, so the step
+    stays linear with at most MAX_KERNEL_BATCHES of them."""
+    monkeypatch.setattr(act, "RECHECK_WINDOW", 0.001)
+    monkeypatch.setattr(act, "in_use", Walks())
+    kinds = tuple(replace(k, reclaim=_slow(k.reclaim)) for k in node.kinds)
+    monkeypatch.setattr(act, "KINDS", kinds)
+    monkeypatch.setattr(act, "RECLAIM_ORDER", kinds)
+    found = [node.attachment(n, node.add(f"res-{n}")) for n in range(1000)]
+    outcomes, _ = bare_reclaimer(look=node.look).run(found, {})
+    assert all(o.ok for o in outcomes)
+    assert 1 < len(node.batches) <= act.MAX_KERNEL_BATCHES, [len(b) for b in node.batches]
+
+
+def _slow(reclaim: Any) -> Any:
+    def slow(records: Sequence[Any], ctx: ReclaimContext) -> Any:
+        time.sleep(0.01)
+        return reclaim(records, ctx)
+
+    return slow
