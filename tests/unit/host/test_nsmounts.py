@@ -514,14 +514,7 @@ def test_a_text_shown_by_many_tasks_that_cannot_be_told_apart_is_parsed_once(
         return nsmounts.UNKNOWN_NS if int(base.rsplit("/", 1)[1]) in protected else real(base)
 
     monkeypatch.setattr(nsmounts, "_mount_ns", hidden)
-    parsed: list[str] = []
-    real_parse = nsmounts.parse_mountinfo
-
-    def counting(lines: Iterator[str], where: str = "mountinfo") -> nsmounts.MountInfo:
-        parsed.append(where)
-        return real_parse(lines, where)
-
-    monkeypatch.setattr(nsmounts, "parse_mountinfo", counting)
+    parsed = count_parses(monkeypatch)
     found = netns_mounts(str(proc.root))
     assert len(parsed) == 2  # this process's text, and the protected tasks' one
     assert sorted(m.pid for m in found if m.mount_point == "/run/x") == list(protected)
@@ -531,14 +524,7 @@ def test_a_long_running_walk_parses_only_texts_it_has_not_seen_in_the_walk_befor
     proc: FakeProc, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     proc.process(100, "other", [ROOT, RUN, nsfs(40, 20, 4026532009, "/run/held")])
-    parsed: list[str] = []
-    real_parse = nsmounts.parse_mountinfo
-
-    def counting(lines: Iterator[str], where: str = "mountinfo") -> nsmounts.MountInfo:
-        parsed.append(where)
-        return real_parse(lines, where)
-
-    monkeypatch.setattr(nsmounts, "parse_mountinfo", counting)
+    parsed = count_parses(monkeypatch)
     kept = nsmounts.ParsedMountinfo()
     first = nsmounts.walk_mounts(str(proc.root), kept)
     assert len(parsed) == 2 and nsmounts.walk_mounts(str(proc.root), kept) == first and len(parsed) == 2
@@ -633,6 +619,18 @@ def test_a_users_mount_namespace_is_parsed_afresh_each_walk_never_kept(
     keeps no parse of theirs from walk to walk."""
     proc.process(100, "users", [ROOT, RUN, nsfs(40, 20, 4026532009, "/run/held")])
     monkeypatch.setattr(nsmounts, "_users_at", lambda base, ns: base.endswith("/100"))
+    parsed = count_parses(monkeypatch)
+    kept = nsmounts.ParsedMountinfo()
+    for _ in range(3):
+        assert [m.pid for m in nsmounts.walk_mounts(str(proc.root), kept).mounts if m.mount_point == "/run/held"] == [
+            100
+        ]
+    assert sum(1 for where in parsed if "/100/" in where) == 3
+    assert sum(1 for where in parsed if "/100/" not in where) == 1  # root's: kept
+
+
+def count_parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Where each mountinfo text the walk parses from now on was read."""
     parsed: list[str] = []
     real_parse = nsmounts.parse_mountinfo
 
@@ -641,10 +639,4 @@ def test_a_users_mount_namespace_is_parsed_afresh_each_walk_never_kept(
         return real_parse(lines, where)
 
     monkeypatch.setattr(nsmounts, "parse_mountinfo", counting)
-    kept = nsmounts.ParsedMountinfo()
-    for _ in range(3):
-        assert [m.pid for m in nsmounts.walk_mounts(str(proc.root), kept).mounts if m.mount_point == "/run/held"] == [
-            100
-        ]
-    assert sum(1 for where in parsed if "/100/" in where) == 3
-    assert sum(1 for where in parsed if "/100/" not in where) == 1  # root's: kept
+    return parsed
