@@ -767,12 +767,14 @@ def _ns_of(line: MountLine) -> NsKey:
     return NsKey(line.dev, int(line.root[5:-1]))
 
 
-def mount_held(netns_dirs: tuple[str, ...], proc: str = "/proc") -> Mapping[NsKey, str]:
+def mount_held(
+    netns_dirs: tuple[str, ...], proc: str = "/proc", parsed: ParsedMountinfo | None = None
+) -> Mapping[NsKey, str]:
     """Namespaces a mount holds outside the netns dirs right now (and pins whose file another
     namespace is mounted on), with why. When the walk cannot be whole, every namespace is
-    (EveryNamespaceBusy)."""
+    (EveryNamespaceBusy). `parsed`: the texts a caller that walks again parsed before."""
     try:
-        found = held_mounts(netns_dirs, proc, first_only=True)
+        found = held_mounts(netns_dirs, proc, parsed, first_only=True)
     except OSError as err:
         return EveryNamespaceBusy(f"the mounts that may hold its netns cannot all be read now ({err})")
     busy = dict(found.shared)
@@ -782,14 +784,17 @@ def mount_held(netns_dirs: tuple[str, ...], proc: str = "/proc") -> Mapping[NsKe
 
 
 def in_use(
-    bin_dirs: tuple[str, ...], netns_dirs: tuple[str, ...], only: Collection[NsKey] | None = None
+    bin_dirs: tuple[str, ...],
+    netns_dirs: tuple[str, ...],
+    only: Collection[NsKey] | None = None,
+    parsed: ParsedMountinfo | None = None,
 ) -> Mapping[NsKey, str]:
     """Namespaces that must stay right now, with why: some process is in them
     (reaper.host.procs.busy_namespaces; `only`: just those namespaces' processes are described,
     any other with a process in it stays whoever it is)
-    or a mount holds them outside the netns dirs (mount_held). Either walk failing makes every
-    namespace stay."""
-    held = mount_held(netns_dirs)
+    or a mount holds them outside the netns dirs (mount_held, with `parsed`). Either walk
+    failing makes every namespace stay."""
+    held = mount_held(netns_dirs, parsed=parsed)
     if isinstance(held, EveryNamespaceBusy):
         return held
     # The mounts first: their walk is the longer, and a process entering is the likelier news.

@@ -18,7 +18,7 @@ from msgspec.structs import replace
 from reaper.cni.invoke import del_network, network_status
 from reaper.cni.requests import DelRequest, UnfitArgs, request_from_cache, safe_ifname
 from reaper.host.netns_addrs import Handle, NamespaceAddresses, NamespaceToRead, read_addresses
-from reaper.host.nsmounts import in_use
+from reaper.host.nsmounts import ParsedMountinfo, in_use
 from reaper.host.quarantine import Quarantine
 from reaper.kinds import COMMAND_TIMEOUT, Kind, ReclaimContext
 from reaper.kinds.netconf import stateful_plugins
@@ -55,6 +55,10 @@ NO_PIN = "no plugin runs: no namespace pin to pass as CNI_NETNS, as the runtime 
 # a kind's batch is reclaimed. Batches are sized to fit (Reclaimer); SECURITY.md says why a
 # window this long is safe.
 RECHECK_WINDOW = 1.0
+# A window is never shorter than this many times the look that opened it takes: where walking
+# the node is slow (many mounts), the looks then take at most a fifth of the DEL step, and
+# never starve the DELs of the interpreter.
+LOOK_SHARE = 4
 FIRST_KERNEL_BATCH = 128  # records in a kind's first batch, before its pace is known
 MIN_BATCH = 16
 # A kind's batches a step at most: what a kind pays once a batch (a save of the ruleset, a
@@ -389,6 +393,8 @@ class Reclaimer(Struct, kw_only=True):
         default_factory=lambda: read_staying
     )
     _statuses: dict[bytes, str | None] = field(default_factory=dict)
+    # The mount texts the pass's looks parsed: one unchanged since the last look is not parsed again.
+    _mounts: ParsedMountinfo = field(default_factory=ParsedMountinfo)
     _status_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def recheck(self, attachments: Sequence[Attachment], namespaces: Set[NsKey] = frozenset()) -> Recheck:
@@ -401,7 +407,7 @@ class Reclaimer(Struct, kw_only=True):
         `namespaces` are described, any other namespace with a process in it counts busy), then
         what the runtimes list now (asked once): the runtimes last, so that the answer a batch
         is judged by is the freshest part of the view."""
-        busy = in_use(self.bin_dirs, self.netns_dirs, namespaces) if namespaces else {}
+        busy = in_use(self.bin_dirs, self.netns_dirs, namespaces, self._mounts) if namespaces else {}
         view = self.observe()
         now = listed(view) if view.reachable else None
         return NodeView(busy, now, view.error, time.monotonic())
@@ -413,7 +419,7 @@ class Reclaimer(Struct, kw_only=True):
         def busy() -> Mapping[NsKey, str]:
             if time.monotonic() - found.at <= RECHECK_WINDOW:
                 return found.busy
-            return in_use(self.bin_dirs, self.netns_dirs, namespaces)
+            return in_use(self.bin_dirs, self.netns_dirs, namespaces, self._mounts)
 
         return busy
 
@@ -503,12 +509,15 @@ class Reclaimer(Struct, kw_only=True):
         """Each attachment's DEL (where it has a config), in batches each re-checked once
         (recheck) right before its DELs are handed to the pool: (plugin errors, why an
         attachment was left) by attachment, and the namespaces the runtimes named at the
-        re-checks. A DEL starts within RECHECK_WINDOW of its batch's re-check or not at all:
+        re-checks. A DEL starts within RECHECK_WINDOW of its batch's re-check (LOOK_SHARE times
+        the re-check's length, when that is longer) or not at all:
         one that would start later goes back for the next batch's re-check. A batch holds as
         many DELs as the pool got through in a window so far, so the re-checks cost one walk of
         the node per window of DELs, not one per attachment."""
 
-        def one(attachment: Attachment, cleared_at: float) -> tuple[AttachmentKey, tuple[str, ...], str | None, bool]:
+        def one(
+            attachment: Attachment, cleared_at: float, window: float
+        ) -> tuple[AttachmentKey, tuple[str, ...], str | None, bool]:
             """(key, plugin errors, why it was left, whether it missed its window)."""
             key, request = attachment.key, requests.get(attachment.key)
             if self.stop.is_set():
@@ -519,7 +528,7 @@ class Reclaimer(Struct, kw_only=True):
                 return key, (), f"waits: a plugin of its network is not available (CNI STATUS): {unavailable}", False
             if request is None:
                 return key, (), None, False
-            if time.monotonic() - cleared_at > RECHECK_WINDOW:
+            if time.monotonic() - cleared_at > window:
                 return key, (), None, True
             try:
                 with delegates.pinned(request) as (ready, changed):
@@ -536,7 +545,7 @@ class Reclaimer(Struct, kw_only=True):
         queue = deque(attachments)
         by_key = {a.key: a for a in attachments}
         late: dict[AttachmentKey, int] = {}
-        batch = 4 * DEL_WORKERS
+        batch, window = 4 * DEL_WORKERS, RECHECK_WINDOW
         started = time.monotonic()
         finished = 0
         with ThreadPoolExecutor(max_workers=DEL_WORKERS) as pool:
@@ -553,10 +562,16 @@ class Reclaimer(Struct, kw_only=True):
                     while queue and dels < batch:
                         chunk.append(queue.popleft())
                         dels += requests.get(chunk[-1].key) is not None
+                    began = time.monotonic()
                     found = self.recheck(chunk)
+                    self.log.debug(
+                        "re-checked a batch of DELs",
+                        extra={"attachments": len(chunk), "dels": dels, "seconds": round(found.at - began, 3)},
+                    )
                     live |= found.live_netns
                     left.update(found.left)
-                    running |= {pool.submit(one, a, found.at) for a in chunk if a.key not in found.left}
+                    window = max(RECHECK_WINDOW, LOOK_SHARE * (found.at - began))
+                    running |= {pool.submit(one, a, found.at, window) for a in chunk if a.key not in found.left}
                 if not running:
                     continue
                 done, running = wait(running, return_when=FIRST_COMPLETED)
@@ -567,7 +582,7 @@ class Reclaimer(Struct, kw_only=True):
                         if late[key] < LATE_TRIES:
                             queue.appendleft(by_key[key])
                         else:
-                            left[key] = f"no DEL started within {RECHECK_WINDOW:g}s of its re-check; next pass"
+                            left[key] = "no DEL started within the window of its re-check; next pass"
                         continue
                     finished += requests.get(key) is not None
                     if found_errors:
@@ -576,7 +591,7 @@ class Reclaimer(Struct, kw_only=True):
                         left[key] = why
                 # As many as the pool finishes in a window, and never fewer than it can run at once.
                 pace = finished / max(time.monotonic() - started, 1e-3)
-                batch = max(DEL_WORKERS, int(pace * RECHECK_WINDOW))
+                batch = max(DEL_WORKERS, int(pace * window))
         for key, found_errors in errors.items():
             fields = {"attachment": key.as_text(), **attachment_log_fields(key, by_key.get(key)), "method": "cni-del"}
             for error in found_errors:

@@ -405,11 +405,11 @@ def test_in_use_joins_processes_and_mounts_and_fails_closed_with_either(
 ) -> None:
     held_ns, inside_ns = NsKey(NSFS, 11), NsKey(NSFS, 12)
     monkeypatch.setattr(nsmounts, "busy_namespaces", lambda bin_dirs, only=None: {inside_ns: "pid 5 inside"})
-    monkeypatch.setattr(nsmounts, "mount_held", lambda dirs, proc="/proc": {held_ns: "held by a mount"})
+    monkeypatch.setattr(nsmounts, "mount_held", lambda dirs, proc="/proc", parsed=None: {held_ns: "held by a mount"})
     assert in_use((), ()) == {inside_ns: "pid 5 inside", held_ns: "held by a mount"}
-    monkeypatch.setattr(nsmounts, "mount_held", lambda dirs, proc="/proc": EveryNamespaceBusy("unseen"))
+    monkeypatch.setattr(nsmounts, "mount_held", lambda dirs, proc="/proc", parsed=None: EveryNamespaceBusy("unseen"))
     assert NsKey(NSFS, 99) in in_use((), ())
-    monkeypatch.setattr(nsmounts, "mount_held", lambda dirs, proc="/proc": {held_ns: "held by a mount"})
+    monkeypatch.setattr(nsmounts, "mount_held", lambda dirs, proc="/proc", parsed=None: {held_ns: "held by a mount"})
     monkeypatch.setattr(nsmounts, "busy_namespaces", lambda bin_dirs, only=None: EveryNamespaceBusy("no /proc"))
     assert in_use((), ())[NsKey(NSFS, 99)] == "no /proc"
 

@@ -32,7 +32,11 @@ class Walks:
         self._lock = threading.Lock()
 
     def __call__(
-        self, bin_dirs: tuple[str, ...], netns_dirs: tuple[str, ...], only: Collection[NsKey] | None = None
+        self,
+        bin_dirs: tuple[str, ...],
+        netns_dirs: tuple[str, ...],
+        only: Collection[NsKey] | None = None,
+        parsed: object = None,
     ) -> Mapping[NsKey, str]:
         with self._lock:
             self.done.append((time.monotonic(), frozenset(only or ())))

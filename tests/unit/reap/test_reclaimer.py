@@ -143,12 +143,12 @@ def test_a_namespace_a_mount_holds_since_the_scan_is_left_at_the_recheck(
     assert one.netns is not None
     held = {one.netns: "its netns is held by a mount at /x in mount namespace mnt:[9] (pid 7)"}
     monkeypatch.setattr(nsmounts, "busy_namespaces", lambda bin_dirs, only=None: {})
-    monkeypatch.setattr(nsmounts, "mount_held", lambda dirs, proc="/proc": held)
+    monkeypatch.setattr(nsmounts, "mount_held", lambda dirs, proc="/proc", parsed=None: held)
     outcomes, skipped = reclaimer(node).run([one, two], {})
     assert [(s.key, s.reason) for s in skipped] == [(one.key, held[one.netns])]
     assert [o.key for o in outcomes] == [two.key] and {r.name for r in node.records.values()} == {"res-1", "last-1"}
     unseen = EveryNamespaceBusy("the mounts that may hold its netns cannot all be read now")
-    monkeypatch.setattr(nsmounts, "mount_held", lambda dirs, proc="/proc": unseen)
+    monkeypatch.setattr(nsmounts, "mount_held", lambda dirs, proc="/proc", parsed=None: unseen)
     three = two_resources(node, 3)
     outcomes, skipped = reclaimer(node).run([three], {})
     assert outcomes == [] and [s.reason for s in skipped] == [unseen.reason]
