@@ -65,7 +65,7 @@ MIN_BATCH = 16
 # wait for the kernel, a dump of the links) grows with the node, so more batches than this
 # would make a step cost the orphans times the node. A kind that cannot fit a window into
 # this many batches acts past it, and still asks who is inside right before it acts.
-MAX_KERNEL_BATCHES = 8
+MAX_KERNEL_BATCHES = 4
 LATE_TRIES = 3  # times a DEL may miss its window before its attachment waits for the next pass
 
 
