@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import subprocess
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -39,6 +40,14 @@ def _checked(proc: subprocess.CompletedProcess[str]) -> None:
 def _pin(path: Path) -> None:
     path.touch()
     subprocess.run(["unshare", f"--net={path}", "true"], check=True)
+
+
+def run_live_pods(lab: Lab, count: int, namespace: str = "bench") -> None:
+    """`count` live pods (live-0, live-1, ...) on the lab's containerd, four started at once."""
+    t = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(lambda i: lab.run_pod(f"live-{i}", namespace=namespace), range(count)))
+    print(f"built {count} live pods in {time.perf_counter() - t:.1f}s", flush=True)
 
 
 def make_attachments(lab: Lab, count: int, first_host: int) -> list[FakeAttachment]:

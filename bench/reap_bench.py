@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.build_leaks import FakeAttachment, make_attachments
+from bench.build_leaks import FakeAttachment, make_attachments, run_live_pods
 from reaper.kinds.iptables import chain_name
 from reaper.reap.act import DEL_WORKERS
 from tests.harness.lab import Lab
@@ -164,10 +164,7 @@ def main() -> None:
     need = LIVE + 10 + 2 * sum(sizes) + 2 * del_leaks
     with Lab(subnet="10.202.0.0/17", cri_timeout=120) as lab, tempfile.TemporaryDirectory() as tmp:
         assert need < 32_000, "the leaks must fit the lab's /17"
-        t = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            list(pool.map(lambda i: lab.run_pod(f"live-{i}", namespace="bench"), range(LIVE)))
-        print(f"built {LIVE} live pods in {time.perf_counter() - t:.1f}s", flush=True)
+        run_live_pods(lab, LIVE)
         first = LIVE + 10
         rows: list[tuple[str, int, float, str]] = []
         walls: dict[str, float] = {}

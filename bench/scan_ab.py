@@ -26,11 +26,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.build_leaks import make_attachments
+from bench.build_leaks import make_attachments, run_live_pods
 from bench.scan_bench import LIVE
 from tests.harness.lab import Lab
 from tests.harness.reaper_cli import lab_flags
@@ -61,10 +60,7 @@ def main() -> None:
         compileall.compile_dir(str(tree / "reaper"), quiet=1)
     with Lab(subnet="10.201.0.0/18", cri_timeout=120) as lab, tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
-        t = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            list(pool.map(lambda i: lab.run_pod(f"live-{i}", namespace="bench"), range(LIVE)))
-        print(f"built {LIVE} live pods in {time.perf_counter() - t:.1f}s", flush=True)
+        run_live_pods(lab, LIVE)
         made = 0
         medians: Medians = {}
         for step in steps:

@@ -30,11 +30,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.build_leaks import make_attachments
+from bench.build_leaks import make_attachments, run_live_pods
 from tests.harness.lab import Lab
 from tests.harness.reaper_cli import lab_flags
 
@@ -136,10 +135,7 @@ def main() -> None:
     compileall.compile_dir(str(ROOT / "reaper"), quiet=1)
     with Lab(subnet="10.201.0.0/18", cri_timeout=120) as lab, tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
-        t = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            list(pool.map(lambda i: lab.run_pod(f"live-{i}", namespace="bench"), range(LIVE)))
-        print(f"built {LIVE} live pods on containerd in {time.perf_counter() - t:.1f}s", flush=True)
+        run_live_pods(lab, LIVE)
         made = 0
         rows: list[tuple[int, dict[str, Any], dict[str, float], float]] = []
         for target in LEAK_STEPS:
