@@ -79,9 +79,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     host = tmp_path_factory.mktemp("host")
     with Lab() as lab:
         for name in (CANARY, "flannel"):
-            plugin = lab.bin_dir / name
-            plugin.write_text(RECORDER.replace("{marker}", str(markers / name)))
-            plugin.chmod(0o755)
+            lab.install_plugin(name, RECORDER.replace("{marker}", str(markers / name)))
         web = lab.run_pod("web")
         result = cached_result(lab, web)
         netns = lab.pod_netns_path(web)

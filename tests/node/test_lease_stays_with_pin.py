@@ -62,9 +62,7 @@ elif command == "DEL":
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
     with Lab() as lab:
-        plugin = lab.bin_dir / PLUGIN
-        plugin.write_text(STATEFUL_NOOP)
-        plugin.chmod(0o755)
+        lab.install_plugin(PLUGIN, STATEFUL_NOOP)
         yield lab
 
 

@@ -176,9 +176,7 @@ def test_del_impossible_keeps_what_a_later_del_needs_and_frees_the_rest(forgotte
 
 def test_a_hanging_plugin_is_killed_with_its_children(forgotten: Forgotten, tmp_path: Path) -> None:
     lab = forgotten.lab
-    plugin = lab.bin_dir / "reaper-hang"
-    plugin.write_text(HANG_PLUGIN)
-    plugin.chmod(0o755)
+    lab.install_plugin("reaper-hang", HANG_PLUGIN)
     leak = lab.make_leak(with_cache=True)
     rewrite_cached_config(leak, [*lab.network_spec.plugins("normal"), {"type": "reaper-hang"}])
     started = time.monotonic()
@@ -406,9 +404,7 @@ def gc_probe(lab: Lab) -> Iterator[Path]:
     """The lab's network at CNI 1.1.0 with a GC-recording plugin, and one with GC disabled;
     yields the file each call is recorded in."""
     net = lab.network_name
-    plugin = lab.bin_dir / "reaper-gc-probe"
-    plugin.write_text(GC_PLUGIN)
-    plugin.chmod(0o755)
+    lab.install_plugin("reaper-gc-probe", GC_PLUGIN)
     calls = lab.bin_dir / "gc-calls.jsonl"
     gc_conf = lab.conf_dir / "30-gc.conflist"
     gc_conf.write_text(json.dumps({"cniVersion": "1.1.0", "name": net, "plugins": [{"type": "reaper-gc-probe"}]}))

@@ -77,9 +77,7 @@ class World:
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
     with Lab() as lab:
-        plugin = lab.bin_dir / PLUGIN
-        plugin.write_text(DATASTORE_PLUGIN)
-        plugin.chmod(0o755)
+        lab.install_plugin(PLUGIN, DATASTORE_PLUGIN)
         store = lab.bin_dir / "datastore"
         store.mkdir()
         network = f"store-{secrets.token_hex(3)}"

@@ -45,9 +45,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lab, str, Pa
     """A lab with one live pod and the canary plugin in its bin dir: (lab, pod, marker dir)."""
     markers = tmp_path_factory.mktemp("canary")
     with Lab() as lab:
-        canary = lab.bin_dir / CANARY
-        canary.write_text(CANARY_SCRIPT.replace("{marker}", str(markers / "ran")))
-        canary.chmod(0o755)
+        lab.install_plugin(CANARY, CANARY_SCRIPT.replace("{marker}", str(markers / "ran")))
         web = lab.run_pod("web")
         yield lab, web, markers
 
@@ -285,9 +283,7 @@ def test_the_agent_keeps_reclaiming_beside_hostile_files_and_healthz_tells_a_sta
     the_lab, web, _ = lab
     planted = _plant_hostile_files(the_lab, tmp_path / "outside")
     leak = the_lab.make_leak(with_cache=True)
-    hang = the_lab.bin_dir / "reaper-hang"
-    hang.write_text(HANG_PLUGIN)
-    hang.chmod(0o755)
+    the_lab.install_plugin("reaper-hang", HANG_PLUGIN)
     flags = ("--interval", "2s", "--stall-after", "4s", "--plugin-timeout", "10m", "--allow-plugin", "reaper-hang")
     agent = LabAgent(the_lab, tmp_path / "state.json", *flags, *REAP, port=9754)
     try:

@@ -162,6 +162,13 @@ class Lab:
     def bin_dir(self) -> Path:
         return self._layout.bin_dir
 
+    def install_plugin(self, name: str, script: str) -> Path:
+        """A plugin of the test's own in the bin dir, as `name` (0755)."""
+        plugin = self.bin_dir / name
+        plugin.write_text(script)
+        plugin.chmod(0o755)
+        return plugin
+
     @property
     def endpoint(self) -> str:
         return self._layout.endpoint
