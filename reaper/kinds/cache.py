@@ -624,9 +624,14 @@ def costless(entry: CacheEntry) -> bool:
 
 def del_document(entries: Sequence[CacheEntry]) -> tuple[dict[str, Any], str] | None:
     """The cniCacheV1 object a DEL runs from and its file: the first entry that is neither
-    legacy nor corrupt, as its file holds it now; None when there is none, or that file no
-    longer names the attachment or is legacy now."""
-    usable = [e for e in entries if not e.legacy and e.corrupt is None]
+    legacy nor corrupt, as its file holds it now, the one at libcni's own path for its key
+    first (`<network>-<container ID>-<ifname>`: the only file a runtime's DEL reads; another
+    that names the same key never decides what DEL runs with while that one is there); None
+    when there is none, or that file no longer names the attachment or is legacy now."""
+    usable = sorted(
+        (e for e in entries if not e.legacy and e.corrupt is None),
+        key=lambda e: e.name != f"{e.network}-{e.container_id}-{e.ifname}",
+    )
     if not usable:
         return None
     document = current_document(usable[0])

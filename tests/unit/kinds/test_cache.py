@@ -390,3 +390,19 @@ def test_past_the_costless_hold_only_the_newest_costless_entries_are_left_out(
     notes = [c for c in held.corrupt if "past the" in c.error]
     assert [c.count for c in notes] == ([left_out] if left_out else [])
     assert len(memo) == len(held.entries), "what is left out is not kept in the memo either"
+
+
+def test_del_runs_from_the_file_at_libcnis_own_path_for_the_key(tmp_path: Path) -> None:
+    """A file named otherwise that names the same key (a writer of the cache dir planted it,
+    sorted first) never decides what DEL runs with while the file at the key's path is there:
+    that is the only one a runtime's DEL reads."""
+    results = tmp_path / "results"
+    results.mkdir()
+    planted = cache_doc(CID, "n", config=json.loads(conflist()))
+    real = {**planted, "cniArgs": [["IgnoreUnknown", "1"], ["K8S_POD_NAME", "real"]]}
+    (results / "lock").write_text(json.dumps(planted))
+    (results / f"n-{CID}-eth0").write_text(json.dumps(real))
+    entries = sorted(collect_cache(str(tmp_path), {"n"}).entries, key=lambda e: e.name)
+    assert [e.name for e in entries][-1] == f"n-{CID}-eth0" and len(entries) == 2, entries
+    found = cache_kind.del_document(entries)
+    assert found is not None and found[1] == str(results / f"n-{CID}-eth0") and found[0]["cniArgs"] == real["cniArgs"]
