@@ -22,7 +22,7 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pytest
 
@@ -108,24 +108,12 @@ class Attached:
     lease: Path
 
 
-def call_for(lab: Lab, cid: str, pin: Path, command: Literal["ADD", "DEL"] = "ADD") -> labcni.PluginCall:
-    return labcni.PluginCall(
-        command=command,
-        container_id=cid,
-        netns=str(pin),
-        ifname=labcni.IFNAME,
-        cni_args=(("IgnoreUnknown", "1"), ("K8S_POD_NAMESPACE", "default"), ("K8S_POD_NAME", f"gone-{cid[:6]}")),
-        bin_dir=lab.bin_dir,
-        exec_netns=lab.netns_path,
-    )
-
-
 def attach(lab: Lab, net: Network) -> Attached:
     """ADD the network for a container ID the runtime never saw, as containerd would, with its
     cache entry."""
     cid = secrets.token_hex(32)
     pin = lab.make_pin()
-    call = call_for(lab, cid, pin)
+    call = lab.plugin_call(cid, pin)
     result, cache = labcni.add_and_cache(lab.cache_dir, net.conflist, call)
     assert labcni.result_ip(result) == net.address
     attached = Attached(cid, pin, cache, lab.ipam_dir / net.name / net.address)
@@ -156,11 +144,11 @@ def another_pod_gets(lab: Lab, net: Network) -> str | None:
     cid, pin = secrets.token_hex(32), lab.make_pin()
     try:
         try:
-            result = labcni.add_network_list(net.conflist, call_for(lab, cid, pin), {})
+            result = labcni.add_network_list(net.conflist, lab.plugin_call(cid, pin), {})
         except labcni.PluginError as err:
             assert "no IP addresses available" in str(err), err
             return None
-        labcni.del_network_list(net.conflist, call_for(lab, cid, pin, "DEL"), {}, result)
+        labcni.del_network_list(net.conflist, lab.plugin_call(cid, pin, "DEL"), {}, result)
         return labcni.result_ip(result)
     finally:
         subprocess.run(["umount", str(pin)], check=True)

@@ -100,15 +100,7 @@ def attach(world: World) -> Attached:
     lab, cid = world.lab, secrets.token_hex(32)
     world.calls.unlink(missing_ok=True)  # each test reads the calls made since its attachment
     pin = lab.make_pin()
-    call = labcni.PluginCall(
-        command="ADD",
-        container_id=cid,
-        netns=str(pin),
-        ifname=labcni.IFNAME,
-        cni_args=(("IgnoreUnknown", "1"), ("K8S_POD_NAMESPACE", "default"), ("K8S_POD_NAME", f"gone-{cid[:6]}")),
-        bin_dir=lab.bin_dir,
-        exec_netns=lab.netns_path,
-    )
+    call = lab.plugin_call(cid, pin)
     _, cache = labcni.add_and_cache(lab.cache_dir, world.conflist, call)
     record = world.store / cid
     assert record.exists()

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Literal
 
 from reaper.runtime.client import CriError
 from tests.harness.cri import api_pb2 as pb
@@ -161,6 +162,30 @@ class Lab:
     @property
     def bin_dir(self) -> Path:
         return self._layout.bin_dir
+
+    def plugin_call(
+        self,
+        container_id: str,
+        pin: Path,
+        command: Literal["ADD", "DEL"] = "ADD",
+        cni_args: tuple[tuple[str, str], ...] | None = None,
+    ) -> cni.PluginCall:
+        """One plugin invocation as the lab's runtime makes it: in the lab's netns, from its bin
+        dir, on eth0 of the netns pinned at `pin`; `cni_args` default to a pod no runtime lists."""
+        args = cni_args or (
+            ("IgnoreUnknown", "1"),
+            ("K8S_POD_NAMESPACE", "default"),
+            ("K8S_POD_NAME", f"gone-{container_id[:6]}"),
+        )
+        return cni.PluginCall(
+            command=command,
+            container_id=container_id,
+            netns=str(pin),
+            ifname=cni.IFNAME,
+            cni_args=args,
+            bin_dir=self.bin_dir,
+            exec_netns=self.netns_path,
+        )
 
     def install_plugin(self, name: str, script: str) -> Path:
         """A plugin of the test's own in the bin dir, as `name` (0755)."""
@@ -632,15 +657,7 @@ class Lab:
             ("K8S_POD_UID", str(uuid.uuid4())),
         )
         caps = cni.containerd_capability_args(port_mappings)
-        call = cni.PluginCall(
-            command="ADD",
-            container_id=cid,
-            netns=str(pin),
-            ifname=cni.IFNAME,
-            cni_args=cni_args,
-            bin_dir=self.bin_dir,
-            exec_netns=self.netns_path,
-        )
+        call = self.plugin_call(cid, pin, cni_args=cni_args)
         result = cni.add_network_list(conflist, call, caps)
         cache_path: Path | None = None
         if with_cache:
