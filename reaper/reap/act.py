@@ -354,20 +354,29 @@ def _unpinned(
 
 
 class _Views:
-    """The kernel step's looks at the node: one serves every batch that starts within half the
-    re-check window of it and whose namespaces it described. Each describes every namespace the
-    step may still act on (`wide`), so that the next batches can use it too."""
+    """The kernel step's looks at the node: one serves every batch that starts within half its
+    window (RECHECK_WINDOW, or LOOK_SHARE times the look's own length when that is longer, as
+    for the DELs) and whose namespaces it described. Each describes every namespace the step may
+    still act on (`wide`), so that the next batches can use it too. `seed`: the DEL step's last
+    look, with the namespaces it described and its window, which serves while it is fresh."""
 
-    def __init__(self, take: Callable[[Set[NsKey]], NodeView]) -> None:
+    def __init__(
+        self, take: Callable[[Set[NsKey]], NodeView], seed: tuple[NodeView, frozenset[NsKey], float] | None = None
+    ) -> None:
         self.take = take
         self.last: NodeView | None = None
         self.described: frozenset[NsKey] = frozenset()
+        self.window = RECHECK_WINDOW
+        if seed is not None:
+            self.last, self.described, self.window = seed
 
     def fresh(self, namespaces: frozenset[NsKey], wide: frozenset[NsKey]) -> NodeView:
-        stale = self.last is None or time.monotonic() - self.last.at > RECHECK_WINDOW / 2
+        stale = self.last is None or time.monotonic() - self.last.at > self.window / 2
         if stale or not namespaces <= self.described:
             self.described = namespaces | wide
+            began = time.monotonic()
             self.last = self.take(self.described)
+            self.window = max(RECHECK_WINDOW, LOOK_SHARE * (self.last.at - began))
         assert self.last is not None
         return self.last
 
@@ -397,11 +406,6 @@ class Reclaimer(Struct, kw_only=True):
     _mounts: ParsedMountinfo = field(default_factory=ParsedMountinfo)
     _status_lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def recheck(self, attachments: Sequence[Attachment], namespaces: Set[NsKey] = frozenset()) -> Recheck:
-        """Right before acting on a batch: why each attachment must be left after all, by one
-        look at the node (view)."""
-        return self.view({a.netns for a in attachments if a.netns is not None} | namespaces).judge(attachments)
-
     def view(self, namespaces: Set[NsKey]) -> NodeView:
         """Who is in which namespace now (one walk of the mounts and of /proc; the processes in
         `namespaces` are described, any other namespace with a process in it counts busy), then
@@ -412,12 +416,12 @@ class Reclaimer(Struct, kw_only=True):
         now = listed(view) if view.reachable else None
         return NodeView(busy, now, view.error, time.monotonic())
 
-    def _busy_from(self, found: Recheck, namespaces: Set[NsKey]) -> Callable[[], Mapping[NsKey, str]]:
+    def _busy_from(self, found: Recheck, namespaces: Set[NsKey], window: float) -> Callable[[], Mapping[NsKey, str]]:
         """Who is in which namespace for a kind about to act on a batch: the re-check's walk
         while it is within the window, else a walk made now."""
 
         def busy() -> Mapping[NsKey, str]:
-            if time.monotonic() - found.at <= RECHECK_WINDOW:
+            if time.monotonic() - found.at <= window:
                 return found.busy
             return in_use(self.bin_dirs, self.netns_dirs, namespaces, self._mounts)
 
@@ -429,18 +433,23 @@ class Reclaimer(Struct, kw_only=True):
         requests: Mapping[AttachmentKey, DelRequest | None],
         judged: Records | None = None,
         keep: Mapping[AttachmentKey, str] | None = None,
+        planned_on: NodeSnapshot | None = None,
     ) -> tuple[list[ReclaimOutcome], list[SkippedAttachment]]:
         """Reclaim each attachment, re-checked in batches right before its DEL and again before
         each batch of the kernel step (see _del_all, _kernel); those the first re-check leaves
         are skipped whole. `keep` names, by attachment, the plugins of its chain that keep state
-        only their DEL frees (see kept_state)."""
+        only their DEL frees (see kept_state). `planned_on`: the look the pass was planned on;
+        when no attachment has a DEL to run, nothing but the kernel step changes what it found,
+        and the kernel step starts from it instead of a look of its own (each record is still
+        compared with the node before it goes)."""
         self.watch.restart()
         attachments_all = attachments
-        plugin_errors, left_before_del, live = self._del_all(attachments, requests)
+        plugin_errors, left_before_del, live, seed = self._del_all(attachments, requests)
         skipped = [SkippedAttachment(a.key, left_before_del[a.key]) for a in attachments if a.key in left_before_del]
         attachments = [a for a in attachments if a.key not in left_before_del]
         self.watch.lap("del")
-        after = self.look()
+        no_del = all(request is None for request in requests.values())
+        after = planned_on if planned_on is not None and no_del else self.look()
         after_del = index(after)
         # Every pin of the pass's orphans, those left at a re-check too: the address check did
         # not read them (reaper.reap.addresses), so the kernel step reads those that stay.
@@ -453,16 +462,16 @@ class Reclaimer(Struct, kw_only=True):
             for key, what in (keep or {}).items()
             if (request := requests.get(key)) is None or not request.netns or plugin_errors.get(key)
         }
-        no_del = {key for key in needs_plugin if requests.get(key) is None}
         kernel_done = self._kernel(
             attachments,
             after_del,
             needs_plugin,
-            no_del,
+            {key for key in needs_plugin if requests.get(key) is None},
             judged or {},
             live=live,
             unread=after.partly_read,
             pass_pins=pass_pins,
+            seed=seed if no_del else None,
         )
         self.watch.lap("kernel")
         last_look = self.look()
@@ -505,7 +514,12 @@ class Reclaimer(Struct, kw_only=True):
 
     def _del_all(
         self, attachments: Sequence[Attachment], requests: Mapping[AttachmentKey, DelRequest | None]
-    ) -> tuple[dict[AttachmentKey, tuple[str, ...]], dict[AttachmentKey, str], frozenset[NsKey]]:
+    ) -> tuple[
+        dict[AttachmentKey, tuple[str, ...]],
+        dict[AttachmentKey, str],
+        frozenset[NsKey],
+        tuple[NodeView, frozenset[NsKey], float] | None,
+    ]:
         """Each attachment's DEL (where it has a config), in batches each re-checked once
         (recheck) right before its DELs are handed to the pool: (plugin errors, why an
         attachment was left) by attachment, and the namespaces the runtimes named at the
@@ -513,7 +527,8 @@ class Reclaimer(Struct, kw_only=True):
         the re-check's length, when that is longer) or not at all:
         one that would start later goes back for the next batch's re-check. A batch holds as
         many DELs as the pool got through in a window so far, so the re-checks cost one walk of
-        the node per window of DELs, not one per attachment."""
+        the node per window of DELs, not one per attachment. Also the last re-check's view,
+        with the namespaces it described and its window."""
 
         def one(
             attachment: Attachment, cleared_at: float, window: float
@@ -546,6 +561,7 @@ class Reclaimer(Struct, kw_only=True):
         by_key = {a.key: a for a in attachments}
         late: dict[AttachmentKey, int] = {}
         batch, window = 4 * DEL_WORKERS, RECHECK_WINDOW
+        last_view: tuple[NodeView, frozenset[NsKey], float] | None = None
         started = time.monotonic()
         finished = 0
         with ThreadPoolExecutor(max_workers=DEL_WORKERS) as pool:
@@ -563,7 +579,9 @@ class Reclaimer(Struct, kw_only=True):
                         chunk.append(queue.popleft())
                         dels += requests.get(chunk[-1].key) is not None
                     began = time.monotonic()
-                    found = self.recheck(chunk)
+                    described = frozenset(a.netns for a in chunk if a.netns is not None)
+                    seen = self.view(described)
+                    found = seen.judge(chunk)
                     self.log.debug(
                         "re-checked a batch of DELs",
                         extra={"attachments": len(chunk), "dels": dels, "seconds": round(found.at - began, 3)},
@@ -571,6 +589,7 @@ class Reclaimer(Struct, kw_only=True):
                     live |= found.live_netns
                     left.update(found.left)
                     window = max(RECHECK_WINDOW, LOOK_SHARE * (found.at - began))
+                    last_view = (seen, described, window)
                     running |= {pool.submit(one, a, found.at, window) for a in chunk if a.key not in found.left}
                 if not running:
                     continue
@@ -596,7 +615,7 @@ class Reclaimer(Struct, kw_only=True):
             fields = {"attachment": key.as_text(), **attachment_log_fields(key, by_key.get(key)), "method": "cni-del"}
             for error in found_errors:
                 self.log.warning("plugin DEL failed", extra={**fields, "error": error})
-        return errors, left, frozenset(live)
+        return errors, left, frozenset(live), last_view
 
     def _kernel(
         self,
@@ -609,6 +628,7 @@ class Reclaimer(Struct, kw_only=True):
         live: frozenset[NsKey] = frozenset(),
         unread: Set[str] = frozenset(),
         pass_pins: Mapping[NsKey, str] | None = None,
+        seed: tuple[NodeView, frozenset[NsKey], float] | None = None,
     ) -> dict[Identity, Done]:
         """Each kind reclaims what is still there, in the registry's order. A `last` kind's
         record goes only once every other resource of its attachment is gone. While a plugin
@@ -618,7 +638,8 @@ class Reclaimer(Struct, kw_only=True):
         (reaper.reap.stays), whatever kept it, nor while an address they free is configured in
         one of `pass_pins` (the pins of the pass's orphans, by namespace) that stays. `live`: the
         namespaces the re-checks named, besides those named when the pass was planned;
-        `unread`: the kinds the look after DEL could not read whole."""
+        `unread`: the kinds the look after DEL could not read whole; `seed`: the DEL step's last
+        look (_Views)."""
         live_netns = self.live_netns | live
         done: dict[Identity, Done] = {}
         staying: dict[NsKey, str] | str | None = None
@@ -641,7 +662,7 @@ class Reclaimer(Struct, kw_only=True):
 
         # Attachments a batch's re-check left: none of their records is touched after that.
         left_at: dict[AttachmentKey, str] = {}
-        views = _Views(self.view)
+        views = _Views(self.view, seed)
         every_ns = frozenset(ns for a in attachments for ns in lives_in(KINDS, a, present))
         # Namespaces this step unpinned with nothing else keeping them: gone, no one can enter
         # them any more, and a batch's look need not walk the node for them.
@@ -732,7 +753,7 @@ class Reclaimer(Struct, kw_only=True):
                     quarantine=self.quarantine,
                     command_timeout=COMMAND_TIMEOUT,
                     done={**done, **out},
-                    in_use=self._busy_from(found, namespaces),
+                    in_use=self._busy_from(found, namespaces, views.window),
                 )
                 out.update(self._reclaim_isolated(kind, records, ctx))
             took = time.monotonic() - started
@@ -741,7 +762,7 @@ class Reclaimer(Struct, kw_only=True):
                 extra={"kind": kind.name, "records": len(records), "seconds": round(took, 3),
                        "look_age": round(started - found.at, 3)},
             )  # fmt: skip
-            size = max(least, int(len(batch) * RECHECK_WINDOW / 2 / max(took, 1e-3)))
+            size = max(least, int(len(batch) * views.window / 2 / max(took, 1e-3)))
         return out
 
     def _read_staying(self, pins: Mapping[NsKey, str], staying: Mapping[NsKey, str]) -> list[NamespaceAddresses]:

@@ -169,7 +169,7 @@ def reap_pass(
         network_configs={c.name: c.raw for c in reversed(configs) if not c.path.startswith("cache:")},
     )
     keep = {a.key: what for a in selected if (what := kept_state(a, records, configs, requests[a.key])) is not None}
-    outcomes, left = reclaimer.run(selected, requests, records, keep)
+    outcomes, left = reclaimer.run(selected, requests, records, keep, scan.snapshot)
     skipped += left
     # A runtime that stopped answering during the pass makes it undecided, as at the first re-check.
     lost = next((s.reason.split(": ", 1)[-1] for s in left if s.reason.startswith(UNREACHABLE_AT_RECHECK)), None)

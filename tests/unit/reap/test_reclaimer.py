@@ -124,9 +124,14 @@ def test_an_attachment_whose_sandbox_is_listed_again_is_skipped_whole(node: Fake
     assert {r.name for r in node.records.values()} == {"res-1", "last-1"}
 
 
-def test_a_sandbox_listed_again_before_the_kernel_step_keeps_its_resources(node: FakeNode) -> None:
+def test_a_sandbox_listed_again_before_the_kernel_step_keeps_its_resources(
+    node: FakeNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
     one = two_resources(node, 1)
-    # The first view answers the re-check before DEL, the second the one before the kernel step.
+    # The first view answers the re-check before DEL, the second the one before the kernel step
+    # (with no window, the first is stale by then and not reused).
+    monkeypatch.setattr(act, "RECHECK_WINDOW", 0.0)
+    monkeypatch.setattr(act, "LOOK_SHARE", 0)
     outcomes, skipped = reclaimer(node, runtime(), runtime(sandbox(1))).run([one], {})
     assert skipped == []
     assert {r.error for r in outcomes[0].resources} == {"its sandbox is listed again"}
