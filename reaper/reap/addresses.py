@@ -60,6 +60,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from msgspec import Struct
+from msgspec.structs import replace
 
 from reaper.host.netns_addrs import Handle, NamespaceAddresses, NamespaceToRead, read_addresses, this_threads_netns
 from reaper.host.nsmounts import NsMount, held_elsewhere, netns_mounts, own_mount_namespace
@@ -293,5 +294,49 @@ def addresses_in_use(
     skip = dead | frozenset(ns for ns in own_everywhere if ns not in members and ns not in mounted)
     targets = node_namespaces(netns_dirs, members, skip, mounted)
     wanted = packed_forms([address for h in held.values() for address in h.addresses])
-    seen = read_addresses(targets, deadline=clock() + deadline, clock=clock, wanted=wanted)
+    until = clock() + deadline
+    seen = read_addresses(targets, deadline=until, clock=clock, wanted=wanted)
+    seen = reread_churned(targets, seen, netns_members, lambda again: read_addresses(
+        again, deadline=until, clock=clock, wanted=wanted))  # fmt: skip
     return leave_for_addresses(held, seen, None, dead)
+
+
+def reread_churned(
+    targets: Sequence[NamespaceToRead],
+    seen: list[NamespaceAddresses],
+    members: Callable[[], Mapping[NsKey, set[int]]],
+    read: Callable[[Sequence[NamespaceToRead]], list[NamespaceAddresses]],
+) -> list[NamespaceAddresses]:
+    """`seen` with each namespace found only through processes (no pin, no mount) and not read
+    tried once more through the processes one more walk of /proc finds in it: its first ones
+    may have exited while it was read (a namespace with more processes than HANDLES, whose
+    lowest pids come and go). One that no process is in at that walk is read as empty, as one
+    whose every process left is (reaper.host.netns_addrs.EveryProcessLeft). What fails again
+    keeps its error: the pass leaves what that namespace might hold."""
+    churned = [
+        i
+        for i, (target, found) in enumerate(zip(targets, seen, strict=True))
+        if found.error is not None
+        and target.handles
+        and all(not h.pinned and h.path.startswith("/proc/") for h in target.handles)
+    ]
+    if not churned:
+        return seen
+    try:
+        now = members()
+    except OSError:
+        return seen  # the first errors stand
+    out = list(seen)
+    again: list[tuple[int, NamespaceToRead]] = []
+    for i in churned:
+        target = targets[i]
+        pids = sorted(now.get(target.ns, ()))
+        if not pids:
+            out[i] = NamespaceAddresses(target.ns, target.where, (), None, None, target.mounted_by_user)
+            continue
+        ways = tuple(Handle(f"/proc/{pid}/ns/net", pinned=False) for pid in pids[:HANDLES])
+        again.append((i, replace(target, handles=ways, only_processes=len(pids) <= HANDLES)))
+    if again:
+        for (i, _), found in zip(again, read([t for _, t in again]), strict=True):
+            out[i] = found
+    return out

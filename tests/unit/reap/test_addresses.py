@@ -414,3 +414,42 @@ def test_its_own_pin_a_mount_elsewhere_also_holds_is_read_and_keeps_its_lease(mo
     asked = _fake_node(monkeypatch, {HOST: {1}}, [own_pin], {GONE: ("10.0.0.6",)})
     assert addresses_in_use([orphan], records, ("/run/netns",)) == {}
     assert GONE not in [t.ns for t in asked[0]]
+
+
+def _proc_target(ns: NsKey, *pids: int) -> NamespaceToRead:
+    handles = tuple(Handle(f"/proc/{pid}/ns/net", pinned=False) for pid in pids)
+    return NamespaceToRead(ns, f"the netns of pid {pids[0]}", handles)
+
+
+def test_a_namespace_whose_first_processes_left_while_read_is_read_again_through_the_others() -> None:
+    """A namespace with more processes than HANDLES whose lowest pids exited while it was read
+    (found on a loaded node: every orphan was left for one such namespace): one more walk, and
+    it is read through the processes in it now; gone from that walk, it is read as empty. A pin
+    or a mount keeps the first error, as does a namespace that fails again."""
+    churning, emptied, pinned, stubborn = NsKey(4, 1), NsKey(4, 2), NsKey(4, 3), NsKey(4, 4)
+    targets = [
+        _proc_target(churning, 10, 11, 12, 13),
+        _proc_target(emptied, 20, 21, 22, 23),
+        NamespaceToRead(pinned, "the netns pinned at /run/netns/x", (Handle("/run/netns/x", pinned=True),)),
+        _proc_target(stubborn, 40, 41, 42, 43),
+    ]
+    seen = [NamespaceAddresses(t.ns, t.where, (), "No such file or directory") for t in targets]
+    asked: list[NamespaceToRead] = []
+
+    def read(again: Sequence[NamespaceToRead]) -> list[NamespaceAddresses]:
+        asked.extend(again)
+        return [
+            NamespaceAddresses(
+                t.ns, t.where, ("10.0.0.9",) if t.ns == churning else (), "gone" if t.ns == stubborn else None
+            )
+            for t in again
+        ]
+
+    now = {churning: {14, 15, 16, 17, 18}, stubborn: {44}}
+    out = addresses.reread_churned(targets, seen, lambda: now, read)
+    assert [t.ns for t in asked] == [churning, stubborn], "only namespaces found through processes alone"
+    assert [h.path for h in asked[0].handles] == [f"/proc/{pid}/ns/net" for pid in (14, 15, 16, 17)]
+    assert (out[0].addresses, out[0].error) == (("10.0.0.9",), None), "read through the processes in it now"
+    assert (out[1].addresses, out[1].error) == ((), None), "no process left, no pin, no mount: empty"
+    assert out[2].error == "No such file or directory", "a pinned namespace keeps its error"
+    assert out[3].error == "gone", "failing again keeps it unread"
