@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.harness.lab import Lab
@@ -49,6 +50,24 @@ class LabAgent:
                 return last[1]
             time.sleep(0.2)
         raise AssertionError(f"{path} never answered {want}; last {last}")
+
+    def wait_for_metric(self, name: str, holds: Callable[[float], bool], timeout: float = 30.0, **labels: str) -> str:
+        """The /metrics body once the series `name{labels}` is there and its value `holds`:
+        a pass publishes its figures when it ends, after the node changed under it."""
+        deadline = time.monotonic() + timeout
+        last = "no answer"
+        while time.monotonic() < deadline:
+            status, body = self.get("/metrics")
+            try:
+                value = metric(body, name, **labels)
+            except AssertionError as absent:
+                last = str(absent)
+            else:
+                if status == 200 and holds(value):
+                    return body
+                last = f"{name} is {value}"
+            time.sleep(0.2)
+        raise AssertionError(f"/metrics never had the figure wanted: {last}")
 
     def log_lines(self) -> list[dict[str, object]]:
         lines = []

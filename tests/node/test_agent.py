@@ -74,8 +74,7 @@ def test_agent_reap_mode_reclaims_and_counts(lab: Lab, tmp_path: Path) -> None:
         while (leak.lease_path.exists() or leak.netns_path.exists()) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not leak.lease_path.exists() and not leak.netns_path.exists()
-        time.sleep(0.5)
-        body = agent.wait_for("/metrics", 200)
+        body = agent.wait_for_metric("cni_reaper_reclaimed_total", lambda n: n > 0, kind="ipam", method="cni-del")
         assert metric(body, "cni_reaper_reclaimed_total", kind="ipam", method="cni-del") == 1
         assert metric(body, "cni_reaper_reclaimed_total", kind="netns", method="kernel") == 1
         assert metric(body, "cni_reaper_reclaim_errors_total", kind="ipam", method="cni-del") == 0
