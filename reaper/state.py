@@ -9,6 +9,11 @@ confirmations start over: the reaper writes only entries its reader takes (save_
 any other), so a refused entry is someone else's doing or damage, and the rest of that file
 is no better vouched for. Setting aside costs confirmations, never a wrong verdict.
 
+A count rises at most once a spacing (half of --interval, reaper.reconcile): the file keeps,
+beside each ownerless attachment's count, when it last rose (`counted_at`), so one-shots run
+seconds apart (a hand `scan`, then `reap --dry-run`) are one look, not two. A file without it
+(an older version's) counts the next pass as before.
+
 The agent reads the file once, at its first pass, and then counts from what it saved itself,
 kept in memory (KeptState). What the file can still say is bounded where it is used: a count carried from it never
 stands for more than `confirmations - 1` passes (reaper.reconcile), so every orphan verdict
@@ -82,11 +87,13 @@ class KeptState:
 
 
 class _Doc(Struct, forbid_unknown_fields=True):
-    """The file as written: key -> [first_seen, orphan_streak], and the sandboxes' first-seen
-    times. `sandbox_netns`: older versions' cache of runtime answers, taken and never read."""
+    """The file as written: key -> [first_seen, orphan_streak], key -> when that count last
+    rose, and the sandboxes' first-seen times. `sandbox_netns`: older versions' cache of runtime
+    answers, taken and never read."""
 
     version: int
     attachments: dict[str, tuple[float, int]] = {}
+    counted_at: dict[str, float] = {}
     sandbox_netns: msgspec.Raw = msgspec.Raw()
     sandbox_first_seen: dict[str, float] = {}
     counters: dict[str, float] = {}
@@ -132,6 +139,9 @@ def _why_refused(doc: _Doc) -> str | None:
     for key, (first_seen, streak) in doc.attachments.items():
         if not _history_fits(key, first_seen, streak):
             return f"attachment {key[:120]!r}: a key, time or count no pass writes"
+    for key, when in doc.counted_at.items():
+        if key not in doc.attachments or not _is_time(when):
+            return f"counted at {key[:120]!r}: a key or time no pass writes"
     for key, when in doc.sandbox_first_seen.items():
         if not (is_cni_id(key) and _is_time(when)):
             return f"sandbox first seen {key[:120]!r}: an ID or time no pass writes"
@@ -163,7 +173,10 @@ def load_state(path: str) -> tuple[State, str | None]:
         why = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
     if why is not None:
         return EMPTY_STATE, f"state file {path} is corrupt ({why}); {_set_aside(path)}; starting afresh"
-    attachments = {k: AttachmentHistory(float(v[0]), v[1]) for k, v in doc.attachments.items()}
+    attachments = {
+        k: AttachmentHistory(float(v[0]), v[1], float(c) if (c := doc.counted_at.get(k)) is not None else None)
+        for k, v in doc.attachments.items()
+    }
     first_seen = {k: float(v) for k, v in doc.sandbox_first_seen.items()}
     return State(attachments, first_seen, dict(doc.counters)), None
 
@@ -191,10 +204,17 @@ def save_state(path: str, state: State) -> None:
     )
     first_seen = sorted((k, v) for k, v in state.sandbox_first_seen.items() if is_cni_id(k) and _is_time(v))
     counters = sorted((k, v) for k, v in state.counters.items() if counter_fits(k, v))
+    kept = dict(attachments[:MAX_ENTRIES])
+    counted_at = sorted(
+        (k, v.counted_at)
+        for k, v in state.attachments.items()
+        if k in kept and v.counted_at is not None and _is_time(v.counted_at)
+    )
     doc = {
         "version": STATE_VERSION,
         # key -> [first_seen, orphan_streak]: compact, a node can have thousands.
-        "attachments": dict(attachments[:MAX_ENTRIES]),
+        "attachments": kept,
+        "counted_at": dict(counted_at),
         "sandbox_first_seen": dict(first_seen[:MAX_ENTRIES]),
         "counters": dict(counters[:MAX_COUNTERS]),
     }

@@ -96,7 +96,9 @@ def test_the_runtime_listing_nothing_opens_the_breaker(lab: tuple[Lab, str, str,
 
 def test_a_runtime_restarting_under_the_agent(lab: tuple[Lab, str, str, str], tmp_path: Path) -> None:
     the_lab, chained, nocni, web = lab
-    agent = LabAgent(the_lab, tmp_path / "state.json", "--interval", "1s", "--runtime-timeout", "2s", *REAP)
+    agent = LabAgent(
+        the_lab, tmp_path / "state.json", "--mode", "reap", "--interval", "1s", "--runtime-timeout", "2s", *REAP
+    )
     try:
         agent.wait_for("/readyz", 200)
         for _ in range(3):
@@ -186,7 +188,7 @@ def test_sigterm_while_a_plugin_hangs_stops_within_seconds(lab: tuple[Lab, str, 
     plugin.chmod(0o755)
     leak = the_lab.make_leak(with_cache=True)
     rewrite_cached_config(leak, [*the_lab.network_spec.plugins("normal"), {"type": "reaper-hang"}])
-    flags = ("--interval", "60s", "--plugin-timeout", "10m", "--allow-plugin", "reaper-hang")
+    flags = ("--mode", "reap", "--interval", "60s", "--plugin-timeout", "10m", "--allow-plugin", "reaper-hang")
     agent = LabAgent(the_lab, tmp_path / "state.json", *flags, *REAP)
     try:
         deadline = time.monotonic() + 30
