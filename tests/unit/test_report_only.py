@@ -145,3 +145,14 @@ def test_a_reap_where_the_mode_is_scan_is_refused_unless_forced_or_dry() -> None
     assert scan_mode_refusal(parser.parse_args(["reap", "--dry-run"]), {"REAPER_MODE": "scan"}) is None
     assert scan_mode_refusal(reap, {"REAPER_MODE": "reap"}) is None
     assert scan_mode_refusal(reap, {}) is None, "a timer's reap, with no mode configured, is its own choice"
+
+
+def test_explain_says_when_the_count_last_rose() -> None:
+    from reaper.explain import _history  # noqa: PLC0415
+
+    said = _history(AttachmentHistory(NOW - 3600, 1, NOW - 5), 2, NOW)
+    assert (
+        said
+        == "first seen 60m ago; ownerless on 1 consecutive earlier passes (--confirmations 2), the last counted 5s ago"
+    )
+    assert "last counted" not in _history(AttachmentHistory(NOW - 3600, 0, None), 2, NOW)
