@@ -91,17 +91,19 @@ def test_an_owner_seen_starts_the_count_over() -> None:
 
 def test_when_a_count_last_rose_is_saved_and_an_older_file_counts_the_next_pass(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
-    key = f"{KEY}/mynet/eth0"
-    saved = State({key: AttachmentHistory(NOW - 10, 1, NOW - 5), f"{KEY}/other/eth0": AttachmentHistory(NOW, 0)}, {})
+    key, other = f"{KEY}/mynet/eth0", f"{KEY}/other/eth0"
+    saved = State({key: AttachmentHistory(NOW - 10, 1, NOW - 5), other: AttachmentHistory(NOW, 0)}, {})
     save_state(str(path), saved)
+    assert json.loads(path.read_text())["attachments"] == {key: [NOW - 10, 1, NOW - 5], other: [NOW, 0, 0]}
     assert load_state(str(path)) == (saved, None)
-    # A file an older version wrote: no times, so the next pass counts as it always did.
+    # A file version 2 wrote: no times, so the next pass counts as it always did.
     path.write_text(json.dumps({"version": 2, "attachments": {key: [NOW - 10, 1]}}))
-    assert load_state(str(path))[0].attachments == {key: AttachmentHistory(NOW - 10, 1, None)}
-    # A time for an attachment the file does not hold is no pass's writing.
-    path.write_text(json.dumps({"version": 2, "attachments": {}, "counted_at": {key: NOW}}))
-    state, warning = load_state(str(path))
-    assert state.attachments == {} and warning is not None and "counted at" in warning
+    assert load_state(str(path)) == (State({key: AttachmentHistory(NOW - 10, 1, None)}, {}), None)
+    # A time no clock gives is no pass's writing; nor is a version 2 entry in a version 3 file.
+    for entry in ([NOW, 1, float("inf")], [NOW, 1, -1.0], [NOW, 1]):
+        path.write_text(json.dumps({"version": 3, "attachments": {key: entry}}).replace("Infinity", "1e400"))
+        state, warning = load_state(str(path))
+        assert state.attachments == {} and warning is not None and "is corrupt" in warning, entry
 
 
 def test_the_spacing_is_half_the_interval_a_one_shot_reads_from_its_environment() -> None:
