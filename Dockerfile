@@ -93,4 +93,6 @@ USER 0:0
 EXPOSE 9753
 
 ENTRYPOINT ["reaper"]
+# The agent, report-only: `reaper run` scans unless told --mode reap (or REAPER_MODE=reap, as the
+# chart's mode=reap sets it).
 CMD ["run"]

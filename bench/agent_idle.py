@@ -42,7 +42,7 @@ def main() -> None:
         for _ in range(LEAKS):
             lab.make_leak(with_cache=True)
         log = Path(tmp) / "agent.log"
-        argv = ["nsenter", f"--net={lab.netns_path}", sys.executable, "-m", "reaper", "run"]
+        argv = ["nsenter", f"--net={lab.netns_path}", sys.executable, "-m", "reaper", "run", "--mode", "reap"]
         argv += [*lab_flags(lab, Path(tmp) / "state.json"), "--interval", f"{INTERVAL:g}s", "--log-format", "json"]
         argv += ["--min-age", "0", "--confirmations", "1", "--max-orphan-ratio", "1"]
         with open(log, "wb") as out:

@@ -212,7 +212,7 @@ def run_agent(budget: float, flags: list[str]) -> None:
     from reaper.runtime.liveness import liveness_from  # noqa: PLC0415
     from reaper.settings import agent_settings_from, reap_settings_from, settings_from  # noqa: PLC0415
 
-    args = build_parser().parse_args(["run", *flags, "--events", "off"])
+    args = build_parser().parse_args(["run", "--mode", "reap", *flags, "--events", "off"])
     settings = settings_from(args, {})
     log = logging.getLogger("bench.agent")
     log.addHandler(logging.NullHandler())

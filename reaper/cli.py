@@ -29,6 +29,7 @@ from reaper.settings import (
     add_options,
     agent_settings_from,
     reap_settings_from,
+    scan_mode_refusal,
     settings_from,
     with_pod_cidrs,
 )
@@ -53,7 +54,9 @@ SCAN_EPILOG = """\
 verdicts:
   live     a listed sandbox (READY or NOTREADY) or a process owns it
   orphan   nothing owns it, it is older than --min-age and was seen so on
-           --confirmations consecutive passes (counted in --state-file)
+           --confirmations consecutive passes (counted in --state-file; a pass
+           counts only half of --interval, 30s by default, or more after the one
+           that last counted, so runs seconds apart count once)
   pending  nothing owns it, but it is too young or not yet confirmed
   unknown  the runtime could not be asked, so nothing is called orphan
   excluded nothing owns it, but --exclude-namespace, --exclude-pod or
@@ -100,6 +103,8 @@ runtime is asked again right before acting and a sandbox that reappeared is left
 every delete compares first (a pin still the same namespace with no process inside, a lease
 that still names the orphan under the IPAM lock, a veth with the same index, name and peer);
 at most --max-reap attachments a pass; the breaker refuses to act when too many look orphaned.
+Where REAPER_MODE is scan (a report-only pod), a reap is refused (exit 2) unless --dry-run or
+--force is given.
 
 exit status: 0 every orphan reclaimed (or none), 1 some could not be, 2 could not decide
 (runtime or config), 3 breaker open, 4 another reaper's pass held the lock beside --state-file
@@ -179,8 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser(
         "run",
         help="the node agent: a pass every --interval, Prometheus metrics and health on --listen",
-        description="Run passes forever (reap, or scan with --mode scan), serving /metrics, /healthz and "
-        "/readyz. SIGTERM or SIGINT: the step under way finishes, no new one starts, exit 0.",
+        description="Run passes forever (report-only scans by default, reclaiming with --mode reap), serving "
+        "/metrics, /healthz and /readyz. SIGTERM or SIGINT: the step under way finishes, no new one starts, exit 0.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_options(run, ("paths", "reap", "agent"), skip=REAP_ONLY)
@@ -346,6 +351,10 @@ def _reap(args: argparse.Namespace) -> int:
     from reaper.reap.review import PlanError, plan_document, read_plan, this_node  # noqa: PLC0415
     from reaper.report import reap_json, reap_table  # noqa: PLC0415
 
+    refused = scan_mode_refusal(args)
+    if refused is not None:
+        print(f"reaper: {refused}", file=sys.stderr)
+        return EXIT_UNDECIDED
     settings, layout = _settings(args)
     reap = reap_settings_from(args)
     log = setup_logging(settings.log_format, settings.log_level)

@@ -117,9 +117,15 @@ def _history(previous: AttachmentHistory | None, confirmations: int, now: float)
     if previous is None:
         return "no earlier pass counted it (a new attachment, or a new state file)"
     since = format_duration(max(0.0, now - previous.first_seen))
+    # When the count last rose: a pass within half of --interval of it does not raise it again.
+    counted = (
+        f", the last counted {format_duration(max(0.0, now - previous.counted_at))} ago"
+        if previous.counted_at is not None and previous.orphan_streak
+        else ""
+    )
     return (
         f"first seen {since} ago; ownerless on {previous.orphan_streak} consecutive earlier passes "
-        f"(--confirmations {confirmations})"
+        f"(--confirmations {confirmations}){counted}"
     )
 
 

@@ -298,7 +298,10 @@ class AttachmentHistory(Struct, frozen=True):
     """What earlier passes saw of an attachment, for the grace rules."""
 
     first_seen: float
-    orphan_streak: int  # consecutive passes on which it had no owner
+    orphan_streak: int  # consecutive passes on which it had no owner, counted at most one a spacing
+    # When the streak last rose (None: not since it was last owned): a pass less than
+    # Policy.confirmation_spacing after this holds the streak, so runs seconds apart count once.
+    counted_at: float | None = None
 
 
 class Policy(Struct, frozen=True):
@@ -309,6 +312,9 @@ class Policy(Struct, frozen=True):
     confirmations: int
     stuck_after: float
     exclusions: Exclusions = Exclusions()
+    # A pass adds to an attachment's ownerless streak only this long after the pass that last
+    # did (settings: half of --interval): hand runs seconds apart are one look, not two.
+    confirmation_spacing: float = 0.0
 
 
 class StuckSandbox(Struct, frozen=True, kw_only=True):

@@ -122,7 +122,7 @@ def reconcile(
         stamps = [r.created_at for r in group.resources if r.created_at is not None]
         age = max(0.0, now - max(stamps)) if stamps else max(0.0, now - first_seen)
         verdict: Verdict
-        streak = 0
+        streak, counted_at = 0, None
         if not runtime.reachable:
             # The why is the runtime's (report.runtime.error), said once, not on every attachment.
             verdict, reason = "unknown", "runtime unreachable"
@@ -135,14 +135,14 @@ def reconcile(
             elif group.netns is not None and unread is not None:
                 verdict, reason = "unknown", f"what holds a netns ({unread}) was not all read; its netns may be held"
             else:
-                streak = _carried(previous, policy) + 1
-                verdict, reason = _unowned_verdict(age, streak, policy)
+                streak, counted_at, too_soon = _counted(previous, policy, now)
+                verdict, reason = _unowned_verdict(age, streak, policy, too_soon)
         pod = _pod(group)
         excluded = policy.exclusions.reason(pod=pod, network=group.key.network) if verdict in UNOWNED else None
         if excluded is not None:
             # Counted afresh once the exclusion goes: it is then judged as any new attachment.
-            verdict, reason, streak = "excluded", f"{excluded} (else {verdict}: {reason})", 0
-        new_history[text_key] = AttachmentHistory(first_seen, streak)
+            verdict, reason, streak, counted_at = "excluded", f"{excluded} (else {verdict}: {reason})", 0, None
+        new_history[text_key] = AttachmentHistory(first_seen, streak, counted_at)
         owner = _owner(group)
         attachments.append(
             Attachment(
@@ -202,13 +202,36 @@ def _carried(previous: AttachmentHistory | None, policy: Policy) -> int:
     return max(0, min(previous.orphan_streak, policy.confirmations - 1))
 
 
-def _unowned_verdict(age: float, streak: int, policy: Policy) -> tuple[Verdict, str]:
+def _counted(previous: AttachmentHistory | None, policy: Policy, now: float) -> tuple[int, float, float | None]:
+    """This ownerless pass's streak and when it last rose; and, when this pass comes less than
+    the policy's spacing after the pass that last raised it, how long after (else None).
+
+    Such a pass is the same look as that one (hand runs of `scan` or `reap --dry-run` seconds
+    apart): it holds the streak, never above `confirmations`, and raises it only once the
+    spacing has passed, so no run, however often made, shortens the grace. The time comes
+    from a file others may write: one after now is now, which holds the count back for one
+    spacing, never for good (the next pass after it counts)."""
+    if previous is None or previous.counted_at is None or previous.orphan_streak < 1:
+        return _carried(previous, policy) + 1, now, None
+    last = min(previous.counted_at, now)
+    if now - last >= policy.confirmation_spacing:
+        return _carried(previous, policy) + 1, now, None
+    return min(previous.orphan_streak, policy.confirmations), last, now - last
+
+
+def _unowned_verdict(age: float, streak: int, policy: Policy, too_soon: float | None) -> tuple[Verdict, str]:
     if age < policy.min_age:
         return "pending", (
             f"no owner, but younger than min-age ({format_duration(age)} < {format_duration(policy.min_age)})"
         )
     if streak < policy.confirmations:
-        return "pending", f"no owner on {streak} of {policy.confirmations} required passes"
+        held = (
+            ""
+            if too_soon is None
+            else f" (this pass, {format_duration(too_soon)} after the last counted one, counts only "
+            f"{format_duration(policy.confirmation_spacing)} after it)"
+        )
+        return "pending", f"no owner on {streak} of {policy.confirmations} required passes{held}"
     return "orphan", f"no sandbox and no process own it, on {streak} consecutive passes"
 
 

@@ -203,11 +203,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("--runtime-timeout", "REAPER_RUNTIME_TIMEOUT", "10s", "deadline of each CRI call", "paths",
            _positive_duration, metavar="DURATION"),
     Option("--min-age", "REAPER_MIN_AGE", "10m",
-           "an attachment younger than this is never an orphan (a slow CNI ADD takes minutes)", "paths",
-           parse_duration, metavar="DURATION"),
+           "an attachment younger than this is never an orphan (a slow CNI ADD takes minutes; under 1m warns: "
+           "pods being created were harmed at 0)", "paths", parse_duration, metavar="DURATION"),
     Option("--confirmations", "REAPER_CONFIRMATIONS", "2",
-           "consecutive passes an attachment must be seen ownerless before it is an orphan", "paths", _count,
-           metavar="N"),
+           "consecutive passes an attachment must be seen ownerless before it is an orphan; a pass counts only "
+           "half of --interval (REAPER_INTERVAL, else 60s: 30s) or more after the one that last counted, so runs "
+           "made seconds apart (a scan, then reap --dry-run) count once", "paths", _count, metavar="N"),
     Option("--stuck-after", "REAPER_STUCK_AFTER", "15m", "report NOTREADY sandboxes older than this as stuck", "paths",
            parse_duration, metavar="DURATION"),
     Option("--exclude-namespace", "REAPER_EXCLUDE_NAMESPACE", None,
@@ -255,7 +256,9 @@ OPTIONS: tuple[Option, ...] = (
            "a plugin type a cache entry's config may run for DEL though no config in the conf dir uses it "
            "(repeatable); by default a cached config runs only the plugins the node's own configs use",
            "reap", _plugin_type, ",", "TYPE"),
-    Option("--force", None, None, "reclaim even when the breaker would open", "reap", switch=True),
+    Option("--force", None, None,
+           "reclaim even when the breaker would open, or in a process whose REAPER_MODE is scan", "reap",
+           switch=True),
     Option("--dry-run", None, None, "print the plan (each step and method); change nothing", "reap", switch=True),
     Option("--plan-out", None, None,
            "with --dry-run: also write the plan to PATH, for review and a later --plan", "reap", _absolute_or_here,
@@ -264,8 +267,10 @@ OPTIONS: tuple[Option, ...] = (
            "reclaim only what PATH (a --plan-out file made on this node since its last boot) reviewed, and only "
            "while each is still an orphan with the same resources and steps; every other orphan is skipped",
            "reap", _absolute_or_here, metavar="PATH"),
-    Option("--mode", "REAPER_MODE", "reap", "reap: reclaim orphans every pass; scan: only report them", "agent",
-           _one_of("scan", "reap"), metavar="MODE"),
+    Option("--mode", "REAPER_MODE", "scan",
+           "scan: only report orphans (report-only, the default); reap: reclaim them every pass. With "
+           "REAPER_MODE=scan, a `reaper reap` in the same pod or environment is refused unless --force",
+           "agent", _one_of("scan", "reap"), metavar="MODE"),
     Option("--interval", "REAPER_INTERVAL", "60s", "time between passes (10%% jitter)", "agent",
            _interval, metavar="DURATION"),
     Option("--stall-after", "REAPER_STALL_AFTER", "30m",
@@ -479,7 +484,7 @@ def settings_from(
     a variable gave come from the runtimes' own configs, and `origins` says so."""
     v = resolve(args, env)
     env_now = os.environ if env is None else env
-    given_problems = (*dir_problems(v, args, env_now), *unknown_variables(env_now))
+    given_problems = (*dir_problems(v, args, env_now), *unknown_variables(env_now), *_grace_problems(v, args, env))
     origins: dict[str, str] = {}
     more_conf_dirs: tuple[str, ...] = ()
     for flag in DETECTED:
@@ -506,6 +511,7 @@ def settings_from(
             min_age=v["min_age"],
             confirmations=v["confirmations"],
             stuck_after=v["stuck_after"],
+            confirmation_spacing=confirmation_spacing(v["interval"]),
             exclusions=Exclusions(
                 namespaces=tuple(v["exclude_namespace"]),
                 pods=tuple(v["exclude_pod"]),
@@ -526,6 +532,35 @@ def settings_from(
         pod_cidr_from_node=v["pod_cidr_from_node"],
         namespaces_dirs=tuple(v["namespaces_dir"]) or _crio_namespaces_dirs(layout),
         more_conf_dirs=more_conf_dirs,
+    )
+
+
+def confirmation_spacing(interval: float) -> float:
+    """How long after the pass that last raised an attachment's ownerless count the next one may
+    raise it: half the agent's interval, so each of its passes counts (they start an interval
+    apart, give or take the agent's 10% jitter) while one-shots run seconds apart count once. A
+    one-shot has the interval its environment gives (a pod's REAPER_INTERVAL), else the
+    default's."""
+    return interval / 2
+
+
+# Below this, --min-age let the README's churn run call pods still being created orphans.
+MIN_AGE_WARNING = 60.0
+
+
+def _grace_problems(
+    values: Mapping[str, Any], args: argparse.Namespace, env: Mapping[str, str] | None
+) -> tuple[str, ...]:
+    """A warning for a --min-age given under a minute: taken, since a lab or a test wants it, but
+    an attachment's age is all that tells a pod's ADD still under way from a leak."""
+    origin = given("--min-age", args, env)
+    if origin is None or values["min_age"] >= MIN_AGE_WARNING:
+        return ()
+    source = "--min-age" if origin == "flag" else origin
+    return (
+        f"{source} {values['min_age']:g}s is under 1m: an attachment of a pod whose network is still "
+        "being set up may be called an orphan (pods were harmed at 0 in the README's churn run); keep it above "
+        "your slowest RunPodSandbox",
     )
 
 
@@ -561,6 +596,22 @@ def reap_settings_from(args: argparse.Namespace, env: Mapping[str, str] | None =
         allow_plugins=tuple(v["allow_plugin"]),
         plan_out=v["plan_out"],
         plan=v["plan"],
+    )
+
+
+def scan_mode_refusal(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> str | None:
+    """Why a one-shot `reaper reap` must not act here, or None: the environment it runs in says
+    report-only (REAPER_MODE=scan, as the chart sets it in a scan-mode pod, where `kubectl exec
+    ... reaper reap` would otherwise run plugin DELs over the mounted daemon sockets, which a
+    read-only mount does not stop). A --dry-run changes nothing, and --force is the operator's
+    say-so; the default mode, no variable set, refuses nothing (a timer's explicit reap)."""
+    env = os.environ if env is None else env
+    mode = env.get("REAPER_MODE", "")
+    if not mode or mode.lower() != "scan" or getattr(args, "dry_run", False) or getattr(args, "force", False):
+        return None
+    return (
+        "REAPER_MODE is scan here (report-only): this reap would change the node; give --dry-run to see "
+        "the plan, or --force to reclaim anyway"
     )
 
 

@@ -9,11 +9,17 @@ confirmations start over: the reaper writes only entries its reader takes (save_
 any other), so a refused entry is someone else's doing or damage, and the rest of that file
 is no better vouched for. Setting aside costs confirmations, never a wrong verdict.
 
+A count rises at most once a spacing (half of --interval, reaper.reconcile): the file keeps,
+beside each attachment's count, when it last rose (0: not since it was owned), so one-shots run
+seconds apart (a hand `scan`, then `reap --dry-run`) are one look, not two. A version 2 file
+(without those times) is still read: its next pass counts, as it did then.
+
 The agent reads the file once, at its first pass, and then counts from what it saved itself,
-kept in memory (KeptState). What the file can still say is bounded where it is used: a count carried from it never
-stands for more than `confirmations - 1` passes (reaper.reconcile), so every orphan verdict
-rests on at least one fresh pass of this process's own, and a first-seen time after the pass
-is taken as the pass's own time.
+kept in memory (KeptState). What the file can still say is bounded where it is used: on a pass
+that counts, a count carried from it never stands for more than `confirmations - 1` passes
+(reaper.reconcile); a pass too soon after the last counted one holds the count (never above
+`confirmations`) and adds none. Either way no verdict is given without this pass's own look
+finding no owner, and a time after the pass (first seen, last counted) is taken as its own.
 
 The file holds no runtime's answer: a sandbox's netns comes from its runtime's PodSandboxStatus
 in every run (a path planted in the file once stood in for the runtime's own, and no status was
@@ -39,7 +45,8 @@ from reaper.host.jsondoc import dumps_compact
 from reaper.model import AttachmentHistory
 from reaper.names import is_cni_id, is_ifname, is_path
 
-STATE_VERSION = 2
+STATE_VERSION = 3
+OLDER_VERSION = 2  # attachments as [first_seen, orphan_streak]: read, never written
 # A node's state is a few hundred bytes a pod (2,500 attachments: about 300 KB); the cap keeps
 # what a forged file can make this process hold small beside the chart's memory limit.
 MAX_STATE_BYTES = 8 << 20
@@ -82,14 +89,45 @@ class KeptState:
 
 
 class _Doc(Struct, forbid_unknown_fields=True):
-    """The file as written: key -> [first_seen, orphan_streak], and the sandboxes' first-seen
-    times. `sandbox_netns`: older versions' cache of runtime answers, taken and never read."""
+    """The file as written: key -> [first_seen, orphan_streak, last counted (0: none)], and the
+    sandboxes' first-seen times. `sandbox_netns`: older versions' cache of runtime answers,
+    taken and never read."""
+
+    version: int
+    attachments: dict[str, tuple[float, int, float]] = {}
+    sandbox_netns: msgspec.Raw = msgspec.Raw()
+    sandbox_first_seen: dict[str, float] = {}
+    counters: dict[str, float] = {}
+
+
+class _OlderDoc(Struct, forbid_unknown_fields=True):
+    """Version 2's file: key -> [first_seen, orphan_streak]."""
 
     version: int
     attachments: dict[str, tuple[float, int]] = {}
     sandbox_netns: msgspec.Raw = msgspec.Raw()
     sandbox_first_seen: dict[str, float] = {}
     counters: dict[str, float] = {}
+
+
+class _Version(Struct):
+    """Only the version, to know which shape to read the file as."""
+
+    version: int
+
+
+def _decode(raw: bytes) -> _Doc:
+    """The file in this version's shape (a version 2 file's counts never counted, time 0)."""
+    version = msgspec.json.decode(raw, type=_Version).version
+    if version != OLDER_VERSION:
+        return msgspec.json.decode(raw, type=_Doc)
+    older = msgspec.json.decode(raw, type=_OlderDoc)
+    return _Doc(
+        version=STATE_VERSION,
+        attachments={k: (first_seen, streak, 0.0) for k, (first_seen, streak) in older.attachments.items()},
+        sandbox_first_seen=older.sandbox_first_seen,
+        counters=older.counters,
+    )
 
 
 def is_netns_path(path: str) -> bool:
@@ -113,8 +151,8 @@ def _is_time(value: float) -> bool:
     return math.isfinite(value) and 0 <= value <= MAX_TIME
 
 
-def _history_fits(key: str, first_seen: float, streak: int) -> bool:
-    return is_attachment_key(key) and _is_time(first_seen) and 0 <= streak <= MAX_STREAK
+def _history_fits(key: str, first_seen: float, streak: int, counted_at: float = 0.0) -> bool:
+    return is_attachment_key(key) and _is_time(first_seen) and 0 <= streak <= MAX_STREAK and _is_time(counted_at)
 
 
 def counter_fits(key: str, value: float) -> bool:
@@ -129,8 +167,8 @@ def _why_refused(doc: _Doc) -> str | None:
     for name, entries in (("attachments", doc.attachments), ("sandbox_first_seen", doc.sandbox_first_seen)):
         if len(entries) > MAX_ENTRIES:
             return f"{len(entries)} {name}, over {MAX_ENTRIES}"
-    for key, (first_seen, streak) in doc.attachments.items():
-        if not _history_fits(key, first_seen, streak):
+    for key, (first_seen, streak, counted_at) in doc.attachments.items():
+        if not _history_fits(key, first_seen, streak, counted_at):
             return f"attachment {key[:120]!r}: a key, time or count no pass writes"
     for key, when in doc.sandbox_first_seen.items():
         if not (is_cni_id(key) and _is_time(when)):
@@ -157,13 +195,16 @@ def load_state(path: str) -> tuple[State, str | None]:
     except UnfitFile as err:
         return EMPTY_STATE, f"state file {path} is unusable ({err}); {_set_aside(path)}; starting afresh"
     try:
-        doc = msgspec.json.decode(raw, type=_Doc)
+        doc = _decode(raw)
         why = _why_refused(doc)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as err:  # any shape but ours
         why = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
     if why is not None:
         return EMPTY_STATE, f"state file {path} is corrupt ({why}); {_set_aside(path)}; starting afresh"
-    attachments = {k: AttachmentHistory(float(v[0]), v[1]) for k, v in doc.attachments.items()}
+    attachments = {
+        k: AttachmentHistory(float(first_seen), streak, float(counted_at) if counted_at else None)
+        for k, (first_seen, streak, counted_at) in doc.attachments.items()
+    }
     first_seen = {k: float(v) for k, v in doc.sandbox_first_seen.items()}
     return State(attachments, first_seen, dict(doc.counters)), None
 
@@ -178,6 +219,13 @@ def _set_aside(path: str) -> str:
     return f"set aside as {aside}"
 
 
+def _counted_at(history: AttachmentHistory) -> float:
+    """When the attachment's count last rose, as written: 0 for none (or for a time no reader
+    would take: that count then rises on the next pass, as a new one's does)."""
+    when = history.counted_at
+    return when if when is not None and _is_time(when) else 0.0
+
+
 def save_state(path: str, state: State) -> None:
     """Write atomically: a temp file in the same dir, fsync, rename. Mode 0600.
 
@@ -185,7 +233,7 @@ def save_state(path: str, state: State) -> None:
     MAX_STREAK, entries past MAX_ENTRIES in key order): the reaper never sets aside its own
     file. An entry left out costs that attachment's or sandbox's count, never a wrong verdict."""
     attachments = sorted(
-        (k, [v.first_seen, min(v.orphan_streak, MAX_STREAK)])
+        (k, [v.first_seen, min(v.orphan_streak, MAX_STREAK), _counted_at(v)])
         for k, v in state.attachments.items()
         if _history_fits(k, v.first_seen, 0) and v.orphan_streak >= 0
     )
@@ -193,7 +241,7 @@ def save_state(path: str, state: State) -> None:
     counters = sorted((k, v) for k, v in state.counters.items() if counter_fits(k, v))
     doc = {
         "version": STATE_VERSION,
-        # key -> [first_seen, orphan_streak]: compact, a node can have thousands.
+        # key -> [first_seen, orphan_streak, last counted]: compact, a node can have thousands.
         "attachments": dict(attachments[:MAX_ENTRIES]),
         "sandbox_first_seen": dict(first_seen[:MAX_ENTRIES]),
         "counters": dict(counters[:MAX_COUNTERS]),

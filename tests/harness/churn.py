@@ -160,7 +160,7 @@ def run_churn(
     figures = ChurnFigures()
     log_path = workdir / "agent.log"
     view = podman.node_view() if podman is not None else []
-    argv = ["nsenter", f"--net={lab.netns_path}", *view, sys.executable, "-m", "reaper", "run"]
+    argv = ["nsenter", f"--net={lab.netns_path}", *view, sys.executable, "-m", "reaper", "run", "--mode", "reap"]
     if decoy is not None:
         argv += ["--runtime-endpoint", decoy.endpoint]
     argv += [*lab_flags(lab, workdir / "state.json"), "--interval", interval, "--log-format", "json"]

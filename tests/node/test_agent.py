@@ -68,7 +68,9 @@ def test_agent_scan_mode_serves_metrics_health_and_stops_cleanly(lab: Lab, tmp_p
 
 def test_agent_reap_mode_reclaims_and_counts(lab: Lab, tmp_path: Path) -> None:
     leak = lab.make_leak(with_cache=True)
-    agent = LabAgent(lab, tmp_path / "state.json", "--interval", "2s", *FAST, "--max-orphan-ratio", "1")
+    agent = LabAgent(
+        lab, tmp_path / "state.json", "--mode", "reap", "--interval", "2s", *FAST, "--max-orphan-ratio", "1"
+    )
     try:
         deadline = time.monotonic() + 30
         while (leak.lease_path.exists() or leak.netns_path.exists()) and time.monotonic() < deadline:

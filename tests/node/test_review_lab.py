@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -113,7 +114,12 @@ def test_explain_shows_a_live_pod_and_a_leak_with_the_evidence(lab: Lab, tmp_pat
     assert any(f"sandbox {web[:12]}" in line and "READY" in line for line in live[0]["evidence"]["runtimes"])
     assert live[0]["evidence"]["reclaim"] == ["nothing: it is live"]
 
-    by_pod = run_reaper(lab, "explain", state, "shop/cart-0", "--confirmations", "2", "--min-age", "0")
+    # Seconds after the scan, a look is the same look: it would not count (half of --interval, 30s).
+    soon = run_reaper(lab, "explain", state, "shop/cart-0", "--confirmations", "2", "--min-age", "0")
+    assert "verdict: PENDING" in soon.stdout and "after the last counted one, counts only" in soon.stdout
+    time.sleep(0.5)  # half of the 1s interval below, since the scan counted
+    spaced = ("env", "REAPER_INTERVAL=1s")
+    by_pod = run_reaper(lab, "explain", state, "shop/cart-0", "--confirmations", "2", "--min-age", "0", wrap=spaced)
     assert by_pod.returncode == 0, by_pod.stdout[-2000:] + by_pod.stderr
     text = by_pod.stdout
     assert f"attachment {leak.container_id}/{lab.network_name}/eth0 (pod shop/cart-0)" in text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,7 +120,12 @@ def test_grace_period_and_confirmations(world: World, tmp_path: Path) -> None:
     # Old enough, but seen ownerless on only one of two passes.
     first = run_reaper(lab, "scan", state, "--json", "--min-age", "0", "--confirmations", "2")
     assert first.returncode == 0 and first.doc["summary"]["orphan"] == 0 and first.doc["summary"]["pending"] == 3
-    second = run_reaper(lab, "scan", state, "--json", "--min-age", "0", "--confirmations", "2")
+    # A run right after is the same look: a pass counts half of --interval (30s) after the last.
+    again = run_reaper(lab, "scan", state, "--json", "--min-age", "0", "--confirmations", "2")
+    assert again.returncode == 0 and again.doc["summary"]["pending"] == 3
+    time.sleep(0.5)  # half of the 1s interval below, since the first run counted
+    spaced = ("env", "REAPER_INTERVAL=1s")
+    second = run_reaper(lab, "scan", state, "--json", "--min-age", "0", "--confirmations", "2", wrap=spaced)
     assert second.returncode == 1 and second.doc["summary"]["orphan"] == 3
     assert oct(os.stat(state).st_mode & 0o777) == "0o600"
 

@@ -41,7 +41,7 @@ KEY = f"{A}/mynet/eth0"
 def forge():
     # Whoever writes the state dir says the lease has had no owner for a million passes.
     doc = json.loads(state.read_bytes())
-    doc["attachments"][KEY] = [1.0, 10**6]
+    doc["attachments"][KEY] = [1.0, 10**6, 0]  # last counted: never, so this pass counts
     state.write_text(json.dumps(doc))
 
 def verdict(**kw):

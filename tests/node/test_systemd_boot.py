@@ -3,11 +3,10 @@ bookworm (systemd and the tools, nothing of the reaper's) in the lab's netns, wi
 bound in at the same path (its runtime socket, netns pins, IPAM, cache, config and bin dirs), and
 a copy of this checkout at /root/cni-reaper. There the README's blocks run as written, taken from
 README.md (tests/harness/readme.py), from the checkout as an operator would:
-  - systemd-install, systemd-report-only, systemd-enable: the venv under /opt/cni-reaper, the
-    units, the report-only drop-in, the timer on. The timer fires; the scan succeeds (exit 1 for
-    the orphan it finds, which the drop-in counts as success), writes the textfile and the state
-    file, and reclaims nothing;
-  - systemd-reap: the drop-in goes; a pass now reaps, and frees what it may;
+  - systemd-install, systemd-enable: the venv under /opt/cni-reaper, the units, the timer on.
+    The timer fires; the unit's report-only scan succeeds (exit 1 for the orphan it finds, which
+    the unit counts as success), writes the textfile and the state file, and reclaims nothing;
+  - systemd-reap: the reap drop-in goes in; a pass now reaps, and frees what it may;
   - systemd-uninstall: no unit, venv, link, textfile or state is left.
 node_exporter's textfile dir is there before the install, another tool's, with that tool's file
 in it: after both runs the dir and the file keep their owner and mode (the unit owns only its own
@@ -146,7 +145,7 @@ def prepare_node(node: BootedNode, lab: Lab, pin: str) -> None:
         "REAPER_CONFIRMATIONS": "1",
         "REAPER_MAX_ORPHAN_RATIO": "1",
     }
-    # Beside where the README puts report-only.conf; its uninstall removes this dir whole.
+    # Beside where the README puts reap.conf; its uninstall removes this dir whole.
     (system / "cni-reaper.service.d").mkdir()
     (system / "cni-reaper.service.d" / "lab.conf").write_text(
         "[Service]\n" + "".join(f"Environment={k}={v}\n" for k, v in env.items())
@@ -250,8 +249,8 @@ def test_the_readme_install_report_only_reap_and_uninstall(tmp_path: Path) -> No
             stock = node.run("sh", "-c", f"test ! -e {VENV} && ! command -v reaper", check=False).returncode == 0
             pinned_mnt = pin_mount_namespace(node, held_pin)
 
-            # Report only: the README's install, its drop-in and the timer, as written.
-            readme(node, "systemd-install", "systemd-report-only", "systemd-enable")
+            # Report only: the README's install and the timer, as written; nothing chooses reap.
+            readme(node, "systemd-install", "systemd-enable")
             enabled = node.run("systemctl", "is-enabled", "cni-reaper.timer").stdout.strip()
             scan = wait_for_run(node)
             timer = node.show("cni-reaper.timer", "ActiveState", "LastTriggerUSecMonotonic")
@@ -294,7 +293,7 @@ def test_the_readme_install_report_only_reap_and_uninstall(tmp_path: Path) -> No
         assert on_path[0] == "/usr/local/sbin/reaper" and len(on_path) > 1, on_path
 
         # The timer fired the report-only service: a scan that found the orphan (exit 1, which
-        # the drop-in counts as success), wrote the textfile, and reclaimed nothing.
+        # the unit counts as success), wrote the textfile, and reclaimed nothing.
         assert timer["ActiveState"] == "active"
         assert timer["LastTriggerUSecMonotonic"] not in ("", "0"), timer
         assert f"argv[]={VENV}/bin/reaper scan --textfile /{TEXTFILE} " in scan["ExecStart"], scan["ExecStart"]
@@ -311,7 +310,7 @@ def test_the_readme_install_report_only_reap_and_uninstall(tmp_path: Path) -> No
         assert any(held in reason for reason in reasons), (reasons, scan_journal[-3000:])
         assert "cannot be read" not in scan_journal and '"source": "heldns"' not in scan_journal, scan_journal[-3000:]
 
-        # Without the drop-in the shipped unit reaps, and the pass succeeded.
+        # With the reap drop-in the unit reaps, and the pass succeeded.
         assert f"argv[]={VENV}/bin/reaper reap --textfile /{TEXTFILE} " in service["ExecStart"], service["ExecStart"]
         assert service["Result"] == "success" and service["ExecMainStatus"] == "0", (service, journal[-3000:])
         assert applied["NoNewPrivileges"] == "yes"

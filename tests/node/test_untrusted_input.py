@@ -284,7 +284,8 @@ def test_the_agent_keeps_reclaiming_beside_hostile_files_and_healthz_tells_a_sta
     planted = _plant_hostile_files(the_lab, tmp_path / "outside")
     leak = the_lab.make_leak(with_cache=True)
     the_lab.install_plugin("reaper-hang", HANG_PLUGIN)
-    flags = ("--interval", "2s", "--stall-after", "4s", "--plugin-timeout", "10m", "--allow-plugin", "reaper-hang")
+    flags = ["--mode", "reap", "--interval", "2s", "--stall-after", "4s", "--plugin-timeout", "10m"]
+    flags += ["--allow-plugin", "reaper-hang"]
     agent = LabAgent(the_lab, tmp_path / "state.json", *flags, *REAP, port=9754)
     try:
         deadline = time.monotonic() + 30

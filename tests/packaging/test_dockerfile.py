@@ -202,3 +202,16 @@ def test_labels_name_the_release_and_its_license() -> None:
     pyproject = re.search(r'^version = "(.+)"$', (ROOT / "pyproject.toml").read_text(), re.M)
     chart = yaml.safe_load((ROOT / "charts" / "cni-reaper" / "Chart.yaml").read_text())
     assert pyproject and labels["org.opencontainers.image.version"] == pyproject.group(1) == chart["appVersion"]
+
+
+def test_the_images_command_reports_only() -> None:
+    """`podman run IMAGE`, no arguments: the agent, and an agent that reclaims nothing (its
+    --mode defaults to scan), with no REAPER_MODE in the image to choose reap behind the
+    operator's back. Reclaiming is chosen by the chart's mode=reap or `--mode reap`."""
+    from reaper.cli import build_parser  # noqa: PLC0415
+    from reaper.settings import agent_settings_from  # noqa: PLC0415
+
+    steps = instructions()
+    (cmd,) = [json.loads(a) for k, a in steps if k == "CMD"]
+    assert agent_settings_from(build_parser().parse_args(cmd), {}).mode == "scan"
+    assert not [a for k, a in steps if k == "ENV" and "REAPER_MODE" in a]

@@ -1,5 +1,6 @@
-"""The systemd units: `systemd-analyze verify` clean, hardening that leaves reaping possible, the
-report-only drop-in, and a README whose install blocks put everything where the units look.
+"""The systemd units: `systemd-analyze verify` clean, hardening that leaves reaping possible, a
+unit that reports only and a drop-in that makes it reap (reclaiming is chosen only that way), and
+a README whose install blocks put everything where the units look.
 
 The units are copied to a temporary dir with ExecStart pointed at a stub (verify insists that the
 binary exists); nothing is installed or started. tests/node/test_systemd_boot.py runs the README's
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 UNITS = ROOT / "deploy" / "systemd"
 SERVICE = UNITS / "cni-reaper.service"
 TIMER = UNITS / "cni-reaper.timer"
-REPORT_ONLY = UNITS / "cni-reaper.service.d" / "report-only.conf"
+REAP = UNITS / "cni-reaper.service.d" / "reap.conf"
 VENV = "/opt/cni-reaper"  # the README's install
 BINARY = f"{VENV}/bin/reaper"
 TEXTFILE = "/var/lib/node_exporter/textfile_collector/cni_reaper.prom"
@@ -95,9 +96,9 @@ def verify_dir(tmp_path: Path) -> Path:
     # verify reads a unit's drop-ins from <unit>.d beside it, as systemd does.
     dropins = tmp_path / f"{SERVICE.name}.d"
     dropins.mkdir()
-    report_only = REPORT_ONLY.read_text()
-    assert BINARY in report_only
-    (dropins / REPORT_ONLY.name).write_text(report_only.replace(BINARY, str(stub)))
+    reap = REAP.read_text()
+    assert BINARY in reap
+    (dropins / REAP.name).write_text(reap.replace(BINARY, str(stub)))
     return tmp_path
 
 
@@ -115,14 +116,16 @@ def test_systemd_analyze_verify_is_clean(verify_dir: Path) -> None:
     assert (result.returncode, result.stdout + result.stderr) == (0, "")
 
 
-def test_service_runs_one_reap_pass_into_the_textfile_collector() -> None:
+def test_service_runs_one_report_only_scan_into_the_textfile_collector() -> None:
     service = parse_unit(SERVICE)["Service"]
     assert values(service, "Type") == ["oneshot"]
     (exec_start,) = values(service, "ExecStart")
     argv = shlex.split(exec_start)
-    assert argv[:2] == [BINARY, "reap"]
+    assert argv[:2] == [BINARY, "scan"], "the unit alone never reclaims: reap.conf chooses that"
     assert argv[argv.index("--textfile") + 1] == TEXTFILE
     assert argv[argv.index("--log-format") + 1] == "json"
+    # "Orphans found" is the report's job; exit 2 (could not decide) still fails the unit.
+    assert values(service, "SuccessExitStatus") == ["1"]
     # The state file's dir (and the lock's) exists before the pass.
     state_dirs = " ".join(values(service, "StateDirectory")).split()
     assert "cni-reaper" in state_dirs
@@ -146,7 +149,7 @@ def test_the_unit_owns_only_its_own_dirs(tmp_path: Path) -> None:
     node_exporter's textfile dir, which other exporters' files share. That dir is used as it is;
     the README's install makes it only where it is missing, and leaves an existing one and
     another tool's file in it as they are."""
-    units = (SERVICE, REPORT_ONLY)
+    units = (SERVICE, REAP)
     managed = [
         f"{MANAGED_DIRS[key]}/{name}"
         for unit in units
@@ -207,28 +210,27 @@ def test_timer_every_five_minutes() -> None:
     assert values(sections["Install"], "WantedBy") == ["timers.target"]
 
 
-def test_report_only_dropin_scans_into_the_same_textfile() -> None:
-    sections = parse_unit(REPORT_ONLY)
+def test_reap_dropin_reaps_into_the_same_textfile() -> None:
+    sections = parse_unit(REAP)
     assert set(sections) == {"Unit", "Service"}
     service = sections["Service"]
-    # The empty ExecStart= first: otherwise a oneshot would run the unit's reap too.
+    # The empty ExecStart= first: otherwise a oneshot would run the unit's scan too.
     assert values(service, "ExecStart")[0] == ""
     (_, exec_start) = values(service, "ExecStart")
     argv = shlex.split(exec_start)
-    assert argv[:2] == [BINARY, "scan"]
+    assert argv[:2] == [BINARY, "reap"]
     assert argv[argv.index("--textfile") + 1] == TEXTFILE
     assert argv[argv.index("--log-format") + 1] == "json"
-    # "Orphans found" is the report's job; exit 2 (could not decide) still fails the unit.
-    assert values(service, "SuccessExitStatus") == ["1"]
+    # The empty SuccessExitStatus= drops the unit's 1: orphans left fail a reaping unit.
+    assert values(service, "SuccessExitStatus") == [""]
     # Only the command and its exit status change: the unit's hardening and dirs apply as they are.
     assert {key for key, _ in service} == {"ExecStart", "SuccessExitStatus"}
 
 
 def test_readme_blocks_install_what_the_units_run_and_uninstall_it() -> None:
     named = blocks(README.read_text())
-    assert {"systemd-install", "systemd-report-only", "systemd-enable", "systemd-reap", "systemd-uninstall"} <= set(
-        named
-    )
+    assert {"systemd-install", "systemd-enable", "systemd-reap", "systemd-uninstall"} <= set(named)
+    assert "systemd-report-only" not in named, "report-only is the unit's own: no step makes it so"
     install = shell_block("systemd-install")
     # A venv, not the system Python (PEP 668 refuses that on Debian 12 and Ubuntu 24.04).
     assert f"python3 -m venv {VENV}\n" in install
@@ -242,16 +244,20 @@ def test_readme_blocks_install_what_the_units_run_and_uninstall_it() -> None:
     # Every file the blocks copy exists in the checkout.
     copied = [
         word
-        for name in ("systemd-install", "systemd-report-only")
+        for name in ("systemd-install", "systemd-reap")
         for line in shell_block(name).splitlines()
         if line.startswith("cp ")
         for word in shlex.split(line, comments=True)[1:-1]
     ]
     assert copied and all((ROOT / path).is_file() for path in copied), copied
-    assert {str(p.relative_to(ROOT)) for p in (SERVICE, TIMER, REPORT_ONLY)} == set(copied)
+    assert {str(p.relative_to(ROOT)) for p in (SERVICE, TIMER, REAP)} == set(copied)
     assert "systemctl enable --now cni-reaper.timer" in shell_block("systemd-enable")
-    # The switch to reaping removes exactly the drop-in the report-only block installed.
-    assert f"/etc/systemd/system/cni-reaper.service.d/{REPORT_ONLY.name}" in shell_block("systemd-reap")
+    # The install copies the unit and the timer only: what it runs reclaims nothing.
+    assert REAP.name not in shell_block("systemd-install") + shell_block("systemd-enable")
+    # The switch to reaping installs the reap drop-in where systemd reads the unit's drop-ins.
+    reap = shell_block("systemd-reap")
+    assert f"{REAP.relative_to(ROOT)} /etc/systemd/system/cni-reaper.service.d/" in reap
+    assert "systemctl daemon-reload" in reap
     uninstall = shell_block("systemd-uninstall")
     for gone in (VENV, "/usr/local/sbin/reaper", "/etc/systemd/system/cni-reaper.service.d", TEXTFILE):
         assert gone in uninstall, gone

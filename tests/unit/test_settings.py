@@ -104,9 +104,9 @@ def test_compound_durations_from_a_flag_and_a_variable() -> None:
 def test_agent_settings() -> None:
     args = build_parser().parse_args(["run", "--listen", "[::1]:9000", "--interval", "5m"])
     agent = agent_settings_from(args, {})
-    assert (agent.mode, agent.interval, agent.listen_host, agent.listen_port) == ("reap", 300, "::1", 9000)
+    assert (agent.mode, agent.interval, agent.listen_host, agent.listen_port) == ("scan", 300, "::1", 9000)
     args = build_parser().parse_args(["run"])
-    assert agent_settings_from(args, {"REAPER_MODE": "scan"}).mode == "scan"
+    assert agent_settings_from(args, {"REAPER_MODE": "reap"}).mode == "reap"
 
 
 def test_a_dir_given_that_is_not_there_is_a_problem(tmp_path: Path) -> None:
