@@ -320,6 +320,7 @@ def _write_textfile(settings: Settings, metrics: ReaperMetrics, log: logging.Log
 def _run(args: argparse.Namespace) -> int:
     from reaper.agent import Agent  # noqa: PLC0415
     from reaper.events import events_from  # noqa: PLC0415
+    from reaper.http import ListenError  # noqa: PLC0415
 
     settings, _ = _settings(args)
     reap = reap_settings_from(args)
@@ -331,12 +332,19 @@ def _run(args: argparse.Namespace) -> int:
     try:
         agent = Agent(settings, reap, agent_settings, liveness, log, events=events)
         return agent.run()
-    except OSError as err:
-        print(
-            f"reaper: cannot listen on {agent_settings.listen_host}:{agent_settings.listen_port}: {err.strerror}",
-            file=sys.stderr,
-        )
+    except ListenError as err:  # before any pass: the endpoints come first
+        where = _listen_source(args, agent_settings.listen_host, agent_settings.listen_port)
+        print(f"reaper: {where}: cannot listen: {err}", file=sys.stderr)
         return EXIT_UNDECIDED
+
+
+def _listen_source(args: argparse.Namespace, host: str, port: int) -> str:
+    """`--listen HOST:PORT`, named as the operator gave it (REAPER_LISTEN when that gave it)."""
+    from reaper.settings import given  # noqa: PLC0415
+
+    source = given("--listen", args)
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return f"{'--listen' if source in (None, 'flag') else source} {shown}"
 
 
 def _reap(args: argparse.Namespace) -> int:

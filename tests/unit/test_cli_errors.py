@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -188,3 +189,22 @@ def test_version_to_a_closed_stdout_is_no_traceback() -> None:
     finally:
         os.close(write_end)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
+def test_a_metrics_port_in_use_is_one_line_naming_listen_and_the_os_error(tmp_path: Path) -> None:
+    """Issue 35: node_exporter on the port crash-looped the agent with AttributeError
+    ('_closing'), hiding EADDRINUSE. Now: the flag (or its variable), the error's name, the fix."""
+    flags = [*quiet_flags(tmp_path), "--mode", "scan", "--events", "off"]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        by_flag = reaper("run", *flags, "--listen", f"127.0.0.1:{port}")
+        by_variable = reaper("run", *flags, env=clean_env(REAPER_LISTEN=f"127.0.0.1:{port}"))
+    why = "Address already in use (EADDRINUSE); another process listens on that port"
+    for proc, name in ((by_flag, "--listen"), (by_variable, "REAPER_LISTEN")):
+        said = [line for line in proc.stderr.splitlines() if line.startswith("reaper:")]
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert said == [f"reaper: {name} 127.0.0.1:{port}: cannot listen: {why} (node_exporter's is 9100): "
+                        "give a free port"], proc.stderr  # fmt: skip
+    assert not (tmp_path / "state.json").exists(), "no pass before the endpoints listen"
