@@ -71,7 +71,8 @@ examples:
 
 EXPLAIN_EPILOG = """\
 exit status: 0 something matched, 1 nothing on this node matches TARGET, 2 could not decide
-(runtime or config): the evidence is shown, every verdict is unknown
+(runtime or config): the evidence is shown, every verdict is unknown; or TARGET is empty or
+shorter than 3 characters, which names nothing (nothing is looked at)
 
 examples:
   reaper explain 3f2a9c                         # a container ID prefix
@@ -418,10 +419,13 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from reaper.explain import explain, explain_json, explain_text  # noqa: PLC0415
+    from reaper.explain import explain, explain_json, explain_text, target_problem  # noqa: PLC0415
     from reaper.scan import scan_pass  # noqa: PLC0415
     from reaper.state import load_state  # noqa: PLC0415
 
+    problem = target_problem(args.target)
+    if problem is not None:  # a usage error, before the node is looked at
+        raise SettingsError(problem)
     settings, layout = _settings(args)
     log = setup_logging(settings.log_format, settings.log_level)
     _warn_dirs(settings, log)
