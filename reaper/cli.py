@@ -21,6 +21,7 @@ from reaper.host.jsondoc import dumps_indented
 from reaper.host.passlock import LockBusy, LockUnusable, pass_lock
 from reaper.layout import Layout, detect_layout
 from reaper.logs import setup_logging
+from reaper.model import HostUnseen
 from reaper.report import layout_json
 from reaper.runtime.liveness import liveness_from
 from reaper.settings import (
@@ -456,7 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _doctor(args)
         if args.command == "explain":
             return _explain(args)
-    except SettingsError as err:
+    except (SettingsError, HostUnseen) as err:
         print(f"reaper: {err}", file=sys.stderr)
         return EXIT_UNDECIDED
     except LockBusy as err:

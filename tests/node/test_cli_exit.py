@@ -72,3 +72,17 @@ def test_a_listen_address_the_node_cannot_take_is_one_line(tmp_path: Path, liste
     assert len(lines) == 1 and lines[0].startswith(f"reaper: --listen {listen}: cannot listen: "), proc.stderr
     assert said in lines[0], proc.stderr
     assert not (tmp_path / "state.json").exists(), "no pass before the endpoints listen"
+
+
+def test_a_user_who_cannot_see_the_hosts_netns_gets_one_line(tmp_path: Path) -> None:
+    """Issue 35: run as a user other than root, a scan was an OSError traceback (the host's
+    netns cannot be told: /proc/1/ns/net is not that user's to stat). Now one line, exit 2."""
+    argv = scan_argv(tmp_path)
+    reaper = argv[argv.index(sys.executable) :]
+    as_nobody = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", *reaper]
+    proc = subprocess.run(as_nobody, capture_output=True, text=True, timeout=120, check=False, cwd="/")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        "reaper: cannot tell the host's network namespace (/proc/1/ns/net: Permission denied): run as root, "
+        "in the host's PID namespace (hostPID), with its /proc"
+    ), proc.stderr
