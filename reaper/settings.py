@@ -61,6 +61,9 @@ def _not_a_directory(path: str) -> str:
     (a state file found unusable is moved aside: never a directory, such as /var/lib/cni)."""
     if os.path.isdir(path):
         raise ValueError(f"is a directory: name a file, like {os.path.join(path, 'FILE')}")
+    parent = os.path.dirname(path)
+    if os.path.lexists(parent) and not os.path.isdir(parent):  # makedirs would say "File exists"
+        raise ValueError(f"{parent} is not a directory")
     return path
 
 

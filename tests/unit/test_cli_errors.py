@@ -216,6 +216,11 @@ TARGETS_SAID = "give a container ID or a prefix of one (3+ hex digits), a pod NA
         # A directory where a file is written, a file where a directory is made.
         (["scan", "--state-file", "{dir}"], {}, "--state-file='{dir}': is a directory: name a file, like {dir}/FILE"),
         (["scan"], {"REAPER_TEXTFILE": "{dir}"}, "REAPER_TEXTFILE='{dir}': is a directory: name a file"),
+        (
+            ["scan", "--state-file", "{file}/state.json"],
+            {},
+            "--state-file='{file}/state.json': {file} is not a directory",
+        ),
         (["scan", "--textfile", "{dir}"], {}, "--textfile='{dir}': is a directory: name a file"),
         (["reap", "--dry-run", "--plan-out", "{dir}"], {}, "--plan-out='{dir}': is a directory: name a file"),
         (["reap", "--quarantine-dir", "{file}"], {}, "--quarantine-dir='{file}': is not a directory"),
