@@ -21,6 +21,7 @@ from reaper.host.jsondoc import dumps_indented
 from reaper.host.passlock import LockBusy, LockUnusable, pass_lock
 from reaper.layout import Layout, detect_layout
 from reaper.logs import setup_logging
+from reaper.model import HostUnseen
 from reaper.report import layout_json
 from reaper.runtime.liveness import liveness_from
 from reaper.settings import (
@@ -74,7 +75,8 @@ examples:
 
 EXPLAIN_EPILOG = """\
 exit status: 0 something matched, 1 nothing on this node matches TARGET, 2 could not decide
-(runtime or config): the evidence is shown, every verdict is unknown
+(runtime or config): the evidence is shown, every verdict is unknown; or TARGET is empty or
+shorter than 3 characters, which names nothing (nothing is looked at)
 
 examples:
   reaper explain 3f2a9c                         # a container ID prefix
@@ -325,6 +327,7 @@ def _write_textfile(settings: Settings, metrics: ReaperMetrics, log: logging.Log
 def _run(args: argparse.Namespace) -> int:
     from reaper.agent import Agent  # noqa: PLC0415
     from reaper.events import events_from  # noqa: PLC0415
+    from reaper.http import ListenError  # noqa: PLC0415
 
     settings, _ = _settings(args)
     reap = reap_settings_from(args)
@@ -336,12 +339,19 @@ def _run(args: argparse.Namespace) -> int:
     try:
         agent = Agent(settings, reap, agent_settings, liveness, log, events=events)
         return agent.run()
-    except OSError as err:
-        print(
-            f"reaper: cannot listen on {agent_settings.listen_host}:{agent_settings.listen_port}: {err.strerror}",
-            file=sys.stderr,
-        )
+    except ListenError as err:  # before any pass: the endpoints come first
+        where = _listen_source(args, agent_settings.listen_host, agent_settings.listen_port)
+        print(f"reaper: {where}: cannot listen: {err}", file=sys.stderr)
         return EXIT_UNDECIDED
+
+
+def _listen_source(args: argparse.Namespace, host: str, port: int) -> str:
+    """`--listen HOST:PORT`, named as the operator gave it (REAPER_LISTEN when that gave it)."""
+    from reaper.settings import given  # noqa: PLC0415
+
+    source = given("--listen", args)
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return f"{'--listen' if source in (None, 'flag') else source} {shown}"
 
 
 def _reap(args: argparse.Namespace) -> int:
@@ -419,10 +429,13 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from reaper.explain import explain, explain_json, explain_text  # noqa: PLC0415
+    from reaper.explain import explain, explain_json, explain_text, target_problem  # noqa: PLC0415
     from reaper.scan import scan_pass  # noqa: PLC0415
     from reaper.state import load_state  # noqa: PLC0415
 
+    problem = target_problem(args.target)
+    if problem is not None:  # a usage error, before the node is looked at
+        raise SettingsError(problem)
     settings, layout = _settings(args)
     log = setup_logging(settings.log_format, settings.log_level)
     _warn_dirs(settings, log)
@@ -453,7 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _doctor(args)
         if args.command == "explain":
             return _explain(args)
-    except SettingsError as err:
+    except (SettingsError, HostUnseen) as err:
         print(f"reaper: {err}", file=sys.stderr)
         return EXIT_UNDECIDED
     except LockBusy as err:

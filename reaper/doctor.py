@@ -431,7 +431,11 @@ def _runtimes(view: RuntimeView, layout: Layout) -> Iterator[Check]:
                 fix = "fix or stop that runtime, or pass --runtime-endpoint with the ones that serve pods"
             yield Check("runtime", "fail", f"{answer.endpoint} ({answer.source}): {answer.error}", fix)
     if view.runtimes and not any(a.reachable for a in view.runtimes):
-        yield Check("runtime", "fail", "no runtime answers: every pass would be undecided", likely_cause(view, layout))
+        cause = likely_cause(view, layout)
+        if any(a.error and a.error in cause for a in view.runtimes):
+            # The cause is the runtimes' own words, each already a line above with its fix.
+            cause = "make a runtime above answer (see its fix), or pass --runtime-endpoint with those that serve pods"
+        yield Check("runtime", "fail", "no runtime answers: every pass would be undecided", cause)
 
 
 def run_checks(

@@ -25,6 +25,23 @@ from reaper.reap.trust import node_trust, proven_namespaces
 from reaper.report import attachment_json, runtime_lines
 
 _HEX_PREFIX = re.compile(r"[0-9a-f]{3,64}")
+# The shortest target that can name anything: a container ID prefix has 3 hex digits (fewer
+# would name a sixteenth of the node), a pod `a/b` is 3 characters, and so is every address
+# (`::1`), veth, pin, lease, chain and cache file name the reaper reports.
+MIN_TARGET = 3
+TARGETS = (
+    "give a container ID or a prefix of one (3+ hex digits), a pod NAMESPACE/NAME, an IP address, "
+    "or the name or path of a resource (veth, pin, lease, chain, cache file)"
+)
+
+
+def target_problem(target: str) -> str | None:
+    """Why `target` cannot name anything (a usage error, not "nothing matches"), or None."""
+    if not target.strip():
+        return f"explain: TARGET is empty: {TARGETS}"
+    if len(target) < MIN_TARGET:
+        return f"explain: TARGET {target!r} is too short to name anything: {TARGETS}"
+    return None
 
 
 class Evidence(Struct, frozen=True, kw_only=True):
@@ -157,7 +174,10 @@ def _reclaim(
         lines.append(f"DEL with the config from {request.source}: {_plugins(request.config)}")
         lines.append(f"CNI_NETNS={request.netns or '(none)'}, then the kernel step for what DEL leaves")
     else:
-        lines.append(f"no plugin would run: {note}; the kernel step frees what the kernel and files hold")
+        # The notes that say why begin "no plugin runs: " themselves; a key with no container
+        # or network (a pin alone) has no note: no cache entry names a DEL for it.
+        why = (note or "no cache entry names its container and network").removeprefix("no plugin runs: ")
+        lines.append(f"no plugin would run: {why}; the kernel step frees what the kernel and files hold")
     keeps = kept_state(attachment, records, configs, request)
     if keeps is not None:
         lines.append(f"kept until a DEL succeeds: {keeps}")

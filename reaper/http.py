@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import socket
 import sys
@@ -248,9 +249,42 @@ def _handler(metrics: Callable[[], bytes], readiness: Check, health: Check) -> t
     return Handler
 
 
+class ListenError(Exception):
+    """The endpoints cannot listen at HOST:PORT; the message says why (the OS's error and its
+    name) and what to give instead, one line for the operator who set --listen."""
+
+
+# What to give instead, by the OS's error on bind (socket.gaierror's are EAI_*, negative).
+_LISTEN_FIXES = {
+    errno.EADDRINUSE: "another process listens on that port (node_exporter's is 9100): give a free port",
+    errno.EADDRNOTAVAIL: "HOST is not an address of this node: give one of its addresses, 0.0.0.0 or 127.0.0.1",
+    errno.EACCES: "a port under 1024 needs CAP_NET_BIND_SERVICE: give a port from 1024 up",
+    errno.EAFNOSUPPORT: "this node has no IPv6: give an IPv4 address",
+    errno.EINVAL: "give an address of this node (a link-local one with its %interface)",
+}
+
+
+def _error_name(err: OSError) -> str:
+    if isinstance(err, socket.gaierror):
+        names = {getattr(socket, n): n for n in dir(socket) if n.startswith("EAI_")}
+        return names.get(err.errno, "") if err.errno is not None else ""
+    return errno.errorcode.get(err.errno, "") if err.errno is not None else ""
+
+
+def listen_problem(err: OSError) -> str:
+    """One line: what the OS said when the server could not listen, its name, and the fix."""
+    said = err.strerror or str(err)
+    name = _error_name(err)
+    if isinstance(err, socket.gaierror):
+        fix = "HOST is neither an IP address nor a name this node resolves: give an IP address"
+    else:
+        fix = _LISTEN_FIXES.get(err.errno or 0, "give a HOST:PORT this node can listen on")
+    return f"{said} ({name}); {fix}" if name else f"{said}; {fix}"
+
+
 class HealthServer:
-    """Serves the endpoints on a thread of its own until closed. Raises OSError when it cannot
-    listen."""
+    """Serves the endpoints on a thread of its own until closed. Raises ListenError when it
+    cannot listen."""
 
     def __init__(
         self,
@@ -261,7 +295,10 @@ class HealthServer:
         health: Check = lambda: (True, "ok"),
     ) -> None:
         server_class = _IPv6Server if ":" in host else _BoundedServer
-        self._server = server_class((host, port), _handler(metrics, readiness, health))
+        try:
+            self._server = server_class((host, port), _handler(metrics, readiness, health))
+        except OSError as err:
+            raise ListenError(listen_problem(err)) from err
         self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
         self._thread.start()
 

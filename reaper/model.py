@@ -109,6 +109,11 @@ class SourceError(Struct, frozen=True):
     error: str
 
 
+class HostUnseen(Exception):
+    """This process cannot tell which network namespace is the host's (not root, or /proc not
+    the host's), so no look can be made; the message is one line for the operator, with the fix."""
+
+
 class NodeSnapshot(Struct, frozen=True, kw_only=True):
     """One look at the node: every kind's records, and what could not be read."""
 

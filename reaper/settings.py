@@ -56,6 +56,33 @@ def _absolute_or_here(path: str) -> str:
     return os.path.abspath(path)
 
 
+def _not_a_directory(path: str) -> str:
+    """A file the reaper writes: a directory there is a mistyped path, not a file to replace
+    (a state file found unusable is moved aside: never a directory, such as /var/lib/cni)."""
+    if os.path.isdir(path):
+        raise ValueError(f"is a directory: name a file, like {os.path.join(path, 'FILE')}")
+    parent = os.path.dirname(path)
+    if os.path.lexists(parent) and not os.path.isdir(parent):  # makedirs would say "File exists"
+        raise ValueError(f"{parent} is not a directory")
+    return path
+
+
+def _absolute_file(path: str) -> str:
+    return _not_a_directory(_absolute(path))
+
+
+def _file_here(path: str) -> str:
+    return _not_a_directory(_absolute_or_here(path))
+
+
+def _absolute_dir(path: str) -> str:
+    """A dir the reaper makes when missing; a file there is a mistyped path."""
+    full = _absolute(path)
+    if os.path.lexists(full) and not os.path.isdir(full):
+        raise ValueError("is not a directory")
+    return full
+
+
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -222,7 +249,7 @@ OPTIONS: tuple[Option, ...] = (
            "never reclaim attachments on a network whose name matches GLOB (repeatable)", "paths", name_glob, ",",
            "GLOB"),
     Option("--state-file", "REAPER_STATE_FILE", "/var/lib/cni-reaper/state.json",
-           "where confirmations are counted between passes and runs", "paths", _absolute, metavar="PATH"),
+           "where confirmations are counted between passes and runs", "paths", _absolute_file, metavar="PATH"),
     Option("--lock-wait", "REAPER_LOCK_WAIT", "60s",
            "how long to wait while another reaper on this node holds the lock beside --state-file (its pass "
            "under way); then exit 4 naming it (the agent skips that pass); 0: do not wait", "paths",
@@ -234,7 +261,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("--json", None, None, "print one JSON object instead of the table", "output", switch=True),
     Option("--textfile", "REAPER_TEXTFILE", None,
            "also write the metrics to PATH, atomically, for node_exporter's textfile collector", "output",
-           metavar="PATH"),
+           _file_here, metavar="PATH"),
     Option("--max-reap", "REAPER_MAX_REAP", "100",
            "reclaim at most N attachments a pass that a wrong verdict could cost a pod something (an address, a "
            "pin, a veth, a file a DEL may need); the rest wait. A loopback's cache entry alone, in no namespace "
@@ -248,7 +275,7 @@ OPTIONS: tuple[Option, ...] = (
            _one_of("auto", "kernel"), metavar="METHOD"),
     Option("--quarantine-dir", "REAPER_QUARANTINE_DIR", None,
            "move reclaimed lease and cache files here (under their original path) instead of deleting them", "reap",
-           _absolute, metavar="DIR"),
+           _absolute_dir, metavar="DIR"),
     Option("--plugin-timeout", "REAPER_PLUGIN_TIMEOUT", "60s",
            "kill a plugin (and what it started) that runs longer than this", "reap",
            _positive_duration, metavar="DURATION"),
@@ -261,7 +288,7 @@ OPTIONS: tuple[Option, ...] = (
            switch=True),
     Option("--dry-run", None, None, "print the plan (each step and method); change nothing", "reap", switch=True),
     Option("--plan-out", None, None,
-           "with --dry-run: also write the plan to PATH, for review and a later --plan", "reap", _absolute_or_here,
+           "with --dry-run: also write the plan to PATH, for review and a later --plan", "reap", _file_here,
            metavar="PATH"),
     Option("--plan", None, None,
            "reclaim only what PATH (a --plan-out file made on this node since its last boot) reviewed, and only "

@@ -15,21 +15,28 @@ from reaper.kinds import FindOptions, Found, Kind, Look, hostlocal
 from reaper.kinds.hostlocal import range_usage
 from reaper.kinds.netconf import collect_configs_of
 from reaper.kinds.registry import KINDS
-from reaper.model import NetworkConfig, NodeSnapshot, NsKey, SourceError
+from reaper.model import HostUnseen, NetworkConfig, NodeSnapshot, NsKey, SourceError
 from reaper.stopwatch import Stopwatch
 
 HOST_NETNS_PATHS = ("/proc/1/ns/net", "/proc/2/ns/net")
 
 
-def host_netns() -> NsKey:
+def host_netns(paths: tuple[str, ...] = HOST_NETNS_PATHS) -> NsKey:
+    """The host's network namespace; HostUnseen when none of `paths` can be looked at (a user
+    other than root may not stat another user's /proc/<pid>/ns, ptrace's rule)."""
     # pid 1's may be unreadable (a protected init); kthreadd (pid 2) is always in init_net.
-    for path in HOST_NETNS_PATHS:
+    said = ""
+    for path in paths:
         try:
             st = os.stat(path)
-        except OSError:
+        except OSError as err:
+            said = said or f"{path}: {err.strerror}"
             continue
         return NsKey(st.st_dev, st.st_ino)
-    raise OSError(f"cannot stat {' or '.join(HOST_NETNS_PATHS)} to identify the host netns")
+    raise HostUnseen(
+        f"cannot tell the host's network namespace ({said}): run as root, in the host's PID namespace "
+        "(hostPID), with its /proc"
+    )
 
 
 NetnsMembers = list[tuple[NsKey, list[int]]]

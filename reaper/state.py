@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import stat
 from collections.abc import Mapping
 
 import msgspec
@@ -210,9 +211,13 @@ def load_state(path: str) -> tuple[State, str | None]:
 
 
 def _set_aside(path: str) -> str:
-    """Keep an unusable state file for a look (the next save writes a new one)."""
+    """Keep an unusable state file for a look (the next save writes a new one). A directory is
+    never moved: one at the state file's path is a mistyped --state-file (/var/lib/cni), and
+    moving it would take whatever it holds away from its owner."""
     aside = f"{path}.corrupt"
     try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            return "a directory, left where it is"
         os.replace(path, aside)
     except OSError as err:
         return f"could not set it aside: {err.strerror}"

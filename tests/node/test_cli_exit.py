@@ -8,6 +8,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -42,3 +44,45 @@ def test_version_is_the_packages() -> None:
     proc = subprocess.run([sys.executable, "-m", "reaper", "--version"], capture_output=True, text=True, check=False)
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"reaper {version}\n", "")
+
+
+def listen_argv(tmp: Path, listen: str) -> list[str]:
+    """`reaper run` in a network namespace of its own with only its loopback up: no address
+    but 127.0.0.1 and ::1 is this namespace's, and no name resolves."""
+    argv = scan_argv(tmp)
+    at = argv.index("scan")
+    reaper = [*argv[argv.index(sys.executable) : at], "run", *argv[at + 2 :]]  # no --json for run
+    return ["unshare", "--net", "--", "sh", "-ec", 'ip link set lo up; exec "$@"', "sh",
+            *reaper, "--mode", "scan", "--events", "off", "--listen", listen]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("listen", "said"),
+    [
+        ("192.0.2.1:9753", "Cannot assign requested address (EADDRNOTAVAIL); HOST is not an address of this node"),
+        ("no-such-host.invalid:9753", "; HOST is neither an IP address nor a name this node resolves"),
+    ],
+)
+def test_a_listen_address_the_node_cannot_take_is_one_line(tmp_path: Path, listen: str, said: str) -> None:
+    """Issue 35: an unassignable --listen is one line naming --listen, the OS's error and the
+    fix, exit 2; the agent makes no pass first."""
+    proc = subprocess.run(listen_argv(tmp_path, listen), capture_output=True, text=True, timeout=60, check=False)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("reaper:")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"reaper: --listen {listen}: cannot listen: "), proc.stderr
+    assert said in lines[0], proc.stderr
+    assert not (tmp_path / "state.json").exists(), "no pass before the endpoints listen"
+
+
+def test_a_user_who_cannot_see_the_hosts_netns_gets_one_line(tmp_path: Path) -> None:
+    """Issue 35: run as a user other than root, a scan was an OSError traceback (the host's
+    netns cannot be told: /proc/1/ns/net is not that user's to stat). Now one line, exit 2."""
+    argv = scan_argv(tmp_path)
+    reaper = argv[argv.index(sys.executable) :]
+    as_nobody = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", *reaper]
+    proc = subprocess.run(as_nobody, capture_output=True, text=True, timeout=120, check=False, cwd="/")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        "reaper: cannot tell the host's network namespace (/proc/1/ns/net: Permission denied): run as root, "
+        "in the host's PID namespace (hostPID), with its /proc"
+    ), proc.stderr

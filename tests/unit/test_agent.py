@@ -16,8 +16,9 @@ from msgspec.structs import replace
 from reaper import agent as agent_module
 from reaper.agent import READY_INTERVALS, Agent
 from reaper.host.passlock import LockBusy, take_lock
-from reaper.model import ReapResult, ScanResult
+from reaper.model import HostUnseen, ReapResult, ScanResult
 from reaper.settings import AgentSettings
+from reaper.snapshot import host_netns
 from tests.harness.reclaim_fakes import FakeLiveness, fake_settings, reap_settings, scan_result
 from tests.harness.results import full_report, reap_result
 from tests.harness.snapshots import runtime, snapshot
@@ -137,6 +138,29 @@ def test_a_pass_that_raises_is_an_error_and_the_agent_goes_on(tmp_path: Path, pa
     assert agent.readiness() == (False, "the runtime has not answered yet")
     agent.run_pass()
     assert passes_total(agent, "ok") == 1 and agent.readiness() == (True, "ok")
+
+
+def test_a_pass_that_cannot_see_the_hosts_netns_is_one_line_with_no_traceback(
+    tmp_path: Path, passes: Passes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 35: run as a user other than root (or without the host's /proc), each pass logged
+    an OSError traceback; the operator's fix is one error line."""
+    agent = make_agent(tmp_path, Clock())
+    passes.results = [host_unseen()]
+    with caplog.at_level(logging.ERROR):
+        agent.run_pass()
+    assert passes_total(agent, "error") == 1
+    (record,) = caplog.records
+    assert record.exc_info is None and record.getMessage() == "pass failed"
+    assert str(record.__dict__["error"]).endswith("run as root, in the host's PID namespace (hostPID), with its /proc")
+
+
+def host_unseen() -> HostUnseen:
+    """What host_netns raises where it may look at none of its paths."""
+    with pytest.raises(HostUnseen) as raised:
+        host_netns(("/nonexistent/1/ns/net", "/nonexistent/2/ns/net"))
+    assert str(raised.value).startswith("cannot tell the host's network namespace (/nonexistent/1/ns/net: No such")
+    return raised.value
 
 
 def test_a_scan_mode_pass_reclaims_nothing(tmp_path: Path, passes: Passes) -> None:

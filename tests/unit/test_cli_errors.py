@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -188,3 +189,81 @@ def test_version_to_a_closed_stdout_is_no_traceback() -> None:
     finally:
         os.close(write_end)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
+YEAR = "more than a year: give at most 365d"
+TARGETS_SAID = "give a container ID or a prefix of one (3+ hex digits), a pod NAMESPACE/NAME, an IP address"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "line"),
+    [
+        # Durations past a year: apscheduler's OverflowError, grpc's DEADLINE_EXCEEDED (issue 35).
+        (["run", "--interval", "99999999999999999999d"], {}, f"--interval='99999999999999999999d': {YEAR}"),
+        (["run"], {"REAPER_INTERVAL": "99999999999999999999d"}, f"REAPER_INTERVAL='99999999999999999999d': {YEAR}"),
+        (["scan", "--runtime-timeout", "400d"], {}, f"--runtime-timeout='400d': {YEAR}"),
+        (["reap", "--plugin-timeout", "9" * 400], {}, f"--plugin-timeout='{'9' * 80}'...: {YEAR}"),
+        (["run", "--stall-after", "8761h"], {}, f"--stall-after='8761h': {YEAR}"),
+        (["scan", "--lock-wait", "366d"], {}, f"--lock-wait='366d': {YEAR}"),
+        (["scan", "--min-age", "1000d"], {}, f"--min-age='1000d': {YEAR}"),
+        (["run", "--interval", "-5"], {}, "--interval='-5': must not be negative"),
+        (["scan", "--confirmations", "x"], {}, "--confirmations='x': not a whole number"),
+        (["reap", "--max-reap", "-1"], {}, "--max-reap='-1': must be 1 or more"),
+        (["run", "--listen", "9753"], {}, "--listen='9753': not HOST:PORT"),
+        # explain's target: a usage error, not "nothing matches".
+        (["explain", ""], {}, f"explain: TARGET is empty: {TARGETS_SAID}"),
+        (["explain", "12"], {}, f"explain: TARGET '12' is too short to name anything: {TARGETS_SAID}"),
+        # A directory where a file is written, a file where a directory is made.
+        (["scan", "--state-file", "{dir}"], {}, "--state-file='{dir}': is a directory: name a file, like {dir}/FILE"),
+        (["scan"], {"REAPER_TEXTFILE": "{dir}"}, "REAPER_TEXTFILE='{dir}': is a directory: name a file"),
+        (
+            ["scan", "--state-file", "{file}/state.json"],
+            {},
+            "--state-file='{file}/state.json': {file} is not a directory",
+        ),
+        (["scan", "--textfile", "{dir}"], {}, "--textfile='{dir}': is a directory: name a file"),
+        (["reap", "--dry-run", "--plan-out", "{dir}"], {}, "--plan-out='{dir}': is a directory: name a file"),
+        (["reap", "--quarantine-dir", "{file}"], {}, "--quarantine-dir='{file}': is not a directory"),
+        # A plan that is not one: said before the pass, never a traceback.
+        (["reap", "--plan", "{file}"], {}, "--plan {file}: not JSON"),
+        (["reap", "--plan", "{dir}"], {}, "--plan {dir}: not a regular file"),
+        (["reap", "--plan", "{dir}/none.json"], {}, "--plan {dir}/none.json: No such file or directory"),
+    ],
+)
+def test_an_operators_mistake_is_one_line_naming_the_flag_and_exit_2(
+    argv: list[str], env: dict[str, str], line: str, tmp_path: Path
+) -> None:
+    """Issue 35: every bad value a command takes is one line on stderr naming what was typed
+    and what to give instead, exit 2, no traceback; nothing is looked at or changed first."""
+    given = tmp_path / "given"
+    given.mkdir()
+    (tmp_path / "file").write_text("not json\n")
+    places = {"dir": str(given), "file": str(tmp_path / "file")}
+    argv = [arg.format(**places) for arg in argv]
+    command, rest = argv[0], argv[1:]
+    flags = [] if command == "explain" and not rest[0] else quiet_flags(tmp_path)
+    proc = reaper(command, *flags, *rest, env=clean_env(**{k: v.format(**places) for k, v in env.items()}))
+    said = [x for x in proc.stderr.splitlines() if not x.startswith("warning: not running as root")]
+    assert proc.returncode == 2 and len(said) == 1, proc.stderr
+    assert said[0].startswith(f"reaper: {line.format(**places)}"), proc.stderr
+    assert not (tmp_path / "state.json").exists(), "refused before any pass"
+    assert given.is_dir() and not list(given.iterdir()), "the directory is left as it was"
+
+
+def test_a_metrics_port_in_use_is_one_line_naming_listen_and_the_os_error(tmp_path: Path) -> None:
+    """Issue 35: node_exporter on the port crash-looped the agent with AttributeError
+    ('_closing'), hiding EADDRINUSE. Now: the flag (or its variable), the error's name, the fix."""
+    flags = [*quiet_flags(tmp_path), "--mode", "scan", "--events", "off"]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        by_flag = reaper("run", *flags, "--listen", f"127.0.0.1:{port}")
+        by_variable = reaper("run", *flags, env=clean_env(REAPER_LISTEN=f"127.0.0.1:{port}"))
+    why = "Address already in use (EADDRINUSE); another process listens on that port"
+    for proc, name in ((by_flag, "--listen"), (by_variable, "REAPER_LISTEN")):
+        said = [line for line in proc.stderr.splitlines() if line.startswith("reaper:")]
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert said == [f"reaper: {name} 127.0.0.1:{port}: cannot listen: {why} (node_exporter's is 9100): "
+                        "give a free port"], proc.stderr  # fmt: skip
+    assert not (tmp_path / "state.json").exists(), "no pass before the endpoints listen"

@@ -18,8 +18,9 @@ from reaper.doctor import Check, _cni_dirs, _dirs, _plugins, _pod_cidrs, _preset
 from reaper.host.nsmounts import NsMount
 from reaper.kinds.netconf import collect_configs_of, parse_network_config
 from reaper.layout import Layout
-from reaper.model import NetworkConfig, NsKey
+from reaper.model import NetworkConfig, NsKey, RuntimeAnswer, RuntimeView
 from reaper.podcidr import PodCidrs
+from reaper.runtime.discovery import REFUSED
 from reaper.settings import settings_from
 
 
@@ -233,3 +234,32 @@ def test_the_held_netns_check_fails_when_the_mounts_cannot_all_be_read(monkeypat
     monkeypatch.setattr(doctor, "netns_mounts", fails)
     check = doctor._held_mounts(("/run/netns",))
     assert check.status == "fail" and "cannot be entered" in check.message and "orphan" in check.message
+
+
+def _answer(endpoint: str, error: str, skipped: bool = False) -> RuntimeAnswer:
+    return RuntimeAnswer(
+        endpoint=endpoint, source="--runtime-endpoint", name=None, version=None, reachable=False, error=error,
+        sandboxes=0, skipped=skipped,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [
+        (_answer("unix:///x.sock", "no socket at /x.sock"),),
+        (_answer("unix:///a.sock", "Version on unix:///a.sock: DEADLINE_EXCEEDED"),
+         _answer("unix:///b.sock", "Version on unix:///b.sock: UNAVAILABLE")),
+        (_answer("unix:///c.sock", f"could not be asked: {REFUSED}"),),
+    ],
+)  # fmt: skip
+def test_no_fix_line_repeats_an_error(answers: tuple[RuntimeAnswer, ...]) -> None:
+    """Issue 35: with no runtime answering, the summary's fix was the runtime's error again."""
+    error = "; ".join(a.error or "" for a in answers)
+    view = RuntimeView(
+        endpoint="", name=None, version=None, reachable=False, error=error, sandboxes=(), runtimes=answers
+    )
+    checks = list(doctor._runtimes(view, Layout()))
+    assert checks[-1].message == "no runtime answers: every pass would be undecided"
+    for check in checks:
+        assert check.fix and not any(check.fix in other.message for other in checks), check
+        assert not any(a.error and a.error in check.fix for a in answers), check

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-import pytest
+import datetime
+from pathlib import Path
 
-from reaper.durations import ACCEPTED, format_duration, parse_duration
+import pytest
+from apscheduler.triggers.interval import IntervalTrigger
+
+from reaper.agent import JITTER
+from reaper.durations import ACCEPTED, MAX_SECONDS, format_duration, parse_duration
+from reaper.runtime.client import RuntimeClient
+from tests.harness.fake_cri import FakeRuntime, sandbox_list
 
 
 @pytest.mark.parametrize(
@@ -47,3 +54,36 @@ def test_negative_durations_say_so(text: str) -> None:
 
 def test_format_duration() -> None:
     assert [format_duration(s) for s in (5, 600, 7200, 200000)] == ["5s", "10m", "2h", "2d"]
+
+
+@pytest.mark.parametrize("text", ["365d", "8760h", "31536000", "364d23h59m59s"])
+def test_a_year_is_taken(text: str) -> None:
+    assert parse_duration(text) <= MAX_SECONDS
+
+
+@pytest.mark.parametrize("text", ["366d", "365d1ms", "31536000.5", "99999999999999999999d", "9" * 400])
+def test_more_than_a_year_is_refused_with_the_bound(text: str) -> None:
+    """Issue 35: `--interval 99999999999999999999d` was apscheduler's OverflowError, and a
+    huge `--runtime-timeout` made a reachable runtime DEADLINE_EXCEEDED (400 nines is inf)."""
+    with pytest.raises(ValueError, match=r"^more than a year: give at most 365d$"):
+        parse_duration(text)
+
+
+def test_the_longest_runtime_timeout_is_a_deadline_grpc_keeps(tmp_path: Path) -> None:
+    """The bound is one the CRI client takes: a call with a year's deadline is answered (past
+    about 300 years grpc took the deadline as already passed)."""
+    socket = tmp_path / "cri.sock"
+    with FakeRuntime(socket, sandbox_list([]), {}):
+        client = RuntimeClient(f"unix://{socket}", MAX_SECONDS)
+        try:
+            assert client.version().runtime_name == "fake-cri"
+        finally:
+            client.close()
+
+
+def test_the_longest_interval_is_one_the_scheduler_takes() -> None:
+    """The agent's IntervalTrigger with a year's interval and its jitter (reaper.agent)."""
+    trigger = IntervalTrigger(seconds=MAX_SECONDS, jitter=int(MAX_SECONDS * JITTER), timezone=datetime.UTC)
+    now = datetime.datetime.now(datetime.UTC)
+    following = trigger.get_next_fire_time(now, now)
+    assert following is not None and following > now

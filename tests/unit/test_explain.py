@@ -5,8 +5,11 @@ from __future__ import annotations
 import pytest
 from msgspec.structs import replace
 
-from reaper.explain import Evidence, explain_json, explain_text, matches
-from reaper.model import Attachment, AttachmentKey, NsKey, ResourceRef
+from reaper.explain import TARGETS, Evidence, explain, explain_json, explain_text, matches, target_problem
+from reaper.model import Attachment, AttachmentKey, NsKey, Policy, ResourceRef, ScanResult
+from reaper.reap.trust import NO_KERNEL_EVIDENCE
+from tests.harness.passes import confirmed
+from tests.harness.snapshots import cache, cid, lease, snapshot
 
 CID = "3f2a9c" + "0" * 58
 
@@ -70,3 +73,29 @@ def test_the_json_is_the_reports_attachment_with_its_evidence() -> None:
     assert one["container_id"] == CID and one["verdict"] == "orphan" and one["pod"] == "kube-system/coredns-0"
     assert one["evidence"]["namespace"] == ["netns 4:99", "no process is inside it"]
     assert one["resources"][0]["age_seconds"] == 3600.0
+
+
+def test_why_no_plugin_would_run_is_said_once() -> None:
+    """Issue 35: the reclaim line read "no plugin would run: no plugin runs: ..."."""
+    snap = snapshot(leases=(lease(1),), caches=(cache(1, with_netns=False),))
+    report = confirmed(snap, Policy(min_age=0.0, confirmations=1, stuck_after=900.0), snap.taken_at)
+    result = ScanResult(
+        report=report, snapshot=snap, known_netns={}, state_saved=False, warnings=(), seconds=0.0, timings=()
+    )
+    (found,) = explain(result, cid(1)[:8], {}, 1)
+    (line, *_) = found.reclaim
+    assert line == f"no plugin would run: {NO_KERNEL_EVIDENCE.removeprefix('no plugin runs: ')}; " + (
+        "the kernel step frees what the kernel and files hold"
+    )
+
+
+@pytest.mark.parametrize("target", ["", " ", "12", "ab", "/"])
+def test_a_target_too_short_to_name_anything_is_a_usage_error(target: str) -> None:
+    """Issue 35: `reaper explain ''` and `explain 12` said "nothing matches" (exit 1)."""
+    problem = target_problem(target)
+    assert problem is not None and problem.endswith(TARGETS)
+
+
+@pytest.mark.parametrize("target", ["3f2", "a/b", "::1", "veth3c1f2a7b", "10.0.0.7"])
+def test_a_target_that_can_name_something_is_taken(target: str) -> None:
+    assert target_problem(target) is None

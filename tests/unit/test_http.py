@@ -27,6 +27,8 @@ from reaper.http import (
     REQUEST_DEADLINE,
     HeadTooLarge,
     HealthServer,
+    ListenError,
+    listen_problem,
     read_head,
 )
 
@@ -252,14 +254,32 @@ def test_a_request_with_a_body_is_answered_without_reading_it() -> None:
         server.close()
 
 
-def test_a_port_in_use_is_an_oserror_naming_it() -> None:
+def test_a_port_in_use_is_a_listen_error_naming_it_and_the_fix() -> None:
     """Issue 35: a port in use raised AttributeError ('_closing') and hid EADDRINUSE."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        with pytest.raises(OSError) as raised:
+        with pytest.raises(ListenError) as raised:
             HealthServer("127.0.0.1", taken.getsockname()[1], lambda: b"", lambda: (True, "ok"))
-    assert raised.value.errno == errno.EADDRINUSE
+    assert isinstance(raised.value.__cause__, OSError) and raised.value.__cause__.errno == errno.EADDRINUSE
+    assert str(raised.value) == (
+        "Address already in use (EADDRINUSE); another process listens on that port (node_exporter's is 9100): "
+        "give a free port"
+    )
+
+
+@pytest.mark.parametrize(
+    ("err", "line"),
+    [
+        (OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address"), "(EADDRNOTAVAIL); HOST is not an address"),
+        (OSError(errno.EACCES, "Permission denied"), "(EACCES); a port under 1024 needs CAP_NET_BIND_SERVICE"),
+        (OSError(errno.EAFNOSUPPORT, "Address family not supported"), "(EAFNOSUPPORT); this node has no IPv6"),
+        (socket.gaierror(socket.EAI_NONAME, "Name or service not known"), "(EAI_NONAME); HOST is neither an IP"),
+        (OSError(errno.ENOBUFS, "No buffer space available"), "(ENOBUFS); give a HOST:PORT this node can listen"),
+    ],
+)
+def test_each_listen_error_says_its_name_and_a_fix(err: OSError, line: str) -> None:
+    assert line in listen_problem(err)
 
 
 def test_the_head_is_read_and_never_a_byte_past_it_or_its_bound() -> None:

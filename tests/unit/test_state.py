@@ -182,3 +182,12 @@ def load_state_of(path: Path, doc: dict[str, object]) -> State:
     state, warning = load_state(str(path))
     assert warning is None
     return state
+
+
+def test_a_directory_at_the_state_files_path_is_never_moved(tmp_path: Path) -> None:
+    """Issue 35: `--state-file /var/lib/cni` (a dir) moved the whole dir to .corrupt."""
+    path = tmp_path / "cni"
+    (path / "networks").mkdir(parents=True)
+    state, warning = load_state(str(path))
+    assert state == EMPTY_STATE and warning is not None and "a directory, left where it is" in warning
+    assert (path / "networks").is_dir() and not (tmp_path / "cni.corrupt").exists()
