@@ -136,10 +136,11 @@ def racing_reap(lab: Lab, mode: str, hide: list[str], state: Path, flags: tuple[
 @contextlib.contextmanager
 def seeded_lab() -> Iterator[tuple[Lab, str, str, str]]:
     """A lab whose runtime keeps both seed sandboxes (NOTREADY, nothing running inside) beside a
-    live pod: (lab, chained sandbox, CNI-not-configured sandbox, live pod)."""
+    live pod started first: (lab, chained sandbox, CNI-not-configured sandbox, live pod). The
+    node tests' `seeds` fixture makes the same on the module's lab."""
     with Lab() as lab:
-        chained, nocni = reproduce_both_seeds(lab)
         web = lab.run_pod("web")
+        chained, nocni = reproduce_both_seeds(lab)
         yield lab, chained, nocni, web
 
 

@@ -11,7 +11,6 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,11 +27,8 @@ PROMETHEUS = shutil.which("prometheus")
 FAST = ("--min-age", "0", "--confirmations", "1")
 
 
-@pytest.fixture(scope="module")
-def lab() -> Iterator[Lab]:
-    with Lab() as lab:
-        lab.run_pod("web")
-        yield lab
+# The live pod the agent's figures count, beside the leaks each test makes.
+pytestmark = pytest.mark.usefixtures("web")
 
 
 def test_agent_scan_mode_serves_metrics_health_and_stops_cleanly(lab: Lab, tmp_path: Path) -> None:

@@ -80,12 +80,6 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
         podman.close()
 
 
-@pytest.fixture(scope="module")
-def lab() -> Iterator[Lab]:
-    with Lab() as lab:
-        yield lab
-
-
 def in_image(built: Built, entrypoint: str, *args: str) -> subprocess.CompletedProcess[str]:
     return built.podman("run", "--rm", *ULIMITS, "--network", "none", "--entrypoint", entrypoint, TAG, *args)
 

@@ -59,11 +59,10 @@ elif command == "DEL":
 """
 
 
-@pytest.fixture(scope="module")
-def lab() -> Iterator[Lab]:
-    with Lab() as lab:
-        lab.install_plugin(PLUGIN, STATEFUL_NOOP)
-        yield lab
+@pytest.fixture(scope="module", autouse=True)
+def stateful_noop(lab: Lab) -> None:
+    """The chained plugin in the lab's bin dir, for every test here."""
+    lab.install_plugin(PLUGIN, STATEFUL_NOOP)
 
 
 @dataclass

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,12 +15,8 @@ from tests.harness.lab import Lab
 from tests.harness.reap_helpers import REAP, leak_left, pings, racing_reap, seeded_lab
 from tests.harness.reaper_cli import attachments_by_key, run_reaper
 
-
-@pytest.fixture(scope="module")
-def lab() -> Iterator[Lab]:
-    with Lab() as made:
-        made.run_pod("web")
-        yield made
+# A live pod beside the ones each test starts.
+pytestmark = pytest.mark.usefixtures("web")
 
 
 def key(lab: Lab, cid: str) -> tuple[str, str, str]:

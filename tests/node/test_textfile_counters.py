@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 import urllib.parse
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,12 +29,6 @@ pytestmark = pytest.mark.skipif(
     PROMETHEUS is None or NODE_EXPORTER is None,
     reason="prometheus and prometheus-node-exporter (Debian packages, make deps) are not installed",
 )
-
-
-@pytest.fixture
-def lab() -> Iterator[Lab]:
-    with Lab() as made:
-        yield made
 
 
 def query(lab: Lab, expr: str) -> list[dict[str, object]]:
