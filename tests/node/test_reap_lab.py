@@ -12,7 +12,6 @@ import os
 import secrets
 import stat
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,6 +24,8 @@ from reaper.kinds.iptables import chain_name
 from tests.harness.configs import cache_doc
 from tests.harness.lab import Lab, PortMap, kernel
 from tests.harness.lab import cni as labcni
+from tests.harness.probe import probe_argv
+from tests.harness.probes import bind_holder
 from tests.harness.reap_helpers import (
     HANG_PLUGIN,
     REAP,
@@ -612,17 +613,6 @@ def test_chains_in_the_legacy_iptables_backend(forgotten: Forgotten, tmp_path: P
     assert_live_intact(forgotten, tmp_path)
 
 
-# Bind-mounts argv[1] onto argv[2] in the mount namespace it was started in, says so, waits.
-HOLDER = """
-import ctypes, sys, time
-libc = ctypes.CDLL(None, use_errno=True)
-if libc.mount(sys.argv[1].encode(), sys.argv[2].encode(), None, ctypes.c_ulong(0x1000), None) != 0:
-    raise OSError(ctypes.get_errno(), "mount")
-print("ready", flush=True)
-time.sleep(600)
-"""
-
-
 def test_a_leak_whose_netns_a_mount_holds_elsewhere_keeps_everything_until_it_goes(
     forgotten: Forgotten, tmp_path: Path
 ) -> None:
@@ -637,7 +627,7 @@ def test_a_leak_whose_netns_a_mount_holds_elsewhere_keeps_everything_until_it_go
     leak, control = lab.make_leak(with_cache=True), lab.make_leak(with_cache=True)
     held = tmp_path / "held"
     held.touch()
-    argv = ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", HOLDER]
+    argv = ["unshare", "--mount", "--propagation", "private", *probe_argv(bind_holder)]
     holder = subprocess.Popen(
         [*argv, str(leak.netns_path), str(held)],
         stdout=subprocess.PIPE,
