@@ -13,18 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from tests.harness.lab import Lab, Leak
+from tests.harness.plugins import hang, script
 from tests.harness.reaper_cli import lab_flags
 
 # A plugin that hangs on every command but VERSION, after starting a child of its own.
-HANG_PLUGIN = """#!/usr/bin/env python3
-import json, os, subprocess, sys, time
-if os.environ.get("CNI_COMMAND") == "VERSION":
-    print(json.dumps({"cniVersion": "1.0.0", "supportedVersions": ["0.4.0", "1.0.0"]}))
-    sys.exit(0)
-sys.stdin.read()
-subprocess.Popen(["sleep", "600", "reaper-hang-child"])
-time.sleep(600)
-"""
+HANG_PLUGIN = script(hang)
 
 SCAN = ("--min-age", "0", "--confirmations", "1")
 REAP = (*SCAN, "--max-orphan-ratio", "1")

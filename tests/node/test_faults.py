@@ -16,6 +16,7 @@ from tests.harness.agent import LabAgent, metric
 from tests.harness.lab import Lab
 from tests.harness.lab.kernel import mount as kernel_mount
 from tests.harness.lab.kernel import umount
+from tests.harness.plugins import crash, garbage, script
 from tests.harness.reap_helpers import (
     HANG_PLUGIN,
     REAP,
@@ -27,26 +28,12 @@ from tests.harness.reap_helpers import (
 )
 from tests.harness.reaper_cli import attachments_by_key, run_reaper
 
-CRASH_PLUGIN = """#!/usr/bin/env python3
-import json, os, signal, sys
-if os.environ.get("CNI_COMMAND") == "VERSION":
-    print(json.dumps({"cniVersion": "1.0.0", "supportedVersions": ["0.4.0", "1.0.0"]}))
-    sys.exit(0)
-os.kill(os.getpid(), signal.SIGSEGV)
-"""
-GARBAGE_PLUGIN = """#!/usr/bin/env python3
-import os, sys
-sys.stdout.buffer.write(b"\\x00\\xffnot json at all {{{" * 100)
-sys.exit(0 if os.environ.get("CNI_COMMAND") == "DEL" else 1)
-"""
-
-
 # Both seed sandboxes beside the live pod, as the runtime keeps them, in every test here.
 pytestmark = pytest.mark.usefixtures("seeds")
 
 
 @pytest.mark.parametrize(
-    ("plugin", "script", "error"), [("crash", CRASH_PLUGIN, "exit -11"), ("garbage", GARBAGE_PLUGIN, "")]
+    ("plugin", "script", "error"), [("crash", script(crash), "exit -11"), ("garbage", script(garbage), "")]
 )
 def test_a_crashing_or_babbling_plugin(
     lab: Lab, web: str, tmp_path: Path, plugin: str, script: str, error: str

@@ -351,14 +351,3 @@ def test_a_leak_with_a_pin_and_no_cache_entry_still_gets_the_conf_dirs_del(node:
     (plan,) = [p for p in run.doc["plan"] if p["container_id"] == leak.container_id and p["ifname"] == "eth0"]
     assert plan["config"] == str(lab.conf_dir / f"10-{lab.network_name}.conflist"), plan
     guard.check()
-
-
-GC_PROBE = """#!/usr/bin/env python3
-import json, os, sys
-if os.environ.get("CNI_COMMAND") == "VERSION":
-    print(json.dumps({"cniVersion": "1.1.0", "supportedVersions": ["1.0.0", "1.1.0"]}))
-    sys.exit(0)
-conf = json.load(sys.stdin)
-with open("{calls}", "a") as f:
-    f.write(json.dumps({"command": os.environ.get("CNI_COMMAND"), "conf": conf}) + "\\n")
-"""

@@ -24,6 +24,7 @@ from reaper.kinds.iptables import chain_name
 from tests.harness.configs import cache_doc
 from tests.harness.lab import Lab, PortMap, kernel
 from tests.harness.lab import cni as labcni
+from tests.harness.plugins import gc_recorder, script
 from tests.harness.probe import probe_argv
 from tests.harness.probes import bind_holder
 from tests.harness.reap_helpers import (
@@ -388,23 +389,12 @@ def test_an_ipv6_range_is_reclaimed(forgotten: Forgotten, tmp_path: Path) -> Non
         conf.unlink()
 
 
-GC_PLUGIN = """#!/usr/bin/env python3
-import json, os, sys
-if os.environ.get("CNI_COMMAND") == "VERSION":
-    print(json.dumps({"cniVersion": "1.1.0", "supportedVersions": ["1.0.0", "1.1.0"]}))
-    sys.exit(0)
-conf = json.load(sys.stdin)
-with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "gc-calls.jsonl"), "a") as f:
-    f.write(json.dumps({"command": os.environ.get("CNI_COMMAND"), "conf": conf}) + "\\n")
-"""
-
-
 @contextlib.contextmanager
 def gc_probe(lab: Lab) -> Iterator[Path]:
     """The lab's network at CNI 1.1.0 with a GC-recording plugin, and one with GC disabled;
     yields the file each call is recorded in."""
     net = lab.network_name
-    lab.install_plugin("reaper-gc-probe", GC_PLUGIN)
+    lab.install_plugin("reaper-gc-probe", script(gc_recorder))
     calls = lab.bin_dir / "gc-calls.jsonl"
     gc_conf = lab.conf_dir / "30-gc.conflist"
     gc_conf.write_text(json.dumps({"cniVersion": "1.1.0", "name": net, "plugins": [{"type": "reaper-gc-probe"}]}))
