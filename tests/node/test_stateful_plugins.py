@@ -41,16 +41,15 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def world() -> Iterator[World]:
-    with Lab() as lab:
-        lab.install_plugin(PLUGIN, script(datastore))
-        store = lab.bin_dir / "datastore"
-        store.mkdir()
-        network = f"store-{secrets.token_hex(3)}"
-        conflist: dict[str, Any] = {"cniVersion": "1.1.0", "name": network, "plugins": [{"type": PLUGIN}]}
-        (lab.conf_dir / "20-store.conflist").write_text(json.dumps(conflist))
-        live = lab.run_pod("live")
-        yield World(lab, live, network, conflist, store, lab.bin_dir / "datastore-calls.jsonl")
+def world(lab: Lab) -> World:
+    lab.install_plugin(PLUGIN, script(datastore))
+    store = lab.bin_dir / "datastore"
+    store.mkdir()
+    network = f"store-{secrets.token_hex(3)}"
+    conflist: dict[str, Any] = {"cniVersion": "1.1.0", "name": network, "plugins": [{"type": PLUGIN}]}
+    (lab.conf_dir / "20-store.conflist").write_text(json.dumps(conflist))
+    live = lab.run_pod("live")
+    return World(lab, live, network, conflist, store, lab.bin_dir / "datastore-calls.jsonl")
 
 
 @dataclass
