@@ -11,7 +11,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.harness.lab import Lab
+from tests.harness.probe import probe_argv
+from tests.harness.probes import http_get as http_get_probe
 from tests.harness.reaper_cli import lab_flags
+
+
+def http_get(lab: Lab, url: str, timeout: float = 5.0) -> tuple[int, str]:
+    """GET `url` from inside the lab's netns: the status and the body (0 and why, unanswered)."""
+    out = lab.run_in_netns(probe_argv(http_get_probe, url, str(timeout)), check=True, timeout=timeout + 30).stdout
+    status, _, body = out.partition("\n")
+    return int(status), body
 
 
 class LabAgent:
@@ -26,26 +35,13 @@ class LabAgent:
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
 
     def get(self, path: str) -> tuple[int, str]:
-        probe = (
-            "import sys, urllib.request, urllib.error\n"
-            "try:\n"
-            f"    r = urllib.request.urlopen('http://127.0.0.1:{self.port}{path}', timeout=5)\n"
-            "    print(r.status); print(r.read().decode(), end='')\n"
-            "except urllib.error.HTTPError as e:\n"
-            "    print(e.code); print(e.read().decode(), end='')\n"
-        )
-        out = self.lab.run_in_netns([sys.executable, "-c", probe], check=True).stdout
-        status, _, body = out.partition("\n")
-        return int(status), body
+        return http_get(self.lab, f"http://127.0.0.1:{self.port}{path}")
 
     def wait_for(self, path: str, want: int, timeout: float = 30.0) -> str:
         deadline = time.monotonic() + timeout
         last: tuple[int, str] = (0, "")
         while time.monotonic() < deadline:
-            try:
-                last = self.get(path)
-            except subprocess.CalledProcessError:
-                last = (0, "not listening yet")
+            last = self.get(path)  # (0, why) while it is not listening yet
             if last[0] == want:
                 return last[1]
             time.sleep(0.2)

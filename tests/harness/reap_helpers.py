@@ -13,18 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from tests.harness.lab import Lab, Leak
+from tests.harness.plugins import hang, script
 from tests.harness.reaper_cli import lab_flags
 
 # A plugin that hangs on every command but VERSION, after starting a child of its own.
-HANG_PLUGIN = """#!/usr/bin/env python3
-import json, os, subprocess, sys, time
-if os.environ.get("CNI_COMMAND") == "VERSION":
-    print(json.dumps({"cniVersion": "1.0.0", "supportedVersions": ["0.4.0", "1.0.0"]}))
-    sys.exit(0)
-sys.stdin.read()
-subprocess.Popen(["sleep", "600", "reaper-hang-child"])
-time.sleep(600)
-"""
+HANG_PLUGIN = script(hang)
 
 SCAN = ("--min-age", "0", "--confirmations", "1")
 REAP = (*SCAN, "--max-orphan-ratio", "1")
@@ -136,10 +129,11 @@ def racing_reap(lab: Lab, mode: str, hide: list[str], state: Path, flags: tuple[
 @contextlib.contextmanager
 def seeded_lab() -> Iterator[tuple[Lab, str, str, str]]:
     """A lab whose runtime keeps both seed sandboxes (NOTREADY, nothing running inside) beside a
-    live pod: (lab, chained sandbox, CNI-not-configured sandbox, live pod)."""
+    live pod started first: (lab, chained sandbox, CNI-not-configured sandbox, live pod). The
+    node tests' `seeds` fixture makes the same on the module's lab."""
     with Lab() as lab:
-        chained, nocni = reproduce_both_seeds(lab)
         web = lab.run_pod("web")
+        chained, nocni = reproduce_both_seeds(lab)
         yield lab, chained, nocni, web
 
 

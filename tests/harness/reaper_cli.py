@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.harness.lab import Lab
+from tests.harness.probe import probe_argv
+from tests.harness.probes import fake_kubelet
 
 
 @dataclass(frozen=True)
@@ -68,14 +70,10 @@ def names(attachment: dict[str, Any], kind: str) -> set[str]:
     return {r["name"] for r in attachment["resources"] if r["kind"] == kind}
 
 
-# A process that names itself kubelet (PR_SET_NAME) and waits; discovery reads the flags after it.
-NAMED_KUBELET = "import ctypes, time; ctypes.CDLL(None).prctl(15, b'kubelet', 0, 0, 0); time.sleep(600)"
-
-
 def kubelet_argv(*flags: str, prefix: Sequence[str] = ()) -> list[str]:
     """A fake kubelet's command line: `prefix` (unshare, chroot, setpriv ...), then a process
     named kubelet whose command line holds `flags`."""
-    return [*prefix, sys.executable, "-c", NAMED_KUBELET, *flags]
+    return [*prefix, *probe_argv(fake_kubelet, "quiet", "", *flags)]
 
 
 def run_reaper_discovering(

@@ -7,10 +7,14 @@ from reaper.kinds.hostlocal import HostLocalLease
 from reaper.kinds.iptables import IptablesChain
 from reaper.kinds.netns import NetnsPin
 from reaper.kinds.veth import VethLink
-from reaper.model import NodeSnapshot, NsKey, RuntimeView, Sandbox
+from reaper.model import NodeSnapshot, NsKey, Policy, RuntimeView, Sandbox
 
 HOST = NsKey(4, 4026531833)
 NET = "mynet"
+# The clock and the policy reconcile's tests judge synthetic snapshots by: OLD is past min_age.
+NOW = 10_000.0
+POLICY = Policy(min_age=600.0, confirmations=2, stuck_after=900.0)
+OLD = NOW - 3600.0
 
 
 def cid(n: int) -> str:

@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import secrets
 import subprocess
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from reaper.kinds.bandwidth import ifb_name
 from tests.harness.lab import Lab
 from tests.harness.lab import cni as labcni
+from tests.harness.probe import probe_argv
+from tests.harness.probes import links_by_kind
 from tests.harness.reap_helpers import REAP, SCAN, cached_result, host_links, ifbs, leak_left, pings, qdiscs
 from tests.harness.reaper_cli import attachments_by_key, names, run_reaper
 
@@ -95,26 +96,9 @@ def test_the_leaks_ifb_is_freed_and_the_live_pods_stays(tmp_path: Path) -> None:
         assert names(attachments_by_key(after.doc)[(web, net, labcni.IFNAME)], "ifb") == {web_ifb}
 
 
-# Run in a throwaway netns: links of every kind the question is not about, and two IFBs.
-KIND_PROBE = """
-import json, subprocess
-from reaper.host.netlink import dump_links_of_kind, links_of_kind
-for i in range(40):
-    subprocess.run(["ip", "link", "add", f"va{i}", "type", "veth", "peer", "name", f"vb{i}"], check=True)
-subprocess.run(["ip", "link", "add", "bwp0123456789ab", "type", "ifb"], check=True)
-subprocess.run(["ip", "link", "add", "ifbother", "type", "ifb"], check=True)
-
-out = {
-    f"{k} {f}": sorted(link.name for link in links_of_kind(k, f)) for k in ("ifb", "nosuchkind") for f in (True, False)
-}
-out["public"] = sorted(link.name for link in dump_links_of_kind("ifb"))
-print(json.dumps(out))
-"""
-
-
 def test_a_dump_by_kind_returns_that_kind_only_filtered_by_the_kernel_or_not() -> None:
     proc = subprocess.run(
-        ["unshare", "--net", sys.executable, "-c", KIND_PROBE], capture_output=True, text=True, timeout=60, check=False
+        ["unshare", "--net", *probe_argv(links_by_kind)], capture_output=True, text=True, timeout=60, check=False
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from reaper.host.files import namespace_of
 from tests.harness.lab import Lab
@@ -18,12 +15,6 @@ from tests.harness.reaper_cli import attachments_by_key, run_reaper
 
 PRIVATE_PROC = ("unshare", "--pid", "--fork", "--mount-proc")
 PRIVATE_MOUNTS = ("unshare", "--mount", "--propagation", "private")
-
-
-@pytest.fixture(scope="module")
-def lab() -> Iterator[tuple[Lab, str]]:
-    with Lab() as lab:
-        yield lab, lab.run_pod("web")
 
 
 def hold(pin: Path) -> subprocess.Popen[bytes]:
@@ -38,33 +29,29 @@ def hold(pin: Path) -> subprocess.Popen[bytes]:
     raise AssertionError("the holder never entered the namespace")
 
 
-def test_without_the_hosts_pid_namespace_nothing_with_a_netns_is_an_orphan(
-    lab: tuple[Lab, str], tmp_path: Path
-) -> None:
-    the_lab, web = lab
-    leak = the_lab.make_leak(with_cache=True)
+def test_without_the_hosts_pid_namespace_nothing_with_a_netns_is_an_orphan(lab: Lab, web: str, tmp_path: Path) -> None:
+    leak = lab.make_leak(with_cache=True)
     holder = hold(leak.netns_path)
     try:
-        run = run_reaper(the_lab, "reap", tmp_path / "state.json", "--json", *REAP, wrap=PRIVATE_PROC)
+        run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP, wrap=PRIVATE_PROC)
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr
         held = attachments_by_key(run.doc)[(leak.container_id, leak.network, leak.ifname)]
         assert held["verdict"] == "unknown" and "PID namespace" in held["reason"]
-        assert leak.netns_path.exists() and run.doc["reclaimed"] == [] and pings(the_lab, web)
+        assert leak.netns_path.exists() and run.doc["reclaimed"] == [] and pings(lab, web)
     finally:
         holder.kill()
         holder.wait()
     # Seen from the host's PID namespace, once nobody is inside, it is an ordinary leak.
-    run = run_reaper(the_lab, "reap", tmp_path / "state.json", "--json", *REAP)
-    assert run.returncode == 0 and leak_left(the_lab, leak) == []
+    run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
+    assert run.returncode == 0 and leak_left(lab, leak) == []
 
 
-def test_where_netns_mounts_do_not_propagate_no_pin_is_unlinked(lab: tuple[Lab, str], tmp_path: Path) -> None:
-    the_lab, web = lab
-    leak = the_lab.make_leak(with_cache=True)
-    run = run_reaper(the_lab, "reap", tmp_path / "state.json", "--json", *REAP, wrap=PRIVATE_MOUNTS)
+def test_where_netns_mounts_do_not_propagate_no_pin_is_unlinked(lab: Lab, web: str, tmp_path: Path) -> None:
+    leak = lab.make_leak(with_cache=True)
+    run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP, wrap=PRIVATE_MOUNTS)
     (outcome,) = run.doc["reclaimed"]
     pin = next(r for r in outcome["resources"] if r["kind"] == "netns")
     assert not pin["ok"] and "do not propagate" in pin["error"]
-    assert leak.netns_path.exists() and pings(the_lab, web)
-    run = run_reaper(the_lab, "reap", tmp_path / "state.json", "--json", *REAP)  # from the host's mounts
-    assert run.returncode == 0 and leak_left(the_lab, leak) == []
+    assert leak.netns_path.exists() and pings(lab, web)
+    run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)  # from the host's mounts
+    assert run.returncode == 0 and leak_left(lab, leak) == []

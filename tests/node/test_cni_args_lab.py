@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +22,6 @@ from tests.harness.lab import Lab
 from tests.harness.lab.cni import Leak
 from tests.harness.reap_helpers import REAP, leak_left, pings
 from tests.harness.reaper_cli import ReaperRun, run_reaper
-
-
-@pytest.fixture(scope="module")
-def lab() -> Iterator[tuple[Lab, str]]:
-    with Lab() as lab:
-        yield lab, lab.run_pod("live")
 
 
 def _with_args(leak: Leak, args: list[list[str]]) -> None:
@@ -47,36 +40,34 @@ def _outcome(run: ReaperRun, cid: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("own", [["IgnoreUnknown", "false"], ["ignoreunknown", "0"]])
 def test_host_locals_del_releases_the_lease_whatever_ignore_unknown_the_entry_spells(
-    lab: tuple[Lab, str], own: list[str], tmp_path: Path
+    lab: Lab, web: str, own: list[str], tmp_path: Path
 ) -> None:
-    node, live = lab
-    leak = node.make_leak(with_cache=True)
+    leak = lab.make_leak(with_cache=True)
     pod = [["K8S_POD_NAMESPACE", "default"], ["K8S_POD_NAME", f"gone-{leak.container_id[:6]}"]]
     _with_args(leak, [own, *pod])
-    run = run_reaper(node, "reap", tmp_path / f"state-{secrets.token_hex(3)}.json", "--json", *REAP)
+    run = run_reaper(lab, "reap", tmp_path / f"state-{secrets.token_hex(3)}.json", "--json", *REAP)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr
     outcome = _outcome(run, leak.container_id)
     assert outcome["plugin_errors"] == [], outcome
     # host-local itself released it (the DEL ran and succeeded), not the reaper's kernel step.
     via = {r["kind"]: r["method"] for r in outcome["resources"]}
     assert via["ipam"] == "cni-del" and via["veth"] == "cni-del", via
-    assert leak_left(node, leak) == []
-    assert pings(node, live)
+    assert leak_left(lab, leak) == []
+    assert pings(lab, web)
 
 
 def test_an_entry_whose_cni_args_the_kernel_would_not_execute_runs_no_plugin_and_is_reclaimed(
-    lab: tuple[Lab, str], tmp_path: Path
+    lab: Lab, web: str, tmp_path: Path
 ) -> None:
-    node, live = lab
-    leak = node.make_leak(with_cache=True)
+    leak = lab.make_leak(with_cache=True)
     _with_args(leak, [["IgnoreUnknown", "1"], ["K8S_POD_NAME", "x"], ["K8S_POD_UID", "u" * 200_000]])
-    run = run_reaper(node, "reap", tmp_path / "state.json", "--json", *REAP)
+    run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr
     outcome = _outcome(run, leak.container_id)
     assert outcome["plugin_errors"] == [] and outcome["needs_plugin"] is None, outcome
     assert {r["method"] for r in outcome["resources"]} == {"kernel"}
-    assert leak_left(node, leak) == []
+    assert leak_left(lab, leak) == []
     # One line says why no plugin ran.
     refused = [line for line in run.stderr.splitlines() if "more than 16384" in line]
     assert len(refused) == 1 and "no plugin runs: cniArgs make a CNI_ARGS of" in refused[0], run.stderr[-3000:]
-    assert pings(node, live)
+    assert pings(lab, web)

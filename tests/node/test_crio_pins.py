@@ -9,11 +9,8 @@ import os
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from reaper.host.files import namespace_of
 from tests.harness.lab import Lab
@@ -24,12 +21,6 @@ from tests.harness.reaper_cli import run_reaper
 MNT_DETACH = 2
 # A user namespace cannot be bind-mounted here (EPERM): its pins are covered by the unit tests.
 FLAGS = {"ipc": ["--ipc"], "uts": ["--uts"], "pid": ["--fork", "--pid"]}
-
-
-@pytest.fixture(scope="module")
-def lab() -> Iterator[Lab]:
-    with Lab() as lab:
-        yield lab
 
 
 def pin_other(namespaces_dir: Path, ns_type: str, name: str) -> Path:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import secrets
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,18 +83,16 @@ class FlannelLab:
 
 
 @pytest.fixture(scope="module")
-def flannel_lab() -> Iterator[FlannelLab]:
-    with Lab() as lab:
-        web = lab.run_pod("web")
-        add_firewall(lab, web)
-        data_dir = lab.root / "flannel-data"
-        data_dir.mkdir(mode=0o700)
-        # flannel hands its `ipam` to the delegate: host-local's leases stay inside the lab.
-        plugin = {"type": "flannel", "dataDir": str(data_dir), "ipam": {"dataDir": str(lab.ipam_dir)}}
-        conflist = json.dumps({"cniVersion": "1.0.0", "name": FLANNEL_NET, "plugins": [plugin]}).encode()
-        # After the lab's own list in libcni's order: containerd (max_conf_num 1) keeps using that.
-        (lab.conf_dir / "99-flannel.conflist").write_bytes(conflist)
-        yield FlannelLab(lab, web, data_dir, conflist, install_standin(lab, "flannel"))
+def flannel_lab(lab: Lab, web: str) -> FlannelLab:
+    add_firewall(lab, web)
+    data_dir = lab.root / "flannel-data"
+    data_dir.mkdir(mode=0o700)
+    # flannel hands its `ipam` to the delegate: host-local's leases stay inside the lab.
+    plugin = {"type": "flannel", "dataDir": str(data_dir), "ipam": {"dataDir": str(lab.ipam_dir)}}
+    conflist = json.dumps({"cniVersion": "1.0.0", "name": FLANNEL_NET, "plugins": [plugin]}).encode()
+    # After the lab's own list in libcni's order: containerd (max_conf_num 1) keeps using that.
+    (lab.conf_dir / "99-flannel.conflist").write_bytes(conflist)
+    return FlannelLab(lab, web, data_dir, conflist, install_standin(lab, "flannel"))
 
 
 def _dead(fl: FlannelLab, container_id: str, delegate: dict[str, Any]) -> DeadAttachment:

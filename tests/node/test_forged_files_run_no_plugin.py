@@ -24,7 +24,6 @@ import ipaddress
 import json
 import secrets
 import subprocess
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,24 +71,22 @@ class Node:
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+def node(lab: Lab, web: str, tmp_path_factory: pytest.TempPathFactory) -> Node:
     """A lab with one live pod whose address the firewall plugin accepts (as a conflist with
     firewall would have made it), recorder plugins and a dir of host files."""
     markers = tmp_path_factory.mktemp("markers")
     host = tmp_path_factory.mktemp("host")
-    with Lab() as lab:
-        for name in (CANARY, "flannel"):
-            lab.install_plugin(name, RECORDER.replace("{marker}", str(markers / name)))
-        web = lab.run_pod("web")
-        result = cached_result(lab, web)
-        netns = lab.pod_netns_path(web)
-        assert netns is not None
-        call = labcni.PluginCall("ADD", web, str(netns), "eth0", (), lab.bin_dir, lab.netns_path)
-        firewall = {"type": "firewall", "backend": "iptables", "name": lab.network_name, "cniVersion": "1.0.0"}
-        labcni.exec_plugin(call, {**firewall, "prevResult": result})
-        web_ip = labcni.result_ip(result)
-        assert firewall_rules_of(web_ip) <= filter_lines(lab)
-        yield Node(lab, web, web_ip, markers, host)
+    for name in (CANARY, "flannel"):
+        lab.install_plugin(name, RECORDER.replace("{marker}", str(markers / name)))
+    result = cached_result(lab, web)
+    netns = lab.pod_netns_path(web)
+    assert netns is not None
+    call = labcni.PluginCall("ADD", web, str(netns), "eth0", (), lab.bin_dir, lab.netns_path)
+    firewall = {"type": "firewall", "backend": "iptables", "name": lab.network_name, "cniVersion": "1.0.0"}
+    labcni.exec_plugin(call, {**firewall, "prevResult": result})
+    web_ip = labcni.result_ip(result)
+    assert firewall_rules_of(web_ip) <= filter_lines(lab)
+    return Node(lab, web, web_ip, markers, host)
 
 
 def _ran(node: Node) -> list[str]:
@@ -351,14 +348,3 @@ def test_a_leak_with_a_pin_and_no_cache_entry_still_gets_the_conf_dirs_del(node:
     (plan,) = [p for p in run.doc["plan"] if p["container_id"] == leak.container_id and p["ifname"] == "eth0"]
     assert plan["config"] == str(lab.conf_dir / f"10-{lab.network_name}.conflist"), plan
     guard.check()
-
-
-GC_PROBE = """#!/usr/bin/env python3
-import json, os, sys
-if os.environ.get("CNI_COMMAND") == "VERSION":
-    print(json.dumps({"cniVersion": "1.1.0", "supportedVersions": ["1.0.0", "1.1.0"]}))
-    sys.exit(0)
-conf = json.load(sys.stdin)
-with open("{calls}", "a") as f:
-    f.write(json.dumps({"command": os.environ.get("CNI_COMMAND"), "conf": conf}) + "\\n")
-"""

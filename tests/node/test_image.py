@@ -21,7 +21,6 @@ import re
 import secrets
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ import pytest
 import yaml
 
 from tests.harness import debian_base
+from tests.harness.agent import http_get
 from tests.harness.image import ULIMITS, ChartPod, PodmanError, PrivatePodman, expand, lend_pip_home
 from tests.harness.lab import Lab, PortMap, kernel
 from tests.harness.reap_helpers import SCAN, hostport_chains, leak_left, pings
@@ -78,12 +78,6 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
         yield Built(podman, base, diff_ids, imported - started, done - imported)
     finally:
         podman.close()
-
-
-@pytest.fixture(scope="module")
-def lab() -> Iterator[Lab]:
-    with Lab() as lab:
-        yield lab
 
 
 def in_image(built: Built, entrypoint: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -240,27 +234,11 @@ def test_the_image_reaps_the_lab_as_the_chart_runs_it(built: Built, lab: Lab, tm
     assert pings(lab, web) and pings(lab, db)
 
 
-def http_get(lab: Lab, url: str) -> tuple[int, str]:
-    probe = (
-        "import sys, urllib.request, urllib.error\n"
-        "try:\n"
-        f"    r = urllib.request.urlopen({url!r}, timeout=2)\n"
-        "    print(r.status); print(r.read().decode(), end='')\n"
-        "except urllib.error.HTTPError as e:\n"
-        "    print(e.code); print(e.read().decode(), end='')\n"
-        "except OSError as e:\n"
-        "    print(0); print(e, end='')\n"
-    )
-    out = lab.run_in_netns([sys.executable, "-c", probe], check=True).stdout
-    status, _, body = out.partition("\n")
-    return int(status), body
-
-
 def wait_for(lab: Lab, url: str, timeout: float) -> tuple[float, str]:
     started = time.monotonic()
     last: tuple[int, str] = (0, "")
     while time.monotonic() - started < timeout:
-        last = http_get(lab, url)
+        last = http_get(lab, url, timeout=2.0)
         if last[0] == 200:
             return time.monotonic() - started, last[1]
         time.sleep(0.1)
@@ -288,7 +266,7 @@ def test_the_agent_starts_answers_its_probes_and_stops_as_the_chart_runs_it(
         assert body == "ok\n"
         wait_for(lab, base + pod.container["readinessProbe"]["httpGet"]["path"], 60)
         ready = time.monotonic() - started
-        metrics = http_get(lab, base + "/metrics")[1]
+        metrics = http_get(lab, base + "/metrics", timeout=2.0)[1]
         assert re.search(r"^cni_reaper_runtime_up 1\.0$", metrics, re.M), "the runtime's socket dir is mounted"
         assert re.search(r"^cni_reaper_passes_total\{outcome=\"ok\"\} [1-9]", metrics, re.M)
         assert healthy < 30, f"{healthy:.1f}s to /healthz"

@@ -7,7 +7,6 @@ import json
 import os
 import secrets
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +21,8 @@ from reaper.kinds.hostlocal import HostLocalLease
 from reaper.kinds.netns import NetnsPin
 from reaper.model import Done, NsKey
 from tests.harness.lab.kernel import umount
+from tests.harness.probe import probe_argv
+from tests.harness.probes import gone_chain
 
 CID = "c" * 64
 
@@ -228,18 +229,9 @@ def test_a_chain_that_is_gone_already_counts_as_freed(tmp_path: Path) -> None:
     subprocess.run(["unshare", f"--net={scratch}", "true"], check=True)
     try:
         chain = f"CNI-{secrets.token_hex(12)}"
-        probe = (
-            "import json; from reaper.kinds import ReclaimContext, iptables; "
-            f"c = iptables.IptablesChain(family='ipv4', table='nat', chain='{chain}', purpose='masquerade', "
-            "network=None, container_id=None, rules=(), jumps=(), backend='nft'); "
-            "d = iptables.reclaim([c], ReclaimContext(netns_dirs=(), bin_dirs=(), live_netns=frozenset(), "
-            "quarantine=None, command_timeout=10.0, done={})); "
-            "print(json.dumps({k[3]: v.ok for k, v in d.items()}))"
-        )
         out = subprocess.run(
-            ["nsenter", f"--net={scratch}", sys.executable, "-c", probe],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
+            ["nsenter", f"--net={scratch}", *probe_argv(gone_chain, chain)], capture_output=True, text=True, check=True
+        )
         assert json.loads(out.stdout) == {chain: True}
     finally:
         umount(str(scratch), 2)

@@ -15,7 +15,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,14 +81,12 @@ def _k3s_shaped(
 
 
 @pytest.fixture(scope="module")
-def k3s_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lab, str, Leak, Path]]:
+def k3s_lab(lab: Lab, web: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Lab, str, Leak, Path]:
     tmp = tmp_path_factory.mktemp("k3s")
     config = tmp / "config.toml"
     config.write_text(K3S_CONFIG)
-    with Lab() as lab:
-        web = lab.run_pod("web")
-        leak = lab.make_leak(with_cache=True)
-        yield lab, web, leak, config
+    leak = lab.make_leak(with_cache=True)
+    return lab, web, leak, config
 
 
 def test_scan_with_no_flags_finds_the_runtime_and_every_leak(k3s_lab: tuple[Lab, str, Leak, Path]) -> None:

@@ -28,42 +28,17 @@ import pytest
 
 from tests.harness.lab import Lab
 from tests.harness.lab import cni as labcni
+from tests.harness.plugins import script, stateful_noop
 from tests.harness.reap_helpers import REAP
 from tests.harness.reaper_cli import ReaperRun, run_reaper
 
 PLUGIN = "reaper-stateful-noop"
-# ADD records the container in a datastore of its own and passes prevResult on; DEL removes the
-# record, and fails while `fail-del` exists beside it. Nothing in it is in the reaper's list of
-# stateless plugins, so a chain with it keeps state only its DEL frees.
-STATEFUL_NOOP = """#!/usr/bin/env python3
-# reaper-stateful-noop: a chained plugin with a datastore of its own (cni-reaper test lab).
-import json, os, sys
-here = os.path.dirname(os.path.abspath(__file__))
-command = os.environ.get("CNI_COMMAND")
-if command == "VERSION":
-    print(json.dumps({"cniVersion": "1.0.0", "supportedVersions": ["0.4.0", "1.0.0", "1.1.0"]}))
-    sys.exit(0)
-conf = json.load(sys.stdin)
-store = os.path.join(here, "noop-store")
-os.makedirs(store, exist_ok=True)
-record = os.path.join(store, os.environ.get("CNI_CONTAINERID", "none"))
-if command == "ADD":
-    open(record, "w").close()
-    print(json.dumps(conf.get("prevResult") or {"cniVersion": conf.get("cniVersion")}))
-elif command == "DEL":
-    if os.path.exists(os.path.join(here, "fail-del")):
-        print(json.dumps({"cniVersion": conf.get("cniVersion"), "code": 11, "msg": "datastore unavailable"}))
-        sys.exit(1)
-    if os.path.exists(record):
-        os.unlink(record)
-"""
 
 
-@pytest.fixture(scope="module")
-def lab() -> Iterator[Lab]:
-    with Lab() as lab:
-        lab.install_plugin(PLUGIN, STATEFUL_NOOP)
-        yield lab
+@pytest.fixture(scope="module", autouse=True)
+def stateful_noop_installed(lab: Lab) -> None:
+    """The chained plugin in the lab's bin dir, for every test here."""
+    lab.install_plugin(PLUGIN, script(stateful_noop))
 
 
 @dataclass

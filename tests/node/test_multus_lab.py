@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,17 +50,15 @@ class MultusLab:
 
 
 @pytest.fixture(scope="module")
-def multus_lab() -> Iterator[MultusLab]:
-    with Lab() as lab:
-        web = lab.run_pod("web")
-        add_firewall(lab, web)
-        cni_dir = lab.root / "multus-data"
-        cni_dir.mkdir(mode=0o700)
-        conf = {"cniVersion": "0.3.1", "name": MULTUS_NET, "type": "multus", "cniDir": str(cni_dir)}
-        config = json.dumps({**conf, "binDir": str(lab.bin_dir)}).encode()
-        # After the lab's own list in libcni's order: containerd (max_conf_num 1) keeps using that.
-        (lab.conf_dir / "99-multus.conf").write_bytes(config)
-        yield MultusLab(lab, web, cni_dir, config, install_standin(lab, "multus"))
+def multus_lab(lab: Lab, web: str) -> MultusLab:
+    add_firewall(lab, web)
+    cni_dir = lab.root / "multus-data"
+    cni_dir.mkdir(mode=0o700)
+    conf = {"cniVersion": "0.3.1", "name": MULTUS_NET, "type": "multus", "cniDir": str(cni_dir)}
+    config = json.dumps({**conf, "binDir": str(lab.bin_dir)}).encode()
+    # After the lab's own list in libcni's order: containerd (max_conf_num 1) keeps using that.
+    (lab.conf_dir / "99-multus.conf").write_bytes(config)
+    return MultusLab(lab, web, cni_dir, config, install_standin(lab, "multus"))
 
 
 def _dead(ml: MultusLab, container_id: str, delegates: list[bytes]) -> DeadAttachment:

@@ -15,6 +15,8 @@ import pytest
 
 from tests.harness.configs import cache_doc, conflist
 from tests.harness.fake_cri import FakeRuntime, sandbox_list
+from tests.harness.probe import probe_argv
+from tests.harness.probes import netns_place
 from tests.harness.silent_fuse import SilentFuse, run_beside
 
 CID = "f" * 64
@@ -72,20 +74,13 @@ def test_an_allow_other_silent_fuse_mounted_where_the_reaper_runs(tmp_path: Path
         _assert_reported(_scan_beside(fuse, tmp_path, netns, inside), netns)
 
 
-LOOK = """
-import sys
-from reaper.host.netns_paths import NetnsPlaces
-print(NetnsPlaces([sys.argv[1]]).look(sys.argv[2]))
-"""
-
-
 def test_a_fuse_mounted_on_a_pin_in_a_netns_dir_is_refused_without_asking_its_server(tmp_path: Path) -> None:
     """Only root of the mount namespace can mount on a pin; even then the lookup of a name in a
     netns dir asks no filesystem server (statx, AT_STATX_DONT_SYNC) and takes nothing but a
     namespace or a stale file there."""
     pin = tmp_path / "netns" / "cni-1"
     with SilentFuse(pin, on_file=True) as fuse:
-        inside = ["nsenter", f"--mount=/proc/{fuse.pid}/ns/mnt", sys.executable, "-c", LOOK]
+        inside = ["nsenter", f"--mount=/proc/{fuse.pid}/ns/mnt", *probe_argv(netns_place)]
         try:
             proc = run_beside(fuse, [*inside, str(pin.parent), str(pin)], TIMEOUT)
         except subprocess.TimeoutExpired as err:

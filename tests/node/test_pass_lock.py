@@ -23,6 +23,7 @@ import pytest
 
 from tests.harness.fake_cri import FakeRuntime, sandbox_list
 from tests.harness.probe import run_probe
+from tests.harness.probes import lock_on_full_disk, lock_read_only
 
 WAIT_FOR = 60.0  # seconds the test waits for a process to get somewhere before failing
 WAITING = "waiting for another reaper's pass"
@@ -166,68 +167,19 @@ def test_the_agent_and_a_one_shot_take_turns(tmp_path: Path, runtime: GatedRunti
     assert "pass" in agent_log and "outcome=ok" in agent_log, agent_log
 
 
-FULL_DISK_PROBE = """
-import json, os, sys
-from reaper.host.passlock import LockBusy, take_lock
-from tests.harness.lab.kernel import mount as kernel_mount
-
-top = sys.argv[1]
-kernel_mount("tmpfs", top, "tmpfs", 0, "size=64k")  # in the probe's own mount namespace
-fd = os.open(f"{top}/filler", os.O_WRONLY | os.O_CREAT, 0o600)
-try:
-    while os.write(fd, b"\\0" * 4096):
-        pass
-except OSError:
-    pass  # full
-state = f"{top}/state.json"
-out = {}
-with take_lock(state, 0, "reaper reap"):
-    try:
-        take_lock(state, 0, "reaper scan")
-    except LockBusy as err:
-        out["busy"] = str(err)
-out["size"] = os.stat(f"{state}.lock").st_size
-print(json.dumps(out))
-"""
-
-
 def test_a_full_disk_does_not_stop_the_lock(tmp_path: Path) -> None:
     """No room for the holder's record: the lock is held all the same, and a waiter is told so."""
     (tmp_path / "full").mkdir()
-    out = run_probe(FULL_DISK_PROBE, str(tmp_path / "full"))
+    out = run_probe(lock_on_full_disk, str(tmp_path / "full"))
     assert out["size"] == 0
     assert "(a holder that left no record)" in out["busy"]
-
-
-READ_ONLY_PROBE = """
-import json, logging, os, sys
-from reaper.host.passlock import LockUnusable, pass_lock
-from tests.harness.lab.kernel import mount as kernel_mount
-
-top = sys.argv[1]
-MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
-kernel_mount(top, top, None, MS_BIND)  # in the probe's own mount namespace
-kernel_mount(None, top, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
-log = logging.getLogger("probe")
-warned = []
-log.addHandler(type("H", (logging.Handler,), {"emit": lambda self, r: warned.append(r.getMessage())})())
-out = {}
-with pass_lock(f"{top}/state.json", 0, log, changes_node=False) as lock:
-    out["scan_held"] = lock.held
-out["scan_warned"] = warned
-try:
-    pass_lock(f"{top}/state.json", 0, log, changes_node=True)
-except LockUnusable as err:
-    out["reap"] = str(err)
-print(json.dumps(out))
-"""
 
 
 def test_where_the_state_dir_is_read_only_only_a_scan_goes_on_without_the_lock(tmp_path: Path) -> None:
     """A scan that can save no state (a read-only state dir, a user other than root) changes
     nothing the lock guards and goes on with a warning; a reap does not start."""
     (tmp_path / "ro").mkdir()
-    out = run_probe(READ_ONLY_PROBE, str(tmp_path / "ro"))
+    out = run_probe(lock_read_only, str(tmp_path / "ro"))
     assert out["scan_held"] is False
     (warning,) = out["scan_warned"]
     assert "Read-only file system" in warning and "going on without it" in warning, warning

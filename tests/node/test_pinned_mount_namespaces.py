@@ -29,6 +29,8 @@ import pytest
 
 from reaper.host.nsmounts import NO_PROCESS, mount_held, walk_mounts
 from reaper.host.procs import EveryNamespaceBusy
+from tests.harness.probe import probe_argv
+from tests.harness.probes import walk_after_grpc
 from tests.harness.users_pins import TAG, PinnedByUser, pinned_by_user
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,36 +111,12 @@ def test_the_same_made_by_root_still_fails_the_walk_closed(tmp_path: Path) -> No
         assert [e["source"] for e in doc["errors"]] == ["heldns"], doc["errors"]
 
 
-# A reaper that has asked a runtime: gRPC's fork handler then starts a thread in each forked
-# child, so the child that joins a pinned mount namespace shares its filesystem context with a
-# thread, which the kernel refuses (EINVAL): every pass after the first runtime call, in the
-# agent, could read no pinned mount namespace.
-AFTER_GRPC = r"""
-import json, os, sys
-from pathlib import Path
-from reaper.host.nsmounts import walk_mounts
-from reaper.runtime.client import RuntimeClient
-from tests.harness.fake_cri import FakeRuntime, sandbox_list
-
-runtime = FakeRuntime(Path(sys.argv[1]), sandbox_list([]), {})
-with RuntimeClient(runtime.endpoint, timeout=10.0) as client:
-    client.version()
-pid = os.fork()
-if pid == 0:
-    os._exit(min(len(os.listdir(f"/proc/{os.getpid()}/task")), 100))
-threads = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-walk = walk_mounts()
-print(json.dumps({
-    "child_threads": threads,
-    "mounts": [[m.pid, m.mount_ns, m.mount_point] for m in walk.mounts if m.ns.ino == int(sys.argv[2])],
-    "unread": list(walk.unread),
-}))
-"""
-
-
 def test_a_pinned_mount_namespace_is_read_after_the_reaper_has_asked_a_runtime(tmp_path: Path, tag: str) -> None:
+    """gRPC's fork handler starts a thread in each child forked after a runtime call, and the
+    kernel refuses to move a child that shares its filesystem context into a mount namespace:
+    every pass of the agent after its first runtime call could read no pinned one."""
     with pinned_by_user("plain") as pinned:
-        argv = [sys.executable, "-c", AFTER_GRPC, str(tmp_path / "cri.sock"), str(pinned.netns)]
+        argv = probe_argv(walk_after_grpc, str(tmp_path / "cri.sock"), str(pinned.netns))
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, cwd=ROOT)
         assert done.returncode == 0, done.stderr[-2000:]
         out = json.loads(done.stdout)

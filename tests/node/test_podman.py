@@ -23,14 +23,12 @@ from tests.harness.reaper_cli import attachments_by_key, names, run_reaper
 
 
 @pytest.fixture(scope="module")
-def world() -> Iterator[tuple[Lab, LabPodman, str]]:
-    with Lab() as lab:
-        web = lab.run_pod("web")
-        podman = LabPodman(lab)
-        try:
-            yield lab, podman, web
-        finally:
-            podman.close()
+def world(lab: Lab, web: str) -> Iterator[tuple[Lab, LabPodman, str]]:
+    podman = LabPodman(lab)
+    try:
+        yield lab, podman, web
+    finally:
+        podman.close()
 
 
 def answers(lab: Lab, ip: str) -> bool:

@@ -12,9 +12,8 @@ import os
 import secrets
 import stat
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,9 @@ from reaper.kinds.iptables import chain_name
 from tests.harness.configs import cache_doc
 from tests.harness.lab import Lab, PortMap, kernel
 from tests.harness.lab import cni as labcni
+from tests.harness.plugins import gc_recorder, script
+from tests.harness.probe import probe_argv
+from tests.harness.probes import bind_holder
 from tests.harness.reap_helpers import (
     HANG_PLUGIN,
     REAP,
@@ -36,7 +38,6 @@ from tests.harness.reap_helpers import (
     racing_reap,
     reproduce_both_seeds,
     rewrite_cached_config,
-    seeded_lab,
 )
 from tests.harness.reaper_cli import ReaperRun, attachments_by_key, run_reaper
 
@@ -77,24 +78,24 @@ def reclaimed(run: ReaperRun, cid: str | None) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def forgotten(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Forgotten]:
-    """A lab whose runtime lost its state after both seed reports and a pod with a hostPort;
-    then two live pods started afresh."""
-    with Lab() as lab:
-        chained, nocni = reproduce_both_seeds(lab)
-        old = lab.run_pod("old", port_mappings=[PortMap(8081, 81)])
-        seeds = {}
-        for what, sandbox in (("chained", chained), ("nocni", nocni), ("old", old)):
-            pin = lab.pod_netns_path(sandbox)
-            assert pin is not None
-            seeds[pin.name] = what
-        lab.forget_runtime_state()
-        web = lab.run_pod("web", port_mappings=[PortMap(8080, 80)])
-        db = lab.run_pod("db")
-        world = Forgotten(lab, web, db, seeds, {})
-        world.live = live_attachments(lab, tmp_path_factory.mktemp("live"))
-        assert len(world.live) == 4  # two pods, each eth0 and cni-loopback
-        yield world
+def forgotten(new_lab: Callable[[], Lab], tmp_path_factory: pytest.TempPathFactory) -> Forgotten:
+    """A lab of its own whose runtime lost its state after both seed reports and a pod with a
+    hostPort; then two live pods started afresh."""
+    lab = new_lab()
+    chained, nocni = reproduce_both_seeds(lab)
+    old = lab.run_pod("old", port_mappings=[PortMap(8081, 81)])
+    seeds = {}
+    for what, sandbox in (("chained", chained), ("nocni", nocni), ("old", old)):
+        pin = lab.pod_netns_path(sandbox)
+        assert pin is not None
+        seeds[pin.name] = what
+    lab.forget_runtime_state()
+    web = lab.run_pod("web", port_mappings=[PortMap(8080, 80)])
+    db = lab.run_pod("db")
+    world = Forgotten(lab, web, db, seeds, {})
+    world.live = live_attachments(lab, tmp_path_factory.mktemp("live"))
+    assert len(world.live) == 4  # two pods, each eth0 and cni-loopback
+    return world
 
 
 def test_everything_the_runtime_forgot_is_reclaimed(forgotten: Forgotten, tmp_path: Path) -> None:
@@ -388,23 +389,12 @@ def test_an_ipv6_range_is_reclaimed(forgotten: Forgotten, tmp_path: Path) -> Non
         conf.unlink()
 
 
-GC_PLUGIN = """#!/usr/bin/env python3
-import json, os, sys
-if os.environ.get("CNI_COMMAND") == "VERSION":
-    print(json.dumps({"cniVersion": "1.1.0", "supportedVersions": ["1.0.0", "1.1.0"]}))
-    sys.exit(0)
-conf = json.load(sys.stdin)
-with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "gc-calls.jsonl"), "a") as f:
-    f.write(json.dumps({"command": os.environ.get("CNI_COMMAND"), "conf": conf}) + "\\n")
-"""
-
-
 @contextlib.contextmanager
 def gc_probe(lab: Lab) -> Iterator[Path]:
     """The lab's network at CNI 1.1.0 with a GC-recording plugin, and one with GC disabled;
     yields the file each call is recorded in."""
     net = lab.network_name
-    lab.install_plugin("reaper-gc-probe", GC_PLUGIN)
+    lab.install_plugin("reaper-gc-probe", script(gc_recorder))
     calls = lab.bin_dir / "gc-calls.jsonl"
     gc_conf = lab.conf_dir / "30-gc.conflist"
     gc_conf.write_text(json.dumps({"cniVersion": "1.1.0", "name": net, "plugins": [{"type": "reaper-gc-probe"}]}))
@@ -443,19 +433,11 @@ def test_the_state_dir_of_the_runtime_was_really_wiped(forgotten: Forgotten) -> 
     assert os.path.isdir(forgotten.lab.netns_dir)
 
 
-@pytest.fixture(scope="module")
-def kept() -> Iterator[tuple[Lab, str, str, str]]:
-    with seeded_lab() as world:
-        yield world
-
-
-def test_a_stale_cache_entry_naming_a_live_pods_veth_takes_nothing_of_it(
-    kept: tuple[Lab, str, str, str], tmp_path: Path
-) -> None:
+@pytest.mark.usefixtures("seeds")
+def test_a_stale_cache_entry_naming_a_live_pods_veth_takes_nothing_of_it(lab: Lab, web: str, tmp_path: Path) -> None:
     """AWS VPC CNI and Calico name the host veth after the pod, so a recreated StatefulSet pod
     gets its predecessor's veth name, and the predecessor's stale cache entry names the live
     pod's veth. The veth belongs where its peer lives."""
-    lab, _, _, web = kept
     web_pin = lab.pod_netns_path(web)
     assert web_pin is not None
     web_veth = lab.host_veth_of(web_pin)
@@ -480,11 +462,13 @@ def test_a_stale_cache_entry_naming_a_live_pods_veth_takes_nothing_of_it(
         stale.unlink(missing_ok=True)
 
 
-def test_a_cache_entry_never_tells_where_a_sandbox_lives(kept: tuple[Lab, str, str, str], tmp_path: Path) -> None:
+def test_a_cache_entry_never_tells_where_a_sandbox_lives(
+    lab: Lab, web: str, seeds: tuple[str, str], tmp_path: Path
+) -> None:
     """A cache entry that gives the seed sandbox (NOTREADY, nothing inside its netns) a netns
     path of its choosing: the runtime's PodSandboxStatus is what counts, so the sandbox's real
     pin stays tied to it and is never taken for an orphan."""
-    lab, _, nocni, web = kept
+    _, nocni = seeds
     pin = lab.pod_netns_path(nocni)
     assert pin is not None
     net = lab.network_name
@@ -502,8 +486,10 @@ def test_a_cache_entry_never_tells_where_a_sandbox_lives(kept: tuple[Lab, str, s
         forged.unlink(missing_ok=True)
 
 
-def test_a_sandbox_listed_again_at_the_recheck_is_left_alone(kept: tuple[Lab, str, str, str], tmp_path: Path) -> None:
-    lab, chained, nocni, web = kept
+def test_a_sandbox_listed_again_at_the_recheck_is_left_alone(
+    lab: Lab, web: str, seeds: tuple[str, str], tmp_path: Path
+) -> None:
+    chained, nocni = seeds
     pins = {p.name for p in lab.netns_dir.iterdir()}
     lease_count = len(list((lab.ipam_dir / lab.network_name).glob("10.*")))
     doc = racing_reap(lab, "reappear", [chained, nocni], tmp_path / "state.json")
@@ -521,11 +507,11 @@ def test_a_sandbox_listed_again_at_the_recheck_is_left_alone(kept: tuple[Lab, st
 
 
 def test_the_recheck_is_made_per_attachment_right_before_its_del(
-    kept: tuple[Lab, str, str, str], tmp_path: Path
+    lab: Lab, web: str, seeds: tuple[str, str], tmp_path: Path
 ) -> None:
     """A sandbox hidden from the scan and from the re-check of the whole plan, listed again by
     the time its own DEL would run: it is left, and so is everything of its."""
-    lab, chained, nocni, web = kept
+    chained, nocni = seeds
     pins = {p.name for p in lab.netns_dir.iterdir()}
     doc = racing_reap(lab, "reappear-late", [chained, nocni], tmp_path / "state.json")
     assert chained in {a["container_id"] for a in doc["attachments"] if a["verdict"] == "orphan"}
@@ -535,8 +521,10 @@ def test_the_recheck_is_made_per_attachment_right_before_its_del(
     assert {p.name for p in lab.netns_dir.iterdir()} == pins and pings(lab, web)
 
 
-def test_runtime_unreachable_at_the_recheck_reclaims_nothing(kept: tuple[Lab, str, str, str], tmp_path: Path) -> None:
-    lab, chained, nocni, web = kept
+def test_runtime_unreachable_at_the_recheck_reclaims_nothing(
+    lab: Lab, web: str, seeds: tuple[str, str], tmp_path: Path
+) -> None:
+    chained, nocni = seeds
     leak = lab.make_leak(with_cache=True)
     doc = racing_reap(lab, "unreachable", [], tmp_path / "state.json")
     assert doc["recheck_error"] == "connection refused (injected)"
@@ -552,10 +540,10 @@ def test_runtime_unreachable_at_the_recheck_reclaims_nothing(kept: tuple[Lab, st
     assert lab.run_in_netns(["ping", "-c", "1", "-W", "2", lab.pod_ip(web)]).returncode == 0
 
 
+@pytest.mark.usefixtures("seeds")
 def test_a_runtime_lost_during_the_pass_leaves_the_rest_and_the_pass_undecided(
-    kept: tuple[Lab, str, str, str], tmp_path: Path
+    lab: Lab, web: str, tmp_path: Path
 ) -> None:
-    lab, _, _, web = kept
     leak = lab.make_leak(with_cache=True)
     doc = racing_reap(lab, "unreachable-late", [], tmp_path / "state.json")
     assert doc["recheck_error"] == "connection refused (injected)" and doc["reclaimed"] == []
@@ -565,8 +553,8 @@ def test_a_runtime_lost_during_the_pass_leaves_the_rest_and_the_pass_undecided(
     assert run.returncode == 0 and leak_left(lab, leak) == []
 
 
-def test_runtime_down_reclaims_nothing(kept: tuple[Lab, str, str, str], tmp_path: Path) -> None:
-    lab = kept[0]
+@pytest.mark.usefixtures("seeds")
+def test_runtime_down_reclaims_nothing(lab: Lab, tmp_path: Path) -> None:
     leak = lab.make_leak(with_cache=False)
     lab.stop_runtime()
     try:
@@ -615,17 +603,6 @@ def test_chains_in_the_legacy_iptables_backend(forgotten: Forgotten, tmp_path: P
     assert_live_intact(forgotten, tmp_path)
 
 
-# Bind-mounts argv[1] onto argv[2] in the mount namespace it was started in, says so, waits.
-HOLDER = """
-import ctypes, sys, time
-libc = ctypes.CDLL(None, use_errno=True)
-if libc.mount(sys.argv[1].encode(), sys.argv[2].encode(), None, ctypes.c_ulong(0x1000), None) != 0:
-    raise OSError(ctypes.get_errno(), "mount")
-print("ready", flush=True)
-time.sleep(600)
-"""
-
-
 def test_a_leak_whose_netns_a_mount_holds_elsewhere_keeps_everything_until_it_goes(
     forgotten: Forgotten, tmp_path: Path
 ) -> None:
@@ -640,7 +617,7 @@ def test_a_leak_whose_netns_a_mount_holds_elsewhere_keeps_everything_until_it_go
     leak, control = lab.make_leak(with_cache=True), lab.make_leak(with_cache=True)
     held = tmp_path / "held"
     held.touch()
-    argv = ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", HOLDER]
+    argv = ["unshare", "--mount", "--propagation", "private", *probe_argv(bind_holder)]
     holder = subprocess.Popen(
         [*argv, str(leak.netns_path), str(held)],
         stdout=subprocess.PIPE,

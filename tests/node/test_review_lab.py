@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,12 +16,8 @@ from tests.harness.lab import Lab
 from tests.harness.reap_helpers import REAP, leak_left, pings, racing_reap, seeded_lab
 from tests.harness.reaper_cli import attachments_by_key, run_reaper
 
-
-@pytest.fixture(scope="module")
-def lab() -> Iterator[Lab]:
-    with Lab() as made:
-        made.run_pod("web")
-        yield made
+# A live pod beside the ones each test starts.
+pytestmark = pytest.mark.usefixtures("web")
 
 
 def key(lab: Lab, cid: str) -> tuple[str, str, str]:

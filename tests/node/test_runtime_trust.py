@@ -19,26 +19,19 @@ import pytest
 from reaper.runtime.cri import CriLiveness
 from reaper.runtime.discovery import Endpoint, close_all, discover
 from tests.harness.fake_cri import FakeRuntime, NotCri, sandbox, sandbox_list
+from tests.harness.probe import probe_argv
+from tests.harness.probes import fake_kubelet
 
 PYTHON = "/usr/bin/python3.11"  # a standalone interpreter any user may run, owned by root
 NOBODY = "65534"
 pytestmark = pytest.mark.skipif(not os.path.exists(PYTHON), reason=f"needs {PYTHON}")
-# Names itself kubelet (PR_SET_NAME), goes into the root given (if any), says so on stdout,
-# and waits to be killed; the flags after its own arguments are what discovery reads.
-NAMED = (
-    "import ctypes, os, sys, time\n"
-    "ctypes.CDLL(None).prctl(15, b'kubelet', 0, 0, 0)\n"
-    "if sys.argv[1]:\n"
-    "    os.chroot(sys.argv[1])\n"
-    "os.write(1, b'k')\n"
-    "time.sleep(600)\n"
-)
 
 
 def start_kubelet(prefix: list[str], endpoint: str, *, exe: str = PYTHON, chroot: str = "") -> subprocess.Popen[bytes]:
     flag = f"--container-runtime-endpoint={endpoint}"
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONHOME": "/usr"}
-    proc = subprocess.Popen([*prefix, exe, "-c", NAMED, chroot, flag], stdout=subprocess.PIPE, env=env)
+    argv = [*prefix, *probe_argv(fake_kubelet, "say-ready", chroot, flag, python=exe)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env)
     assert proc.stdout is not None and proc.stdout.read(1) == b"k", "the fake kubelet did not start"
     return proc
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,7 +14,7 @@ import pytest
 from reaper.runtime.cri import CriLiveness
 from tests.harness.fake_cri import NotCri
 from tests.harness.lab import Lab
-from tests.harness.reap_helpers import REAP, pings, reproduce_both_seeds
+from tests.harness.reap_helpers import REAP, pings
 from tests.harness.reaper_cli import attachments_by_key, kubelet_argv, run_reaper_discovering
 
 CONTAINERD_SOCK = "/run/containerd/containerd.sock"
@@ -22,13 +22,14 @@ CRIO_SOCK = "/run/crio/crio.sock"
 
 
 @pytest.fixture(scope="module")
-def labs() -> Iterator[tuple[Lab, Lab, str, str]]:
-    """The pods' runtime (with a live pod and the seed sandbox CNI never set up: NOTREADY, no
-    process in its netns) and a decoy containerd with CRI on and no pods."""
-    with Lab() as lab, Lab() as decoy:
-        _, nocni = reproduce_both_seeds(lab)
-        web = lab.run_pod("web")
-        yield lab, decoy, web, nocni
+def decoy(new_lab: Callable[[], Lab]) -> Lab:
+    """A decoy containerd with CRI on and no pods, beside the pods' runtime."""
+    return new_lab()
+
+
+# The pods' runtime keeps a live pod and the seed sandbox CNI never set up (NOTREADY, no
+# process in its netns), with the decoy beside it, in every test here.
+pytestmark = pytest.mark.usefixtures("seeds", "decoy")
 
 
 def dead_socket(path: Path) -> Path:
@@ -44,14 +45,14 @@ def socket_of(lab: Lab) -> Path:
 
 
 def test_with_no_flags_every_runtime_is_asked_and_the_decoy_changes_nothing(
-    labs: tuple[Lab, Lab, str, str], tmp_path: Path
+    lab: Lab, decoy: Lab, web: str, seeds: tuple[str, str], tmp_path: Path
 ) -> None:
     """Issue 31 case 4: the node's runtime is reached only through a symlink at CRI-O's path
     (/var/run/crio/crio.sock, as k3s users link containerd's path to k3s' own), while a decoy
     that lists nothing answers at containerd's. The link is followed (everything on the way is
     root's) and the runtime asked once under both spellings of /run: nothing of its sandboxes,
     the NOTREADY one included, is reclaimed."""
-    lab, decoy, web, nocni = labs
+    _, nocni = seeds
     sockets = {
         CONTAINERD_SOCK: socket_of(decoy),  # the first known socket: an empty list
         "/run/node-runtime/cri.sock": socket_of(lab),  # the pods' runtime, on no known path
@@ -77,13 +78,13 @@ def test_with_no_flags_every_runtime_is_asked_and_the_decoy_changes_nothing(
 
 
 def test_a_crashed_runtime_beside_one_that_answers_makes_the_pass_wait(
-    labs: tuple[Lab, Lab, str, str], tmp_path: Path
+    lab: Lab, decoy: Lab, web: str, seeds: tuple[str, str], tmp_path: Path
 ) -> None:
     """Issue 31 case 5: the node's runtime crashed (its socket file left, connections refused)
     while a decoy answers at another known path and lists nothing. The crashed runtime's
     sandboxes (the NOTREADY one with no process) are still its own: nothing is reclaimed, exit
     2, and the line names the socket and what the operator who knows it is gone can do."""
-    lab, decoy, web, nocni = labs
+    _, nocni = seeds
     sockets = {CONTAINERD_SOCK: dead_socket(tmp_path / "dead.sock"), CRIO_SOCK: socket_of(decoy)}
     reap = run_reaper_discovering(lab, "reap", tmp_path / "state.json", sockets, "--json", *REAP)
     assert reap.returncode == 2, reap.stdout + reap.stderr
@@ -99,8 +100,7 @@ def test_a_crashed_runtime_beside_one_that_answers_makes_the_pass_wait(
     assert [c["status"] for c in failed] == ["fail"] and "--runtime-endpoint" in failed[0]["fix"], doctor.stdout
 
 
-def test_a_runtime_that_cannot_answer_makes_the_pass_undecided(labs: tuple[Lab, Lab, str, str], tmp_path: Path) -> None:
-    lab, _, web, _ = labs
+def test_a_runtime_that_cannot_answer_makes_the_pass_undecided(lab: Lab, web: str, tmp_path: Path) -> None:
     broken = NotCri(tmp_path / "broken.sock")
     broken.start()
     try:
@@ -114,10 +114,9 @@ def test_a_runtime_that_cannot_answer_makes_the_pass_undecided(labs: tuple[Lab, 
     assert [r["endpoint"] for r in failed] == [f"unix://{CONTAINERD_SOCK}"] and not failed[0]["skipped"]
 
 
-def test_the_kubelets_configured_endpoint_is_found(labs: tuple[Lab, Lab, str, str], tmp_path: Path) -> None:
+def test_the_kubelets_configured_endpoint_is_found(lab: Lab, tmp_path: Path) -> None:
     """A kubelet whose --container-runtime-endpoint is no known path: found through /proc, in a
     pid namespace whose init is the reaper (the host's init a kubelet is compared with)."""
-    lab, _, _, _ = labs
     custom = "/run/custom-runtime/cri.sock"
     kubelet = kubelet_argv("--v=2", f"--container-runtime-endpoint=unix://{custom}")
     run = run_reaper_discovering(
@@ -129,13 +128,10 @@ def test_the_kubelets_configured_endpoint_is_found(labs: tuple[Lab, Lab, str, st
     assert re.fullmatch(r"kubelet \(pid \d+\) --container-runtime-endpoint", found["found_by"])
 
 
-def test_a_kubelet_the_hosts_init_would_not_start_is_reported_and_not_asked(
-    labs: tuple[Lab, Lab, str, str], tmp_path: Path
-) -> None:
+def test_a_kubelet_the_hosts_init_would_not_start_is_reported_and_not_asked(lab: Lab, web: str, tmp_path: Path) -> None:
     """Issue 23 case 4a: a process named kubelet in a mount namespace of its own points at a
     socket that is no CRI runtime. It is reported (scan's runtimes, doctor's warning), never
     connected to, and the pass stays decided."""
-    lab, _, web, _ = labs
     not_cri = NotCri(tmp_path / "not-cri.sock")
     not_cri.start()
     evil = "/run/evil/cri.sock"
@@ -163,9 +159,9 @@ def test_a_kubelet_the_hosts_init_would_not_start_is_reported_and_not_asked(
 
 
 def test_the_cri_client_takes_a_netns_told_before_and_fails_closed_on_a_dead_runtime(
-    labs: tuple[Lab, Lab, str, str], tmp_path: Path
+    lab: Lab, decoy: Lab, web: str, seeds: tuple[str, str], tmp_path: Path
 ) -> None:
-    lab, decoy, web, nocni = labs
+    _, nocni = seeds
     liveness = CriLiveness((lab.endpoint, decoy.endpoint), 10.0)
     first = liveness.observe({})
     assert first.reachable, first.error

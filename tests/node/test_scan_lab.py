@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,22 +30,21 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def world() -> Iterator[World]:
-    with Lab() as lab:
-        web = lab.run_pod("web", port_mappings=[PortMap(8080, 80)])
-        db = lab.run_pod("db")
-        gone = lab.run_pod("gone")
-        lab.stop_pod(gone)
-        lab.remove_pod(gone)
-        lab.set_network("failing")
-        chained = lab.try_run_pod("chained")
-        lab.set_network("empty")
-        nocni = lab.try_run_pod("nocni")
-        lab.set_network("normal")
-        assert chained.sandbox_id and not chained.ok and nocni.sandbox_id and not nocni.ok
-        cached = lab.make_leak(with_cache=True, port_mappings=[PortMap(9090, 90)])
-        bare = lab.make_leak(with_cache=False)
-        yield World(lab, web, db, gone, chained, nocni, cached, bare)
+def world(lab: Lab) -> World:
+    web = lab.run_pod("web", port_mappings=[PortMap(8080, 80)])
+    db = lab.run_pod("db")
+    gone = lab.run_pod("gone")
+    lab.stop_pod(gone)
+    lab.remove_pod(gone)
+    lab.set_network("failing")
+    chained = lab.try_run_pod("chained")
+    lab.set_network("empty")
+    nocni = lab.try_run_pod("nocni")
+    lab.set_network("normal")
+    assert chained.sandbox_id and not chained.ok and nocni.sandbox_id and not nocni.ok
+    cached = lab.make_leak(with_cache=True, port_mappings=[PortMap(9090, 90)])
+    bare = lab.make_leak(with_cache=False)
+    return World(lab, web, db, gone, chained, nocni, cached, bare)
 
 
 def _pin_name(lab: Lab, sandbox_id: str) -> str:

@@ -23,45 +23,11 @@ import pytest
 
 from tests.harness.lab import Lab
 from tests.harness.lab import cni as labcni
+from tests.harness.plugins import datastore, script
 from tests.harness.reap_helpers import REAP, leak_left, pings
 from tests.harness.reaper_cli import ReaperRun, run_reaper
 
 PLUGIN = "reaper-datastore"
-DATASTORE_PLUGIN = """#!/usr/bin/env python3
-# reaper-datastore: a CNI plugin that keeps its attachments in a datastore of its own (cni-reaper test lab).
-import json, os, sys
-here = os.path.dirname(os.path.abspath(__file__))
-store = os.path.join(here, "datastore")
-command = os.environ.get("CNI_COMMAND")
-if command == "VERSION":
-    print(json.dumps({"cniVersion": "1.1.0", "supportedVersions": ["1.0.0", "1.1.0"]}))
-    sys.exit(0)
-conf = json.load(sys.stdin)
-with open(os.path.join(here, "datastore-calls.jsonl"), "a") as log:
-    log.write(json.dumps({"command": command, "netns": os.environ.get("CNI_NETNS"),
-                          "id": os.environ.get("CNI_CONTAINERID")}) + "\\n")
-def fail(code, msg):
-    print(json.dumps({"cniVersion": conf.get("cniVersion"), "code": code, "msg": msg}))
-    sys.exit(1)
-if command == "STATUS":
-    if os.path.exists(os.path.join(store, "not-ready")):
-        fail(50, "datastore not ready")
-    sys.exit(0)
-record = os.path.join(store, os.environ["CNI_CONTAINERID"])
-if command == "ADD":
-    with open(record, "w") as f:
-        f.write(os.environ["CNI_NETNS"])
-    ifname = os.environ["CNI_IFNAME"]
-    print(json.dumps({"cniVersion": conf["cniVersion"],
-                      "interfaces": [{"name": ifname, "sandbox": os.environ["CNI_NETNS"]}]}))
-elif command == "DEL":
-    if not os.environ.get("CNI_NETNS"):
-        sys.exit(0)  # as kindnet: no netns, nothing to do, success
-    if os.path.exists(os.path.join(store, "fail-del")):
-        fail(11, "datastore unavailable, try later")
-    if os.path.exists(record):
-        os.unlink(record)
-"""
 
 
 @dataclass
@@ -75,16 +41,15 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def world() -> Iterator[World]:
-    with Lab() as lab:
-        lab.install_plugin(PLUGIN, DATASTORE_PLUGIN)
-        store = lab.bin_dir / "datastore"
-        store.mkdir()
-        network = f"store-{secrets.token_hex(3)}"
-        conflist: dict[str, Any] = {"cniVersion": "1.1.0", "name": network, "plugins": [{"type": PLUGIN}]}
-        (lab.conf_dir / "20-store.conflist").write_text(json.dumps(conflist))
-        live = lab.run_pod("live")
-        yield World(lab, live, network, conflist, store, lab.bin_dir / "datastore-calls.jsonl")
+def world(lab: Lab) -> World:
+    lab.install_plugin(PLUGIN, script(datastore))
+    store = lab.bin_dir / "datastore"
+    store.mkdir()
+    network = f"store-{secrets.token_hex(3)}"
+    conflist: dict[str, Any] = {"cniVersion": "1.1.0", "name": network, "plugins": [{"type": PLUGIN}]}
+    (lab.conf_dir / "20-store.conflist").write_text(json.dumps(conflist))
+    live = lab.run_pod("live")
+    return World(lab, live, network, conflist, store, lab.bin_dir / "datastore-calls.jsonl")
 
 
 @dataclass

@@ -9,15 +9,14 @@ import json
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import urllib.parse
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.harness.agent import http_get
 from tests.harness.lab import Lab
 from tests.harness.reap_helpers import REAP, leak_left
 from tests.harness.reaper_cli import run_reaper
@@ -32,19 +31,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture
-def lab() -> Iterator[Lab]:
-    with Lab() as made:
-        yield made
-
-
 def query(lab: Lab, expr: str) -> list[dict[str, object]]:
     url = "http://127.0.0.1:9090/api/v1/query?query=" + urllib.parse.quote(expr)
-    probe = f"import urllib.request\nprint(urllib.request.urlopen({url!r}, timeout=5).read().decode())\n"
-    out = lab.run_in_netns([sys.executable, "-c", probe])
-    if out.returncode != 0:
+    status, body = http_get(lab, url)
+    if status != 200:
         return []
-    result: list[dict[str, object]] = json.loads(out.stdout)["data"]["result"]
+    result: list[dict[str, object]] = json.loads(body)["data"]["result"]
     return result
 
 

@@ -12,7 +12,6 @@ import secrets
 import stat
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +40,11 @@ exit 0
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lab, str, Path]]:
-    """A lab with one live pod and the canary plugin in its bin dir: (lab, pod, marker dir)."""
-    markers = tmp_path_factory.mktemp("canary")
-    with Lab() as lab:
-        lab.install_plugin(CANARY, CANARY_SCRIPT.replace("{marker}", str(markers / "ran")))
-        web = lab.run_pod("web")
-        yield lab, web, markers
+def markers(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The canary plugin in the lab's bin dir: the dir where it marks each run."""
+    made = tmp_path_factory.mktemp("canary")
+    lab.install_plugin(CANARY, CANARY_SCRIPT.replace("{marker}", str(made / "ran")))
+    return made
 
 
 def _cached(lab: Lab, container_id: str) -> dict[str, Any]:
@@ -69,13 +66,12 @@ def _filter_rules(lab: Lab) -> str:
     return lab.run_in_netns(["iptables-save", "-t", "filter"], check=True).stdout
 
 
-def test_symlinks_planted_in_every_root_reach_nothing_outside(lab: tuple[Lab, str, Path], tmp_path: Path) -> None:
+def test_symlinks_planted_in_every_root_reach_nothing_outside(lab: Lab, web: str, tmp_path: Path) -> None:
     """results/, a network dir and a pin replaced by links to the host's files (with host PID,
     /proc/1/root/... reaches them from a pod): before, each file there named like a cache entry
     or lease of a dead container was deleted. Now nothing outside the roots changes, the links
     are reported, and the real leak beside them goes."""
-    the_lab, web, _ = lab
-    net = the_lab.network_name
+    net = lab.network_name
     host = tmp_path / "host-files"
     host.mkdir()
     dead = secrets.token_hex(32)
@@ -86,48 +82,47 @@ def test_symlinks_planted_in_every_root_reach_nothing_outside(lab: tuple[Lab, st
     }
     for path, data in victims.items():
         path.write_bytes(data)
-    legacy = the_lab.cache_dir / "cache"
+    legacy = lab.cache_dir / "cache"
     legacy.mkdir(exist_ok=True)
     (legacy / "results").symlink_to(host)
-    (the_lab.ipam_dir / "evilnet").symlink_to(host)
-    pin_link = the_lab.netns_dir / f"cni-{uuid.uuid4()}"
+    (lab.ipam_dir / "evilnet").symlink_to(host)
+    pin_link = lab.netns_dir / f"cni-{uuid.uuid4()}"
     pin_link.symlink_to(host / "pinned")
-    leak = the_lab.make_leak(with_cache=True)
+    leak = lab.make_leak(with_cache=True)
     try:
-        run = run_reaper(the_lab, "reap", tmp_path / "state.json", "--json", *REAP)
+        run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP)
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr
         for path, data in victims.items():
             assert path.read_bytes() == data, f"{path.name} outside the roots was changed"
-        assert leak_left(the_lab, leak) == []
-        assert pings(the_lab, web)
+        assert leak_left(lab, leak) == []
+        assert pings(lab, web)
         reported = {c["path"]: c["error"] for c in run.doc["corrupt"]}
         assert "symlink" in reported[str(pin_link)]
         assert any(p.startswith(str(legacy)) for p in reported), reported
     finally:
         (legacy / "results").unlink()
-        (the_lab.ipam_dir / "evilnet").unlink()
+        (lab.ipam_dir / "evilnet").unlink()
         pin_link.unlink(missing_ok=True)
 
 
 def test_a_forged_entry_runs_no_plugin_and_a_live_pods_firewall_rules_stay(
-    lab: tuple[Lab, str, Path], tmp_path: Path
+    lab: Lab, web: str, markers: Path, tmp_path: Path
 ) -> None:
     """A cache entry for an ID nothing else on the node knows, whose config is the real
     `firewall` plugin and whose prevResult is the live pod's: before, the reaper ran firewall's
     DEL, which deleted the pod's CNI-FORWARD accept rules. Now no plugin runs. The entry's
     chain names the canary, which is not known stateless, so the entry stays, reported as
     waiting for its DEL; the test then removes it, as an operator would."""
-    the_lab, web, markers = lab
-    net = the_lab.network_name
-    pod_result = _cached(the_lab, web)["result"]
+    net = lab.network_name
+    pod_result = _cached(lab, web)["result"]
     pod_ip = labcni.result_ip(pod_result)
-    netns = the_lab.pod_netns_path(web)
+    netns = lab.pod_netns_path(web)
     assert netns is not None
-    call = labcni.PluginCall("ADD", web, str(netns), "eth0", (), the_lab.bin_dir, the_lab.netns_path)
+    call = labcni.PluginCall("ADD", web, str(netns), "eth0", (), lab.bin_dir, lab.netns_path)
     labcni.exec_plugin(call, {"type": "firewall", "name": net, "cniVersion": "1.0.0", "prevResult": pod_result})
-    assert pod_ip in _filter_rules(the_lab)
+    assert pod_ip in _filter_rules(lab)
     forged_id = secrets.token_hex(32)
-    forged = the_lab.cache_dir / "results" / f"{net}-{forged_id}-eth0"
+    forged = lab.cache_dir / "results" / f"{net}-{forged_id}-eth0"
     plugins = [{"type": "firewall"}, {"type": CANARY}]
     # No netns: one naming the pod's would make it the pod's (and so live, left alone).
     interfaces = [{k: v for k, v in i.items() if k != "sandbox"} for i in pod_result["interfaces"]]
@@ -136,9 +131,9 @@ def test_a_forged_entry_runs_no_plugin_and_a_live_pods_firewall_rules_stay(
     _write_cached(forged, doc, {"cniVersion": "1.0.0", "name": net, "plugins": plugins})
 
     try:
-        run = run_reaper(the_lab, "reap", tmp_path / "state.json", "--json", *REAP, "--allow-plugin", "firewall")
+        run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP, "--allow-plugin", "firewall")
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr
-        assert pod_ip in _filter_rules(the_lab), "the live pod's firewall rules were deleted"
+        assert pod_ip in _filter_rules(lab), "the live pod's firewall rules were deleted"
         assert forged_id not in _ran(markers)
         # All there is of it is the entry its (forged) chain's DEL would need, and no DEL may
         # run: it waits, reported, and takes no place under --max-reap.
@@ -146,7 +141,7 @@ def test_a_forged_entry_runs_no_plugin_and_a_live_pods_firewall_rules_stay(
         assert waiting["reason"].startswith("waits:") and CANARY in waiting["reason"], waiting
         assert forged.exists(), "the entry a stateful chain's DEL needs was removed"
         assert run.doc["reclaimed"] == [], "something else was reclaimed"
-        assert pings(the_lab, web)
+        assert pings(lab, web)
     finally:
         # What the operator does once the plugin's own state is freed; the module's next tests
         # start from a node with nothing of this one left.
@@ -160,55 +155,53 @@ def _recache(lab: Lab, leak: Leak, plugins: list[dict[str, Any]]) -> None:
 
 
 def test_a_cached_config_runs_only_the_plugins_and_paths_the_node_uses(
-    lab: tuple[Lab, str, Path], tmp_path: Path
+    lab: Lab, web: str, markers: Path, tmp_path: Path
 ) -> None:
     """Real leaks whose cache entries carry a plugin no conf dir config uses, or a path the
     conf dir's config does not hold: DEL runs the node's own config instead, and the leak goes.
     --allow-plugin lets the plugin run (so this test would see it run)."""
-    the_lab, web, markers = lab
-    node_plugins = json.loads(the_lab.network_spec.conflist_bytes("normal"))["plugins"]
-    extra_plugin, steered = the_lab.make_leak(with_cache=True), the_lab.make_leak(with_cache=True)
-    _recache(the_lab, extra_plugin, [*node_plugins, {"type": CANARY}])
-    _recache(the_lab, steered, [{**node_plugins[0], "binDir": str(the_lab.cache_dir)}, *node_plugins[1:]])
-    plan = run_reaper(the_lab, "reap", tmp_path / "plan.json", "--json", *REAP, "--dry-run")
+    node_plugins = json.loads(lab.network_spec.conflist_bytes("normal"))["plugins"]
+    extra_plugin, steered = lab.make_leak(with_cache=True), lab.make_leak(with_cache=True)
+    _recache(lab, extra_plugin, [*node_plugins, {"type": CANARY}])
+    _recache(lab, steered, [{**node_plugins[0], "binDir": str(lab.cache_dir)}, *node_plugins[1:]])
+    plan = run_reaper(lab, "reap", tmp_path / "plan.json", "--json", *REAP, "--dry-run")
     notes = {p["container_id"]: p["config_note"] or "" for p in plan.doc["plan"]}
     assert CANARY in notes[extra_plugin.container_id] and "binDir" in notes[steered.container_id]
 
-    run = run_reaper(the_lab, "reap", tmp_path / "one.json", "--json", *REAP)
+    run = run_reaper(lab, "reap", tmp_path / "one.json", "--json", *REAP)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr
-    assert leak_left(the_lab, extra_plugin) == [] and leak_left(the_lab, steered) == []
+    assert leak_left(lab, extra_plugin) == [] and leak_left(lab, steered) == []
     via = {r["kind"]: r["method"] for o in run.doc["reclaimed"] for r in o["resources"]
            if o["container_id"] == extra_plugin.container_id}  # fmt: skip
     assert via["ipam"] == "cni-del", "the node's own config ran DEL"
     assert extra_plugin.container_id not in _ran(markers)
-    assert pings(the_lab, web)
+    assert pings(lab, web)
     # --allow-plugin makes the same plugin run.
-    allowed = the_lab.make_leak(with_cache=True)
-    _recache(the_lab, allowed, [*node_plugins, {"type": CANARY}])
-    run = run_reaper(the_lab, "reap", tmp_path / "two.json", "--json", *REAP, "--allow-plugin", CANARY)
-    assert run.returncode == 0 and leak_left(the_lab, allowed) == []
+    allowed = lab.make_leak(with_cache=True)
+    _recache(lab, allowed, [*node_plugins, {"type": CANARY}])
+    run = run_reaper(lab, "reap", tmp_path / "two.json", "--json", *REAP, "--allow-plugin", CANARY)
+    assert run.returncode == 0 and leak_left(lab, allowed) == []
     assert allowed.container_id in _ran(markers), run.stdout[-3000:] + run.stderr[-3000:]
 
 
 def test_a_prev_result_naming_a_live_pods_address_never_reaches_a_plugin(
-    lab: tuple[Lab, str, Path], tmp_path: Path
+    lab: Lab, web: str, markers: Path, tmp_path: Path
 ) -> None:
     """A real leak whose cache entry's prevResult was rewritten to name the live pod's address
     (what `firewall` deletes by): its DEL runs the node's own config, without that prevResult."""
-    the_lab, web, markers = lab
-    net = the_lab.network_name
-    node_plugins = json.loads(the_lab.network_spec.conflist_bytes("normal"))["plugins"]
-    leak = the_lab.make_leak(with_cache=True)
+    net = lab.network_name
+    node_plugins = json.loads(lab.network_spec.conflist_bytes("normal"))["plugins"]
+    leak = lab.make_leak(with_cache=True)
     assert leak.cache_path is not None
-    doc = _cached(the_lab, leak.container_id)
-    doc["result"]["ips"] = _cached(the_lab, web)["result"]["ips"]
+    doc = _cached(lab, leak.container_id)
+    doc["result"]["ips"] = _cached(lab, web)["result"]["ips"]
     config = {"cniVersion": "1.0.0", "name": net, "plugins": [*node_plugins, {"type": CANARY}]}
     _write_cached(leak.cache_path, doc, config)
-    run = run_reaper(the_lab, "reap", tmp_path / "state.json", "--json", *REAP, "--allow-plugin", CANARY)
+    run = run_reaper(lab, "reap", tmp_path / "state.json", "--json", *REAP, "--allow-plugin", CANARY)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr
     assert leak.container_id not in _ran(markers)
-    assert leak_left(the_lab, leak) == []
-    assert pings(the_lab, web)
+    assert leak_left(lab, leak) == []
+    assert pings(lab, web)
 
 
 def test_a_data_dir_named_only_by_a_cached_config_is_never_read(tmp_path: Path) -> None:
@@ -278,20 +271,29 @@ def _plant_hostile_files(lab: Lab, outside: Path) -> list[Path]:
 
 
 def test_the_agent_keeps_reclaiming_beside_hostile_files_and_healthz_tells_a_stall(
-    lab: tuple[Lab, str, Path], tmp_path: Path
+    lab: Lab, web: str, tmp_path: Path
 ) -> None:
-    the_lab, web, _ = lab
-    planted = _plant_hostile_files(the_lab, tmp_path / "outside")
-    leak = the_lab.make_leak(with_cache=True)
-    the_lab.install_plugin("reaper-hang", HANG_PLUGIN)
-    flags = ["--mode", "reap", "--interval", "2s", "--stall-after", "4s", "--plugin-timeout", "10m"]
-    flags += ["--allow-plugin", "reaper-hang"]
-    agent = LabAgent(the_lab, tmp_path / "state.json", *flags, *REAP, port=9754)
+    planted = _plant_hostile_files(lab, tmp_path / "outside")
+    leak = lab.make_leak(with_cache=True)
+    lab.install_plugin("reaper-hang", HANG_PLUGIN)
+    flags = (
+        "--mode",
+        "reap",
+        "--interval",
+        "2s",
+        "--stall-after",
+        "4s",
+        "--plugin-timeout",
+        "10m",
+        "--allow-plugin",
+        "reaper-hang",
+    )
+    agent = LabAgent(lab, tmp_path / "state.json", *flags, *REAP, port=9754)
     try:
         deadline = time.monotonic() + 30
-        while leak_left(the_lab, leak) and time.monotonic() < deadline:
+        while leak_left(lab, leak) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert leak_left(the_lab, leak) == [], "the real leak went, beside the hostile files"
+        assert leak_left(lab, leak) == [], "the real leak went, beside the hostile files"
         assert agent.wait_for("/healthz", 200) == "ok\n"
         # The pass that freed the leak publishes its figures when it ends.
         body = agent.wait_for_metric("cni_reaper_reclaimed_total", lambda n: n >= 1, kind="netns", method="kernel")
@@ -300,11 +302,11 @@ def test_the_agent_keeps_reclaiming_beside_hostile_files_and_healthz_tells_a_sta
         fifo, _, _, lease, link = planted  # cut cache files named for dead containers may go: they are leaks
         assert stat.S_ISFIFO(fifo.lstat().st_mode) and lease.exists() and link.is_symlink()
         assert [p.read_text() for p in (tmp_path / "outside").iterdir()] == ["a host file"]
-        assert pings(the_lab, web)
+        assert pings(lab, web)
         # A pass wedged in a plugin that never returns: /healthz says so, /metrics still answers.
-        wedged = the_lab.make_leak(with_cache=True)
-        node_plugins = json.loads(the_lab.network_spec.conflist_bytes("normal"))["plugins"]
-        _recache(the_lab, wedged, [*node_plugins, {"type": "reaper-hang"}])
+        wedged = lab.make_leak(with_cache=True)
+        node_plugins = json.loads(lab.network_spec.conflist_bytes("normal"))["plugins"]
+        _recache(lab, wedged, [*node_plugins, {"type": "reaper-hang"}])
         why = agent.wait_for("/healthz", 503, timeout=40)
         assert "over --stall-after 4s" in why
         assert agent.get("/metrics")[0] == 200
@@ -315,7 +317,7 @@ def test_the_agent_keeps_reclaiming_beside_hostile_files_and_healthz_tells_a_sta
     # reaper-hang is not known stateless and its DEL never succeeded: a kernel-only pass keeps
     # what that DEL needs (the entry, the pin, the veth), and the lease and the chain naming the
     # address still configured in that pin (issue 31).
-    run = run_reaper(the_lab, "reap", tmp_path / "after.json", "--json", *REAP, "--method", "kernel")
+    run = run_reaper(lab, "reap", tmp_path / "after.json", "--json", *REAP, "--method", "kernel")
     assert run.returncode == 1, run.stdout[-2000:] + run.stderr
     (outcome,) = [o for o in run.doc["reclaimed"] if o["container_id"] == wedged.container_id]
     assert outcome["needs_plugin"] == "reaper-hang", outcome
@@ -331,7 +333,7 @@ def test_the_agent_keeps_reclaiming_beside_hostile_files_and_healthz_tells_a_sta
         with_pin = r["kind"] in ("ipam", "iptables")
         assert r["error"].startswith("kept: its address stays" if with_pin else "kept: reaper-hang"), r
     # Its chain made stateless again (the node's own plugins): the next pass frees the rest.
-    _recache(the_lab, wedged, node_plugins)
-    run = run_reaper(the_lab, "reap", tmp_path / "last.json", "--json", *REAP, "--method", "kernel")
+    _recache(lab, wedged, node_plugins)
+    run = run_reaper(lab, "reap", tmp_path / "last.json", "--json", *REAP, "--method", "kernel")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr
-    assert leak_left(the_lab, wedged) == [] and pings(the_lab, web)
+    assert leak_left(lab, wedged) == [] and pings(lab, web)

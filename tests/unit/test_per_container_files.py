@@ -18,8 +18,7 @@ from reaper.model import NodeSnapshot, ScanReport
 from reaper.reap.plan import plan_attachment
 from tests.harness.passes import bare_reclaimer, confirmed, verdicts_and_kinds, with_records
 from tests.harness.plugin_files import FLANNEL_CONF, flannel_scratch, multus_pod_scratch
-from tests.harness.snapshots import NET, cache, cid, lease, pin, sandbox, snapshot
-from tests.unit.test_reconcile import NOW, OLD, POLICY
+from tests.harness.snapshots import NET, NOW, OLD, POLICY, cache, cid, lease, pin, sandbox, snapshot
 
 
 def _flannel(n: int, mtime: float = OLD) -> FlannelFile:

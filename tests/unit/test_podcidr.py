@@ -8,7 +8,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +29,8 @@ from reaper.podcidr import (
 from reaper.settings import SettingsError, resolve, settings_from, with_pod_cidrs
 from tests.harness.apiserver import ApiServer, api_server, node_doc
 from tests.harness.drip_apiserver import drip_server
+from tests.harness.probe import probe_argv
+from tests.harness.probes import start_up
 
 NODE = "worker-3.example"
 
@@ -202,17 +203,6 @@ def test_a_hostile_service_account_file_is_one_line_and_never_blocks(api: ApiSer
     assert ("is not a bearer token" if kind == "nul" else "cannot read") in str(err.value), err.value
 
 
-# Start-up as the agent and every command make it: the settings, then the pod CIDRs.
-_START_UP = """
-import json, sys
-from reaper.cli import build_parser
-from reaper.settings import settings_from, with_pod_cidrs
-env = json.loads(sys.argv[1])
-settings = with_pod_cidrs(settings_from(build_parser().parse_args(["scan"]), env), env)
-print(json.dumps({"pod_cidrs": settings.pod_cidrs is not None, "problems": settings.layout_problems}))
-"""
-
-
 def test_an_api_server_that_drips_bytes_costs_start_up_one_deadline(tmp_path: Path) -> None:
     """A byte every 0.2 s keeps every read under its timeout: with a deadline per read, the
     pod-CIDR lookup (and so start-up) waited as long as the server went on. One deadline for the
@@ -223,7 +213,7 @@ def test_an_api_server_that_drips_bytes_costs_start_up_one_deadline(tmp_path: Pa
         env = {**server.env(), "REAPER_NODE_NAME": NODE}
         try:
             done = subprocess.run(
-                [sys.executable, "-c", _START_UP, json.dumps(env)],
+                probe_argv(start_up, json.dumps(env)),
                 capture_output=True,
                 text=True,
                 timeout=60,

@@ -11,6 +11,9 @@ from reaper.model import AttachmentHistory, Holder, NetworkConfig, NsKey, Policy
 from reaper.reconcile import reconcile
 from tests.harness.snapshots import (
     HOST,
+    NOW,
+    OLD,
+    POLICY,
     cache,
     chain,
     cid,
@@ -21,10 +24,6 @@ from tests.harness.snapshots import (
     snapshot,
     veth,
 )
-
-NOW = 10_000.0
-POLICY = Policy(min_age=600.0, confirmations=2, stuck_after=900.0)
-OLD = NOW - 3600.0
 
 
 def by_cid(report: ScanReport) -> dict[str | None, list[str]]:

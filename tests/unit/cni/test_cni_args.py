@@ -12,7 +12,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,8 @@ from reaper.reap.act import del_request
 from reaper.reap.trust import node_trust
 from tests.harness import snapshots
 from tests.harness.configs import cache_doc, conflist
+from tests.harness.probe import probe_argv
+from tests.harness.probes import small_stack
 
 CID = "c" * 64
 NET = "net1"
@@ -101,27 +102,6 @@ def test_a_pair_that_would_split_or_cannot_be_sent_refuses_the_entry(pair: list[
     assert why in _refusal([*POD, pair])
 
 
-# In a process of its own whose stack limit is 256 KiB, so that the kernel allows argv and env
-# only its floor of ARG_MAX (max(stack / 4, 32 pages)): the largest CNI_ARGS allowed, with a
-# netns path of PATH_MAX, reaches the plugin whole.
-_SMALL_STACK = """
-import json, resource, sys
-from msgspec.structs import replace
-from reaper.cni.invoke import PluginEnv, PluginFailure, run_plugin
-from reaper.cni.requests import cni_args_of
-resource.setrlimit(resource.RLIMIT_STACK, (256 << 10, resource.getrlimit(resource.RLIMIT_STACK)[1]))
-bin_dir, pad = sys.argv[1], int(sys.argv[2])
-args = cni_args_of([["K8S_POD_NAMESPACE", "default"], ["K8S_POD_NAME", "web-0"], ["K", "v" * pad]])
-env = PluginEnv(command="DEL", container_id="c" * 64, netns="/" + "n" * 4094, ifname="eth0", args=args,
-                bin_dirs=(bin_dir,))
-print(json.dumps(run_plugin("echo-args", {}, env, timeout=30)))
-try:
-    run_plugin("echo-args", {}, replace(env, args=(("K", "v" * 200_000),)), timeout=30)
-except PluginFailure as err:
-    print(err)
-"""
-
-
 def test_the_largest_cni_args_allowed_is_executed_under_the_smallest_stack(tmp_path: Path) -> None:
     """The bound is under what the kernel always takes (ARG_MAX, 32 pages, whatever the stack
     limit): a plugin gets CNI_ARGS of MAX_CNI_ARGS bytes whole. What the kernel refuses (a 200 kB
@@ -134,7 +114,7 @@ def test_the_largest_cni_args_allowed_is_executed_under_the_smallest_stack(tmp_p
     pad = MAX_CNI_ARGS - len(";".join(f"{k}={v}" for k, v in SENT) + ";K=")
     assert len(";".join(f"{k}={v}" for k, v in cni_args_of([*POD, ["K", "v" * pad]]))) == MAX_CNI_ARGS
     done = subprocess.run(
-        [sys.executable, "-c", _SMALL_STACK, str(bin_dir), str(pad)],
+        probe_argv(small_stack, str(bin_dir), str(pad)),
         capture_output=True,
         text=True,
         timeout=60,

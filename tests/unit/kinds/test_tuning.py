@@ -38,8 +38,7 @@ from tests.harness.passes import (
     with_records,
     write_private,
 )
-from tests.harness.snapshots import NET, cid, lease, pin, sandbox, snapshot
-from tests.unit.test_reconcile import NOW, OLD, POLICY
+from tests.harness.snapshots import NET, NOW, OLD, POLICY, cid, lease, pin, sandbox, snapshot
 
 CID = "f" * 64  # a sandbox ID as containerd and CRI-O make them
 OTHER = "e" * 64

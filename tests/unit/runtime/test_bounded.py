@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,31 +17,15 @@ from reaper.runtime.client import MAX_ANSWER, MAX_SANDBOXES, MAX_STATUS_ANSWER
 from reaper.runtime.cri import STATUS_IN_FLIGHT, CriLiveness
 from tests.harness.cri import api_pb2 as pb
 from tests.harness.fake_cri import FakeRuntime, sandbox, sandbox_list
+from tests.harness.probe import probe_argv
+from tests.harness.probes import cri_observe
 
-ROOT = Path(__file__).resolve().parents[3]
 # The chart's memory limit for the agent; the client's peak must stay well under it.
 CHART_LIMIT_KIB = 256 * 1024
 
-# The client in a process of its own, so that its peak RSS is its own (the fake runtime
-# serving the answer lives in the test's process): VmHWM, the peak of this process's memory
-# since its exec (getrusage's ru_maxrss keeps the forked parent's across the exec).
-OBSERVE = """
-import json, sys
-from reaper.runtime.cri import CriLiveness
-view = CriLiveness((sys.argv[1],), 20.0).observe({})
-print(json.dumps({
-    "reachable": view.reachable,
-    "error": view.error,
-    "listed": [a.sandboxes for a in view.runtimes],
-    "peak_kib": next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")),
-}))
-"""
-
 
 def observe_in_child(endpoint: str) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, "-c", OBSERVE, endpoint], capture_output=True, text=True, timeout=120, check=True, cwd=ROOT
-    )
+    proc = subprocess.run(probe_argv(cri_observe, endpoint), capture_output=True, text=True, timeout=120, check=True)
     doc: dict[str, Any] = json.loads(proc.stdout)
     return doc
 
