@@ -58,11 +58,13 @@ bench-agent: deps venv
 bench-churn: deps venv
 	$(BIN)/python -m bench.churn_bench
 
-# Debian packages: installed only when one is missing, so a warm machine skips apt.
+# Debian packages: installed only when one is missing, so a warm machine skips apt. npm (the
+# Renovate schema's fetch) by its command: a machine with Node.js from elsewhere keeps its own.
 deps:
 	@missing=""; for p in $(DEB_PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
+	command -v npm >/dev/null || missing="$$missing npm"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; } || \
@@ -75,6 +77,8 @@ venv: $(VENV)/.installed
 # every hash and that every dependency is in the lock; the project itself is built with the
 # locked setuptools (no build isolation, which would take whatever the index serves).
 $(VENV)/.installed: requirements/test.lock
+	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || \
+	  { echo "make venv: $(PYTHON) cannot make a virtualenv (Debian: apt-get install python3-venv)"; exit 1; }
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --require-hashes -r requirements/test.lock
