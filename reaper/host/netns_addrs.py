@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 
 from msgspec import Struct
 
-from reaper.host.confined import libc
+from reaper.host.confined import libc, open_beneath, parts_beneath
 from reaper.host.netlink import DumpLimits, Netlink, attrs, dump_kept
 from reaper.host.userns import owners_of
 from reaper.model import NsKey
@@ -70,6 +70,10 @@ class Handle(Struct, frozen=True):
 
     path: str
     pinned: bool  # a file under a netns dir, opened without following a symlink
+    # A holder's root (`/proc/<pid>/root`) that `path`, a mount point as the holder sees it, is
+    # walked beneath with no symlink followed anywhere on the way: a link planted there would
+    # take the walk where the mount walk never judged the filesystems (a FUSE that never answers).
+    beneath: str | None = None
 
 
 class NamespaceToRead(Struct, frozen=True):
@@ -151,7 +155,7 @@ def _open_checked(handle: Handle, ns: NsKey) -> int:
     if handle.pinned:
         # The pin looked at through an O_PATH fd, never through a symlink, and reopened for
         # reading through that fd only once it is a regular file (a namespace shows as one).
-        path_fd = os.open(handle.path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        path_fd = _open_path(handle)
         try:
             if not stat.S_ISREG(os.fstat(path_fd).st_mode):
                 raise OSError(errno.ESTALE, "not a namespace pin now")
@@ -165,6 +169,18 @@ def _open_checked(handle: Handle, ns: NsKey) -> int:
         os.close(fd)
         raise OSError(errno.ESTALE, "another namespace is there now")
     return fd
+
+
+def _open_path(handle: Handle) -> int:
+    """An O_PATH fd on the handle's file: its last component never a symlink, and beneath a
+    holder's root no component one."""
+    if handle.beneath is None:
+        return os.open(handle.path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    root_fd = os.open(handle.beneath, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return open_beneath(root_fd, parts_beneath("/", handle.path), os.O_PATH)
+    finally:
+        os.close(root_fd)
 
 
 class EveryProcessLeft(OSError):

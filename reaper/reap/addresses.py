@@ -229,10 +229,12 @@ def node_namespaces(
         ways = [Handle(f"/proc/{pid}/ns/net", pinned=False) for pid in sorted(inside)[:HANDLES]]
         handles.setdefault(ns, []).extend(ways)
     for ns, mounts in mounted.items():
-        # The mount point as its holder sees it, never through a symlink at its end, and only
-        # through local filesystems; with no such way, one that opens nothing (/proc/0 is no
-        # process) makes the namespace unread, never the one this thread is in.
-        ways = [Handle(m.reach, pinned=True) for m in mounts if m.reachable][:HANDLES]
+        # The mount point as its holder sees it, beneath its root with no symlink followed, and
+        # only through local filesystems; with no such way, one that opens nothing (/proc/0 is
+        # no process) makes the namespace unread, never the one this thread is in.
+        ways = [Handle(m.mount_point, pinned=True, beneath=f"/proc/{m.pid}/root") for m in mounts if m.reachable][
+            :HANDLES
+        ]
         handles.setdefault(ns, []).extend(ways or [Handle(UNREACHABLE, pinned=False)])
     asked: dict[tuple[int, int], int | None] = {}  # who made each holder's mount namespace, asked once
     targets = [] if here in skip else [NamespaceToRead(here, "the netns the reaper runs in", ())]

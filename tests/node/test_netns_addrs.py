@@ -20,6 +20,8 @@ def test_each_namespace_is_read_from_inside_it_and_only_the_one_found_there() ->
         "swapped": [[], "another namespace is there now"],
         "symlink": [[], "not a namespace pin now"],  # the link itself, never followed
         "fallback": [["10.77.0.3", "127.0.0.1", "::1"], None],
+        "beneath": [["10.77.0.1", "127.0.0.1", "::1"], None],
+        "beneath, through a link": [[], "Too many levels of symbolic links"],  # never followed
     }
     assert out["late"] == [[], "not read by the deadline"]
     assert out["gone"] == [[], True]

@@ -1,5 +1,6 @@
 """The addresses of namespaces read each from inside it: two pins, a process's namespace, a pin
-swapped for another namespace, a symlink, a pid that is gone, a reading past its deadline.
+swapped for another namespace, a symlink (at its end, or on the way beneath a holder's root), a
+pid that is gone, a reading past its deadline.
 Run in a private mount and network namespace (pins, mounts and namespaces vanish with it);
 prints what each reading gave, as JSON."""
 
@@ -40,6 +41,10 @@ def main() -> None:
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     p_ns = key(f"/proc/{proc.pid}/ns/net")
     os.symlink(a, os.path.join(work, "link"))
+    # A mount point as its holder sees it, beneath the holder's root (here `work`): walked with
+    # no symlink followed, so a link on the way is refused where it would lead to the pin.
+    os.mkdir(os.path.join(work, "dir"))
+    os.symlink(work, os.path.join(work, "dir", "up"))
     here = this_threads_netns()
     of_proc = Handle(f"/proc/{proc.pid}/ns/net", False)
     targets = [
@@ -50,6 +55,8 @@ def main() -> None:
         NamespaceToRead(a_ns, "swapped", (Handle(b, True),)),
         NamespaceToRead(a_ns, "symlink", (Handle(os.path.join(work, "link"), True),)),
         NamespaceToRead(p_ns, "fallback", (Handle("/proc/999999999/ns/net", False), of_proc)),
+        NamespaceToRead(a_ns, "beneath", (Handle("/a", True, beneath=work),)),
+        NamespaceToRead(a_ns, "beneath, through a link", (Handle("/dir/up/a", True, beneath=work),)),
     ]
     got = read_addresses(targets, deadline=time.monotonic() + 20)
     late = read_addresses(targets[1:2], deadline=time.monotonic() - 1)

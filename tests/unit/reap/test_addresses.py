@@ -293,7 +293,7 @@ def test_a_namespace_a_mount_holds_is_read_through_its_holder_or_counts_as_unrea
         (str(tmp_path),), {}, frozenset(), {walkable.ns: (walkable,), below_fuse.ns: (below_fuse,)}
     )
     by_ns = {t.ns: t for t in targets}
-    assert by_ns[walkable.ns].handles == (Handle("/proc/12/root/var/held", pinned=True),)
+    assert by_ns[walkable.ns].handles == (Handle("/var/held", pinned=True, beneath="/proc/12/root"),)
     assert "pid 12" in by_ns[walkable.ns].where and "/var/held" in by_ns[walkable.ns].where
     assert by_ns[below_fuse.ns].handles == (Handle(addresses.UNREACHABLE, pinned=False),)
 
