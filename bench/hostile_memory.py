@@ -432,7 +432,7 @@ def raise_nofile(need: int) -> None:
 @contextlib.contextmanager
 def agent(tmp: Path, cri: str) -> Iterator[subprocess.Popen[bytes]]:
     """`reaper run --mode scan` in a netns of its own (loopback up), ready (first pass done)."""
-    base = tmp / "agent"
+    base = Path(tempfile.mkdtemp(prefix="agent-", dir=tmp))  # each agent its own dirs
     flags = node_dirs(base, cri)
     argv = ["unshare", "--net", "--", "sh", "-c", 'ip link set lo up && exec "$@"', "agent", sys.executable]
     argv += ["-m", "reaper", "run", "--mode", "scan", "--listen", f"127.0.0.1:{AGENT_PORT}", "--interval", "10m"]
