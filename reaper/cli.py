@@ -1,4 +1,4 @@
-"""`reaper`: find (and, in later commands, reclaim) leaked container-network resources.
+"""`reaper`: find and reclaim leaked container-network resources; explain, plan and check.
 
 Each command imports what it uses when it runs: a one-shot `scan` from a timer pays for no
 scheduler, HTTP server, Prometheus client or reclaiming code (`python -X importtime`). Every
