@@ -54,20 +54,9 @@ def scan_pass(
     since the last pass are not read again); a one-shot run passes none and reads every file.
     `kept`: a long-running caller's state of its last pass, counted from instead of the file
     once it holds one (see reaper.state). `save` False: a look for a person (`explain`), which
-    reads the confirmations counted so far and counts no pass of its own."""
-    return _scan_pass(settings, liveness, log, clock, memo, kept, save)
+    reads the confirmations counted so far and counts no pass of its own.
 
-
-def _scan_pass(
-    settings: Settings,
-    liveness: LivenessSource,
-    log: logging.Logger,
-    clock: Callable[[], float],
-    memo: InventoryMemo | None,
-    kept: KeptState | None,
-    save: bool = True,
-) -> ScanResult:
-    """Load the state, look at the node, ask the runtimes, correlate, reconcile, save."""
+    Load the state, look at the node, ask the runtimes, correlate, reconcile, save."""
     started = time.monotonic()
     warnings: list[str] = []
     state = _load(settings, kept, warnings)
