@@ -185,7 +185,7 @@ def _gc_disabled(configs: Iterable[NetworkConfig]) -> Iterator[Check]:
         yield Check(
             "disableGC",
             "warn",
-            f"{', '.join(kept)}: the config says disableGC, so this network's attachments are excluded, never "
+            f"{', '.join(kept)}: its config says disableGC, so its attachments are excluded, never "
             "reclaimed, even with --force",
             "nothing, if another runtime shares the config; else drop disableGC from it to let its leaks be reclaimed",
         )
