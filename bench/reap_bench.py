@@ -38,7 +38,7 @@ from typing import Any
 
 from bench.build_leaks import FakeAttachment, make_attachments, run_live_pods
 from reaper.kinds.iptables import chain_name
-from reaper.reap.act import DEL_WORKERS
+from reaper.settings import DEL_CONCURRENCY
 from tests.harness.lab import Lab
 from tests.harness.lab.cni import PluginCall, del_network_list
 from tests.harness.reaper_cli import lab_flags
@@ -129,8 +129,9 @@ def floor(lab: Lab, leaks: list[FakeAttachment]) -> dict[str, float]:
 
 
 def del_floor(lab: Lab, leaks: list[FakeAttachment]) -> dict[str, float]:
-    """Each leak's chain DEL run directly, DEL_WORKERS at once, from threads in the lab's netns
-    (setns is per thread; the plugins they start inherit it), then the pins and cache entries."""
+    """Each leak's chain DEL run directly, as many at once as `reaper reap` runs by default
+    (--del-concurrency), from threads in the lab's netns (setns is per thread; the plugins they
+    start inherit it), then the pins and cache entries."""
     conflist = json.loads(lab.network_spec.conflist_bytes("normal"))
     results = lab.cache_dir / "results"
     netns_fd = os.open(lab.netns_path, os.O_RDONLY)
@@ -155,7 +156,7 @@ def del_floor(lab: Lab, leaks: list[FakeAttachment]) -> dict[str, float]:
     out = {"scan": scan_floor(lab)}
     try:
         t = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=DEL_WORKERS, initializer=enter) as pool:
+        with ThreadPoolExecutor(max_workers=DEL_CONCURRENCY, initializer=enter) as pool:
             list(pool.map(one, leaks))
         out["chain_del"] = time.perf_counter() - t
     finally:

@@ -176,6 +176,21 @@ def _plugins(settings: Settings, configs: Iterable[NetworkConfig], platform: str
             )
 
 
+def _gc_disabled(configs: Iterable[NetworkConfig]) -> Iterator[Check]:
+    """The networks whose config says `disableGC: true`: their leaks are never reclaimed
+    (reaper.reconcile.gc_disabled_networks), which an operator should know before a leak
+    alert on one of them is a surprise."""
+    kept = [f"{c.name} ({c.path})" for c in configs if c.disable_gc]
+    if kept:
+        yield Check(
+            "disableGC",
+            "warn",
+            f"{', '.join(kept)}: its config says disableGC, so its attachments are excluded, never "
+            "reclaimed, even with --force",
+            "nothing, if another runtime shares the config; else drop disableGC from it to let its leaks be reclaimed",
+        )
+
+
 def _preset(preset: str | None, configs: Iterable[NetworkConfig]) -> Iterator[Check]:
     """The chart's cniPreset (REAPER_CNI_PRESET) against the plugins the node's configs use."""
     used: set[str] = set()
@@ -450,6 +465,7 @@ def run_checks(
         *_cni_dirs(settings, configs),
         *_visibility(settings, configs, platform),
         *_plugins(settings, configs, platform),
+        *_gc_disabled(configs),
         *_preset(preset, configs),
         *_pod_cidrs(settings, configs),
         *_namespaces(settings),

@@ -5,7 +5,7 @@ A pure function of (snapshot, runtime view, history, policy, now): no I/O, no cl
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from msgspec import Struct
 
@@ -17,6 +17,7 @@ from reaper.model import (
     AttachmentHistory,
     ForeignPin,
     Holder,
+    NetworkConfig,
     NodeSnapshot,
     NsKey,
     Owner,
@@ -104,6 +105,7 @@ def reconcile(
         holders,
         dict(holds(record) for name, holds in HOLDING for record in snapshot.of(name)),
     )
+    no_gc = gc_disabled_networks(snapshot.configs)
     # A kind that finds what holds a namespace, not read whole: a namespace may be held unseen.
     unread = next((name for name, _ in HOLDING if name in snapshot.partly_read), None)
     attachments: list[Attachment] = []
@@ -138,7 +140,10 @@ def reconcile(
                 streak, counted_at, too_soon = _counted(previous, policy, now)
                 verdict, reason = _unowned_verdict(age, streak, policy, too_soon)
         pod = _pod(group)
-        excluded = policy.exclusions.reason(pod=pod, network=group.key.network) if verdict in UNOWNED else None
+        network = group.key.network
+        excluded = None
+        if verdict in UNOWNED:
+            excluded = no_gc.get(network or "") or policy.exclusions.reason(pod=pod, network=network)
         if excluded is not None:
             # Counted afresh once the exclusion goes: it is then judged as any new attachment.
             verdict, reason, streak, counted_at = "excluded", f"{excluded} (else {verdict}: {reason})", 0, None
@@ -190,6 +195,26 @@ def reconcile(
         networks=tuple(dict.fromkeys(c.name for c in snapshot.configs if not c.path.startswith("cache:"))),
     )
     return report, new_history
+
+
+def gc_disabled_networks(configs: Iterable[NetworkConfig]) -> dict[str, str]:
+    """Why each network whose config says `disableGC: true` is kept, by name. The CNI spec's
+    switch for a list several runtimes share: "runtimes must not call GC for this network
+    configuration list" (containernetworking/cni SPEC.md), and libcni's GCNetworkList returns
+    before any of its DELs when it is set (libcni/api.go). The reaper's reclaim is that GC, so
+    the network's attachments are excluded, as --exclude-network would, whatever --force says.
+    The configs are the snapshot's, the first of a name deciding, as libcni takes the first
+    file that has it: the conf dirs' first, then a cache entry's own for a network no conf dir
+    has (the config its DEL would run)."""
+    kept: dict[str, str] = {}
+    seen: set[str] = set()
+    for config in configs:
+        if config.name in seen:
+            continue
+        seen.add(config.name)
+        if config.disable_gc:
+            kept[config.name] = f"excluded: network {config.name}'s config {config.path} says disableGC: true"
+    return kept
 
 
 def _carried(previous: AttachmentHistory | None, policy: Policy) -> int:

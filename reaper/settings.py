@@ -36,6 +36,15 @@ GROUP_TITLES: dict[Group, str] = {
 }
 
 
+# Plugin DELs a reclaiming pass runs at once (--del-concurrency). Each is a process of its own
+# (Go plugins, one after another down the chain) beside the reaper, in the same container: the
+# default keeps the agent and a burst of DELs well under the chart's 256 MiB memory limit
+# (bench/del_memory.py measures it; bench/README.md has the figures). The bound keeps a typo
+# from forking hundreds of plugins at once.
+DEL_CONCURRENCY = 4
+DEL_CONCURRENCY_MAX = 32
+
+
 class SettingsError(ValueError):
     """A bad flag or environment value; the message is one line for the operator."""
 
@@ -91,6 +100,19 @@ def _count(text: str) -> int:
     if value < 1:
         raise ValueError("must be 1 or more")
     return value
+
+
+def _count_within(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"not a whole number from {low} to {high}") from None
+        if not low <= value <= high:
+            raise ValueError(f"must be from {low} to {high}")
+        return value
+
+    return parse
 
 
 def _ratio(text: str) -> float:
@@ -279,6 +301,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("--plugin-timeout", "REAPER_PLUGIN_TIMEOUT", "60s",
            "kill a plugin (and what it started) that runs longer than this", "reap",
            _positive_duration, metavar="DURATION"),
+    Option("--del-concurrency", "REAPER_DEL_CONCURRENCY", str(DEL_CONCURRENCY),
+           f"plugin DELs run at once, 1 to {DEL_CONCURRENCY_MAX}: each is a process beside the reaper, so this "
+           "bounds a reclaim burst's memory; the default keeps the agent and its DELs well under the chart's "
+           "256 MiB limit (raise it with the limit)", "reap", _count_within(1, DEL_CONCURRENCY_MAX), metavar="N"),
     Option("--allow-plugin", "REAPER_ALLOW_PLUGIN", None,
            "a plugin type a cache entry's config may run for DEL though no config in the conf dir uses it "
            "(repeatable); by default a cached config runs only the plugins the node's own configs use",
@@ -427,6 +453,7 @@ class ReapSettings(Struct, frozen=True, kw_only=True):
     force: bool
     dry_run: bool
     allow_plugins: tuple[str, ...] = ()
+    del_concurrency: int = DEL_CONCURRENCY  # plugin DELs run at once
     plan_out: str | None = None  # with dry_run: where the plan is written for review
     plan: str | None = None  # a reviewed plan: only what it names, unchanged, is reclaimed
 
@@ -621,6 +648,7 @@ def reap_settings_from(args: argparse.Namespace, env: Mapping[str, str] | None =
         force=v["force"],
         dry_run=v["dry_run"],
         allow_plugins=tuple(v["allow_plugin"]),
+        del_concurrency=v["del_concurrency"],
         plan_out=v["plan_out"],
         plan=v["plan"],
     )

@@ -173,6 +173,17 @@ def stateful_plugins(raw: bytes) -> tuple[str, ...] | None:
     return tuple(found)
 
 
+def gc_disabled(value: object) -> bool:
+    """A list's `disableGC` as libcni reads it (readBool in containernetworking/cni
+    libcni/conf.go): a boolean, or the string true or false in any case. Any other value makes
+    libcni refuse the whole list, so no runtime runs it: the reaper then keeps its hands off
+    too. libcni drops the key from a single-plugin config (ConfListFromConf); the reaper takes
+    it there as well, since it only ever keeps."""
+    if isinstance(value, bool):
+        return value
+    return not (isinstance(value, str) and value.lower() == "false")
+
+
 def parse_network_config(raw: bytes, path: str) -> NetworkConfig:
     """A network config list (or a single-plugin config, as libcni turns it into a list)."""
     doc, name, version, plugins = _read(raw)
@@ -190,7 +201,7 @@ def parse_network_config(raw: bytes, path: str) -> NetworkConfig:
             declared, from_pod_cidr = _ranges(ipam)
             ranges.extend(declared)
             pod_cidr_versions.extend(v for v in from_pod_cidr if v not in pod_cidr_versions)
-    disable_gc = doc.get("disableGC") is True
+    disable_gc = gc_disabled(doc.get("disableGC", False))
     return NetworkConfig(
         name=name,
         path=path,

@@ -41,11 +41,8 @@ from reaper.reap import delegates
 from reaper.reap.plan import Listed, listed, recheck_reason
 from reaper.reap.stays import held_in_staying, kept_with_namespace, lives_in, staying_namespaces
 from reaper.reap.trust import NO_KERNEL_EVIDENCE, NodeTrust, cached_config_refusal, kernel_proven
+from reaper.settings import DEL_CONCURRENCY
 from reaper.stopwatch import Stopwatch
-
-# Plugins are processes that spend part of their time waiting (host-local's lock, the
-# kernel): two per core keep the cores busy.
-DEL_WORKERS = min(8, 2 * (os.cpu_count() or 1))
 
 Records = Mapping[Identity, Any]
 UNREACHABLE_AT_RECHECK = "runtime unreachable at the re-check"
@@ -394,6 +391,9 @@ class Reclaimer(Struct, kw_only=True):
     stop: threading.Event
     observe: Callable[[], RuntimeView]  # the runtimes, asked again
     watch: Stopwatch = field(default_factory=Stopwatch)
+    # Plugin DELs run at once (--del-concurrency): each is a process of its own beside the
+    # agent, so this bounds the memory of a reclaim burst, not the host's CPUs.
+    del_concurrency: int = DEL_CONCURRENCY
     # The conf dir's config of each network: asked for STATUS before the kernel step frees
     # what an attachment without a DEL holds.
     network_configs: Mapping[str, bytes] = field(default_factory=dict)
@@ -560,17 +560,17 @@ class Reclaimer(Struct, kw_only=True):
         queue = deque(attachments)
         by_key = {a.key: a for a in attachments}
         late: dict[AttachmentKey, int] = {}
-        batch, window = 4 * DEL_WORKERS, RECHECK_WINDOW
+        batch, window = 4 * self.del_concurrency, RECHECK_WINDOW
         last_view: tuple[NodeView, frozenset[NsKey], float] | None = None
         started = time.monotonic()
         finished = 0
-        with ThreadPoolExecutor(max_workers=DEL_WORKERS) as pool:
+        with ThreadPoolExecutor(max_workers=self.del_concurrency) as pool:
             running: set[Future[tuple[AttachmentKey, tuple[str, ...], str | None, bool]]] = set()
             while queue or running:
                 if queue and self.stop.is_set():
                     left.update((a.key, "stopping") for a in queue)
                     queue.clear()
-                if queue and len(running) <= DEL_WORKERS:
+                if queue and len(running) <= self.del_concurrency:
                     # The pool is about to run dry: re-check the next batch while the last DELs
                     # run. An attachment with no DEL to run counts for nothing in the batch: the
                     # kernel step re-checks it again before it acts.
@@ -610,7 +610,7 @@ class Reclaimer(Struct, kw_only=True):
                         left[key] = why
                 # As many as the pool finishes in a window, and never fewer than it can run at once.
                 pace = finished / max(time.monotonic() - started, 1e-3)
-                batch = max(DEL_WORKERS, int(pace * window))
+                batch = max(self.del_concurrency, int(pace * window))
         for key, found_errors in errors.items():
             fields = {"attachment": key.as_text(), **attachment_log_fields(key, by_key.get(key)), "method": "cni-del"}
             for error in found_errors:

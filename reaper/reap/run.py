@@ -161,6 +161,7 @@ def reap_pass(
         bin_dirs=settings.cni_bin_dirs,
         live_netns=frozenset(s.netns for s in view.sandboxes if s.netns is not None),
         plugin_timeout=reap.plugin_timeout,
+        del_concurrency=reap.del_concurrency,
         quarantine=Quarantine(reap.quarantine_dir) if reap.quarantine_dir else None,
         log=log,
         stop=stop,

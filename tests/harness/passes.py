@@ -20,6 +20,7 @@ from reaper.kinds.netconf import parse_network_config
 from reaper.model import AttachmentHistory, NetworkConfig, NodeSnapshot, Policy, RuntimeView, ScanReport
 from reaper.reap.act import Reclaimer
 from reaper.reconcile import reconcile
+from reaper.settings import DEL_CONCURRENCY
 from tests.harness.snapshots import runtime, snapshot
 
 
@@ -28,9 +29,11 @@ def bare_reclaimer(
     observe: Callable[[], RuntimeView] = runtime,
     bin_dirs: tuple[str, ...] = (),
     plugin_timeout: float = 1.0,
+    del_concurrency: int = DEL_CONCURRENCY,
 ) -> Reclaimer:
     """A reclaimer with no netns dirs, no quarantine and a runtime that lists nothing."""
     return Reclaimer(
+        del_concurrency=del_concurrency,
         look=look,
         netns_dirs=(),
         bin_dirs=bin_dirs,

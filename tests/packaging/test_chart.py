@@ -25,7 +25,7 @@ import yaml
 from reaper.cli import build_parser
 from reaper.durations import parse_duration
 from reaper.runtime.discovery import KNOWN_SOCKETS
-from reaper.settings import OPTIONS, agent_settings_from, reap_settings_from, settings_from
+from reaper.settings import DEL_CONCURRENCY, OPTIONS, agent_settings_from, reap_settings_from, settings_from
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "cni-reaper"
@@ -49,6 +49,7 @@ CUSTOM: dict[str, Any] = {
     "maxOrphanRatio": 0.25,
     "method": "kernel",
     "pluginTimeout": "20s",
+    "delConcurrency": 6,
     "allowPlugins": ["dhcp", "firewall"],
     "exclude": {"namespaces": ["kube-system"], "pods": ["monitoring/prometheus-*"], "networks": ["multus-*"]},
     "stallAfter": "45m",
@@ -248,6 +249,9 @@ BAD_VALUES: list[dict[str, Any]] = [
     {"extraHostPaths": ["run/cni-ipam-state"]},
     {"runtimeSocketDirs": ["run/containerd"]},
     {"events": {"enabled": "yes"}},
+    {"delConcurrency": 0},
+    {"delConcurrency": 33},
+    {"delConcurrency": "4"},
 ]
 
 
@@ -294,6 +298,14 @@ def test_daemonset_runs_on_every_node_privileged_in_host_namespaces(chart: helm.
     assert service["spec"]["selector"].items() <= labels.items()
     assert service["spec"]["ports"] == [{"name": "metrics", "port": PORT, "targetPort": "metrics", "protocol": "TCP"}]
     assert {"name": "metrics", "containerPort": PORT, "protocol": "TCP"} in c["ports"]
+
+
+def test_the_del_concurrency_is_the_reapers_default_sized_to_the_memory_limit(chart: helm.Chart) -> None:
+    """The chart's value is the binary's default, which bench/del_memory.py sized to the
+    chart's 256 MiB: a change to either is a change to both."""
+    c = container(render(chart))
+    assert setting_values(c, "--del-concurrency") == [str(DEL_CONCURRENCY)]
+    assert c["resources"]["limits"]["memory"] == "256Mi"
 
 
 def test_pod_cidr_from_node_reads_only_nodes_with_the_pods_own_account(chart: helm.Chart) -> None:
@@ -522,6 +534,7 @@ def test_custom_values_reach_the_args(chart: helm.Chart) -> None:
     assert setting_values(args, "--max-orphan-ratio") == ["0.25"]
     assert setting_values(args, "--method") == ["kernel"]
     assert setting_values(args, "--plugin-timeout") == ["20s"]
+    assert setting_values(args, "--del-concurrency") == ["6"]
     assert setting_values(args, "--allow-plugin") == ["dhcp", "firewall"]
     assert setting_values(args, "--stall-after") == ["45m"]
     assert setting_values(args, "--runtime-endpoint") == ["unix:///var/run/crio/crio.sock"]

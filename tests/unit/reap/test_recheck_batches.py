@@ -87,7 +87,6 @@ def test_no_del_starts_later_than_the_window_after_its_re_check(
     walk that cleared its namespace, and every attachment still gets its DEL."""
     window = 0.3
     monkeypatch.setattr(act, "RECHECK_WINDOW", window)
-    monkeypatch.setattr(act, "DEL_WORKERS", 2)
     walks = Walks()
     monkeypatch.setattr(act, "in_use", walks)
     monkeypatch.setattr(act, "network_status", lambda *_args: None)
@@ -104,7 +103,7 @@ def test_no_del_starts_later_than_the_window_after_its_re_check(
     found = attachments(node, 60)
     requests: dict[Any, DelRequest | None] = {a.key: request_for(a, plugin_config()) for a in found}
     asked, observe = counted(runtime())
-    outcomes, skipped = bare_reclaimer(look=node.look, observe=observe).run(found, requests)
+    outcomes, skipped = bare_reclaimer(look=node.look, observe=observe, del_concurrency=2).run(found, requests)
     assert skipped == [] and len(outcomes) == 60
     assert set(started) == {str(a.key.container_id) for a in found}, "every attachment got its DEL"
     for a in found:
