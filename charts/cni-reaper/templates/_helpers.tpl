@@ -49,7 +49,7 @@ serves: rendered, every pod would sit in ImagePullBackOff. Refused here instead,
 */}}
 {{- define "cni-reaper.image" -}}
 {{- if and (eq .Values.image.repository "cni-reaper") (not .Values.image.tag) }}
-{{- fail "image: cni-reaper:0.1.0 is a placeholder no registry serves; build the image (README: Build and push the image), push it and give --set image.repository=REGISTRY/cni-reaper (and image.tag, default the chart's appVersion); a local image: --set image.tag=TAG" }}
+{{- fail (printf "image: cni-reaper:%s is a placeholder no registry serves; build the image (README: Build and push the image), push it and give --set image.repository=REGISTRY/cni-reaper (and image.tag, default the chart's appVersion); an image loaded on the nodes by hand: --set image.tag=TAG" .Chart.AppVersion) }}
 {{- end }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
