@@ -38,6 +38,9 @@ _STAMP_NAME = re.compile(r"\d{8}T\d{6}Z")
 # Files one pass deletes at most, a bound on its time; the rest go at the next pass.
 MAX_EXPIRED_PER_PASS = 10_000
 MAX_LEFT_SAID = 5  # lines about what was left, at most, per pass
+# Dirs deep beneath a <time>/ dir, at most: an original path is a few; a deeper tree is not the
+# reaper's, and walking it would cost an fd a level.
+MAX_DEPTH = 32
 _DIR_OPEN = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -159,8 +162,7 @@ def stamp_time(name: str) -> float | None:
 
 
 class _Expiring:
-    def __init__(self, root: str) -> None:
-        self.root = root
+    def __init__(self) -> None:
         self.deleted = 0
         self.left: list[str] = []
         self.more_left = 0
@@ -174,9 +176,12 @@ class _Expiring:
     def full(self) -> bool:
         return self.deleted >= MAX_EXPIRED_PER_PASS
 
-    def clear(self, dir_fd: int, path: str) -> bool:
-        """Delete the regular files beneath the open directory `dir_fd` (at `path`), then its
-        emptied subdirectories; True when nothing is left in it."""
+    def clear(self, dir_fd: int, path: str, depth: int) -> bool:
+        """Delete the regular files beneath the open directory `dir_fd` (at `path`, `depth`
+        below its <time>/ dir), then its emptied subdirectories; True when nothing is left."""
+        if depth > MAX_DEPTH:
+            self.leave(path, f"more than {MAX_DEPTH} dirs deep, so not a tree the reaper made")
+            return False
         empty = True
         for name in sorted(os.listdir(dir_fd)):
             if self.full():
@@ -185,7 +190,7 @@ class _Expiring:
             try:
                 judged = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
                 if stat.S_ISDIR(judged.st_mode):
-                    if not self.clear_subdir(dir_fd, name, where, judged):
+                    if not self.clear_subdir(dir_fd, name, where, judged, depth + 1):
                         empty = False
                     continue
                 if not stat.S_ISREG(judged.st_mode):
@@ -207,14 +212,14 @@ class _Expiring:
                 empty = False
         return empty
 
-    def clear_subdir(self, dir_fd: int, name: str, where: str, judged: os.stat_result) -> bool:
+    def clear_subdir(self, dir_fd: int, name: str, where: str, judged: os.stat_result, depth: int = 0) -> bool:
         fd = os.open(name, _DIR_OPEN, dir_fd=dir_fd)
         try:
             st = os.fstat(fd)
             if (st.st_dev, st.st_ino) != (judged.st_dev, judged.st_ino):
                 self.leave(where, "replaced as it was opened")
                 return False
-            emptied = self.clear(fd, where)
+            emptied = self.clear(fd, where, depth)
         finally:
             os.close(fd)
         if emptied:
@@ -232,7 +237,7 @@ def expire(directory: str, max_age: float, now: float) -> Expiry:
     `now`: the regular files beneath each `<time>/` directory whose time is that old, then the
     directories so emptied. A missing directory has nothing to expire."""
     root = os.path.abspath(directory)
-    run = _Expiring(root)
+    run = _Expiring()
     try:
         with opened_dir(root, root) as root_fd:
             for name in sorted(os.listdir(root_fd)):

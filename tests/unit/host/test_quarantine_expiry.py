@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from reaper.host import quarantine
-from reaper.host.quarantine import MAX_LEFT_SAID, Quarantine, expire, stamp_time
+from reaper.host.quarantine import MAX_DEPTH, MAX_LEFT_SAID, Quarantine, expire, stamp_time
 
 DAY = 86400.0
 NOW = 1_800_000_000.0  # 2027-01-15
@@ -111,3 +111,18 @@ def test_a_symlinked_quarantine_root_is_refused(tmp_path: Path) -> None:
     done = expire(str(link), DAY, NOW)
     assert done.deleted == 0 and "is a symlink" in done.left[0]
     assert any(real.rglob("10.0.0.3"))
+
+
+def test_a_tree_deeper_than_the_reaper_makes_is_left_not_walked_to_the_end(tmp_path: Path) -> None:
+    """A stamp dir holding thousands of nested dirs (root's dir, but a wrong quarantineDir may be
+    shared) costs a bounded walk and a line, never a RecursionError that would stop the pass."""
+    root = tmp_path / "quarantine"
+    stamp = Path(Quarantine(str(root), now=NOW - 9 * DAY).destination("/x")).parent
+    deep = stamp
+    for _ in range(MAX_DEPTH + 5):
+        deep = deep / "d"
+    deep.mkdir(parents=True)
+    (deep / "lease").write_text("x")
+    done = expire(str(root), DAY, NOW)
+    assert done.deleted == 0 and (deep / "lease").exists()
+    assert f"more than {MAX_DEPTH} dirs deep" in done.left[0]
