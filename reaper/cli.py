@@ -335,7 +335,9 @@ def _run(args: argparse.Namespace) -> int:
     log = setup_logging(settings.log_format, settings.log_level)
     _warn_dirs(settings, log)
     liveness = liveness_from(settings)
-    events = events_from(agent_settings.events, settings.node_name, os.environ, log)
+    events = events_from(
+        agent_settings.events, settings.node_name, os.environ, log, namespace=agent_settings.events_namespace
+    )
     try:
         agent = Agent(settings, reap, agent_settings, liveness, log, events=events)
         return agent.run()

@@ -7,9 +7,9 @@ stuck.
 
 They are events.k8s.io/v1 Events, the API client-go's current recorder writes: it requires the
 reporting controller and instance and an action, and its `series` is a defined place for
-repeats. Like the kubelet's Node Events they live in the `default` namespace and name the Node
-with its name as UID, which is how `kubectl describe node` finds them; no `get` on the Node is
-needed.
+repeats. Like the kubelet's Node Events they live in the `default` namespace (--events-namespace
+names another: the chart's events.namespace) and name the Node with its name as UID, which is how
+`kubectl describe node` finds them, in whichever namespace; no `get` on the Node is needed.
 
 What an Event is comes from the pass's result and nothing else (`pass_events`, pure). Sending it
 is off the pass's path: the agent hands the pass's Events to a bounded queue and goes on; one
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from lightkube import Client
 
 CONTROLLER = "cni-reaper"
-NAMESPACE = "default"  # where Events about a cluster-scoped object go, as the kubelet's Node Events
+NAMESPACE = "default"  # where Events about a cluster-scoped object go, as the kubelet's Node Events (default)
 FULL_SHARE = 0.9  # a range with more than this share of its addresses leased is nearly full
 MAX_PER_PASS = 5  # Events one pass may send; the rest of that pass's are dropped
 WINDOW = 600.0  # seconds an Event's key is remembered: no second post, one series patch at most
@@ -185,6 +185,7 @@ class EventPoster:
         log: logging.Logger,
         *,
         where: str = "",
+        namespace: str = NAMESPACE,
         clock: Callable[[], float] = time.time,
         window: float = WINDOW,
         queue_passes: int = QUEUE_PASSES,
@@ -192,6 +193,7 @@ class EventPoster:
         self.node = node
         self.connect = connect
         self.where = where  # the API server's host:port, for messages
+        self.namespace = namespace  # where the Events are posted (--events-namespace)
         self.log = log
         self.clock = clock
         self.window = window
@@ -312,7 +314,7 @@ class EventPoster:
         # cut short must still end in a letter or digit).
         name = f"{self.node[:236].rstrip('-.')}.{time.time_ns():x}"
         body = Event(
-            metadata=ObjectMeta(name=name, namespace=NAMESPACE),
+            metadata=ObjectMeta(name=name, namespace=self.namespace),
             eventTime=_micro_time(at),
             reportingController=CONTROLLER,
             reportingInstance=self.node[:128],
@@ -322,7 +324,7 @@ class EventPoster:
             note=event.note,
             regarding=ObjectReference(apiVersion="v1", kind="Node", name=self.node, uid=self.node),
         )
-        client.create(body, namespace=NAMESPACE)
+        client.create(body, namespace=self.namespace)
         return name
 
     def _patch(self, client: Client, seen: _Series) -> str:
@@ -330,7 +332,7 @@ class EventPoster:
         from lightkube.types import PatchType  # noqa: PLC0415
 
         series = {"series": {"count": seen.count, "lastObservedTime": _micro_text(seen.last_seen)}}
-        client.patch(Event, seen.name, series, namespace=NAMESPACE, patch_type=PatchType.MERGE)
+        client.patch(Event, seen.name, series, namespace=self.namespace, patch_type=PatchType.MERGE)
         return seen.name
 
     def _forget(self, now: float) -> None:
@@ -347,7 +349,9 @@ class EventPoster:
         return False
 
 
-def events_from(enabled: bool, node: str | None, env: Mapping[str, str], log: logging.Logger) -> EventPoster | None:
+def events_from(
+    enabled: bool, node: str | None, env: Mapping[str, str], log: logging.Logger, namespace: str = NAMESPACE
+) -> EventPoster | None:
     """The agent's poster, or None with one log line saying why there is none."""
     if not enabled:
         return None
@@ -364,4 +368,4 @@ def events_from(enabled: bool, node: str | None, env: Mapping[str, str], log: lo
         return api_client(service_account(env))
 
     where = f"{env['KUBERNETES_SERVICE_HOST']}:{env['KUBERNETES_SERVICE_PORT']}"
-    return EventPoster(node, connect, log, where=where)
+    return EventPoster(node, connect, log, where=where, namespace=namespace)

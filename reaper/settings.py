@@ -158,6 +158,15 @@ def _on_off(text: str) -> bool:
     raise ValueError(f"{text!r} is not on or off")
 
 
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def _namespace(text: str) -> str:
+    if not _NAMESPACE.fullmatch(text):
+        raise ValueError("not a namespace name (lowercase letters, digits and '-', at most 63)")
+    return text
+
+
 def _endpoint(text: str) -> str:
     if not (text.startswith("unix:///") and len(text) > len("unix:///")):
         raise ValueError("must look like unix:///run/containerd/containerd.sock")
@@ -298,6 +307,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("--quarantine-dir", "REAPER_QUARANTINE_DIR", None,
            "move reclaimed lease and cache files here (under their original path) instead of deleting them", "reap",
            _absolute_dir, metavar="DIR"),
+    Option("--quarantine-max-age", "REAPER_QUARANTINE_MAX_AGE", "7d",
+           "with --quarantine-dir: at the start of each reclaiming pass, delete what the reaper moved there longer "
+           "ago than this (by the time it wrote in the name of each DIR/<time>/ dir; nothing else there)", "reap",
+           _positive_duration, metavar="DURATION"),
     Option("--plugin-timeout", "REAPER_PLUGIN_TIMEOUT", "60s",
            "kill a plugin (and what it started) that runs longer than this", "reap",
            _positive_duration, metavar="DURATION"),
@@ -333,6 +346,9 @@ OPTIONS: tuple[Option, ...] = (
            "post Kubernetes Events on this node's Node object (--node-name, in a pod with a service account): "
            "leaks reclaimed, breaker open, an IP range nearly full, stuck sandboxes; off outside a pod",
            "agent", _on_off, metavar="on|off"),
+    Option("--events-namespace", "REAPER_EVENTS_NAMESPACE", "default",
+           "the namespace the Node's Events are posted in (the chart's events.namespace, where its Role lets them "
+           "be written); `kubectl describe node` finds them in any", "agent", _namespace, metavar="NAMESPACE"),
     Option("--listen", "REAPER_LISTEN", "127.0.0.1:9753", "HOST:PORT for /metrics, /healthz and /readyz", "agent",
            parse_listen, metavar="HOST:PORT"),
 )  # fmt: skip
@@ -450,6 +466,7 @@ class ReapSettings(Struct, frozen=True, kw_only=True):
     kernel_only: bool
     quarantine_dir: str | None
     plugin_timeout: float
+    quarantine_max_age: float = 7 * 86400.0  # --quarantine-max-age
     force: bool
     dry_run: bool
     allow_plugins: tuple[str, ...] = ()
@@ -465,6 +482,7 @@ class AgentSettings(Struct, frozen=True, kw_only=True):
     listen_port: int
     stall_after: float
     events: bool = False  # post Kubernetes Events on the Node (reaper.events), when in a pod
+    events_namespace: str = "default"  # where they are posted
 
 
 def given(flag: str, args: argparse.Namespace, env: Mapping[str, str] | None = None) -> str | None:
@@ -644,6 +662,7 @@ def reap_settings_from(args: argparse.Namespace, env: Mapping[str, str] | None =
         max_orphan_ratio=v["max_orphan_ratio"],
         kernel_only=v["method"] == "kernel",
         quarantine_dir=v["quarantine_dir"],
+        quarantine_max_age=v["quarantine_max_age"],
         plugin_timeout=v["plugin_timeout"],
         force=v["force"],
         dry_run=v["dry_run"],
@@ -680,4 +699,5 @@ def agent_settings_from(args: argparse.Namespace, env: Mapping[str, str] | None 
         listen_port=port,
         stall_after=v["stall_after"],
         events=v["events"],
+        events_namespace=v["events_namespace"],
     )

@@ -4,23 +4,44 @@ Both ends are reached beneath their roots (reaper.host.confined): the file by an
 without following a symlink, checked to be the regular file that was judged; the quarantine
 path made one directory at a time. Across mounts (each hostPath of the chart is its own mount)
 the move is a copy from that fd, bounded and fsynced, then an unlinkat of the same inode.
+
+--quarantine-max-age: at the start of a reclaiming pass, what the reaper quarantined longer ago
+than that is deleted (expire). Its own records only: the time is the one the reaper wrote in
+the name of a `<dir>/<time>/` directory when it moved files there (not a file's mtime, which the
+move kept), and what is deleted is a regular file beneath such a directory, reached without
+following a symlink, still the inode just judged (fstatat, then unlinkat). Anything else there
+(a name not of that form, a symlink, a device, a file that changed) is left and said.
 """
 
 from __future__ import annotations
 
+import calendar
 import contextlib
 import errno
 import os
+import re
 import stat
 import time
 from collections.abc import Iterator
 
-from reaper.host.confined import Changed, opened_dir, same_file, unlink_beneath
+from msgspec import Struct
+
+from reaper.host.confined import Changed, RootRefused, opened_dir, same_file, unlink_beneath
 from reaper.host.files import describe_oserror
 from reaper.model import Done
 
 MAX_QUARANTINE_BYTES = 16 << 20  # larger than any lease or cache file the reaper reads
 _COPY_CHUNK = 1 << 16
+# The name of the directory a pass's quarantined files go under: the time they were moved, UTC.
+STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
+_STAMP_NAME = re.compile(r"\d{8}T\d{6}Z")
+# Files one pass deletes at most, a bound on its time; the rest go at the next pass.
+MAX_EXPIRED_PER_PASS = 10_000
+MAX_LEFT_SAID = 5  # lines about what was left, at most, per pass
+# Dirs deep beneath a <time>/ dir, at most: an original path is a few; a deeper tree is not the
+# reaper's, and walking it would cost an fd a level.
+MAX_DEPTH = 32
+_DIR_OPEN = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class QuarantineError(OSError):
@@ -30,7 +51,7 @@ class QuarantineError(OSError):
 class Quarantine:
     def __init__(self, directory: str, now: float | None = None) -> None:
         self.root = os.path.abspath(directory)
-        self.stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now if now is not None else time.time()))
+        self.stamp = time.strftime(STAMP_FORMAT, time.gmtime(now if now is not None else time.time()))
 
     def destination(self, path: str) -> str:
         return os.path.join(self.root, self.stamp, path.lstrip("/"))
@@ -119,3 +140,125 @@ def remove_or_quarantine(root: str, path: str, judged: os.stat_result, quarantin
     except OSError as err:
         return Done.left(describe_oserror(err))
     return Done.freed()
+
+
+class Expiry(Struct, frozen=True, kw_only=True):
+    """What one expire() did: files deleted, and one line for each of the first things left."""
+
+    deleted: int = 0
+    left: tuple[str, ...] = ()
+    more_left: int = 0  # things left beyond those said
+
+
+def stamp_time(name: str) -> float | None:
+    """The time (epoch seconds) a quarantine directory's name says, or None when the name is not
+    one the reaper gives (Quarantine.stamp)."""
+    if not _STAMP_NAME.fullmatch(name):
+        return None
+    try:
+        return float(calendar.timegm(time.strptime(name, STAMP_FORMAT)))
+    except ValueError:  # 20261399T... has the digits but no such date
+        return None
+
+
+class _Expiring:
+    def __init__(self) -> None:
+        self.deleted = 0
+        self.left: list[str] = []
+        self.more_left = 0
+
+    def leave(self, path: str, why: str) -> None:
+        if len(self.left) < MAX_LEFT_SAID:
+            self.left.append(f"{path}: {why}")
+        else:
+            self.more_left += 1
+
+    def full(self) -> bool:
+        return self.deleted >= MAX_EXPIRED_PER_PASS
+
+    def clear(self, dir_fd: int, path: str, depth: int) -> bool:
+        """Delete the regular files beneath the open directory `dir_fd` (at `path`, `depth`
+        below its <time>/ dir), then its emptied subdirectories; True when nothing is left."""
+        if depth > MAX_DEPTH:
+            self.leave(path, f"more than {MAX_DEPTH} dirs deep, so not a tree the reaper made")
+            return False
+        empty = True
+        for name in sorted(os.listdir(dir_fd)):
+            if self.full():
+                return False
+            where = os.path.join(path, name)
+            try:
+                judged = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if stat.S_ISDIR(judged.st_mode):
+                    if not self.clear_subdir(dir_fd, name, where, judged, depth + 1):
+                        empty = False
+                    continue
+                if not stat.S_ISREG(judged.st_mode):
+                    self.leave(where, "not a regular file, so not one the reaper quarantined")
+                    empty = False
+                    continue
+                now = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                problem = same_file(judged)(now)
+                if problem is not None:
+                    self.leave(where, problem)
+                    empty = False
+                    continue
+                os.unlink(name, dir_fd=dir_fd)
+                self.deleted += 1
+            except FileNotFoundError:
+                continue  # gone already: nothing to delete
+            except OSError as err:
+                self.leave(where, describe_oserror(err))
+                empty = False
+        return empty
+
+    def clear_subdir(self, dir_fd: int, name: str, where: str, judged: os.stat_result, depth: int = 0) -> bool:
+        fd = os.open(name, _DIR_OPEN, dir_fd=dir_fd)
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != (judged.st_dev, judged.st_ino):
+                self.leave(where, "replaced as it was opened")
+                return False
+            emptied = self.clear(fd, where, depth)
+        finally:
+            os.close(fd)
+        if emptied:
+            try:
+                os.rmdir(name, dir_fd=dir_fd)
+            except OSError as err:  # ENOTEMPTY: something was put there meanwhile
+                if err.errno != errno.ENOENT:
+                    self.leave(where, describe_oserror(err))
+                    return False
+        return emptied
+
+
+def expire(directory: str, max_age: float, now: float) -> Expiry:
+    """Delete what the reaper quarantined in `directory` more than `max_age` seconds before
+    `now`: the regular files beneath each `<time>/` directory whose time is that old, then the
+    directories so emptied. A missing directory has nothing to expire."""
+    root = os.path.abspath(directory)
+    run = _Expiring()
+    try:
+        with opened_dir(root, root) as root_fd:
+            for name in sorted(os.listdir(root_fd)):
+                moved_at = stamp_time(name)
+                if moved_at is None or now - moved_at <= max_age:
+                    continue  # not the reaper's, or not old enough (a time ahead of the clock too)
+                if run.full():
+                    break
+                where = os.path.join(root, name)
+                try:
+                    judged = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
+                    if not stat.S_ISDIR(judged.st_mode):
+                        run.leave(where, "not a directory, so not one the reaper made")
+                        continue
+                    run.clear_subdir(root_fd, name, where, judged)
+                except FileNotFoundError:
+                    continue
+                except OSError as err:
+                    run.leave(where, describe_oserror(err))
+    except FileNotFoundError:
+        return Expiry()
+    except RootRefused as err:
+        return Expiry(left=(f"{root}: {describe_oserror(err)}",))
+    return Expiry(deleted=run.deleted, left=tuple(run.left), more_left=run.more_left)

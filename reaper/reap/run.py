@@ -11,7 +11,7 @@ from typing import Any
 from msgspec.structs import replace
 
 from reaper.host.memo import InventoryMemo
-from reaper.host.quarantine import Quarantine
+from reaper.host.quarantine import Quarantine, expire
 from reaper.model import ReapResult, SkippedAttachment
 from reaper.reap.act import (
     NO_PIN,
@@ -46,6 +46,17 @@ def _policy(reap: ReapSettings) -> ReapPolicy:
     )
 
 
+def _expire_quarantine(directory: str, max_age: float, log: logging.Logger, now: float) -> None:
+    """--quarantine-max-age: what this reaper quarantined longer ago goes, before the pass adds more."""
+    expired = expire(directory, max_age, now)
+    if expired.deleted:
+        log.info("quarantine expired", extra={"deleted": expired.deleted, "dir": directory})
+    for line in expired.left:
+        log.warning("quarantine: left", extra={"reason": line})
+    if expired.more_left:
+        log.warning("quarantine: left", extra={"reason": f"and {expired.more_left} more"})
+
+
 def reap_pass(
     settings: Settings,
     reap: ReapSettings,
@@ -62,6 +73,8 @@ def reap_pass(
     `reviewed`: a plan file (reaper.reap.review); only what it names, unchanged, is reclaimed."""
     stop = stop if stop is not None else threading.Event()
     watch = Stopwatch()
+    if reap.quarantine_dir and not reap.dry_run:
+        _expire_quarantine(reap.quarantine_dir, reap.quarantine_max_age, log, clock())
     scan = scan_pass(settings, liveness, log, clock, memo, kept=kept)
     report = scan.report
     policy = _policy(reap)

@@ -157,6 +157,8 @@ def chart_values(lab: Lab, state_dir: Path, mode: str) -> dict[str, Any]:
     which the chart mounts as a second bin dir)."""
     state_dir.mkdir(exist_ok=True)
     return {
+        # Any name: the pod runs the image built here; the chart refuses its placeholder.
+        "image": {"repository": "localhost/cni-reaper", "tag": "test"},
         "mode": mode,
         "runtimeEndpoint": lab.endpoint,
         "netnsDirs": [str(lab.netns_dir)],

@@ -36,6 +36,9 @@ NAMESPACE = "kube-system"
 # Schemas the manifests must pass: a recent Kubernetes and the oldest one still commonly run.
 KUBE_VERSIONS = ("1.30.0", "1.36.0")
 PORT = 9753
+OPENSHIFT_PORT = 19753  # outside the host ports 9000-9999 OpenShift reserves
+# The chart refuses its placeholder image (cni-reaper, no tag): every render here names one.
+IMAGE: dict[str, Any] = {"repository": "registry.example.com/cni-reaper"}
 
 Manifest = dict[str, Any]
 
@@ -65,6 +68,7 @@ CUSTOM: dict[str, Any] = {
     "cniBinDirs": ["/opt/cni/bin", "/usr/libexec/cni"],
     "stateFile": "/var/lib/reaper-state/state.json",
     "quarantineDir": "/var/lib/cni-quarantine",
+    "quarantineMaxAge": "3d",
     "xtablesLock": "/var/run/xtables.lock",
     "logFormat": "text",
     "logLevel": "debug",
@@ -90,8 +94,15 @@ def chart() -> Iterator[helm.Chart]:
         yield loaded
 
 
+def with_image(values: dict[str, Any] | None) -> dict[str, Any]:
+    """`values` (a copy), with an image when they name none."""
+    given = copy.deepcopy(values) if values else {}
+    given.setdefault("image", dict(IMAGE))
+    return given
+
+
 def render(chart: helm.Chart, values: dict[str, Any] | None = None) -> list[Manifest]:
-    rendered = chart.render(copy.deepcopy(values) if values else None, name=RELEASE, namespace=NAMESPACE)
+    rendered = chart.render(with_image(values), name=RELEASE, namespace=NAMESPACE)
     docs: list[Manifest] = []
     for path, text in sorted(rendered.items()):
         if path.endswith("NOTES.txt"):
@@ -172,7 +183,7 @@ def host_mount(docs: list[Manifest], path: str) -> Manifest:
 
 @pytest.mark.parametrize("values", [None, CUSTOM, CUSTOM_REAP], ids=["default", "custom-scan", "custom-reap"])
 def test_helm_lint_is_clean(values: dict[str, Any] | None) -> None:
-    report = helm.lint(CHART, copy.deepcopy(values) if values else None, strict=True, namespace=NAMESPACE)
+    report = helm.lint(CHART, with_image(values), strict=True, namespace=NAMESPACE)
     assert report["errors"] == []
     # Severity 1 is information (e.g. "icon is recommended"); 2 warning, 3 error.
     problems = [m for m in report["messages"] if m["severity"] >= 2]
@@ -258,7 +269,7 @@ BAD_VALUES: list[dict[str, Any]] = [
 @pytest.mark.parametrize("bad", BAD_VALUES, ids=[next(iter(b)) for b in BAD_VALUES])
 def test_values_schema_rejects_bad_values(chart: helm.Chart, bad: dict[str, Any]) -> None:
     with pytest.raises(helm.HelmValuesError):
-        chart.render(bad, name=RELEASE, namespace=NAMESPACE)
+        chart.render(with_image(bad), name=RELEASE, namespace=NAMESPACE)
 
 
 # --- the default rollout -------------------------------------------------------------------
@@ -288,7 +299,7 @@ def test_daemonset_runs_on_every_node_privileged_in_host_namespaces(chart: helm.
     # CAP_SYS_CHROOT, and no seccomp profile that refuses setns).
     assert not {"capabilities", "seccompProfile", "appArmorProfile"} & c["securityContext"].keys()
     assert "seccompProfile" not in (pod.get("securityContext") or {})
-    assert c["image"] == "cni-reaper:0.1.0"  # tag defaults to appVersion
+    assert c["image"] == "registry.example.com/cni-reaper:0.1.0"  # tag defaults to appVersion
     assert c["resources"]["requests"] == {"cpu": "50m", "memory": "64Mi"}
     assert c["resources"]["limits"]["memory"] == "256Mi"
     # The Service selects the pods, by the port the probes and the agent use.
@@ -420,6 +431,9 @@ def test_default_args_and_listen_on_the_node_ip(chart: helm.Chart) -> None:
         "--allow-plugin": [],
         "--stall-after": ["30m"],
         "--quarantine-dir": [],
+        "--quarantine-max-age": [],  # only with a quarantine dir; the agent's default is the chart's
+        "--namespaces-dir": [],
+        "--events-namespace": ["default"],
         "--log-format": ["json"],
         "--log-level": ["info"],
         "--events": ["on"],
@@ -439,10 +453,10 @@ def test_the_default_mode_is_report_only_with_the_cni_state_read_only(chart: hel
     assert host_mount(docs, "/var/run/netns")["mountPropagation"] == "HostToContainer"
     for ro in ("/var/run/netns", "/var/lib/cni"):
         assert host_mount(docs, ro)["readOnly"] is True, ro
-    rendered = chart.render(None, name=RELEASE, namespace=NAMESPACE)
+    rendered = chart.render(with_image(None), name=RELEASE, namespace=NAMESPACE)
     notes = next(text for path, text in rendered.items() if path.endswith("NOTES.txt"))
     assert "Mode: scan (the default for a first install)" in notes and "--set mode=reap" in notes
-    reaping = chart.render({"mode": "reap"}, name=RELEASE, namespace=NAMESPACE)
+    reaping = chart.render(with_image({"mode": "reap"}), name=RELEASE, namespace=NAMESPACE)
     assert "--set mode=scan" in next(text for path, text in reaping.items() if path.endswith("NOTES.txt"))
 
 
@@ -483,8 +497,9 @@ GENERIC: dict[str, Any] = {
 def test_args_are_what_the_agent_takes(chart: helm.Chart) -> None:
     """The rendered arguments, parsed by `reaper run`'s own parser, give the values' settings."""
     for values in (None, CUSTOM, CUSTOM_REAP):
-        merged = chart.merge_values(copy.deepcopy(values) if values else None)
+        merged = chart.merge_values(with_image(values))
         merged.update({k: v for k, v in GENERIC.items() if not merged[k]})
+        port = merged["metricsPort"] or PORT  # 0: the chart's default (no platform here)
         c = container(render(chart, values))
         args = c["args"]
         env = container_env(c, NODE_IP="10.1.2.3", NODE_NAME="node-7")
@@ -493,7 +508,7 @@ def test_args_are_what_the_agent_takes(chart: helm.Chart) -> None:
         reap = reap_settings_from(parsed, env)
         agent = agent_settings_from(parsed, env)
         assert agent.mode == merged["mode"]
-        assert (agent.listen_host, agent.listen_port) == ("10.1.2.3", merged["metricsPort"])
+        assert (agent.listen_host, agent.listen_port) == ("10.1.2.3", port)
         assert settings.netns_dirs == tuple(merged["netnsDirs"])
         assert settings.ipam_dirs == tuple(merged["ipamDirs"])
         assert settings.cni_bin_dirs == tuple(merged["cniBinDirs"])
@@ -506,6 +521,7 @@ def test_args_are_what_the_agent_takes(chart: helm.Chart) -> None:
         assert reap.max_orphan_ratio == merged["maxOrphanRatio"]
         assert reap.kernel_only == (merged["method"] == "kernel")
         assert reap.quarantine_dir == (merged["quarantineDir"] or None)
+        assert reap.quarantine_max_age == parse_duration(merged["quarantineMaxAge"])
         assert reap.force == merged["force"]
         assert reap.allow_plugins == tuple(merged["allowPlugins"])
         excluded = settings.policy.exclusions
@@ -514,6 +530,7 @@ def test_args_are_what_the_agent_takes(chart: helm.Chart) -> None:
         )
         assert agent.stall_after == parse_duration(str(merged["stallAfter"]))
         assert agent.events == merged["events"]["enabled"]
+        assert agent.events_namespace == merged["events"]["namespace"]
         assert settings.pod_cidr_from_node == merged["podCidrFromNode"]
         assert settings.log_format == merged["logFormat"]
         assert settings.log_level == setting_values(c, "--log-level")[-1]  # extraArgs, if any, win
@@ -546,6 +563,7 @@ def test_custom_values_reach_the_args(chart: helm.Chart) -> None:
     assert setting_values(args, "--cni-bin-dir") == ["/opt/cni/bin", "/usr/libexec/cni"]
     assert setting_values(args, "--state-file") == ["/var/lib/reaper-state/state.json"]
     assert setting_values(args, "--quarantine-dir") == ["/var/lib/cni-quarantine"]
+    assert setting_values(args, "--quarantine-max-age") == ["3d"]
     assert setting_values(args, "--log-format") == ["text"]
     assert "--force" in args["args"]
     assert args["args"][-1] == "--log-level=warning"  # extraArgs come last
@@ -615,7 +633,9 @@ def test_nested_paths_get_no_duplicate_mounts(chart: helm.Chart) -> None:
 
 def test_one_host_path_with_two_needs_fails_clearly(chart: helm.Chart) -> None:
     with pytest.raises(helm.HelmRenderError, match="same host path /var/lib/cni"):
-        chart.render({"runtimeEndpoint": "unix:///var/lib/cni/runtime.sock"}, name=RELEASE, namespace=NAMESPACE)
+        chart.render(
+            with_image({"runtimeEndpoint": "unix:///var/lib/cni/runtime.sock"}), name=RELEASE, namespace=NAMESPACE
+        )
 
 
 def test_service_monitor_scrapes_the_agents(chart: helm.Chart) -> None:
@@ -683,7 +703,7 @@ def test_packaged_chart_holds_the_real_files(tmp_path: Path) -> None:
     unpacked = tmp_path / "unpacked"
     with tarfile.open(archive) as tar:
         tar.extractall(unpacked, filter="data")
-    report = helm.lint(unpacked / "cni-reaper", None, strict=True, namespace=NAMESPACE)
+    report = helm.lint(unpacked / "cni-reaper", with_image(None), strict=True, namespace=NAMESPACE)
     assert report["errors"] == []
     enabled = {"prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True}}
     with helm.Chart.load(archive) as packaged:
@@ -826,7 +846,7 @@ def test_a_platform_preset_gives_its_dirs_and_mounts(chart: helm.Chart, name: st
 
 @pytest.mark.parametrize("name", list(PLATFORMS))
 def test_a_platform_preset_renders_valid_manifests(chart: helm.Chart, name: str) -> None:
-    report = helm.lint(CHART, {"platform": name}, strict=True, namespace=NAMESPACE)
+    report = helm.lint(CHART, with_image({"platform": name}), strict=True, namespace=NAMESPACE)
     assert report["errors"] == []
     for doc in render(chart, {"platform": name, "cniPreset": "multus"}):
         kubernetes_validate.validate(doc, KUBE_VERSIONS[-1], strict=True)
@@ -880,20 +900,20 @@ def test_no_platform_keeps_the_generic_layout(chart: helm.Chart) -> None:
 
 def test_an_unknown_platform_is_refused(chart: helm.Chart) -> None:
     with pytest.raises(helm.HelmValuesError):
-        chart.render({"platform": "minikube"}, name=RELEASE, namespace=NAMESPACE)
+        chart.render(with_image({"platform": "minikube"}), name=RELEASE, namespace=NAMESPACE)
 
 
 def test_doctor_exec_in_the_pod_sees_the_agents_settings(chart: helm.Chart) -> None:
     """`kubectl exec ds/cni-reaper -- reaper doctor` (or scan, explain) gets no flags, only the
     container's variables: they must resolve to what the agent itself runs with."""
-    for values in (None, CUSTOM, {"platform": "k3s"}):
+    for values in (None, CUSTOM, {"platform": "k3s"}, {"platform": "openshift"}):
         c = container(render(chart, values))
         env = container_env(c, NODE_IP="10.1.2.3", NODE_NAME="node-7")
         agent = settings_from(build_parser().parse_args(c["args"]), env)
         for command in (["doctor"], ["scan"], ["explain", "x"]):
             exec_ = settings_from(build_parser().parse_args(command), env)
             same = ("netns_dirs", "ipam_dirs", "cni_cache_dir", "cni_conf_dir", "cni_bin_dirs", "runtime_endpoints",
-                    "runtime_timeout", "node_name")  # fmt: skip
+                    "runtime_timeout", "node_name", "namespaces_dirs")  # fmt: skip
             for field in same:
                 assert getattr(exec_, field) == getattr(agent, field), (values, command, field)
             if command != ["doctor"]:  # doctor checks no grace, so its parser refuses those flags
@@ -919,3 +939,223 @@ def test_alerts_link_their_runbook_section_when_given_where_the_readme_is(chart:
 README_HEADINGS = [
     line.lstrip("#").strip() for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("### ")
 ]
+
+
+# --- chart hygiene (issue 35) ----------------------------------------------------------------
+
+
+def test_the_placeholder_image_is_refused_saying_what_to_set(chart: helm.Chart) -> None:
+    """cni-reaper:0.1.0 names an image no registry serves: refused at render time, not found as
+    ImagePullBackOff on every node; a repository or a tag of the user's renders."""
+    with pytest.raises(helm.HelmRenderError, match=r"placeholder.*--set image\.repository=REGISTRY/cni-reaper"):
+        chart.render(None, name=RELEASE, namespace=NAMESPACE)
+    with pytest.raises(helm.HelmRenderError, match="placeholder"):
+        chart.render({"image": {"pullPolicy": "Always"}}, name=RELEASE, namespace=NAMESPACE)
+    assert container(render(chart, {"image": {"repository": "cni-reaper", "tag": "dev"}}))["image"] == "cni-reaper:dev"
+    assert container(render(chart, {"image": {"repository": "ghcr.io/acme/cni-reaper"}}))["image"] == (
+        "ghcr.io/acme/cni-reaper:0.1.0"
+    )
+
+
+MISSPELT: list[tuple[str, dict[str, Any]]] = [
+    ("minage", {"minage": "30m"}),
+    ("repo", {"image": {"repo": "registry.example.com/cni-reaper"}}),
+    ("namespaces", {"events": {"enabled": True, "namespaces": "cni-reaper"}}),
+    ("annotation", {"serviceAccount": {"annotation": {"a": "b"}}}),
+    ("limit", {"resources": {"limit": {"memory": "1Gi"}}}),
+    ("periodSecond", {"readinessProbe": {"periodSecond": 5}}),
+    ("maxUnavailabe", {"updateStrategy": {"rollingUpdate": {"maxUnavailabe": 1}}}),
+    ("operater", {"tolerations": [{"operater": "Exists"}]}),
+    ("enable", {"serviceMonitor": {"enable": True}}),
+    ("runbookURL", {"prometheusRule": {"runbookURL": "https://example.com/README.md"}}),
+    ("annotation", {"service": {"annotation": {}}}),
+    ("readonly", {"extraVolumeMounts": [{"name": "x", "mountPath": "/x", "readonly": True}]}),
+]
+
+
+@pytest.mark.parametrize(("key", "values"), MISSPELT, ids=[f"{k}-{next(iter(v))}" for k, v in MISSPELT])
+def test_a_misspelt_key_at_any_level_is_refused_by_name(chart: helm.Chart, key: str, values: dict[str, Any]) -> None:
+    """`minage: 30m` left --min-age at 10m with no word; now neither `helm lint` nor a render
+    takes a key the schema does not know, and the error names it."""
+    with pytest.raises(helm.HelmValuesError, match=f"additional properties '{key}' not allowed"):
+        chart.render(with_image(values), name=RELEASE, namespace=NAMESPACE)
+    report = helm.lint(CHART, with_image(values), strict=True, namespace=NAMESPACE)
+    assert any(f"'{key}' not allowed" in e for e in report["errors"]), report["errors"]
+
+
+def objects_not_strict(node: Any, where: str = "") -> list[str]:
+    """Every object of the schema with properties of its own that takes keys it does not name."""
+    found = []
+    if isinstance(node, dict):
+        if "properties" in node and node.get("additionalProperties") is not False:
+            found.append(where or "(top)")
+        for key, sub in node.items():
+            found += objects_not_strict(sub, f"{where}.{key}" if where else key)
+    elif isinstance(node, list):
+        for i, sub in enumerate(node):
+            found += objects_not_strict(sub, f"{where}[{i}]")
+    return found
+
+
+def test_every_object_of_the_values_schema_is_strict() -> None:
+    """additionalProperties: false wherever the chart names the keys. Left open: a Volume's
+    source (the Kubernetes API checks those, and the manifests are validated above)."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert objects_not_strict(schema) == ["properties.extraVolumes.items"]
+    # Every key of values.yaml is one the schema names (or the default lint above would fail).
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert set(defaults) <= set(schema["properties"])
+
+
+def test_the_values_header_says_how_the_settings_reach_the_agent(chart: helm.Chart) -> None:
+    """It said "an explicit argument (no REAPER_* variables)"; the template passes variables."""
+    header = (CHART / "values.yaml").read_text().split("\n\n", 1)[0]
+    assert "REAPER_* environment variable" in header and "no REAPER_*" not in header
+    c = container(render(chart, CUSTOM))
+    assert [a for a in c["args"] if a.startswith("--") and not a.startswith(("--netns-pattern", "--force"))] == [
+        *CUSTOM["extraArgs"]
+    ]
+    assert {e["name"] for e in c["env"]} >= {"REAPER_MIN_AGE", "REAPER_MODE", "REAPER_INTERVAL"}
+
+
+def test_the_events_role_is_in_the_namespace_given(chart: helm.Chart) -> None:
+    docs = render(chart, {"events": {"enabled": True, "namespace": "cni-reaper"}})
+    role, binding = one(docs, "Role"), one(docs, "RoleBinding")
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "cni-reaper"
+    c = container(docs)
+    assert setting_values(c, "--events-namespace") == ["cni-reaper"]
+    env = container_env(c, NODE_IP="10.1.2.3", NODE_NAME="node-7")
+    assert agent_settings_from(build_parser().parse_args(c["args"]), env).events_namespace == "cni-reaper"
+    with pytest.raises(helm.HelmValuesError):
+        render(chart, {"events": {"namespace": "Not_A_Namespace"}})
+
+
+def test_quarantine_retention_reaches_the_agent(chart: helm.Chart) -> None:
+    c = container(render(chart, {"mode": "reap", "quarantineDir": "/var/lib/cni-reaper/q", "quarantineMaxAge": "36h"}))
+    assert setting_values(c, "--quarantine-max-age") == ["36h"]
+    reap = reap_settings_from(build_parser().parse_args(c["args"]), container_env(c, NODE_IP="10.1.2.3"))
+    assert reap.quarantine_max_age == 36 * 3600
+    with pytest.raises(helm.HelmValuesError):
+        render(chart, {"quarantineMaxAge": "a week"})
+
+
+# --- OpenShift --------------------------------------------------------------------------------
+
+
+def render_in(chart: helm.Chart, namespace: str, values: dict[str, Any]) -> tuple[list[Manifest], str]:
+    """The manifests and NOTES.txt of a release in `namespace`."""
+    rendered = chart.render(with_image(values), name=RELEASE, namespace=namespace)
+    notes = next(text for path, text in rendered.items() if path.endswith("NOTES.txt"))
+    docs = [d for path, text in rendered.items() if not path.endswith("NOTES.txt") for d in yaml.safe_load_all(text)]
+    return [d for d in docs if d], notes
+
+
+def test_openshift_lets_the_agent_use_the_privileged_scc(chart: helm.Chart) -> None:
+    """A privileged, hostPID, hostNetwork pod with hostPath volumes outside the run-level
+    namespaces is refused unless its service account may `use` the privileged SCC."""
+    docs, _ = render_in(chart, "cni-reaper", {"platform": "openshift"})
+    account = one(docs, "ServiceAccount")["metadata"]["name"]
+    (scc,) = [d for d in docs if d["kind"] == "RoleBinding" and d["roleRef"]["kind"] == "ClusterRole"]
+    assert scc["metadata"]["namespace"] == "cni-reaper"
+    assert scc["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "system:openshift:scc:privileged",
+    }
+    assert scc["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "cni-reaper"}]
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBE_VERSIONS[-1], strict=True)
+    for name in set(PLATFORMS) - {"openshift"}:
+        others = render(chart, {"platform": name})
+        assert not [d for d in others if d["kind"] == "RoleBinding" and d["roleRef"]["kind"] == "ClusterRole"], name
+
+
+def test_openshift_notes_say_to_install_into_a_namespace_of_its_own(chart: helm.Chart) -> None:
+    _, notes = render_in(chart, "kube-system", {"platform": "openshift"})
+    assert "WARNING: installed into kube-system" in notes
+    assert "-n cni-reaper --create-namespace --set platform=openshift" in notes
+    _, own = render_in(chart, "cni-reaper", {"platform": "openshift"})
+    assert "WARNING" not in own and "system:openshift:scc:privileged" in own
+    _, elsewhere = render_in(chart, "kube-system", {"platform": "kubeadm"})
+    assert "WARNING" not in elsewhere
+
+
+def test_openshift_metrics_port_is_outside_its_reserved_host_ports(chart: helm.Chart) -> None:
+    for values, port in (
+        ({"platform": "openshift"}, OPENSHIFT_PORT),
+        ({"platform": "openshift", "metricsPort": 20123}, 20123),
+        ({"platform": "kubeadm"}, PORT),
+        ({"platform": "kubeadm", "metricsPort": 9100}, 9100),
+    ):
+        docs = render(chart, values)
+        c = container(docs)
+        assert setting_values(c, "--listen") == [f"$(NODE_IP):{port}"], values
+        assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in c["ports"]
+        assert c["readinessProbe"]["httpGet"]["port"] == c["livenessProbe"]["httpGet"]["port"] == port
+        assert one(docs, "Service")["spec"]["ports"][0]["port"] == port
+    with pytest.raises(helm.HelmRenderError, match=r"metricsPort 9753: OpenShift reserves host ports 9000-9999"):
+        render(chart, {"platform": "openshift", "metricsPort": 9753})
+
+
+CRIO_PIN_DIRS = ["/var/run/ipcns", "/var/run/utsns", "/var/run/userns", "/var/run/pidns"]
+
+
+def test_openshift_mounts_crios_other_namespace_pins_like_the_netns_pins(chart: helm.Chart) -> None:
+    """CRI-O pins a sandbox's ipc, uts and user namespaces (and pid, later) in
+    <namespaces_dir>/<type>ns beside its netns pin (cri-o/cri-o internal/config/nsmgr/
+    nsmgr_linux.go); OpenShift leaves namespaces_dir at CRI-O's default, /var/run."""
+    for mode in ("reap", "scan"):
+        docs = render(chart, {"platform": "openshift", "mode": mode})
+        c = container(docs)
+        assert setting_values(c, "--namespaces-dir") == ["/var/run"]
+        settings = settings_from(build_parser().parse_args(c["args"]), container_env(c, NODE_IP="10.1.2.3"))
+        assert settings.namespaces_dirs == ("/var/run",)
+        netns = host_mount(docs, "/var/run/netns")
+        for path in CRIO_PIN_DIRS:
+            mount = host_mount(docs, path)
+            assert mount.get("mountPropagation") == netns["mountPropagation"], (path, mode)
+            assert bool(mount.get("readOnly")) == (mode == "scan") == bool(netns.get("readOnly")), (path, mode)
+    for name in set(PLATFORMS) - {"openshift"}:
+        docs = render(chart, {"platform": name})
+        assert not set(CRIO_PIN_DIRS) & set(mounts_by_path(docs)), name
+        assert setting_values(container(docs), "--namespaces-dir") == []
+    given = render(chart, {"namespacesDirs": ["/run/crio-ns"], "netnsDirs": ["/run/crio-ns/netns"]})
+    assert setting_values(container(given), "--namespaces-dir") == ["/run/crio-ns"]
+    assert "/run/crio-ns/utsns" in mounts_by_path(given)
+
+
+def deepest_mount(docs: list[Manifest], path: str) -> Manifest:
+    """The mount that decides what the pod can do at host path `path`: the deepest that covers it."""
+    covering = [
+        (mount_path, mount)
+        for mount_path, (mount, _) in mounts_by_path(docs).items()
+        if path == mount_path or path.startswith(mount_path.rstrip("/") + "/")
+    ]
+    assert covering, f"{path} is not visible in the pod"
+    return max(covering, key=lambda found: len(found[0]))[1]
+
+
+# Values where a writable mount covers a plugin dir: the cache dir holding the bin dir (as on
+# OpenShift), an extra host path above it.
+BIN_UNDER_WRITABLE: list[dict[str, Any]] = [
+    {"cniBinDirs": ["/var/lib/cni/bin", "/opt/cni/bin"]},
+    {"extraHostPaths": ["/opt"]},
+    {"platform": "k3s", "extraHostPaths": ["/var/lib/rancher/k3s"]},
+]
+
+
+@pytest.mark.parametrize("platform", ["", *PLATFORMS])
+def test_no_plugin_dir_is_writable_in_any_preset(chart: helm.Chart, platform: str) -> None:
+    """The plugins the agent runs as root come from the bin dirs: whatever mount covers one (in
+    reap mode the read-write /var/lib/cni covered OpenShift's /var/lib/cni/bin), the pod sees
+    it read-only, and the conf dir too, in every platform, CNI preset and mode."""
+    cases = [{"cniPreset": preset} for preset in ("none", "calico", "cilium", "multus", "flannel", "aws-vpc-cni")]
+    for values in [*cases, *BIN_UNDER_WRITABLE]:
+        for mode in ("reap", "scan"):
+            given = {"platform": platform, "mode": mode, **values}
+            docs = render(chart, given)
+            c = container(docs)
+            bins = setting_values(c, "--cni-bin-dir")
+            assert bins
+            for path in [*bins, *setting_values(c, "--cni-conf-dir")]:
+                assert deepest_mount(docs, path).get("readOnly") is True, (path, given)

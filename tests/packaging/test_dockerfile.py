@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from reaper.settings import OPTIONS
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
@@ -169,7 +171,11 @@ def test_entrypoint_runs_the_agent_as_root_on_the_chart_port() -> None:
     assert ("CMD", '["run"]') in steps
     users = [a for k, a in steps if k == "USER"]
     assert users[-1] in {"0", "0:0", "root"}
-    port = yaml.safe_load(CHART_VALUES.read_text())["metricsPort"]
+    # The chart's metricsPort, or with 0 (its default) the agent's own default port.
+    listen = next(o.default for o in OPTIONS if o.flag == "--listen")
+    assert listen is not None
+    agent_port = listen.rsplit(":", 1)[1]
+    port = yaml.safe_load(CHART_VALUES.read_text())["metricsPort"] or agent_port
     assert ("EXPOSE", str(port)) in steps
 
 

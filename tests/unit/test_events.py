@@ -463,3 +463,30 @@ def test_a_series_whose_event_expired_starts_a_new_event(
     assert [method for method, *_ in api.writes] == ["POST", "PATCH", "POST"]
     assert [body["reason"] for body in api.events.values()] == ["BreakerOpen"]
     assert not [r for r in caplog.records if r.getMessage().startswith("events")]  # an expiry is no failure
+
+
+def test_events_go_to_the_namespace_given(
+    api: ApiServer, node: FakeNode, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """--events-namespace (the chart's events.namespace, where its Role is): the Event is posted
+    there, not in `default`, where the service account may write nothing."""
+    from reaper.cli import build_parser  # noqa: PLC0415
+
+    parser = build_parser()
+    assert agent_settings_from(parser.parse_args(["run"]), {}).events_namespace == "default"
+    chosen = agent_settings_from(parser.parse_args(["run"]), {"REAPER_EVENTS_NAMESPACE": "cni-reaper"})
+    assert chosen.events_namespace == "cni-reaper"
+    with pytest.raises(ValueError, match="not a namespace name"):
+        resolve(parser.parse_args(["run", "--events-namespace", "Kube_System"]), {})
+
+    scanned(monkeypatch, node, orphan(node, 1), *live(node, 3, 4, 5))
+    events = events_from(True, NODE, api.env(), logging.getLogger(LOG), namespace="cni-reaper")
+    assert events is not None
+    agent = make_agent(tmp_path, Clock(), events)
+    agent.run_pass()
+    assert api.wait_for_writes(1)
+    events.close()
+    method, path, _, body = api.writes[0]
+    assert (method, path) == ("POST", "/apis/events.k8s.io/v1/namespaces/cni-reaper/events")
+    meta = body["metadata"]
+    assert isinstance(meta, dict) and meta["namespace"] == "cni-reaper"

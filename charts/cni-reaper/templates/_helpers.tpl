@@ -42,8 +42,33 @@ app.kubernetes.io/component: node-agent
 {{- end }}
 {{- end }}
 
+{{/*
+The agent's image. The default repository, `cni-reaper` with no tag, names an image no registry
+serves: rendered, every pod would sit in ImagePullBackOff. Refused here instead, saying what to set
+(the release workflow writes its pushed image into values.yaml, so a packaged release renders).
+*/}}
 {{- define "cni-reaper.image" -}}
+{{- if and (eq .Values.image.repository "cni-reaper") (not .Values.image.tag) }}
+{{- fail (printf "image: cni-reaper:%s is a placeholder no registry serves; build the image (README: Build and push the image), push it and give --set image.repository=REGISTRY/cni-reaper (and image.tag, default the chart's appVersion); an image loaded on the nodes by hand: --set image.tag=TAG" .Chart.AppVersion) }}
+{{- end }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/*
+The metrics port: metricsPort, or with 0 the platform's default. OpenShift reserves host ports
+9000-9999 for its own components (its docs' host port table), and the agent binds the node IP
+(hostNetwork): a port there is refused on that platform.
+*/}}
+{{- define "cni-reaper.metricsPort" -}}
+{{- $openshift := eq (.Values.platform | default "") "openshift" }}
+{{- $port := int (.Values.metricsPort | default 0) }}
+{{- if eq $port 0 }}
+{{- $port = ternary 19753 9753 $openshift }}
+{{- end }}
+{{- if and $openshift (ge $port 9000) (le $port 9999) }}
+{{- fail (printf "metricsPort %d: OpenShift reserves host ports 9000-9999 for its own components and the agent listens on the node (hostNetwork); pick another, or leave metricsPort 0 for 19753" $port) }}
+{{- end }}
+{{- $port }}
 {{- end }}
 
 {{/* The CRI socket's host path, from an endpoint (unix:///path). */}}
@@ -70,7 +95,11 @@ covered path needs no mount of its own and no two mounts share a mountPath.
 {{- $covered := false }}
 {{- range $state.mounts }}
 {{- $under := or (eq .path $m.path) (hasPrefix (printf "%s/" (trimSuffix "/" .path)) $m.path) }}
-{{- $access := or (not .readOnly) $m.readOnly }}
+{{- /* The same access, not "at least": a read-only path (a CNI bin or conf dir) under a writable
+mount (the cache dir in reap mode covers /var/lib/cni/bin, OpenShift's bin dir) gets a read-only
+mount of its own beneath it. The runtimes mount the deeper path last (containerd's CRI
+WithMounts and CRI-O's addOCIBindMounts sort the mounts by number of path parts), so it wins. */}}
+{{- $access := eq (not .readOnly) (not $m.readOnly) }}
 {{- $propagation := or (not $m.propagation) (eq (default "" .propagation) $m.propagation) (eq (default "" .propagation) "Bidirectional") }}
 {{- if and $under $access $propagation }}
 {{- $covered = true }}
@@ -98,9 +127,17 @@ mounts, or they would look like stale files).
 {{- $v := .root.Values }}
 {{- $layout := include "cni-reaper.layout" .root | fromYaml }}
 {{- $scan := eq $v.mode "scan" }}
-{{- range $i, $p := $layout.netnsDirs }}
 {{- $propagation := ternary "HostToContainer" "Bidirectional" $scan }}
+{{- range $i, $p := $layout.netnsDirs }}
 {{- include "cni-reaper.addMount" (list $ (dict "name" (printf "netns-%d" $i) "path" $p "type" "DirectoryOrCreate" "readOnly" $scan "propagation" $propagation)) }}
+{{- end }}
+{{- /* CRI-O's other pins, <namespaces_dir>/{ipc,uts,user,pid}ns/<name> (cri-o/cri-o
+internal/config/nsmgr/nsmgr_linux.go, dirForType and NewPodNamespaces): unpinned like the netns
+pins, so mounted like them. */}}
+{{- range $i, $d := $layout.namespacesDirs }}
+{{- range $type := list "ipc" "uts" "user" "pid" }}
+{{- include "cni-reaper.addMount" (list $ (dict "name" (printf "ns-%d-%s" $i $type) "path" (printf "%s/%sns" (trimSuffix "/" $d) $type) "type" "DirectoryOrCreate" "readOnly" $scan "propagation" $propagation)) }}
+{{- end }}
 {{- end }}
 {{- include "cni-reaper.addMount" (list $ (dict "name" "cni-cache" "path" $v.cniCacheDir "type" "DirectoryOrCreate" "readOnly" $scan)) }}
 {{- range $i, $p := $layout.ipamDirs }}

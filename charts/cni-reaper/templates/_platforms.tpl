@@ -7,6 +7,8 @@ by cni-reaper.layout. Every value names the file of the platform's own sources i
                  pod waits until the dir exists (hostPath type Directory), for the runtime the
                  platform always runs; the others are created if missing (DirectoryOrCreate).
   netnsDirs, ipamDirs, cniConfDir, cniBinDirs: as the values of the same names.
+  namespacesDirs CRI-O's namespaces_dir where CRI-O always runs: its ipc, uts, user and pid pins
+                 are in <dir>/<type>ns (the value namespacesDirs).
   statePaths     what the platform's plugins keep beside the CNI dirs (state, daemon sockets),
                  mounted like the IPAM dirs: writable, read-only in scan mode.
   readOnlyPaths  mounted read-only before the bin dirs, e.g. where a bin dir's symlinks point.
@@ -25,6 +27,7 @@ kubeadm:
   # unless netns_mounts_under_state_dir (pins cni-<uuid>); CRI-O: namespaces_dir /var/run plus
   # netns (its default as generated crio.conf files show it; not read in cri-o's own source).
   netnsDirs: [/var/run/netns]
+  namespacesDirs: []
   # containernetworking/plugins host-local's default dataDir.
   ipamDirs: [/var/lib/cni/networks]
   # containerd/containerd internal/cri/config/config_unix.go DefaultRuntimeConfig:
@@ -40,6 +43,7 @@ k3s:
     # /run/k3s/containerd, address <state>/containerd.sock.
     - {path: /run/k3s/containerd, wait: true}
   netnsDirs: [/var/run/netns]
+  namespacesDirs: []
   ipamDirs: [/var/lib/cni/networks]
   # k3s-io/k3s pkg/agent/config/config.go: CNIConfDir = <data-dir>/agent/etc/cni/net.d;
   # pkg/datadir/datadir.go: DefaultDataDir /var/lib/rancher/k3s (as root).
@@ -58,6 +62,7 @@ rke2:
     # CONTAINER_RUNTIME_ENDPOINT: /run/k3s/containerd/containerd.sock (rke2 runs k3s' agent).
     - {path: /run/k3s/containerd, wait: true}
   netnsDirs: [/var/run/netns]
+  namespacesDirs: []
   ipamDirs: [/var/lib/cni/networks]
   # rancher/rke2 pkg/cli/defaults/defaults.go sets flannel-backend none, so k3s' agent
   # (pkg/agent/config/config.go) sets no CNI dirs and containerd keeps its defaults;
@@ -74,6 +79,7 @@ microk8s:
     # sits in the run dir itself, beside containerd's state dir.
     - {path: /var/snap/microk8s/common/run, wait: true}
   netnsDirs: [/var/run/netns]
+  namespacesDirs: []
   ipamDirs: [/var/lib/cni/networks]
   # canonical/microk8s microk8s-resources/default-args/containerd-template.toml:
   # conf_dir ${SNAP_DATA}/args/cni-network, bin_dir ${SNAP_DATA}/opt/cni/bin; SNAP_DATA is the
@@ -99,6 +105,7 @@ kind:
     # unix:///run/containerd/containerd.sock.
     - {path: /run/containerd, wait: true}
   netnsDirs: [/var/run/netns]
+  namespacesDirs: []
   # kubernetes-sigs/kind images/kindnetd/cmd/kindnetd/cni.go: kindnet's host-local dataDir
   # /run/cni-ipam-state (in /etc/cni/net.d/10-kindnet.conflist).
   ipamDirs: [/var/lib/cni/networks, /run/cni-ipam-state]
@@ -115,6 +122,10 @@ openshift:
   # CRI-O's pins: openshift/cluster-network-operator bindata/network/multus/multus.yaml and
   # bindata/network/ovn-kubernetes/self-hosted/ovnkube-node.yaml mount /run/netns for them.
   netnsDirs: [/var/run/netns]
+  # openshift/machine-config-operator templates/worker/01-worker-container-runtime/_base/files/
+  # crio.yaml sets no namespaces_dir, so CRI-O's default: /var/run (cri-o/cri-o
+  # docs/crio.conf.5.md); pins in /var/run/{ipc,uts,user,pid}ns beside /var/run/netns.
+  namespacesDirs: [/var/run]
   ipamDirs: [/var/lib/cni/networks]
   # openshift/machine-config-operator templates/worker/01-worker-container-runtime/_base/files/
   # crio.yaml [crio.network]: network_dir /etc/kubernetes/cni/net.d/, plugin_dirs
@@ -138,6 +149,7 @@ gke:
     # own node configuration is not public): containerd at its default address.
     - {path: /run/containerd, wait: true}
   netnsDirs: [/var/run/netns]
+  namespacesDirs: []
   ipamDirs: [/var/lib/cni/networks]
   # kubernetes/kubernetes cluster/gce/gci/configure-helper.sh: [plugins...cri.cni] bin_dir
   # ${KUBE_HOME}/bin, conf_dir /etc/cni/net.d; KUBE_HOME=/home/kubernetes.
@@ -151,6 +163,7 @@ eks:
     # /run/containerd/containerd.sock (nodeadm/internal/containerd/config.go, the kubelet's).
     - {path: /run/containerd, wait: true}
   netnsDirs: [/var/run/netns]
+  namespacesDirs: []
   ipamDirs: [/var/lib/cni/networks]
   # awslabs/amazon-eks-ami nodeadm/internal/containerd/config.template.toml: bin_dir
   # /opt/cni/bin, conf_dir /etc/cni/net.d.
@@ -164,6 +177,7 @@ aks:
     # --container-runtime-endpoint=unix:///run/containerd/containerd.sock.
     - {path: /run/containerd, wait: true}
   netnsDirs: [/var/run/netns]
+  namespacesDirs: []
   ipamDirs: [/var/lib/cni/networks]
   # Azure/AgentBaker pkg/agent/baker.go (containerd config template): bin_dir /opt/cni/bin,
   # conf_dir /etc/cni/net.d.
@@ -177,6 +191,7 @@ talos:
     # /run/containerd/containerd.sock (the CRI containerd; the system one is under /system).
     - {path: /run/containerd, wait: true}
   netnsDirs: [/var/run/netns]
+  namespacesDirs: []
   ipamDirs: [/var/lib/cni/networks]
   # siderolabs/talos hack/cri-containerd.toml sets no CNI dirs (containerd's defaults);
   # Dockerfile copies the plugins to /opt/cni/bin; internal/app/machined/pkg/controllers/k8s/
@@ -200,6 +215,7 @@ serving in them.
 {{- $generic := dict
   "socketDirs" (list)
   "netnsDirs" (list "/var/run/netns")
+  "namespacesDirs" (list)
   "ipamDirs" (list "/var/lib/cni/networks")
   "cniConfDir" "/etc/cni/net.d"
   "cniBinDirs" (list "/opt/cni/bin")
@@ -229,6 +245,7 @@ mounted for it. runtimeSocketDirs, when given, replaces the platform's list. */}
 runtimeEndpoint: {{ $endpoint | toJson }}
 socketDirs: {{ $socketDirs | toJson }}
 netnsDirs: {{ $v.netnsDirs | default $base.netnsDirs | toJson }}
+namespacesDirs: {{ $v.namespacesDirs | default $base.namespacesDirs | toJson }}
 ipamDirs: {{ $v.ipamDirs | default $base.ipamDirs | toJson }}
 cniConfDir: {{ $v.cniConfDir | default $base.cniConfDir | toJson }}
 cniBinDirs: {{ $v.cniBinDirs | default $base.cniBinDirs | toJson }}

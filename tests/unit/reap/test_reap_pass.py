@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from msgspec.structs import replace
 
+from reaper.host.quarantine import Quarantine
 from reaper.logs import JsonFormatter, TextFormatter
 from reaper.model import Attachment, ReapResult, RuntimeView
 from reaper.reap import act, reap_pass, run
@@ -267,3 +268,23 @@ def test_a_dry_run_leaves_out_of_its_plan_what_the_address_check_would_leave(
     assert [p.key for p in result.plan] == [one.key]
     assert [(s.key, s.reason) for s in result.skipped] == [(two.key, why)]
     assert len(node.records) == 8, "a dry run changes nothing"
+
+
+def test_a_pass_starts_by_expiring_the_quarantine_and_a_dry_run_does_not(reap: Pass, tmp_path: Path) -> None:
+    """--quarantine-max-age: at the start of a reclaiming pass (nothing to reclaim, even), what
+    was quarantined longer ago goes; a --dry-run changes nothing, so it deletes nothing either."""
+    root = tmp_path / "quarantine"
+    now = 1_800_000_000.0
+    old = Path(Quarantine(str(root), now=now - 8 * 86400).destination("/var/lib/cni/networks/n/10.0.0.7"))
+    old.parent.mkdir(parents=True)
+    old.write_text("c1")
+    young = Path(Quarantine(str(root), now=now - 3600).destination("/var/lib/cni/networks/n/10.0.0.8"))
+    young.parent.mkdir(parents=True)
+    young.write_text("c2")
+    settings = replace(reap_settings(), quarantine_dir=str(root), quarantine_max_age=7 * 86400.0)
+    reap.monkeypatch.setattr(run, "scan_pass", lambda *_a, **_k: scan_result(report_of(runtime()), reap.node.look()))
+
+    reap_pass(reap.settings, replace(settings, dry_run=True), FakeLiveness(runtime()), LOG, clock=lambda: now)
+    assert old.exists()
+    reap_pass(reap.settings, settings, FakeLiveness(runtime()), LOG, clock=lambda: now)
+    assert not old.exists() and young.read_text() == "c2"
