@@ -82,7 +82,7 @@ def exported_names() -> set[str]:
     """Every series name the agent's metrics registry exposes (the real one, unobserved: each
     family's `# TYPE` line is there even before a label set is)."""
     names = set()
-    for line in ReaperMetrics().exposition().decode().splitlines():
+    for line in ReaperMetrics(mode="reap").exposition().decode().splitlines():
         if not line.startswith("# TYPE "):
             continue
         _, _, name, kind = line.split()
