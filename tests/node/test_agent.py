@@ -207,6 +207,9 @@ def test_a_real_prometheus_fires_the_leak_alert(lab: Lab, tmp_path: Path) -> Non
         alerts = _firing(lab, "CniReaperLeaksPersist", timeout=60)
         assert alerts and alerts[0]["labels"]["node"] == "lab-node"
         assert "lab-node has had orphaned CNI attachments" in alerts[0]["annotations"]["description"]
+        # The agent is in scan mode (its build_info says so): the leak is for reading, not paging.
+        assert [a["labels"]["severity"] for a in alerts] == ["info"]
+        assert "in scan mode" in alerts[0]["annotations"]["description"]
         assert leak.lease_path.exists()
     finally:
         prometheus.send_signal(signal.SIGTERM)
