@@ -286,7 +286,7 @@ def _scan(args: argparse.Namespace) -> int:
         if settings.textfile is not None:
             from reaper.metrics import ReaperMetrics  # noqa: PLC0415
 
-            metrics = ReaperMetrics()
+            metrics = ReaperMetrics(mode="scan")
             metrics.observe_scan(report)
             metrics.observe_state(result.state_saved)
             metrics.observe_pass(result.seconds, result.outcome, time.time())
@@ -395,7 +395,7 @@ def _reap(args: argparse.Namespace) -> int:
             except OSError as err:
                 print(f"reaper: --plan-out {reap.plan_out}: {err.strerror}", file=sys.stderr)
                 return EXIT_UNDECIDED
-        metrics = ReaperMetrics()
+        metrics = ReaperMetrics(mode="scan" if reap.dry_run else "reap")  # a dry run changes nothing
         metrics.observe_reap(result)
         metrics.observe_pass(time.monotonic() - started, result.outcome, time.time())
         _write_textfile(settings, metrics, log)

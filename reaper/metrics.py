@@ -1,5 +1,13 @@
 """Prometheus metrics, named for what they count; one registry per process, no globals.
 
+What a node costs a Prometheus is its series, times the fleet's nodes; so only series that can
+mean something are exported. A counter's label pair exists at 0 before its first count (or
+increase() would miss that count), but only where it can move: a reclaim counter only in reap
+mode, only for a method that can free its kind (the kind's own knowledge: `reclaim_methods`),
+and only from the first pass that sees that kind orphaned or pending (the pass before it can be
+freed). A gauge's label pair appears when its count first leaves 0 (absent reads as 0 to sums
+and to `> 0`), and stays at 0 after. `_created` samples are not exported (see `_Exposed`).
+
 A `network` label's values come from files others can write (the conf dir, cache entries), and
 each value is a series Prometheus keeps for as long as it is scraped: NetworkLabels bounds them,
 so that a writer who makes a thousand networks makes no more series than the cap.
@@ -7,20 +15,51 @@ so that a writer who makes a thousand networks makes no more series than the cap
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
 
 from reaper.host.atomic import write_atomically
-from reaper.kinds import netconf
-from reaper.kinds.registry import KIND_NAMES
-from reaper.model import PASS_OUTCOMES, VERDICTS, Attachment, PassOutcome, ReapResult, ScanReport
+from reaper.kinds import Kind
+from reaper.kinds.registry import KINDS
+from reaper.model import (
+    PASS_OUTCOMES,
+    VERDICTS,
+    Attachment,
+    PassOutcome,
+    ReapResult,
+    ReclaimMethod,
+    ScanReport,
+)
 from reaper.names import is_cni_id
 
 PASS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-CORRUPT_KINDS = (*KIND_NAMES, netconf.CORRUPT_KIND)  # the kinds, and the network configs
-METHODS = ("cni-del", "kernel", "quarantine")
+
+Mode = Literal["scan", "reap"]
+# Verdicts of an attachment the reaper may come to reclaim: a kind seen in one gets its reclaim
+# counters then, at least a pass before it can be freed (a pending one becomes an orphan later).
+RECLAIMABLE_VERDICTS = frozenset(("orphan", "pending"))
+
+
+def reclaim_methods(kind: Kind[Any]) -> tuple[ReclaimMethod, ...]:
+    """The methods that can free the kind's records, from what the kind says of itself: none
+    for one the reaper never frees (`holds`); a plugin's DEL only for what plugins make
+    (`del_frees`); the kernel path for the rest; the quarantine for the files it keeps."""
+    if kind.holds is not None:
+        return ()
+    methods: list[ReclaimMethod] = ["cni-del"] if kind.del_frees else []
+    methods.append("kernel")
+    if kind.quarantinable:
+        methods.append("quarantine")
+    return tuple(methods)
+
+
+METHODS_OF: dict[str, tuple[ReclaimMethod, ...]] = {k.name: reclaim_methods(k) for k in KINDS}
+# The kinds whose records can be orphans the reaper frees: those with a method that frees them.
+ORPHAN_KINDS: tuple[str, ...] = tuple(name for name, methods in METHODS_OF.items() if methods)
 
 
 PREFIX = "cni_reaper_"
@@ -31,6 +70,17 @@ PREFIX = "cni_reaper_"
 MAX_NETWORK_LABELS = 32
 OTHER_NETWORK = "_other"
 NO_NETWORK = "_none"
+
+
+def installed_version() -> str:
+    """The installed distribution's version, as `reaper --version` says it; "unknown" when the
+    package is run from a tree that was never installed."""
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    try:
+        return version("cni-reaper")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 class NetworkLabels:
@@ -73,16 +123,44 @@ def _counter(registry: CollectorRegistry, name: str, text: str, *labels: str) ->
     return Counter(PREFIX + name, text, labels, registry=registry)
 
 
+class _SeenGauge:
+    """A labelled gauge whose label sets appear when their value first leaves 0 and then stay
+    (at 0 when there is none): a series Prometheus keeps only where something was ever seen,
+    and no gap in it once it is there."""
+
+    def __init__(self, gauge: Gauge) -> None:
+        self.gauge = gauge
+        self._seen: set[tuple[str, ...]] = set()
+
+    def set_all(self, values: Mapping[tuple[str, ...], float]) -> None:
+        self._seen.update(labels for labels, n in values.items() if n)
+        for labels in self._seen:
+            self.gauge.labels(*labels).set(values.get(labels, 0))
+
+
 class ReaperMetrics:
-    def __init__(self) -> None:
+    def __init__(self, *, mode: Mode, version: str | None = None) -> None:
+        """`mode`: what the passes this registry observes do (`scan` changes nothing; a
+        `reap --dry-run` is a scan too); the alerts read it from cni_reaper_build_info."""
+        self.mode = mode
         self.registry = r = CollectorRegistry()
-        self.attachments = _gauge(r, "attachments", "Attachments seen on the last pass, by verdict.", "verdict")
-        self.resources = _gauge(
+        self.build_info = _gauge(
             r,
-            "resources",
-            "Resources seen on the last pass, by kind and by the verdict of their attachment.",
-            "kind",
-            "verdict",
+            "build_info",
+            "1, labelled with the reaper's version and its mode (scan: report-only).",
+            "version",
+            "mode",
+        )
+        self.build_info.labels(installed_version() if version is None else version, mode).set(1)
+        self.attachments = _gauge(r, "attachments", "Attachments seen on the last pass, by verdict.", "verdict")
+        self.resources = _SeenGauge(
+            _gauge(
+                r,
+                "resources",
+                "Resources seen on the last pass, by kind and by the verdict of their attachment.",
+                "kind",
+                "verdict",
+            )
         )
         self.reclaimed = _counter(r, "reclaimed", "Resources freed, by kind and method.", "kind", "method")
         self.reclaim_errors = _counter(
@@ -99,7 +177,7 @@ class ReaperMetrics:
         self.range_size = _gauge(r, "ipam_range_size", "Addresses a host-local range can give out.", "network", "range")
         self.range_used = _gauge(r, "ipam_range_used", "Leases held in a host-local range.", "network", "range")
         self.stuck = _gauge(r, "stuck_sandboxes", "NOTREADY sandboxes older than --stuck-after (the runtime's).")
-        self.corrupt = _gauge(r, "corrupt_files", "Files the last pass could not read, by kind.", "kind")
+        self.corrupt = _SeenGauge(_gauge(r, "corrupt_files", "Files the last pass could not read, by kind.", "kind"))
         self.pass_duration = Histogram(
             PREFIX + "pass_duration_seconds", "Wall time of a whole pass.", buckets=PASS_BUCKETS, registry=r
         )
@@ -113,7 +191,11 @@ class ReaperMetrics:
             r, "state_write_errors", "Passes whose state file could not be written (confirmations then start over)."
         )
         self.runtime_up = _gauge(r, "runtime_up", "1 when the runtime answered on the last pass.")
-        self.breaker_open = _gauge(r, "breaker_open", "1 when the last pass refused to reclaim (too many orphans).")
+        self.breaker_open = _gauge(
+            r,
+            "breaker_open",
+            "1 when the last pass refused to reclaim (too many orphans); in scan mode, when a reap would have.",
+        )
         self.oldest_orphan = _gauge(
             r,
             "oldest_orphan_age_seconds",
@@ -132,68 +214,67 @@ class ReaperMetrics:
         self.networks = NetworkLabels()
         for verdict in VERDICTS:
             self.attachments.labels(verdict)
-            for kind in KIND_NAMES:
-                self.resources.labels(kind, verdict)
-        for kind in KIND_NAMES:
-            for method in METHODS:
-                self.reclaimed.labels(kind, method)
-                self.reclaim_errors.labels(kind, method)
-        for corrupt_kind in CORRUPT_KINDS:
-            self.corrupt.labels(corrupt_kind)
         for outcome in PASS_OUTCOMES:
             self.passes.labels(outcome)
-        for kind in KIND_NAMES:
+        for kind in ORPHAN_KINDS:
             self.oldest_orphan.labels(kind)
-        self._network_series((OTHER_NETWORK, NO_NETWORK))
 
-    def _network_series(self, labels: Iterable[str]) -> None:
-        """Every series of the network metrics for these values, at 0 until counted: a counter
-        that appears only at its first count hides that count from increase()."""
-        for label in labels:
-            self.network_orphans.labels(label)
+    def _expect_reclaims(self, report: ScanReport) -> None:
+        """In reap mode, the reclaim counters of each kind and network a reclaim may soon count:
+        there at 0 before their first count, so that increase() sees it."""
+        if self.mode != "reap":
+            return
+        for a in report.attachments:
+            if a.verdict not in RECLAIMABLE_VERDICTS:
+                continue
+            for ref in a.resources:
+                for method in METHODS_OF.get(ref.kind, ()):
+                    self.reclaimed.labels(ref.kind, method)
+                    self.reclaim_errors.labels(ref.kind, method)
+            label = self.networks.of(a.key.network)
             self.network_reclaimed.labels(label)
             self.network_del_errors.labels(label)
 
     def observe_scan(self, report: ScanReport) -> None:
         counts = {v: 0 for v in VERDICTS}
-        per_kind = {(k, v): 0 for k in KIND_NAMES for v in VERDICTS}
+        per_kind: dict[tuple[str, ...], float] = {}
         for a in report.attachments:
             counts[a.verdict] += 1
             for ref in a.resources:
-                per_kind[(ref.kind, a.verdict)] += 1
+                per_kind[(ref.kind, a.verdict)] = per_kind.get((ref.kind, a.verdict), 0) + 1
         for verdict, n in counts.items():
             self.attachments.labels(verdict).set(n)
-        for (kind, verdict), n in per_kind.items():
-            self.resources.labels(kind, verdict).set(n)
+        self.resources.set_all(per_kind)
         self.range_size.clear()
         self.range_used.clear()
         for r in report.ranges:
             self.range_size.labels(r.network, r.range).set(r.size)
             self.range_used.labels(r.network, r.range).set(r.used)
         self.stuck.set(len(report.stuck_sandboxes))
-        corrupt = dict.fromkeys(CORRUPT_KINDS, 0)
+        corrupt: dict[tuple[str, ...], float] = {}
         for c in report.corrupt:
-            corrupt[c.kind] = corrupt.get(c.kind, 0) + c.count
-        for file_kind, n in corrupt.items():
-            self.corrupt.labels(file_kind).set(n)
+            corrupt[(c.kind,)] = corrupt.get((c.kind,), 0) + c.count
+        self.corrupt.set_all(corrupt)
         self.runtime_up.set(1 if report.runtime.reachable else 0)
         self._observe_orphans(report)
+        self._expect_reclaims(report)
 
     def _observe_orphans(self, report: ScanReport) -> None:
-        named = self.networks.update(report.networks)
-        self._network_series(named)
-        oldest = dict.fromkeys(KIND_NAMES, 0.0)
-        per_network = dict.fromkeys((*named, OTHER_NETWORK, NO_NETWORK), 0)
+        self.networks.update(report.networks)
+        oldest = dict.fromkeys(ORPHAN_KINDS, 0.0)
+        per_network: dict[str, int] = {}
         for a in report.attachments:
             if a.verdict != "orphan":
                 continue
-            per_network[self.networks.of(a.key.network)] += 1
+            label = self.networks.of(a.key.network)
+            per_network[label] = per_network.get(label, 0) + 1
             for ref in a.resources:
                 if ref.kind in oldest:
                     oldest[ref.kind] = max(oldest[ref.kind], _age(a, ref.created_at, report.taken_at))
         for kind, seconds in oldest.items():
             self.oldest_orphan.labels(kind).set(seconds)
-        # Only this pass's values: a network gone from the conf dirs leaves no series behind.
+        # Only this pass's networks with orphans: one gone from the conf dirs, or with none left,
+        # leaves no series behind (absent reads as 0).
         self.network_orphans.clear()
         for label, n in per_network.items():
             self.network_orphans.labels(label).set(n)
@@ -202,16 +283,21 @@ class ReaperMetrics:
         if not saved:
             self.state_write_errors.inc()
 
+    def observe_breaker(self, tripped: bool) -> None:
+        """Whether the breaker stopped this pass's reclaim; in scan mode, whether it would have."""
+        self.breaker_open.set(1 if tripped else 0)
+
     def observe_reap(self, result: ReapResult) -> None:
         self.observe_scan(result.report)
         self.observe_state(result.state_saved)
-        self.breaker_open.set(1 if result.breaker_open else 0)
+        self.observe_breaker(result.breaker_open)
         for outcome in result.reclaimed:
             for r in outcome.resources:
                 (self.reclaimed if r.ok else self.reclaim_errors).labels(r.kind, r.method).inc()
             self.plugin_errors.inc(len(outcome.plugin_errors))
             network = self.networks.of(outcome.key.network)
-            self.network_del_errors.labels(network).inc(len(outcome.plugin_errors))
+            if outcome.plugin_errors:
+                self.network_del_errors.labels(network).inc(len(outcome.plugin_errors))
             if outcome.ok:
                 self.network_reclaimed.labels(network).inc()
         self.skipped.inc(len(result.skipped))
@@ -223,7 +309,27 @@ class ReaperMetrics:
             self.last_success.set(finished_at)
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(_Exposed(self.registry))
+
+
+class _Exposed:
+    """The registry as the endpoint shows it: without `_created` samples (the time this
+    process made each counter, one more series per counter and histogram that no alert or
+    panel reads). prometheus_client's own switch, disable_created_metrics(), sets a flag of
+    its module for every registry in the process; this view keeps the choice with the
+    registry it is made for."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            if family.type not in ("counter", "histogram", "gauge_histogram"):
+                yield family
+                continue
+            kept = Metric(family.name, family.documentation, family.type, family.unit)
+            kept.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            yield kept
 
 
 def sample_key(name: str, labels: Mapping[str, str]) -> str:
@@ -233,29 +339,53 @@ def sample_key(name: str, labels: Mapping[str, str]) -> str:
     return name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
 
 
+_SAMPLE_KEY = re.compile(r"(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?")
+_LABEL_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
+
+
+def parse_sample_key(key: str) -> tuple[str, dict[str, str]] | None:
+    """The name and labels of a key sample_key made (its label values never hold a quote: kinds,
+    methods, outcomes, CNI names); None for anything else."""
+    match = _SAMPLE_KEY.fullmatch(key)
+    if match is None:
+        return None
+    text = match.group("labels")
+    labels = dict(_LABEL_PAIR.findall(text)) if text else {}
+    if sample_key(match.group("name"), labels) != key:
+        return None
+    return match.group("name"), labels
+
+
 class _Carried:
     """The registry as a textfile of one-shot runs shows it: each counter and histogram sample
     the sum of what earlier runs counted (`carried`) and this run's, so the series only grow
-    from run to run, as increase() and rate() need. `_created` samples are left out: a run's
-    own start is no counter's creation. `totals` holds the sums for the next run."""
+    from run to run, as increase() and rate() need. A counter sample an earlier run wrote and
+    this run never made (its kind seen then, not now) is written on, as carried. `_created`
+    samples are left out: a run's own start is no counter's creation. `totals` holds the sums
+    for the next run."""
 
     def __init__(self, registry: CollectorRegistry, carried: Mapping[str, float]) -> None:
         self.registry, self.carried = registry, carried
         self.totals: dict[str, float] = {}
 
     def collect(self) -> Iterator[Metric]:
-        for family in self.registry.collect():
+        for family in _Exposed(self.registry).collect():
             if family.type not in ("counter", "histogram"):
                 yield family
                 continue
             summed = Metric(family.name, family.documentation, family.type, family.unit)
             for sample in family.samples:
-                if sample.name.endswith("_created"):
-                    continue
                 key = sample_key(sample.name, sample.labels)
                 value = sample.value + self.carried.get(key, 0.0)
                 self.totals[key] = value
                 summed.add_sample(sample.name, sample.labels, value, sample.timestamp, sample.exemplar)
+            if family.type == "counter":
+                for key, value in sorted(self.carried.items()):
+                    parsed = parse_sample_key(key)
+                    if parsed is None or parsed[0] != family.name + "_total" or key in self.totals:
+                        continue
+                    self.totals[key] = value
+                    summed.add_sample(parsed[0], parsed[1], value)
             yield summed
 
 

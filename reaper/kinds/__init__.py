@@ -110,6 +110,11 @@ class Kind(Struct, Generic[R], frozen=True, kw_only=True):
     last: bool = False
     # Its records are files that --quarantine-dir keeps instead of deleting.
     quarantinable: bool = False
+    # A plugin's DEL can free its records (what plugins make). False for what the runtime or
+    # libcni keeps, which DEL never removes: a namespace pin (the runtime's, CNI spec: the
+    # runtime creates and destroys the netns) and the cache entry (libcni's, removed after DEL).
+    # With `quarantinable` and `holds` it says which reclaim methods the metrics can count.
+    del_frees: bool = True
     # A DEL run as the runtime runs it needs these records besides the `last` ones (the pin is
     # its CNI_NETNS, and the veths live in it): kept while a chain that keeps state elsewhere
     # has not had that DEL succeed.

@@ -649,6 +649,7 @@ KIND: Kind[CacheEntry] = Kind(
     reclaim=reclaim,
     last=True,
     quarantinable=True,
+    del_frees=False,
     claims=claims,
     costless=costless,
     del_document=del_document,

@@ -128,6 +128,7 @@ KIND: Kind[NetnsPin] = Kind(
     tie=tie,
     reclaim=reclaim,
     del_needs=True,
+    del_frees=False,
     pin=as_pin,
     proves=proves,
     keeps_netns=keeps_netns,

@@ -156,4 +156,5 @@ KIND: Kind[NsPin] = Kind(
     ref=ref,
     tie=tie,
     reclaim=reclaim,
+    del_frees=False,
 )

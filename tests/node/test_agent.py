@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from reaper.metrics import installed_version
 from tests.harness.agent import LabAgent, http_get, metric
 from tests.harness.lab import Lab
 from tests.harness.reaper_cli import run_reaper
@@ -33,7 +34,9 @@ pytestmark = pytest.mark.usefixtures("web")
 
 def test_agent_scan_mode_serves_metrics_health_and_stops_cleanly(lab: Lab, tmp_path: Path) -> None:
     leak = lab.make_leak(with_cache=True)
-    agent = LabAgent(lab, tmp_path / "state.json", "--mode", "scan", "--interval", "2s", *FAST)
+    agent = LabAgent(
+        lab, tmp_path / "state.json", "--mode", "scan", "--interval", "2s", *FAST, "--max-orphan-ratio", "0.2"
+    )
     try:
         assert agent.wait_for("/healthz", 200) == "ok\n"
         agent.wait_for("/readyz", 200)
@@ -42,6 +45,9 @@ def test_agent_scan_mode_serves_metrics_health_and_stops_cleanly(lab: Lab, tmp_p
         assert metric(body, "cni_reaper_attachments", verdict="live") == 2  # web: eth0 and cni-loopback
         assert metric(body, "cni_reaper_resources", kind="veth", verdict="orphan") == 1
         assert metric(body, "cni_reaper_runtime_up") == 1
+        # Report-only, and a reap would stop at the breaker: 1 of the 2 pod attachments orphaned.
+        assert metric(body, "cni_reaper_build_info", version=installed_version(), mode="scan") == 1
+        assert metric(body, "cni_reaper_breaker_open") == 1
         assert metric(body, "cni_reaper_ipam_range_used", network=lab.network_name, range=lab.subnet) == 2
         assert metric(body, "cni_reaper_ipam_range_size", network=lab.network_name, range=lab.subnet) == 253
         assert metric(body, "cni_reaper_last_pass_success_timestamp_seconds") > time.time() - 60
@@ -81,6 +87,29 @@ def test_agent_reap_mode_reclaims_and_counts(lab: Lab, tmp_path: Path) -> None:
         assert agent.stop() == 0
     reclaimed = [line for line in agent.log_lines() if line["msg"] == "reclaimed"]
     assert any(leak.container_id in str(line["attachment"]) for line in reclaimed)
+
+
+MAX_SERIES = 100  # per node with no leaks: what 5,000 nodes cost a Prometheus is 5,000 times this
+
+
+def series(body: str) -> list[str]:
+    """The samples of an exposition: one line each, comments and blank lines aside."""
+    return [line for line in body.splitlines() if line and not line.startswith("#")]
+
+
+@pytest.mark.parametrize("mode", ["scan", "reap"])
+def test_a_node_with_no_leaks_costs_at_most_100_series(lab: Lab, tmp_path: Path, mode: str) -> None:
+    """The real agent on the lab (one live pod, no leak), after its first pass: the series of
+    /metrics, counted as Prometheus stores them. No `_created` sample among them."""
+    agent = LabAgent(lab, tmp_path / "state.json", "--mode", mode, "--interval", "1h", *FAST)
+    try:
+        body = agent.wait_for_metric("cni_reaper_last_pass_success_timestamp_seconds", lambda t: t > 0)
+    finally:
+        assert agent.stop() == 0
+    samples = series(body)
+    assert metric(body, "cni_reaper_attachments", verdict="orphan") == 0
+    assert not [s for s in samples if s.split("{")[0].split()[0].endswith("_created")]
+    assert len(samples) <= MAX_SERIES, f"{len(samples)} series:\n" + "\n".join(samples)
 
 
 def test_readyz_fails_while_the_runtime_is_down(lab: Lab, tmp_path: Path) -> None:
@@ -178,6 +207,9 @@ def test_a_real_prometheus_fires_the_leak_alert(lab: Lab, tmp_path: Path) -> Non
         alerts = _firing(lab, "CniReaperLeaksPersist", timeout=60)
         assert alerts and alerts[0]["labels"]["node"] == "lab-node"
         assert "lab-node has had orphaned CNI attachments" in alerts[0]["annotations"]["description"]
+        # The agent is in scan mode (its build_info says so): the leak is for reading, not paging.
+        assert [a["labels"]["severity"] for a in alerts] == ["info"]
+        assert "in scan mode" in alerts[0]["annotations"]["description"]
         assert leak.lease_path.exists()
     finally:
         prometheus.send_signal(signal.SIGTERM)

@@ -655,6 +655,8 @@ def test_service_monitor_scrapes_the_agents(chart: helm.Chart) -> None:
         "targetLabel": "node",
         "action": "replace",
     } in endpoint["relabelings"]
+    # CniReaperTargetDown and CniReaperTargetAbsent watch job "cni-reaper", whatever the release.
+    assert {"targetLabel": "job", "replacement": "cni-reaper", "action": "replace"} in endpoint["relabelings"]
 
 
 def test_prometheus_rule_is_the_rule_file(chart: helm.Chart) -> None:
@@ -920,20 +922,23 @@ def test_doctor_exec_in_the_pod_sees_the_agents_settings(chart: helm.Chart) -> N
                 assert exec_.policy == agent.policy and exec_.state_file == agent.state_file
 
 
-def test_alerts_link_their_runbook_section_when_given_where_the_readme_is(chart: helm.Chart) -> None:
-    base = "https://github.com/acme/cni-reaper/blob/v0.1.0/README.md"
-    docs = render(chart, {"prometheusRule": {"enabled": True, "runbookUrl": base}})
-    alerts = [r for g in one(docs, "PrometheusRule")["spec"]["groups"] for r in g["rules"] if "alert" in r]
-    assert alerts
-    for alert in alerts:
-        section = alert["annotations"]["runbook"].split("#", 1)[1]
-        assert alert["annotations"]["runbook_url"] == f"{base}#{section}", alert["alert"]
-        assert section in {a.lower().replace(" ", "-") for a in README_HEADINGS}, section
-    plain = render(chart, {"prometheusRule": {"enabled": True}})
-    assert not [r for g in one(plain, "PrometheusRule")["spec"]["groups"] for r in g["rules"]
-                if "runbook_url" in r.get("annotations", {})]  # fmt: skip
-    with pytest.raises(helm.HelmValuesError):
-        render(chart, {"prometheusRule": {"enabled": True, "runbookUrl": "javascript:alert(1)"}})
+def test_alerts_link_their_runbook_section_absolutely_and_where_the_readme_is(chart: helm.Chart) -> None:
+    """Every alert's runbook_url is absolute by default (a relative link is useless in a pager),
+    and prometheusRule.runbookUrl moves them all to another copy of the README."""
+    default = yaml.safe_load((CHART / "values.yaml").read_text())["prometheusRule"]["runbookUrl"]
+    assert default.startswith("https://") and default.endswith("/README.md")
+    for base in (default, "https://github.com/acme/cni-reaper/blob/v0.1.0/README.md"):
+        values = {"prometheusRule": {"enabled": True, **({} if base == default else {"runbookUrl": base})}}
+        alerts = [r for g in one(render(chart, values), "PrometheusRule")["spec"]["groups"] for r in g["rules"]
+                  if "alert" in r]  # fmt: skip
+        assert alerts
+        for alert in alerts:
+            link, _, section = alert["annotations"]["runbook_url"].partition("#")
+            assert link == base, alert["alert"]
+            assert section in {a.lower().replace(" ", "-") for a in README_HEADINGS}, section
+    for bad in ("javascript:alert(1)", "", "README.md", "https://x/README.md#leaks"):
+        with pytest.raises(helm.HelmValuesError):
+            render(chart, {"prometheusRule": {"enabled": True, "runbookUrl": bad}})
 
 
 README_HEADINGS = [

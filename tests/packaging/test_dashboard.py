@@ -55,7 +55,7 @@ def queries(doc: dict[str, Any]) -> list[tuple[str, str]]:
 
 def concrete(expr: str, node_label: str) -> str:
     """The query with Grafana's variables filled in as a user would pick them."""
-    expr = expr.replace("$node_label", node_label).replace("$node", ".*")
+    expr = expr.replace("$node_label", node_label).replace("$node", ".*").replace("$cluster", ".*")
     for var, value in GRAFANA_VARS.items():
         expr = expr.replace(var, value)
     assert "$" not in expr, f"an unknown variable in {expr!r}"
@@ -82,7 +82,7 @@ def exported_names() -> set[str]:
     """Every series name the agent's metrics registry exposes (the real one, unobserved: each
     family's `# TYPE` line is there even before a label set is)."""
     names = set()
-    for line in ReaperMetrics().exposition().decode().splitlines():
+    for line in ReaperMetrics(mode="reap").exposition().decode().splitlines():
         if not line.startswith("# TYPE "):
             continue
         _, _, name, kind = line.split()
@@ -132,7 +132,12 @@ def test_dashboard_covers_what_an_operator_watches() -> None:
         grid = panel["gridPos"]
         assert grid["x"] + grid["w"] <= 24, panel["title"]
     # Every leak panel groups by the node label picked in the variable.
-    leaks = next(p for p in panels(doc) if "cni_reaper_resources" in p["targets"][0]["expr"])
+    leaks = next(
+        p
+        for p in panels(doc)
+        if p.get("targets")
+        and 'cni_reaper_resources{verdict="orphan", cluster=~"$cluster", $node_label' in p["targets"][0]["expr"]
+    )
     assert "by ($node_label, kind)" in leaks["targets"][0]["expr"]
     # The network panels group by the node label and the (bounded) network label.
     for panel in panels(doc):
@@ -141,6 +146,33 @@ def test_dashboard_covers_what_an_operator_watches() -> None:
                 assert "by ($node_label, network)" in target["expr"], panel["title"]
     variables = {v["name"]: v for v in doc["templating"]["list"]}
     assert [o["value"] for o in variables["node_label"]["options"]] == list(NODE_LABELS)
+
+
+def test_fleet_panels_and_a_cluster_variable() -> None:
+    """On 5,000 nodes a panel per node is 5,000 lines: the dashboard opens on the fleet (how many
+    nodes leak, the worst nodes, sums), and every query is narrowed to the clusters picked."""
+    doc = dashboard()
+    variables = {v["name"]: v for v in doc["templating"]["list"]}
+    cluster = variables["cluster"]
+    assert cluster["type"] == "query" and cluster["includeAll"] and cluster["allValue"] == ".*"
+    assert cluster["definition"] == "label_values(cni_reaper_build_info, cluster)"
+    names = [v["name"] for v in doc["templating"]["list"]]
+    assert names.index("cluster") < names.index("node"), "the node list is of the clusters picked"
+    assert 'cluster=~"$cluster"' in variables["node"]["definition"]
+    for where, expr in queries(doc):
+        if where != "variable cluster":
+            assert 'cluster=~"$cluster"' in expr, where
+    rows = sorted((p["gridPos"]["y"], p["title"]) for p in doc["panels"] if p["type"] == "row")
+    assert rows[0][1] == "Fleet", "the dashboard opens on the fleet"
+    end = rows[1][0] if len(rows) > 1 else float("inf")
+    fleet = [p for p in doc["panels"] if p["type"] != "row" and rows[0][0] < p["gridPos"]["y"] < end]
+    assert fleet
+    exprs = [" ".join(t["expr"].split()) for p in fleet for t in p["targets"]]
+    assert any(e.startswith("count(") and 'verdict="orphan"' in e for e in exprs), "nodes with orphans"
+    assert any(e.startswith("topk(") and 'verdict="orphan"' in e for e in exprs), "the worst nodes"
+    assert any(e.startswith("sum(") and 'verdict="orphan"' in e for e in exprs), "the fleet's orphans"
+    assert any("cni_reaper_build_info" in e and "by (mode)" in e for e in exprs), "nodes by mode"
+    assert all("$node_label=~" not in e for e in exprs), "fleet panels are of every node picked by cluster"
 
 
 def test_every_query_names_only_exported_metrics() -> None:

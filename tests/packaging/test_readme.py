@@ -45,7 +45,7 @@ def flags_of(parser: argparse.ArgumentParser) -> Iterator[str]:
 
 def metric_names() -> list[str]:
     """Every metric family the agent's registry exports."""
-    return [family.name for family in ReaperMetrics().registry.collect()]
+    return [family.name for family in ReaperMetrics(mode="reap").registry.collect()]
 
 
 def undocumented_flags(text: str, flags: Iterable[str]) -> list[str]:

@@ -14,9 +14,10 @@ import pytest
 from msgspec.structs import replace
 
 from reaper import agent as agent_module
-from reaper.agent import READY_INTERVALS, Agent
+from reaper.agent import READY_INTERVALS, Agent, breaker_would_trip
 from reaper.host.passlock import LockBusy, take_lock
-from reaper.model import HostUnseen, ReapResult, ScanResult
+from reaper.metrics import installed_version
+from reaper.model import HostUnseen, NsKey, ReapResult, ScanResult
 from reaper.settings import AgentSettings
 from reaper.snapshot import host_netns
 from tests.harness.reclaim_fakes import FakeLiveness, fake_settings, reap_settings, scan_result
@@ -172,7 +173,8 @@ def test_a_scan_mode_pass_reclaims_nothing(tmp_path: Path, passes: Passes) -> No
     registry = agent.metrics.registry
     assert registry.get_sample_value("cni_reaper_attachments", {"verdict": "orphan"}) == 1
     assert registry.get_sample_value("cni_reaper_state_write_errors_total") == 1
-    assert registry.get_sample_value("cni_reaper_reclaimed_total", {"kind": "ipam", "method": "cni-del"}) == 0
+    # Scan mode reclaims nothing, so it has no reclaim counters to show.
+    assert registry.get_sample_value("cni_reaper_reclaimed_total", {"kind": "ipam", "method": "cni-del"}) is None
 
 
 def test_an_undecided_scan_mode_pass(tmp_path: Path, passes: Passes) -> None:
@@ -246,3 +248,24 @@ def test_a_pass_holds_the_lock_and_one_held_by_another_reaper_is_skipped(tmp_pat
     passes.during = lambda: None
     agent.run_pass()
     assert len(passes.calls) == 2 and passes_total(agent, "ok") == 2
+
+
+def test_scan_mode_exports_whether_a_reap_would_trip_the_breaker(tmp_path: Path, passes: Passes) -> None:
+    """Scan mode weighs the breaker as reap_pass would, so that a node where reaping would
+    reclaim nothing says so before anyone switches it to reap."""
+    in_netns = tuple(replace(a, netns=NsKey(1, n)) for n, a in enumerate(full_report().attachments))
+    report = replace(full_report(), attachments=in_netns)  # 1 orphan of 3 weighed (pending, excluded aside)
+    agent = make_agent(tmp_path, Clock(), mode="scan")
+    agent.reap = reap_settings(max_orphan_ratio=0.2)
+    passes.results = [scan_result(report, snapshot())]
+    agent.run_pass()
+    info = agent.metrics.registry.get_sample_value
+    assert info("cni_reaper_breaker_open") == 1
+    assert info("cni_reaper_build_info", {"version": installed_version(), "mode": "scan"}) == 1
+    assert breaker_would_trip(report, reap_settings(max_orphan_ratio=0.5)) is False
+    assert breaker_would_trip(report, reap_settings(max_orphan_ratio=0.2, force=True)) is False
+    unreachable = replace(report, runtime=full_report(reachable=False).runtime)
+    assert breaker_would_trip(unreachable, reap_settings(max_orphan_ratio=0.0)) is False
+    agent.reap = reap_settings(max_orphan_ratio=0.5)
+    agent.run_pass()
+    assert info("cni_reaper_breaker_open") == 0

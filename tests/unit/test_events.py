@@ -19,7 +19,6 @@ import pytest
 from lightkube import Client
 from msgspec.structs import replace
 
-from reaper import metrics
 from reaper.agent import Agent
 from reaper.events import (
     CONTROLLER,
@@ -28,7 +27,6 @@ from reaper.events import (
     events_from,
     pass_events,
 )
-from reaper.kinds.registry import KIND_NAMES
 from reaper.kubeapi import API_TIMEOUT, service_account
 from reaper.kubeclient import api_client
 from reaper.model import Attachment, IpamRange, ReclaimOutcome, ResourceOutcome, StuckSandbox
@@ -85,7 +83,6 @@ def node(monkeypatch: pytest.MonkeyPatch) -> FakeNode:
     monkeypatch.setattr(act, "KINDS", fake.kinds)
     monkeypatch.setattr(act, "RECLAIM_ORDER", fake.kinds)
     monkeypatch.setattr(run, "take_snapshot", lambda *_a, **_k: fake.look())
-    monkeypatch.setattr(metrics, "KIND_NAMES", (*KIND_NAMES, FAKE, FAKE_LAST))  # the agent's gauges
     return fake
 
 
