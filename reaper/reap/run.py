@@ -100,15 +100,16 @@ def reap_pass(
     records = index(scan.snapshot)
     configs = scan.snapshot.configs
     costless = {a.key for a in orphans if costs_nothing(a, records)}
+    trust = node_trust((c for c in configs if not c.path.startswith("cache:")), reap.allow_plugins,
+                       *held_by_others(scan.snapshot, orphans), proven=proven_namespaces(orphans, records))  # fmt: skip
+    del_trust = None if policy.kernel_only else trust
     waiting = {
         a.key: why
         for a in orphans
-        if a.key not in costless and (why := waits_for_plugin(a, records, configs)) is not None
+        if a.key not in costless and (why := waits_for_plugin(a, records, configs, del_trust)) is not None
     }
     selected, skipped = select([a for a in orphans if a.key not in waiting], policy, costless)
     skipped = not_reviewed + [SkippedAttachment(key, why) for key, why in waiting.items()] + skipped
-    trust = node_trust((c for c in configs if not c.path.startswith("cache:")), reap.allow_plugins,
-                       *held_by_others(scan.snapshot, orphans), proven=proven_namespaces(orphans, records))  # fmt: skip
     # A costless orphan is files alone, in no namespace: no DEL runs for it (none could, with
     # no pin to pass), and saying why for each of thousands would only fill the log.
     asked = {
