@@ -440,8 +440,16 @@ def _explain(args: argparse.Namespace) -> int:
     log = setup_logging(settings.log_format, settings.log_level)
     _warn_dirs(settings, log)
     history = load_state(settings.state_file)[0].attachments
-    result = scan_pass(settings, liveness_from(settings), log, save=False)
-    found = explain(result, args.target, history, settings.policy.confirmations, reap_settings_from(args).allow_plugins)
+    reap = reap_settings_from(args)
+    result = scan_pass(
+        settings,
+        liveness_from(settings),
+        log,
+        save=False,
+        allow_plugins=reap.allow_plugins,
+        plugins_run=not reap.kernel_only,
+    )
+    found = explain(result, args.target, history, settings.policy.confirmations, reap.allow_plugins)
     if settings.json_output:
         _output(dumps_indented(explain_json(args.target, found, result.report.taken_at)))
     else:

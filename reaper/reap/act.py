@@ -236,7 +236,7 @@ def without_netns_request(
     if cached is None:
         return None, None
     request, result = cached
-    chain = _stateful_chain(attachment, records, configs, request)
+    chain = stateful_chain(attachment, records, configs, request)
     if isinstance(chain, str) or not chain or not set(chain) <= FREES_WITHOUT_NETNS:
         return None, None
     refusal = cached_config_refusal(attachment, request.config, result, trust)
@@ -245,7 +245,7 @@ def without_netns_request(
     return replace(request, without_netns=True), None
 
 
-def _stateful_chain(
+def stateful_chain(
     attachment: Attachment, records: Records, configs: Sequence[NetworkConfig], request: DelRequest | None
 ) -> list[str] | str | None:
     """The plugins of the attachment's chain that keep state only their own DEL frees (maybe
@@ -278,7 +278,7 @@ def kept_state(
     cache entry is the only record of what that DEL needs. None when every plugin of the chain
     is known stateless (reaper.kinds.netconf.STATELESS_PLUGINS). The chain is what the cache
     entry says was ADDed, else the conf dir's config of the network, plus what DEL would run."""
-    chain = _stateful_chain(attachment, records, configs, request)
+    chain = stateful_chain(attachment, records, configs, request)
     if isinstance(chain, str) or chain is None:
         return chain
     return ", ".join(chain)[:200] if chain else None

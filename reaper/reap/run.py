@@ -22,7 +22,6 @@ from reaper.reap.act import (
     index,
     kept_state,
     reclaim_log_fields,
-    waits_for_plugin,
 )
 from reaper.reap.addresses import addresses_in_use
 from reaper.reap.plan import ReapPolicy, breaker_counts, breaker_reason, costs_nothing, plan_attachment, select
@@ -62,7 +61,16 @@ def reap_pass(
     `reviewed`: a plan file (reaper.reap.review); only what it names, unchanged, is reclaimed."""
     stop = stop if stop is not None else threading.Event()
     watch = Stopwatch()
-    scan = scan_pass(settings, liveness, log, clock, memo, kept=kept)
+    scan = scan_pass(
+        settings,
+        liveness,
+        log,
+        clock,
+        memo,
+        kept=kept,
+        allow_plugins=reap.allow_plugins,
+        plugins_run=not reap.kernel_only,
+    )
     report = scan.report
     policy = _policy(reap)
     watch.lap("scan")
@@ -84,8 +92,11 @@ def reap_pass(
     if not report.runtime.reachable:
         return result()
     orphans = [a for a in report.attachments if a.verdict == "orphan"]
+    # No pass can do anything for these (reaper.reap.waiting): reported with why, and never
+    # counted under --max-reap, so that any number of them never holds back what can be freed.
+    waiting = [a for a in report.attachments if a.verdict == "waiting"]
     if not orphans and reviewed is None:
-        return result()
+        return result(skipped=tuple(SkippedAttachment(a.key, a.reason) for a in waiting))
     weighed = breaker_counts(report.attachments)
     refused = breaker_reason(*weighed, policy)
     if refused is not None:
@@ -96,20 +107,16 @@ def reap_pass(
         # Narrowed only: what the plan does not name, as it is now, counts as someone else's.
         orphans, not_reviewed = reviewed_orphans(orphans, report.attachments, reviewed)
         if not orphans:
-            return result(skipped=tuple(not_reviewed))
+            return result(skipped=tuple(not_reviewed + [SkippedAttachment(a.key, a.reason) for a in waiting]))
     records = index(scan.snapshot)
     configs = scan.snapshot.configs
     costless = {a.key for a in orphans if costs_nothing(a, records)}
+    # As the scan weighed them (reaper.reap.waiting): what the waiting hold counts as the orphans'.
     trust = node_trust((c for c in configs if not c.path.startswith("cache:")), reap.allow_plugins,
-                       *held_by_others(scan.snapshot, orphans), proven=proven_namespaces(orphans, records))  # fmt: skip
-    del_trust = None if policy.kernel_only else trust
-    waiting = {
-        a.key: why
-        for a in orphans
-        if a.key not in costless and (why := waits_for_plugin(a, records, configs, del_trust)) is not None
-    }
-    selected, skipped = select([a for a in orphans if a.key not in waiting], policy, costless)
-    skipped = not_reviewed + [SkippedAttachment(key, why) for key, why in waiting.items()] + skipped
+                       *held_by_others(scan.snapshot, [*orphans, *waiting]),
+                       proven=proven_namespaces(orphans, records))  # fmt: skip
+    selected, skipped = select(orphans, policy, costless)
+    skipped = not_reviewed + [SkippedAttachment(a.key, a.reason) for a in waiting] + skipped
     # A costless orphan is files alone, in no namespace: no DEL runs for it (none could, with
     # no pin to pass), and saying why for each of thousands would only fill the log.
     asked = {

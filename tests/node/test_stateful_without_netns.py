@@ -25,7 +25,7 @@ import pytest
 from tests.harness.lab import Lab
 from tests.harness.lab import cni as labcni
 from tests.harness.plugins import by_container_id, datastore, script
-from tests.harness.reap_helpers import REAP, pings
+from tests.harness.reap_helpers import REAP, SCAN, pings
 from tests.harness.reaper_cli import ReaperRun, run_reaper
 
 FREES_BY_ID = ("calico", "cilium-cni")
@@ -160,6 +160,11 @@ def test_a_plugin_not_known_to_free_without_a_netns_still_waits(world: World, tm
     record of what its DEL needs, stays, and no DEL runs; a Calico leftover of the same pass is
     freed."""
     waiting, freed = leftover(world, KINDNET_LIKE), leftover(world, "calico")
+    scan = run_reaper(world.lab, "scan", tmp_path / "scan-state.json", "--json", *SCAN)
+    verdicts = {a["container_id"]: a["verdict"] for a in scan.doc["attachments"]}
+    # Its own verdict, not an orphan's: the leak alerts and the exit status leave it out.
+    assert verdicts[waiting.container_id] == "waiting" and verdicts[freed.container_id] == "orphan"
+    assert scan.doc["summary"]["waiting"] == 1
     run = reap(world, tmp_path)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr
     assert dels(world, KINDNET_LIKE, waiting.container_id) == []
