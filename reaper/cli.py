@@ -155,7 +155,7 @@ DOCTOR_UNUSED = (
 
 
 # Flags of the "reap" group only a one-shot `reap` takes: an agent reviews nothing.
-REAP_ONLY = ("--plan-out", "--plan")
+REAP_ONLY = ("--plan-out", "--plan", "--drop-waiting")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -375,6 +375,10 @@ def _reap(args: argparse.Namespace) -> int:
     reviewed = None
     if reap.plan_out is not None and not reap.dry_run:
         print("reaper: --plan-out writes a plan for review: give it with --dry-run", file=sys.stderr)
+        return EXIT_UNDECIDED
+    if reap.drop_waiting and not reap.dry_run and reap.plan is None:
+        why = "acts on a reviewed plan only: give it with --dry-run --plan-out, then with --plan"
+        print(f"reaper: --drop-waiting {why}", file=sys.stderr)
         return EXIT_UNDECIDED
     if reap.plan is not None:
         try:

@@ -34,6 +34,8 @@ from reaper.snapshot import take_snapshot
 from reaper.state import KeptState
 from reaper.stopwatch import Stopwatch
 
+DROPPED = "no plugin runs: --drop-waiting names it; its files go as files"
+
 
 def _policy(reap: ReapSettings) -> ReapPolicy:
     return ReapPolicy(
@@ -95,6 +97,11 @@ def reap_pass(
     # No pass can do anything for these (reaper.reap.waiting): reported with why, and never
     # counted under --max-reap, so that any number of them never holds back what can be freed.
     waiting = [a for a in report.attachments if a.verdict == "waiting"]
+    # But those the operator names (--drop-waiting, with a reviewed plan: reaper.cli), once the
+    # plugin's own tools freed what they record: their files go as files, and no DEL runs.
+    dropped = {a.key for a in waiting if a.key.container_id in reap.drop_waiting}
+    orphans += [a for a in waiting if a.key in dropped]
+    waiting = [a for a in waiting if a.key not in dropped]
     if not orphans and reviewed is None:
         return result(skipped=tuple(SkippedAttachment(a.key, a.reason) for a in waiting))
     weighed = breaker_counts(report.attachments)
@@ -120,7 +127,11 @@ def reap_pass(
     # A costless orphan is files alone, in no namespace: no DEL runs for it (none could, with
     # no pin to pass), and saying why for each of thousands would only fill the log.
     asked = {
-        a.key: (None, None) if policy.kernel_only or a.key in costless else del_request(a, records, configs, trust)
+        a.key: (None, DROPPED)
+        if a.key in dropped
+        else (None, None)
+        if policy.kernel_only or a.key in costless
+        else del_request(a, records, configs, trust)
         for a in selected
     }
     requests = {key: request for key, (request, _) in asked.items()}
@@ -134,7 +145,7 @@ def reap_pass(
     for key, (_, note) in asked.items():
         if note is not None:
             # No kernel object: a partial ADD's leftovers (a lease, a chain) look so too, so it is news, not a warning.
-            level = logging.INFO if note in (NO_KERNEL_EVIDENCE, NO_PIN) else logging.WARNING
+            level = logging.INFO if note in (NO_KERNEL_EVIDENCE, NO_PIN, DROPPED) else logging.WARNING
             log.log(level, "plugin config refused", extra={"attachment": key.as_text(), "reason": note})
     if reap.dry_run:
         # The address check reads the kernel only: the plan leaves out what the pass would leave.
@@ -176,7 +187,11 @@ def reap_pass(
         watch=watch,
         network_configs={c.name: c.raw for c in reversed(configs) if not c.path.startswith("cache:")},
     )
-    keep = {a.key: what for a in selected if (what := kept_state(a, records, configs, requests[a.key])) is not None}
+    keep = {
+        a.key: what
+        for a in selected
+        if a.key not in dropped and (what := kept_state(a, records, configs, requests[a.key])) is not None
+    }
     outcomes, left = reclaimer.run(selected, requests, records, keep, scan.snapshot)
     skipped += left
     # A runtime that stopped answering during the pass makes it undecided, as at the first re-check.

@@ -210,3 +210,30 @@ def test_an_entry_whose_config_the_node_does_not_vouch_for_runs_nothing(world: W
     assert not true.record.exists() and not true.cache.exists()
     forget(forged)
     assert pings(world.lab, world.live)
+
+
+def test_a_reviewed_plan_drops_a_waiting_entry_the_operator_names_and_nothing_else(
+    world: World, tmp_path: Path
+) -> None:
+    """Once the plugin's own tools freed what a waiting entry records, the operator names it to
+    a reviewed plan (`--drop-waiting`): its file goes as a file, no DEL runs. Not without the
+    plan, not by the plan alone, and no other waiting entry."""
+    named, other = leftover(world, KINDNET_LIKE), leftover(world, KINDNET_LIKE)
+    lab, state, plan = world.lab, tmp_path / "state.json", tmp_path / "plan.json"
+    drop = ("--drop-waiting", named.container_id)
+    refused = run_reaper(lab, "reap", state, *REAP, *drop)
+    assert refused.returncode == 2 and refused.stderr.splitlines()[-1].startswith("reaper: --drop-waiting acts on")
+    dry = run_reaper(lab, "reap", state, "--json", *REAP, "--dry-run", "--plan-out", str(plan), *drop)
+    assert dry.returncode == 1, dry.stdout[-2000:] + dry.stderr
+    (planned,) = [p for p in dry.doc["plan"] if p["container_id"] == named.container_id]
+    assert planned["config"] is None and {s["method"] for s in planned["steps"]} == {"kernel"}
+    assert other.container_id not in {p["container_id"] for p in dry.doc["plan"]}
+    alone = run_reaper(lab, "reap", state, "--json", *REAP, "--plan", str(plan))
+    assert alone.returncode == 0, alone.stdout[-2000:] + alone.stderr
+    assert named.cache.exists(), "a plan file alone drops nothing"
+    run = run_reaper(lab, "reap", state, "--json", *REAP, "--plan", str(plan), *drop)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr
+    assert not named.cache.exists() and other.cache.exists()
+    assert dels(world, KINDNET_LIKE, named.container_id) == []
+    assert named.record.exists()  # the datastore's: the operator frees it with the plugin's tools
+    forget(named, other)
