@@ -221,7 +221,7 @@ def without_netns_request(
     cache entry's config. Only for an attachment in no namespace at all, whose chain keeps state
     and every plugin of it that does frees it by container ID (FREES_WITHOUT_NETNS), and only
     with a config the node vouches for (cached_config_refusal): no kernel object proves such an
-    attachment, so neither the conf dir's config nor an entry's own runs in its place. A writer
+    attachment, and the conf dir's config never runs in place of a refused one. A writer
     of /var/lib/cni then gains a DEL of a container ID no runtime lists (re-checked right
     before), of plugins and paths the node itself runs, with no address an attachment in use
     holds. (None, why) when the chain qualifies but its config may not run; (None, None) when
