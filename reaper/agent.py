@@ -115,7 +115,10 @@ class Agent:
 
     def _pass(self) -> tuple[PassOutcome, dict[str, object]]:
         if self.agent.mode == "scan":
-            scanned = scan_pass(self.settings, self.liveness, self.log, self.clock, self.memo, kept=self.kept)
+            scanned = scan_pass(
+                self.settings, self.liveness, self.log, self.clock, self.memo, kept=self.kept,
+                allow_plugins=self.reap.allow_plugins, plugins_run=not self.reap.kernel_only,
+            )  # fmt: skip
             self.metrics.observe_scan(scanned.report)
             self.metrics.observe_state(scanned.state_saved)
             self.metrics.observe_breaker(breaker_would_trip(scanned.report, self.reap))

@@ -155,7 +155,7 @@ DOCTOR_UNUSED = (
 
 
 # Flags of the "reap" group only a one-shot `reap` takes: an agent reviews nothing.
-REAP_ONLY = ("--plan-out", "--plan")
+REAP_ONLY = ("--plan-out", "--plan", "--drop-waiting")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -378,6 +378,10 @@ def _reap(args: argparse.Namespace) -> int:
     if reap.plan_out is not None and not reap.dry_run:
         print("reaper: --plan-out writes a plan for review: give it with --dry-run", file=sys.stderr)
         return EXIT_UNDECIDED
+    if reap.drop_waiting and not reap.dry_run and reap.plan is None:
+        why = "acts on a reviewed plan only: give it with --dry-run --plan-out, then with --plan"
+        print(f"reaper: --drop-waiting {why}", file=sys.stderr)
+        return EXIT_UNDECIDED
     if reap.plan is not None:
         try:
             reviewed = read_plan(reap.plan, node)
@@ -442,8 +446,16 @@ def _explain(args: argparse.Namespace) -> int:
     log = setup_logging(settings.log_format, settings.log_level)
     _warn_dirs(settings, log)
     history = load_state(settings.state_file)[0].attachments
-    result = scan_pass(settings, liveness_from(settings), log, save=False)
-    found = explain(result, args.target, history, settings.policy.confirmations, reap_settings_from(args).allow_plugins)
+    reap = reap_settings_from(args)
+    result = scan_pass(
+        settings,
+        liveness_from(settings),
+        log,
+        save=False,
+        allow_plugins=reap.allow_plugins,
+        plugins_run=not reap.kernel_only,
+    )
+    found = explain(result, args.target, history, settings.policy.confirmations, reap.allow_plugins)
     if settings.json_output:
         _output(dumps_indented(explain_json(args.target, found, result.report.taken_at)))
     else:

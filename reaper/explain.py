@@ -162,12 +162,12 @@ def _reclaim(
         return (f"nothing: it is {attachment.verdict}",)
     snapshot = result.snapshot
     configs = snapshot.configs
-    waiting = waits_for_plugin(attachment, records, configs)
-    if waiting is not None:
-        return (f"nothing this pass: {waiting}",)
     held = held_by_others(snapshot, [attachment])
     own = (c for c in configs if not c.path.startswith("cache:"))
     trust = node_trust(own, allow_plugins, *held, proven=proven_namespaces([attachment], records))
+    waiting = waits_for_plugin(attachment, records, configs, trust)
+    if waiting is not None:
+        return (f"nothing this pass: {waiting}",)
     request, note = del_request(attachment, records, configs, trust)
     lines = []
     if request is not None:

@@ -71,6 +71,24 @@ MAX_NETWORK_LABELS = 32
 OTHER_NETWORK = "_other"
 NO_NETWORK = "_none"
 
+# The `plugin` label of waiting attachments (the first plugin of the chain that keeps state):
+# a stateful CNI by its plugin type, any other name (a config may say anything) under
+# OTHER_PLUGIN. A `waiting` attachment is only files a DEL needs, so only the kinds of those
+# get a `resources{verdict="waiting"}` series (a series exists once its pair occurs).
+WAITING_PLUGINS = frozenset(
+    {
+        "calico", "calico-ipam", "cilium-cni", "aws-cni", "kindnet", "multus", "multus-shim", "whereabouts",
+        "dhcp", "ovn-k8s-cni-overlay", "azure-vnet", "antrea", "kube-ovn", "weave-net",
+    }
+)  # fmt: skip
+OTHER_PLUGIN = "_other"
+
+
+def waiting_plugin(attachment: Attachment) -> str:
+    """The `plugin` label of a waiting attachment."""
+    first = attachment.waits_for[0] if attachment.waits_for else OTHER_PLUGIN
+    return first if first in WAITING_PLUGINS else OTHER_PLUGIN
+
 
 def installed_version() -> str:
     """The installed distribution's version, as `reaper --version` says it; "unknown" when the
@@ -211,6 +229,12 @@ class ReaperMetrics:
         self.network_del_errors = _counter(
             r, "network_del_errors", "Plugin DEL runs that failed, by network.", "network"
         )
+        self.waiting = _gauge(
+            r,
+            "waiting_attachments",
+            "Orphans no DEL can run for (verdict waiting), by the plugin that keeps their state (bounded).",
+            "plugin",
+        )
         self.networks = NetworkLabels()
         for verdict in VERDICTS:
             self.attachments.labels(verdict)
@@ -238,10 +262,17 @@ class ReaperMetrics:
     def observe_scan(self, report: ScanReport) -> None:
         counts = {v: 0 for v in VERDICTS}
         per_kind: dict[tuple[str, ...], float] = {}
+        waiting: dict[str, int] = {}
         for a in report.attachments:
             counts[a.verdict] += 1
+            if a.verdict == "waiting":
+                waiting[waiting_plugin(a)] = waiting.get(waiting_plugin(a), 0) + 1
             for ref in a.resources:
                 per_kind[(ref.kind, a.verdict)] = per_kind.get((ref.kind, a.verdict), 0) + 1
+        # Only this pass's plugins: none waiting, no series.
+        self.waiting.clear()
+        for plugin, n in waiting.items():
+            self.waiting.labels(plugin).set(n)
         for verdict, n in counts.items():
             self.attachments.labels(verdict).set(n)
         self.resources.set_all(per_kind)

@@ -16,9 +16,11 @@ from msgspec import Struct
 from reaper.exclusions import Exclusions
 
 ResourceKind = str  # a kind's name, as reaper.kinds.registry lists them
-Verdict = Literal["live", "orphan", "pending", "unknown", "excluded"]
+# `waiting`: an orphan the reaper can do nothing for (reaper.reap.waiting): only the files a
+# plugin's DEL needs are left, and no DEL can run for it.
+Verdict = Literal["live", "orphan", "pending", "unknown", "excluded", "waiting"]
 Owner = Literal["cri", "other", "unknown"]
-VERDICTS: tuple[Verdict, ...] = ("live", "orphan", "pending", "unknown", "excluded")
+VERDICTS: tuple[Verdict, ...] = ("live", "orphan", "pending", "unknown", "excluded", "waiting")
 
 DetailValue = str | int | float | bool | None
 # A resource's identity on the node, the same from one snapshot to the next: (kind, ...).
@@ -297,6 +299,8 @@ class Attachment(Struct, frozen=True, kw_only=True):
     age_seconds: float
     owner: Owner = "unknown"  # whose runtime made it, by its cache entry (see reaper.kinds.cache.CacheEntry.owner)
     pod: str | None = None  # "namespace/name", by its cache entry's CNI_ARGS (said by a file: names, never proves)
+    # `waiting`: the plugins of its chain that keep state only their own DEL frees, in chain order
+    waits_for: tuple[str, ...] = ()
 
 
 class AttachmentHistory(Struct, frozen=True):

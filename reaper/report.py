@@ -131,7 +131,7 @@ def runtime_lines(rt: RuntimeView) -> list[str]:
 
 def report_table(report: ScanReport) -> str:
     lines = runtime_lines(report.runtime)
-    for verdict in ("orphan", "pending", "excluded", "unknown", "live"):
+    for verdict in ("orphan", "waiting", "pending", "excluded", "unknown", "live"):
         group = [a for a in report.attachments if a.verdict == verdict]
         if not group:
             continue

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from msgspec.structs import replace
 
@@ -49,12 +49,16 @@ def scan_pass(
     memo: InventoryMemo | None = None,
     kept: KeptState | None = None,
     save: bool = True,
+    *,
+    allow_plugins: Sequence[str] = (),
+    plugins_run: bool = True,
 ) -> ScanResult:
     """One pass. A long-running caller passes the same `memo` every time (files unchanged
     since the last pass are not read again); a one-shot run passes none and reads every file.
     `kept`: a long-running caller's state of its last pass, counted from instead of the file
     once it holds one (see reaper.state). `save` False: a look for a person (`explain`), which
-    reads the confirmations counted so far and counts no pass of its own.
+    reads the confirmations counted so far and counts no pass of its own. `allow_plugins` and
+    `plugins_run` (False: --method kernel) say which orphans are `waiting` (reaper.reap.waiting).
 
     Load the state, look at the node, ask the runtimes, correlate, reconcile, save."""
     started = time.monotonic()
@@ -76,6 +80,10 @@ def scan_pass(
     runtime, first_seen = _dated(runtime, state, now)
     snapshot, correlation = _correlate(snapshot, ties, runtime, settings, watch)
     report, history = reconcile(snapshot, runtime, state.attachments, settings.policy, now, correlation)
+    # Imported here: the reaper.reap package imports this module.
+    from reaper.reap.waiting import mark_waiting  # noqa: PLC0415 (the comment above)
+
+    report = mark_waiting(report, snapshot, allow_plugins=tuple(allow_plugins), plugins_run=plugins_run)
     watch.lap("reconcile")
     if save:
         netns_map, saved = _save(settings, kept, state, runtime, known, history, first_seen, warnings)

@@ -24,7 +24,7 @@ from reaper.durations import parse_duration
 from reaper.exclusions import Exclusions, name_glob, pod_glob
 from reaper.layout import Layout
 from reaper.model import Policy
-from reaper.names import PLUGIN_TYPE, compile_netns_patterns
+from reaper.names import PLUGIN_TYPE, compile_netns_patterns, is_cni_id
 from reaper.podcidr import PodCidrError, PodCidrs, pod_cidrs_from, resolve_pod_cidrs
 
 Group = Literal["paths", "reap", "agent", "output"]
@@ -187,6 +187,12 @@ def _plugin_type(text: str) -> str:
     return text
 
 
+def _container_id(text: str) -> str:
+    if not is_cni_id(text):
+        raise ValueError("not a container ID (letters, digits, '.', '_', '-')")
+    return text
+
+
 def _pod_cidr(text: str) -> str:
     try:
         pod_cidrs_from([text], "--pod-cidr")
@@ -333,6 +339,11 @@ OPTIONS: tuple[Option, ...] = (
            "reclaim only what PATH (a --plan-out file made on this node since its last boot) reviewed, and only "
            "while each is still an orphan with the same resources and steps; every other orphan is skipped",
            "reap", _absolute_or_here, metavar="PATH"),
+    Option("--drop-waiting", None, None,
+           "with --dry-run or --plan: reclaim as files the `waiting` cache entries (and the other files their "
+           "DEL would read) of container ID, once the plugin's own tools freed what they record (repeatable); "
+           "no DEL runs. With --plan, only an entry that plan reviewed",
+           "reap", _container_id, ",", "ID"),
     Option("--mode", "REAPER_MODE", "scan",
            "scan: only report orphans (report-only, the default); reap: reclaim them every pass. With "
            "REAPER_MODE=scan, a `reaper reap` in the same pod or environment is refused unless --force",
@@ -473,6 +484,8 @@ class ReapSettings(Struct, frozen=True, kw_only=True):
     del_concurrency: int = DEL_CONCURRENCY  # plugin DELs run at once
     plan_out: str | None = None  # with dry_run: where the plan is written for review
     plan: str | None = None  # a reviewed plan: only what it names, unchanged, is reclaimed
+    # Container IDs whose `waiting` entries go as files (reaper.reap.run), with dry_run or plan only
+    drop_waiting: tuple[str, ...] = ()
 
 
 class AgentSettings(Struct, frozen=True, kw_only=True):
@@ -670,6 +683,7 @@ def reap_settings_from(args: argparse.Namespace, env: Mapping[str, str] | None =
         del_concurrency=v["del_concurrency"],
         plan_out=v["plan_out"],
         plan=v["plan"],
+        drop_waiting=tuple(v["drop_waiting"]),
     )
 
 

@@ -117,6 +117,9 @@ class DelRequest(Struct, frozen=True, kw_only=True):
     capability_args: Mapping[str, Any] = field(default_factory=dict)
     prev_result: Mapping[str, Any] | None = None
     delegations: tuple[Delegation, ...] = ()  # what its delegating plugins will read, checked
+    # CNI_NETNS empty on purpose, as runtimes run DEL once the netns is gone: every plugin of the
+    # chain that keeps state frees it by container ID (reaper.kinds.netconf.FREES_WITHOUT_NETNS)
+    without_netns: bool = False
 
 
 def _version(text: str) -> tuple[int, ...]:

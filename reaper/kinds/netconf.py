@@ -151,6 +151,23 @@ STATELESS_PLUGINS = frozenset(
 )  # fmt: skip
 
 
+# Stateful plugins whose own DEL frees what they keep by the container ID alone, with CNI_NETNS
+# empty, as containerd and CRI-O run it once the netns is gone (read in their sources, 2026-12):
+# - calico, calico-ipam (projectcalico/calico): cni-plugin/pkg/k8s/k8s.go CmdDelK8s deletes the
+#   workload endpoint only when its container ID is CNI_CONTAINERID;
+#   cni-plugin/pkg/dataplane/linux/dataplane_linux.go CleanUpNamespace returns at once with no
+#   netns; cni-plugin/pkg/ipamplugin/ipam_plugin.go cmdDel releases by a handle made of the
+#   network and CNI_CONTAINERID (a KubeVirt VM's by the VM, and only once it is being deleted).
+# - cilium-cni (cilium/cilium plugins/cilium-cni/cmd/cmd.go Del): deletes the endpoints of
+#   CNI_CONTAINERID and runs its delegated IPAM's DEL before it opens the netns, then answers
+#   success when that netns does not exist (kubernetes#133081); older releases answer an error
+#   there, and the entry is then kept as after any failed DEL. Its chaining modes were not read:
+#   the plugins it is chained with must be on this list too.
+# Any other stateful plugin may answer a DEL with no netns with success having freed nothing
+# (kindnet does): its chain waits for a DEL with a pin, which no one can give it.
+FREES_WITHOUT_NETNS = frozenset({"calico", "calico-ipam", "cilium-cni"})
+
+
 def stateful_plugins(raw: bytes) -> tuple[str, ...] | None:
     """The plugins of a config (IPAM plugins included) that keep state only their own DEL
     frees, in chain order; None when the config cannot be read (nothing is known stateless)."""

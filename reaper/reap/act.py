@@ -21,7 +21,7 @@ from reaper.host.netns_addrs import Handle, NamespaceAddresses, NamespaceToRead,
 from reaper.host.nsmounts import ParsedMountinfo, in_use
 from reaper.host.quarantine import Quarantine
 from reaper.kinds import COMMAND_TIMEOUT, Kind, ReclaimContext
-from reaper.kinds.netconf import stateful_plugins
+from reaper.kinds.netconf import FREES_WITHOUT_NETNS, stateful_plugins
 from reaper.kinds.registry import KINDS, LAST, RECLAIM_ORDER, pin_of
 from reaper.model import (
     Attachment,
@@ -172,12 +172,12 @@ def _config_request(
     if key.container_id is None or key.network is None:
         return None, None
     if not kernel_proven(attachment, records, trust):
-        return None, NO_KERNEL_EVIDENCE
+        return _or_else(without_netns_request(attachment, records, configs, trust), NO_KERNEL_EVIDENCE)
     netns = _netns_for_del(attachment, records)
     if not netns:
         # A runtime passes the sandbox's netns path; an empty CNI_NETNS is taken by some
         # plugins (kindnet) as "nothing to do", and they answer success having freed nothing.
-        return None, NO_PIN
+        return _or_else(without_netns_request(attachment, records, configs, trust), NO_PIN)
     refusal = None
     try:
         cached = _cached_request(attachment, records, netns)
@@ -204,14 +204,49 @@ def _config_request(
     return None, note
 
 
-def kept_state(
+def _or_else(found: tuple[DelRequest | None, str | None], note: str) -> tuple[DelRequest | None, str | None]:
+    """A DEL with no netns (without_netns_request), or `note` when there is none and no refusal."""
+    request, refusal = found
+    return (request, None) if request is not None else (None, refusal or note)
+
+
+def without_netns_request(
+    attachment: Attachment, records: Records, configs: Sequence[NetworkConfig], trust: NodeTrust
+) -> tuple[DelRequest | None, str | None]:
+    """DEL as containerd 2.3 and CRI-O 1.36 run it once the sandbox's netns is gone
+    (shared/docs/cni-facts.md section 8): CNI_NETNS empty, the cached result as prevResult, the
+    cache entry's config. Only for an attachment in no namespace at all, whose chain keeps state
+    and every plugin of it that does frees it by container ID (FREES_WITHOUT_NETNS), and only
+    with a config the node vouches for (cached_config_refusal): no kernel object proves such an
+    attachment, and the conf dir's config never runs in place of a refused one. A writer
+    of /var/lib/cni then gains a DEL of a container ID no runtime lists (re-checked right
+    before), of plugins and paths the node itself runs, with no address an attachment in use
+    holds. (None, why) when the chain qualifies but its config may not run; (None, None) when
+    no such DEL applies."""
+    key = attachment.key
+    if attachment.netns is not None or key.container_id is None or key.network is None or key.ifname is None:
+        return None, None
+    try:
+        cached = _cached_request(attachment, records, "")
+    except UnfitArgs as err:
+        return None, f"no plugin runs: {err}"
+    if cached is None:
+        return None, None
+    request, result = cached
+    chain = stateful_chain(attachment, records, configs, request)
+    if isinstance(chain, str) or not chain or not set(chain) <= FREES_WITHOUT_NETNS:
+        return None, None
+    refusal = cached_config_refusal(attachment, request.config, result, trust)
+    if refusal is not None:
+        return None, f"cached config not run: {refusal}"
+    return replace(request, without_netns=True), None
+
+
+def stateful_chain(
     attachment: Attachment, records: Records, configs: Sequence[NetworkConfig], request: DelRequest | None
-) -> str | None:
-    """What makes the attachment's cache entry outlive a failed or missing DEL: a plugin of its
-    chain keeps state (an address, an endpoint) in a datastore only its own DEL frees, and the
-    cache entry is the only record of what that DEL needs. None when every plugin of the chain
-    is known stateless (reaper.kinds.netconf.STATELESS_PLUGINS). The chain is what the cache
-    entry says was ADDed, else the conf dir's config of the network, plus what DEL would run."""
+) -> list[str] | str | None:
+    """The plugins of the attachment's chain that keep state only their own DEL frees (maybe
+    none); why they cannot be known, when they cannot; None when no file a DEL needs is left."""
     carriers = [(k.added_config, _records_of(k, attachment, records)) for k in KINDS if k.added_config is not None]
     if not any(found for _, found in carriers):
         return None
@@ -229,26 +264,51 @@ def kept_state(
         if found is None:
             return "a chain whose config cannot be read"
         stateful += [kind for kind in found if kind not in stateful]
-    if not stateful:
-        return None
-    return ", ".join(stateful)[:200]
+    return stateful
 
 
-def waits_for_plugin(attachment: Attachment, records: Records, configs: Sequence[NetworkConfig]) -> str | None:
+def kept_state(
+    attachment: Attachment, records: Records, configs: Sequence[NetworkConfig], request: DelRequest | None
+) -> str | None:
+    """What makes the attachment's cache entry outlive a failed or missing DEL: a plugin of its
+    chain keeps state (an address, an endpoint) in a datastore only its own DEL frees, and the
+    cache entry is the only record of what that DEL needs. None when every plugin of the chain
+    is known stateless (reaper.kinds.netconf.STATELESS_PLUGINS). The chain is what the cache
+    entry says was ADDed, else the conf dir's config of the network, plus what DEL would run."""
+    chain = stateful_chain(attachment, records, configs, request)
+    if isinstance(chain, str) or chain is None:
+        return chain
+    return ", ".join(chain)[:200] if chain else None
+
+
+def waits_for_plugin(
+    attachment: Attachment, records: Records, configs: Sequence[NetworkConfig], trust: NodeTrust | None
+) -> str | None:
     """Why a pass has nothing to do for this orphan, when it has not: all that is left of it
     are the files a DEL needs (its cache entry, flannel's, multus'), its chain keeps state only
-    that DEL frees (kept_state), and no DEL can run, with no namespace to prove it or to pass.
-    Such an orphan is reported but takes no place under --max-reap, so that any number of them
-    (forged, or a plugin gone for good) never holds back the leaks that can be reclaimed."""
+    that DEL frees (kept_state), and no DEL can run: with no namespace to prove it or to pass,
+    only a chain whose every such plugin frees by container ID gets one
+    (without_netns_request), and only with a config the node vouches for. `trust`: None when
+    no plugin runs this pass (--method kernel). Such an orphan is reported but takes no place
+    under --max-reap, so that any number of them (forged, or a plugin gone for good) never
+    holds back the leaks that can be reclaimed."""
     if attachment.netns is not None or not all(ref.kind in LAST for ref in attachment.resources):
         return None
     what = kept_state(attachment, records, configs, None)
     if what is None:
         return None
-    return (
-        f"waits: only what a DEL needs is left, {what} may keep state only that DEL frees, and no DEL "
-        "runs without a netns pin"
-    )
+    refusal = None
+    if trust is not None:
+        request, refusal = without_netns_request(attachment, records, configs, trust)
+        if request is not None:
+            return None
+    if refusal is not None:
+        why = "no DEL runs: " + refusal.removeprefix("no plugin runs: ")
+    elif trust is None:
+        why = "no plugin runs (--method kernel)"
+    else:
+        why = "no DEL runs without a netns pin"
+    return f"waits: only what a DEL needs is left, {what} may keep state only that DEL frees, and {why}"
 
 
 METHOD_ORDER: tuple[ReclaimMethod, ...] = ("cni-del", "kernel", "quarantine")
@@ -456,11 +516,14 @@ class Reclaimer(Struct, kw_only=True):
         pass_pins = pins_of(attachments_all, after_del)
         self.watch.lap("look")
         # A chain that keeps state elsewhere keeps its cache entry (and the other files DEL
-        # reads) unless its DEL ran as the runtime would run it, with the pin, and succeeded.
+        # reads) unless its DEL ran as the runtime would run it and succeeded: with the pin, or
+        # with no netns where every plugin of it that keeps state frees by container ID.
         needs_plugin = {
             key: what
             for key, what in (keep or {}).items()
-            if (request := requests.get(key)) is None or not request.netns or plugin_errors.get(key)
+            if (request := requests.get(key)) is None
+            or not (request.netns or request.without_netns)
+            or plugin_errors.get(key)
         }
         kernel_done = self._kernel(
             attachments,

@@ -111,8 +111,11 @@ def select(
 ) -> tuple[list[Attachment], list[SkippedAttachment]]:
     """The orphans this pass takes, and those left for the next: at most --max-reap of those a
     wrong verdict could cost a pod something, and besides them at most COSTLESS_PER_PASS of
-    the `costless` ones (costs_nothing), whose number --max-reap does not bound."""
-    bounded = [a for a in orphans if a.key not in costless]
+    the `costless` ones (costs_nothing), whose number --max-reap does not bound. Those in a
+    namespace come first: an attachment of files alone (which whoever can write them could
+    forge, and which may get a DEL with no netns) never takes the place of a leak the kernel
+    shows."""
+    bounded = sorted((a for a in orphans if a.key not in costless), key=lambda a: a.netns is None)
     free = [a for a in orphans if a.key in costless]
     deferred = [
         SkippedAttachment(a.key, f"over --max-reap {policy.max_reap}; next pass") for a in bounded[policy.max_reap :]

@@ -22,7 +22,6 @@ from reaper.reap.act import (
     index,
     kept_state,
     reclaim_log_fields,
-    waits_for_plugin,
 )
 from reaper.reap.addresses import addresses_in_use
 from reaper.reap.plan import ReapPolicy, breaker_counts, breaker_reason, costs_nothing, plan_attachment, select
@@ -34,6 +33,8 @@ from reaper.settings import ReapSettings, Settings
 from reaper.snapshot import take_snapshot
 from reaper.state import KeptState
 from reaper.stopwatch import Stopwatch
+
+DROPPED = "no plugin runs: --drop-waiting names it; its files go as files"
 
 
 def _policy(reap: ReapSettings) -> ReapPolicy:
@@ -75,7 +76,16 @@ def reap_pass(
     watch = Stopwatch()
     if reap.quarantine_dir and not reap.dry_run:
         _expire_quarantine(reap.quarantine_dir, reap.quarantine_max_age, log, clock())
-    scan = scan_pass(settings, liveness, log, clock, memo, kept=kept)
+    scan = scan_pass(
+        settings,
+        liveness,
+        log,
+        clock,
+        memo,
+        kept=kept,
+        allow_plugins=reap.allow_plugins,
+        plugins_run=not reap.kernel_only,
+    )
     report = scan.report
     policy = _policy(reap)
     watch.lap("scan")
@@ -97,8 +107,16 @@ def reap_pass(
     if not report.runtime.reachable:
         return result()
     orphans = [a for a in report.attachments if a.verdict == "orphan"]
+    # No pass can do anything for these (reaper.reap.waiting): reported with why, and never
+    # counted under --max-reap, so that any number of them never holds back what can be freed.
+    waiting = [a for a in report.attachments if a.verdict == "waiting"]
+    # But those the operator names (--drop-waiting, with a reviewed plan: reaper.cli), once the
+    # plugin's own tools freed what they record: their files go as files, and no DEL runs.
+    dropped = {a.key for a in waiting if a.key.container_id in reap.drop_waiting}
+    orphans += [a for a in waiting if a.key in dropped]
+    waiting = [a for a in waiting if a.key not in dropped]
     if not orphans and reviewed is None:
-        return result()
+        return result(skipped=tuple(SkippedAttachment(a.key, a.reason) for a in waiting))
     weighed = breaker_counts(report.attachments)
     refused = breaker_reason(*weighed, policy)
     if refused is not None:
@@ -109,23 +127,24 @@ def reap_pass(
         # Narrowed only: what the plan does not name, as it is now, counts as someone else's.
         orphans, not_reviewed = reviewed_orphans(orphans, report.attachments, reviewed)
         if not orphans:
-            return result(skipped=tuple(not_reviewed))
+            return result(skipped=tuple(not_reviewed + [SkippedAttachment(a.key, a.reason) for a in waiting]))
     records = index(scan.snapshot)
     configs = scan.snapshot.configs
     costless = {a.key for a in orphans if costs_nothing(a, records)}
-    waiting = {
-        a.key: why
-        for a in orphans
-        if a.key not in costless and (why := waits_for_plugin(a, records, configs)) is not None
-    }
-    selected, skipped = select([a for a in orphans if a.key not in waiting], policy, costless)
-    skipped = not_reviewed + [SkippedAttachment(key, why) for key, why in waiting.items()] + skipped
+    # As the scan weighed them (reaper.reap.waiting): what the waiting hold counts as the orphans'.
     trust = node_trust((c for c in configs if not c.path.startswith("cache:")), reap.allow_plugins,
-                       *held_by_others(scan.snapshot, orphans), proven=proven_namespaces(orphans, records))  # fmt: skip
+                       *held_by_others(scan.snapshot, [*orphans, *waiting]),
+                       proven=proven_namespaces(orphans, records))  # fmt: skip
+    selected, skipped = select(orphans, policy, costless)
+    skipped = not_reviewed + [SkippedAttachment(a.key, a.reason) for a in waiting] + skipped
     # A costless orphan is files alone, in no namespace: no DEL runs for it (none could, with
     # no pin to pass), and saying why for each of thousands would only fill the log.
     asked = {
-        a.key: (None, None) if policy.kernel_only or a.key in costless else del_request(a, records, configs, trust)
+        a.key: (None, DROPPED)
+        if a.key in dropped
+        else (None, None)
+        if policy.kernel_only or a.key in costless
+        else del_request(a, records, configs, trust)
         for a in selected
     }
     requests = {key: request for key, (request, _) in asked.items()}
@@ -139,7 +158,7 @@ def reap_pass(
     for key, (_, note) in asked.items():
         if note is not None:
             # No kernel object: a partial ADD's leftovers (a lease, a chain) look so too, so it is news, not a warning.
-            level = logging.INFO if note in (NO_KERNEL_EVIDENCE, NO_PIN) else logging.WARNING
+            level = logging.INFO if note in (NO_KERNEL_EVIDENCE, NO_PIN, DROPPED) else logging.WARNING
             log.log(level, "plugin config refused", extra={"attachment": key.as_text(), "reason": note})
     if reap.dry_run:
         # The address check reads the kernel only: the plan leaves out what the pass would leave.
@@ -182,7 +201,11 @@ def reap_pass(
         watch=watch,
         network_configs={c.name: c.raw for c in reversed(configs) if not c.path.startswith("cache:")},
     )
-    keep = {a.key: what for a in selected if (what := kept_state(a, records, configs, requests[a.key])) is not None}
+    keep = {
+        a.key: what
+        for a in selected
+        if a.key not in dropped and (what := kept_state(a, records, configs, requests[a.key])) is not None
+    }
     outcomes, left = reclaimer.run(selected, requests, records, keep, scan.snapshot)
     skipped += left
     # A runtime that stopped answering during the pass makes it undecided, as at the first re-check.

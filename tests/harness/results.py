@@ -38,10 +38,12 @@ def key(n: int, network: str = NET) -> AttachmentKey:
 
 
 def attachment(n: int, verdict: Verdict) -> Attachment:
-    resources = (
+    resources: tuple[ResourceRef, ...] = (
         ResourceRef(kind="ipam", name=f"10.0.0.{n}", created_at=TAKEN_AT - 100.0, details={"network": NET}),
         ResourceRef(kind="veth", name=LONG_NAME if n == 1 else f"veth{n:08x}", created_at=None),
     )
+    if verdict == "waiting":  # only the files a DEL needs are left of it
+        resources = (ResourceRef(kind="cache", name=f"{NET}-{cid(n)}-eth0", created_at=TAKEN_AT - 100.0),)
     return Attachment(
         key=key(n),
         resources=resources,
@@ -50,6 +52,7 @@ def attachment(n: int, verdict: Verdict) -> Attachment:
         reason=f"reason of {n}",
         age_seconds=3600.0 + n,
         owner="cri",
+        waits_for=("calico", "calico-ipam") if verdict == "waiting" else (),
     )
 
 
@@ -101,7 +104,8 @@ def runtime_answers(*, reachable: bool) -> RuntimeView:
 
 def full_report(*, reachable: bool = True) -> ScanReport:
     """A report with an attachment of each verdict and an entry in every list."""
-    verdicts: tuple[Verdict, ...] = ("orphan", "pending", "unknown", "live", "excluded") if reachable else ("unknown",)
+    every: tuple[Verdict, ...] = ("orphan", "pending", "unknown", "live", "excluded", "waiting")
+    verdicts: tuple[Verdict, ...] = every if reachable else ("unknown",)
     return ScanReport(
         taken_at=TAKEN_AT,
         runtime=runtime_answers(reachable=reachable),

@@ -96,7 +96,7 @@ def test_every_attachment_gets_exactly_its_verdict(world: World, tmp_path: Path)
     assert names(got[(nocni, None, None)], "netns") == {_pin_name(lab, nocni)}
     assert "NOTREADY" in got[(chained, net, "eth0")]["reason"]
 
-    assert doc["summary"] == {"live": 6, "orphan": 3, "pending": 0, "unknown": 0, "excluded": 0}
+    assert doc["summary"] == {"live": 6, "orphan": 3, "pending": 0, "unknown": 0, "excluded": 0, "waiting": 0}
     assert doc["live_sandboxes"] == 4
     assert doc["runtime"]["reachable"] is True and doc["runtime"]["name"] == "containerd"
     stuck = {s["id"]: s for s in doc["stuck_sandboxes"]}
@@ -136,7 +136,7 @@ def test_table_output_is_readable(world: World, tmp_path: Path) -> None:
     assert "ORPHAN (3)" in lines and "LIVE (6)" in lines
     assert any(line.startswith("STUCK SANDBOXES (2)") for line in lines)
     assert world.cached_leak.host_veth in run.stdout
-    assert lines[-1] == "attachments: live 6, orphan 3, pending 0, unknown 0, excluded 0"
+    assert lines[-1] == "attachments: live 6, orphan 3, pending 0, unknown 0, excluded 0, waiting 0"
     assert "Traceback" not in run.stderr
 
 
@@ -196,7 +196,7 @@ def test_junk_in_every_directory_is_reported_not_fatal(world: World, tmp_path: P
         empty = got[("0" * 64, lab.network_name, "eth0")]
         assert empty["verdict"] == "orphan" and empty["resources"][0]["corrupt"] == "empty file"
         # Everything else is judged as before.
-        assert run.doc["summary"] == {"live": 6, "orphan": 5, "pending": 0, "unknown": 0, "excluded": 0}
+        assert run.doc["summary"] == {"live": 6, "orphan": 5, "pending": 0, "unknown": 0, "excluded": 0, "waiting": 0}
     finally:
         for path in [*contents, *links, stale]:
             path.unlink(missing_ok=True)
@@ -213,7 +213,7 @@ def test_runtime_stopped_means_unknown_and_exit_2(world: World, tmp_path: Path) 
         assert {a["verdict"] for a in doc["attachments"]} == {"unknown"}
         # Without the runtime, the chained sandbox's pin (and its veth) can no longer be tied to
         # its container ID, so it stands alone: 10 attachments instead of 9, all unknown.
-        assert doc["summary"] == {"live": 0, "orphan": 0, "pending": 0, "unknown": 10, "excluded": 0}
+        assert doc["summary"] == {"live": 0, "orphan": 0, "pending": 0, "unknown": 10, "excluded": 0, "waiting": 0}
         last = run.stderr.strip().splitlines()[-1]
         assert last.startswith("reaper: cannot decide: runtime unreachable")
         assert "Traceback" not in run.stderr
@@ -260,7 +260,7 @@ table ip cni_hostport {{
         assert not any(cid and cid != web and web.startswith(cid) for cid, _, _ in got)
         unconfirmed = {u["name"].split()[1] for u in run.doc["unconfirmed"] if u["kind"] == "nft"}
         assert unconfirmed == {"cni_plugins_masquerade", "cni_hostport"}
-        assert run.doc["summary"] == {"live": 6, "orphan": 3, "pending": 0, "unknown": 0, "excluded": 0}
+        assert run.doc["summary"] == {"live": 6, "orphan": 3, "pending": 0, "unknown": 0, "excluded": 0, "waiting": 0}
     finally:
         lab.run_in_netns(["nft", "delete", "table", "inet", "cni_plugins_masquerade"])
         lab.run_in_netns(["nft", "delete", "table", "ip", "cni_hostport"])

@@ -13,7 +13,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "cni-reaper-rules.yaml"
-RULE_TESTS = Path(__file__).with_name("prometheus") / "cni-reaper-rules.test.yaml"
+# Every file of rule unit tests: cni-reaper-rules.test.yaml, and one per alert added since.
+RULE_TESTS = sorted(Path(__file__).with_name("prometheus").glob("*.test.yaml"))
 PROMTOOL = shutil.which("promtool")
 # The README the runbook links open, by default (charts/cni-reaper/values.yaml has the same).
 RUNBOOK_BASE = "https://github.com/cni-reaper/cni-reaper/blob/main/README.md"
@@ -36,20 +37,16 @@ def readme_anchors() -> set[str]:
 def test_rules_pass_promtool_check_and_unit_tests() -> None:
     assert PROMTOOL is not None
     check = subprocess.run([PROMTOOL, "check", "rules", str(RULES)], capture_output=True, text=True)
-    assert check.returncode == 0 and "SUCCESS: 14 rules found" in check.stdout, check.stdout + check.stderr
-    tested = subprocess.run(
-        [PROMTOOL, "test", "rules", str(Path(__file__).with_name("prometheus") / "cni-reaper-rules.test.yaml")],
-        capture_output=True,
-        text=True,
-    )
+    assert check.returncode == 0 and "SUCCESS: 15 rules found" in check.stdout, check.stdout + check.stderr
+    tested = subprocess.run([PROMTOOL, "test", "rules", *map(str, RULE_TESTS)], capture_output=True, text=True)
     assert tested.returncode == 0, tested.stdout + tested.stderr
 
 
 def test_every_alert_has_a_unit_test_that_fires_it_and_one_that_does_not() -> None:
     rules = yaml.safe_load(RULES.read_text())
     alerts = {r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
-    tests = yaml.safe_load((Path(__file__).with_name("prometheus") / "cni-reaper-rules.test.yaml").read_text())
-    cases = [case for test in tests["tests"] for case in test.get("alert_rule_test", [])]
+    tests = [yaml.safe_load(path.read_text()) for path in RULE_TESTS]
+    cases = [case for doc in tests for test in doc["tests"] for case in test.get("alert_rule_test", [])]
     fired = {c["alertname"] for c in cases if c.get("exp_alerts")}
     quiet = {c["alertname"] for c in cases if not c.get("exp_alerts")}
     assert "CniReaperOldOrphans" in alerts
@@ -61,10 +58,10 @@ def test_every_alert_has_a_unit_test_that_fires_it_and_one_that_does_not() -> No
 def test_every_alert_is_tested_with_a_node_in_scan_mode() -> None:
     """Each alert has a promtool case whose inputs hold a reaper in scan mode (report-only),
     so that what a report-only fleet raises is decided, not left to chance."""
-    tests = yaml.safe_load(RULE_TESTS.read_text())
+    tests = [test for path in RULE_TESTS for test in yaml.safe_load(path.read_text())["tests"]]
     alerts = {r["alert"] for r in alert_rules()}
     with_scan = set()
-    for test in tests["tests"]:
+    for test in tests:
         if any("cni_reaper_build_info{" in s["series"] and 'mode="scan"' in s["series"] for s in test["input_series"]):
             with_scan |= {c["alertname"] for c in test.get("alert_rule_test", [])}
     assert alerts <= with_scan, f"never tested with a node in scan mode: {sorted(alerts - with_scan)}"

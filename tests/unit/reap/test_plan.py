@@ -127,6 +127,18 @@ def test_max_reap_bounds_what_a_wrong_verdict_could_cost_not_costless_files() ->
     assert [(s.key, s.reason) for s in deferred] == [(a.key, "over --max-reap 2; next pass") for a in orphans[42:]]
 
 
+def test_files_alone_never_take_the_place_of_leaks_in_a_namespace() -> None:
+    """Cache entries of a calico chain with no pin get a DEL with no netns; whoever can write
+    /var/lib/cni could write any number of them each pass: they go after every leak in a
+    namespace, within --max-reap."""
+    entries = [_loopback(n, loopback_only=False) for n in range(4)]
+    files = [_orphan(e) for e in entries[:2]]
+    pinned = [_orphan(e, netns=NsKey(4, 7000 + n)) for n, e in enumerate(entries[2:])]
+    taken, deferred = select([*files, *pinned], POLICY)
+    assert [a.key for a in taken] == [a.key for a in pinned]
+    assert [s.key for s in deferred] == [a.key for a in files]
+
+
 def test_costless_files_have_a_bound_of_their_own_for_the_pass_time() -> None:
     entries = [_loopback(n) for n in range(COSTLESS_PER_PASS + 3)]
     orphans = [_orphan(e) for e in entries]
