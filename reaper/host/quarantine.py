@@ -38,6 +38,9 @@ _STAMP_NAME = re.compile(r"\d{8}T\d{6}Z")
 # Files one pass deletes at most, a bound on its time; the rest go at the next pass.
 MAX_EXPIRED_PER_PASS = 10_000
 MAX_LEFT_SAID = 5  # lines about what was left, at most, per pass
+# Names read from one directory at most, a bound on a pass's memory whatever a writer of the
+# quarantine dir puts there; past it, what is left goes at a later pass.
+MAX_NAMES_READ = 100_000
 # Dirs deep beneath a <time>/ dir, at most: an original path is a few; a deeper tree is not the
 # reaper's, and walking it would cost an fd a level.
 MAX_DEPTH = 32
@@ -161,6 +164,13 @@ def stamp_time(name: str) -> float | None:
         return None
 
 
+def _names(dir_fd: int) -> list[str]:
+    """The names in the open directory, at most MAX_NAMES_READ of them, sorted (the reaper's
+    <time>/ names sort oldest first)."""
+    with os.scandir(dir_fd) as entries:
+        return sorted(entry.name for _, entry in zip(range(MAX_NAMES_READ), entries, strict=False))
+
+
 class _Expiring:
     def __init__(self) -> None:
         self.deleted = 0
@@ -183,7 +193,7 @@ class _Expiring:
             self.leave(path, f"more than {MAX_DEPTH} dirs deep, so not a tree the reaper made")
             return False
         empty = True
-        for name in sorted(os.listdir(dir_fd)):
+        for name in _names(dir_fd):
             if self.full():
                 return False
             where = os.path.join(path, name)
@@ -240,7 +250,7 @@ def expire(directory: str, max_age: float, now: float) -> Expiry:
     run = _Expiring()
     try:
         with opened_dir(root, root) as root_fd:
-            for name in sorted(os.listdir(root_fd)):
+            for name in _names(root_fd):
                 moved_at = stamp_time(name)
                 if moved_at is None or now - moved_at <= max_age:
                     continue  # not the reaper's, or not old enough (a time ahead of the clock too)

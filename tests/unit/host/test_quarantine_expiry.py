@@ -126,3 +126,18 @@ def test_a_tree_deeper_than_the_reaper_makes_is_left_not_walked_to_the_end(tmp_p
     done = expire(str(root), DAY, NOW)
     assert done.deleted == 0 and (deep / "lease").exists()
     assert f"more than {MAX_DEPTH} dirs deep" in done.left[0]
+
+
+def test_a_directory_of_more_names_than_a_pass_reads_is_read_in_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer of the quarantine dir filling one directory with names costs a pass a bounded
+    read (MAX_NAMES_READ), not every name: what is left goes at a later pass."""
+    monkeypatch.setattr(quarantine, "MAX_NAMES_READ", 3)
+    root = tmp_path / "quarantine"
+    for n in range(5):
+        quarantined(root, NOW - 30 * DAY, f"/var/lib/cni/networks/n/10.0.0.{n}")
+    first = expire(str(root), 7 * DAY, NOW)
+    assert first.deleted == 3
+    assert expire(str(root), 7 * DAY, NOW).deleted == 2
+    assert list(root.iterdir()) == []
