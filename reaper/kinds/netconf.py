@@ -152,20 +152,21 @@ STATELESS_PLUGINS = frozenset(
 
 
 # Stateful plugins whose own DEL frees what they keep by the container ID alone, with CNI_NETNS
-# empty, as containerd and CRI-O run it once the netns is gone (read in their sources, 2026-12):
-# - calico, calico-ipam (projectcalico/calico): cni-plugin/pkg/k8s/k8s.go CmdDelK8s deletes the
-#   workload endpoint only when its container ID is CNI_CONTAINERID;
-#   cni-plugin/pkg/dataplane/linux/dataplane_linux.go CleanUpNamespace returns at once with no
-#   netns; cni-plugin/pkg/ipamplugin/ipam_plugin.go cmdDel releases by a handle made of the
-#   network and CNI_CONTAINERID (a KubeVirt VM's by the VM, and only once it is being deleted).
-# - cilium-cni (cilium/cilium plugins/cilium-cni/cmd/cmd.go Del): deletes the endpoints of
-#   CNI_CONTAINERID and runs its delegated IPAM's DEL before it opens the netns, then answers
-#   success when that netns does not exist (kubernetes#133081); older releases answer an error
-#   there, and the entry is then kept as after any failed DEL. Its chaining modes were not read:
-#   the plugins it is chained with must be on this list too.
-# Any other stateful plugin may answer a DEL with no netns with success having freed nothing
-# (kindnet does): its chain waits for a DEL with a pin, which no one can give it.
-FREES_WITHOUT_NETNS = frozenset({"calico", "calico-ipam", "cilium-cni"})
+# empty, as containerd and CRI-O run it once the netns is gone (read in their sources, 2026-12),
+# and only on this node:
+# - cilium-cni (cilium/cilium plugins/cilium-cni/cmd/cmd.go Del): asks the node's own agent to
+#   delete the endpoints of CNI_CONTAINERID and runs its delegated IPAM's DEL before it opens the
+#   netns, then answers success when that netns does not exist (kubernetes#133081); older
+#   releases answer an error there, and the entry is then kept as after any failed DEL. Its
+#   chaining modes were not read: the plugins it is chained with must be on this list too.
+# Not calico: its DEL frees by container ID too (cni-plugin/pkg/k8s/k8s.go CmdDelK8s,
+# cni-plugin/pkg/ipamplugin/ipam_plugin.go cmdDel releases by a handle made of the network and
+# CNI_CONTAINERID), but in the cluster's datastore, and a container ID no runtime of this node
+# lists may be a live pod's on another node: an entry naming one would free that pod's address.
+# No runtime's answer here proves such an ID dead, so a Calico leftover with no pin waits for
+# calicoctl (its runbook line says how). Any other stateful plugin may answer a DEL with no
+# netns with success having freed nothing (kindnet does): its chain waits too.
+FREES_WITHOUT_NETNS = frozenset({"cilium-cni"})
 
 
 def stateful_plugins(raw: bytes) -> tuple[str, ...] | None:

@@ -1,5 +1,7 @@
-"""Leftovers of plugins that free by container ID get the DEL runtimes give them when the netns
-is gone: CNI_NETNS empty, the cached result as prevResult, the config the node vouches for.
+"""Leftovers of plugins that free by container ID on this node get the DEL runtimes give them
+when the netns is gone: CNI_NETNS empty, the cached result as prevResult, the config the node
+vouches for. Calico's wait: it frees by container ID in the cluster's datastore, where an ID no
+runtime of this node lists may be another node's live pod.
 
 Debian ships neither Calico nor Cilium, so `calico` and `cilium-cni` here are stand-ins written to
 the DEL paths of the real plugins (tests/harness/plugins/by_container_id.py cites them): each
@@ -28,7 +30,8 @@ from tests.harness.plugins import by_container_id, datastore, script
 from tests.harness.reap_helpers import REAP, SCAN, pings
 from tests.harness.reaper_cli import ReaperRun, run_reaper
 
-FREES_BY_ID = ("calico", "cilium-cni")
+STANDINS = ("calico", "cilium-cni")
+FREES_BY_ID = "cilium-cni"  # on this node: the one on reaper.kinds.netconf.FREES_WITHOUT_NETNS
 KINDNET_LIKE = "reaper-datastore"
 
 
@@ -53,12 +56,12 @@ def _conflist(plugin: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def world(lab: Lab) -> World:
-    for plugin in FREES_BY_ID:
+    for plugin in STANDINS:
         lab.install_plugin(plugin, script(by_container_id))
     lab.install_plugin(KINDNET_LIKE, script(datastore))
     (lab.bin_dir / "datastore").mkdir()
     conflists = {}
-    for n, plugin in enumerate((*FREES_BY_ID, KINDNET_LIKE)):
+    for n, plugin in enumerate((*STANDINS, KINDNET_LIKE)):
         conflists[plugin] = _conflist(plugin)
         (lab.conf_dir / f"{30 + n}-{plugin}.conflist").write_text(json.dumps(conflists[plugin]))
     return World(lab, lab.run_pod("live"), conflists)
@@ -122,12 +125,12 @@ def forget(*leftovers: Leftover) -> None:
         left.record.unlink(missing_ok=True)
 
 
-@pytest.mark.parametrize("plugin", FREES_BY_ID)
 def test_a_leftover_with_no_pin_gets_its_del_with_no_netns_and_then_its_entry_goes(
-    world: World, tmp_path: Path, plugin: str
+    world: World, tmp_path: Path
 ) -> None:
     """Before: `waits: ... no DEL runs without a netns pin`, for good, the entry and the
     datastore's record both kept."""
+    plugin = FREES_BY_ID
     left = leftover(world, plugin)
     run = reap(world, tmp_path)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr
@@ -141,51 +144,56 @@ def test_a_leftover_with_no_pin_gets_its_del_with_no_netns_and_then_its_entry_go
 
 
 def test_a_failed_del_keeps_the_entry_and_the_next_pass_frees_it(world: World, tmp_path: Path) -> None:
-    left = leftover(world, "calico")
-    with failing(world, "calico"):
+    left = leftover(world, FREES_BY_ID)
+    with failing(world, FREES_BY_ID):
         run = reap(world, tmp_path)
         assert run.returncode == 1, run.stdout[-2000:] + run.stderr
         (outcome,) = [o for o in run.doc["reclaimed"] if o["container_id"] == left.container_id]
-        assert outcome["needs_plugin"] == "calico, calico-ipam"
+        assert outcome["needs_plugin"] == "cilium-cni"
         assert any("try later" in e for e in outcome["plugin_errors"])
         assert left.record.exists() and left.cache.exists()
     run = reap(world, tmp_path)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr
-    assert len(dels(world, "calico", left.container_id)) == 2
+    assert len(dels(world, FREES_BY_ID, left.container_id)) == 2
     assert not left.record.exists() and not left.cache.exists()
 
 
 def test_a_plugin_not_known_to_free_without_a_netns_still_waits(world: World, tmp_path: Path) -> None:
     """kindnet's DEL answers success with no netns having freed nothing: its entry, the only
-    record of what its DEL needs, stays, and no DEL runs; a Calico leftover of the same pass is
-    freed."""
-    waiting, freed = leftover(world, KINDNET_LIKE), leftover(world, "calico")
+    record of what its DEL needs, stays, and no DEL runs; so does Calico's, whose datastore is
+    the cluster's; a Cilium leftover of the same pass is freed."""
+    waiting, freed = leftover(world, KINDNET_LIKE), leftover(world, FREES_BY_ID)
+    calico = leftover(world, "calico")
     scan = run_reaper(world.lab, "scan", tmp_path / "scan-state.json", "--json", *SCAN)
     verdicts = {a["container_id"]: a["verdict"] for a in scan.doc["attachments"]}
     # Its own verdict, not an orphan's: the leak alerts and the exit status leave it out.
     assert verdicts[waiting.container_id] == "waiting" and verdicts[freed.container_id] == "orphan"
-    assert scan.doc["summary"]["waiting"] == 1
+    assert verdicts[calico.container_id] == "waiting"
+    assert scan.doc["summary"]["waiting"] == 2
     run = reap(world, tmp_path)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr
     assert dels(world, KINDNET_LIKE, waiting.container_id) == []
     assert waiting.record.exists() and waiting.cache.exists()
     assert skipped_reason(run, waiting.container_id).startswith("waits:")
+    assert dels(world, "calico", calico.container_id) == []
+    assert calico.record.exists() and calico.cache.exists()
+    assert skipped_reason(run, calico.container_id).startswith("waits:")
     assert not freed.record.exists() and not freed.cache.exists()
-    forget(waiting)
+    forget(waiting, calico)
 
 
 def test_a_chain_with_any_plugin_not_on_the_list_waits(world: World, tmp_path: Path) -> None:
-    network = world.conflists["calico"]
+    network = world.conflists[FREES_BY_ID]
     mixed = {**network, "plugins": [*network["plugins"], {"type": KINDNET_LIKE}]}
     # The conf dir vouches for the chain: only the kindnet-like plugin in it makes it wait.
     (world.lab.conf_dir / "40-mixed.conflist").write_text(json.dumps({**mixed, "name": "mixed"}))
     try:
-        left = leftover(world, "calico", {**mixed, "name": "mixed"})
-        freed = leftover(world, "calico")
+        left = leftover(world, FREES_BY_ID, {**mixed, "name": "mixed"})
+        freed = leftover(world, FREES_BY_ID)
         run = reap(world, tmp_path)
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr
         assert not freed.record.exists() and not freed.cache.exists()
-        assert dels(world, "calico", left.container_id) == []
+        assert dels(world, FREES_BY_ID, left.container_id) == []
         assert KINDNET_LIKE in skipped_reason(run, left.container_id)
         assert left.record.exists() and left.cache.exists()
     finally:
@@ -198,13 +206,13 @@ def test_an_entry_whose_config_the_node_does_not_vouch_for_runs_nothing(world: W
     """A forged entry: its config steers the plugin somewhere the conf dir's config does not.
     No plugin runs for it (not the conf dir's config either: no kernel object proves it) and it
     stays; a true leftover of the same pass is freed."""
-    network = world.conflists["calico"]
+    network = world.conflists[FREES_BY_ID]
     first = {**network["plugins"][0], "kubeconfig": "/tmp/not-the-nodes-kubeconfig"}
-    forged = leftover(world, "calico", {**network, "plugins": [first, *network["plugins"][1:]]})
-    true = leftover(world, "calico")
+    forged = leftover(world, FREES_BY_ID, {**network, "plugins": [first, *network["plugins"][1:]]})
+    true = leftover(world, FREES_BY_ID)
     run = reap(world, tmp_path)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr
-    assert dels(world, "calico", forged.container_id) == []
+    assert dels(world, FREES_BY_ID, forged.container_id) == []
     assert forged.record.exists() and forged.cache.exists()
     assert "kubeconfig" in skipped_reason(run, forged.container_id)
     assert not true.record.exists() and not true.cache.exists()

@@ -20,6 +20,7 @@ from tests.harness import results, snapshots
 NET = "k8s-pod-network"
 RESULT = {"cniVersion": "1.0.0", "interfaces": [{"name": "eth0", "sandbox": "/var/run/netns/cni-1"}]}
 CALICO = {"cniVersion": "1.0.0", "name": NET, "plugins": [{"type": "calico", "ipam": {"type": "calico-ipam"}}]}
+CILIUM = {"cniVersion": "1.0.0", "name": NET, "plugins": [{"type": "cilium-cni"}]}
 KINDNET = {"cniVersion": "1.0.0", "name": NET, "plugins": [{"type": "ptp"}, {"type": "kindnet"}]}
 
 
@@ -55,16 +56,24 @@ def _verdicts(report: ScanReport) -> dict[str, tuple[str, str]]:
 
 
 def test_an_orphan_no_del_can_run_for_is_waiting_and_one_that_gets_its_del_stays_an_orphan(tmp_path: Path) -> None:
-    kindnet, calico = "a" * 64, "b" * 64
-    snapshot, report = _node(tmp_path, {kindnet: KINDNET, calico: CALICO}, CALICO)
+    kindnet, cilium = "a" * 64, "b" * 64
+    snapshot, report = _node(tmp_path, {kindnet: KINDNET, cilium: CILIUM}, CILIUM)
     marked = _verdicts(mark_waiting(report, snapshot))
-    assert marked[calico][0] == "orphan"
+    assert marked[cilium][0] == "orphan"
     verdict, reason = marked[kindnet]
     assert verdict == "waiting" and reason.startswith("waits:") and "kindnet" in reason
     (waiting,) = [a for a in mark_waiting(report, snapshot).attachments if a.verdict == "waiting"]
     assert waiting.waits_for == ("kindnet",)
-    # --method kernel: no DEL runs, so the calico entry waits too.
-    assert _verdicts(mark_waiting(report, snapshot, plugins_run=False))[calico][0] == "waiting"
+    # --method kernel: no DEL runs, so the cilium entry waits too.
+    assert _verdicts(mark_waiting(report, snapshot, plugins_run=False))[cilium][0] == "waiting"
+
+
+def test_a_calico_orphan_with_no_pin_waits(tmp_path: Path) -> None:
+    """Calico frees by container ID in the cluster's datastore (reaper.kinds.netconf)."""
+    calico = "c" * 64
+    snapshot, report = _node(tmp_path, {calico: CALICO}, CALICO)
+    verdict, reason = _verdicts(mark_waiting(report, snapshot))[calico]
+    assert verdict == "waiting" and "calico" in reason
 
 
 def test_waiting_is_no_orphan_to_the_leak_metrics_and_has_a_bounded_gauge_of_its_own(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """DEL with no netns, as runtimes run it once the netns is gone, for a leftover in no namespace:
-only when every plugin of its chain that keeps state frees by container ID (calico, cilium-cni),
+only when every plugin of its chain that keeps state frees by container ID on this node
+(cilium-cni; not calico, whose datastore is the cluster's),
 and only with a config the node vouches for (reaper.reap.act.without_netns_request)."""
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ CALICO = {"cniVersion": "1.0.0", "name": NET, "plugins": [
     {"type": "calico", "ipam": {"type": "calico-ipam"}, "kubernetes": KUBECONFIG},
     {"type": "portmap", "capabilities": {"portMappings": True}},
 ]}  # fmt: skip
-CILIUM = {"cniVersion": "1.0.0", "name": NET, "plugins": [{"type": "cilium-cni"}]}
+CILIUM = {"cniVersion": "1.0.0", "name": NET, "plugins": [{"type": "cilium-cni", "kubernetes": KUBECONFIG}]}
 KINDNET = {"cniVersion": "1.0.0", "name": NET, "plugins": [{"type": "ptp"}, {"type": "kindnet"}]}
 
 
@@ -60,17 +61,26 @@ def _trust(config: dict[str, Any], held_ips: tuple[str, ...] = ()) -> NodeTrust:
     return node_trust([_own(config)], (), held_ips, set())
 
 
-def test_a_calico_or_cilium_leftover_gets_del_with_no_netns_and_its_cached_result(tmp_path: Path) -> None:
-    for n, config in enumerate((CALICO, CILIUM)):
-        records = _entry(tmp_path / str(n), config)
-        attachment = _attachment(records)
-        assert waits_for_plugin(attachment, records, [_own(config)], _trust(config)) is None
-        request, note = del_request(attachment, records, [_own(config)], _trust(config))
-        assert note is None and request is not None
-        assert request.netns == "" and request.without_netns
-        assert request.prev_result == RESULT and json.loads(request.config) == config
-        assert request.source.endswith(f"{NET}-{CID}-eth0")
-        assert ("K8S_POD_NAME", "gone") in request.cni_args
+def test_a_cilium_leftover_gets_del_with_no_netns_and_its_cached_result(tmp_path: Path) -> None:
+    records = _entry(tmp_path, CILIUM)
+    attachment = _attachment(records)
+    assert waits_for_plugin(attachment, records, [_own(CILIUM)], _trust(CILIUM)) is None
+    request, note = del_request(attachment, records, [_own(CILIUM)], _trust(CILIUM))
+    assert note is None and request is not None
+    assert request.netns == "" and request.without_netns
+    assert request.prev_result == RESULT and json.loads(request.config) == CILIUM
+    assert request.source.endswith(f"{NET}-{CID}-eth0")
+    assert ("K8S_POD_NAME", "gone") in request.cni_args
+
+
+def test_a_calico_leftover_waits_its_datastore_is_the_clusters(tmp_path: Path) -> None:
+    """Calico releases by container ID in the cluster's datastore: an ID no runtime of this node
+    lists may be a live pod's on another node, so no DEL runs for an entry with no pin."""
+    records = _entry(tmp_path, CALICO)
+    attachment = _attachment(records)
+    assert del_request(attachment, records, [_own(CALICO)], _trust(CALICO)) == (None, NO_KERNEL_EVIDENCE)
+    why = waits_for_plugin(attachment, records, [_own(CALICO)], _trust(CALICO))
+    assert why is not None and "calico" in why and why.endswith("no DEL runs without a netns pin")
 
 
 def test_a_chain_with_any_other_stateful_plugin_waits_and_runs_nothing(tmp_path: Path) -> None:
@@ -85,34 +95,34 @@ def test_a_chain_with_any_other_stateful_plugin_waits_and_runs_nothing(tmp_path:
 
 
 def test_a_config_the_node_does_not_vouch_for_runs_nothing_not_even_the_conf_dirs(tmp_path: Path) -> None:
-    steered = json.loads(json.dumps(CALICO))
+    steered = json.loads(json.dumps(CILIUM))
     steered["plugins"][0]["kubernetes"]["kubeconfig"] = "/var/lib/cni/evil"
     records = _entry(tmp_path, steered)
     attachment = _attachment(records)
-    request, note = del_request(attachment, records, [_own(CALICO)], _trust(CALICO))
+    request, note = del_request(attachment, records, [_own(CILIUM)], _trust(CILIUM))
     assert request is None and note is not None and "kubeconfig" in note
-    why = waits_for_plugin(attachment, records, [_own(CALICO)], _trust(CALICO))
+    why = waits_for_plugin(attachment, records, [_own(CILIUM)], _trust(CILIUM))
     assert why is not None and "kubeconfig" in why
-    # A node whose conf dir runs no calico vouches for none.
-    records = _entry(tmp_path / "other", CALICO)
+    # A node whose conf dir runs no cilium-cni vouches for none.
+    records = _entry(tmp_path / "other", CILIUM)
     request, note = del_request(_attachment(records), records, [_own(KINDNET)], _trust(KINDNET))
-    assert request is None and note is not None and "no config in the conf dir uses: calico" in note
+    assert request is None and note is not None and "no config in the conf dir uses: cilium-cni" in note
 
 
 def test_a_prev_result_naming_an_address_in_use_runs_nothing(tmp_path: Path) -> None:
-    records = _entry(tmp_path, CALICO)
-    trust = _trust(CALICO, held_ips=("192.168.7.9",))
-    request, note = del_request(_attachment(records), records, [_own(CALICO)], trust)
+    records = _entry(tmp_path, CILIUM)
+    trust = _trust(CILIUM, held_ips=("192.168.7.9",))
+    request, note = del_request(_attachment(records), records, [_own(CILIUM)], trust)
     assert request is None and note is not None and "an attachment in use holds" in note
 
 
 def test_in_a_namespace_or_with_no_plugin_allowed_to_run_it_gets_no_such_del(tmp_path: Path) -> None:
-    records = _entry(tmp_path, CALICO)
+    records = _entry(tmp_path, CILIUM)
     attachment = _attachment(records)
     # --method kernel: no plugin runs, so the leftover waits (and takes no place under --max-reap).
-    why = waits_for_plugin(attachment, records, [_own(CALICO)], None)
+    why = waits_for_plugin(attachment, records, [_own(CILIUM)], None)
     assert why is not None and why.endswith("no plugin runs (--method kernel)")
     # A namespace someone still holds (no pin): no DEL without the netns a runtime would pass.
     held = replace(attachment, netns=NsKey(4, 77))
-    request, _ = del_request(held, records, [_own(CALICO)], _trust(CALICO))
+    request, _ = del_request(held, records, [_own(CILIUM)], _trust(CILIUM))
     assert request is None
