@@ -11,11 +11,10 @@ import os
 import sys
 from pathlib import Path
 
-from reaper.model import Policy, RuntimeView
-from reaper.names import compile_netns_patterns
+from reaper.model import RuntimeView
 from reaper.scan import scan_pass
-from reaper.settings import Settings
 from reaper.state import KeptState
+from tests.harness.scratch import scratch_settings
 from tests.harness.static_liveness import StaticLiveness
 
 A = "a" * 64
@@ -29,21 +28,7 @@ def main(work: Path) -> None:
     lease.write_bytes(f"{A}\r\neth0".encode())
     os.utime(lease, (1_000_000, 1_000_000))  # old: min-age is met
     state = work / "state.json"
-    settings = Settings(
-        netns_dirs=(str(work / "netns"),),
-        netns_patterns=compile_netns_patterns(()),
-        ipam_dirs=(str(work / "ipam"),),
-        cni_cache_dir=str(work / "cache"),
-        cni_conf_dir=str(work / "conf"),
-        cni_bin_dirs=(str(work / "bin"),),
-        runtime_endpoints=(),
-        runtime_timeout=1.0,
-        policy=Policy(min_age=0.0, confirmations=3, stuck_after=900.0),
-        state_file=str(state),
-        json_output=True,
-        log_format="text",
-        log_level="warning",
-    )
+    settings = scratch_settings(work, confirmations=3)
     runtime = StaticLiveness(
         RuntimeView(endpoint="unix:///x.sock", name="x", version="1", reachable=True, error=None, sandboxes=())
     )

@@ -10,36 +10,18 @@ import logging
 import sys
 from pathlib import Path
 
-from reaper.model import Policy
-from reaper.names import compile_netns_patterns
 from reaper.runtime.cri import CriLiveness
 from reaper.scan import scan_pass
-from reaper.settings import Settings
 from reaper.state import KeptState
 from tests.harness.fake_cri import FakeRuntime, sandbox, sandbox_list
+from tests.harness.scratch import scratch_settings
 
 CREATED = 1_700_000_000_000_000_000
 
 
 def main(work: Path) -> None:
-    for sub in ("netns", "ipam", "cache", "conf", "bin"):
-        (work / sub).mkdir(parents=True, exist_ok=True)
     state = work / "state.json"
-    settings = Settings(
-        netns_dirs=(str(work / "netns"),),
-        netns_patterns=compile_netns_patterns(()),
-        ipam_dirs=(str(work / "ipam"),),
-        cni_cache_dir=str(work / "cache"),
-        cni_conf_dir=str(work / "conf"),
-        cni_bin_dirs=(str(work / "bin"),),
-        runtime_endpoints=(f"unix://{work}/cri.sock",),
-        runtime_timeout=5.0,
-        policy=Policy(min_age=0.0, confirmations=1, stuck_after=900.0),
-        state_file=str(state),
-        json_output=True,
-        log_format="text",
-        log_level="warning",
-    )
+    settings = scratch_settings(work, endpoints=(f"unix://{work}/cri.sock",), runtime_timeout=5.0)
     log = logging.getLogger("probe")
 
     def plant() -> None:

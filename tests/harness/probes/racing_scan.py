@@ -12,11 +12,10 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from reaper.model import Policy, RuntimeView
-from reaper.names import compile_netns_patterns
+from reaper.model import RuntimeView
 from reaper.report import report_json
 from reaper.scan import scan_pass
-from reaper.settings import Settings
+from tests.harness.scratch import scratch_settings
 from tests.harness.static_liveness import StaticLiveness
 
 
@@ -38,23 +37,7 @@ class RacingRuntime:
 
 
 def main(workdir: Path) -> None:
-    for sub in ("netns", "ipam", "cache", "conf", "bin"):
-        (workdir / sub).mkdir(exist_ok=True)
-    settings = Settings(
-        netns_dirs=(str(workdir / "netns"),),
-        netns_patterns=compile_netns_patterns(()),
-        ipam_dirs=(str(workdir / "ipam"),),
-        cni_cache_dir=str(workdir / "cache"),
-        cni_conf_dir=str(workdir / "conf"),
-        cni_bin_dirs=(str(workdir / "bin"),),
-        runtime_endpoints=(),
-        runtime_timeout=1.0,
-        policy=Policy(min_age=0.0, confirmations=1, stuck_after=900.0),
-        state_file=str(workdir / "state.json"),
-        json_output=True,
-        log_format="text",
-        log_level="warning",
-    )
+    settings = scratch_settings(workdir)
     pin = workdir / "netns" / "cni-0d1e2f3a-1111-2222-3333-444455556666"
     result = scan_pass(settings, RacingRuntime(pin), logging.getLogger("race"))
     json.dump(report_json(result.report), sys.stdout)
