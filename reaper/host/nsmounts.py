@@ -97,6 +97,8 @@ MAX_LINES = 200_000  # mounts of one mount namespace (the kernel's default mount
 MAX_LINE = 64 * 1024  # bytes of one mountinfo line (two escaped PATH_MAX paths fit many times)
 MAX_MOUNTINFO_BYTES = 64 * 1024 * 1024  # bytes of one mountinfo file
 READ_SIZE = 1024 * 1024  # bytes asked of the kernel in one read of a mountinfo
+HEAD_MIN_BYTES = 16 * 1024  # a text shorter than this is read whole for each task (_Heads)
+MAX_HEADS = 64  # mountinfo files a walk holds open for their first lines (_Heads)
 VANISHED = (errno.ENOENT, errno.ESRCH)  # the process exited: its mount namespace may have too
 UNKNOWN_NS = 0  # a mount namespace that cannot be told (no namespace has inode 0)
 NO_PROCESS = 0  # the pid of a mount in a mount namespace no process is in
@@ -222,17 +224,108 @@ def _local_path(line: MountLine, by_id: Mapping[int, MountLine]) -> bool:
 def _read_text(path: str) -> bytes:
     """A /proc file whole, in reads as large as the kernel fills; OSError (EFBIG) past
     MAX_MOUNTINFO_BYTES, before more is held."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return _read_fd(fd, path)
+    finally:
+        os.close(fd)
+
+
+def _read_open(path: str) -> tuple[bytes, int]:
+    """_read_text, and the file still open (the caller closes it)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return _read_fd(fd, path), fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_fd(fd: int, path: str) -> bytes:
+    """_read_text of an open file, from where it stands."""
     chunks: list[bytes] = []
     total = 0
-    with open(path, "rb", buffering=0) as f:
-        while True:
-            chunk = f.read(READ_SIZE)
-            if not chunk:
-                return b"".join(chunks)
-            total += len(chunk)
-            if total > MAX_MOUNTINFO_BYTES:
-                raise OSError(errno.EFBIG, f"{path} is over its bounds ({MAX_MOUNTINFO_BYTES} bytes)")
-            chunks.append(chunk)
+    while True:
+        chunk = os.read(fd, READ_SIZE)
+        if not chunk:
+            return b"".join(chunks)
+        total += len(chunk)
+        if total > MAX_MOUNTINFO_BYTES:
+            raise OSError(errno.EFBIG, f"{path} is over its bounds ({MAX_MOUNTINFO_BYTES} bytes)")
+        chunks.append(chunk)
+
+
+def _first_line(text: bytes) -> bytes | None:
+    """The first line of a mountinfo text, or None when the text holds no whole line."""
+    line, newline, _ = text.partition(b"\n")
+    return line if newline else None
+
+
+class _Heads:
+    """The first lines of the root-made mount namespaces' texts a walk read, each with the
+    mountinfo it was read from held open, so that a task whose mount namespace cannot be told
+    (a protected init's threads) need not be read whole when it is in one of those.
+
+    Why one line tells the namespace: a mountinfo line starts with the mount's ID, and no two
+    live mounts share one (fs/namespace.c mnt_alloc_id, an IDA), while a mount belongs to one
+    mount namespace. So a task whose first line is, byte for byte, the first line namespace N
+    showed before the task was read and shows again after it (through the same open file,
+    which names N whatever its processes do) is in N, provided that mount was in N the whole
+    time. It was: a namespace's mounts are listed oldest first (an rbtree by the never-reused
+    64-bit mount ID since Linux 6.8, an append-only list before), so a mount that left N and
+    whose ID came back on a new mount would be listed after N's older mounts, not first
+    again, unless every older one reachable from that root were unmounted too, which in a
+    root-made namespace only root can do. A user's namespace, where its maker can do that,
+    is never one of these. A line two namespaces showed proves nothing and is dropped."""
+
+    def __init__(self) -> None:
+        self._held: dict[bytes, int] = {}
+        self._clashed: set[bytes] = set()
+
+    def keep(self, text: bytes, fd: int) -> bool:
+        """Hold `fd` (the namespace's mountinfo `text` was read from) for its first line;
+        False when it is not held (the caller closes it): a text too short to be worth it,
+        MAX_HEADS held already, or a line seen before."""
+        line = _first_line(text)
+        if line is None or len(text) < HEAD_MIN_BYTES or len(self._held) >= MAX_HEADS:
+            return False
+        if line in self._clashed or line in self._held:
+            self._clashed.add(line)
+            with contextlib.suppress(KeyError):
+                os.close(self._held.pop(line))
+            return False
+        self._held[line] = fd
+        return True
+
+    def in_one_read(self, base: str) -> bool:
+        """Whether the task at `base` is, now, in a mount namespace whose text this walk
+        read (its first line shown before and after this read by a held file). False when
+        that cannot be shown: the task is then read whole."""
+        if not self._held:
+            return False
+        try:
+            fd = os.open(f"{base}/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            line = _first_line(os.read(fd, MAX_LINE + 1))
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+        held = self._held.get(line) if line is not None else None
+        if held is None:
+            return False
+        try:
+            os.lseek(held, 0, os.SEEK_SET)
+            return _first_line(os.read(held, MAX_LINE + 1)) == line
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        for fd in self._held.values():
+            os.close(fd)
+        self._held.clear()
 
 
 def _lines(text: bytes) -> Iterator[str]:
@@ -362,36 +455,58 @@ def _walk(proc: str, parsed: ParsedMountinfo) -> tuple[list[_View], tuple[str, .
     pins: dict[int, _Pinned] = {}  # mount namespaces pinned on a file
     views: list[_View] = []
     tally = _Tally()
+    heads = _Heads()
+    untold: list[tuple[str, int]] = []  # tasks whose mount namespace cannot be told
+
+    def read_task(base: str, task: int, mount_ns: int) -> None:
+        users = _users_at(base, mount_ns)
+        what = f"mount namespace mnt:[{mount_ns}] of pid {task}"
+        if not tally.take(users=users, what=what):
+            read.add(mount_ns)
+            return
+        path, fd = f"{base}/mountinfo", -1
+        try:
+            text, fd = _read_open(path)
+            info = parsed.parse(text, path, remember=not users)
+        except OSError as err:
+            if fd >= 0:
+                os.close(fd)
+            if err.errno in VANISHED:
+                return  # exited: another process of its mount namespace is read, if any is left
+            if not users:
+                raise
+            read.add(mount_ns)
+            tally.leave(what, str(err))
+            return
+        held = False
+        try:
+            if _mount_ns(base) != mount_ns:
+                return  # it moved to another mount namespace while read: read through another pid
+            held = mount_ns != UNKNOWN_NS and not users and heads.keep(text, fd)
+        finally:
+            if not held:
+                os.close(fd)
+        # One that cannot be told is read through each of its processes: it may be any.
+        read.add(mount_ns if mount_ns != UNKNOWN_NS else -task)
+        for ino, point, reachable in info.pinned_mount_namespaces:
+            pin = pins.setdefault(ino, _Pinned(ways=[], users=[], why="below a filesystem not walked"))
+            pin.users.append(users)
+            if reachable:
+                pin.ways.append((f"{proc}/{task}/root", point))
+        views.append(_View(info, task, mount_ns))
+
     try:
         for base, task in (task for pid in pids for task in _tasks(proc, pid)):
             mount_ns = _mount_ns(base)
             if mount_ns is None or (mount_ns in read and mount_ns != UNKNOWN_NS):
                 continue
-            users = _users_at(base, mount_ns)
-            what = f"mount namespace mnt:[{mount_ns}] of pid {task}"
-            if not tally.take(users=users, what=what):
-                read.add(mount_ns)
+            if mount_ns == UNKNOWN_NS:
+                untold.append((base, task))  # after every namespace that can be told (_Heads)
                 continue
-            try:
-                info = parsed.parse(_read_text(f"{base}/mountinfo"), f"{base}/mountinfo", remember=not users)
-            except OSError as err:
-                if err.errno in VANISHED:
-                    continue  # exited: another process of its mount namespace is read, if any is left
-                if not users:
-                    raise
-                read.add(mount_ns)
-                tally.leave(what, str(err))
-                continue
-            if _mount_ns(base) != mount_ns:
-                continue  # it moved to another mount namespace while read: read through another pid
-            # One that cannot be told is read through each of its processes: it may be any.
-            read.add(mount_ns if mount_ns != UNKNOWN_NS else -task)
-            for ino, point, reachable in info.pinned_mount_namespaces:
-                pin = pins.setdefault(ino, _Pinned(ways=[], users=[], why="below a filesystem not walked"))
-                pin.users.append(users)
-                if reachable:
-                    pin.ways.append((f"{proc}/{task}/root", point))
-            views.append(_View(info, task, mount_ns))
+            read_task(base, task, mount_ns)
+        for base, task in untold:
+            if not heads.in_one_read(base):
+                read_task(base, task, UNKNOWN_NS)
         # Mount namespaces pinned with no process in them (snapd keeps its snaps' so), and the
         # ones pinned in those, in turn.
         waiting = sorted(pins)
@@ -429,6 +544,7 @@ def _walk(proc: str, parsed: ParsedMountinfo) -> tuple[list[_View], tuple[str, .
             views.append(_View(info, NO_PROCESS, ino, maker))
     finally:
         parsed.end_walk()
+        heads.close()
         for pin in pins.values():
             if pin.fd is not None:
                 os.close(pin.fd)

@@ -119,13 +119,13 @@ def test_each_mount_namespace_is_read_once_through_any_of_its_processes(
     proc.process(102, "other", held)
     proc.process(2**22 + 3, "host", [ROOT])  # the host's, already read through this process
     read: list[str] = []
-    real = nsmounts._read_text
+    real = nsmounts._read_open
 
-    def counting(path: str) -> bytes:
+    def counting(path: str) -> tuple[bytes, int]:
         read.append(path)
         return real(path)
 
-    monkeypatch.setattr(nsmounts, "_read_text", counting)
+    monkeypatch.setattr(nsmounts, "_read_open", counting)
     found = netns_mounts(str(proc.root))
     assert sorted(Path(p).parent.name for p in read) == sorted(["100", "101", str(os.getpid())])
     assert sorted((m.pid, m.mount_point, m.ns) for m in found) == sorted(
@@ -139,14 +139,14 @@ def test_a_mountinfo_that_vanishes_mid_walk_is_read_through_another_process(
 ) -> None:
     proc.process(100, "other", [ROOT, RUN, nsfs(40, 20, 4026532009, "/run/held")])
     proc.process(101, "other", [ROOT, RUN, nsfs(40, 20, 4026532009, "/run/held")])
-    real = nsmounts._read_text
+    real = nsmounts._read_open
 
-    def vanishing(path: str) -> bytes:
+    def vanishing(path: str) -> tuple[bytes, int]:
         if "/100/" in path:
             raise FileNotFoundError(errno.ENOENT, "gone", path)  # the process exited mid-read
         return real(path)
 
-    monkeypatch.setattr(nsmounts, "_read_text", vanishing)
+    monkeypatch.setattr(nsmounts, "_read_open", vanishing)
     assert [m.pid for m in netns_mounts(str(proc.root)) if m.mount_point == "/run/held"] == [101]
 
 
@@ -154,14 +154,14 @@ def test_a_walk_that_cannot_be_whole_raises_instead_of_finding_no_mount(
     proc: FakeProc, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     proc.process(100, "other", [ROOT, RUN, nsfs(40, 20, 4026532009, "/run/held")])
-    real = nsmounts._read_text
+    real = nsmounts._read_open
 
-    def failing(path: str) -> bytes:
+    def failing(path: str) -> tuple[bytes, int]:
         if "/100/" in path:
             raise OSError(errno.EIO, "I/O error", path)  # not an exit: that namespace is unseen
         return real(path)
 
-    monkeypatch.setattr(nsmounts, "_read_text", failing)
+    monkeypatch.setattr(nsmounts, "_read_open", failing)
     with pytest.raises(OSError):
         netns_mounts(str(proc.root))
     busy = mount_held((), str(proc.root))
@@ -640,3 +640,92 @@ def count_parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(nsmounts, "parse_mountinfo", counting)
     return parsed
+
+
+def _hide(monkeypatch: pytest.MonkeyPatch, protected: set[int]) -> None:
+    """Tasks in `protected` show a mountinfo but their mount namespace cannot be told."""
+    real = nsmounts._mount_ns
+
+    def hidden(base: str) -> int | None:
+        return nsmounts.UNKNOWN_NS if int(base.rsplit("/", 1)[1]) in protected else real(base)
+
+    monkeypatch.setattr(nsmounts, "_mount_ns", hidden)
+
+
+def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    read: list[str] = []
+    real = nsmounts._read_open
+
+    def counting(path: str) -> tuple[bytes, int]:
+        read.append(Path(path).parent.name)
+        return real(path)
+
+    monkeypatch.setattr(nsmounts, "_read_open", counting)
+    return read
+
+
+def test_a_task_that_cannot_be_told_is_not_read_whole_when_its_first_line_is_a_read_namespaces(
+    proc: FakeProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A protected init's threads in a namespace some process showed (the same first line, a
+    live mount's ID, before and after) are not read whole again; the walk finds the same
+    mounts. One whose first line is another namespace's is read whole, and what it holds is
+    found."""
+    monkeypatch.setattr(nsmounts, "HEAD_MIN_BYTES", 0)
+    host_like = ["7 0 8:1 / / rw shared:1 - ext4 /dev/sda1 rw", RUN, nsfs(40, 20, 4026532009, "/run/held")]
+    proc.process(100, "other", host_like)
+    for pid in range(110, 114):
+        proc.process(pid, f"hidden{pid}", host_like)
+    elsewhere = ["8 0 8:1 / / rw shared:1 - ext4 /dev/sda1 rw", RUN, nsfs(41, 20, 4026532010, "/run/secret")]
+    proc.process(120, "hidden120", elsewhere)
+    _hide(monkeypatch, {*range(110, 114), 120})
+    read = _count_reads(monkeypatch)
+    found = netns_mounts(str(proc.root))
+    assert sorted(read) == sorted(["100", "120", str(os.getpid())])
+    assert {(m.pid, m.mount_point) for m in found} >= {(100, "/run/held"), (120, "/run/secret")}
+    monkeypatch.setattr(nsmounts, "MAX_HEADS", 0)  # no shortcut: every task read, the same answer
+    everything = nsmounts.held_mounts((), str(proc.root))
+    monkeypatch.setattr(nsmounts, "MAX_HEADS", 64)
+    assert nsmounts.held_mounts((), str(proc.root)).held.keys() == everything.held.keys()
+
+
+def test_a_users_namespace_never_vouches_for_a_task_that_cannot_be_told(
+    proc: FakeProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its maker can unmount and remount in it at will, so its first line proves nothing."""
+    monkeypatch.setattr(nsmounts, "HEAD_MIN_BYTES", 0)
+    lines = ["7 0 8:1 / / rw shared:1 - ext4 /dev/sda1 rw", RUN, nsfs(40, 20, 4026532009, "/run/held")]
+    proc.process(100, "users", lines)
+    proc.process(110, "hidden", lines)
+    _hide(monkeypatch, {110})
+    monkeypatch.setattr(nsmounts, "_users_at", lambda base, mount_ns: base.endswith("/100"))
+    read = _count_reads(monkeypatch)
+    netns_mounts(str(proc.root))
+    assert "110" in read
+
+
+def test_a_first_line_vouches_only_while_its_namespace_still_shows_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shown before the task's read but not after (that mount left), or shown by two
+    namespaces: the task is read whole."""
+    monkeypatch.setattr(nsmounts, "HEAD_MIN_BYTES", 0)
+    first = b"7 0 8:1 / / rw shared:1 - ext4 /dev/sda1 rw\n"
+    held_file, task = tmp_path / "held", tmp_path / "task"
+    task.mkdir()
+    held_file.write_bytes(first + b"rest\n")
+    (task / "mountinfo").write_bytes(first + b"other\n")
+    heads = nsmounts._Heads()
+    try:
+        fd = os.open(held_file, os.O_RDONLY)
+        assert heads.keep(held_file.read_bytes(), fd)
+        assert heads.in_one_read(str(task))
+        held_file.write_bytes(b"9 0 8:1 / / rw shared:1 - ext4 /dev/sda1 rw\nrest\n")  # its first mount left
+        assert not heads.in_one_read(str(task))
+        held_file.write_bytes(first + b"rest\n")
+        twin = os.open(held_file, os.O_RDONLY)
+        assert not heads.keep(held_file.read_bytes(), twin)  # a second namespace showing the line
+        os.close(twin)
+        assert not heads.in_one_read(str(task))
+    finally:
+        heads.close()
