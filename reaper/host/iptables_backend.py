@@ -20,27 +20,30 @@ legacy tables into it. Everything is read in the netns the reaper runs in (the h
 chart's hostNetwork pod).
 
 When the chosen backend is not what the plain tools on PATH already are, plugins get a PATH
-whose first entry is a private dir (made with mkdtemp: 0700, this process's; every directory
-above it root's alone or sticky) holding links named `iptables`, `iptables-save`, ... to that
-backend's tools, found by absolute path in the system dirs only, each root's alone, never in a
-CNI bin dir or a PATH entry. The links are named as the tools are, so a multi-call
-xtables-*-multi does what its name says. The dir goes when the pass ends.
+whose first entry is a private dir (`<state file>.iptables`, made afresh under the pass lock, or
+else a mkdtemp dir; 0700, this process's, every directory above it root's alone or sticky)
+holding links named `iptables`, `iptables-save`, ... to that backend's tools, found by absolute
+path in the system dirs only, each root's alone, never in a CNI bin dir or a PATH entry. The
+links are named as the tools are, so a multi-call xtables-*-multi does what its name says. The
+dir goes when the pass ends.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Literal
 
 from msgspec import Struct
 
 from reaper.host.commands import run_command
+from reaper.host.files import describe_oserror
 from reaper.runtime.resolve import Resolved, resolve_in_root
 
 Backend = Literal["nft", "legacy"]
@@ -237,46 +240,87 @@ class GivenPath(Struct, frozen=True, kw_only=True):
     problem: str | None = None  # why the private dir could not be made (then `path` is the base)
 
 
+def _root_alone(directory: str) -> None:
+    """Every directory down to `directory` is root's alone or sticky (reaper.runtime.resolve):
+    no one else can rename what is in it."""
+    root_fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        resolved = resolve_in_root(root_fd, os.path.abspath(directory), checked=True)
+    finally:
+        os.close(root_fd)
+    if not isinstance(resolved, Resolved):
+        raise ToolRefused(f"{directory}: {resolved.reason if resolved is not None else 'gone'}")
+    os.close(resolved.fd)
+
+
+def _check_private(private: str) -> None:
+    """`private` is a 0700 directory of this process's, in a directory no one else may change."""
+    st = os.lstat(private)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) != 0o700:
+        raise ToolRefused(f"{private} is not a 0700 directory of this process's")
+    _root_alone(private)
+
+
+def _fixed_dir(path: str) -> str:
+    """`path` made afresh, 0700, in a directory no one else may change: what a pass that was
+    killed left there goes first (the caller holds the lock that makes the name its own)."""
+    _root_alone(os.path.dirname(os.path.abspath(path)))
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    os.mkdir(path, 0o700)
+    return path
+
+
+def _make_private(links: Sequence[tuple[str, str]], beside: str | None) -> tuple[str | None, str | None]:
+    """(the private dir with `links` in it, None), or (None, why none could be made): first
+    `<beside>.iptables`, then a mkdtemp dir in the temp dir (a chart's /tmp emptyDir is 0777
+    without the sticky bit, which the check refuses; the state file's dir is root's)."""
+    problems = []
+    makers: list[Callable[[], str]] = [functools.partial(_fixed_dir, f"{beside}.iptables")] if beside else []
+    makers.append(functools.partial(tempfile.mkdtemp, prefix=_PRIVATE_PREFIX))
+    for make in makers:
+        private = None
+        try:
+            private = make()
+            _check_private(private)
+            dir_fd = os.open(private, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                for tool, target in links:
+                    os.symlink(target, tool, dir_fd=dir_fd)
+            finally:
+                os.close(dir_fd)
+        except (OSError, ToolRefused) as err:
+            if private is not None:
+                shutil.rmtree(private, ignore_errors=True)
+            if isinstance(err, OSError):
+                problems.append(f"{err.filename}: {describe_oserror(err)}" if err.filename else describe_oserror(err))
+            else:
+                problems.append(str(err))
+            continue
+        return private, None
+    return None, f"no private dir for the iptables links: {'; '.join(problems)}"
+
+
 @contextlib.contextmanager
-def plugin_path(plan: PathPlan | None, base_path: str) -> Iterator[GivenPath]:
+def plugin_path(plan: PathPlan | None, base_path: str, *, beside: str | None = None) -> Iterator[GivenPath]:
     """The PATH plugins get while the block runs: `base_path`, behind the plan's private dir when
-    it has links; the dir is removed when the block ends."""
+    it has links. `beside`: a file whose lock the caller holds (the state file); the dir is
+    `<beside>.iptables` where that can be made safely. The dir is removed when the block ends."""
     if plan is None or not plan.links:
         yield GivenPath(path=base_path)
         return
-    private = None
-    try:
-        private = tempfile.mkdtemp(prefix=_PRIVATE_PREFIX)
-        _check_private(private)
-        dir_fd = os.open(private, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            for tool, target in plan.links:
-                os.symlink(target, tool, dir_fd=dir_fd)
-        finally:
-            os.close(dir_fd)
-    except (OSError, ToolRefused) as err:
-        if private is not None:
-            shutil.rmtree(private, ignore_errors=True)
-        why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-        yield GivenPath(path=base_path, problem=f"no private dir for the iptables links: {why}")
+    private, problem = _make_private(plan.links, beside)
+    if private is None:
+        yield GivenPath(path=base_path, problem=problem)
         return
     try:
         yield GivenPath(path=f"{private}:{base_path}")
     finally:
         shutil.rmtree(private, ignore_errors=True)
-
-
-def _check_private(private: str) -> None:
-    """The dir mkdtemp made is this process's, 0700, and every directory above it is root's
-    alone or sticky: no one else can rename it or change what is in it."""
-    st = os.lstat(private)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) != 0o700:
-        raise ToolRefused(f"{private} is not a 0700 directory of this process's")
-    root_fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        resolved = resolve_in_root(root_fd, private, checked=True)
-    finally:
-        os.close(root_fd)
-    if not isinstance(resolved, Resolved):
-        raise ToolRefused(f"{private}: {resolved.reason if resolved is not None else 'gone'}")
-    os.close(resolved.fd)

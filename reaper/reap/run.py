@@ -226,7 +226,7 @@ def reap_pass(
     }
     # Only a pass with a DEL to run reads the node's iptables backend (four saves at most).
     path_plan = plan_plugin_path(PLUGIN_PATH) if any(r is not None for r in requests.values()) else None
-    with plugin_path(path_plan, PLUGIN_PATH) as given:
+    with plugin_path(path_plan, PLUGIN_PATH, beside=settings.state_file) as given:
         if path_plan is not None:
             _log_plugin_path(log, path_plan, given)
         reclaimer.plugin_path = given.path

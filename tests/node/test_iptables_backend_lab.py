@@ -15,8 +15,10 @@ the host netns's legacy tables and nft ruleset are as they were.
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,7 @@ import pytest
 from tests.harness.lab import Lab
 from tests.harness.lab.cni import Leak, PortMap
 from tests.harness.reap_helpers import REAP
-from tests.harness.reaper_cli import ReaperRun, run_reaper
+from tests.harness.reaper_cli import ReaperRun, lab_flags, run_reaper
 
 TOOLS = ("iptables", "iptables-save", "iptables-restore", "ip6tables", "ip6tables-save", "ip6tables-restore")
 HINT = "KUBE-IPTABLES-HINT"
@@ -126,7 +128,8 @@ def test_on_a_legacy_node_the_plugins_del_removes_their_legacy_rules(
     # The plugins' own DEL removed them (the reaper's image runs nft's `iptables` by default).
     assert methods and set(methods.values()) == {("cni-del", True)}, methods
     assert not chains_of(lab, leak, "legacy")
-    assert "plugin DELs use iptables legacy" in run.stderr
+    assert "plugin DELs use iptables legacy (kubelet's chain is in legacy); from a private dir" in run.stderr
+    assert not (tmp_path / "state.json.iptables").exists(), "the private dir goes with the pass"
 
 
 @pytest.mark.usefixtures("nft_node")
@@ -173,3 +176,17 @@ def test_a_fake_iptables_on_path_or_in_the_bin_dir_is_never_what_a_plugin_runs(
     methods = iptables_methods(run, leak)
     assert methods and set(methods.values()) == {("cni-del", True)}, methods
     assert not chains_of(lab, leak, "legacy")
+
+
+@pytest.mark.usefixtures("legacy_node")
+def test_doctor_says_which_backend_plugin_dels_run(lab: Lab, tmp_path: Path) -> None:
+    """`reaper doctor` in the netns it checks (the lab's, kubelet's chain in legacy) names it."""
+    flags = lab_flags(lab, tmp_path / "state.json")
+    flags = flags[: flags.index("--state-file")]  # doctor keeps no state
+    argv = ["nsenter", f"--net={lab.netns_path}", sys.executable, "-m", "reaper", "doctor", "--json", *flags]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    checks: list[dict[str, str]] = json.loads(out.stdout)["checks"]
+    (check,) = [c for c in checks if c["check"] == "iptables" and "plugin DELs" in c["message"]]
+    assert check["status"] == "ok", check
+    assert "use iptables legacy (kubelet's chain is in legacy)" in check["message"], check
+    assert "private dir" in check["message"], check

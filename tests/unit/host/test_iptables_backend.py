@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import tempfile
 from pathlib import Path
 
 import pytest
 from msgspec.structs import replace
 
 from reaper.cni.invoke import PluginEnv, run_plugin
+from reaper.doctor import plugin_iptables
 from reaper.host.iptables_backend import (
     BACKENDS,
     TOOLS,
@@ -257,3 +259,66 @@ def test_a_plugin_runs_with_the_given_path(tmp_path: Path) -> None:
     assert seen.read_text().strip() == "/x:/usr/bin:/bin"
     run_plugin("says-path", {"cniVersion": "1.0.0"}, env, 10)
     assert seen.read_text().strip() == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def test_doctor_warns_when_the_nodes_backend_cannot_be_given() -> None:
+    choice = BackendChoice(backend="legacy", reason="kubelet's chain is in legacy")
+    check = plugin_iptables(PathPlan(choice=choice, problem="iptables-legacy is in none of /usr/sbin"))
+    assert check.status == "warn" and "iptables-legacy is in none of /usr/sbin" in check.message and check.fix
+    assert plugin_iptables(PathPlan(choice=choice, links=(("iptables", "/usr/sbin/x"),))).status == "ok"
+
+
+def legacy_plan(node: Node) -> PathPlan:
+    return PathPlan(
+        choice=BackendChoice(backend="legacy", reason="test"),
+        links=tuple((tool, str(node.sbin / "xtables-legacy-multi")) for tool in TOOLS),
+    )
+
+
+def test_beside_the_state_file_a_killed_passs_leftover_is_replaced(node: Node, tmp_path: Path) -> None:
+    """`<state file>.iptables`: a dir a killed pass left goes, and a link planted there is
+    removed as a link (what it points to stays)."""
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o700)
+    state = state_dir / "state.json"
+    fixed = state_dir / "state.json.iptables"
+    fixed.mkdir()
+    (fixed / "iptables").symlink_to("/bin/false")
+    with plugin_path(legacy_plan(node), "/bin", beside=str(state)) as given:
+        assert given.path == f"{fixed}:/bin"
+        assert os.readlink(fixed / "iptables") == str(node.sbin / "xtables-legacy-multi")
+    assert not fixed.exists()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep").touch()
+    fixed.symlink_to(elsewhere)
+    with plugin_path(legacy_plan(node), "/bin", beside=str(state)) as given:
+        assert given.path == f"{fixed}:/bin" and not fixed.is_symlink()
+    assert (elsewhere / "keep").exists() and not os.path.lexists(fixed)
+
+
+def test_a_state_dir_others_may_write_is_not_used(node: Node, tmp_path: Path) -> None:
+    """A dir without the sticky bit that others may write (as a pod's emptyDir is) is never
+    where the links go: the temp dir's mkdtemp dir is, when it passes."""
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    with plugin_path(legacy_plan(node), "/bin", beside=str(open_dir / "state.json")) as given:
+        private = given.path.split(":", 1)[0]
+        assert given.problem is None and not private.startswith(str(open_dir))
+        assert os.path.basename(private).startswith("cni-reaper-iptables-")
+    assert not os.listdir(open_dir)
+    assert not os.path.exists(private)
+
+
+def test_with_no_safe_dir_the_path_stays_and_the_problem_is_said(
+    node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    monkeypatch.setattr(tempfile, "tempdir", str(open_dir))
+    with plugin_path(legacy_plan(node), "/bin", beside=str(open_dir / "state.json")) as given:
+        assert given.path == "/bin"
+        assert given.problem is not None and "may be written by others" in given.problem, given.problem
+    assert not os.listdir(open_dir)
