@@ -90,7 +90,7 @@ def choose_backend(nft: BackendRules, legacy: BackendRules) -> BackendChoice:
     unread = [r.unread for r in (nft, legacy) if r.unread is not None]
     if unread:
         return BackendChoice(backend=None, reason=f"no kubelet chain, and {unread[0]}")
-    counts = f"{legacy.rules} legacy rules, {nft.rules} nft"
+    counts = f"{legacy.rules} rules in legacy, {nft.rules} in nft"
     if legacy.rules != nft.rules:
         winner = legacy if legacy.rules > nft.rules else nft
         return BackendChoice(backend=winner.backend, reason=f"no kubelet chain; {counts}")
@@ -148,35 +148,39 @@ def backend_tools(backend: Backend, *, dirs: Sequence[str] = SYSTEM_DIRS) -> dic
     return {tool: trusted_tool(backend_tool(tool, backend), dirs=dirs) for tool in TOOLS}
 
 
-def _legacy_tables_in_use(names_file: str) -> bool:
+def _legacy_tables(names_file: str) -> set[str]:
     try:
         with open(names_file, encoding="ascii", errors="replace") as f:
-            return bool(f.read().split())
+            return set(f.read().split())
     except OSError:
-        return False
+        return set()
 
 
 def read_rules(
     backend: Backend,
     tools: Mapping[str, SystemTool],
     *,
+    count: bool,
     timeout: float = SAVE_TIMEOUT,
     legacy_tables: Mapping[str, str] = LEGACY_TABLES,
 ) -> BackendRules:
-    """What `backend` holds here, read with its own saves (legacy only in a family whose
-    `legacy_tables` file lists a table)."""
+    """What `backend` holds here, read with its own saves: only its mangle table, where kubelet's
+    chains are (rules 0), unless `count`. Legacy only where the family's `legacy_tables` file
+    lists the table (or, counting, any table): a save never makes the kernel create one."""
     hinted, rules, unread = False, 0, None
     for family in ("iptables", "ip6tables"):
-        if backend == "legacy" and not _legacy_tables_in_use(legacy_tables[family]):
-            continue
+        if backend == "legacy":
+            names = _legacy_tables(legacy_tables[family])
+            if not names or not (count or "mangle" in names):
+                continue
         save = tools[f"{family}-save"].found
-        out = run_command([save], timeout)
+        out = run_command([save] if count else [save, "-t", "mangle"], timeout)
         if out.code != 0:
             unread = unread or f"{save} failed: {out.last_error_line[:200]}"
             continue
         hinted = hinted or KUBELET_CHAINS.search(out.stdout) is not None
         rules += sum(1 for line in out.stdout.splitlines() if line.startswith("-"))
-    return BackendRules(backend=backend, hinted=hinted, rules=rules, unread=unread)
+    return BackendRules(backend=backend, hinted=hinted, rules=rules if count else 0, unread=unread)
 
 
 def _on_path(tool: str, path: str) -> str | None:
@@ -218,13 +222,18 @@ def plan_plugin_path(
             tools[backend] = backend_tools(backend, dirs=dirs)
         except ToolRefused as err:
             missing[backend] = str(err)
-    looks = {
-        backend: read_rules(backend, tools[backend], timeout=timeout, legacy_tables=legacy_tables)
-        if backend in tools
-        else BackendRules(backend=backend, hinted=False, rules=0, unread=missing[backend])
-        for backend in BACKENDS
-    }
-    choice = choose_backend(looks["nft"], looks["legacy"])
+
+    def look(backend: Backend, count: bool) -> BackendRules:
+        if backend not in tools:
+            return BackendRules(backend=backend, hinted=False, rules=0, unread=missing[backend])
+        return read_rules(backend, tools[backend], count=count, timeout=timeout, legacy_tables=legacy_tables)
+
+    # Kubelet's chains first, from the mangle tables alone; every rule is counted (whole saves,
+    # large where kube-proxy's rules are) only on a node without them.
+    hints = {backend: look(backend, count=False) for backend in BACKENDS}
+    if not any(h.hinted for h in hints.values()):
+        hints = {backend: look(backend, count=True) for backend in BACKENDS}
+    choice = choose_backend(hints["nft"], hints["legacy"])
     if choice.backend is None:
         return PathPlan(choice=choice)
     if choice.backend in missing:

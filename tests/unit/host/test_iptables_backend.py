@@ -72,9 +72,9 @@ def test_backend_tool_names() -> None:
 
 MULTI = """#!/bin/sh
 name=$(basename "$0")
-echo "$name" >> {ran}
+echo "$name $*" >> {ran}
 case "$name" in
-  *-save) exec cat {out}/"$name" ;;
+  *-save) if [ "$1" = -t ]; then exec cat {out}/"$name.$2"; else exec cat {out}/"$name"; fi ;;
 esac
 exit 0
 """
@@ -102,12 +102,19 @@ class Node:
             for tool in TOOLS:
                 (self.sbin / backend_tool(tool, backend)).symlink_to(multi.name)
                 (self.out / backend_tool(tool, backend)).write_text("")
+                (self.out / f"{backend_tool(tool, backend)}.mangle").write_text("")
 
     def saves(self, backend: str, text: str, family: str = "iptables") -> None:
+        """What a whole save prints, and its mangle table alone (`-t mangle`)."""
         (self.out / f"{family}-{backend}-save").write_text(text)
+        mangle = text[text.index("*mangle") :] if "*mangle" in text else ""
+        (self.out / f"{family}-{backend}-save.mangle").write_text(mangle[: mangle.find("COMMIT") + 7])
 
-    def legacy_in_use(self) -> None:
-        Path(self.legacy_tables["iptables"]).write_text("nat\nfilter\n")
+    def legacy_in_use(self, *tables: str) -> None:
+        Path(self.legacy_tables["iptables"]).write_text("\n".join(tables or ("nat", "filter", "mangle")) + "\n")
+
+    def saves_run(self) -> list[str]:
+        return [line.strip() for line in self.ran.read_text().splitlines() if "-save" in line]
 
     def plain(self, where: Path, backend: Backend) -> str:
         """A PATH whose plain tools are `backend`'s (as Debian's alternatives make them)."""
@@ -145,7 +152,7 @@ def test_the_plain_tools_already_the_choice_need_no_private_dir(node: Node, tmp_
 def test_legacy_is_not_read_where_no_legacy_table_exists(node: Node, tmp_path: Path) -> None:
     node.saves("nft", "*nat\n-A POSTROUTING -j MASQUERADE\nCOMMIT\n")
     plan = node.plan(node.plain(tmp_path / "path", "legacy"))
-    ran = node.ran.read_text().split()
+    ran = node.saves_run()
     assert "iptables-nft-save" in ran and not [name for name in ran if "legacy" in name], ran
     assert plan.choice.backend == "nft" and dict(plan.links)["iptables"] == str(node.sbin / "xtables-nft-multi")
 
@@ -155,7 +162,7 @@ def test_more_rules_in_legacy_choose_legacy(node: Node, tmp_path: Path) -> None:
     node.saves("legacy", "*filter\n-A INPUT -j ACCEPT\n-A FORWARD -j ACCEPT\nCOMMIT\n")
     node.saves("nft", "*filter\n-A INPUT -j ACCEPT\nCOMMIT\n")
     plan = node.plan(node.plain(tmp_path / "path", "nft"))
-    assert plan.choice.backend == "legacy" and "2 legacy rules, 1 nft" in plan.choice.reason
+    assert plan.choice.backend == "legacy" and "2 rules in legacy, 1 in nft" in plan.choice.reason
 
 
 def test_a_save_that_fails_decides_nothing(node: Node, tmp_path: Path) -> None:
@@ -322,3 +329,24 @@ def test_with_no_safe_dir_the_path_stays_and_the_problem_is_said(
         assert given.path == "/bin"
         assert given.problem is not None and "may be written by others" in given.problem, given.problem
     assert not os.listdir(open_dir)
+
+
+def test_kubelets_chain_is_looked_for_in_mangle_and_no_rule_is_counted(node: Node, tmp_path: Path) -> None:
+    node.legacy_in_use()
+    node.saves("legacy", "*filter\n-A INPUT -j ACCEPT\nCOMMIT\n*mangle\n" + HINT + "COMMIT\n")
+    plan = node.plan(node.plain(tmp_path / "path", "nft"))
+    assert plan.choice.backend == "legacy"
+    assert sorted(node.saves_run()) == [
+        "ip6tables-nft-save -t mangle",
+        "iptables-legacy-save -t mangle",
+        "iptables-nft-save -t mangle",
+    ]
+
+
+def test_a_legacy_family_without_mangle_is_not_asked_for_it(node: Node, tmp_path: Path) -> None:
+    """Asking iptables-legacy-save for a table the kernel does not have would create it."""
+    node.legacy_in_use("nat")
+    node.saves("legacy", "*nat\n-A POSTROUTING -j MASQUERADE\nCOMMIT\n")
+    plan = node.plan(node.plain(tmp_path / "path", "nft"))
+    assert plan.choice.backend == "legacy" and "1 rules in legacy, 0 in nft" in plan.choice.reason
+    assert [r for r in node.saves_run() if "legacy" in r] == ["iptables-legacy-save"]
