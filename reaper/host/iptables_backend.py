@@ -14,10 +14,11 @@ KUBE-KUBELET-CANARY) in nft first, then in legacy; with neither, the older wrapp
 the backend holding more rules. A tie, nothing at all, or a save that could not be read decides
 nothing here (the wrapper then takes nft): the plugins keep the PATH they have.
 
-Legacy rules are read only in a family whose /proc/net/ip{,6}_tables_names lists a table: a
-netns with none has no legacy rules, and asking iptables-legacy-save would load the kernel's
-legacy tables into it. Everything is read in the netns the reaper runs in (the host's, in the
-chart's hostNetwork pod).
+The chains are looked for in the mangle tables alone (`-t mangle`); whole saves, which read
+every kube-proxy rule, only on a node without them. Legacy is read only where
+/proc/net/ip{,6}_tables_names lists the table asked for (any, for a whole save): asking
+iptables-legacy-save for a table the kernel does not have would create it in this netns.
+Everything is read in the netns the reaper runs in (the host's, in the chart's hostNetwork pod).
 
 When the chosen backend is not what the plain tools on PATH already are, plugins get a PATH
 whose first entry is a private dir (`<state file>.iptables`, made afresh under the pass lock, or
@@ -68,7 +69,8 @@ class SystemTool(Struct, frozen=True, kw_only=True):
 
 
 class BackendRules(Struct, frozen=True, kw_only=True):
-    """What one backend holds in this netns, both families, every table."""
+    """What one backend holds in this netns, both families: in mangle alone while kubelet's
+    chains are looked for (rules 0), in every table once rules are counted."""
 
     backend: Backend
     hinted: bool  # a kubelet chain is in it
