@@ -55,7 +55,10 @@ LABEL org.opencontainers.image.title="cni-reaper" \
 
 # What the agent (and the CNI plugins whose DEL it runs) execute besides Python:
 #   iptables  iptables-save/-restore and ip6tables-*, for the CNI-* and CNI-DN-* nat chains
-#             (Debian's default is the nf_tables backend; the legacy one is in the same package)
+#             (Debian's default is the nf_tables backend; the legacy one is in the same package,
+#             and both are needed: each pass with a plugin DEL picks the one the node uses, as
+#             kube-proxy's iptables-wrapper does, and gives it to the plugins, see
+#             reaper/host/iptables_backend.py)
 #   nftables  nft, for the nftables backend's cni_plugins_masquerade / cni_hostport rules
 #   iproute2  ip, for plugins that shell out to it and for debugging inside the pod
 # util-linux (nsenter, mount tools) is already in the base image: it is Essential in bookworm.

@@ -11,7 +11,9 @@ from typing import Any, Literal
 
 from msgspec import Struct
 
+from reaper.cni.invoke import PLUGIN_PATH
 from reaper.host.files import describe_oserror
+from reaper.host.iptables_backend import PathPlan, plan_plugin_path
 from reaper.host.mounts import unpin_hazard
 from reaper.host.nsmounts import held_elsewhere, netns_mounts, own_mount_namespace
 from reaper.host.procs import unseen_processes
@@ -397,7 +399,16 @@ def _held_mounts(netns_dirs: tuple[str, ...]) -> Check:
     )  # fmt: skip
 
 
+def plugin_iptables(plan: PathPlan) -> Check:
+    """Which iptables backend plugin DELs would run here (reaper.host.iptables_backend)."""
+    if plan.problem is not None:
+        fix = "install both iptables backends (iptables-legacy, iptables-nft) where the reaper runs"
+        return Check("iptables", "warn", plan.describe(), fix)
+    return Check("iptables", "ok", plan.describe())
+
+
 def _firewall() -> Iterator[Check]:
+    yield plugin_iptables(plan_plugin_path(PLUGIN_PATH))
     tools = iptables_tools()
     if not tools:
         yield Check("iptables", "warn", "no iptables-save here: CNI chains are not seen", "install iptables")

@@ -28,7 +28,9 @@ from reaper.host.jsondoc import parse_json
 from reaper.kinds.netconf import ConfigError, plugin_list
 from reaper.names import PLUGIN_TYPE
 
-_ENV_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The PATH plugins get unless a pass gives them another (reaper.host.iptables_backend puts a
+# private dir of the node's iptables backend before it): the system dirs only.
+PLUGIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 MAX_OUTPUT = 1 << 20
 
 
@@ -48,12 +50,13 @@ class PluginEnv(Struct, frozen=True, kw_only=True):
     ifname: str
     args: tuple[tuple[str, str], ...]
     bin_dirs: tuple[str, ...]
+    path: str = PLUGIN_PATH  # the plugin's PATH, where it finds iptables
 
     def environ(self) -> dict[str, str]:
         env = {
             "CNI_COMMAND": self.command,
             "CNI_PATH": ":".join(self.bin_dirs),
-            "PATH": _ENV_PATH,
+            "PATH": self.path,
         }
         if self.container_id:
             env["CNI_CONTAINERID"] = self.container_id
@@ -224,9 +227,15 @@ class PluginOutcome(Struct, frozen=True):
 
 
 def del_network(
-    request: DelRequest, bin_dirs: tuple[str, ...], timeout: float, stop: threading.Event | None = None
+    request: DelRequest,
+    bin_dirs: tuple[str, ...],
+    timeout: float,
+    stop: threading.Event | None = None,
+    *,
+    path: str = PLUGIN_PATH,
 ) -> tuple[PluginOutcome, ...]:
-    """DEL every plugin of the list, last first, going on past failures (but not past `stop`)."""
+    """DEL every plugin of the list, last first, going on past failures (but not past `stop`);
+    each plugin runs with `path` as its PATH."""
     try:
         name, version, plugins = plugin_list(request.config)
     except ConfigError as err:
@@ -238,6 +247,7 @@ def del_network(
         ifname=request.ifname,
         args=request.cni_args,
         bin_dirs=bin_dirs,
+        path=path,
     )
     outcomes = []
     for plugin in reversed(plugins):
@@ -258,7 +268,12 @@ STATUS_FROM = (1, 1, 0)  # the CNI version that brought the STATUS verb
 
 
 def network_status(
-    config: bytes, bin_dirs: tuple[str, ...], timeout: float, stop: threading.Event | None = None
+    config: bytes,
+    bin_dirs: tuple[str, ...],
+    timeout: float,
+    stop: threading.Event | None = None,
+    *,
+    path: str = PLUGIN_PATH,
 ) -> str | None:
     """The CNI 1.1 STATUS verb, as libcni's GetStatusNetworkList asks it: each plugin of the
     list in order, with the list's name and cniVersion, stopping at the first error. None when
@@ -270,7 +285,7 @@ def network_status(
         return None
     if not at_least(version, STATUS_FROM):
         return None
-    env = PluginEnv(command="STATUS", container_id="", netns="", ifname="", args=(), bin_dirs=bin_dirs)
+    env = PluginEnv(command="STATUS", container_id="", netns="", ifname="", args=(), bin_dirs=bin_dirs, path=path)
     for plugin in plugins:
         conf = {**plugin, "name": name, "cniVersion": version}
         try:

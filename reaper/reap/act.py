@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from msgspec import Struct, field
 from msgspec.structs import replace
 
-from reaper.cni.invoke import del_network, network_status
+from reaper.cni.invoke import PLUGIN_PATH, del_network, network_status
 from reaper.cni.requests import DelRequest, UnfitArgs, request_from_cache, safe_ifname
 from reaper.host.netns_addrs import Handle, NamespaceAddresses, NamespaceToRead, read_addresses
 from reaper.host.nsmounts import ParsedMountinfo, in_use
@@ -457,6 +457,9 @@ class Reclaimer(Struct, kw_only=True):
     # The conf dir's config of each network: asked for STATUS before the kernel step frees
     # what an attachment without a DEL holds.
     network_configs: Mapping[str, bytes] = field(default_factory=dict)
+    # The plugins' PATH this pass: where their DEL finds the node's iptables backend
+    # (reaper.host.iptables_backend).
+    plugin_path: str = PLUGIN_PATH
     # How the kernel step reads the addresses of the pass's pins that stay (read_staying).
     read_netns: Callable[[Sequence[NamespaceToRead]], list[NamespaceAddresses]] = field(
         default_factory=lambda: read_staying
@@ -572,7 +575,9 @@ class Reclaimer(Struct, kw_only=True):
         release is freed behind its back."""
         with self._status_lock:
             if config not in self._statuses:
-                self._statuses[config] = network_status(config, self.bin_dirs, self.plugin_timeout, self.stop)
+                self._statuses[config] = network_status(
+                    config, self.bin_dirs, self.plugin_timeout, self.stop, path=self.plugin_path
+                )
             return self._statuses[config]
 
     def _del_all(
@@ -612,7 +617,7 @@ class Reclaimer(Struct, kw_only=True):
                 with delegates.pinned(request) as (ready, changed):
                     if ready is None:
                         return key, (f"no plugin ran: {changed}",), None, False
-                    outcomes = del_network(ready, self.bin_dirs, self.plugin_timeout, self.stop)
+                    outcomes = del_network(ready, self.bin_dirs, self.plugin_timeout, self.stop, path=self.plugin_path)
             except Exception as err:  # this attachment's error; the others go on
                 return key, (f"DEL failed unexpectedly: {type(err).__name__}: {err}",), None, False
             return key, tuple(o.error for o in outcomes if o.error), None, False

@@ -10,6 +10,8 @@ from typing import Any
 
 from msgspec.structs import replace
 
+from reaper.cni.invoke import PLUGIN_PATH
+from reaper.host.iptables_backend import GivenPath, PathPlan, plan_plugin_path, plugin_path
 from reaper.host.memo import InventoryMemo
 from reaper.host.quarantine import Quarantine, expire
 from reaper.model import ReapResult, SkippedAttachment
@@ -56,6 +58,22 @@ def _expire_quarantine(directory: str, max_age: float, log: logging.Logger, now:
         log.warning("quarantine: left", extra={"reason": line})
     if expired.more_left:
         log.warning("quarantine: left", extra={"reason": f"and {expired.more_left} more"})
+
+
+def _log_plugin_path(log: logging.Logger, plan: PathPlan, given: GivenPath) -> None:
+    """The pass's iptables backend for plugin DELs, once: info, or a warning when the backend the
+    node uses could not be given to them."""
+    fields = {
+        "backend": plan.choice.backend or "unknown",
+        "reason": plan.choice.reason,
+        "private_dir": given.path != PLUGIN_PATH,
+    }
+    if plan.problem is not None:
+        log.warning(plan.describe(), extra=fields)
+    elif given.problem is not None:
+        log.warning(f"{plan.describe()}, but {given.problem}", extra=fields)
+    else:
+        log.info(plan.describe(), extra=fields)
 
 
 def reap_pass(
@@ -206,7 +224,13 @@ def reap_pass(
         for a in selected
         if a.key not in dropped and (what := kept_state(a, records, configs, requests[a.key])) is not None
     }
-    outcomes, left = reclaimer.run(selected, requests, records, keep, scan.snapshot)
+    # Only a pass with a DEL to run reads the node's iptables backend (four saves at most).
+    path_plan = plan_plugin_path(PLUGIN_PATH) if any(r is not None for r in requests.values()) else None
+    with plugin_path(path_plan, PLUGIN_PATH, beside=settings.state_file) as given:
+        if path_plan is not None:
+            _log_plugin_path(log, path_plan, given)
+        reclaimer.plugin_path = given.path
+        outcomes, left = reclaimer.run(selected, requests, records, keep, scan.snapshot)
     skipped += left
     # A runtime that stopped answering during the pass makes it undecided, as at the first re-check.
     lost = next((s.reason.split(": ", 1)[-1] for s in left if s.reason.startswith(UNREACHABLE_AT_RECHECK)), None)

@@ -61,12 +61,12 @@ def test_a_pass_runs_exactly_that_many_dels_at_once(
 
     monkeypatch.setattr(act, "ThreadPoolExecutor", CountedPool)
     monkeypatch.setattr(act, "RECHECK_WINDOW", 600.0)  # no DEL misses its window while others wait
-    monkeypatch.setattr(act, "network_status", lambda *_args: None)
+    monkeypatch.setattr(act, "network_status", lambda *_args, **_kwargs: None)
     barrier = threading.Barrier(concurrency, timeout=30)
     lock = threading.Lock()
     inside, most = 0, 0
 
-    def waiting_del(request: DelRequest, *_args: object) -> list[Any]:
+    def waiting_del(request: DelRequest, *_args: object, **_kwargs: object) -> list[Any]:
         nonlocal inside, most
         with lock:
             inside += 1

@@ -89,11 +89,11 @@ def test_no_del_starts_later_than_the_window_after_its_re_check(
     monkeypatch.setattr(act, "RECHECK_WINDOW", window)
     walks = Walks()
     monkeypatch.setattr(act, "in_use", walks)
-    monkeypatch.setattr(act, "network_status", lambda *_args: None)
+    monkeypatch.setattr(act, "network_status", lambda *_args, **_kwargs: None)
     started: dict[str, float] = {}
     lock = threading.Lock()
 
-    def slow_del(request: DelRequest, *_args: object) -> list[Any]:
+    def slow_del(request: DelRequest, *_args: object, **_kwargs: object) -> list[Any]:
         with lock:
             started[request.container_id] = time.monotonic()
         time.sleep(0.04)
