@@ -66,6 +66,10 @@ class NodeTrust(Struct, frozen=True, kw_only=True):
     # Container ID -> the namespaces of its orphaned attachments' real pins: what the kernel
     # proves of a container, for its attachments that hold no pin themselves (its lo, eth1).
     proven: Mapping[str, frozenset[NsKey]] = {}
+    # Container ID -> (pod namespace, name) of sandboxes a runtime of this node listed to this
+    # process and no runtime lists now (reaper.runtime.listed): what proves an ID was this
+    # node's, for plugins that free by it in the cluster's datastore (calico).
+    gone_here: Mapping[str, tuple[str, str]] = {}
 
 
 def executed_types(plugins: Iterable[Mapping[str, Any]]) -> set[str]:
@@ -87,6 +91,7 @@ def node_trust(
     held_ifnames: Set[str],
     *,
     proven: Mapping[str, frozenset[NsKey]] | None = None,
+    gone_here: Mapping[str, tuple[str, str]] | None = None,
 ) -> NodeTrust:
     types = set(allowed)
     by_network: dict[str, NetworkConfig] = {}
@@ -102,6 +107,7 @@ def node_trust(
         held_ips=address_keys(held_ips),
         held_ifnames=frozenset(held_ifnames),
         proven=dict(proven or {}),
+        gone_here=dict(gone_here or {}),
     )
 
 
