@@ -13,7 +13,7 @@ has any, and a restarted agent starts with none. Each sandbox is kept as a diges
 runtime's endpoint, the sandbox ID, the pod's namespace and name), so a cache entry must name
 the pod its runtime listed with that ID, and the runtime that listed it must be among those
 that answer now. Bounded: the last MAX_LISTED sandboxes listed (refreshed each pass a runtime
-lists them), the oldest dropped, about 12 MiB at the bound; a sandbox gone longer than that
+lists them), the oldest dropped, about 15 MiB at the bound; a sandbox gone longer than that
 many listings ago waits, as a one-shot's does.
 """
 
