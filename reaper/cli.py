@@ -62,6 +62,11 @@ verdicts:
   unknown  the runtime could not be asked, so nothing is called orphan
   excluded nothing owns it, but --exclude-namespace, --exclude-pod or
            --exclude-network keeps it: never reclaimed
+  waiting  an orphan of which only the files a stateful plugin's DEL needs are
+           left, and no DEL can run for it: kept, freed with the plugin's own
+           tools. A one-shot run (scan, reap) has this for every Calico entry with
+           no pin: only the agent (`reaper run`) DELs one, for a sandbox a runtime
+           of this node listed to it since it started and lists no more
 
 exit status: 0 no orphan, 1 orphans found, 2 could not decide (runtime or config), 4 another
 reaper's pass held the lock beside --state-file for the whole --lock-wait (stderr names it)
@@ -106,7 +111,8 @@ every delete compares first (a pin still the same namespace with no process insi
 that still names the orphan under the IPAM lock, a veth with the same index, name and peer);
 at most --max-reap attachments a pass; the breaker refuses to act when too many look orphaned.
 Where REAPER_MODE is scan (a report-only pod), a reap is refused (exit 2) unless --dry-run or
---force is given.
+--force is given. Calico leftovers with no pin wait here (see `reaper scan --help`, waiting):
+Calico frees by container ID cluster-wide, and only the agent can prove an ID was this node's.
 
 exit status: 0 every orphan reclaimed (or none), 1 some could not be, 2 could not decide
 (runtime or config), 3 breaker open, 4 another reaper's pass held the lock beside --state-file

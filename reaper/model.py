@@ -228,6 +228,9 @@ class Sandbox(Struct, frozen=True, kw_only=True):
     # (sandbox ID, creation time) as the runtime reports them: what its netns path may be
     # remembered under between passes ("" : not to be remembered).
     status_key: str = ""
+    # The endpoint of the runtime that listed it ("": a source that names none), which
+    # reaper.runtime.listed remembers it under.
+    runtime: str = ""
 
 
 class RuntimeAnswer(Struct, frozen=True, kw_only=True):
@@ -463,6 +466,10 @@ class ScanResult(Struct, frozen=True, kw_only=True):
     warnings: tuple[str, ...]
     seconds: float
     timings: tuple[tuple[str, float], ...]  # seconds per step of the pass
+    # Container ID -> (pod namespace, name) of the orphans in no namespace whose sandbox a
+    # runtime of this node listed to this process before and no runtime lists now
+    # (reaper.runtime.listed): a long-running agent's alone.
+    gone_here: Mapping[str, tuple[str, str]] = {}
 
     @property
     def outcome(self) -> PassOutcome:

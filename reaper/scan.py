@@ -83,7 +83,11 @@ def scan_pass(
     # Imported here: the reaper.reap package imports this module.
     from reaper.reap.waiting import mark_waiting  # noqa: PLC0415 (the comment above)
 
-    report = mark_waiting(report, snapshot, allow_plugins=tuple(allow_plugins), plugins_run=plugins_run)
+    # What this process was told by the runtimes before, never a file's word (reaper.runtime.listed).
+    gone_here = _gone_here(kept, report, runtime)
+    report = mark_waiting(
+        report, snapshot, allow_plugins=tuple(allow_plugins), plugins_run=plugins_run, gone_here=gone_here
+    )
     watch.lap("reconcile")
     if save:
         netns_map, saved = _save(settings, kept, state, runtime, known, history, first_seen, warnings)
@@ -101,7 +105,20 @@ def scan_pass(
         warnings=tuple(warnings),
         seconds=seconds,
         timings=timings,
+        gone_here=gone_here,
     )
+
+
+def _gone_here(kept: KeptState | None, report: ScanReport, runtime: RuntimeView) -> dict[str, tuple[str, str]]:
+    """The orphans in no namespace whose sandbox a runtime of this node listed to this process
+    on an earlier pass and that every runtime now answers without (a one-shot run: none); then
+    this pass's listing is remembered too."""
+    if kept is None:
+        return {}
+    orphans = (a for a in report.attachments if a.verdict == "orphan")
+    gone = kept.listed.gone(orphans, runtime)
+    kept.listed.remember(runtime)
+    return gone
 
 
 def _load(settings: Settings, kept: KeptState | None, warnings: list[str]) -> State:

@@ -45,6 +45,7 @@ from reaper.host.files import describe_oserror
 from reaper.host.jsondoc import dumps_compact
 from reaper.model import AttachmentHistory
 from reaper.names import is_cni_id, is_ifname, is_path
+from reaper.runtime.listed import ListedHere
 
 STATE_VERSION = 3
 OLDER_VERSION = 2  # attachments as [first_seen, orphan_streak]: read, never written
@@ -87,6 +88,10 @@ class KeptState:
         # Sandbox.status_key -> the netns path its runtime's PodSandboxStatus gave, so that the
         # agent asks once per sandbox (by ID and creation time); only ever in this process.
         self.sandbox_netns: Mapping[str, str] = {}
+        # The sandboxes the node's runtimes listed to this process (reaper.runtime.listed): what
+        # proves a container ID was this node's. Memory only: never read from or written to the
+        # file, which others may write.
+        self.listed = ListedHere()
 
 
 class _Doc(Struct, forbid_unknown_fields=True):

@@ -118,7 +118,8 @@ class DelRequest(Struct, frozen=True, kw_only=True):
     prev_result: Mapping[str, Any] | None = None
     delegations: tuple[Delegation, ...] = ()  # what its delegating plugins will read, checked
     # CNI_NETNS empty on purpose, as runtimes run DEL once the netns is gone: every plugin of the
-    # chain that keeps state frees it by container ID (reaper.kinds.netconf.FREES_WITHOUT_NETNS)
+    # chain that keeps state frees it by container ID (reaper.kinds.netconf.FREES_WITHOUT_NETNS,
+    # and FREES_WITHOUT_NETNS_IF_LISTED_HERE for a sandbox proven this node's)
     without_netns: bool = False
 
 

@@ -159,14 +159,23 @@ STATELESS_PLUGINS = frozenset(
 #   netns, then answers success when that netns does not exist (kubernetes#133081); older
 #   releases answer an error there, and the entry is then kept as after any failed DEL. Its
 #   chaining modes were not read: the plugins it is chained with must be on this list too.
-# Not calico: its DEL frees by container ID too (cni-plugin/pkg/k8s/k8s.go CmdDelK8s,
-# cni-plugin/pkg/ipamplugin/ipam_plugin.go cmdDel releases by a handle made of the network and
-# CNI_CONTAINERID), but in the cluster's datastore, and a container ID no runtime of this node
-# lists may be a live pod's on another node: an entry naming one would free that pod's address.
-# No runtime's answer here proves such an ID dead, so a Calico leftover with no pin waits for
-# calicoctl (its runbook line says how). Any other stateful plugin may answer a DEL with no
-# netns with success having freed nothing (kindnet does): its chain waits too.
+# Any other stateful plugin may answer a DEL with no netns with success having freed nothing
+# (kindnet does): its chain waits, but for the next list.
 FREES_WITHOUT_NETNS = frozenset({"cilium-cni"})
+
+# Stateful plugins whose DEL with CNI_NETNS empty frees by container ID too, but in the
+# cluster's datastore, so only for a container ID proven this node's: one a runtime of this
+# node listed to this very process, for the pod the cache entry names, and that every runtime
+# now answers without (reaper.runtime.listed; a one-shot run has no such proof). An ID no
+# runtime here was seen to list may be a live pod's on another node. Read in projectcalico/calico:
+# cni-plugin/pkg/plugin/plugin.go cmdDel hands a Kubernetes pod's DEL to
+# cni-plugin/pkg/k8s/k8s.go CmdDelK8s, which deletes the pod's workload endpoint (named after
+# this node and the pod) only when the endpoint's container ID is CNI_CONTAINERID, skips the
+# netns when CNI_NETNS is empty (cni-plugin/pkg/dataplane/linux/dataplane_linux.go
+# CleanUpNamespace) and runs its IPAM's DEL; calico-ipam (cni-plugin/pkg/ipamplugin/ipam_plugin.go
+# cmdDel) releases the handle `<network>.<CNI_CONTAINERID>`, then the Calico 2.x handle
+# `<namespace>.<pod>` of the pod CNI_ARGS names (hence the pod must be the runtime's too).
+FREES_WITHOUT_NETNS_IF_LISTED_HERE = frozenset({"calico", "calico-ipam"})
 
 
 def stateful_plugins(raw: bytes) -> tuple[str, ...] | None:

@@ -21,7 +21,7 @@ from reaper.host.netns_addrs import Handle, NamespaceAddresses, NamespaceToRead,
 from reaper.host.nsmounts import ParsedMountinfo, in_use
 from reaper.host.quarantine import Quarantine
 from reaper.kinds import COMMAND_TIMEOUT, Kind, ReclaimContext
-from reaper.kinds.netconf import FREES_WITHOUT_NETNS, stateful_plugins
+from reaper.kinds.netconf import FREES_WITHOUT_NETNS, FREES_WITHOUT_NETNS_IF_LISTED_HERE, stateful_plugins
 from reaper.kinds.registry import KINDS, LAST, RECLAIM_ORDER, pin_of
 from reaper.model import (
     Attachment,
@@ -48,6 +48,13 @@ Records = Mapping[Identity, Any]
 UNREACHABLE_AT_RECHECK = "runtime unreachable at the re-check"
 STAYING_DEADLINE = 5.0  # seconds for reading the addresses of the pass's pins that stay, all together
 NO_PIN = "no plugin runs: no namespace pin to pass as CNI_NETNS, as the runtime would"
+NOT_LISTED_HERE = (
+    "no plugin runs: Calico frees by container ID in the cluster's datastore, so its DEL runs with no "
+    "netns only for a sandbox a runtime of this node listed to this agent, for the pod the entry "
+    "names, and lists no more (never in a one-shot run)"
+)
+# The CNI_ARGS keys Calico reads the pod from (Go's LoadArgs: exact field names, the last pair wins).
+POD_ARGS = ("K8S_POD_NAMESPACE", "K8S_POD_NAME")
 # Seconds after a re-check finished within which what it cleared may be acted on: a DEL starts,
 # a kind's batch is reclaimed. Batches are sized to fit (Reclaimer); SECURITY.md says why a
 # window this long is safe.
@@ -216,7 +223,9 @@ def without_netns_request(
     """DEL as containerd 2.3 and CRI-O 1.36 run it once the sandbox's netns is gone
     (shared/docs/cni-facts.md section 8): CNI_NETNS empty, the cached result as prevResult, the
     cache entry's config. Only for an attachment in no namespace at all, whose chain keeps state
-    and every plugin of it that does frees it by container ID (FREES_WITHOUT_NETNS), and only
+    and every plugin of it that does frees it by container ID (FREES_WITHOUT_NETNS; calico's
+    only for a sandbox this process saw listed here and gone, for the pod its CNI_ARGS name:
+    FREES_WITHOUT_NETNS_IF_LISTED_HERE, NodeTrust.gone_here), and only
     with a config the node vouches for (cached_config_refusal): no kernel object proves such an
     attachment, and the conf dir's config never runs in place of a refused one. A writer
     of /var/lib/cni then gains a DEL of a container ID no runtime lists (re-checked right
@@ -234,12 +243,31 @@ def without_netns_request(
         return None, None
     request, result = cached
     chain = stateful_chain(attachment, records, configs, request)
-    if isinstance(chain, str) or not chain or not set(chain) <= FREES_WITHOUT_NETNS:
+    if isinstance(chain, str) or not chain:
         return None, None
+    needs_proof = set(chain) - FREES_WITHOUT_NETNS
+    if not needs_proof <= FREES_WITHOUT_NETNS_IF_LISTED_HERE:
+        return None, None
+    pod = trust.gone_here.get(key.container_id)
+    if needs_proof and (pod is None or not names_pod(request.cni_args, pod)):
+        return None, NOT_LISTED_HERE
     refusal = cached_config_refusal(attachment, request.config, result, trust)
     if refusal is not None:
         return None, f"cached config not run: {refusal}"
     return replace(request, without_netns=True), None
+
+
+def names_pod(cni_args: Iterable[tuple[str, str]], pod: tuple[str, str]) -> bool:
+    """CNI_ARGS name `pod` (namespace, name) and no other: each key of POD_ARGS is there, and
+    every pair whose key is one of them under any case holds its value."""
+    want = {key.lower(): value for key, value in zip(POD_ARGS, pod, strict=True)}
+    found = set()
+    for key, value in cni_args:
+        if key.lower() in want:
+            if value != want[key.lower()]:
+                return False
+            found.add(key)
+    return found >= set(POD_ARGS)
 
 
 def stateful_chain(

@@ -17,6 +17,7 @@ from reaper.host.quarantine import Quarantine, expire
 from reaper.model import ReapResult, SkippedAttachment
 from reaper.reap.act import (
     NO_PIN,
+    NOT_LISTED_HERE,
     UNREACHABLE_AT_RECHECK,
     Reclaimer,
     del_request,
@@ -152,7 +153,7 @@ def reap_pass(
     # As the scan weighed them (reaper.reap.waiting): what the waiting hold counts as the orphans'.
     trust = node_trust((c for c in configs if not c.path.startswith("cache:")), reap.allow_plugins,
                        *held_by_others(scan.snapshot, [*orphans, *waiting]),
-                       proven=proven_namespaces(orphans, records))  # fmt: skip
+                       proven=proven_namespaces(orphans, records), gone_here=scan.gone_here)  # fmt: skip
     selected, skipped = select(orphans, policy, costless)
     skipped = not_reviewed + [SkippedAttachment(a.key, a.reason) for a in waiting] + skipped
     # A costless orphan is files alone, in no namespace: no DEL runs for it (none could, with
@@ -176,7 +177,7 @@ def reap_pass(
     for key, (_, note) in asked.items():
         if note is not None:
             # No kernel object: a partial ADD's leftovers (a lease, a chain) look so too, so it is news, not a warning.
-            level = logging.INFO if note in (NO_KERNEL_EVIDENCE, NO_PIN, DROPPED) else logging.WARNING
+            level = logging.INFO if note in (NO_KERNEL_EVIDENCE, NO_PIN, NOT_LISTED_HERE, DROPPED) else logging.WARNING
             log.log(level, "plugin config refused", extra={"attachment": key.as_text(), "reason": note})
     if reap.dry_run:
         # The address check reads the kernel only: the plan leaves out what the pass would leave.

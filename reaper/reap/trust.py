@@ -11,9 +11,10 @@ attachment made only of files gets no plugin: its files go as files (leases unde
 lock), its chains and rules by their hash, and a cache entry whose IPAM keeps the address off
 the node stays, reported (only that plugin's DEL could free it). One exception, as runtimes run
 DEL once the netns is gone: an attachment in no namespace at all whose every stateful plugin
-frees by container ID (calico, cilium-cni: reaper.kinds.netconf.FREES_WITHOUT_NETNS) gets its
-DEL with an empty CNI_NETNS, with its cache entry's config only when that passes the rules
-below, never the conf dir's in its place (reaper.reap.act.without_netns_request).
+frees by container ID (cilium-cni: reaper.kinds.netconf.FREES_WITHOUT_NETNS; calico only for a
+sandbox a runtime of this node listed to this process and lists no more, NodeTrust.gone_here)
+gets its DEL with an empty CNI_NETNS, with its cache entry's config only when that passes the
+rules below, never the conf dir's in its place (reaper.reap.act.without_netns_request).
 
 A proven attachment's cache entry config runs for DEL only when every plugin it would execute
 is one the node's own conf dir uses (or the operator allowed); every path or execution-steering
@@ -66,6 +67,10 @@ class NodeTrust(Struct, frozen=True, kw_only=True):
     # Container ID -> the namespaces of its orphaned attachments' real pins: what the kernel
     # proves of a container, for its attachments that hold no pin themselves (its lo, eth1).
     proven: Mapping[str, frozenset[NsKey]] = {}
+    # Container ID -> (pod namespace, name) of sandboxes a runtime of this node listed to this
+    # process and no runtime lists now (reaper.runtime.listed): what proves an ID was this
+    # node's, for plugins that free by it in the cluster's datastore (calico).
+    gone_here: Mapping[str, tuple[str, str]] = {}
 
 
 def executed_types(plugins: Iterable[Mapping[str, Any]]) -> set[str]:
@@ -87,6 +92,7 @@ def node_trust(
     held_ifnames: Set[str],
     *,
     proven: Mapping[str, frozenset[NsKey]] | None = None,
+    gone_here: Mapping[str, tuple[str, str]] | None = None,
 ) -> NodeTrust:
     types = set(allowed)
     by_network: dict[str, NetworkConfig] = {}
@@ -102,6 +108,7 @@ def node_trust(
         held_ips=address_keys(held_ips),
         held_ifnames=frozenset(held_ifnames),
         proven=dict(proven or {}),
+        gone_here=dict(gone_here or {}),
     )
 
 

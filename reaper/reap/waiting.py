@@ -11,7 +11,7 @@ alert of its own, whose runbook frees it with the plugin's own tools.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from msgspec.structs import replace
 
@@ -21,11 +21,17 @@ from reaper.reap.trust import node_trust, proven_namespaces
 
 
 def mark_waiting(
-    report: ScanReport, snapshot: NodeSnapshot, *, allow_plugins: Sequence[str] = (), plugins_run: bool = True
+    report: ScanReport,
+    snapshot: NodeSnapshot,
+    *,
+    allow_plugins: Sequence[str] = (),
+    plugins_run: bool = True,
+    gone_here: Mapping[str, tuple[str, str]] | None = None,
 ) -> ScanReport:
     """The report with each orphan no pass can do anything for as `waiting`, its reason the
     plugin it waits for and why. `allow_plugins`: --allow-plugin; `plugins_run`: False with
-    --method kernel (no DEL runs at all)."""
+    --method kernel (no DEL runs at all); `gone_here`: the sandboxes a runtime of this node
+    listed to this process and lists no more (reaper.runtime.listed; none in a one-shot)."""
     orphans = [a for a in report.attachments if a.verdict == "orphan"]
     if not orphans:
         return report
@@ -33,7 +39,7 @@ def mark_waiting(
     configs = snapshot.configs
     own = (c for c in configs if not c.path.startswith("cache:"))
     held = held_by_others(snapshot, orphans)
-    trust = node_trust(own, allow_plugins, *held, proven=proven_namespaces(orphans, records))
+    trust = node_trust(own, allow_plugins, *held, proven=proven_namespaces(orphans, records), gone_here=gone_here)
     changed = False
     attachments = []
     for a in report.attachments:

@@ -195,6 +195,7 @@ class CriLiveness:
                     netns_path=netns_path or None,
                     netns=namespace_of(netns_path),
                     status_key=status_key,
+                    runtime=client.endpoint,
                 )
             )
         answer = RuntimeAnswer(

@@ -1,7 +1,8 @@
 """Leftovers of plugins that free by container ID on this node get the DEL runtimes give them
 when the netns is gone: CNI_NETNS empty, the cached result as prevResult, the config the node
-vouches for. Calico's wait: it frees by container ID in the cluster's datastore, where an ID no
-runtime of this node lists may be another node's live pod.
+vouches for. Calico frees by container ID in the cluster's datastore, where an ID no runtime of
+this node lists may be another node's live pod: its leftovers wait in a one-shot run, and get
+that DEL from the agent only for a sandbox the node's runtime listed to it (the last test).
 
 Debian ships neither Calico nor Cilium, so `calico` and `cilium-cni` here are stand-ins written to
 the DEL paths of the real plugins (tests/harness/plugins/by_container_id.py cites them): each
@@ -17,13 +18,15 @@ import contextlib
 import json
 import secrets
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.harness.agent import LabAgent, metric
 from tests.harness.lab import Lab
 from tests.harness.lab import cni as labcni
 from tests.harness.plugins import by_container_id, datastore, script
@@ -245,3 +248,64 @@ def test_a_reviewed_plan_drops_a_waiting_entry_the_operator_names_and_nothing_el
     assert dels(world, KINDNET_LIKE, named.container_id) == []
     assert named.record.exists()  # the datastore's: the operator frees it with the plugin's tools
     forget(named, other)
+
+
+def until(holds: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """Poll `holds` until it does (the agent acts in its own passes); fail saying `what`."""
+    deadline = time.monotonic() + timeout
+    while not holds():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never: {what}")
+        time.sleep(0.2)
+
+
+def test_the_agent_frees_a_calico_leftover_of_a_sandbox_its_runtime_listed_and_a_forged_one_waits(
+    world: World, tmp_path: Path
+) -> None:
+    """Before: both waited for good. A sandbox the lab's runtime ran, with a Calico attachment
+    (its cache entry naming the sandbox's pod, as a runtime writes it), listed to the agent on a
+    pass; then the sandbox is removed, its pin with it, and the entry left, as after a DEL that
+    failed. The agent's next passes run Calico's DEL with no netns: while that DEL fails, the
+    entry and the datastore's record stay; once it succeeds, both go. A forged entry of a
+    container ID the runtime never listed (another node's pod, for all this node knows) waits,
+    counted by the waiting gauge, and no DEL runs for it."""
+    lab = world.lab
+    agent = LabAgent(lab, tmp_path / "state.json", "--mode", "reap", "--interval", "1s", *REAP)
+    sandbox = ""
+    forged = None
+    try:
+        agent.wait_for_metric("cni_reaper_passes_total", lambda n: n >= 1, outcome="ok")
+        sandbox = lab.run_pod("calico-pod")
+        netns = lab.pod_netns_path(sandbox)
+        assert netns is not None
+        pod_args = (("IgnoreUnknown", "1"), ("K8S_POD_NAMESPACE", "default"), ("K8S_POD_NAME", "calico-pod"))
+        call = lab.plugin_call(sandbox, netns, cni_args=pod_args)
+        _, cache = labcni.add_and_cache(lab.cache_dir, world.conflists["calico"], call)
+        record = store_of(world, "calico") / sandbox
+        forged = leftover(world, "calico")
+        # Two passes more: one of them began after the sandbox was running, and listed it.
+        passes = metric(agent.get("/metrics")[1], "cni_reaper_passes_total", outcome="ok")
+        agent.wait_for_metric("cni_reaper_passes_total", lambda n: n >= passes + 2, outcome="ok")
+        assert record.exists() and cache.exists() and dels(world, "calico", sandbox) == []
+        with failing(world, "calico"):
+            lab.stop_pod(sandbox)
+            lab.remove_pod(sandbox)
+            assert not netns.exists() and cache.exists()
+            until(lambda: len(dels(world, "calico", sandbox)) >= 1, "a DEL of the removed sandbox")
+            assert record.exists() and cache.exists(), "a failed DEL loses no record"
+        until(lambda: not cache.exists(), "the entry gone once its DEL succeeded")
+        assert not record.exists()
+        calls = dels(world, "calico", sandbox)
+        assert {c["netns"] for c in calls} == {""} and len(calls) >= 2
+        body = agent.wait_for_metric("cni_reaper_waiting_attachments", lambda n: n >= 1, plugin="calico")
+        assert metric(body, "cni_reaper_waiting_attachments", plugin="calico") == 1
+        assert dels(world, "calico", forged.container_id) == []
+        assert forged.record.exists() and forged.cache.exists()
+        assert pings(lab, world.live)
+    finally:
+        assert agent.stop() == 0
+        if sandbox and sandbox in {s.id for s in lab.sandboxes()}:
+            lab.stop_pod(sandbox)
+            lab.remove_pod(sandbox)
+        if forged is not None:
+            forget(forged)

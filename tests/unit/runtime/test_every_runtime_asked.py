@@ -60,6 +60,8 @@ def test_the_nodes_runtime_through_a_symlink_at_a_known_path_is_asked(tmp_path: 
     assert view.reachable, view.error
     assert [s.id for s in view.sandboxes] == ["pinned"]
     assert [a.endpoint for a in view.runtimes] == [f"unix://{decoy}", f"unix://{tmp_path}/crio/crio.sock"]
+    # Each sandbox under the runtime that listed it (what reaper.runtime.listed remembers).
+    assert [s.runtime for s in view.sandboxes] == [f"unix://{tmp_path}/crio/crio.sock"]
 
 
 def test_two_known_paths_reaching_one_socket_ask_it_once(tmp_path: Path) -> None:

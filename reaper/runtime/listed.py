@@ -1,0 +1,81 @@
+"""Sandboxes this process was told of by the node's own runtimes: what proves a container ID
+was this node's, for a DEL that frees it in a datastore the whole cluster shares (Calico's).
+
+Sandbox IDs are unique across a cluster (64 random hex digits, as containerd and CRI-O make
+them), so an ID a runtime of this node listed once, for a pod, and that every runtime of the
+node now answers without, is a dead sandbox of this node: the DEL a runtime would have run for
+it (reaper.reap.act.without_netns_request) frees that sandbox's handle only. An ID no runtime
+of this node was seen to list may be a live pod's on another node, whatever a file says.
+
+Only what a runtime told this very process counts: kept in memory (never the state file, which
+whoever writes the state dir can write), so a one-shot run (`reaper scan`, `reaper reap`) never
+has any, and a restarted agent starts with none. Each sandbox is kept as a digest of (the
+runtime's endpoint, the sandbox ID, the pod's namespace and name), so a cache entry must name
+the pod its runtime listed with that ID, and the runtime that listed it must be among those
+that answer now. Bounded: the last MAX_LISTED sandboxes listed (refreshed each pass a runtime
+lists them), the oldest dropped, about 15 MiB at the bound; a sandbox gone longer than that
+many listings ago waits, as a one-shot's does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Iterable
+
+from reaper.model import Attachment, RuntimeView
+
+MAX_LISTED = 100_000  # sandboxes remembered, all runtimes together
+_DIGEST_BYTES = 16
+
+
+def _digest(endpoint: str, sandbox_id: str, namespace: str, name: str) -> bytes:
+    text = "\0".join((endpoint, sandbox_id, namespace, name))
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=_DIGEST_BYTES).digest()
+
+
+class ListedHere:
+    """The sandboxes the runtimes of this node listed to this process since it started."""
+
+    def __init__(self, limit: int = MAX_LISTED) -> None:
+        self._limit = limit
+        self._seen: OrderedDict[bytes, None] = OrderedDict()  # oldest listing first
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def remember(self, view: RuntimeView) -> None:
+        """Keep what a complete answer of the runtimes listed (a view that is not reachable
+        lists nothing to keep), each sandbox under the runtime that listed it."""
+        if not view.reachable:
+            return
+        for sandbox in view.sandboxes:
+            if not sandbox.runtime:
+                continue
+            key = _digest(sandbox.runtime, sandbox.id, sandbox.namespace, sandbox.name)
+            if key in self._seen:
+                self._seen.move_to_end(key)
+            else:
+                self._seen[key] = None
+        while len(self._seen) > self._limit:
+            self._seen.popitem(last=False)
+
+    def gone(self, attachments: Iterable[Attachment], view: RuntimeView) -> dict[str, tuple[str, str]]:
+        """Container ID -> (namespace, name) of each attachment in no namespace whose sandbox a
+        runtime of this node listed to this process before, for the pod its cache entry names
+        (an entry naming none proves nothing), while that runtime answers in `view` and every
+        runtime asked answered (`view` reachable) without the ID. Fail closed: with any runtime
+        unanswered, nothing is proven."""
+        if not view.reachable:
+            return {}
+        listed_now = {s.id for s in view.sandboxes}
+        answered = {a.endpoint for a in view.runtimes if a.reachable and not a.skipped}
+        found: dict[str, tuple[str, str]] = {}
+        for attachment in attachments:
+            cid, pod = attachment.key.container_id, attachment.pod
+            if cid is None or pod is None or attachment.netns is not None or cid in listed_now:
+                continue
+            namespace, _, name = pod.partition("/")
+            if any(_digest(endpoint, cid, namespace, name) in self._seen for endpoint in answered):
+                found.setdefault(cid, (namespace, name))
+        return found
