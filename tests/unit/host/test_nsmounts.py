@@ -582,7 +582,7 @@ def test_held_mounts_answers_as_held_elsewhere_and_pin_files_shared_do(
     real = nsmounts._mount_ns
 
     def hidden(base: str) -> int | None:
-        return nsmounts.UNKNOWN_NS if base.rsplit("/", 1)[1].startswith("11") else real(base)
+        return nsmounts.UNKNOWN_NS if base.rsplit("/", 1)[1] in {"110", "111", "112", "113"} else real(base)
 
     monkeypatch.setattr(nsmounts, "_mount_ns", hidden)
     mounts = netns_mounts(str(proc.root))
