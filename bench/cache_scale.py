@@ -226,7 +226,7 @@ def run_agent(budget: float, flags: list[str]) -> None:
     log.addHandler(logging.NullHandler())
     log.propagate = False
     agent = Agent(settings, reap_settings_from(args, {}), agent_settings_from(args, {}), liveness_from(settings), log)
-    results = Path(settings.cni_cache_dir) / "results"
+    results = Path(settings.find.cache_dir) / "results"
     started = time.monotonic()
     before = count_stale(results)
     while True:

@@ -154,7 +154,9 @@ def main(argv: list[str]) -> None:
     # file; the agent keeps an InventoryMemo in memory.
     for _ in range(ROUNDS):
         floors.append(
-            floor(settings.netns_dirs[0], settings.ipam_dirs[0], settings.cni_cache_dir, settings.cni_conf_dir)
+            floor(
+                settings.find.netns_dirs[0], settings.find.ipam_dirs[0], settings.find.cache_dir, settings.find.conf_dir
+            )
         )
         t = time.perf_counter()
         scan_pass(settings, liveness, log)

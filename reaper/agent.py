@@ -35,9 +35,9 @@ def breaker_would_trip(report: ScanReport, reap: ReapSettings) -> bool:
     """Whether a reap of what this scan saw would stop at the breaker, as reap_pass weighs it
     (reaper.reap.plan): what scan mode exports, so that an operator hears before switching to
     reap that it would reclaim nothing."""
-    if reap.force or not report.runtime.reachable:
+    if reap.policy.force or not report.runtime.reachable:
         return False
-    return breaker_trips(*breaker_counts(report.attachments), reap.max_orphan_ratio)
+    return breaker_trips(*breaker_counts(report.attachments), reap.policy.max_orphan_ratio)
 
 
 class Agent:
@@ -117,7 +117,7 @@ class Agent:
         if self.agent.mode == "scan":
             scanned = scan_pass(
                 self.settings, self.liveness, self.log, self.clock, self.memo, kept=self.kept,
-                allow_plugins=self.reap.allow_plugins, plugins_run=not self.reap.kernel_only,
+                allow_plugins=self.reap.allow_plugins, plugins_run=not self.reap.policy.kernel_only,
             )  # fmt: skip
             self.metrics.observe_scan(scanned.report)
             self.metrics.observe_state(scanned.state_saved)

@@ -459,7 +459,7 @@ def _explain(args: argparse.Namespace) -> int:
         log,
         save=False,
         allow_plugins=reap.allow_plugins,
-        plugins_run=not reap.kernel_only,
+        plugins_run=not reap.policy.kernel_only,
     )
     found = explain(result, args.target, history, settings.policy.confirmations, reap.allow_plugins)
     if settings.json_output:

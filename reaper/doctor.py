@@ -92,9 +92,9 @@ def _dirs(settings: Settings, layout: Layout) -> Iterator[Check]:
             "layout", "warn", f"a runtime config could not be read: {problem}", "fix the file, or pass the dirs"
         )
     for flag, value in (
-        ("--cni-conf-dir", ":".join(settings.cni_conf_dirs)),
-        ("--cni-bin-dir", ":".join(settings.cni_bin_dirs)),
-        ("--netns-dir", ":".join(settings.netns_dirs)),
+        ("--cni-conf-dir", ":".join(settings.find.conf_dirs)),
+        ("--cni-bin-dir", ":".join(settings.find.bin_dirs)),
+        ("--netns-dir", ":".join(settings.find.netns_dirs)),
     ):
         yield Check("layout", "ok", f"{flag} {value} (from {origins.get(flag, 'default')})")
 
@@ -111,20 +111,20 @@ def _readable(name: str, path: str, fix: str, missing: Status = "fail") -> Check
 
 def _cni_dirs(settings: Settings, configs: list[NetworkConfig]) -> Iterator[Check]:
     mount = "mount it into the reaper (the chart's hostPath values), or pass the right path"
-    conf = [_readable("conf dir", d, mount) for d in settings.cni_conf_dirs]
+    conf = [_readable("conf dir", d, mount) for d in settings.find.conf_dirs]
     yield from conf
     if any(c.status == "ok" for c in conf):
         if configs:
             names = ", ".join(sorted({c.name for c in configs}))
             yield Check("conf dir", "ok", f"{len(configs)} network config(s): {names}")
         else:
-            yield Check("conf dir", "warn", f"no network config in {':'.join(settings.cni_conf_dirs)}", mount)
-    for directory in settings.cni_bin_dirs:
+            yield Check("conf dir", "warn", f"no network config in {':'.join(settings.find.conf_dirs)}", mount)
+    for directory in settings.find.bin_dirs:
         yield _readable("bin dir", directory, mount)
-    yield _readable("cache dir", settings.cni_cache_dir, mount, missing="warn")
-    for directory in settings.netns_dirs:
+    yield _readable("cache dir", settings.find.cache_dir, mount, missing="warn")
+    for directory in settings.find.netns_dirs:
         yield _readable("netns dir", directory, mount, missing="warn")
-    for directory in settings.ipam_dirs:
+    for directory in settings.find.ipam_dirs:
         yield _readable("ipam dir", directory, mount, missing="warn")
 
 
@@ -146,12 +146,14 @@ def _plugins(settings: Settings, configs: Iterable[NetworkConfig], platform: str
             types = executed_types(plugins)
         except ConfigError:
             continue
-        missing = sorted(t for t in types if not any(os.path.isfile(os.path.join(d, t)) for d in settings.cni_bin_dirs))
+        missing = sorted(
+            t for t in types if not any(os.path.isfile(os.path.join(d, t)) for d in settings.find.bin_dirs)
+        )
         if missing:
             yield Check(
                 "plugins",
                 "fail",
-                f"{config.name}: {', '.join(missing)} not in {':'.join(settings.cni_bin_dirs)}: its DEL cannot run",
+                f"{config.name}: {', '.join(missing)} not in {':'.join(settings.find.bin_dirs)}: its DEL cannot run",
                 "mount the bin dir the runtime uses (see --cni-bin-dir)",
             )
         else:
@@ -256,7 +258,7 @@ def _state_dirs(settings: Settings, configs: Iterable[NetworkConfig]) -> Iterato
             if isinstance(named, str) and named.startswith("/"):
                 yield f"{kind} {key}", go_join(named, ""), config.name
             elif named is None:
-                yield f"{kind} {key}", os.path.join(settings.cni_cache_dir, default), config.name
+                yield f"{kind} {key}", os.path.join(settings.find.cache_dir, default), config.name
 
 
 def _socket_key(path: str, root: str | None) -> tuple[int, int] | None:
@@ -308,11 +310,11 @@ def _visibility(
 
     # On the host itself a dir missing here is missing, not hidden: the plugin has not made it yet.
     hidden = not _same_dir(host_root, here("/"))
-    mounted = [d for d in (settings.cni_cache_dir, *settings.ipam_dirs) if os.path.isdir(here(d))]
+    mounted = [d for d in (settings.find.cache_dir, *settings.find.ipam_dirs) if os.path.isdir(here(d))]
     warned = 0
     seen: set[str] = set()
     for what, directory, network in _state_dirs(settings, configs):
-        if directory in seen or directory in settings.ipam_dirs:  # the ipam dir check has those
+        if directory in seen or directory in settings.find.ipam_dirs:  # the ipam dir check has those
             continue
         seen.add(directory)
         if not hidden or os.path.isdir(here(directory)) or any(_under(directory, d) for d in mounted):
@@ -348,7 +350,7 @@ def _visibility(
 def _pod_cidrs(settings: Settings, configs: Iterable[NetworkConfig]) -> Iterator[Check]:
     """Ranges whose subnet is the node's pod CIDR (Calico, Canal with host-local) need it for
     their gauges and the range-full alert."""
-    cidrs = settings.pod_cidrs or PodCidrs(None, None, "")
+    cidrs = settings.find.pod_cidrs or PodCidrs(None, None, "")
     for config in configs:
         for version in config.pod_cidr_versions:
             placeholder = "usePodCidr" if version == 4 else "usePodCidrIPv6"
@@ -369,13 +371,13 @@ def _namespaces(settings: Settings) -> Iterator[Check]:
     else:
         fix = "run with the host's PID namespace (hostPID: true) and its /proc"
         yield Check("pid namespace", "fail", f"{unseen}: nothing with a netns can be called an orphan", fix)
-    hazard = unpin_hazard(settings.netns_dirs)
+    hazard = unpin_hazard(settings.find.netns_dirs)
     if hazard is None:
         yield Check("mounts", "ok", "netns mounts reach this mount namespace: unpinning is safe")
     else:
         fix = "mount the netns dir with Bidirectional propagation (the chart does) or run in the host's mount namespace"
         yield Check("mounts", "warn", f"{hazard}: no pin will be unlinked", fix)
-    yield _held_mounts(settings.netns_dirs)
+    yield _held_mounts(settings.find.netns_dirs)
 
 
 def _held_mounts(netns_dirs: tuple[str, ...]) -> Check:
@@ -469,7 +471,7 @@ def run_checks(
 ) -> list[Check]:
     """Every check, in the order a first run needs them. `preset`: the chart's cniPreset;
     `platform`: its platform preset."""
-    configs, _ = collect_configs_of(settings.cni_conf_dirs)
+    configs, _ = collect_configs_of(settings.find.conf_dirs)
     return [
         *_runtimes(view, layout),
         *_dirs(settings, layout),

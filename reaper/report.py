@@ -31,19 +31,20 @@ def attachment_json(a: Attachment, now: float) -> dict[str, Any]:
 
 def layout_json(settings: Settings) -> dict[str, Any]:
     """The dirs layout detection may fill in: each value, and where it came from."""
+    find = settings.find
     values = {
-        "--cni-conf-dir": settings.cni_conf_dir,
-        "--cni-bin-dir": list(settings.cni_bin_dirs),
-        "--netns-dir": list(settings.netns_dirs),
+        "--cni-conf-dir": find.conf_dir,
+        "--cni-bin-dir": list(find.bin_dirs),
+        "--netns-dir": list(find.netns_dirs),
     }
     return {
         "dirs": {flag: {"value": values[flag], "from": origin} for flag, origin in settings.origins},
         # The detected conf dir above and the other runtimes' conf dirs: the node's own configs.
-        "conf_dirs": list(settings.cni_conf_dirs),
+        "conf_dirs": list(find.conf_dirs),
         "problems": [*settings.given_problems, *settings.layout_problems],
         "pod_cidrs": None
-        if settings.pod_cidrs is None
-        else {"v4": settings.pod_cidrs.v4, "v6": settings.pod_cidrs.v6, "from": settings.pod_cidrs.source},
+        if find.pod_cidrs is None
+        else {"v4": find.pod_cidrs.v4, "v6": find.pod_cidrs.v6, "from": find.pod_cidrs.source},
     }
 
 

@@ -17,7 +17,6 @@ from msgspec.structs import replace
 
 from reaper.correlate import Correlation, Ties, join, tie_all
 from reaper.host.memo import InventoryMemo
-from reaper.kinds import FindOptions
 from reaper.model import VERDICTS, AttachmentHistory, NodeSnapshot, RuntimeView, ScanReport, ScanResult
 from reaper.reconcile import holders_decide, processes_decide, reconcile
 from reaper.runtime.liveness import LivenessSource
@@ -25,20 +24,6 @@ from reaper.settings import Settings
 from reaper.snapshot import take_snapshot, with_holders, with_processes
 from reaper.state import KeptState, State, StateError, load_state, save_state
 from reaper.stopwatch import DIGITS, Stopwatch
-
-
-def find_options(settings: Settings) -> FindOptions:
-    return FindOptions(
-        netns_dirs=settings.netns_dirs,
-        ipam_dirs=settings.ipam_dirs,
-        cache_dir=settings.cni_cache_dir,
-        conf_dir=settings.cni_conf_dir,
-        more_conf_dirs=settings.more_conf_dirs,
-        bin_dirs=settings.cni_bin_dirs,
-        netns_patterns=settings.netns_patterns,
-        pod_cidrs=settings.pod_cidrs,
-        namespaces_dirs=settings.namespaces_dirs,
-    )
 
 
 def scan_pass(
@@ -67,7 +52,7 @@ def scan_pass(
     # The node first, the runtime second: a sandbox born in between is then newer than
     # anything in the snapshot that could be mistaken for one of its resources.
     memo = memo if memo is not None else InventoryMemo()  # a one-shot's: this pass only
-    snapshot = take_snapshot(find_options(settings), memo)
+    snapshot = take_snapshot(settings.find, memo)
     watch = Stopwatch()
     # What PodSandboxStatus said to this process before, by (sandbox ID, creation time): never a
     # file's word (a cache entry's or the state file's).
@@ -152,7 +137,7 @@ def _correlate(
     if processes_decide(ties.namespaces(), runtime):
         snapshot = with_processes(snapshot)
     watch.lap("processes")
-    snapshot = with_holders(snapshot, holders_decide(correlation, runtime), settings.cni_bin_dirs)
+    snapshot = with_holders(snapshot, holders_decide(correlation, runtime), settings.find.bin_dirs)
     watch.lap("holders")
     return snapshot, correlation
 

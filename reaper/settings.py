@@ -25,7 +25,8 @@ from reaper.exclusions import Exclusions, name_glob, pod_glob
 from reaper.layout import Layout
 from reaper.model import Policy
 from reaper.names import PLUGIN_TYPE, compile_netns_patterns, is_cni_id
-from reaper.podcidr import PodCidrError, PodCidrs, pod_cidrs_from, resolve_pod_cidrs
+from reaper.options import FindOptions, ReapPolicy
+from reaper.podcidr import PodCidrError, pod_cidrs_from, resolve_pod_cidrs
 
 Group = Literal["paths", "reap", "agent", "output"]
 GROUP_TITLES: dict[Group, str] = {
@@ -433,12 +434,7 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> d
 
 
 class Settings(Struct, frozen=True, kw_only=True):
-    netns_dirs: tuple[str, ...]
-    netns_patterns: tuple[re.Pattern[str], ...]
-    ipam_dirs: tuple[str, ...]
-    cni_cache_dir: str
-    cni_conf_dir: str
-    cni_bin_dirs: tuple[str, ...]
+    find: FindOptions  # the dirs and pin names the look reads, as the flags and layout give them
     runtime_endpoints: tuple[str, ...]
     runtime_timeout: float
     policy: Policy
@@ -458,27 +454,12 @@ class Settings(Struct, frozen=True, kw_only=True):
     pod_cidr_values: tuple[str, ...] = ()
     node_name: str | None = None
     pod_cidr_from_node: bool = True  # in a pod with node_name, ask the API for its pod CIDRs
-    pod_cidrs: PodCidrs | None = None  # set by with_pod_cidrs
-    # CRI-O's namespaces_dir as its config says (its netns dir's parent), where its other pins are
-    namespaces_dirs: tuple[str, ...] = ()
-    # The other present runtimes' conf dirs, when the conf dir was detected; never beside a
-    # --cni-conf-dir or REAPER_CNI_CONF_DIR, which names the only one.
-    more_conf_dirs: tuple[str, ...] = ()
-
-    @property
-    def cni_conf_dirs(self) -> tuple[str, ...]:
-        """Every conf dir whose configs are the node's own, the first winning a shared name."""
-        return tuple(dict.fromkeys((self.cni_conf_dir, *self.more_conf_dirs)))
 
 
 class ReapSettings(Struct, frozen=True, kw_only=True):
-    max_reap: int
-    max_orphan_ratio: float
-    kernel_only: bool
-    quarantine_dir: str | None
+    policy: ReapPolicy  # what the plan weighs: --max-reap, the breaker, --method, the quarantine
     plugin_timeout: float
     quarantine_max_age: float = 7 * 86400.0  # --quarantine-max-age
-    force: bool
     dry_run: bool
     allow_plugins: tuple[str, ...] = ()
     del_concurrency: int = DEL_CONCURRENCY  # plugin DELs run at once
@@ -584,12 +565,16 @@ def settings_from(
         if origins["--netns-dir"] == "default":
             v["netns_dir"], origins["--netns-dir"] = list(layout.netns_dirs), sources
     return Settings(
-        netns_dirs=tuple(v["netns_dir"]),
-        netns_patterns=compile_netns_patterns(tuple(v["netns_pattern"])),
-        ipam_dirs=tuple(v["ipam_dir"]),
-        cni_cache_dir=v["cni_cache_dir"],
-        cni_conf_dir=v["cni_conf_dir"],
-        cni_bin_dirs=tuple(v["cni_bin_dir"]),
+        find=FindOptions(
+            netns_dirs=tuple(v["netns_dir"]),
+            ipam_dirs=tuple(v["ipam_dir"]),
+            cache_dir=v["cni_cache_dir"],
+            conf_dir=v["cni_conf_dir"],
+            bin_dirs=tuple(v["cni_bin_dir"]),
+            netns_patterns=compile_netns_patterns(tuple(v["netns_pattern"])),
+            more_conf_dirs=more_conf_dirs,
+            namespaces_dirs=tuple(v["namespaces_dir"]) or _crio_namespaces_dirs(layout),
+        ),
         runtime_endpoints=tuple(v["runtime_endpoint"]),
         runtime_timeout=v["runtime_timeout"],
         policy=Policy(
@@ -615,8 +600,6 @@ def settings_from(
         pod_cidr_values=tuple(v["pod_cidr"]),
         node_name=v["node_name"],
         pod_cidr_from_node=v["pod_cidr_from_node"],
-        namespaces_dirs=tuple(v["namespaces_dir"]) or _crio_namespaces_dirs(layout),
-        more_conf_dirs=more_conf_dirs,
     )
 
 
@@ -665,19 +648,21 @@ def with_pod_cidrs(settings: Settings, env: Mapping[str, str] | None = None) -> 
         cidrs = resolve_pod_cidrs(settings.pod_cidr_values, node, os.environ if env is None else env)
     except PodCidrError as err:
         return replace(settings, layout_problems=(*settings.layout_problems, f"pod CIDR: {err}"))
-    return replace(settings, pod_cidrs=cidrs)
+    return replace(settings, find=replace(settings.find, pod_cidrs=cidrs))
 
 
 def reap_settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> ReapSettings:
     v = resolve(args, env)
     return ReapSettings(
-        max_reap=v["max_reap"],
-        max_orphan_ratio=v["max_orphan_ratio"],
-        kernel_only=v["method"] == "kernel",
-        quarantine_dir=v["quarantine_dir"],
+        policy=ReapPolicy(
+            max_reap=v["max_reap"],
+            max_orphan_ratio=v["max_orphan_ratio"],
+            kernel_only=v["method"] == "kernel",
+            quarantine_dir=v["quarantine_dir"],
+            force=v["force"],
+        ),
         quarantine_max_age=v["quarantine_max_age"],
         plugin_timeout=v["plugin_timeout"],
-        force=v["force"],
         dry_run=v["dry_run"],
         allow_plugins=tuple(v["allow_plugin"]),
         del_concurrency=v["del_concurrency"],

@@ -11,11 +11,12 @@ from msgspec.structs import replace
 
 from reaper.host.memo import InventoryMemo
 from reaper.host.procs import describe, netns_members, unseen_processes
-from reaper.kinds import FindOptions, Found, Kind, Look, hostlocal
+from reaper.kinds import Found, Kind, Look, hostlocal
 from reaper.kinds.hostlocal import range_usage
 from reaper.kinds.netconf import collect_configs_of
 from reaper.kinds.registry import KINDS
 from reaper.model import HostUnseen, NetworkConfig, NodeSnapshot, NsKey, SourceError
+from reaper.options import FindOptions
 from reaper.stopwatch import Stopwatch
 
 HOST_NETNS_PATHS = ("/proc/1/ns/net", "/proc/2/ns/net")

@@ -8,7 +8,6 @@ disagree about what a resource is. `reaper.kinds.registry` lists the kinds.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -27,30 +26,9 @@ from reaper.model import (
     SourceError,
     Tie,
 )
-from reaper.podcidr import PodCidrs
+from reaper.options import FindOptions
 
 R = TypeVar("R")
-
-COMMAND_TIMEOUT = 30.0  # seconds for one run of iptables-save, iptables-restore or nft
-
-
-class FindOptions(Struct, frozen=True, kw_only=True):
-    netns_dirs: tuple[str, ...]
-    ipam_dirs: tuple[str, ...]
-    cache_dir: str
-    conf_dir: str
-    bin_dirs: tuple[str, ...]
-    netns_patterns: tuple[re.Pattern[str], ...]
-    command_timeout: float = COMMAND_TIMEOUT
-    more_conf_dirs: tuple[str, ...] = ()  # the other runtimes' conf dirs (Layout.conf_dirs)
-    pod_cidrs: PodCidrs | None = None  # for ranges whose subnet is usePodCidr (range gauges only)
-    # CRI-O's namespaces_dir, where it pins a sandbox's other namespaces beside its netns pin
-    namespaces_dirs: tuple[str, ...] = ()
-
-    @property
-    def conf_dirs(self) -> tuple[str, ...]:
-        """Every conf dir whose configs are the node's own; the first wins a shared name."""
-        return tuple(dict.fromkeys((self.conf_dir, *self.more_conf_dirs)))
 
 
 class Look(Struct, frozen=True):

@@ -20,7 +20,7 @@ from reaper.cni.requests import DelRequest, UnfitArgs, request_from_cache, safe_
 from reaper.host.netns_addrs import Handle, NamespaceAddresses, NamespaceToRead, read_addresses
 from reaper.host.nsmounts import ParsedMountinfo, in_use
 from reaper.host.quarantine import Quarantine
-from reaper.kinds import COMMAND_TIMEOUT, Kind, ReclaimContext
+from reaper.kinds import Kind, ReclaimContext
 from reaper.kinds.netconf import FREES_WITHOUT_NETNS, FREES_WITHOUT_NETNS_IF_LISTED_HERE, stateful_plugins
 from reaper.kinds.registry import KINDS, LAST, RECLAIM_ORDER, pin_of
 from reaper.model import (
@@ -37,6 +37,7 @@ from reaper.model import (
     RuntimeView,
     SkippedAttachment,
 )
+from reaper.options import COMMAND_TIMEOUT
 from reaper.reap import delegates
 from reaper.reap.plan import Listed, listed, recheck_reason
 from reaper.reap.stays import held_in_staying, kept_with_namespace, lives_in, staying_namespaces

@@ -20,16 +20,7 @@ from reaper.model import (
     RuntimeView,
     SkippedAttachment,
 )
-
-
-class ReapPolicy(Struct, frozen=True, kw_only=True):
-    """The parts of the reap settings the plan depends on."""
-
-    max_reap: int
-    max_orphan_ratio: float
-    kernel_only: bool
-    quarantine: bool
-    force: bool
+from reaper.options import ReapPolicy
 
 
 def plan_attachment(

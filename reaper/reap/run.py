@@ -27,27 +27,17 @@ from reaper.reap.act import (
     reclaim_log_fields,
 )
 from reaper.reap.addresses import addresses_in_use
-from reaper.reap.plan import ReapPolicy, breaker_counts, breaker_reason, costs_nothing, plan_attachment, select
+from reaper.reap.plan import breaker_counts, breaker_reason, costs_nothing, plan_attachment, select
 from reaper.reap.review import PlanFile, plan_keys, reviewed_orphans, steps_changed
 from reaper.reap.trust import NO_KERNEL_EVIDENCE, node_trust, proven_namespaces
 from reaper.runtime.liveness import LivenessSource
-from reaper.scan import find_options, scan_pass
+from reaper.scan import scan_pass
 from reaper.settings import ReapSettings, Settings
 from reaper.snapshot import take_snapshot
 from reaper.state import KeptState
 from reaper.stopwatch import Stopwatch
 
 DROPPED = "no plugin runs: --drop-waiting names it; its files go as files"
-
-
-def _policy(reap: ReapSettings) -> ReapPolicy:
-    return ReapPolicy(
-        max_reap=reap.max_reap,
-        max_orphan_ratio=reap.max_orphan_ratio,
-        kernel_only=reap.kernel_only,
-        quarantine=reap.quarantine_dir is not None,
-        force=reap.force,
-    )
 
 
 def _expire_quarantine(directory: str, max_age: float, log: logging.Logger, now: float) -> None:
@@ -93,8 +83,8 @@ def reap_pass(
     `reviewed`: a plan file (reaper.reap.review); only what it names, unchanged, is reclaimed."""
     stop = stop if stop is not None else threading.Event()
     watch = Stopwatch()
-    if reap.quarantine_dir and not reap.dry_run:
-        _expire_quarantine(reap.quarantine_dir, reap.quarantine_max_age, log, clock())
+    if reap.policy.quarantine_dir and not reap.dry_run:
+        _expire_quarantine(reap.policy.quarantine_dir, reap.quarantine_max_age, log, clock())
     scan = scan_pass(
         settings,
         liveness,
@@ -103,10 +93,10 @@ def reap_pass(
         memo,
         kept=kept,
         allow_plugins=reap.allow_plugins,
-        plugins_run=not reap.kernel_only,
+        plugins_run=not reap.policy.kernel_only,
     )
     report = scan.report
-    policy = _policy(reap)
+    policy = reap.policy
     watch.lap("scan")
 
     def result(**changes: Any) -> ReapResult:
@@ -181,7 +171,7 @@ def reap_pass(
             log.log(level, "plugin config refused", extra={"attachment": key.as_text(), "reason": note})
     if reap.dry_run:
         # The address check reads the kernel only: the plan leaves out what the pass would leave.
-        held = addresses_in_use(selected, records, settings.netns_dirs)
+        held = addresses_in_use(selected, records, settings.find.netns_dirs)
         skipped += [SkippedAttachment(a.key, held[a.key]) for a in selected if a.key in held]
         return result(plan=tuple(p for p in plan if p.key not in held), skipped=tuple(skipped))
 
@@ -198,22 +188,22 @@ def reap_pass(
         return result(plan=plan, skipped=tuple(skipped), recheck_error=view.error)
     # Files can split a running container's lease, chain and rules from its namespace; where
     # the kernel has its addresses configured cannot be forged (reaper.reap.addresses).
-    held = addresses_in_use(selected, records, settings.netns_dirs)
+    held = addresses_in_use(selected, records, settings.find.netns_dirs)
     if held:
         skipped += [SkippedAttachment(a.key, held[a.key]) for a in selected if a.key in held]
         selected = [a for a in selected if a.key not in held]
         for key, why in held.items():
             log.warning("left: address in use", extra={"attachment": key.as_text(), "reason": why})
     watch.lap("addresses")
-    options = find_options(settings)
+    options = settings.find
     reclaimer = Reclaimer(
         look=lambda: take_snapshot(options, memo),
-        netns_dirs=settings.netns_dirs,
-        bin_dirs=settings.cni_bin_dirs,
+        netns_dirs=settings.find.netns_dirs,
+        bin_dirs=settings.find.bin_dirs,
         live_netns=frozenset(s.netns for s in view.sandboxes if s.netns is not None),
         plugin_timeout=reap.plugin_timeout,
         del_concurrency=reap.del_concurrency,
-        quarantine=Quarantine(reap.quarantine_dir) if reap.quarantine_dir else None,
+        quarantine=Quarantine(reap.policy.quarantine_dir) if reap.policy.quarantine_dir else None,
         log=log,
         stop=stop,
         observe=lambda: liveness.observe(scan.known_netns),

@@ -15,9 +15,10 @@ from typing import Any
 from msgspec.structs import replace
 
 from reaper.host.memo import RACY_NS, InventoryMemo
-from reaper.kinds import FindOptions, Look
+from reaper.kinds import Look
 from reaper.kinds.netconf import parse_network_config
 from reaper.model import AttachmentHistory, NetworkConfig, NodeSnapshot, Policy, RuntimeView, ScanReport
+from reaper.options import FindOptions
 from reaper.reap.act import Reclaimer
 from reaper.reconcile import reconcile
 from reaper.settings import DEL_CONCURRENCY

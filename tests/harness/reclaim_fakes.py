@@ -33,6 +33,7 @@ from reaper.model import (
     ScanResult,
     Verdict,
 )
+from reaper.options import FindOptions, ReapPolicy
 from reaper.settings import ReapSettings, Settings
 from tests.harness.snapshots import HOST, cid
 
@@ -168,12 +169,14 @@ class FakeLiveness:
 def fake_settings(tmp_path: Path, bin_dirs: tuple[str, ...] = ()) -> Settings:
     """Settings whose dirs are under tmp_path (none of them is read: the tests fake the looks)."""
     return Settings(
-        netns_dirs=(str(tmp_path / "netns"),),
-        netns_patterns=(re.compile("cni-.*"),),
-        ipam_dirs=(str(tmp_path / "ipam"),),
-        cni_cache_dir=str(tmp_path / "cache"),
-        cni_conf_dir=str(tmp_path / "net.d"),
-        cni_bin_dirs=bin_dirs,
+        find=FindOptions(
+            netns_dirs=(str(tmp_path / "netns"),),
+            ipam_dirs=(str(tmp_path / "ipam"),),
+            cache_dir=str(tmp_path / "cache"),
+            conf_dir=str(tmp_path / "net.d"),
+            bin_dirs=bin_dirs,
+            netns_patterns=(re.compile("cni-.*"),),
+        ),
         runtime_endpoints=("unix:///test.sock",),
         runtime_timeout=1.0,
         policy=Policy(min_age=600.0, confirmations=2, stuck_after=3600.0),
@@ -188,12 +191,10 @@ def reap_settings(
     *, max_reap: int = 50, max_orphan_ratio: float = 0.6, force: bool = False, dry_run: bool = False
 ) -> ReapSettings:
     return ReapSettings(
-        max_reap=max_reap,
-        max_orphan_ratio=max_orphan_ratio,
-        kernel_only=False,
-        quarantine_dir=None,
+        policy=ReapPolicy(
+            max_reap=max_reap, max_orphan_ratio=max_orphan_ratio, kernel_only=False, quarantine_dir=None, force=force
+        ),
         plugin_timeout=5.0,
-        force=force,
         dry_run=dry_run,
     )
 

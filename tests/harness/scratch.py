@@ -7,6 +7,7 @@ from pathlib import Path
 
 from reaper.model import Policy
 from reaper.names import compile_netns_patterns
+from reaper.options import FindOptions
 from reaper.settings import Settings
 
 DIRS = ("netns", "ipam", "cache", "conf", "bin")
@@ -19,12 +20,14 @@ def scratch_settings(
     for sub in DIRS:
         (work / sub).mkdir(parents=True, exist_ok=True)
     return Settings(
-        netns_dirs=(str(work / "netns"),),
-        netns_patterns=compile_netns_patterns(()),
-        ipam_dirs=(str(work / "ipam"),),
-        cni_cache_dir=str(work / "cache"),
-        cni_conf_dir=str(work / "conf"),
-        cni_bin_dirs=(str(work / "bin"),),
+        find=FindOptions(
+            netns_dirs=(str(work / "netns"),),
+            ipam_dirs=(str(work / "ipam"),),
+            cache_dir=str(work / "cache"),
+            conf_dir=str(work / "conf"),
+            bin_dirs=(str(work / "bin"),),
+            netns_patterns=compile_netns_patterns(()),
+        ),
         runtime_endpoints=endpoints,
         runtime_timeout=runtime_timeout,
         policy=Policy(min_age=0.0, confirmations=confirmations, stuck_after=900.0),

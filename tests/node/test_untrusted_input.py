@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from reaper.kinds import FindOptions
+from reaper.options import FindOptions
 from reaper.snapshot import take_snapshot
 from tests.harness.agent import LabAgent, metric
 from tests.harness.configs import cache_doc, conflist

@@ -121,6 +121,7 @@ from reaper.model import (
     SourceError,
 )
 from reaper.names import compile_netns_patterns
+from reaper.options import FindOptions, ReapPolicy
 from reaper.reap.run import reap_pass
 from reaper.reconcile import reconcile
 from reaper.settings import ReapSettings, Settings
@@ -890,12 +891,14 @@ class Tree:
     def settings(self) -> tuple[Settings, ReapSettings]:
         top, state = self.top, self.state
         node = Settings(
-            netns_dirs=(str(top / "netns"),),
-            netns_patterns=compile_netns_patterns(()),
-            ipam_dirs=(str(top / "ipam"),),
-            cni_cache_dir=str(top / "cache"),
-            cni_conf_dir=str(top / "conf"),
-            cni_bin_dirs=(str(top / "bin"),),
+            find=FindOptions(
+                netns_dirs=(str(top / "netns"),),
+                ipam_dirs=(str(top / "ipam"),),
+                cache_dir=str(top / "cache"),
+                conf_dir=str(top / "conf"),
+                bin_dirs=(str(top / "bin"),),
+                netns_patterns=compile_netns_patterns(()),
+            ),
             runtime_endpoints=(),
             runtime_timeout=1.0,
             policy=Policy(min_age=0.0, confirmations=1, stuck_after=900.0),
@@ -906,12 +909,14 @@ class Tree:
         )
         quarantine = str(top / "quarantine") if state.quarantine else None
         reap = ReapSettings(
-            max_reap=state.max_reap,
-            max_orphan_ratio=1.0,
-            kernel_only=state.kernel_only,
-            quarantine_dir=quarantine,
+            policy=ReapPolicy(
+                max_reap=state.max_reap,
+                max_orphan_ratio=1.0,
+                kernel_only=state.kernel_only,
+                quarantine_dir=quarantine,
+                force=False,
+            ),
             plugin_timeout=5.0,
-            force=False,
             dry_run=state.dry_run,
         )
         return node, reap

@@ -509,20 +509,20 @@ def test_args_are_what_the_agent_takes(chart: helm.Chart) -> None:
         agent = agent_settings_from(parsed, env)
         assert agent.mode == merged["mode"]
         assert (agent.listen_host, agent.listen_port) == ("10.1.2.3", port)
-        assert settings.netns_dirs == tuple(merged["netnsDirs"])
-        assert settings.ipam_dirs == tuple(merged["ipamDirs"])
-        assert settings.cni_bin_dirs == tuple(merged["cniBinDirs"])
-        assert settings.cni_cache_dir == merged["cniCacheDir"]
-        assert settings.cni_conf_dir == merged["cniConfDir"]
+        assert settings.find.netns_dirs == tuple(merged["netnsDirs"])
+        assert settings.find.ipam_dirs == tuple(merged["ipamDirs"])
+        assert settings.find.bin_dirs == tuple(merged["cniBinDirs"])
+        assert settings.find.cache_dir == merged["cniCacheDir"]
+        assert settings.find.conf_dir == merged["cniConfDir"]
         assert settings.runtime_endpoints == (merged["runtimeEndpoint"],)
         assert settings.state_file == merged["stateFile"]
         assert settings.policy.confirmations == merged["confirmations"]
-        assert reap.max_reap == merged["maxReap"]
-        assert reap.max_orphan_ratio == merged["maxOrphanRatio"]
-        assert reap.kernel_only == (merged["method"] == "kernel")
-        assert reap.quarantine_dir == (merged["quarantineDir"] or None)
+        assert reap.policy.max_reap == merged["maxReap"]
+        assert reap.policy.max_orphan_ratio == merged["maxOrphanRatio"]
+        assert reap.policy.kernel_only == (merged["method"] == "kernel")
+        assert reap.policy.quarantine_dir == (merged["quarantineDir"] or None)
         assert reap.quarantine_max_age == parse_duration(merged["quarantineMaxAge"])
-        assert reap.force == merged["force"]
+        assert reap.policy.force == merged["force"]
         assert reap.allow_plugins == tuple(merged["allowPlugins"])
         excluded = settings.policy.exclusions
         assert (excluded.namespaces, excluded.pods, excluded.networks) == tuple(
@@ -1114,7 +1114,7 @@ def test_openshift_mounts_crios_other_namespace_pins_like_the_netns_pins(chart: 
         c = container(docs)
         assert setting_values(c, "--namespaces-dir") == ["/var/run"]
         settings = settings_from(build_parser().parse_args(c["args"]), container_env(c, NODE_IP="10.1.2.3"))
-        assert settings.namespaces_dirs == ("/var/run",)
+        assert settings.find.namespaces_dirs == ("/var/run",)
         netns = host_mount(docs, "/var/run/netns")
         for path in CRIO_PIN_DIRS:
             mount = host_mount(docs, path)

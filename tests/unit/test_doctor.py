@@ -62,7 +62,7 @@ def test_a_use_pod_cidr_range_without_the_pod_cidr_is_a_warning_with_the_fix() -
         unknown, layout_problems=("pod CIDR: GET node n1: HTTP 403 (the service account may not get nodes)",)
     )
     assert all("HTTP 403" in c.message for c in _pod_cidrs(failed, [calico]))
-    v4_only = replace(unknown, pod_cidrs=PodCidrs("10.244.3.0/24", None, "--pod-cidr"))
+    v4_only = replace(unknown, find=replace(unknown.find, pod_cidrs=PodCidrs("10.244.3.0/24", None, "--pod-cidr")))
     checks = [(c.status, c.message) for c in _pod_cidrs(v4_only, [calico])]
     assert checks[0] == ("ok", "k8s-pod-network: usePodCidr is 10.244.3.0/24 (--pod-cidr)")
     assert checks[1][0] == "warn" and "usePodCidrIPv6" in checks[1][1]
@@ -74,12 +74,13 @@ def test_doctor_lists_and_checks_every_conf_dir_and_reads_configs_from_each(tmp_
     second.mkdir()
     (second / "10-kata.conf").write_text(json.dumps({"cniVersion": "1.0.0", "name": "kata", "type": "ptp"}))
     args = build_parser().parse_args(["doctor"])
-    settings = replace(settings_from(args, {}), cni_conf_dir=str(first), more_conf_dirs=(str(second),))
+    detected = settings_from(args, {})
+    settings = replace(detected, find=replace(detected.find, conf_dir=str(first), more_conf_dirs=(str(second),)))
     checks = [(c.name, c.status, c.message) for c in (*_dirs(settings, Layout()), *_cni_dirs(settings, []))]
     assert ("layout", "ok", f"--cni-conf-dir {first}:{second} (from default)") in checks
     assert ("conf dir", "fail", f"{first} does not exist here") in checks
     assert ("conf dir", "ok", f"{second} readable") in checks
-    configs, _ = collect_configs_of(settings.cni_conf_dirs)
+    configs, _ = collect_configs_of(settings.find.conf_dirs)
     assert [c.name for c in configs] == ["kata"]
 
 
@@ -111,9 +112,16 @@ CRIO = (("cri-o", "/run/crio/crio.sock"), ("cri-o", "/var/run/crio/crio.sock"))
 
 
 def _visible(
-    host: Path, here: Path, configs: list[NetworkConfig], platform: str | None = None, **changes: object
+    host: Path,
+    here: Path,
+    configs: list[NetworkConfig],
+    platform: str | None = None,
+    cache_dir: str | None = None,
+    **changes: object,
 ) -> list[Check]:
     settings = replace(settings_from(build_parser().parse_args(["doctor"]), {}), **changes)
+    if cache_dir is not None:
+        settings = replace(settings, find=replace(settings.find, cache_dir=cache_dir))
     return list(_visibility(settings, configs, platform, host_root=str(host), here_root=str(here), known=CRIO))
 
 
@@ -169,7 +177,7 @@ def test_a_default_state_dir_under_the_cache_dir_is_seen_once_made(tmp_path: Pat
     configs = [_network("cbr0", {"type": "flannel", "delegate": {}}), _network("m", {"type": "multus-shim"})]
     assert _warnings(_visible(host, here, configs)) == []
     # The cache dir itself not visible: both are named, at their default paths.
-    dirs = [c.message.split(" of ")[0] for c in _warnings(_visible(host, here, configs, cni_cache_dir="/srv/cni"))]
+    dirs = [c.message.split(" of ")[0] for c in _warnings(_visible(host, here, configs, cache_dir="/srv/cni"))]
     assert dirs == ["flannel dataDir /srv/cni/flannel", "multus-shim cniDir /srv/cni/multus"]
 
 

@@ -390,7 +390,7 @@ def test_a_service_account_for_events_only_is_never_asked_for_the_node(api: ApiS
     api.seen.clear()
     args = build_parser().parse_args(["run", "--node-name", NODE, "--pod-cidr-from-node", "off"])
     settings = with_pod_cidrs(settings_from(args, {}), api.env())
-    assert settings.node_name == NODE and settings.pod_cidrs is None and settings.layout_problems == ()
+    assert settings.node_name == NODE and settings.find.pod_cidrs is None and settings.layout_problems == ()
     assert api.seen == []
 
 

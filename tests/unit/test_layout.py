@@ -165,17 +165,17 @@ def test_flags_and_variables_win_over_what_is_detected(tmp_path: Path) -> None:
     )
     layout = detect_layout(str(tmp_path))
     detected = settings_from(_args(), {}, layout)
-    assert detected.cni_conf_dir == "/etc/cni/x" and detected.cni_bin_dirs == ("/usr/lib/cni",)
+    assert detected.find.conf_dir == "/etc/cni/x" and detected.find.bin_dirs == ("/usr/lib/cni",)
     assert dict(detected.origins)["--cni-bin-dir"].startswith("containerd (/etc/containerd/config.toml")
     flagged = settings_from(_args("--cni-bin-dir", "/opt/mine"), {"REAPER_CNI_CONF_DIR": "/etc/env"}, layout)
-    assert flagged.cni_bin_dirs == ("/opt/mine",) and flagged.cni_conf_dir == "/etc/env"
+    assert flagged.find.bin_dirs == ("/opt/mine",) and flagged.find.conf_dir == "/etc/env"
     assert dict(flagged.origins) == {
         "--cni-conf-dir": "REAPER_CNI_CONF_DIR",
         "--cni-bin-dir": "flag",
         "--netns-dir": dict(detected.origins)["--netns-dir"],
     }
     plain = settings_from(_args(), {}, None)
-    assert plain.cni_bin_dirs == ("/opt/cni/bin",) and dict(plain.origins)["--cni-bin-dir"] == "default"
+    assert plain.find.bin_dirs == ("/opt/cni/bin",) and dict(plain.origins)["--cni-bin-dir"] == "default"
 
 
 def test_the_runtime_that_serves_comes_first(tmp_path: Path) -> None:
@@ -215,12 +215,12 @@ def test_every_present_runtimes_conf_dir_is_the_nodes_own(tmp_path: Path) -> Non
     assert layout.bin_dirs == ("/usr/libexec/cni", "/opt/cni/bin")
     assert layout.netns_dirs == ("/var/run/crio-ns/netns", "/var/run/netns")
     detected = settings_from(_args(), {}, layout)
-    assert detected.cni_conf_dirs == ("/etc/crio/net.d", "/etc/cni/ctd")
-    assert detected.cni_conf_dir == "/etc/crio/net.d"
+    assert detected.find.conf_dirs == ("/etc/crio/net.d", "/etc/cni/ctd")
+    assert detected.find.conf_dir == "/etc/crio/net.d"
     flagged = settings_from(_args("--cni-conf-dir", "/etc/mine"), {}, layout)
-    assert flagged.cni_conf_dirs == ("/etc/mine",)
+    assert flagged.find.conf_dirs == ("/etc/mine",)
     env = settings_from(_args(), {"REAPER_CNI_CONF_DIR": "/etc/env"}, layout)
-    assert env.cni_conf_dirs == ("/etc/env",)
+    assert env.find.conf_dirs == ("/etc/env",)
 
 
 def test_two_runtimes_sharing_a_conf_dir_name_it_once(tmp_path: Path) -> None:
@@ -274,7 +274,7 @@ def test_containerd_runtime_handlers_conf_dirs_are_conf_dirs_too(tmp_path: Path)
     assert runtime.conf_dir == "/etc/cni/net.d"
     assert runtime.handler_conf_dirs == ("/etc/kata/net.d", "/etc/gvisor/net.d")
     assert layout.conf_dirs == ("/etc/cni/net.d", "/etc/kata/net.d", "/etc/gvisor/net.d")
-    assert settings_from(_args(), {}, layout).more_conf_dirs == ("/etc/kata/net.d", "/etc/gvisor/net.d")
+    assert settings_from(_args(), {}, layout).find.more_conf_dirs == ("/etc/kata/net.d", "/etc/gvisor/net.d")
 
 
 def _proc(tmp_path: Path, *processes: tuple[int, list[str], int], name: str = "proc") -> str:

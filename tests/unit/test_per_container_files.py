@@ -10,11 +10,12 @@ from typing import Any
 from msgspec.structs import replace
 
 from reaper.host.memo import InventoryMemo
-from reaper.kinds import FindOptions, Look, flannel, multus
+from reaper.kinds import Look, flannel, multus
 from reaper.kinds.flannel import FlannelDelegate, FlannelFile
 from reaper.kinds.hostlocal import collect_leases
 from reaper.kinds.registry import KINDS, QUARANTINABLE, RECLAIM_ORDER
 from reaper.model import NodeSnapshot, ScanReport
+from reaper.options import FindOptions
 from reaper.reap.plan import plan_attachment
 from tests.harness.passes import bare_reclaimer, confirmed, verdicts_and_kinds, with_records
 from tests.harness.plugin_files import FLANNEL_CONF, flannel_scratch, multus_pod_scratch

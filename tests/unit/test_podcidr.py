@@ -152,7 +152,7 @@ def test_the_range_gauge_of_a_pod_cidr_network_counts_its_leases(api: ApiServer)
     api.serve_node(NODE, "10.244.3.0/24")
     args = build_parser().parse_args(["scan"])
     settings = with_pod_cidrs(settings_from(args, {"REAPER_NODE_NAME": NODE}), {**api.env(), "REAPER_NODE_NAME": NODE})
-    assert settings.pod_cidrs is not None and settings.layout_problems == ()
+    assert settings.find.pod_cidrs is not None and settings.layout_problems == ()
     calico = {"cniVersion": "0.3.1", "name": "k8s-pod-network", "type": "calico"}
     config = parse_network_config(
         json.dumps({**calico, "ipam": {"type": "host-local", "subnet": "usePodCidr"}}).encode(), "/x"
@@ -169,13 +169,13 @@ def test_the_range_gauge_of_a_pod_cidr_network_counts_its_leases(api: ApiServer)
         )
         for ip in ("10.244.3.2", "10.244.3.9", "10.244.4.2")  # the last: not this node's range
     ]
-    (gauge,) = range_usage([config], leases, settings.pod_cidrs)
+    (gauge,) = range_usage([config], leases, settings.find.pod_cidrs)
     assert (gauge.network, gauge.range, gauge.size, gauge.used) == ("k8s-pod-network", "10.244.3.0/24", 253, 2)
     assert range_usage([config], leases, None) == []  # unknown: no gauge, never a size of 0
 
     api.routes.clear()  # the node is gone from the API: one problem line, no gauge
     failed = with_pod_cidrs(settings_from(args, {"REAPER_NODE_NAME": NODE}), {**api.env(), "REAPER_NODE_NAME": NODE})
-    assert failed.pod_cidrs is None
+    assert failed.find.pod_cidrs is None
     assert failed.layout_problems == (f"pod CIDR: GET node {NODE}: HTTP 404 (Not Found)",)
 
 

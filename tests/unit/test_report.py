@@ -78,19 +78,20 @@ def test_with_no_runtime_to_list_the_verdict_line_says_why() -> None:
 
 
 def test_layout_json_names_each_dir_and_where_it_came_from(tmp_path: Path) -> None:
+    given = fake_settings(tmp_path, bin_dirs=("/opt/cni/bin",))
     settings = replace(
-        fake_settings(tmp_path, bin_dirs=("/opt/cni/bin",)),
+        given,
+        find=replace(given.find, more_conf_dirs=("/etc/kata/net.d",)),
         origins=(("--cni-bin-dir", "containerd config"), ("--netns-dir", "default")),
         layout_problems=("no pod CIDR",),
-        more_conf_dirs=("/etc/kata/net.d",),
     )
     doc = layout_json(settings)
-    assert doc["conf_dirs"] == [settings.cni_conf_dir, "/etc/kata/net.d"]
+    assert doc["conf_dirs"] == [settings.find.conf_dir, "/etc/kata/net.d"]
     assert doc["dirs"]["--cni-bin-dir"] == {"value": ["/opt/cni/bin"], "from": "containerd config"}
     assert doc["dirs"]["--netns-dir"]["value"] == [str(tmp_path / "netns")]
     assert doc["problems"] == ["no pod CIDR"] and doc["pod_cidrs"] is None
     cidrs = PodCidrs(v4="10.0.0.0/16", v6=None, source="node spec")
-    with_cidrs = layout_json(replace(settings, pod_cidrs=cidrs))
+    with_cidrs = layout_json(replace(settings, find=replace(settings.find, pod_cidrs=cidrs)))
     assert with_cidrs["pod_cidrs"] == {"v4": "10.0.0.0/16", "v6": None, "from": "node spec"}
 
 

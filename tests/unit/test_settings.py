@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 
 from reaper.cli import build_parser
+from reaper.names import compile_netns_patterns
+from reaper.options import FindOptions, ReapPolicy
+from reaper.podcidr import PodCidrs
 from reaper.settings import (
     OPTIONS,
     ReapSettings,
@@ -17,6 +20,7 @@ from reaper.settings import (
     reap_settings_from,
     settings_from,
     unknown_variables,
+    with_pod_cidrs,
 )
 
 
@@ -27,9 +31,9 @@ def parse(*argv: str, env: dict[str, str] | None = None, command: str = "reap") 
 
 def test_defaults() -> None:
     settings, reap = parse()
-    assert settings.netns_dirs == ("/var/run/netns",) and settings.cni_bin_dirs == ("/opt/cni/bin",)
+    assert settings.find.netns_dirs == ("/var/run/netns",) and settings.find.bin_dirs == ("/opt/cni/bin",)
     assert settings.policy.min_age == 600 and settings.policy.confirmations == 2
-    assert reap.max_reap == 100 and reap.max_orphan_ratio == 0.5 and not reap.kernel_only
+    assert reap.policy.max_reap == 100 and reap.policy.max_orphan_ratio == 0.5 and not reap.policy.kernel_only
 
 
 def test_the_lock_wait_has_a_bounded_default_a_variable_and_a_flag() -> None:
@@ -45,10 +49,49 @@ def test_a_flag_beats_its_variable_and_repeatable_variables_split() -> None:
     env = {"REAPER_MIN_AGE": "1h", "REAPER_NETNS_DIR": "/a:/b", "REAPER_MAX_REAP": "7"}
     settings, reap = parse("--min-age", "90", env=env)
     assert settings.policy.min_age == 90
-    assert settings.netns_dirs == ("/a", "/b")
-    assert reap.max_reap == 7
+    assert settings.find.netns_dirs == ("/a", "/b")
+    assert reap.policy.max_reap == 7
     settings, _ = parse("--netns-dir", "/c", "--netns-dir", "/c/", env=env)
-    assert settings.netns_dirs == ("/c",)
+    assert settings.find.netns_dirs == ("/c",)
+
+
+def test_the_settings_hold_the_look_s_options_whole() -> None:
+    """The flags make one FindOptions, which the look is given as it is: no field of the
+    settings repeats one of its parts (a copy that could be updated without the other)."""
+    dirs = ("--netns-dir", "/n", "--ipam-dir", "/i", "--cni-cache-dir", "/c", "--cni-conf-dir", "/f")
+    settings, _ = parse(*dirs, "--cni-bin-dir", "/b", "--netns-pattern", "pod-.*", "--namespaces-dir", "/ns")
+    assert settings.find == FindOptions(
+        netns_dirs=("/n",),
+        ipam_dirs=("/i",),
+        cache_dir="/c",
+        conf_dir="/f",
+        bin_dirs=("/b",),
+        netns_patterns=compile_netns_patterns(("pod-.*",)),
+        namespaces_dirs=("/ns",),
+    )
+    parts = set(FindOptions.__struct_fields__) | {"conf_dirs"}
+    assert not set(dir(settings)) & (parts | {f"cni_{name}" for name in parts})
+
+
+def test_the_pod_cidrs_learnt_go_into_the_look_s_options() -> None:
+    settings, _ = parse("--pod-cidr", "10.244.3.0/24")
+    assert settings.find.pod_cidrs is None
+    learnt = with_pod_cidrs(settings, {})
+    assert learnt.find.pod_cidrs == PodCidrs("10.244.3.0/24", None, "--pod-cidr")
+    assert learnt.find.netns_dirs == settings.find.netns_dirs
+
+
+def test_the_reap_settings_hold_the_plan_s_policy_whole() -> None:
+    """The plan is given the ReapPolicy the flags made, and the quarantine it plans for is the
+    dir acting moves files to: one field, never a flag and a copy that could disagree."""
+    argv = ("--max-reap", "7", "--max-orphan-ratio", "0.2", "--method", "kernel", "--quarantine-dir", "/q")
+    _, reap = parse(*argv, "--force")
+    assert reap.policy == ReapPolicy(
+        max_reap=7, max_orphan_ratio=0.2, kernel_only=True, quarantine_dir="/q", force=True
+    )
+    assert reap.policy.quarantine
+    assert not parse()[1].policy.quarantine
+    assert not set(dir(reap)) & {*ReapPolicy.__struct_fields__, "quarantine"}
 
 
 @pytest.mark.parametrize(

@@ -19,9 +19,10 @@ from typing import Any
 
 from reaper.correlate import correlate
 from reaper.host.nsmounts import in_use
-from reaper.kinds import FindOptions, Kind, ReclaimContext, heldns, hostlocal, netns, veth
+from reaper.kinds import Kind, ReclaimContext, heldns, hostlocal, netns, veth
 from reaper.kinds.hostlocal import HostLocalLease
 from reaper.model import Attachment, AttachmentKey, NodeSnapshot, Policy, RuntimeView
+from reaper.options import FindOptions
 from reaper.reap.addresses import addresses_in_use
 from reaper.reconcile import reconcile
 from reaper.snapshot import take_snapshot

@@ -14,7 +14,7 @@ from reaper.settings import settings_from, with_pod_cidrs
 
 def main(env: dict[str, str]) -> None:
     settings = with_pod_cidrs(settings_from(build_parser().parse_args(["scan"]), env), env)
-    print(json.dumps({"pod_cidrs": settings.pod_cidrs is not None, "problems": settings.layout_problems}))
+    print(json.dumps({"pod_cidrs": settings.find.pod_cidrs is not None, "problems": settings.layout_problems}))
 
 
 if __name__ == "__main__":

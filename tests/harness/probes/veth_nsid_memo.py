@@ -19,7 +19,8 @@ import time
 
 from reaper.host import netlink
 from reaper.host.memo import InventoryMemo
-from reaper.kinds import FindOptions, netns, veth
+from reaper.kinds import netns, veth
+from reaper.options import FindOptions
 from reaper.snapshot import take_snapshot
 from tests.harness.passes import settled_memo
 

@@ -16,11 +16,12 @@ from msgspec.structs import replace
 from reaper.correlate import correlate
 from reaper.host.memo import InventoryMemo
 from reaper.host.pins import Judge
-from reaper.kinds import FindOptions, Look, ReclaimContext, netns, nspins
+from reaper.kinds import Look, ReclaimContext, netns, nspins
 from reaper.kinds.netns import NetnsPin
 from reaper.kinds.nspins import NsPin
 from reaper.layout import Layout, RuntimeLayout
 from reaper.model import BesidePin, Done, Identity, NsKey, Sandbox
+from reaper.options import FindOptions
 from reaper.settings import settings_from
 from tests.harness.snapshots import runtime, snapshot
 
@@ -215,9 +216,9 @@ def test_only_crio_says_where_its_namespaces_dir_is_unless_the_operator_does() -
 
     args = argparse.Namespace()
     both = Layout((runtime_layout("containerd", "/var/run/netns"), runtime_layout("cri-o", "/run/crio/ns/netns")))
-    assert settings_from(args, {}, both).namespaces_dirs == ("/run/crio/ns",)
-    assert settings_from(args, {}, Layout((runtime_layout("containerd", "/var/run/netns"),))).namespaces_dirs == ()
-    assert settings_from(args, {}).namespaces_dirs == ()
+    assert settings_from(args, {}, both).find.namespaces_dirs == ("/run/crio/ns",)
+    assert settings_from(args, {}, Layout((runtime_layout("containerd", "/var/run/netns"),))).find.namespaces_dirs == ()
+    assert settings_from(args, {}).find.namespaces_dirs == ()
     flagged = argparse.Namespace(namespaces_dir=["/srv/ns"])
-    assert settings_from(flagged, {}, both).namespaces_dirs == ("/srv/ns",)
-    assert settings_from(args, {"REAPER_NAMESPACES_DIR": "/a:/b"}, both).namespaces_dirs == ("/a", "/b")
+    assert settings_from(flagged, {}, both).find.namespaces_dirs == ("/srv/ns",)
+    assert settings_from(args, {"REAPER_NAMESPACES_DIR": "/a:/b"}, both).find.namespaces_dirs == ("/a", "/b")

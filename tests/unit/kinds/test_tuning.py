@@ -17,12 +17,13 @@ from msgspec.structs import replace
 
 from reaper.host.memo import InventoryMemo
 from reaper.host.quarantine import Quarantine
-from reaper.kinds import FindOptions, Look, ReclaimContext, cache, tuning
+from reaper.kinds import Look, ReclaimContext, cache, tuning
 from reaper.kinds.hostlocal import collect_leases
 from reaper.kinds.registry import KINDS, QUARANTINABLE
 from reaper.kinds.tuning import TuningBackup, TuningFile, parse_backup, split_name
 from reaper.model import ContainerTie, NetworkConfig, NodeSnapshot, ScanReport
 from reaper.names import is_cni_id, is_ifname
+from reaper.options import FindOptions
 from reaper.reap.plan import plan_attachment
 from reaper.snapshot import take_snapshot
 from tests.harness.configs import cache_doc

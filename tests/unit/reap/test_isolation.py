@@ -6,9 +6,10 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from reaper.kinds import FindOptions, Found, Kind, Look, ReclaimContext
+from reaper.kinds import Found, Kind, Look, ReclaimContext
 from reaper.kinds.registry import KINDS
 from reaper.model import Done, Identity, ResourceRef
+from reaper.options import FindOptions
 from reaper.snapshot import take_snapshot
 from tests.harness.passes import bare_reclaimer
 

@@ -12,7 +12,8 @@ from msgspec.structs import replace
 from reaper.kinds.cache import CacheEntry
 from reaper.kinds.registry import BY_NAME
 from reaper.model import Attachment, AttachmentKey, Identity, NsKey, Verdict
-from reaper.reap.plan import COSTLESS_PER_PASS, ReapPolicy, breaker_counts, breaker_trips, costs_nothing, select
+from reaper.options import ReapPolicy
+from reaper.reap.plan import COSTLESS_PER_PASS, breaker_counts, breaker_trips, costs_nothing, select
 from tests.harness.snapshots import lease as snapshot_lease
 
 
@@ -110,7 +111,7 @@ def _records(*attachments: Attachment, of: Sequence[Any]) -> dict[Identity, Any]
     return {ref.identity: by_identity[ref.identity] for a in attachments for ref in a.resources}
 
 
-POLICY = ReapPolicy(max_reap=2, max_orphan_ratio=0.5, kernel_only=False, quarantine=False, force=False)
+POLICY = ReapPolicy(max_reap=2, max_orphan_ratio=0.5, kernel_only=False, quarantine_dir=None, force=False)
 
 
 def test_max_reap_bounds_what_a_wrong_verdict_could_cost_not_costless_files() -> None:

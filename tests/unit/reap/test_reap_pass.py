@@ -281,7 +281,9 @@ def test_a_pass_starts_by_expiring_the_quarantine_and_a_dry_run_does_not(reap: P
     young = Path(Quarantine(str(root), now=now - 3600).destination("/var/lib/cni/networks/n/10.0.0.8"))
     young.parent.mkdir(parents=True)
     young.write_text("c2")
-    settings = replace(reap_settings(), quarantine_dir=str(root), quarantine_max_age=7 * 86400.0)
+    plain = reap_settings()
+    policy = replace(plain.policy, quarantine_dir=str(root))
+    settings = replace(plain, policy=policy, quarantine_max_age=7 * 86400.0)
     reap.monkeypatch.setattr(run, "scan_pass", lambda *_a, **_k: scan_result(report_of(runtime()), reap.node.look()))
 
     reap_pass(reap.settings, replace(settings, dry_run=True), FakeLiveness(runtime()), LOG, clock=lambda: now)
