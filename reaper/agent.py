@@ -18,9 +18,9 @@ from reaper.host.memo import InventoryMemo
 from reaper.host.passlock import LockBusy, LockUnusable, pass_lock
 from reaper.http import HealthServer
 from reaper.metrics import ReaperMetrics
-from reaper.model import VERDICTS, HostUnseen, PassOutcome, ReapResult, ScanReport, ScanResult
+from reaper.model import VERDICTS, HostUnseen, PassOutcome, ReapResult, ScanResult
 from reaper.reap import reap_pass
-from reaper.reap.plan import breaker_counts, breaker_trips
+from reaper.reap.plan import breaker_would_trip
 from reaper.runtime.liveness import LivenessSource
 from reaper.scan import scan_pass
 from reaper.settings import AgentSettings, ReapSettings, Settings
@@ -29,15 +29,6 @@ from reaper.state import KeptState
 READY_INTERVALS = 3  # /readyz fails when the runtime has not answered for this many intervals
 STOP_POLL = 0.5  # seconds between looks at the stop flag
 JITTER = 0.1  # share of the interval each pass may start early or late
-
-
-def breaker_would_trip(report: ScanReport, reap: ReapSettings) -> bool:
-    """Whether a reap of what this scan saw would stop at the breaker, as reap_pass weighs it
-    (reaper.reap.plan): what scan mode exports, so that an operator hears before switching to
-    reap that it would reclaim nothing."""
-    if reap.policy.force or not report.runtime.reachable:
-        return False
-    return breaker_trips(*breaker_counts(report.attachments), reap.policy.max_orphan_ratio)
 
 
 class Agent:
@@ -121,7 +112,7 @@ class Agent:
             )  # fmt: skip
             self.metrics.observe_scan(scanned.report)
             self.metrics.observe_state(scanned.state_saved)
-            self.metrics.observe_breaker(breaker_would_trip(scanned.report, self.reap))
+            self.metrics.observe_breaker(breaker_would_trip(scanned.report, self.reap.policy))
             fields: dict[str, object] = {v: scanned.report.count(v) for v in VERDICTS}
             if scanned.problem is not None:
                 fields["error"] = scanned.problem

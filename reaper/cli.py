@@ -291,9 +291,13 @@ def _scan(args: argparse.Namespace) -> int:
         report = result.report
         if settings.textfile is not None:
             from reaper.metrics import ReaperMetrics  # noqa: PLC0415
+            from reaper.reap.plan import breaker_would_trip  # noqa: PLC0415
 
             metrics = ReaperMetrics(mode="scan")
             metrics.observe_scan(report)
+            # As the agent in scan mode: whether a reap of this would stop at the breaker, by
+            # the ratio a reap here would use (REAPER_MAX_ORPHAN_RATIO, as the reap drop-in sets it).
+            metrics.observe_breaker(breaker_would_trip(report, reap_settings_from(args).policy))
             metrics.observe_state(result.state_saved)
             metrics.observe_pass(result.seconds, result.outcome, time.time())
             _write_textfile(settings, metrics, log)

@@ -18,6 +18,7 @@ from reaper.model import (
     PlannedStep,
     ReclaimMethod,
     RuntimeView,
+    ScanReport,
     SkippedAttachment,
 )
 from reaper.options import ReapPolicy
@@ -63,6 +64,15 @@ def breaker_counts(attachments: Sequence[Attachment]) -> tuple[int, int]:
         and a.key.network != LOOPBACK_NETWORK
     ]
     return sum(1 for a in counted if a.verdict == "orphan"), len(counted)
+
+
+def breaker_would_trip(report: ScanReport, policy: ReapPolicy) -> bool:
+    """Whether a reap of what this scan saw would stop at the breaker, as reap_pass weighs it:
+    what a report-only pass exports (the agent's in scan mode, a one-shot `scan --textfile`), so
+    that an operator hears before switching to reap that it would reclaim nothing."""
+    if policy.force or not report.runtime.reachable:
+        return False
+    return breaker_trips(*breaker_counts(report.attachments), policy.max_orphan_ratio)
 
 
 def breaker_reason(orphans: int, attachments: int, policy: ReapPolicy) -> str | None:

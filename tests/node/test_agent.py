@@ -161,6 +161,22 @@ def test_textfile_is_replaced_atomically_with_mode_0644(lab: Lab, tmp_path: Path
         assert check.returncode == 0, check.stdout + check.stderr
 
 
+def test_a_one_shot_scans_textfile_says_whether_a_reap_would_stop_at_the_breaker(lab: Lab, tmp_path: Path) -> None:
+    """The timer's report-only run exports the breaker as the agent's scan mode does, by the
+    ratio a reap there would use (its variable, as the reap drop-in would set it). Before: the
+    one-shot never weighed it, and the gauge said 0 whatever a reap would do."""
+    lab.make_leak(with_cache=True)  # 1 of the 2 pod attachments orphaned, beside `web`
+    textfile = tmp_path / "cni_reaper.prom"
+    try:
+        for ratio, tripped in (("0.2", 1), ("1", 0)):
+            wrap = ("env", f"REAPER_MAX_ORPHAN_RATIO={ratio}")
+            run = run_reaper(lab, "scan", tmp_path / "state.json", *FAST, "--textfile", str(textfile), wrap=wrap)
+            assert run.returncode == 1, run.stderr  # orphans found
+            assert metric(textfile.read_text(), "cni_reaper_breaker_open") == tripped, ratio
+    finally:
+        run_reaper(lab, "reap", tmp_path / "cleanup.json", *FAST, "--max-orphan-ratio", "1")
+
+
 def fast_rules(path: Path) -> None:
     """The real rules with `for:` and range windows shrunk to seconds, for a test that cannot
     wait an hour; the expressions are otherwise the shipped ones."""

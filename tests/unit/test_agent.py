@@ -14,10 +14,11 @@ import pytest
 from msgspec.structs import replace
 
 from reaper import agent as agent_module
-from reaper.agent import READY_INTERVALS, Agent, breaker_would_trip
+from reaper.agent import READY_INTERVALS, Agent
 from reaper.host.passlock import LockBusy, take_lock
 from reaper.metrics import installed_version
 from reaper.model import HostUnseen, NsKey, ReapResult, ScanResult
+from reaper.reap.plan import breaker_would_trip
 from reaper.settings import AgentSettings
 from reaper.snapshot import host_netns
 from tests.harness.reclaim_fakes import FakeLiveness, fake_settings, reap_settings, scan_result
@@ -262,10 +263,10 @@ def test_scan_mode_exports_whether_a_reap_would_trip_the_breaker(tmp_path: Path,
     info = agent.metrics.registry.get_sample_value
     assert info("cni_reaper_breaker_open") == 1
     assert info("cni_reaper_build_info", {"version": installed_version(), "mode": "scan"}) == 1
-    assert breaker_would_trip(report, reap_settings(max_orphan_ratio=0.5)) is False
-    assert breaker_would_trip(report, reap_settings(max_orphan_ratio=0.2, force=True)) is False
+    assert breaker_would_trip(report, reap_settings(max_orphan_ratio=0.5).policy) is False
+    assert breaker_would_trip(report, reap_settings(max_orphan_ratio=0.2, force=True).policy) is False
     unreachable = replace(report, runtime=full_report(reachable=False).runtime)
-    assert breaker_would_trip(unreachable, reap_settings(max_orphan_ratio=0.0)) is False
+    assert breaker_would_trip(unreachable, reap_settings(max_orphan_ratio=0.0).policy) is False
     agent.reap = reap_settings(max_orphan_ratio=0.5)
     agent.run_pass()
     assert info("cni_reaper_breaker_open") == 0
