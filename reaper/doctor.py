@@ -95,8 +95,10 @@ def _dirs(settings: Settings, layout: Layout) -> Iterator[Check]:
         ("--cni-conf-dir", ":".join(settings.find.conf_dirs)),
         ("--cni-bin-dir", ":".join(settings.find.bin_dirs)),
         ("--netns-dir", ":".join(settings.find.netns_dirs)),
+        ("--namespaces-dir", ":".join(settings.find.namespaces_dirs)),
     ):
-        yield Check("layout", "ok", f"{flag} {value} (from {origins.get(flag, 'default')})")
+        if value:
+            yield Check("layout", "ok", f"{flag} {value} (from {origins.get(flag, 'default')})")
 
 
 def _readable(name: str, path: str, fix: str, missing: Status = "fail") -> Check:
@@ -126,6 +128,9 @@ def _cni_dirs(settings: Settings, configs: list[NetworkConfig]) -> Iterator[Chec
         yield _readable("netns dir", directory, mount, missing="warn")
     for directory in settings.find.ipam_dirs:
         yield _readable("ipam dir", directory, mount, missing="warn")
+    # CRI-O's pins of a sandbox's other namespaces ({ipc,uts,user,pid}ns), freed with its netns pin.
+    for directory in settings.find.namespaces_dirs:
+        yield _readable("namespaces dir", directory, mount, missing="warn")
 
 
 def _nodename_dirs(plugins: Iterable[Mapping[str, Any]]) -> dict[str, str]:

@@ -36,6 +36,7 @@ def layout_json(settings: Settings) -> dict[str, Any]:
         "--cni-conf-dir": find.conf_dir,
         "--cni-bin-dir": list(find.bin_dirs),
         "--netns-dir": list(find.netns_dirs),
+        "--namespaces-dir": list(find.namespaces_dirs),
     }
     return {
         "dirs": {flag: {"value": values[flag], "from": origin} for flag, origin in settings.origins},

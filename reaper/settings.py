@@ -555,6 +555,11 @@ def settings_from(
     more_conf_dirs: tuple[str, ...] = ()
     for flag in DETECTED:
         origins[flag] = given(flag, args, env) or "default"
+    namespaces_dirs = tuple(v["namespaces_dir"]) or _crio_namespaces_dirs(layout)
+    if v["namespaces_dir"]:
+        origins["--namespaces-dir"] = given("--namespaces-dir", args, env) or "default"
+    elif namespaces_dirs:
+        origins["--namespaces-dir"] = "CRI-O's netns dir's parent"
     if layout is not None and layout.runtimes:
         sources = ", ".join(f"{r.runtime} ({', '.join(r.sources)})" for r in layout.runtimes)
         if origins["--cni-conf-dir"] == "default" and layout.conf_dir is not None:
@@ -573,7 +578,7 @@ def settings_from(
             bin_dirs=tuple(v["cni_bin_dir"]),
             netns_patterns=compile_netns_patterns(tuple(v["netns_pattern"])),
             more_conf_dirs=more_conf_dirs,
-            namespaces_dirs=tuple(v["namespaces_dir"]) or _crio_namespaces_dirs(layout),
+            namespaces_dirs=namespaces_dirs,
         ),
         runtime_endpoints=tuple(v["runtime_endpoint"]),
         runtime_timeout=v["runtime_timeout"],

@@ -20,6 +20,7 @@ from reaper.kinds.netconf import collect_configs_of, parse_network_config
 from reaper.layout import Layout
 from reaper.model import NetworkConfig, NsKey, RuntimeAnswer, RuntimeView
 from reaper.podcidr import PodCidrs
+from reaper.report import layout_json
 from reaper.runtime.discovery import REFUSED
 from reaper.settings import settings_from
 
@@ -82,6 +83,26 @@ def test_doctor_lists_and_checks_every_conf_dir_and_reads_configs_from_each(tmp_
     assert ("conf dir", "ok", f"{second} readable") in checks
     configs, _ = collect_configs_of(settings.find.conf_dirs)
     assert [c.name for c in configs] == ["kata"]
+
+
+def test_doctor_names_crio_s_namespaces_dir_and_where_it_came_from(tmp_path: Path) -> None:
+    """CRI-O pins a sandbox's ipc/uts/user/pid namespaces beside its netns pins, and the
+    reaper frees them with it: doctor names that dir, says where it came from, and whether it
+    can be read. A node with none (containerd alone) gets no line."""
+    args = build_parser().parse_args(["doctor"])
+    plain = settings_from(args, {})
+    names = [c.message for c in _dirs(plain, Layout())]
+    assert not any("--namespaces-dir" in m for m in names), names
+    pins = tmp_path / "crio-namespaces"
+    given = settings_from(args, {"REAPER_NAMESPACES_DIR": str(pins)})
+    checks = [(c.name, c.status, c.message) for c in (*_dirs(given, Layout()), *_cni_dirs(given, []))]
+    assert ("layout", "ok", f"--namespaces-dir {pins} (from REAPER_NAMESPACES_DIR)") in checks
+    assert ("namespaces dir", "warn", f"{pins} does not exist here") in checks
+    # --json's layout names it too, with where it came from.
+    assert layout_json(given)["dirs"]["--namespaces-dir"] == {"value": [str(pins)], "from": "REAPER_NAMESPACES_DIR"}
+    pins.mkdir()
+    checks = [(c.name, c.status, c.message) for c in _cni_dirs(given, [])]
+    assert ("namespaces dir", "ok", f"{pins} readable") in checks
 
 
 # --- what the node keeps that the reaper does not see (the chart's mounts) ------------------
