@@ -1,6 +1,7 @@
 """The layers of `reaper/` over its import graph (DEVELOPMENT.md, "Layers"): `host/` knows the
-kernel and files and nothing of CNI, `kinds/` never reaches into `reap/`, and the pure core
-imports no module that does I/O. Read with `ast` (tests/harness/layers.py), never imported."""
+kernel and files and nothing of CNI, `kinds/` never reaches into `reap/`, the pure core imports
+no module that does I/O, and netlink has one writer (no pyroute2). Read with `ast`
+(tests/harness/layers.py), never imported."""
 
 from __future__ import annotations
 
@@ -61,6 +62,8 @@ RULES = (
     ),
     Rule(name="kinds below reap", bound=("reaper.kinds",), forbidden=("reaper.reap",)),
     Rule(name="pure core", bound=PURE_CORE, forbidden=IO_MODULES),
+    # reaper/host/netlink.py reads and writes netlink on its own socket (its docstring says why).
+    Rule(name="one netlink writer", bound=("reaper",), forbidden=("pyroute2",)),
 )
 # Known breaks, each until the issue named moves the code to its right home.
 ALLOWED = (
