@@ -45,7 +45,7 @@ from msgspec import Struct
 
 from reaper.host.commands import run_command
 from reaper.host.files import describe_oserror
-from reaper.runtime.resolve import Resolved, resolve_in_root
+from reaper.host.resolve import Resolved, resolve_in_root
 
 Backend = Literal["nft", "legacy"]
 BACKENDS: tuple[Backend, ...] = ("nft", "legacy")
@@ -108,14 +108,14 @@ def backend_tool(tool: str, backend: Backend) -> str:
 
 
 def _root_only(st: os.stat_result) -> bool:
-    """Owned by root (or this process's own uid, trusted as reaper.runtime.resolve trusts it) and
+    """Owned by root (or this process's own uid, trusted as reaper.host.resolve trusts it) and
     writable by no one else."""
     return st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022
 
 
 def trusted_tool(name: str, *, dirs: Sequence[str] = SYSTEM_DIRS) -> SystemTool:
     """`name` in the first of `dirs` that has it, when every directory and link on the way is
-    root's alone (reaper.runtime.resolve) and it leads to an executable file owned by root that
+    root's alone (reaper.host.resolve) and it leads to an executable file owned by root that
     no one else may write. A first one that is not refuses: the next dir is not tried."""
     root_fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -252,7 +252,7 @@ class GivenPath(Struct, frozen=True, kw_only=True):
 
 
 def _root_alone(directory: str) -> None:
-    """Every directory down to `directory` is root's alone or sticky (reaper.runtime.resolve):
+    """Every directory down to `directory` is root's alone or sticky (reaper.host.resolve):
     no one else can rename what is in it."""
     root_fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:

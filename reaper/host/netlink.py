@@ -1,12 +1,23 @@
-"""Host links over rtnetlink, on a plain netlink socket, decoding only the attributes read.
+"""Host links and policy rules over rtnetlink, on a plain netlink socket: the reaper's one
+netlink reader and its one writer.
 
 A link dump is one request whose answer is read straight from the bytes: the five attributes
-the reaper uses, nothing else. pyroute2, which the reaper writes with (delete_links), decodes
-every attribute of every link through its general-purpose message classes, and asks nsids one
-request at a time; read that way, the links and nsids of a node with thousands of veths cost
-each pass many times what the kernel takes to answer. Asking where each pin's namespace is, as
-seen from here (its nsid), is one RTM_GETNSID a pin, sent in batches, each answer matched to its
-request by sequence number.
+the reaper uses, nothing else. pyroute2 decodes every attribute of every link through its
+general-purpose message classes, and asks nsids one request at a time; read that way, the links
+and nsids of a node with thousands of veths cost each pass many times what the kernel takes to
+answer. Asking where each pin's namespace is, as seen from here (its nsid), is one RTM_GETNSID a
+pin, sent in batches, each answer matched to its request by sequence number.
+
+Every write is a delete of a fixed layout, sent on the same socket class with its timeout and
+sequence matching, and acknowledged alone: RTM_DELLINK by index, RTM_DELRULE by the fields the
+kernel compares. pyroute2, the maintained library the team prefers to hand-written protocol
+code, wrote the link deletes until issue 34; it no longer does, because the measurement
+(bench/netlink_bench.py, figures in bench/README.md) says a library buys nothing here: a veth's
+delete costs the same by either writer (the kernel's own unregistering is the whole cost), a
+rule's is many times slower through pyroute2, and loading it slows a one-shot that deletes and
+holds more resident memory than the deletes themselves ever use (in the agent, for the rest of
+its life after its first delete). What it would replace is two requests of a few bytes beside a
+reader that is by hand already: a second netlink stack for them is more to keep, not less.
 
 A dump the kernel flags as interrupted (NLM_F_DUMP_INTR: the table changed while it was sent)
 may miss links or hold stale ones: it is asked again, a few times, and then is an error, never
@@ -43,10 +54,12 @@ T = TypeVar("T")
 NETLINK_ROUTE = 0
 TIMEOUT = 30.0  # seconds the kernel gets to answer one read
 RTM_NEWLINK = 16
+RTM_DELLINK = 17
 RTM_GETLINK = 18
 RTM_NEWNSID = 88
 RTM_GETNSID = 90
 NLM_F_REQUEST = 0x1
+NLM_F_ACK = 0x4
 NLM_F_DUMP = 0x300
 NLM_F_DUMP_INTR = 0x10
 DUMP_ATTEMPTS = 4  # asks of a dump the kernel keeps flagging as interrupted
@@ -458,24 +471,38 @@ def dump_links_of_kind(kind: str) -> list[RawLink]:
     return links_of_kind(kind, kernel_filters_by_kind())
 
 
-def delete_links(indexes: list[int]) -> dict[int, str | None]:
-    """Delete links by index; None for each one gone (or already gone), else the error.
+def _acknowledged(nl: Netlink, mtype: int, body: bytes) -> int:
+    """Send one request asking for the kernel's acknowledgement; its error code (0: done)."""
+    seq, msg = nl.message(mtype, NLM_F_REQUEST | NLM_F_ACK, body)
+    nl.sock.send(msg)
+    acks = (
+        data[off + _HDR.size : off + length]
+        for data, off, length, atype, aseq in nl.answers()
+        if aseq == seq and atype == NLMSG_ERROR
+    )
+    return -int(_I32.unpack_from(next(acks))[0])
 
-    Deletes go through pyroute2, the maintained netlink library: only the reads, where its
-    import and decoding cost every pass, are done by hand above. It is imported here, so a
-    pass that deletes nothing never loads it."""
-    from pyroute2 import IPRoute  # noqa: PLC0415
 
-    results: dict[int, str | None] = {}
-    with IPRoute() as ipr:
-        for index in indexes:
+def _delete_each(bodies: list[bytes], mtype: int, gone: int) -> list[str | None]:
+    """Send each delete request, one acknowledged request at a time; None for each one done or
+    already gone (error `gone`), else the error. A socket that fails (the kernel did not answer
+    in time) is that request's error and every later one's: none of them was asked."""
+    results: list[str | None] = []
+    with Netlink() as nl:
+        for body in bodies:
             try:
-                ipr.link("del", index=index)
-                results[index] = None
-            except Exception as err:  # pyroute2 raises its NetlinkError and OSErrors alike
-                code = getattr(err, "code", None)
-                results[index] = None if code == errno.ENODEV else str(err)
+                code = _acknowledged(nl, mtype, body)
+            except OSError as err:
+                return results + [f"netlink: {err}"] * (len(bodies) - len(results))
+            results.append(None if code in (0, gone) else os.strerror(code))
     return results
+
+
+def delete_links(indexes: list[int]) -> dict[int, str | None]:
+    """Delete links by index (RTM_DELLINK, one acknowledged request each); None for each one
+    gone (or already gone: ENODEV), else the error. The caller compared each link just before."""
+    bodies = [_IFINFO.pack(socket.AF_UNSPEC, 0, index, 0, 0) for index in indexes]
+    return dict(zip(indexes, _delete_each(bodies, RTM_DELLINK, errno.ENODEV), strict=True))
 
 
 # ------------------------------------------------------------------------------ policy rules
@@ -483,7 +510,6 @@ def delete_links(indexes: list[int]) -> dict[int, str | None]:
 RTM_NEWRULE = 32
 RTM_DELRULE = 33
 RTM_GETRULE = 34
-NLM_F_ACK = 0x4
 FRA_DST = 1
 FRA_SRC = 2
 FRA_PRIORITY = 6
@@ -583,15 +609,4 @@ def _rule_request(rule: RawRule) -> bytes:
 def delete_rules(rules: list[RawRule]) -> list[str | None]:
     """Delete each rule by what it selects (see _rule_request), one acknowledged request at a
     time; None for each one deleted or already gone (ENOENT), else the error."""
-    results: list[str | None] = []
-    with Netlink() as nl:
-        for rule in rules:
-            seq, msg = nl.message(RTM_DELRULE, NLM_F_REQUEST | NLM_F_ACK, _rule_request(rule))
-            nl.sock.send(msg)
-            for data, off, _, mtype, aseq in nl.answers():
-                if aseq != seq or mtype != NLMSG_ERROR:
-                    continue
-                code = -_I32.unpack_from(data, off + _HDR.size)[0]
-                results.append(None if code in (0, errno.ENOENT) else os.strerror(code))
-                break
-    return results
+    return _delete_each([_rule_request(rule) for rule in rules], RTM_DELRULE, errno.ENOENT)

@@ -27,12 +27,14 @@ Pure: no I/O (the caller reads the namespaces).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence, Set
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from reaper.host.netns_addrs import NamespaceAddresses
 from reaper.kinds import Kind
 from reaper.model import Attachment, Done, Identity, NsKey
 from reaper.reap.addresses import address_key
+
+if TYPE_CHECKING:  # the record the caller's read makes; this module reads no namespace
+    from reaper.host.netns_addrs import NamespaceAddresses
 
 Records = Mapping[Identity, Any]
 UNTOUCHED = "not reclaimed this pass"

@@ -11,7 +11,7 @@ write. The endpoint of any other process called kubelet is reported and never as
 it would let whoever runs it make every pass undecided, or answer for the node.
 
 Every known socket path that exists is asked, or reported as a runtime that could not be
-asked (the pass then waits): it is resolved one component at a time (resolve.py; a kubelet's
+asked (the pass then waits): it is resolved one component at a time (reaper.host.resolve; a kubelet's
 path in the host's root, as the kubelet resolves it), symlinks followed only while every
 link, every directory on the way and the socket are root's alone; a dangling link, a file
 that is no socket, a component a user owns is "could not be asked", with why, never "no
@@ -42,7 +42,7 @@ from collections.abc import Iterable, Iterator
 from msgspec import Struct
 
 from reaper.host.confined import RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS, openat2
-from reaper.runtime.resolve import Resolved, Unfollowed, open_checked_socket, resolve_in_root
+from reaper.host.resolve import Resolved, Unfollowed, open_checked_socket, resolve_in_root
 
 UNIX = "unix://"
 # Where each runtime puts its CRI socket by default.
@@ -334,7 +334,7 @@ def kubelet_endpoints(proc: str = "/proc") -> list[Endpoint]:
 def open_socket(path: str, root: str | None = None) -> tuple[int, tuple[int, int]] | None:
     """The socket at `path` (in `root`, a directory taken as "/", else this process's root)
     as an O_PATH fd, and its (device, inode), when every component on the way is root's alone
-    (resolve.py); None otherwise."""
+    (reaper.host.resolve); None otherwise."""
     found = checked_socket(path, root)
     return (found.fd, found.key) if isinstance(found, Resolved) else None
 

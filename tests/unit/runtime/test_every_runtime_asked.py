@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from reaper.host.resolve import MAX_LINKS
 from reaper.model import RuntimeView
 from reaper.runtime import discovery
 from reaper.runtime.cri import CriLiveness
 from reaper.runtime.discovery import discover, kubelet_endpoints
-from reaper.runtime.resolve import MAX_LINKS
 from tests.harness.fake_cri import FakeRuntime, decoy_runtime, sandbox, sandbox_list
 from tests.harness.procs import believed_process, host_proc
 

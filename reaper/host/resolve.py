@@ -1,4 +1,5 @@
-"""A runtime's socket path resolved one component at a time, inside a root, every step checked.
+"""A path (a runtime's socket, an iptables tool) resolved one component at a time, inside a root,
+every step checked.
 
 Runtime sockets are often reached through symlinks: k3s users link
 /run/containerd/containerd.sock to /run/k3s/containerd/containerd.sock, and /var/run is a link
