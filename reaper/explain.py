@@ -20,7 +20,7 @@ from msgspec import Struct
 from reaper.durations import format_duration
 from reaper.kinds.netconf import plugin_list
 from reaper.model import Attachment, AttachmentHistory, Holder, NsKey, ScanResult
-from reaper.reap.act import del_request, held_by_others, index, kept_state, waits_for_plugin
+from reaper.reap.requests import del_request, held_by_others, index, kept_state, waits_for_plugin
 from reaper.reap.trust import node_trust, proven_namespaces
 from reaper.report import attachment_json, runtime_lines
 

@@ -15,19 +15,11 @@ from reaper.host.iptables_backend import GivenPath, PathPlan, plan_plugin_path, 
 from reaper.host.memo import InventoryMemo
 from reaper.host.quarantine import Quarantine, expire
 from reaper.model import ReapResult, SkippedAttachment
-from reaper.reap.act import (
-    NO_PIN,
-    NOT_LISTED_HERE,
-    UNREACHABLE_AT_RECHECK,
-    Reclaimer,
-    del_request,
-    held_by_others,
-    index,
-    kept_state,
-    reclaim_log_fields,
-)
+from reaper.reap.act import UNREACHABLE_AT_RECHECK, Reclaimer
 from reaper.reap.addresses import addresses_in_use
+from reaper.reap.logfields import reclaim_log_fields
 from reaper.reap.plan import ReapPolicy, breaker_counts, breaker_reason, costs_nothing, plan_attachment, select
+from reaper.reap.requests import NO_PIN, NOT_LISTED_HERE, del_request, held_by_others, index, kept_state
 from reaper.reap.review import PlanFile, plan_keys, reviewed_orphans, steps_changed
 from reaper.reap.trust import NO_KERNEL_EVIDENCE, node_trust, proven_namespaces
 from reaper.runtime.liveness import LivenessSource

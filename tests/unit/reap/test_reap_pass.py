@@ -16,7 +16,7 @@ from msgspec.structs import replace
 from reaper.host.quarantine import Quarantine
 from reaper.logs import JsonFormatter, TextFormatter
 from reaper.model import Attachment, ReapResult, RuntimeView
-from reaper.reap import act, reap_pass, run
+from reaper.reap import reap_pass, run
 from reaper.reap.act import UNREACHABLE_AT_RECHECK
 from reaper.reap.review import NodeIdentity, PlanFile, plan_document, read_plan
 from tests.harness.reclaim_fakes import (
@@ -27,6 +27,7 @@ from tests.harness.reclaim_fakes import (
     reap_settings,
     report_of,
     scan_result,
+    use_kinds,
 )
 from tests.harness.snapshots import cid, runtime, sandbox
 
@@ -37,8 +38,7 @@ LOG = logging.getLogger("test")
 def node(monkeypatch: pytest.MonkeyPatch) -> FakeNode:
     """A fake node: the only kinds the reclaim path knows, and every look of the pass is of it."""
     fake = FakeNode()
-    monkeypatch.setattr(act, "KINDS", fake.kinds)
-    monkeypatch.setattr(act, "RECLAIM_ORDER", fake.kinds)
+    use_kinds(monkeypatch, fake.kinds)
     monkeypatch.setattr(run, "take_snapshot", lambda *_a, **_k: fake.look())
     return fake
 
