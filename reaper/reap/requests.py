@@ -13,15 +13,24 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from msgspec import Struct
 from msgspec.structs import replace
 
 from reaper.cni.requests import DelRequest, UnfitArgs, request_from_cache, safe_ifname
 from reaper.kinds import Kind
 from reaper.kinds.netconf import FREES_WITHOUT_NETNS, FREES_WITHOUT_NETNS_IF_LISTED_HERE, stateful_plugins
 from reaper.kinds.registry import KINDS, LAST, pin_of
-from reaper.model import Attachment, Identity, NetworkConfig, NodeSnapshot, NsKey
+from reaper.model import Attachment, Identity, NetworkConfig, NodeSnapshot, NsKey, PlannedAttachment
 from reaper.reap import delegates
-from reaper.reap.trust import NO_KERNEL_EVIDENCE, NodeTrust, cached_config_refusal, kernel_proven
+from reaper.reap.plan import plan_attachment
+from reaper.reap.trust import (
+    NO_KERNEL_EVIDENCE,
+    NodeTrust,
+    cached_config_refusal,
+    kernel_proven,
+    node_trust,
+    proven_namespaces,
+)
 
 Records = Mapping[Identity, Any]
 
@@ -31,6 +40,7 @@ NOT_LISTED_HERE = (
     "netns only for a sandbox a runtime of this node listed to this agent, for the pod the entry "
     "names, and lists no more (never in a one-shot run)"
 )
+DROPPED = "no plugin runs: --drop-waiting names it; its files go as files"
 # The CNI_ARGS keys Calico reads the pod from (Go's LoadArgs: exact field names, the last pair wins).
 POD_ARGS = ("K8S_POD_NAMESPACE", "K8S_POD_NAME")
 
@@ -293,3 +303,55 @@ def waits_for_plugin(
     else:
         why = "no DEL runs without a netns pin"
     return f"waits: only what a DEL needs is left, {what} may keep state only that DEL frees, and {why}"
+
+
+class OrphanPlan(Struct, frozen=True, kw_only=True):
+    """What a pass does for one orphan, decided before anything is touched."""
+
+    planned: PlannedAttachment  # its steps, where DEL takes its config from, and why not (config_note)
+    request: DelRequest | None  # the DEL it gets; None: no plugin runs
+    keep: str | None  # kept_state: why its cache entry outlives a DEL that fails or does not run
+
+
+def plan_orphan(
+    attachment: Attachment,
+    records: Records,
+    configs: Sequence[NetworkConfig],
+    trust: NodeTrust,
+    *,
+    kernel_only: bool,
+    quarantine: bool,
+    costless: bool = False,
+    dropped: bool = False,
+) -> OrphanPlan:
+    """What a pass does for `attachment`, as reaper.reap.run.plan_pass and `reaper explain` both
+    decide it. `kernel_only`: --method kernel; `quarantine`: files go to the quarantine;
+    `costless`: reaper.reap.plan.costs_nothing, files alone in no namespace, for which no DEL
+    runs (none could, with no pin to pass); `dropped`: --drop-waiting names it, its files go as
+    files and nothing of it is kept."""
+    if dropped:
+        request, note = None, DROPPED
+    elif kernel_only or costless:
+        request, note = None, None
+    else:
+        request, note = del_request(attachment, records, configs, trust)
+    keep = None if dropped else kept_state(attachment, records, configs, request)
+    return OrphanPlan(planned=plan_attachment(attachment, request, note, quarantine), request=request, keep=keep)
+
+
+def orphan_trust(
+    snapshot: NodeSnapshot,
+    records: Records,
+    orphans: Sequence[Attachment],
+    allow_plugins: Iterable[str],
+    *,
+    waiting: Sequence[Attachment] = (),
+    gone_here: Mapping[str, tuple[str, str]] | None = None,
+) -> NodeTrust:
+    """What the node vouches for when `orphans` are weighed (reaper.reap.trust.node_trust): the
+    conf dir's configs, --allow-plugin, what every other attachment holds (those `waiting` hold
+    counts as the orphans', as the scan weighed them: reaper.reap.waiting), what the kernel
+    proves of the orphans, and the sandboxes listed here and gone."""
+    own = (c for c in snapshot.configs if not c.path.startswith("cache:"))
+    held = held_by_others(snapshot, [*orphans, *waiting])
+    return node_trust(own, allow_plugins, *held, proven=proven_namespaces(orphans, records), gone_here=gone_here)

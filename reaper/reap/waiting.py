@@ -16,8 +16,7 @@ from collections.abc import Mapping, Sequence
 from msgspec.structs import replace
 
 from reaper.model import NodeSnapshot, ScanReport
-from reaper.reap.requests import held_by_others, index, stateful_chain, waits_for_plugin
-from reaper.reap.trust import node_trust, proven_namespaces
+from reaper.reap.requests import index, orphan_trust, stateful_chain, waits_for_plugin
 
 
 def mark_waiting(
@@ -37,9 +36,7 @@ def mark_waiting(
         return report
     records = index(snapshot)
     configs = snapshot.configs
-    own = (c for c in configs if not c.path.startswith("cache:"))
-    held = held_by_others(snapshot, orphans)
-    trust = node_trust(own, allow_plugins, *held, proven=proven_namespaces(orphans, records), gone_here=gone_here)
+    trust = orphan_trust(snapshot, records, orphans, allow_plugins, gone_here=gone_here)
     changed = False
     attachments = []
     for a in report.attachments:
