@@ -52,7 +52,9 @@ def index(snapshot: NodeSnapshot) -> dict[Identity, Any]:
 
 def netns_for_del(attachment: Attachment, records: Records) -> str:
     """CNI_NETNS for DEL: the attachment's pin when it is still a real namespace, else empty
-    (and then no DEL runs)."""
+    (and then no DEL runs). The path is looked at again, not taken from the look's record:
+    nothing later checks it (delegates.pinned reads only delegate files, the re-checks judge
+    the namespace, not its path), so a pin gone since the look gets no DEL, as before."""
     for ref in attachment.resources:
         pin = pin_of(ref, records)
         if pin is not None and os.path.exists(pin.path):
