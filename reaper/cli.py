@@ -371,6 +371,7 @@ def _reap(args: argparse.Namespace) -> int:
     from reaper.metrics import ReaperMetrics  # noqa: PLC0415
     from reaper.reap import reap_pass  # noqa: PLC0415
     from reaper.reap.review import PlanError, plan_document, read_plan, this_node  # noqa: PLC0415
+    from reaper.reap.run import plan_pass, preview  # noqa: PLC0415
     from reaper.report import reap_json, reap_table  # noqa: PLC0415
 
     refused = scan_mode_refusal(args)
@@ -400,15 +401,18 @@ def _reap(args: argparse.Namespace) -> int:
             return EXIT_UNDECIDED
     with pass_lock(settings.state_file, settings.lock_wait, log, changes_node=True):  # one DEL at a time
         started = time.monotonic()
-        result = reap_pass(settings, reap, liveness_from(settings), log, reviewed=reviewed)
-        if reap.plan_out is not None and result.problem is None:
-            try:
-                write_atomically(
-                    reap.plan_out, plan_document(result.plan, result.report.attachments, node, time.time()), 0o600
-                )
-            except OSError as err:
-                print(f"reaper: --plan-out {reap.plan_out}: {err.strerror}", file=sys.stderr)
-                return EXIT_UNDECIDED
+        if reap.dry_run:  # the plan as the pass would act on it; nothing is touched
+            planned = preview(plan_pass(settings, reap, liveness_from(settings), log, reviewed=reviewed), settings)
+            result = planned.result()
+            if reap.plan_out is not None and result.problem is None:
+                try:
+                    document = plan_document(planned.plan, planned.scan.report.attachments, node, time.time())
+                    write_atomically(reap.plan_out, document, 0o600)
+                except OSError as err:
+                    print(f"reaper: --plan-out {reap.plan_out}: {err.strerror}", file=sys.stderr)
+                    return EXIT_UNDECIDED
+        else:
+            result = reap_pass(settings, reap, liveness_from(settings), log, reviewed=reviewed)
         metrics = ReaperMetrics(mode="scan" if reap.dry_run else "reap")  # a dry run changes nothing
         metrics.observe_reap(result)
         metrics.observe_pass(time.monotonic() - started, result.outcome, time.time())
@@ -465,7 +469,15 @@ def _explain(args: argparse.Namespace) -> int:
         allow_plugins=reap.allow_plugins,
         plugins_run=not reap.policy.kernel_only,
     )
-    found = explain(result, args.target, history, settings.policy.confirmations, reap.allow_plugins)
+    found = explain(
+        result,
+        args.target,
+        history,
+        settings.policy.confirmations,
+        reap.allow_plugins,
+        kernel_only=reap.policy.kernel_only,
+        quarantine=reap.policy.quarantine,
+    )
     if settings.json_output:
         _output(dumps_indented(explain_json(args.target, found, result.report.taken_at)))
     else:

@@ -19,9 +19,9 @@ from msgspec import Struct
 
 from reaper.durations import format_duration
 from reaper.kinds.netconf import plugin_list
-from reaper.model import Attachment, AttachmentHistory, Holder, NsKey, ScanResult
-from reaper.reap.act import del_request, held_by_others, index, kept_state, waits_for_plugin
-from reaper.reap.trust import node_trust, proven_namespaces
+from reaper.model import Attachment, AttachmentHistory, Holder, NsKey, PlannedAttachment, ScanResult
+from reaper.reap.plan import costs_nothing
+from reaper.reap.requests import index, orphan_trust, plan_orphan, waits_for_plugin
 from reaper.report import attachment_json, runtime_lines
 
 _HEX_PREFIX = re.compile(r"[0-9a-f]{3,64}")
@@ -52,6 +52,9 @@ class Evidence(Struct, frozen=True, kw_only=True):
     namespace: tuple[str, ...]  # its netns: whose, and who is inside
     history: str  # what earlier passes counted (the state file)
     reclaim: tuple[str, ...]  # what a reclaim would run, or why nothing would
+    # The plan a pass would make for it, as reaper.reap.run.plan_pass makes it (plan_orphan);
+    # None when no pass would plan it (live, unknown, excluded, waiting).
+    planned: PlannedAttachment | None = None
 
 
 def _address(text: str) -> str | None:
@@ -156,32 +159,51 @@ def _plugins(config: bytes) -> str:
 
 
 def _reclaim(
-    attachment: Attachment, records: Mapping[Any, Any], result: ScanResult, allow_plugins: Sequence[str]
-) -> tuple[str, ...]:
+    attachment: Attachment,
+    records: Mapping[Any, Any],
+    result: ScanResult,
+    allow_plugins: Sequence[str],
+    *,
+    kernel_only: bool,
+    quarantine: bool,
+) -> tuple[tuple[str, ...], PlannedAttachment | None]:
+    """What a reclaim would run for the attachment, decided as a pass decides it: the node's
+    trust weighed with every orphan and waiting attachment of the look (orphan_trust, a pending
+    one among them as though it were one), then plan_orphan."""
     if attachment.verdict in ("live", "unknown", "excluded"):
-        return (f"nothing: it is {attachment.verdict}",)
+        return (f"nothing: it is {attachment.verdict}",), None
     snapshot = result.snapshot
     configs = snapshot.configs
-    held = held_by_others(snapshot, [attachment])
-    own = (c for c in configs if not c.path.startswith("cache:"))
-    trust = node_trust(own, allow_plugins, *held, proven=proven_namespaces([attachment], records))
-    waiting = waits_for_plugin(attachment, records, configs, trust)
-    if waiting is not None:
-        return (f"nothing this pass: {waiting}",)
-    request, note = del_request(attachment, records, configs, trust)
+    orphans = [a for a in result.report.attachments if a.verdict == "orphan" or a.key == attachment.key]
+    waiting = [a for a in result.report.attachments if a.verdict == "waiting" and a.key != attachment.key]
+    trust = orphan_trust(snapshot, records, orphans, allow_plugins, waiting=waiting, gone_here=result.gone_here)
+    waits = waits_for_plugin(attachment, records, configs, None if kernel_only else trust)
+    if waits is not None:
+        return (f"nothing this pass: {waits}",), None
+    costless = costs_nothing(attachment, records)
+    one = plan_orphan(
+        attachment, records, configs, trust, kernel_only=kernel_only, quarantine=quarantine, costless=costless
+    )
     lines = []
-    if request is not None:
-        lines.append(f"DEL with the config from {request.source}: {_plugins(request.config)}")
-        lines.append(f"CNI_NETNS={request.netns or '(none)'}, then the kernel step for what DEL leaves")
+    if one.request is not None:
+        lines.append(f"DEL with the config from {one.request.source}: {_plugins(one.request.config)}")
+        lines.append(f"CNI_NETNS={one.request.netns or '(none)'}, then the kernel step for what DEL leaves")
     else:
         # The notes that say why begin "no plugin runs: " themselves; a key with no container
         # or network (a pin alone) has no note: no cache entry names a DEL for it.
-        why = (note or "no cache entry names its container and network").removeprefix("no plugin runs: ")
-        lines.append(f"no plugin would run: {why}; the kernel step frees what the kernel and files hold")
-    keeps = kept_state(attachment, records, configs, request)
-    if keeps is not None:
-        lines.append(f"kept until a DEL succeeds: {keeps}")
-    return tuple(lines)
+        why = one.planned.config_note or (
+            "--method kernel"
+            if kernel_only
+            else "files alone in no namespace that cost nothing: no DEL runs for them"
+            if costless
+            else "no cache entry names its container and network"
+        )
+        lines.append(f"no plugin would run: {why.removeprefix('no plugin runs: ')}; " + (
+            "the kernel step frees what the kernel and files hold"
+        ))  # fmt: skip
+    if one.keep is not None:
+        lines.append(f"kept until a DEL succeeds: {one.keep}")
+    return tuple(lines), one.planned
 
 
 def explain(
@@ -190,22 +212,31 @@ def explain(
     history: Mapping[str, AttachmentHistory],
     confirmations: int,
     allow_plugins: Sequence[str] = (),
+    *,
+    kernel_only: bool = False,
+    quarantine: bool = False,
 ) -> list[Evidence]:
     """The evidence for every attachment `target` names; `history` is what the state file held
-    before this look."""
+    before this look. `allow_plugins`, `kernel_only` (--method kernel) and `quarantine` (a
+    quarantine dir is given): the reap settings a pass would plan with."""
     records = index(result.snapshot)
     now = result.report.taken_at
-    return [
-        Evidence(
-            attachment=a,
-            runtimes=_runtimes(result, a),
-            namespace=_namespace(result, a),
-            history=_history(history.get(a.key.as_text()), confirmations, now),
-            reclaim=_reclaim(a, records, result, allow_plugins),
+    found = []
+    for a in result.report.attachments:
+        if not matches(a, target):
+            continue
+        reclaim, planned = _reclaim(a, records, result, allow_plugins, kernel_only=kernel_only, quarantine=quarantine)
+        found.append(
+            Evidence(
+                attachment=a,
+                runtimes=_runtimes(result, a),
+                namespace=_namespace(result, a),
+                history=_history(history.get(a.key.as_text()), confirmations, now),
+                reclaim=reclaim,
+                planned=planned,
+            )
         )
-        for a in result.report.attachments
-        if matches(a, target)
-    ]
+    return found
 
 
 def explain_json(target: str, found: Sequence[Evidence], now: float) -> dict[str, Any]:

@@ -4,7 +4,6 @@ own reclaim for what DEL left, then a last look that says what is really gone.""
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -13,22 +12,19 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, NamedTuple
 
 from msgspec import Struct, field
-from msgspec.structs import replace
 
 from reaper.cni.invoke import PLUGIN_PATH, del_network, network_status
-from reaper.cni.requests import DelRequest, UnfitArgs, request_from_cache, safe_ifname
+from reaper.cni.requests import DelRequest
 from reaper.host.netns_addrs import Handle, NamespaceAddresses, NamespaceToRead, read_addresses
 from reaper.host.nsmounts import ParsedMountinfo, in_use
 from reaper.host.quarantine import Quarantine
 from reaper.kinds import Kind, ReclaimContext
-from reaper.kinds.netconf import FREES_WITHOUT_NETNS, FREES_WITHOUT_NETNS_IF_LISTED_HERE, stateful_plugins
-from reaper.kinds.registry import KINDS, LAST, RECLAIM_ORDER, pin_of
+from reaper.kinds.registry import KINDS, LAST, RECLAIM_ORDER
 from reaper.model import (
     Attachment,
     AttachmentKey,
     Done,
     Identity,
-    NetworkConfig,
     NodeSnapshot,
     NsKey,
     ReclaimMethod,
@@ -39,23 +35,15 @@ from reaper.model import (
 )
 from reaper.options import COMMAND_TIMEOUT
 from reaper.reap import delegates
+from reaper.reap.logfields import attachment_log_fields
 from reaper.reap.plan import Listed, listed, recheck_reason
+from reaper.reap.requests import Records, index, netns_for_del, pins_of
 from reaper.reap.stays import held_in_staying, kept_with_namespace, lives_in, staying_namespaces
-from reaper.reap.trust import NO_KERNEL_EVIDENCE, NodeTrust, cached_config_refusal, kernel_proven
 from reaper.settings import DEL_CONCURRENCY
 from reaper.stopwatch import Stopwatch
 
-Records = Mapping[Identity, Any]
 UNREACHABLE_AT_RECHECK = "runtime unreachable at the re-check"
 STAYING_DEADLINE = 5.0  # seconds for reading the addresses of the pass's pins that stay, all together
-NO_PIN = "no plugin runs: no namespace pin to pass as CNI_NETNS, as the runtime would"
-NOT_LISTED_HERE = (
-    "no plugin runs: Calico frees by container ID in the cluster's datastore, so its DEL runs with no "
-    "netns only for a sandbox a runtime of this node listed to this agent, for the pod the entry "
-    "names, and lists no more (never in a one-shot run)"
-)
-# The CNI_ARGS keys Calico reads the pod from (Go's LoadArgs: exact field names, the last pair wins).
-POD_ARGS = ("K8S_POD_NAMESPACE", "K8S_POD_NAME")
 # Seconds after a re-check finished within which what it cleared may be acted on: a DEL starts,
 # a kind's batch is reclaimed. Batches are sized to fit (Reclaimer); SECURITY.md says why a
 # window this long is safe.
@@ -74,299 +62,10 @@ MAX_KERNEL_BATCHES = 4
 LATE_TRIES = 3  # times a DEL may miss its window before its attachment waits for the next pass
 
 
-def index(snapshot: NodeSnapshot) -> dict[Identity, Any]:
-    """Every record of a snapshot by its kind's identity of it."""
-    return {kind.identity(r): r for kind in KINDS for r in snapshot.of(kind.name)}
-
-
-def _netns_for_del(attachment: Attachment, records: Records) -> str:
-    """CNI_NETNS for DEL: the attachment's pin when it is still a real namespace, else empty
-    (and then no DEL runs)."""
-    for ref in attachment.resources:
-        pin = pin_of(ref, records)
-        if pin is not None and os.path.exists(pin.path):
-            return pin.path
-    return ""
-
-
-def held_by_others(snapshot: NodeSnapshot, orphans: Sequence[Attachment]) -> tuple[set[str], set[str]]:
-    """(addresses, host interface names) that records outside every orphan attachment hold, the
-    addresses as written (node_trust compares them by meaning). Host interfaces only as their
-    kinds name them (veths): a result's other host interfaces are shared ones (the bridge
-    every pod hangs off)."""
-    judged = {ref.identity for a in orphans for ref in a.resources}
-    ips: set[str] = set()
-    ifnames: set[str] = set()
-    for kind in KINDS:
-        if kind.claims is None and kind.host_ifname is None:
-            continue
-        for record in snapshot.of(kind.name):
-            if kind.identity(record) in judged:
-                continue
-            if kind.claims is not None:
-                ips.update(kind.claims(record))
-            if kind.host_ifname is not None:
-                ifnames.add(kind.host_ifname(record))
-    return ips, ifnames
-
-
-def _cached_request(attachment: Attachment, records: Records, netns: str) -> tuple[DelRequest, object] | None:
-    """DEL as the attachment's cache entry would run it, and the entry's result as it is written
-    (None when it has none); None when there is no usable entry with a config; UnfitArgs when
-    its CNI_ARGS cannot be sent."""
-    key = attachment.key
-    if key.container_id is None or key.network is None or key.ifname is None:
-        return None
-    for kind in KINDS:
-        if kind.del_document is None or not (carried := _records_of(kind, attachment, records)):
-            continue
-        document = kind.del_document(carried)
-        if document is None:
-            return None
-        doc, path = document
-        request = request_from_cache(doc, key.container_id, key.network, key.ifname, netns, path)
-        return (request, doc.get("result")) if request is not None else None
-    return None
-
-
-def pins_of(attachments: Sequence[Attachment], records: Records) -> dict[NsKey, str]:
-    """The namespaces pinned by the attachments' own pins (the kinds' `pin` hook), each with
-    the path of one pin, as `records` finds them."""
-    by_name = {kind.name: kind for kind in KINDS if kind.pin is not None}
-    found: dict[NsKey, str] = {}
-    for attachment in attachments:
-        for ref in attachment.resources:
-            kind, record = by_name.get(ref.kind), records.get(ref.identity)
-            pin = kind.pin(record) if kind is not None and kind.pin is not None and record is not None else None
-            if pin is not None:
-                found.setdefault(pin.ns, pin.path)
-    return found
-
-
 def read_staying(targets: Sequence[NamespaceToRead]) -> list[NamespaceAddresses]:
     """The addresses configured in each of the pass's pins that stay (reaper.host.netns_addrs),
     within one deadline."""
     return read_addresses(targets, deadline=time.monotonic() + STAYING_DEADLINE)
-
-
-def _records_of(kind: Kind[Any], attachment: Attachment, records: Records) -> list[Any]:
-    """The attachment's records of `kind` that the look found, in the attachment's order."""
-    return [records[ref.identity] for ref in attachment.resources if ref.kind == kind.name and ref.identity in records]
-
-
-def del_request(
-    attachment: Attachment, records: Records, configs: Sequence[NetworkConfig], trust: NodeTrust
-) -> tuple[DelRequest | None, str | None]:
-    """What DEL would run for this attachment (_config_request), and why not: when that config
-    runs flannel or multus, only while the per-container file each will read passes the rules
-    of a cached config (reaper.reap.delegates); otherwise no plugin runs."""
-    request, note = _config_request(attachment, records, configs, trust)
-    if request is None:
-        return None, note
-    found, refusal = delegates.delegations_of(request, trust)
-    if refusal is not None:
-        return None, f"delegate file not run: {refusal}"
-    return (replace(request, delegations=found) if found else request), note
-
-
-def _config_request(
-    attachment: Attachment, records: Records, configs: Sequence[NetworkConfig], trust: NodeTrust
-) -> tuple[DelRequest | None, str | None]:
-    """What DEL would run for this attachment, and why its cache entry's config does not run
-    when it does not. Nothing, unless a kernel object proves the attachment (reaper.reap.trust);
-    then that config when the node vouches for it, else the conf dir's config, else nothing
-    (the kinds reclaim what is left)."""
-    key = attachment.key
-    if key.container_id is None or key.network is None:
-        return None, None
-    if not kernel_proven(attachment, records, trust):
-        return _or_else(without_netns_request(attachment, records, configs, trust), NO_KERNEL_EVIDENCE)
-    netns = _netns_for_del(attachment, records)
-    if not netns:
-        # A runtime passes the sandbox's netns path; an empty CNI_NETNS is taken by some
-        # plugins (kindnet) as "nothing to do", and they answer success having freed nothing.
-        return _or_else(without_netns_request(attachment, records, configs, trust), NO_PIN)
-    refusal = None
-    try:
-        cached = _cached_request(attachment, records, netns)
-    except UnfitArgs as err:
-        # Not the conf dir's config either: no DEL runs with other args than the ADD's. The
-        # kinds reclaim what is left, and a chain that keeps state elsewhere keeps its entry.
-        return None, f"no plugin runs: {err}"
-    if cached is not None:
-        request, result = cached
-        refusal = cached_config_refusal(attachment, request.config, result, trust)
-        if refusal is None:
-            return request, None
-    note = f"cached config not run: {refusal}" if refusal is not None else None
-    for config in configs:
-        if config.name == key.network and not config.path.startswith("cache:"):
-            return DelRequest(
-                container_id=key.container_id,
-                network=key.network,
-                ifname=safe_ifname(key.ifname),
-                netns=netns,
-                config=config.raw,
-                source=config.path,
-            ), note
-    return None, note
-
-
-def _or_else(found: tuple[DelRequest | None, str | None], note: str) -> tuple[DelRequest | None, str | None]:
-    """A DEL with no netns (without_netns_request), or `note` when there is none and no refusal."""
-    request, refusal = found
-    return (request, None) if request is not None else (None, refusal or note)
-
-
-def without_netns_request(
-    attachment: Attachment, records: Records, configs: Sequence[NetworkConfig], trust: NodeTrust
-) -> tuple[DelRequest | None, str | None]:
-    """DEL as containerd 2.3 and CRI-O 1.36 run it once the sandbox's netns is gone
-    (shared/docs/cni-facts.md section 8): CNI_NETNS empty, the cached result as prevResult, the
-    cache entry's config. Only for an attachment in no namespace at all, whose chain keeps state
-    and every plugin of it that does frees it by container ID (FREES_WITHOUT_NETNS; calico's
-    only for a sandbox this process saw listed here and gone, for the pod its CNI_ARGS name:
-    FREES_WITHOUT_NETNS_IF_LISTED_HERE, NodeTrust.gone_here), and only
-    with a config the node vouches for (cached_config_refusal): no kernel object proves such an
-    attachment, and the conf dir's config never runs in place of a refused one. A writer
-    of /var/lib/cni then gains a DEL of a container ID no runtime lists (re-checked right
-    before), of plugins and paths the node itself runs, with no address an attachment in use
-    holds. (None, why) when the chain qualifies but its config may not run; (None, None) when
-    no such DEL applies."""
-    key = attachment.key
-    if attachment.netns is not None or key.container_id is None or key.network is None or key.ifname is None:
-        return None, None
-    try:
-        cached = _cached_request(attachment, records, "")
-    except UnfitArgs as err:
-        return None, f"no plugin runs: {err}"
-    if cached is None:
-        return None, None
-    request, result = cached
-    chain = stateful_chain(attachment, records, configs, request)
-    if isinstance(chain, str) or not chain:
-        return None, None
-    needs_proof = set(chain) - FREES_WITHOUT_NETNS
-    if not needs_proof <= FREES_WITHOUT_NETNS_IF_LISTED_HERE:
-        return None, None
-    pod = trust.gone_here.get(key.container_id)
-    if needs_proof and (pod is None or not names_pod(request.cni_args, pod)):
-        return None, NOT_LISTED_HERE
-    refusal = cached_config_refusal(attachment, request.config, result, trust)
-    if refusal is not None:
-        return None, f"cached config not run: {refusal}"
-    return replace(request, without_netns=True), None
-
-
-def names_pod(cni_args: Iterable[tuple[str, str]], pod: tuple[str, str]) -> bool:
-    """CNI_ARGS name `pod` (namespace, name) and no other: each key of POD_ARGS is there, and
-    every pair whose key is one of them under any case holds its value."""
-    want = {key.lower(): value for key, value in zip(POD_ARGS, pod, strict=True)}
-    found = set()
-    for key, value in cni_args:
-        if key.lower() in want:
-            if value != want[key.lower()]:
-                return False
-            found.add(key)
-    return found >= set(POD_ARGS)
-
-
-def stateful_chain(
-    attachment: Attachment, records: Records, configs: Sequence[NetworkConfig], request: DelRequest | None
-) -> list[str] | str | None:
-    """The plugins of the attachment's chain that keep state only their own DEL frees (maybe
-    none); why they cannot be known, when they cannot; None when no file a DEL needs is left."""
-    carriers = [(k.added_config, _records_of(k, attachment, records)) for k in KINDS if k.added_config is not None]
-    if not any(found for _, found in carriers):
-        return None
-    raws = [raw for added, found in carriers for raw in map(added, found) if raw is not None]
-    if not raws:
-        network = attachment.key.network
-        raws = [c.raw for c in configs if c.name == network and not c.path.startswith("cache:")][:1]
-    if request is not None:
-        raws.append(request.config)
-    if not raws:
-        return "a chain no config names"
-    stateful: list[str] = []
-    for raw in raws:
-        found = stateful_plugins(raw)
-        if found is None:
-            return "a chain whose config cannot be read"
-        stateful += [kind for kind in found if kind not in stateful]
-    return stateful
-
-
-def kept_state(
-    attachment: Attachment, records: Records, configs: Sequence[NetworkConfig], request: DelRequest | None
-) -> str | None:
-    """What makes the attachment's cache entry outlive a failed or missing DEL: a plugin of its
-    chain keeps state (an address, an endpoint) in a datastore only its own DEL frees, and the
-    cache entry is the only record of what that DEL needs. None when every plugin of the chain
-    is known stateless (reaper.kinds.netconf.STATELESS_PLUGINS). The chain is what the cache
-    entry says was ADDed, else the conf dir's config of the network, plus what DEL would run."""
-    chain = stateful_chain(attachment, records, configs, request)
-    if isinstance(chain, str) or chain is None:
-        return chain
-    return ", ".join(chain)[:200] if chain else None
-
-
-def waits_for_plugin(
-    attachment: Attachment, records: Records, configs: Sequence[NetworkConfig], trust: NodeTrust | None
-) -> str | None:
-    """Why a pass has nothing to do for this orphan, when it has not: all that is left of it
-    are the files a DEL needs (its cache entry, flannel's, multus'), its chain keeps state only
-    that DEL frees (kept_state), and no DEL can run: with no namespace to prove it or to pass,
-    only a chain whose every such plugin frees by container ID gets one
-    (without_netns_request), and only with a config the node vouches for. `trust`: None when
-    no plugin runs this pass (--method kernel). Such an orphan is reported but takes no place
-    under --max-reap, so that any number of them (forged, or a plugin gone for good) never
-    holds back the leaks that can be reclaimed."""
-    if attachment.netns is not None or not all(ref.kind in LAST for ref in attachment.resources):
-        return None
-    what = kept_state(attachment, records, configs, None)
-    if what is None:
-        return None
-    refusal = None
-    if trust is not None:
-        request, refusal = without_netns_request(attachment, records, configs, trust)
-        if request is not None:
-            return None
-    if refusal is not None:
-        why = "no DEL runs: " + refusal.removeprefix("no plugin runs: ")
-    elif trust is None:
-        why = "no plugin runs (--method kernel)"
-    else:
-        why = "no DEL runs without a netns pin"
-    return f"waits: only what a DEL needs is left, {what} may keep state only that DEL frees, and {why}"
-
-
-METHOD_ORDER: tuple[ReclaimMethod, ...] = ("cni-del", "kernel", "quarantine")
-
-
-def reclaim_log_fields(attachment: Attachment | None, outcome: ReclaimOutcome) -> dict[str, str]:
-    """What a reclaim's log line says of the attachment (attachment_log_fields) and how its
-    resources went: `cni-del`, `kernel`, `quarantine`, or those that did, joined by `+` in that
-    order."""
-    methods = "+".join(m for m in METHOD_ORDER if any(r.method == m for r in outcome.resources))
-    return attachment_log_fields(outcome.key, attachment) | ({"method": methods} if methods else {})
-
-
-def attachment_log_fields(key: AttachmentKey, attachment: Attachment | None) -> dict[str, str]:
-    """What a log line about reclaiming an attachment says of it: its container ID, network and
-    ifname (or its pin, when it has no container) and the pod its cache entry's CNI_ARGS name,
-    when one does (Attachment.pod: both parts read as Kubernetes names, so neither holds a `/`,
-    a space or a newline that could forge a field or a line)."""
-    pod = attachment.pod if attachment is not None else None
-    namespace, _, name = pod.partition("/") if pod is not None else (None, None, None)
-    fields = {
-        "container_id": key.container_id,
-        "network": key.network,
-        "ifname": key.ifname,
-        "netns_pin": key.pin,
-        "pod_namespace": namespace,
-        "pod_name": name,
-    }
-    return {field: value for field, value in fields.items() if value is not None}
 
 
 def _kept_because(what: str, no_del: bool, pinned: bool) -> str:
@@ -783,7 +482,7 @@ class Reclaimer(Struct, kw_only=True):
                         done[ref.identity] = Done.left(left_at[a.key])
                         continue
                     if (kind.last or kind.del_needs) and a.key in needs_plugin:
-                        pinned = bool(_netns_for_del(a, present))
+                        pinned = bool(netns_for_del(a, present))
                         why = _kept_because(needs_plugin[a.key], a.key in no_del, pinned)
                         done[ref.identity] = Done.left(why)
                         continue

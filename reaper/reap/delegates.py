@@ -10,7 +10,7 @@ is read here, once, from / without following a symlink, and weighed by the rules
 config (reaper.reap.trust.delegate_file_refusal); a file that fails them, does not parse, is
 not a regular file or cannot be read means no plugin runs for the attachment (its kinds
 reclaim it, the file as a file, unless its chain keeps state only its DEL frees: multus' does,
-and then what that DEL needs stays, see reaper.reap.act.kept_state). What then runs is what
+and then what that DEL needs stays, see reaper.reap.requests.kept_state). What then runs is what
 was checked:
 
 - flannel reads its file from the dataDir of its own stdin. DEL runs with that dataDir set to

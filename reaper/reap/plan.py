@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 from msgspec import Struct
+from msgspec.structs import replace
 
 from reaper.cni.requests import DelRequest
 from reaper.kinds.registry import BY_NAME, QUARANTINABLE
@@ -16,12 +17,68 @@ from reaper.model import (
     NsKey,
     PlannedAttachment,
     PlannedStep,
+    ReapResult,
     ReclaimMethod,
     RuntimeView,
     ScanReport,
+    ScanResult,
     SkippedAttachment,
 )
 from reaper.options import ReapPolicy
+
+
+class Planned(Struct, frozen=True, kw_only=True):
+    """What one pass decided before touching anything (reaper.reap.run.plan_pass): what
+    `--dry-run` shows and `--plan-out` writes, and what the act step (run.act_on) acts on, each
+    orphan re-checked again right before it is touched.
+
+    - scan: the look the plan was made on (its report, its snapshot, the runtime's netns paths)
+    - records: the look's records by identity (reaper.reap.requests.index); empty when the pass
+      stopped before weighing any orphan (runtime unreachable, no orphans, the breaker)
+    - selected: the orphans this pass takes, in the order it takes them, as reviewed
+    - requests: the DEL each orphan selected gets (None: no plugin runs), those the review then
+      left included
+    - keep: for each selected orphan whose cache entry outlives a DEL that fails or does not run,
+      the plugins of its chain that keep state only that DEL frees (requests.kept_state)
+    - plan: each selected orphan's steps and where its DEL takes its config from, in order
+    - skipped: the orphans left so far, and why (waiting, over --max-reap, not as reviewed)
+    - breaker_reason: why the breaker refuses the pass (nothing is then selected); None when not
+    - timings: seconds per step so far (the scan)
+    """
+
+    scan: ScanResult
+    records: Mapping[Identity, Any] = {}
+    selected: tuple[Attachment, ...] = ()
+    requests: Mapping[AttachmentKey, DelRequest | None] = {}
+    keep: Mapping[AttachmentKey, str] = {}
+    plan: tuple[PlannedAttachment, ...] = ()
+    skipped: tuple[SkippedAttachment, ...] = ()
+    breaker_reason: str | None = None
+    timings: tuple[tuple[str, float], ...] = ()
+
+    def result(self, **changes: Any) -> ReapResult:
+        """The pass's result as planned, nothing reclaimed; `changes`: what acting changed."""
+        base = ReapResult(
+            report=self.scan.report,
+            breaker_open=self.breaker_reason is not None,
+            breaker_reason=self.breaker_reason,
+            plan=self.plan,
+            reclaimed=(),
+            skipped=self.skipped,
+            recheck_error=None,
+            timings=self.timings,
+            state_saved=self.scan.state_saved,
+        )
+        return replace(base, **changes)
+
+    def leaving(self, left: Mapping[AttachmentKey, str]) -> Planned:
+        """The plan without the orphans in `left`, each skipped with why."""
+        return replace(
+            self,
+            selected=tuple(a for a in self.selected if a.key not in left),
+            plan=tuple(p for p in self.plan if p.key not in left),
+            skipped=(*self.skipped, *(SkippedAttachment(a.key, left[a.key]) for a in self.selected if a.key in left)),
+        )
 
 
 def plan_attachment(

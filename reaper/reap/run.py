@@ -1,4 +1,5 @@
-"""One reclaiming pass: scan, plan, re-check, act (plugin DEL, then the kinds), verify."""
+"""One reclaiming pass: plan_pass (scan, the breaker, the review, select, what each orphan
+gets), then act_on what it planned (re-check, the address check, plugin DEL, the kinds, verify)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from msgspec.structs import replace
 
@@ -14,30 +14,29 @@ from reaper.cni.invoke import PLUGIN_PATH
 from reaper.host.iptables_backend import GivenPath, PathPlan, plan_plugin_path, plugin_path
 from reaper.host.memo import InventoryMemo
 from reaper.host.quarantine import Quarantine, expire
-from reaper.model import ReapResult, SkippedAttachment
-from reaper.reap.act import (
-    NO_PIN,
-    NOT_LISTED_HERE,
-    UNREACHABLE_AT_RECHECK,
-    Reclaimer,
-    del_request,
-    held_by_others,
-    index,
-    kept_state,
-    reclaim_log_fields,
+from reaper.model import (
+    Attachment,
+    AttachmentKey,
+    ReapResult,
+    ReclaimOutcome,
+    ScanReport,
+    ScanResult,
+    SkippedAttachment,
 )
+from reaper.options import ReapPolicy
+from reaper.reap.act import UNREACHABLE_AT_RECHECK, Reclaimer
 from reaper.reap.addresses import addresses_in_use
-from reaper.reap.plan import breaker_counts, breaker_reason, costs_nothing, plan_attachment, select
+from reaper.reap.logfields import reclaim_log_fields
+from reaper.reap.plan import Planned, breaker_counts, breaker_reason, costs_nothing, select
+from reaper.reap.requests import DROPPED, NO_PIN, NOT_LISTED_HERE, index, orphan_trust, plan_orphan
 from reaper.reap.review import PlanFile, plan_keys, reviewed_orphans, steps_changed
-from reaper.reap.trust import NO_KERNEL_EVIDENCE, node_trust, proven_namespaces
+from reaper.reap.trust import NO_KERNEL_EVIDENCE
 from reaper.runtime.liveness import LivenessSource
 from reaper.scan import scan_pass
 from reaper.settings import ReapSettings, Settings
 from reaper.snapshot import take_snapshot
 from reaper.state import KeptState
 from reaper.stopwatch import Stopwatch
-
-DROPPED = "no plugin runs: --drop-waiting names it; its files go as files"
 
 
 def _expire_quarantine(directory: str, max_age: float, log: logging.Logger, now: float) -> None:
@@ -78,13 +77,35 @@ def reap_pass(
     kept: KeptState | None = None,
     reviewed: PlanFile | None = None,
 ) -> ReapResult:
-    """One pass. `stop`, once set, lets the step under way finish and starts no new one.
-    `memo` and `kept`: what a long-running caller carries from pass to pass (see scan_pass).
+    """One pass: plan_pass, then act_on what it planned (a dry run: preview, and nothing is
+    touched). `stop`, once set, lets the step under way finish and starts no new one. `memo`
+    and `kept`: what a long-running caller carries from pass to pass (see scan_pass).
     `reviewed`: a plan file (reaper.reap.review); only what it names, unchanged, is reclaimed."""
-    stop = stop if stop is not None else threading.Event()
-    watch = Stopwatch()
     if reap.policy.quarantine_dir and not reap.dry_run:
         _expire_quarantine(reap.policy.quarantine_dir, reap.quarantine_max_age, log, clock())
+    planned = plan_pass(settings, reap, liveness, log, clock, memo, kept=kept, reviewed=reviewed)
+    if reap.dry_run:
+        return preview(planned, settings).result()
+    if not planned.selected:
+        return planned.result()
+    return act_on(planned, settings, reap, liveness, log, memo, stop)
+
+
+def plan_pass(
+    settings: Settings,
+    reap: ReapSettings,
+    liveness: LivenessSource,
+    log: logging.Logger,
+    clock: Callable[[], float] = time.time,
+    memo: InventoryMemo | None = None,
+    *,
+    kept: KeptState | None = None,
+    reviewed: PlanFile | None = None,
+) -> Planned:
+    """The plan step of a pass: the look (scan_pass), the breaker, the review's narrowing, the
+    orphans the pass takes (select) and what each gets (reaper.reap.requests.plan_orphan).
+    Touches nothing on the node."""
+    watch = Stopwatch()
     scan = scan_pass(
         settings,
         liveness,
@@ -98,104 +119,132 @@ def reap_pass(
     report = scan.report
     policy = reap.policy
     watch.lap("scan")
-
-    def result(**changes: Any) -> ReapResult:
-        base = ReapResult(
-            report=report,
-            breaker_open=False,
-            breaker_reason=None,
-            plan=(),
-            reclaimed=(),
-            skipped=(),
-            recheck_error=None,
-            timings=tuple(watch.laps),
-            state_saved=scan.state_saved,
-        )
-        return replace(base, **changes)
-
+    nothing = Planned(scan=scan, timings=tuple(watch.laps))
     if not report.runtime.reachable:
-        return result()
+        return nothing
+    orphans, waiting, dropped = _orphans(report, reap.drop_waiting)
+    left = [SkippedAttachment(a.key, a.reason) for a in waiting]
+    if not orphans and reviewed is None:
+        return replace(nothing, skipped=tuple(left))
+    weighed = breaker_counts(report.attachments)
+    refused = breaker_reason(*weighed, policy)
+    if refused is not None:
+        log.error("breaker open", extra={"orphans": weighed[0], "attachments": weighed[1]})
+        return replace(nothing, breaker_reason=refused)
+    if reviewed is not None:
+        # Narrowed only: what the plan does not name, as it is now, counts as someone else's.
+        orphans, not_reviewed = reviewed_orphans(orphans, report.attachments, reviewed)
+        left = not_reviewed + left
+        if not orphans:
+            return replace(nothing, skipped=tuple(left))
+    planned = _decide(scan, orphans, waiting, dropped, policy, reap.allow_plugins, log)
+    planned = _as_reviewed(planned, reviewed) if reviewed is not None else planned
+    return replace(planned, skipped=(*left, *planned.skipped), timings=nothing.timings)
+
+
+def _orphans(
+    report: ScanReport, drop_waiting: tuple[str, ...]
+) -> tuple[list[Attachment], list[Attachment], set[AttachmentKey]]:
+    """(the orphans a pass weighs, the waiting it leaves, the keys of the waiting it takes as
+    orphans: --drop-waiting)."""
     orphans = [a for a in report.attachments if a.verdict == "orphan"]
     # No pass can do anything for these (reaper.reap.waiting): reported with why, and never
     # counted under --max-reap, so that any number of them never holds back what can be freed.
     waiting = [a for a in report.attachments if a.verdict == "waiting"]
     # But those the operator names (--drop-waiting, with a reviewed plan: reaper.cli), once the
     # plugin's own tools freed what they record: their files go as files, and no DEL runs.
-    dropped = {a.key for a in waiting if a.key.container_id in reap.drop_waiting}
+    dropped = {a.key for a in waiting if a.key.container_id in drop_waiting}
     orphans += [a for a in waiting if a.key in dropped]
     waiting = [a for a in waiting if a.key not in dropped]
-    if not orphans and reviewed is None:
-        return result(skipped=tuple(SkippedAttachment(a.key, a.reason) for a in waiting))
-    weighed = breaker_counts(report.attachments)
-    refused = breaker_reason(*weighed, policy)
-    if refused is not None:
-        log.error("breaker open", extra={"orphans": weighed[0], "attachments": weighed[1]})
-        return result(breaker_open=True, breaker_reason=refused)
-    not_reviewed: list[SkippedAttachment] = []
-    if reviewed is not None:
-        # Narrowed only: what the plan does not name, as it is now, counts as someone else's.
-        orphans, not_reviewed = reviewed_orphans(orphans, report.attachments, reviewed)
-        if not orphans:
-            return result(skipped=tuple(not_reviewed + [SkippedAttachment(a.key, a.reason) for a in waiting]))
+    return orphans, waiting, dropped
+
+
+def _decide(
+    scan: ScanResult,
+    orphans: list[Attachment],
+    waiting: list[Attachment],
+    dropped: set[AttachmentKey],
+    policy: ReapPolicy,
+    allow_plugins: tuple[str, ...],
+    log: logging.Logger,
+) -> Planned:
+    """The orphans this pass takes (select), and what each gets (plan_orphan); the notes that
+    say why a config does not run are logged, as news or, when something was refused, a warning."""
     records = index(scan.snapshot)
     configs = scan.snapshot.configs
     costless = {a.key for a in orphans if costs_nothing(a, records)}
-    # As the scan weighed them (reaper.reap.waiting): what the waiting hold counts as the orphans'.
-    trust = node_trust((c for c in configs if not c.path.startswith("cache:")), reap.allow_plugins,
-                       *held_by_others(scan.snapshot, [*orphans, *waiting]),
-                       proven=proven_namespaces(orphans, records), gone_here=scan.gone_here)  # fmt: skip
-    selected, skipped = select(orphans, policy, costless)
-    skipped = not_reviewed + [SkippedAttachment(a.key, a.reason) for a in waiting] + skipped
+    trust = orphan_trust(scan.snapshot, records, orphans, allow_plugins, waiting=waiting, gone_here=scan.gone_here)
+    selected, deferred = select(orphans, policy, costless)
     # A costless orphan is files alone, in no namespace: no DEL runs for it (none could, with
     # no pin to pass), and saying why for each of thousands would only fill the log.
-    asked = {
-        a.key: (None, DROPPED)
-        if a.key in dropped
-        else (None, None)
-        if policy.kernel_only or a.key in costless
-        else del_request(a, records, configs, trust)
+    decided = {
+        a.key: plan_orphan(
+            a, records, configs, trust, kernel_only=policy.kernel_only, quarantine=policy.quarantine,
+            costless=a.key in costless, dropped=a.key in dropped,
+        )
         for a in selected
-    }
-    requests = {key: request for key, (request, _) in asked.items()}
-    plan = tuple(plan_attachment(a, *asked[a.key], policy.quarantine) for a in selected)
-    if reviewed is not None:
-        keys = plan_keys(reviewed)
-        differs = {p.key: why for p in plan if (why := steps_changed(p, keys)) is not None}
-        skipped += [SkippedAttachment(key, f"not as reviewed: {why}") for key, why in differs.items()]
-        selected = [a for a in selected if a.key not in differs]
-        plan = tuple(p for p in plan if p.key not in differs)
-    for key, (_, note) in asked.items():
+    }  # fmt: skip
+    for key, one in decided.items():
+        note = one.planned.config_note
         if note is not None:
             # No kernel object: a partial ADD's leftovers (a lease, a chain) look so too, so it is news, not a warning.
             level = logging.INFO if note in (NO_KERNEL_EVIDENCE, NO_PIN, NOT_LISTED_HERE, DROPPED) else logging.WARNING
             log.log(level, "plugin config refused", extra={"attachment": key.as_text(), "reason": note})
-    if reap.dry_run:
-        # The address check reads the kernel only: the plan leaves out what the pass would leave.
-        held = addresses_in_use(selected, records, settings.find.netns_dirs)
-        skipped += [SkippedAttachment(a.key, held[a.key]) for a in selected if a.key in held]
-        return result(plan=tuple(p for p in plan if p.key not in held), skipped=tuple(skipped))
+    return Planned(
+        scan=scan,
+        records=records,
+        selected=tuple(selected),
+        requests={key: one.request for key, one in decided.items()},
+        keep={key: one.keep for key, one in decided.items() if one.keep is not None},
+        plan=tuple(decided[a.key].planned for a in selected),
+        skipped=tuple(deferred),
+    )
 
-    if stop.is_set():
-        skipped += [SkippedAttachment(a.key, "stopping") for a in selected]
-        return result(plan=plan, skipped=tuple(skipped))
-    # Before acting, ask the runtimes again (and again before each batch of DELs and of the
-    # kernel step): an ID that reappeared, or a netns someone entered, is left alone.
-    watch.restart()
-    view = liveness.observe(scan.known_netns)
+
+def _as_reviewed(planned: Planned, reviewed: PlanFile) -> Planned:
+    """The plan without the orphans whose steps are not what the plan file reviewed."""
+    keys = plan_keys(reviewed)
+    differs = {p.key: f"not as reviewed: {why}" for p in planned.plan if (why := steps_changed(p, keys)) is not None}
+    return planned.leaving(differs)
+
+
+def preview(planned: Planned, settings: Settings) -> Planned:
+    """What a dry run shows and --plan-out writes: the plan without the orphans the address
+    check would leave (it reads the kernel only), those skipped with why."""
+    return planned.leaving(addresses_in_use(planned.selected, planned.records, settings.find.netns_dirs))
+
+
+def act_on(
+    planned: Planned,
+    settings: Settings,
+    reap: ReapSettings,
+    liveness: LivenessSource,
+    log: logging.Logger,
+    memo: InventoryMemo | None = None,
+    stop: threading.Event | None = None,
+) -> ReapResult:
+    """The act step of a pass: what `planned` selected, unless `stop` is set; the runtimes asked
+    again (and again before each batch of DELs and of the kernel step, reaper.reap.act), the
+    address check, the Reclaimer, and a log line for each outcome."""
+    if stop is not None and stop.is_set():
+        stopping = (SkippedAttachment(a.key, "stopping") for a in planned.selected)
+        return planned.result(skipped=(*planned.skipped, *stopping))
+    watch = Stopwatch()
+    # Before acting, ask the runtimes again: an ID that reappeared, or a netns someone entered, is left alone.
+    view = liveness.observe(planned.scan.known_netns)
     watch.lap("recheck")
     if not view.reachable:
-        skipped += [SkippedAttachment(a.key, UNREACHABLE_AT_RECHECK) for a in selected]
-        return result(plan=plan, skipped=tuple(skipped), recheck_error=view.error)
+        skipped = (*planned.skipped, *(SkippedAttachment(a.key, UNREACHABLE_AT_RECHECK) for a in planned.selected))
+        return planned.result(skipped=skipped, recheck_error=view.error, timings=planned.timings + tuple(watch.laps))
     # Files can split a running container's lease, chain and rules from its namespace; where
     # the kernel has its addresses configured cannot be forged (reaper.reap.addresses).
-    held = addresses_in_use(selected, records, settings.find.netns_dirs)
-    if held:
-        skipped += [SkippedAttachment(a.key, held[a.key]) for a in selected if a.key in held]
-        selected = [a for a in selected if a.key not in held]
-        for key, why in held.items():
-            log.warning("left: address in use", extra={"attachment": key.as_text(), "reason": why})
+    held = addresses_in_use(planned.selected, planned.records, settings.find.netns_dirs)
+    for key, why in held.items():
+        log.warning("left: address in use", extra={"attachment": key.as_text(), "reason": why})
+    acting = planned.leaving(held)
     watch.lap("addresses")
     options = settings.find
+    own = [c for c in planned.scan.snapshot.configs if not c.path.startswith("cache:")]
     reclaimer = Reclaimer(
         look=lambda: take_snapshot(options, memo),
         netns_dirs=settings.find.netns_dirs,
@@ -205,36 +254,48 @@ def reap_pass(
         del_concurrency=reap.del_concurrency,
         quarantine=Quarantine(reap.policy.quarantine_dir) if reap.policy.quarantine_dir else None,
         log=log,
-        stop=stop,
-        observe=lambda: liveness.observe(scan.known_netns),
+        stop=stop if stop is not None else threading.Event(),
+        observe=lambda: liveness.observe(planned.scan.known_netns),
         watch=watch,
-        network_configs={c.name: c.raw for c in reversed(configs) if not c.path.startswith("cache:")},
+        network_configs={c.name: c.raw for c in reversed(own)},
     )
-    keep = {
-        a.key: what
-        for a in selected
-        if a.key not in dropped and (what := kept_state(a, records, configs, requests[a.key])) is not None
-    }
+    outcomes, left = _reclaim(reclaimer, acting, settings, log)
+    # A runtime that stopped answering during the pass makes it undecided, as at the first re-check.
+    lost = next((s.reason.split(": ", 1)[-1] for s in left if s.reason.startswith(UNREACHABLE_AT_RECHECK)), None)
+    _log_outcomes(log, outcomes, acting.selected)
+    return planned.result(
+        reclaimed=tuple(outcomes),
+        skipped=(*acting.skipped, *left),
+        recheck_error=lost,
+        timings=planned.timings + tuple(watch.laps),
+    )
+
+
+def _reclaim(
+    reclaimer: Reclaimer, acting: Planned, settings: Settings, log: logging.Logger
+) -> tuple[list[ReclaimOutcome], list[SkippedAttachment]]:
+    """The Reclaimer's run over what `acting` selected, its DELs on the PATH that gives them
+    the node's iptables backend."""
+    keep = {a.key: acting.keep[a.key] for a in acting.selected if a.key in acting.keep}
     # Only a pass with a DEL to run reads the node's iptables backend (four saves at most).
-    path_plan = plan_plugin_path(PLUGIN_PATH) if any(r is not None for r in requests.values()) else None
+    path_plan = plan_plugin_path(PLUGIN_PATH) if any(r is not None for r in acting.requests.values()) else None
     with plugin_path(path_plan, PLUGIN_PATH, beside=settings.state_file) as given:
         if path_plan is not None:
             _log_plugin_path(log, path_plan, given)
         reclaimer.plugin_path = given.path
-        outcomes, left = reclaimer.run(selected, requests, records, keep, scan.snapshot)
-    skipped += left
-    # A runtime that stopped answering during the pass makes it undecided, as at the first re-check.
-    lost = next((s.reason.split(": ", 1)[-1] for s in left if s.reason.startswith(UNREACHABLE_AT_RECHECK)), None)
-    judged = {a.key: a for a in selected}
+        return reclaimer.run(list(acting.selected), acting.requests, acting.records, keep, acting.scan.snapshot)
+
+
+def _log_outcomes(log: logging.Logger, outcomes: list[ReclaimOutcome], judged: tuple[Attachment, ...]) -> None:
+    by_key = {a.key: a for a in judged}
     for outcome in outcomes:
         log.info(
             "reclaimed" if outcome.ok else "reclaim incomplete",
             extra={
                 "attachment": outcome.key.as_text(),
-                **reclaim_log_fields(judged.get(outcome.key), outcome),
+                **reclaim_log_fields(by_key.get(outcome.key), outcome),
                 "resources": ",".join(
                     f"{r.kind}:{r.name}:{r.method}:{'ok' if r.ok else r.error}" for r in outcome.resources
                 ),
             },
         )
-    return result(plan=plan, reclaimed=tuple(outcomes), skipped=tuple(skipped), recheck_error=lost)

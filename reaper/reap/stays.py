@@ -3,7 +3,7 @@ their addresses.
 
 The kernel step frees an attachment's kinds in the registry's order, and it may keep a pin or
 a veth on purpose: a chain with a plugin that keeps state elsewhere still needs its DEL
-(reaper.reap.act.kept_state), the pin is busy, its unmount or unlink failed, a veth's peer is
+(reaper.reap.requests.kept_state), the pin is busy, its unmount or unlink failed, a veth's peer is
 in use, or the attachment's pin is another attachment's that this pass does not reclaim. Then
 the namespace lives on, and so does every address configured in it. A lease freed then is an
 address host-local hands to the next pod while the old namespace still has it on `eth0`:

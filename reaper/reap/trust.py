@@ -14,7 +14,7 @@ DEL once the netns is gone: an attachment in no namespace at all whose every sta
 frees by container ID (cilium-cni: reaper.kinds.netconf.FREES_WITHOUT_NETNS; calico only for a
 sandbox a runtime of this node listed to this process and lists no more, NodeTrust.gone_here)
 gets its DEL with an empty CNI_NETNS, with its cache entry's config only when that passes the
-rules below, never the conf dir's in its place (reaper.reap.act.without_netns_request).
+rules below, never the conf dir's in its place (reaper.reap.requests.without_netns_request).
 
 A proven attachment's cache entry config runs for DEL only when every plugin it would execute
 is one the node's own conf dir uses (or the operator allowed); every path or execution-steering

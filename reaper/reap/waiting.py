@@ -2,7 +2,7 @@
 
 All that is left of such an orphan are the files a plugin's DEL needs (its cache entry,
 flannel's, multus'), a plugin of its chain keeps state that only that DEL frees, and no DEL can
-run for it (reaper.reap.act.waits_for_plugin: no pin to pass, and the chain is not one whose
+run for it (reaper.reap.requests.waits_for_plugin: no pin to pass, and the chain is not one whose
 every stateful plugin frees by container ID with a config the node vouches for). Such an entry
 is kept for good (never lose the only record of state the reaper cannot free) and reported
 apart from the orphans: it is no leak the reaper will reclaim, so the leak alerts leave it to an
@@ -16,8 +16,7 @@ from collections.abc import Mapping, Sequence
 from msgspec.structs import replace
 
 from reaper.model import NodeSnapshot, ScanReport
-from reaper.reap.act import held_by_others, index, stateful_chain, waits_for_plugin
-from reaper.reap.trust import node_trust, proven_namespaces
+from reaper.reap.requests import index, orphan_trust, stateful_chain, waits_for_plugin
 
 
 def mark_waiting(
@@ -37,9 +36,7 @@ def mark_waiting(
         return report
     records = index(snapshot)
     configs = snapshot.configs
-    own = (c for c in configs if not c.path.startswith("cache:"))
-    held = held_by_others(snapshot, orphans)
-    trust = node_trust(own, allow_plugins, *held, proven=proven_namespaces(orphans, records), gone_here=gone_here)
+    trust = orphan_trust(snapshot, records, orphans, allow_plugins, gone_here=gone_here)
     changed = False
     attachments = []
     for a in report.attachments:

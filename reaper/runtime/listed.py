@@ -4,7 +4,7 @@ was this node's, for a DEL that frees it in a datastore the whole cluster shares
 Sandbox IDs are unique across a cluster (64 random hex digits, as containerd and CRI-O make
 them), so an ID a runtime of this node listed once, for a pod, and that every runtime of the
 node now answers without, is a dead sandbox of this node: the DEL a runtime would have run for
-it (reaper.reap.act.without_netns_request) frees that sandbox's handle only. An ID no runtime
+it (reaper.reap.requests.without_netns_request) frees that sandbox's handle only. An ID no runtime
 of this node was seen to list may be a live pod's on another node, whatever a file says.
 
 Only what a runtime told this very process counts: kept in memory (never the state file, which

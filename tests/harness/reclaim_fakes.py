@@ -2,8 +2,8 @@
 the test steers, a liveness source that answers from a script, a plugin that is a shell script,
 and the settings and scan results a pass is built from.
 
-The fake kinds stand in for the registry's (tests patch reaper.reap.act's KINDS and
-RECLAIM_ORDER with FakeNode.kinds), so the reclaim path runs as it does on a node while the test
+The fake kinds stand in for the registry's (use_kinds: the planning's in reaper.reap.requests,
+the acting's in reaper.reap.act), so the reclaim path runs as it does on a node while the test
 decides what each reclaim frees, leaves or raises."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 from msgspec import Struct
 
 from reaper.cni.requests import DelRequest
@@ -34,6 +35,7 @@ from reaper.model import (
     Verdict,
 )
 from reaper.options import FindOptions, ReapPolicy
+from reaper.reap import act, requests
 from reaper.settings import ReapSettings, Settings
 from tests.harness.snapshots import HOST, cid
 
@@ -147,6 +149,14 @@ class FakeNode:
             reason="test",
             age_seconds=3600.0,
         )
+
+
+def use_kinds(monkeypatch: pytest.MonkeyPatch, kinds: tuple[Kind[Any], ...]) -> None:
+    """`kinds` as the only ones the reclaim path knows: the planning's registry
+    (reaper.reap.requests), the acting's (reaper.reap.act), and the order it reclaims them in."""
+    monkeypatch.setattr(requests, "KINDS", kinds)
+    monkeypatch.setattr(act, "KINDS", kinds)
+    monkeypatch.setattr(act, "RECLAIM_ORDER", kinds)
 
 
 class FakeLiveness:

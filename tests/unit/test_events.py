@@ -30,7 +30,7 @@ from reaper.events import (
 from reaper.kubeapi import API_TIMEOUT, service_account
 from reaper.kubeclient import api_client
 from reaper.model import Attachment, IpamRange, ReclaimOutcome, ResourceOutcome, StuckSandbox
-from reaper.reap import act, run
+from reaper.reap import run
 from reaper.settings import AgentSettings, agent_settings_from, resolve
 from tests.harness.apiserver import EVENTS, TOKEN, ApiServer, api_server
 from tests.harness.drip_apiserver import drip_server
@@ -43,6 +43,7 @@ from tests.harness.reclaim_fakes import (
     reap_settings,
     report_of,
     scan_result,
+    use_kinds,
 )
 from tests.harness.results import reap_result
 from tests.harness.snapshots import cid, runtime
@@ -80,8 +81,7 @@ def fresh(api: ApiServer) -> Iterator[None]:
 def node(monkeypatch: pytest.MonkeyPatch) -> FakeNode:
     """A fake node: the only kinds the reclaim path knows, and every look of the pass is of it."""
     fake = FakeNode()
-    monkeypatch.setattr(act, "KINDS", fake.kinds)
-    monkeypatch.setattr(act, "RECLAIM_ORDER", fake.kinds)
+    use_kinds(monkeypatch, fake.kinds)
     monkeypatch.setattr(run, "take_snapshot", lambda *_a, **_k: fake.look())
     return fake
 

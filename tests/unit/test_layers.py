@@ -65,12 +65,9 @@ RULES = (
     # reaper/host/netlink.py reads and writes netlink on its own socket (its docstring says why).
     Rule(name="one netlink writer", bound=("reaper",), forbidden=("pyroute2",)),
 )
-# Known breaks, each until the issue named moves the code to its right home.
-ALLOWED = (
-    # Issue 34, "reap/ as it says": the planning act.py still holds (waits_for_plugin,
-    # held_by_others, stateful_chain, index) moves to reap/plan.py, and this entry goes.
-    Allowed(importer="reaper.reap.waiting", imported="reaper.reap.act", issue="34"),
-)
+# Known breaks, each until the issue named moves the code to its right home (none left: the
+# planning act.py held went to reap/requests.py).
+ALLOWED: tuple[Allowed, ...] = ()
 
 
 def test_the_layers_hold() -> None:

@@ -22,7 +22,7 @@ from reaper.cni.requests import IGNORE_UNKNOWN, MAX_CNI_ARGS, UnfitArgs, cni_arg
 from reaper.kinds import cache, hostlocal, netns
 from reaper.kinds.netconf import parse_network_config
 from reaper.model import Attachment, AttachmentKey, Identity, NsKey
-from reaper.reap.act import del_request
+from reaper.reap.requests import del_request
 from reaper.reap.trust import node_trust
 from tests.harness import snapshots
 from tests.harness.configs import cache_doc, conflist

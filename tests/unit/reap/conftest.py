@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from reaper.reap import act
-from tests.harness.reclaim_fakes import FakeNode
+from tests.harness.reclaim_fakes import FakeNode, use_kinds
 
 
 @pytest.fixture
 def node(monkeypatch: pytest.MonkeyPatch) -> FakeNode:
     """A fake node whose kinds are the only ones the reclaim path knows."""
     fake = FakeNode()
-    monkeypatch.setattr(act, "KINDS", fake.kinds)
-    monkeypatch.setattr(act, "RECLAIM_ORDER", fake.kinds)
+    use_kinds(monkeypatch, fake.kinds)
     return fake

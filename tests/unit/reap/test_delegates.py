@@ -18,8 +18,8 @@ from msgspec.structs import replace
 from reaper.cni.requests import DelRequest
 from reaper.kinds import flannel, multus, netns
 from reaper.model import Attachment, AttachmentKey, Identity, NetworkConfig
-from reaper.reap.act import del_request
 from reaper.reap.delegates import delegations_of, pinned
+from reaper.reap.requests import del_request
 from reaper.reap.trust import NodeTrust, node_trust
 from tests.harness import snapshots
 from tests.harness.configs import cache_doc
@@ -198,7 +198,7 @@ def test_with_no_file_flannel_reads_nothing_even_if_one_appears(tmp_path: Path) 
 
 
 def test_del_request_runs_no_plugin_for_a_forged_flannel_file(tmp_path: Path) -> None:
-    """act.del_request: the conf dir's flannel config for a dead attachment (a real pin: kernel
+    """requests.del_request: the conf dir's flannel config for a dead attachment (a real pin: kernel
     evidence) runs DEL only with a file that passed; the refusal is the plan's note."""
     config = _flannel_config(tmp_path / "flannel")
     (tmp_path / "pin").touch()  # DEL is passed the pin's path, so it must be there

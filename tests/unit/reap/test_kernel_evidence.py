@@ -14,7 +14,7 @@ from reaper.kinds import cache, hostlocal, netns
 from reaper.kinds.netconf import parse_network_config
 from reaper.model import Attachment, AttachmentKey, Identity, NodeSnapshot, NsKey
 from reaper.options import FindOptions
-from reaper.reap.act import del_request, kept_state
+from reaper.reap.requests import del_request, kept_state
 from reaper.reap.trust import NO_KERNEL_EVIDENCE, NodeTrust, node_trust
 from reaper.snapshot import take_snapshot
 from tests.harness import snapshots

@@ -15,9 +15,10 @@ from msgspec.structs import replace
 
 from reaper.host.quarantine import Quarantine
 from reaper.logs import JsonFormatter, TextFormatter
-from reaper.model import Attachment, ReapResult, RuntimeView
-from reaper.reap import act, reap_pass, run
+from reaper.model import Attachment, ReapResult, RuntimeView, SkippedAttachment
+from reaper.reap import reap_pass, run
 from reaper.reap.act import UNREACHABLE_AT_RECHECK
+from reaper.reap.plan import Planned
 from reaper.reap.review import NodeIdentity, PlanFile, plan_document, read_plan
 from tests.harness.reclaim_fakes import (
     FAKE_LAST,
@@ -27,6 +28,7 @@ from tests.harness.reclaim_fakes import (
     reap_settings,
     report_of,
     scan_result,
+    use_kinds,
 )
 from tests.harness.snapshots import cid, runtime, sandbox
 
@@ -37,8 +39,7 @@ LOG = logging.getLogger("test")
 def node(monkeypatch: pytest.MonkeyPatch) -> FakeNode:
     """A fake node: the only kinds the reclaim path knows, and every look of the pass is of it."""
     fake = FakeNode()
-    monkeypatch.setattr(act, "KINDS", fake.kinds)
-    monkeypatch.setattr(act, "RECLAIM_ORDER", fake.kinds)
+    use_kinds(monkeypatch, fake.kinds)
     monkeypatch.setattr(run, "take_snapshot", lambda *_a, **_k: fake.look())
     return fake
 
@@ -71,6 +72,13 @@ class Pass:
         self.monkeypatch.setattr(run, "scan_pass", scan)
         liveness = FakeLiveness(*views)
         return reap_pass(self.settings, reap_settings(**reap), liveness, LOG, stop=stop, reviewed=reviewed)
+
+    def plan(self, *attachments: Attachment, **reap: Any) -> Planned:
+        """The plan step alone (run.plan_pass) over the same scan as a pass."""
+        report = report_of(runtime(), *attachments)
+        snap = self.node.look()
+        self.monkeypatch.setattr(run, "scan_pass", lambda *_a, **_k: scan_result(report, snap))
+        return run.plan_pass(self.settings, reap_settings(**reap), FakeLiveness(runtime()), LOG)
 
 
 @pytest.fixture
@@ -290,3 +298,19 @@ def test_a_pass_starts_by_expiring_the_quarantine_and_a_dry_run_does_not(reap: P
     assert old.exists()
     reap_pass(reap.settings, settings, FakeLiveness(runtime()), LOG, clock=lambda: now)
     assert not old.exists() and young.read_text() == "c2"
+
+
+def test_the_dry_run_shows_the_plan_the_act_step_then_acts_on(reap: Pass, node: FakeNode) -> None:
+    """One plan (run.plan_pass): a dry run shows it, --plan-out writes it, and the act step
+    handed it acts on those orphans and no others."""
+    one, two, three = found = orphans(node, 1, 2, 3)
+    others = live(node, 4, 5, 6, 7)
+    planned = reap.plan(*found, *others, max_reap=2, dry_run=True)
+    shown = reap(*found, *others, max_reap=2, dry_run=True)
+    assert shown.plan == run.preview(planned, reap.settings).plan == planned.plan
+    assert shown.skipped == planned.skipped == (SkippedAttachment(three.key, "over --max-reap 2; next pass"),)
+    assert len(node.records) == 10, "neither the dry run nor the plan step touched anything"
+    acted = run.act_on(planned, reap.settings, reap_settings(max_reap=2), FakeLiveness(runtime()), LOG)
+    assert [o.key for o in acted.reclaimed] == [p.key for p in shown.plan] == [one.key, two.key]
+    assert all(o.ok for o in acted.reclaimed) and acted.plan == shown.plan
+    assert {r.name for r in node.records.values() if not r.name.startswith("live-")} == {"res-3", "last-3"}

@@ -17,7 +17,16 @@ from reaper.kinds import ReclaimContext
 from reaper.model import Attachment, Done, Identity, NsKey, RuntimeView
 from reaper.reap import act
 from tests.harness.passes import bare_reclaimer
-from tests.harness.reclaim_fakes import FAKE, FAKE_LAST, FAKE_LEASE, FAKE_PIN, FakeNode, plugin_config, request_for
+from tests.harness.reclaim_fakes import (
+    FAKE,
+    FAKE_LAST,
+    FAKE_LEASE,
+    FAKE_PIN,
+    FakeNode,
+    plugin_config,
+    request_for,
+    use_kinds,
+)
 from tests.harness.snapshots import runtime
 
 Walk = tuple[float, frozenset[NsKey]]
@@ -136,8 +145,7 @@ def test_a_kind_gets_the_batch_walk_and_a_new_one_once_the_window_passed(
         return {(r.kind, r.name): Done.freed() for r in records if node.records.pop((r.kind, r.name), None)}
 
     kinds = tuple(replace(k, reclaim=reclaim) if k.name == FAKE else k for k in node.kinds)
-    monkeypatch.setattr(act, "KINDS", kinds)
-    monkeypatch.setattr(act, "RECLAIM_ORDER", kinds)
+    use_kinds(monkeypatch, kinds)
     found = [node.attachment(n, node.add(f"res-{n}")) for n in range(3)]
     outcomes, _ = bare_reclaimer(look=node.look).run(found, {})
     assert all(o.ok for o in outcomes)
@@ -177,8 +185,7 @@ def test_a_slow_kind_takes_a_bounded_number_of_batches(node: FakeNode, monkeypat
     monkeypatch.setattr(act, "RECHECK_WINDOW", 0.001)
     monkeypatch.setattr(act, "in_use", Walks())
     kinds = tuple(replace(k, reclaim=_slow(k.reclaim)) for k in node.kinds)
-    monkeypatch.setattr(act, "KINDS", kinds)
-    monkeypatch.setattr(act, "RECLAIM_ORDER", kinds)
+    use_kinds(monkeypatch, kinds)
     found = [node.attachment(n, node.add(f"res-{n}")) for n in range(1000)]
     outcomes, _ = bare_reclaimer(look=node.look).run(found, {})
     assert all(o.ok for o in outcomes)

@@ -17,7 +17,8 @@ from reaper.host import nsmounts
 from reaper.host.procs import EveryNamespaceBusy
 from reaper.model import Attachment, AttachmentKey, NodeSnapshot, ReclaimOutcome, ResourceOutcome, RuntimeView
 from reaper.reap import act
-from reaper.reap.act import UNREACHABLE_AT_RECHECK, Reclaimer, reclaim_log_fields
+from reaper.reap.act import UNREACHABLE_AT_RECHECK, Reclaimer
+from reaper.reap.logfields import reclaim_log_fields
 from tests.harness.passes import bare_reclaimer
 from tests.harness.reclaim_fakes import (
     FAKE_LAST,

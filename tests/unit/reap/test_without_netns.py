@@ -2,7 +2,7 @@
 only when every plugin of its chain that keeps state frees by container ID on this node
 (cilium-cni; calico, whose datastore is the cluster's, only for a sandbox the agent saw a runtime
 of this node list and that is gone: NodeTrust.gone_here), and only with a config the node
-vouches for (reaper.reap.act.without_netns_request)."""
+vouches for (reaper.reap.requests.without_netns_request)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from msgspec.structs import replace
 from reaper.kinds import cache
 from reaper.kinds.netconf import parse_network_config
 from reaper.model import Attachment, AttachmentKey, Identity, NetworkConfig, NsKey
-from reaper.reap.act import NOT_LISTED_HERE, del_request, waits_for_plugin
+from reaper.reap.requests import NOT_LISTED_HERE, del_request, waits_for_plugin
 from reaper.reap.trust import NO_KERNEL_EVIDENCE, NodeTrust, node_trust
 from tests.harness.configs import cache_doc
 
