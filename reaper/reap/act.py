@@ -360,16 +360,19 @@ class Reclaimer(Struct, kw_only=True):
         last_view: tuple[NodeView, frozenset[NsKey], float] | None = None
         started = time.monotonic()
         finished = 0
+        pace, look_took = 0.0, 0.0  # DELs finished a second so far; the last re-check's seconds
         with ThreadPoolExecutor(max_workers=self.del_concurrency) as pool:
             running: set[Future[tuple[AttachmentKey, tuple[str, ...], str | None, bool]]] = set()
             while queue or running:
                 if queue and self.stop.is_set():
                     left.update((a.key, "stopping") for a in queue)
                     queue.clear()
-                if queue and len(running) <= self.del_concurrency:
+                if queue and len(running) <= self.del_concurrency + int(pace * look_took):
                     # The pool is about to run dry: re-check the next batch while the last DELs
-                    # run. An attachment with no DEL to run counts for nothing in the batch: the
-                    # kernel step re-checks it again before it acts.
+                    # run, as many of them left as the pool gets through in one re-check, so
+                    # that it does not stand idle waiting for one. An attachment with no DEL to
+                    # run counts for nothing in the batch: the kernel step re-checks it again
+                    # before it acts.
                     chunk, dels = [], 0
                     while queue and dels < batch:
                         chunk.append(queue.popleft())
@@ -384,7 +387,8 @@ class Reclaimer(Struct, kw_only=True):
                     )
                     live |= found.live_netns
                     left.update(found.left)
-                    window = max(RECHECK_WINDOW, LOOK_SHARE * (found.at - began))
+                    look_took = found.at - began
+                    window = max(RECHECK_WINDOW, LOOK_SHARE * look_took)
                     last_view = (seen, described, window)
                     running |= {pool.submit(one, a, found.at, window) for a in chunk if a.key not in found.left}
                 if not running:
