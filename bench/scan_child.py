@@ -1,6 +1,7 @@
 """Inside the lab netns: time the floor and the scan pass in one process, print JSON.
 
-The floor is what any scan must pay: one `ip -j -d link show`, one `iptables-save -t nat`,
+The floor is what any scan must pay: one `ip -j -d link show`, `iptables-save` and
+`ip6tables-save` of the nat and filter tables (side by side, as the pass runs them),
 reading every file (and stat-ing every /proc entry) the scan reads, and every mount namespace's
 mountinfo once (a task whose mount namespace may not be looked at by its first line, or whole
 when that line is no namespace's read).
@@ -50,7 +51,15 @@ def floor(netns_dir: str, ipam_dir: str, cache_dir: str, conf_dir: str) -> dict[
     subprocess.run(["ip", "-j", "-d", "link", "show"], capture_output=True, check=True)
     out["ip_link"] = time.perf_counter() - t
     t = time.perf_counter()
-    subprocess.run(["iptables-save", "-t", "nat"], capture_output=True, check=True)
+    # The tables the pass reads (reaper.kinds.iptables, nat; reaper.kinds.firewall, filter) in
+    # both families, side by side as the pass runs them.
+    saves = [
+        subprocess.Popen([f"{family}-save", "-t", table], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        for family in ("iptables", "ip6tables")
+        for table in ("nat", "filter")
+    ]
+    for save in saves:
+        save.communicate()
     out["iptables_save"] = time.perf_counter() - t
     t = time.perf_counter()
     for d in (ipam_dir, os.path.join(cache_dir, "results"), conf_dir):
