@@ -21,6 +21,7 @@ import helm_python as helm
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
+from msgspec.structs import replace
 
 from reaper.cli import build_parser
 from reaper.durations import parse_duration
@@ -914,9 +915,10 @@ def test_doctor_exec_in_the_pod_sees_the_agents_settings(chart: helm.Chart) -> N
         agent = settings_from(build_parser().parse_args(c["args"]), env)
         for command in (["doctor"], ["scan"], ["explain", "x"]):
             exec_ = settings_from(build_parser().parse_args(command), env)
-            same = ("netns_dirs", "ipam_dirs", "cni_cache_dir", "cni_conf_dir", "cni_bin_dirs", "runtime_endpoints",
-                    "runtime_timeout", "node_name", "namespaces_dirs")  # fmt: skip
-            for field in same:
+            # Every dir and pod CIDR; not the netns patterns, which are flags (a regex may hold the
+            # comma their variable would split on), so an exec'd command does not see them.
+            assert replace(exec_.find, netns_patterns=()) == replace(agent.find, netns_patterns=()), (values, command)
+            for field in ("runtime_endpoints", "runtime_timeout", "node_name"):
                 assert getattr(exec_, field) == getattr(agent, field), (values, command, field)
             if command != ["doctor"]:  # doctor checks no grace, so its parser refuses those flags
                 assert exec_.policy == agent.policy and exec_.state_file == agent.state_file
