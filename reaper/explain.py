@@ -191,19 +191,21 @@ def _reclaim(
     else:
         # The notes that say why begin "no plugin runs: " themselves; a key with no container
         # or network (a pin alone) has no note: no cache entry names a DEL for it.
-        why = one.planned.config_note or (
-            "--method kernel"
-            if kernel_only
-            else "files alone in no namespace that cost nothing: no DEL runs for them"
-            if costless
-            else "no cache entry names its container and network"
-        )
-        lines.append(f"no plugin would run: {why.removeprefix('no plugin runs: ')}; " + (
-            "the kernel step frees what the kernel and files hold"
-        ))  # fmt: skip
+        why = one.planned.config_note or _no_request_because(kernel_only=kernel_only, costless=costless)
+        why = why.removeprefix("no plugin runs: ")
+        lines.append(f"no plugin would run: {why}; the kernel step frees what the kernel and files hold")
     if one.keep is not None:
         lines.append(f"kept until a DEL succeeds: {one.keep}")
     return tuple(lines), one.planned
+
+
+def _no_request_because(*, kernel_only: bool, costless: bool) -> str:
+    """Why a pass plans no DEL for an attachment whose plan carries no note of its own."""
+    if kernel_only:
+        return "--method kernel"
+    if costless:
+        return "files alone in no namespace that cost nothing: no DEL runs for them"
+    return "no cache entry names its container and network"
 
 
 def explain(

@@ -720,6 +720,13 @@ def test_a_first_line_vouches_only_while_its_namespace_still_shows_it(
         fd = os.open(held_file, os.O_RDONLY)
         assert heads.keep(held_file.read_bytes(), fd)
         assert heads.in_one_read(str(task))
+        # A first line past MAX_LINE (a mount point of escapes), or a NUL in it: no whole line
+        # matches, so the task is read whole.
+        (task / "mountinfo").write_bytes(first[:-1] + b"x" * (nsmounts.MAX_LINE + 2) + b"\n")
+        assert not heads.in_one_read(str(task))
+        (task / "mountinfo").write_bytes(first[:-1] + b"\0\n")
+        assert not heads.in_one_read(str(task))
+        (task / "mountinfo").write_bytes(first + b"other\n")
         held_file.write_bytes(b"9 0 8:1 / / rw shared:1 - ext4 /dev/sda1 rw\nrest\n")  # its first mount left
         assert not heads.in_one_read(str(task))
         held_file.write_bytes(first + b"rest\n")
