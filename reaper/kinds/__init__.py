@@ -9,7 +9,7 @@ disagree about what a resource is. `reaper.kinds.registry` lists the kinds.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar, cast
 
 from msgspec import Struct
 
@@ -37,7 +37,11 @@ class Look(Struct, frozen=True):
     options: FindOptions
     memo: InventoryMemo
     configs: tuple[NetworkConfig, ...]  # the node's own: the conf dir's, never a cached one
-    earlier: Mapping[str, tuple[Any, ...]]  # records of the kinds found before this one
+    earlier: Mapping[str, tuple[Any, ...]]  # records of the kinds found before this one, by name
+
+    def found(self, kind: Kind[R]) -> tuple[R, ...]:
+        """The records of `kind` found before this one; empty when it was not (yet) found."""
+        return cast("tuple[R, ...]", self.earlier.get(kind.name, ()))
 
 
 class Found(Struct, Generic[R], frozen=True):

@@ -174,8 +174,8 @@ def _parse(text: str, tool: IptablesTools) -> tuple[ForwardRule, ...]:
 
 def find(look: Look) -> Found[ForwardRule]:
     rules, errors = saved(KIND_NAME, TABLE, _parse, look.options.command_timeout, look.memo.outputs)
-    leases = [r for r in look.earlier.get(hostlocal.KIND.name, ()) if isinstance(r, HostLocalLease)]
-    caches = [r for r in look.earlier.get(cache.KIND.name, ()) if isinstance(r, CacheEntry)]
+    leases = look.found(hostlocal.KIND)
+    caches = look.found(cache.KIND)
     return Found(tuple(with_owners(rules, leases, caches)), errors=tuple(errors))
 
 

@@ -161,8 +161,8 @@ def find(look: Look) -> Found[PodRule]:
         rules = pod_rules(dump_rules())
     except OSError as err:
         return Found((), errors=(SourceError("netlink", str(err)),))
-    leases = [r for r in look.earlier.get(hostlocal.KIND.name, ()) if isinstance(r, HostLocalLease)]
-    caches = [r for r in look.earlier.get(cache.KIND.name, ()) if isinstance(r, CacheEntry)]
+    leases = look.found(hostlocal.KIND)
+    caches = look.found(cache.KIND)
     return Found(tuple(with_owners(rules, leases, caches)))
 
 

@@ -69,6 +69,11 @@ def identity_at(path: str) -> Identity:
     return ("netns", path)
 
 
+def unpinned_any(done: Mapping[Identity, Done]) -> bool:
+    """Whether `done` (what a step's kinds did) freed a pin."""
+    return any(ident[:1] == ("netns",) and result.ok for ident, result in done.items())
+
+
 def ref(pin: NetnsPin) -> ResourceRef:
     details: dict[str, DetailValue] = {"path": pin.path}
     if not pin.is_namespace:

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from msgspec import Struct
 
 from reaper.host.netlink import RawLink, delete_links, dump_links, nsids_of
-from reaper.kinds import Found, Kind, Look, ReclaimContext, heldns
+from reaper.kinds import Found, Kind, Look, ReclaimContext, heldns, netns
 from reaper.kinds.heldns import HeldNetns
 from reaper.kinds.netns import NetnsPin
 from reaper.model import DetailValue, Done, Identity, NsKey, PeerTie, ResourceRef, SourceError
@@ -87,8 +87,8 @@ def find(look: Look) -> Found[VethLink]:
     keeps (it keeps none of the last two seconds). The nsids are as seen from the namespace
     this process is in, so that is kept too. A one-shot run asks every pin: no memo is kept on
     disk, where whoever could write it would choose which pod a veth belongs to."""
-    pins: tuple[NetnsPin, ...] = look.earlier.get("netns", ())
-    held: tuple[HeldNetns, ...] = look.earlier.get(heldns.NAME, ())
+    pins = look.found(netns.KIND)
+    held = look.found(heldns.KIND)
     memo = look.memo.of("veth")
     try:
         viewer = _own_netns()
@@ -196,7 +196,7 @@ def reclaim(veths: Sequence[VethLink], ctx: ReclaimContext) -> dict[Identity, Do
     namespace, or cannot be inspected."""
     if not veths:
         return {}
-    if any(ident[0] == "netns" and done.ok for ident, done in ctx.done.items()):
+    if netns.unpinned_any(ctx.done):
         _wait_gone({v.ifindex for v in veths}, UNPIN_GRACE)
     by_index = {link.ifindex: link for link in dump_links()}
     busy = ctx.busy()

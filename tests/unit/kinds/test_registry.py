@@ -111,3 +111,18 @@ def test_kinds_are_found_in_registry_order_each_seeing_those_before(tmp_path: Pa
     kinds = (kind("first"), kind("dump"), kind("second"))
     take_snapshot(options_at(tmp_path), kinds=kinds)
     assert seen == [("first", []), ("dump", ["first"]), ("second", ["dump", "first"])]
+
+
+def test_a_look_gives_the_records_of_a_kind_found_before_typed_and_none_of_a_later_one(tmp_path: Path) -> None:
+    """look.found(kind): the records of a kind found earlier in the look; empty for one not found yet."""
+    record = PluginState(cid(1), "/var/lib/cni/plugin-state/a")
+    first: Kind[PluginState] = replace(NEW_KIND, name="first", find=lambda _look: Found((record,)))
+    later = replace(NEW_KIND, name="later")
+    got: list[tuple[tuple[PluginState, ...], tuple[PluginState, ...]]] = []
+
+    def find(look: Look) -> Found[PluginState]:
+        got.append((look.found(first), look.found(later)))
+        return Found(())
+
+    take_snapshot(options_at(tmp_path), kinds=(first, replace(NEW_KIND, name="reader", find=find), later))
+    assert got == [((record,), ())]
