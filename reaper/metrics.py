@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.metrics_core import Metric
 
 from reaper.host.atomic import write_atomically
-from reaper.kinds import Kind
+from reaper.kinds import Kind, heldns
 from reaper.kinds.registry import KINDS
 from reaper.model import (
     PASS_OUTCOMES,
@@ -46,9 +46,9 @@ RECLAIMABLE_VERDICTS = frozenset(("orphan", "pending"))
 
 def reclaim_methods(kind: Kind[Any]) -> tuple[ReclaimMethod, ...]:
     """The methods that can free the kind's records, from what the kind says of itself: none
-    for one the reaper never frees (`holds`); a plugin's DEL only for what plugins make
+    for one the reaper never frees (reaper.kinds.heldns); a plugin's DEL only for what plugins make
     (`del_frees`); the kernel path for the rest; the quarantine for the files it keeps."""
-    if kind.holds is not None:
+    if kind.name == heldns.NAME:
         return ()
     methods: list[ReclaimMethod] = ["cni-del"] if kind.del_frees else []
     methods.append("kernel")

@@ -11,7 +11,7 @@ from msgspec import Struct
 
 from reaper.correlate import Correlation, ResourceGroup, correlate
 from reaper.durations import format_duration
-from reaper.kinds.registry import HOLDING, OWNER_SAYING
+from reaper.kinds import cache, heldns
 from reaper.model import (
     Attachment,
     AttachmentHistory,
@@ -103,11 +103,11 @@ def reconcile(
         {s.id: s for s in runtime.sandboxes},
         {s.netns: s for s in runtime.sandboxes if s.netns is not None},
         holders,
-        dict(holds(record) for name, holds in HOLDING for record in snapshot.of(name)),
+        dict(heldns.holds(record) for record in heldns.KIND.records(snapshot)),
     )
     no_gc = gc_disabled_networks(snapshot.configs)
-    # A kind that finds what holds a namespace, not read whole: a namespace may be held unseen.
-    unread = next((name for name, _ in HOLDING if name in snapshot.partly_read), None)
+    # The mounts that hold a namespace, not read whole: a namespace may be held unseen.
+    unread = heldns.NAME if heldns.NAME in snapshot.partly_read else None
     attachments: list[Attachment] = []
     foreign: list[ForeignPin] = []
     new_history: dict[str, AttachmentHistory] = {}
@@ -271,5 +271,5 @@ def _pod(group: ResourceGroup) -> str | None:
 
 def _owner(group: ResourceGroup) -> Owner:
     """Whose runtime made the attachment, by what its cache entries say; cri wins over other."""
-    said = {ref.detail("owner") for ref in group.resources if ref.kind in OWNER_SAYING}
+    said = {ref.detail("owner") for ref in group.resources if ref.kind == cache.KIND.name}
     return "cri" if "cri" in said else "other" if "other" in said else "unknown"

@@ -21,6 +21,7 @@ from reaper.model import (
     Done,
     Identity,
     NetworkConfig,
+    NodeSnapshot,
     NsKey,
     ResourceRef,
     SourceError,
@@ -95,7 +96,7 @@ class Kind(Struct, Generic[R], frozen=True, kw_only=True):
     # A plugin's DEL can free its records (what plugins make). False for what the runtime or
     # libcni keeps, which DEL never removes: a namespace pin (the runtime's, CNI spec: the
     # runtime creates and destroys the netns) and the cache entry (libcni's, removed after DEL).
-    # With `quarantinable` and `holds` it says which reclaim methods the metrics can count.
+    # With `quarantinable` it says which reclaim methods the metrics can count.
     del_frees: bool = True
     # A DEL run as the runtime runs it needs these records besides the `last` ones (the pin is
     # its CNI_NETNS, and the veths live in it): kept while a chain that keeps state elsewhere
@@ -109,28 +110,15 @@ class Kind(Struct, Generic[R], frozen=True, kw_only=True):
     # Addresses the record says its attachment holds (a lease's, a cache entry's result's):
     # while that attachment is in use, no cached config's prevResult may name them.
     claims: Callable[[R], Iterable[str]] | None = None
-    # Whether reclaiming the record on a wrong verdict would cost no pod anything (a loopback's
-    # cache entry): an attachment of such records alone takes no place under --max-reap.
-    costless: Callable[[R], bool] | None = None
     # Addresses that reclaiming the record frees (a lease, a firewall rule, the pod address a
     # masquerade chain's jumps match), as written: checked against every other namespace.
     frees: Callable[[R], Iterable[str]] | None = None
-    # The host interface the record is, which an attachment in use holds (a veth; not the
-    # shared interfaces a result names, such as the bridge).
-    host_ifname: Callable[[R], str] | None = None
     # The record as a namespace pin, when a namespace is mounted on it; None when it is a stale
     # file. A real pin is kernel evidence of its attachment and DEL's CNI_NETNS.
     pin: Callable[[R], Pin | None] | None = None
     # Whether the record is a kernel object that proves an attachment whose namespace is the
     # one given (a veth whose peer lives there). Files never do.
     proves: Callable[[R, NsKey | None], bool] | None = None
-    # The records of one attachment that carry what its DEL was ADDed with (the cache entry):
-    # the document a DEL runs from, as the file holds it now, and that file's path; or None.
-    del_document: Callable[[Sequence[R]], tuple[dict[str, Any], str] | None] | None = None
-    # The network list the record says was ADDed, as the file holds it now, or None.
-    added_config: Callable[[R], bytes | None] | None = None
-    # Its refs' `owner` detail says whose runtime made the attachment (cri, other, unknown).
-    says_owner: bool = False
     # The network namespace the record keeps in being, and every address configured in it with
     # it (a pin's namespace; the one a host veth's peer lives in); None: it keeps none.
     keeps_netns: Callable[[R], NsKey | None] | None = None
@@ -138,10 +126,14 @@ class Kind(Struct, Generic[R], frozen=True, kw_only=True):
     # them): reclaimed only once no namespace the attachment lives in stays (`keeps_netns`), so
     # that no address is free to hand out while a namespace on the node still holds it.
     with_addresses: bool = False
-    # The record keeps a network namespace alive where the reaper never frees it (a mount in
-    # another mount namespace): that namespace and why. Its attachment is live; while the kind
-    # could not be read whole, no attachment with a namespace is decided.
-    holds: Callable[[R], tuple[NsKey, str]] | None = None
+
+    def records(self, snapshot: NodeSnapshot) -> tuple[R, ...]:
+        """The kind's records in a look."""
+        return cast("tuple[R, ...]", snapshot.of(self.name))
+
+    def record(self, ref: ResourceRef, records: Mapping[Identity, Any]) -> R | None:
+        """The record `ref` names in `records` (a look's, by identity) when it is one of this kind's."""
+        return cast("R | None", records.get(ref.identity)) if ref.kind == self.name else None
 
 
 def reclaim_order(kinds: Sequence[Kind[Any]]) -> tuple[Kind[Any], ...]:

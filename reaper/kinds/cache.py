@@ -651,8 +651,4 @@ KIND: Kind[CacheEntry] = Kind(
     quarantinable=True,
     del_frees=False,
     claims=claims,
-    costless=costless,
-    del_document=del_document,
-    added_config=cached_config,
-    says_owner=True,
 )

@@ -86,4 +86,4 @@ def holds(held: HeldNetns) -> tuple[NsKey, str]:
     return held.ns, held.why()
 
 
-KIND: Kind[HeldNetns] = Kind(name=NAME, find=find, identity=identity, ref=ref, tie=tie, reclaim=reclaim, holds=holds)
+KIND: Kind[HeldNetns] = Kind(name=NAME, find=find, identity=identity, ref=ref, tie=tie, reclaim=reclaim)

@@ -7,7 +7,7 @@ too, except the `last` ones, which go after all the rest.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from reaper.kinds import (
@@ -29,7 +29,7 @@ from reaper.kinds import (
     tuning,
     veth,
 )
-from reaper.model import Identity, NsKey, ResourceRef
+from reaper.model import Identity, ResourceRef
 
 KINDS: tuple[Kind[Any], ...] = (
     tuning.KIND,  # not last: its DEL needs the netns, and without one the file serves none
@@ -54,12 +54,6 @@ QUARANTINABLE: frozenset[str] = frozenset(k.name for k in KINDS if k.quarantinab
 BY_NAME: dict[str, Kind[Any]] = {k.name: k for k in KINDS}
 # Kinds whose records a later DEL needs, reclaimed after all the rest.
 LAST: frozenset[str] = frozenset(k.name for k in KINDS if k.last)
-# Kinds whose records hold a namespace the reaper never frees.
-HOLDING: tuple[tuple[str, Callable[[Any], tuple[NsKey, str]]], ...] = tuple(
-    (k.name, k.holds) for k in KINDS if k.holds is not None
-)
-# Kinds whose refs say whose runtime made their attachment.
-OWNER_SAYING: frozenset[str] = frozenset(k.name for k in KINDS if k.says_owner)
 
 
 def pin_of(ref: ResourceRef, records: Mapping[Identity, Any]) -> Pin | None:

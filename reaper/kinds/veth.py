@@ -241,7 +241,6 @@ KIND: Kind[VethLink] = Kind(
     tie=tie,
     reclaim=reclaim,
     del_needs=True,
-    host_ifname=host_ifname,
     proves=proves,
     keeps_netns=keeps_netns,
 )

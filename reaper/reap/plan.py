@@ -9,7 +9,8 @@ from msgspec import Struct
 from msgspec.structs import replace
 
 from reaper.cni.requests import DelRequest
-from reaper.kinds.registry import BY_NAME, QUARANTINABLE
+from reaper.kinds import cache
+from reaper.kinds.registry import QUARANTINABLE
 from reaper.model import (
     Attachment,
     AttachmentKey,
@@ -152,14 +153,14 @@ COSTLESS_PER_PASS = 1000
 
 def costs_nothing(attachment: Attachment, records: Mapping[Identity, Any]) -> bool:
     """Whether reclaiming the attachment would cost no pod anything, were its verdict wrong: it
-    is in no namespace, and each of its resources is a record its kind calls costless (a
-    loopback's cache entry), as the look found it. A pin, a veth, a lease, a chain, any file
+    is in no namespace, and each of its resources is a cache entry reaper.kinds.cache.costless
+    calls so (a loopback's), as the look found it. A pin, a veth, a lease, a chain, any file
     that may name an address or be the only record of what a DEL needs: not costless."""
     if attachment.netns is not None or not attachment.resources:
         return False
     for ref in attachment.resources:
-        kind, record = BY_NAME.get(ref.kind), records.get(ref.identity)
-        if kind is None or kind.costless is None or record is None or not kind.costless(record):
+        entry = cache.KIND.record(ref, records)
+        if entry is None or not cache.costless(entry):
             return False
     return True
 

@@ -17,7 +17,7 @@ from msgspec import Struct
 from msgspec.structs import replace
 
 from reaper.cni.requests import DelRequest, UnfitArgs, request_from_cache, safe_ifname
-from reaper.kinds import Kind
+from reaper.kinds import Kind, R, cache, veth
 from reaper.kinds.netconf import FREES_WITHOUT_NETNS, FREES_WITHOUT_NETNS_IF_LISTED_HERE, stateful_plugins
 from reaper.kinds.registry import KINDS, LAST, pin_of
 from reaper.model import Attachment, Identity, NetworkConfig, NodeSnapshot, NsKey, PlannedAttachment
@@ -69,18 +69,11 @@ def held_by_others(snapshot: NodeSnapshot, orphans: Sequence[Attachment]) -> tup
     every pod hangs off)."""
     judged = {ref.identity for a in orphans for ref in a.resources}
     ips: set[str] = set()
-    ifnames: set[str] = set()
     for kind in KINDS:
-        if kind.claims is None and kind.host_ifname is None:
-            continue
-        for record in snapshot.of(kind.name):
-            if kind.identity(record) in judged:
-                continue
-            if kind.claims is not None:
-                ips.update(kind.claims(record))
-            if kind.host_ifname is not None:
-                ifnames.add(kind.host_ifname(record))
-    return ips, ifnames
+        if kind.claims is not None:
+            ips.update(ip for r in snapshot.of(kind.name) if kind.identity(r) not in judged for ip in kind.claims(r))
+    links = veth.KIND.records(snapshot)
+    return ips, {veth.host_ifname(link) for link in links if veth.identity(link) not in judged}
 
 
 def _cached_request(attachment: Attachment, records: Records, netns: str) -> tuple[DelRequest, object] | None:
@@ -90,16 +83,13 @@ def _cached_request(attachment: Attachment, records: Records, netns: str) -> tup
     key = attachment.key
     if key.container_id is None or key.network is None or key.ifname is None:
         return None
-    for kind in KINDS:
-        if kind.del_document is None or not (carried := _records_of(kind, attachment, records)):
-            continue
-        document = kind.del_document(carried)
-        if document is None:
-            return None
-        doc, path = document
-        request = request_from_cache(doc, key.container_id, key.network, key.ifname, netns, path)
-        return (request, doc.get("result")) if request is not None else None
-    return None
+    entries = _records_of(cache.KIND, attachment, records)
+    document = cache.del_document(entries) if entries else None
+    if document is None:
+        return None
+    doc, path = document
+    request = request_from_cache(doc, key.container_id, key.network, key.ifname, netns, path)
+    return (request, doc.get("result")) if request is not None else None
 
 
 def pins_of(attachments: Sequence[Attachment], records: Records) -> dict[NsKey, str]:
@@ -116,9 +106,9 @@ def pins_of(attachments: Sequence[Attachment], records: Records) -> dict[NsKey, 
     return found
 
 
-def _records_of(kind: Kind[Any], attachment: Attachment, records: Records) -> list[Any]:
+def _records_of(kind: Kind[R], attachment: Attachment, records: Records) -> list[R]:
     """The attachment's records of `kind` that the look found, in the attachment's order."""
-    return [records[ref.identity] for ref in attachment.resources if ref.kind == kind.name and ref.identity in records]
+    return [record for ref in attachment.resources if (record := kind.record(ref, records)) is not None]
 
 
 def del_request(
@@ -243,10 +233,10 @@ def stateful_chain(
 ) -> list[str] | str | None:
     """The plugins of the attachment's chain that keep state only their own DEL frees (maybe
     none); why they cannot be known, when they cannot; None when no file a DEL needs is left."""
-    carriers = [(k.added_config, _records_of(k, attachment, records)) for k in KINDS if k.added_config is not None]
-    if not any(found for _, found in carriers):
+    entries = _records_of(cache.KIND, attachment, records)
+    if not entries:
         return None
-    raws = [raw for added, found in carriers for raw in map(added, found) if raw is not None]
+    raws = [raw for raw in map(cache.cached_config, entries) if raw is not None]
     if not raws:
         network = attachment.key.network
         raws = [c.raw for c in configs if c.name == network and not c.path.startswith("cache:")][:1]
