@@ -17,6 +17,7 @@ from reaper.events import EventPoster
 from reaper.host.memo import InventoryMemo
 from reaper.host.passlock import LockBusy, LockUnusable, pass_lock
 from reaper.http import HealthServer
+from reaper.kinds.registry import REGISTRY, Registry
 from reaper.metrics import ReaperMetrics
 from reaper.model import VERDICTS, HostUnseen, PassOutcome, ReapResult, ScanResult
 from reaper.reap import reap_pass
@@ -41,6 +42,7 @@ class Agent:
         log: logging.Logger,
         clock: Callable[[], float] = time.time,
         events: EventPoster | None = None,
+        registry: Registry = REGISTRY,
     ) -> None:
         self.settings = settings
         self.reap = reap
@@ -49,6 +51,7 @@ class Agent:
         self.log = log
         self.clock = clock
         self.events = events  # None: no Events (off, or no API to post them to)
+        self.registry = registry  # the kinds every pass looks for and reclaims
         self.metrics = ReaperMetrics(mode="reap" if agent.mode == "reap" else "scan")
         self.memo = InventoryMemo()
         self.kept = KeptState()  # the state file read once; then counted from what this process saved
@@ -109,6 +112,7 @@ class Agent:
             scanned = scan_pass(
                 self.settings, self.liveness, self.log, self.clock, self.memo, kept=self.kept,
                 allow_plugins=self.reap.allow_plugins, plugins_run=not self.reap.policy.kernel_only,
+                registry=self.registry,
             )  # fmt: skip
             self.metrics.observe_scan(scanned.report)
             self.metrics.observe_state(scanned.state_saved)
@@ -119,8 +123,9 @@ class Agent:
             self._tell(scanned)
             return scanned.outcome, fields
         reaped = reap_pass(
-            self.settings, self.reap, self.liveness, self.log, self.clock, self.memo, self.stop, kept=self.kept
-        )
+            self.settings, self.reap, self.liveness, self.log, self.clock, self.memo, self.stop, kept=self.kept,
+            registry=self.registry,
+        )  # fmt: skip
         self.metrics.observe_reap(reaped)
         fields = {v: reaped.report.count(v) for v in VERDICTS}
         if reaped.problem is not None:

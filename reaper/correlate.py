@@ -10,13 +10,12 @@ veths by where their peer lives.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from msgspec import Struct
 
 from reaper.kinds import Kind
-from reaper.kinds.registry import KINDS
+from reaper.kinds.registry import REGISTRY, Registry
 from reaper.model import (
     AttachmentKey,
     BesidePin,
@@ -108,9 +107,9 @@ class Correlation(Struct, frozen=True):
     unconfirmed: list[UnconfirmedResource]
 
 
-def tie_all(snapshot: NodeSnapshot, kinds: Sequence[Kind[Any]] = KINDS) -> Ties:
+def tie_all(snapshot: NodeSnapshot, registry: Registry = REGISTRY) -> Ties:
     ties = Ties(own=[], container=[], claims=[], pins=[], veths=[], beside=[], held=[])
-    for kind in kinds:
+    for kind in registry.kinds:
         for record in snapshot.of(kind.name):
             tie = kind.tie(record)
             if tie is None:
@@ -154,8 +153,8 @@ def _claim(claim: Claim, kind: Kind[Any], groups: _Groups, keyed: dict[str, dict
     return joined
 
 
-def correlate(snapshot: NodeSnapshot, runtime: RuntimeView, kinds: Sequence[Kind[Any]] = KINDS) -> Correlation:
-    return join(tie_all(snapshot, kinds), runtime)
+def correlate(snapshot: NodeSnapshot, runtime: RuntimeView, registry: Registry = REGISTRY) -> Correlation:
+    return join(tie_all(snapshot, registry), runtime)
 
 
 def join(ties: Ties, runtime: RuntimeView) -> Correlation:

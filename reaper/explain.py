@@ -19,6 +19,7 @@ from msgspec import Struct
 
 from reaper.durations import format_duration
 from reaper.kinds.netconf import plugin_list
+from reaper.kinds.registry import REGISTRY, Registry
 from reaper.model import Attachment, AttachmentHistory, Holder, NsKey, PlannedAttachment, ScanResult
 from reaper.reap.plan import costs_nothing
 from reaper.reap.requests import index, orphan_trust, plan_orphan, waits_for_plugin
@@ -166,6 +167,7 @@ def _reclaim(
     *,
     kernel_only: bool,
     quarantine: bool,
+    registry: Registry,
 ) -> tuple[tuple[str, ...], PlannedAttachment | None]:
     """What a reclaim would run for the attachment, decided as a pass decides it: the node's
     trust weighed with every orphan and waiting attachment of the look (orphan_trust, a pending
@@ -176,14 +178,17 @@ def _reclaim(
     configs = snapshot.configs
     orphans = [a for a in result.report.attachments if a.verdict == "orphan" or a.key == attachment.key]
     waiting = [a for a in result.report.attachments if a.verdict == "waiting" and a.key != attachment.key]
-    trust = orphan_trust(snapshot, records, orphans, allow_plugins, waiting=waiting, gone_here=result.gone_here)
-    waits = waits_for_plugin(attachment, records, configs, None if kernel_only else trust)
+    trust = orphan_trust(
+        snapshot, records, orphans, allow_plugins, waiting=waiting, gone_here=result.gone_here, registry=registry
+    )
+    waits = waits_for_plugin(attachment, records, configs, None if kernel_only else trust, registry)
     if waits is not None:
         return (f"nothing this pass: {waits}",), None
     costless = costs_nothing(attachment, records)
     one = plan_orphan(
-        attachment, records, configs, trust, kernel_only=kernel_only, quarantine=quarantine, costless=costless
-    )
+        attachment, records, configs, trust, kernel_only=kernel_only, quarantine=quarantine, costless=costless,
+        registry=registry,
+    )  # fmt: skip
     lines = []
     if one.request is not None:
         lines.append(f"DEL with the config from {one.request.source}: {_plugins(one.request.config)}")
@@ -217,17 +222,20 @@ def explain(
     *,
     kernel_only: bool = False,
     quarantine: bool = False,
+    registry: Registry = REGISTRY,
 ) -> list[Evidence]:
     """The evidence for every attachment `target` names; `history` is what the state file held
     before this look. `allow_plugins`, `kernel_only` (--method kernel) and `quarantine` (a
     quarantine dir is given): the reap settings a pass would plan with."""
-    records = index(result.snapshot)
+    records = index(result.snapshot, registry)
     now = result.report.taken_at
     found = []
     for a in result.report.attachments:
         if not matches(a, target):
             continue
-        reclaim, planned = _reclaim(a, records, result, allow_plugins, kernel_only=kernel_only, quarantine=quarantine)
+        reclaim, planned = _reclaim(
+            a, records, result, allow_plugins, kernel_only=kernel_only, quarantine=quarantine, registry=registry
+        )
         found.append(
             Evidence(
                 attachment=a,

@@ -24,7 +24,7 @@ from prometheus_client.metrics_core import Metric
 
 from reaper.host.atomic import write_atomically
 from reaper.kinds import Kind, heldns
-from reaper.kinds.registry import KINDS
+from reaper.kinds.registry import REGISTRY
 from reaper.model import (
     PASS_OUTCOMES,
     VERDICTS,
@@ -57,7 +57,7 @@ def reclaim_methods(kind: Kind[Any]) -> tuple[ReclaimMethod, ...]:
     return tuple(methods)
 
 
-METHODS_OF: dict[str, tuple[ReclaimMethod, ...]] = {k.name: reclaim_methods(k) for k in KINDS}
+METHODS_OF: dict[str, tuple[ReclaimMethod, ...]] = {k.name: reclaim_methods(k) for k in REGISTRY.kinds}
 # The kinds whose records can be orphans the reaper frees: those with a method that frees them.
 ORPHAN_KINDS: tuple[str, ...] = tuple(name for name, methods in METHODS_OF.items() if methods)
 

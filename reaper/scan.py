@@ -17,6 +17,7 @@ from msgspec.structs import replace
 
 from reaper.correlate import Correlation, Ties, join, tie_all
 from reaper.host.memo import InventoryMemo
+from reaper.kinds.registry import REGISTRY, Registry
 from reaper.model import VERDICTS, AttachmentHistory, NodeSnapshot, RuntimeView, ScanReport, ScanResult
 from reaper.reconcile import holders_decide, processes_decide, reconcile
 from reaper.runtime.liveness import LivenessSource
@@ -37,6 +38,7 @@ def scan_pass(
     *,
     allow_plugins: Sequence[str] = (),
     plugins_run: bool = True,
+    registry: Registry = REGISTRY,
 ) -> ScanResult:
     """One pass. A long-running caller passes the same `memo` every time (files unchanged
     since the last pass are not read again); a one-shot run passes none and reads every file.
@@ -52,14 +54,14 @@ def scan_pass(
     # The node first, the runtime second: a sandbox born in between is then newer than
     # anything in the snapshot that could be mistaken for one of its resources.
     memo = memo if memo is not None else InventoryMemo()  # a one-shot's: this pass only
-    snapshot = take_snapshot(settings.find, memo)
+    snapshot = take_snapshot(settings.find, memo, registry)
     watch = Stopwatch()
     # What PodSandboxStatus said to this process before, by (sandbox ID, creation time): never a
     # file's word (a cache entry's or the state file's).
     known = dict(kept.sandbox_netns) if kept is not None else {}
     runtime = liveness.observe(known)
     watch.lap("liveness")
-    ties = tie_all(snapshot)
+    ties = tie_all(snapshot, registry)
     watch.lap("ties")
     now = clock()
     runtime, first_seen = _dated(runtime, state, now)
@@ -71,8 +73,9 @@ def scan_pass(
     # What this process was told by the runtimes before, never a file's word (reaper.runtime.listed).
     gone_here = _gone_here(kept, report, runtime)
     report = mark_waiting(
-        report, snapshot, allow_plugins=tuple(allow_plugins), plugins_run=plugins_run, gone_here=gone_here
-    )
+        report, snapshot, allow_plugins=tuple(allow_plugins), plugins_run=plugins_run, gone_here=gone_here,
+        registry=registry,
+    )  # fmt: skip
     watch.lap("reconcile")
     if save:
         netns_map, saved = _save(settings, kept, state, runtime, known, history, first_seen, warnings)

@@ -14,7 +14,7 @@ from reaper.host.procs import describe, netns_members, unseen_processes
 from reaper.kinds import Found, Kind, Look, hostlocal
 from reaper.kinds.hostlocal import range_usage
 from reaper.kinds.netconf import collect_configs_of
-from reaper.kinds.registry import KINDS
+from reaper.kinds.registry import REGISTRY, Registry
 from reaper.model import HostUnseen, NetworkConfig, NodeSnapshot, NsKey, SourceError
 from reaper.options import FindOptions
 from reaper.stopwatch import Stopwatch
@@ -82,14 +82,14 @@ def with_holders(snapshot: NodeSnapshot, wanted: Set[NsKey], bin_dirs: tuple[str
 def take_snapshot(
     opts: FindOptions,
     memo: InventoryMemo | None = None,
-    kinds: tuple[Kind[Any], ...] = KINDS,
+    registry: Registry = REGISTRY,
 ) -> NodeSnapshot:
     """Look at the node. `memo` carries parsed files from pass to pass in a long-running agent."""
     taken_at = time.time()
     watch = Stopwatch()
     memo = memo if memo is not None else InventoryMemo()
     memo.start_pass()
-    snapshot = _take(opts, taken_at, watch, memo, kinds)
+    snapshot = _take(opts, taken_at, watch, memo, registry.kinds)
     memo.end_pass()
     return snapshot
 

@@ -4,12 +4,17 @@ A kind's module owns everything known about it: how it is found, its identity on
 the producer's key that ties it to an attachment, and how it is reclaimed with a compare
 before every delete. Finding and re-checking use the same reader, so the two can never
 disagree about what a resource is. `reaper.kinds.registry` lists the kinds.
+
+`Kind` is the core every kind fills (name, find, identity, ref, tie, reclaim) and the roles
+several kinds share; what one kind alone knows stays a function of its module, which its one
+caller calls directly. A kind reads the records of one found before it with
+`look.found(other.KIND)`, typed by that kind.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Generic, NamedTuple, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 from msgspec import Struct
 
@@ -50,13 +55,6 @@ class Found(Struct, Generic[R], frozen=True):
     corrupt: tuple[CorruptFile, ...] = ()
     errors: tuple[SourceError, ...] = ()
     configs: tuple[NetworkConfig, ...] = ()  # network configs the records carry (cache entries do)
-
-
-class Pin(NamedTuple):
-    """A namespace pin with a namespace mounted on it: what a runtime passes as CNI_NETNS."""
-
-    ns: NsKey
-    path: str
 
 
 class ReclaimContext(Struct, frozen=True, kw_only=True):
@@ -113,9 +111,6 @@ class Kind(Struct, Generic[R], frozen=True, kw_only=True):
     # Addresses that reclaiming the record frees (a lease, a firewall rule, the pod address a
     # masquerade chain's jumps match), as written: checked against every other namespace.
     frees: Callable[[R], Iterable[str]] | None = None
-    # The record as a namespace pin, when a namespace is mounted on it; None when it is a stale
-    # file. A real pin is kernel evidence of its attachment and DEL's CNI_NETNS.
-    pin: Callable[[R], Pin | None] | None = None
     # Whether the record is a kernel object that proves an attachment whose namespace is the
     # one given (a veth whose peer lives there). Files never do.
     proves: Callable[[R, NsKey | None], bool] | None = None

@@ -4,7 +4,7 @@ A pod's namespace bind-mounted somewhere else (a container given the pin dir wit
 propagation, a process that mounted `/proc/<pid>/ns/net` in a mount namespace of its own:
 containerd#3667, moby#27277, cri-o#4210) outlives its pin, with its veths and addresses. The
 reaper never unmounts such a mount, and nothing the namespace holds is freed while it is
-there: a record of this kind holds its namespace (the `holds` hook), so the attachment of the
+there: a record of this kind holds its namespace (reconcile reads `holds`), so the attachment of the
 namespace is live, reported with the mounts that hold it, and the host veth whose peer lives
 there is tied to it instead of being dropped as a veth of a namespace nobody names.
 

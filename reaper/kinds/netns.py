@@ -10,15 +10,23 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from msgspec import Struct
 
 from reaper.host.files import DirLister
 from reaper.host.mounts import unpin_hazard
 from reaper.host.pins import list_pins, unpin
-from reaper.kinds import Found, Kind, Look, Pin, ReclaimContext
+from reaper.kinds import Found, Kind, Look, ReclaimContext
 from reaper.model import CorruptFile, DetailValue, Done, Identity, NetnsTie, NsKey, ResourceRef
 from reaper.names import is_runtime_netns_name
+
+
+class Pin(NamedTuple):
+    """A namespace pin with a namespace mounted on it: what a runtime passes as CNI_NETNS."""
+
+    ns: NsKey
+    path: str
 
 
 class NetnsPin(Struct, frozen=True, kw_only=True):
@@ -112,6 +120,8 @@ def _unpin(pin: NetnsPin, ctx: ReclaimContext, busy: Mapping[NsKey, str]) -> Don
 
 
 def as_pin(pin: NetnsPin) -> Pin | None:
+    """The record as a pin, when a namespace is mounted on it; None when it is a stale file. A
+    real pin is kernel evidence of its attachment, and DEL's CNI_NETNS."""
     return Pin(pin.ns, pin.path) if pin.is_namespace else None
 
 
@@ -134,7 +144,6 @@ KIND: Kind[NetnsPin] = Kind(
     reclaim=reclaim,
     del_needs=True,
     del_frees=False,
-    pin=as_pin,
     proves=proves,
     keeps_netns=keeps_netns,
 )

@@ -19,7 +19,7 @@ from reaper.host.netns_addrs import Handle, NamespaceAddresses, NamespaceToRead,
 from reaper.host.nsmounts import ParsedMountinfo, in_use
 from reaper.host.quarantine import Quarantine
 from reaper.kinds import Kind, ReclaimContext
-from reaper.kinds.registry import KINDS, LAST, RECLAIM_ORDER
+from reaper.kinds.registry import REGISTRY, Registry
 from reaper.model import (
     Attachment,
     AttachmentKey,
@@ -120,19 +120,19 @@ def _unpinned(
     present: Records,
     done: Mapping[Identity, Done],
     staying: Mapping[NsKey, str] | str,
+    registry: Registry,
 ) -> frozenset[NsKey]:
-    """The namespaces whose pin (a kind's `pin` hook) this step freed and that no record keeps
+    """The namespaces whose pin (Registry.pin_of) this step freed and that no record keeps
     (`staying`): unmounted with no process or mount in them at the look that cleared them."""
     if isinstance(staying, str):
         return frozenset()
-    by_name = {kind.name: kind for kind in KINDS if kind.pin is not None}
     found = set()
     for a in attachments:
         for ref in a.resources:
-            kind, result = by_name.get(ref.kind), done.get(ref.identity)
-            if kind is None or kind.pin is None or result is None or not result.ok or ref.identity not in present:
+            result = done.get(ref.identity)
+            if result is None or not result.ok:
                 continue
-            pin = kind.pin(present[ref.identity])
+            pin = registry.pin_of(ref, present)
             if pin is not None and pin.ns not in staying:
                 found.add(pin.ns)
     return frozenset(found)
@@ -192,6 +192,8 @@ class Reclaimer(Struct, kw_only=True):
     read_netns: Callable[[Sequence[NamespaceToRead]], list[NamespaceAddresses]] = field(
         default_factory=lambda: read_staying
     )
+    # The kinds it reclaims, in their order; the look (`look`) should be made with the same.
+    registry: Registry = REGISTRY
     _statuses: dict[bytes, str | None] = field(default_factory=dict)
     # The mount texts the pass's looks parsed: one unchanged since the last look is not parsed again.
     _mounts: ParsedMountinfo = field(default_factory=ParsedMountinfo)
@@ -241,10 +243,10 @@ class Reclaimer(Struct, kw_only=True):
         self.watch.lap("del")
         no_del = all(request is None for request in requests.values())
         after = planned_on if planned_on is not None and no_del else self.look()
-        after_del = index(after)
+        after_del = index(after, self.registry)
         # Every pin of the pass's orphans, those left at a re-check too: the address check did
         # not read them (reaper.reap.addresses), so the kernel step reads those that stay.
-        pass_pins = pins_of(attachments_all, after_del)
+        pass_pins = pins_of(attachments_all, after_del, self.registry)
         self.watch.lap("look")
         # A chain that keeps state elsewhere keeps its cache entry (and the other files DEL
         # reads) unless its DEL ran as the runtime would run it and succeeded: with the pin, or
@@ -269,7 +271,7 @@ class Reclaimer(Struct, kw_only=True):
         )
         self.watch.lap("kernel")
         last_look = self.look()
-        final = index(last_look)
+        final = index(last_look, self.registry)
         self.watch.lap("verify")
         outcomes = []
         for a in attachments:
@@ -441,6 +443,7 @@ class Reclaimer(Struct, kw_only=True):
         `unread`: the kinds the look after DEL could not read whole; `seed`: the DEL step's last
         look (_Views)."""
         live_netns = self.live_netns | live
+        kinds, last = self.registry.kinds, self.registry.last
         done: dict[Identity, Done] = {}
         staying: dict[NsKey, str] | str | None = None
         seen: list[NamespaceAddresses] | None = None
@@ -452,22 +455,22 @@ class Reclaimer(Struct, kw_only=True):
             an address it frees is configured in one of the pass's pins that stays (read once,
             and only when some record would otherwise free an address)."""
             nonlocal seen
-            why = kept_with_namespace(KINDS, a, present, staying)
+            why = kept_with_namespace(kinds, a, present, staying)
             frees = kind.frees(record) if kind.frees is not None else ()
             if why is not None or not frees or isinstance(staying, str):
                 return why
             if seen is None:
                 seen = self._read_staying(pass_pins or {}, staying)
-            return held_in_staying(frees, lives_in(KINDS, a, present), seen)
+            return held_in_staying(frees, lives_in(kinds, a, present), seen)
 
         # Attachments a batch's re-check left: none of their records is touched after that.
         left_at: dict[AttachmentKey, str] = {}
         views = _Views(self.view, seed)
-        every_ns = frozenset(ns for a in attachments for ns in lives_in(KINDS, a, present))
+        every_ns = frozenset(ns for a in attachments for ns in lives_in(kinds, a, present))
         # Namespaces this step unpinned with nothing else keeping them: gone, no one can enter
         # them any more, and a batch's look need not walk the node for them.
         gone: frozenset[NsKey] = frozenset()
-        for kind in RECLAIM_ORDER:
+        for kind in self.registry.reclaim_order:
             if self.stop.is_set():
                 # Stopping: no new step starts. What was freed is reported; the rest waits.
                 stopped = Done.left("interrupted: stopping")
@@ -475,8 +478,8 @@ class Reclaimer(Struct, kw_only=True):
                 break
             if kind.with_addresses and staying is None:
                 # Every kind that keeps a namespace has run (reclaim_order): what stays is known.
-                staying = staying_namespaces(KINDS, present, done, unread)
-                gone = _unpinned(attachments, present, done, staying)
+                staying = staying_namespaces(kinds, present, done, unread)
+                gone = _unpinned(attachments, present, done, staying, self.registry)
             chosen: list[tuple[Attachment, Any]] = []
             for a in attachments:
                 for ref in a.resources:
@@ -486,7 +489,7 @@ class Reclaimer(Struct, kw_only=True):
                         done[ref.identity] = Done.left(left_at[a.key])
                         continue
                     if (kind.last or kind.del_needs) and a.key in needs_plugin:
-                        pinned = bool(netns_for_del(a, present))
+                        pinned = bool(netns_for_del(a, present, self.registry))
                         why = _kept_because(needs_plugin[a.key], a.key in no_del, pinned)
                         done[ref.identity] = Done.left(why)
                         continue
@@ -496,7 +499,7 @@ class Reclaimer(Struct, kw_only=True):
                             done[ref.identity] = Done.left(kept)
                             continue
                     if kind.last:
-                        others = [r.identity for r in a.resources if r.kind not in LAST and r.identity in present]
+                        others = [r.identity for r in a.resources if r.kind not in last and r.identity in present]
                         if not all(done.get(i, Done.freed()).ok for i in others):
                             done[ref.identity] = Done.left("kept: other resources of the attachment remain")
                             continue
@@ -535,7 +538,7 @@ class Reclaimer(Struct, kw_only=True):
                 out.update((kind.identity(r), Done.left("interrupted: stopping")) for _, r in chosen[at - len(batch) :])
                 break
             owners = {a.key: a for a, _ in batch}.values()
-            namespaces = frozenset(ns for a in owners for ns in lives_in(KINDS, a, present)) - gone
+            namespaces = frozenset(ns for a in owners for ns in lives_in(self.registry.kinds, a, present)) - gone
             found = views.fresh(namespaces, wide - gone).judge(owners)
             left_at.update(found.left)
             records = []

@@ -67,7 +67,7 @@ from reaper.host.nsmounts import NsMount, held_elsewhere, netns_mounts, own_moun
 from reaper.host.procs import netns_members, unseen_processes
 from reaper.host.userns import mount_namespace_owners
 from reaper.kinds.netns import collect_pins
-from reaper.kinds.registry import BY_NAME, pin_of
+from reaper.kinds.registry import REGISTRY, Registry
 from reaper.model import Attachment, AttachmentKey, Identity, NsKey
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -120,17 +120,19 @@ def mounting_user(mount: NsMount) -> int | None:
     return None if owners is None else owners.user
 
 
-def addresses_held(attachment: Attachment, records: Mapping[Identity, Any]) -> HeldAddresses:
+def addresses_held(
+    attachment: Attachment, records: Mapping[Identity, Any], registry: Registry = REGISTRY
+) -> HeldAddresses:
     """What `attachment` would free that is an address, and the namespaces its own pins hold."""
     texts: list[str] = []
     own: set[NsKey] = {attachment.netns} if attachment.netns is not None else set()
     for ref in attachment.resources:
-        record, kind = records.get(ref.identity), BY_NAME.get(ref.kind)
+        record, kind = records.get(ref.identity), registry.by_name.get(ref.kind)
         if record is None or kind is None:
             continue
         if kind.frees is not None:
             texts.extend(kind.frees(record))
-        if kind.pin is not None and (pin := kind.pin(record)) is not None:
+        if (pin := registry.pin_of(ref, records)) is not None:
             own.add(pin.ns)
     keyed = (address_key(text) for text in texts)
     return HeldAddresses(tuple(dict.fromkeys(k for k in keyed if k is not None)), frozenset(own))
@@ -266,11 +268,12 @@ def addresses_in_use(
     *,
     deadline: float = DEADLINE,
     clock: Callable[[], float] = time.monotonic,
+    registry: Registry = REGISTRY,
 ) -> dict[AttachmentKey, str]:
     """Why each of `attachments` (the orphans a pass is about to reclaim) must be left because
     an address it holds is configured in another namespace now, or that cannot be told (see
     leave_for_addresses). Reads nothing when none of them holds an address."""
-    held = {a.key: holds for a in attachments if (holds := addresses_held(a, records)).addresses}
+    held = {a.key: holds for a in attachments if (holds := addresses_held(a, records, registry)).addresses}
     if not held:
         return {}
     unseen = unseen_processes()
@@ -288,7 +291,7 @@ def addresses_in_use(
     # The pins of the orphans this pass reclaims, nothing inside: a split-off lease's address
     # configured there is that dead pod's (a runtime that forgot a sandbox leaves its pin and
     # its files as two attachments).
-    pins = (pin_of(ref, records) for a in attachments for ref in a.resources)
+    pins = (registry.pin_of(ref, records) for a in attachments for ref in a.resources)
     dead = frozenset(p.ns for p in pins if p is not None and p.ns not in members and p.ns not in mounted)
     # A namespace that is every such attachment's own, or dead, is not read: it proves none live.
     # One a process is in or a mount holds elsewhere outlives the pass, its addresses with it.

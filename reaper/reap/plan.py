@@ -10,7 +10,7 @@ from msgspec.structs import replace
 
 from reaper.cni.requests import DelRequest
 from reaper.kinds import cache
-from reaper.kinds.registry import QUARANTINABLE
+from reaper.kinds.registry import REGISTRY, Registry
 from reaper.model import (
     Attachment,
     AttachmentKey,
@@ -45,6 +45,7 @@ class Planned(Struct, frozen=True, kw_only=True):
     - skipped: the orphans left so far, and why (waiting, over --max-reap, not as reviewed)
     - breaker_reason: why the breaker refuses the pass (nothing is then selected); None when not
     - timings: seconds per step so far (the scan)
+    - registry: the kinds the look was made with, which the act step acts with
     """
 
     scan: ScanResult
@@ -56,6 +57,7 @@ class Planned(Struct, frozen=True, kw_only=True):
     skipped: tuple[SkippedAttachment, ...] = ()
     breaker_reason: str | None = None
     timings: tuple[tuple[str, float], ...] = ()
+    registry: Registry = REGISTRY
 
     def result(self, **changes: Any) -> ReapResult:
         """The pass's result as planned, nothing reclaimed; `changes`: what acting changed."""
@@ -83,15 +85,20 @@ class Planned(Struct, frozen=True, kw_only=True):
 
 
 def plan_attachment(
-    attachment: Attachment, request: DelRequest | None, note: str | None, quarantine: bool
+    attachment: Attachment,
+    request: DelRequest | None,
+    note: str | None,
+    quarantine: bool,
+    registry: Registry = REGISTRY,
 ) -> PlannedAttachment:
     """Each resource's method: the plugins' DEL when there is a config to run it with, else
     the kernel (or the quarantine, for the files a kind can move there)."""
     first: ReclaimMethod = "cni-del" if request is not None else "kernel"
     steps = []
+    quarantinable = registry.quarantinable
     for ref in attachment.resources:
         method: ReclaimMethod = first
-        if first == "kernel" and quarantine and ref.kind in QUARANTINABLE:
+        if first == "kernel" and quarantine and ref.kind in quarantinable:
             method = "quarantine"
         steps.append(PlannedStep(ref.kind, ref.name, method))
     return PlannedAttachment(attachment.key, request.source if request else None, tuple(steps), note)

@@ -19,7 +19,7 @@ from msgspec.structs import replace
 from reaper.cni.requests import DelRequest, UnfitArgs, request_from_cache, safe_ifname
 from reaper.kinds import Kind, R, cache, veth
 from reaper.kinds.netconf import FREES_WITHOUT_NETNS, FREES_WITHOUT_NETNS_IF_LISTED_HERE, stateful_plugins
-from reaper.kinds.registry import KINDS, LAST, pin_of
+from reaper.kinds.registry import REGISTRY, Registry
 from reaper.model import Attachment, Identity, NetworkConfig, NodeSnapshot, NsKey, PlannedAttachment
 from reaper.reap import delegates
 from reaper.reap.plan import plan_attachment
@@ -45,31 +45,33 @@ DROPPED = "no plugin runs: --drop-waiting names it; its files go as files"
 POD_ARGS = ("K8S_POD_NAMESPACE", "K8S_POD_NAME")
 
 
-def index(snapshot: NodeSnapshot) -> dict[Identity, Any]:
+def index(snapshot: NodeSnapshot, registry: Registry = REGISTRY) -> dict[Identity, Any]:
     """Every record of a snapshot by its kind's identity of it."""
-    return {kind.identity(r): r for kind in KINDS for r in snapshot.of(kind.name)}
+    return {kind.identity(r): r for kind in registry.kinds for r in snapshot.of(kind.name)}
 
 
-def netns_for_del(attachment: Attachment, records: Records) -> str:
+def netns_for_del(attachment: Attachment, records: Records, registry: Registry) -> str:
     """CNI_NETNS for DEL: the attachment's pin when it is still a real namespace, else empty
     (and then no DEL runs). The path is looked at again, not taken from the look's record:
     nothing later checks it (delegates.pinned reads only delegate files, the re-checks judge
     the namespace, not its path), so a pin gone since the look gets no DEL, as before."""
     for ref in attachment.resources:
-        pin = pin_of(ref, records)
+        pin = registry.pin_of(ref, records)
         if pin is not None and os.path.exists(pin.path):
             return pin.path
     return ""
 
 
-def held_by_others(snapshot: NodeSnapshot, orphans: Sequence[Attachment]) -> tuple[set[str], set[str]]:
+def held_by_others(
+    snapshot: NodeSnapshot, orphans: Sequence[Attachment], registry: Registry
+) -> tuple[set[str], set[str]]:
     """(addresses, host interface names) that records outside every orphan attachment hold, the
     addresses as written (node_trust compares them by meaning). Host interfaces only as their
     kinds name them (veths): a result's other host interfaces are shared ones (the bridge
     every pod hangs off)."""
     judged = {ref.identity for a in orphans for ref in a.resources}
     ips: set[str] = set()
-    for kind in KINDS:
+    for kind in registry.kinds:
         if kind.claims is not None:
             ips.update(ip for r in snapshot.of(kind.name) if kind.identity(r) not in judged for ip in kind.claims(r))
     links = veth.KIND.records(snapshot)
@@ -92,15 +94,13 @@ def _cached_request(attachment: Attachment, records: Records, netns: str) -> tup
     return (request, doc.get("result")) if request is not None else None
 
 
-def pins_of(attachments: Sequence[Attachment], records: Records) -> dict[NsKey, str]:
-    """The namespaces pinned by the attachments' own pins (the kinds' `pin` hook), each with
-    the path of one pin, as `records` finds them."""
-    by_name = {kind.name: kind for kind in KINDS if kind.pin is not None}
+def pins_of(attachments: Sequence[Attachment], records: Records, registry: Registry) -> dict[NsKey, str]:
+    """The namespaces pinned by the attachments' own pins (Registry.pin_of), each with the path
+    of one pin, as `records` finds them."""
     found: dict[NsKey, str] = {}
     for attachment in attachments:
         for ref in attachment.resources:
-            kind, record = by_name.get(ref.kind), records.get(ref.identity)
-            pin = kind.pin(record) if kind is not None and kind.pin is not None and record is not None else None
+            pin = registry.pin_of(ref, records)
             if pin is not None:
                 found.setdefault(pin.ns, pin.path)
     return found
@@ -112,12 +112,16 @@ def _records_of(kind: Kind[R], attachment: Attachment, records: Records) -> list
 
 
 def del_request(
-    attachment: Attachment, records: Records, configs: Sequence[NetworkConfig], trust: NodeTrust
+    attachment: Attachment,
+    records: Records,
+    configs: Sequence[NetworkConfig],
+    trust: NodeTrust,
+    registry: Registry = REGISTRY,
 ) -> tuple[DelRequest | None, str | None]:
     """What DEL would run for this attachment (_config_request), and why not: when that config
     runs flannel or multus, only while the per-container file each will read passes the rules
     of a cached config (reaper.reap.delegates); otherwise no plugin runs."""
-    request, note = _config_request(attachment, records, configs, trust)
+    request, note = _config_request(attachment, records, configs, trust, registry)
     if request is None:
         return None, note
     found, refusal = delegates.delegations_of(request, trust)
@@ -127,7 +131,7 @@ def del_request(
 
 
 def _config_request(
-    attachment: Attachment, records: Records, configs: Sequence[NetworkConfig], trust: NodeTrust
+    attachment: Attachment, records: Records, configs: Sequence[NetworkConfig], trust: NodeTrust, registry: Registry
 ) -> tuple[DelRequest | None, str | None]:
     """What DEL would run for this attachment, and why its cache entry's config does not run
     when it does not. Nothing, unless a kernel object proves the attachment (reaper.reap.trust);
@@ -136,9 +140,9 @@ def _config_request(
     key = attachment.key
     if key.container_id is None or key.network is None:
         return None, None
-    if not kernel_proven(attachment, records, trust):
+    if not kernel_proven(attachment, records, trust, registry):
         return _or_else(without_netns_request(attachment, records, configs, trust), NO_KERNEL_EVIDENCE)
-    netns = netns_for_del(attachment, records)
+    netns = netns_for_del(attachment, records, registry)
     if not netns:
         # A runtime passes the sandbox's netns path; an empty CNI_NETNS is taken by some
         # plugins (kindnet) as "nothing to do", and they answer success having freed nothing.
@@ -268,7 +272,11 @@ def kept_state(
 
 
 def waits_for_plugin(
-    attachment: Attachment, records: Records, configs: Sequence[NetworkConfig], trust: NodeTrust | None
+    attachment: Attachment,
+    records: Records,
+    configs: Sequence[NetworkConfig],
+    trust: NodeTrust | None,
+    registry: Registry = REGISTRY,
 ) -> str | None:
     """Why a pass has nothing to do for this orphan, when it has not: all that is left of it
     are the files a DEL needs (its cache entry, flannel's, multus'), its chain keeps state only
@@ -278,7 +286,8 @@ def waits_for_plugin(
     no plugin runs this pass (--method kernel). Such an orphan is reported but takes no place
     under --max-reap, so that any number of them (forged, or a plugin gone for good) never
     holds back the leaks that can be reclaimed."""
-    if attachment.netns is not None or not all(ref.kind in LAST for ref in attachment.resources):
+    last = registry.last
+    if attachment.netns is not None or not all(ref.kind in last for ref in attachment.resources):
         return None
     what = kept_state(attachment, records, configs, None)
     if what is None:
@@ -315,6 +324,7 @@ def plan_orphan(
     quarantine: bool,
     costless: bool = False,
     dropped: bool = False,
+    registry: Registry = REGISTRY,
 ) -> OrphanPlan:
     """What a pass does for `attachment`, as reaper.reap.run.plan_pass and `reaper explain` both
     decide it. `kernel_only`: --method kernel; `quarantine`: files go to the quarantine;
@@ -326,9 +336,10 @@ def plan_orphan(
     elif kernel_only or costless:
         request, note = None, None
     else:
-        request, note = del_request(attachment, records, configs, trust)
+        request, note = del_request(attachment, records, configs, trust, registry)
     keep = None if dropped else kept_state(attachment, records, configs, request)
-    return OrphanPlan(planned=plan_attachment(attachment, request, note, quarantine), request=request, keep=keep)
+    planned = plan_attachment(attachment, request, note, quarantine, registry)
+    return OrphanPlan(planned=planned, request=request, keep=keep)
 
 
 def orphan_trust(
@@ -339,11 +350,13 @@ def orphan_trust(
     *,
     waiting: Sequence[Attachment] = (),
     gone_here: Mapping[str, tuple[str, str]] | None = None,
+    registry: Registry,
 ) -> NodeTrust:
     """What the node vouches for when `orphans` are weighed (reaper.reap.trust.node_trust): the
     conf dir's configs, --allow-plugin, what every other attachment holds (those `waiting` hold
     counts as the orphans', as the scan weighed them: reaper.reap.waiting), what the kernel
     proves of the orphans, and the sandboxes listed here and gone."""
     own = (c for c in snapshot.configs if not c.path.startswith("cache:"))
-    held = held_by_others(snapshot, [*orphans, *waiting])
-    return node_trust(own, allow_plugins, *held, proven=proven_namespaces(orphans, records), gone_here=gone_here)
+    held = held_by_others(snapshot, [*orphans, *waiting], registry)
+    proven = proven_namespaces(orphans, records, registry)
+    return node_trust(own, allow_plugins, *held, proven=proven, gone_here=gone_here)

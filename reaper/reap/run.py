@@ -14,6 +14,7 @@ from reaper.cni.invoke import PLUGIN_PATH
 from reaper.host.iptables_backend import GivenPath, PathPlan, plan_plugin_path, plugin_path
 from reaper.host.memo import InventoryMemo
 from reaper.host.quarantine import Quarantine, expire
+from reaper.kinds.registry import REGISTRY, Registry
 from reaper.model import (
     Attachment,
     AttachmentKey,
@@ -76,14 +77,17 @@ def reap_pass(
     stop: threading.Event | None = None,
     kept: KeptState | None = None,
     reviewed: PlanFile | None = None,
+    *,
+    registry: Registry = REGISTRY,
 ) -> ReapResult:
     """One pass: plan_pass, then act_on what it planned (a dry run: preview, and nothing is
     touched). `stop`, once set, lets the step under way finish and starts no new one. `memo`
     and `kept`: what a long-running caller carries from pass to pass (see scan_pass).
-    `reviewed`: a plan file (reaper.reap.review); only what it names, unchanged, is reclaimed."""
+    `reviewed`: a plan file (reaper.reap.review); only what it names, unchanged, is reclaimed.
+    `registry`: the kinds the pass looks for and reclaims, from the look to the last step."""
     if reap.policy.quarantine_dir and not reap.dry_run:
         _expire_quarantine(reap.policy.quarantine_dir, reap.quarantine_max_age, log, clock())
-    planned = plan_pass(settings, reap, liveness, log, clock, memo, kept=kept, reviewed=reviewed)
+    planned = plan_pass(settings, reap, liveness, log, clock, memo, kept=kept, reviewed=reviewed, registry=registry)
     if reap.dry_run:
         return preview(planned, settings).result()
     if not planned.selected:
@@ -101,6 +105,7 @@ def plan_pass(
     *,
     kept: KeptState | None = None,
     reviewed: PlanFile | None = None,
+    registry: Registry = REGISTRY,
 ) -> Planned:
     """The plan step of a pass: the look (scan_pass), the breaker, the review's narrowing, the
     orphans the pass takes (select) and what each gets (reaper.reap.requests.plan_orphan).
@@ -115,11 +120,12 @@ def plan_pass(
         kept=kept,
         allow_plugins=reap.allow_plugins,
         plugins_run=not reap.policy.kernel_only,
+        registry=registry,
     )
     report = scan.report
     policy = reap.policy
     watch.lap("scan")
-    nothing = Planned(scan=scan, timings=tuple(watch.laps))
+    nothing = Planned(scan=scan, timings=tuple(watch.laps), registry=registry)
     if not report.runtime.reachable:
         return nothing
     orphans, waiting, dropped = _orphans(report, reap.drop_waiting)
@@ -137,7 +143,7 @@ def plan_pass(
         left = not_reviewed + left
         if not orphans:
             return replace(nothing, skipped=tuple(left))
-    planned = _decide(scan, orphans, waiting, dropped, policy, reap.allow_plugins, log)
+    planned = _decide(scan, orphans, waiting, dropped, policy, reap.allow_plugins, log, registry)
     planned = _as_reviewed(planned, reviewed) if reviewed is not None else planned
     return replace(planned, skipped=(*left, *planned.skipped), timings=nothing.timings)
 
@@ -167,20 +173,23 @@ def _decide(
     policy: ReapPolicy,
     allow_plugins: tuple[str, ...],
     log: logging.Logger,
+    registry: Registry,
 ) -> Planned:
     """The orphans this pass takes (select), and what each gets (plan_orphan); the notes that
     say why a config does not run are logged, as news or, when something was refused, a warning."""
-    records = index(scan.snapshot)
+    records = index(scan.snapshot, registry)
     configs = scan.snapshot.configs
     costless = {a.key for a in orphans if costs_nothing(a, records)}
-    trust = orphan_trust(scan.snapshot, records, orphans, allow_plugins, waiting=waiting, gone_here=scan.gone_here)
+    trust = orphan_trust(
+        scan.snapshot, records, orphans, allow_plugins, waiting=waiting, gone_here=scan.gone_here, registry=registry
+    )
     selected, deferred = select(orphans, policy, costless)
     # A costless orphan is files alone, in no namespace: no DEL runs for it (none could, with
     # no pin to pass), and saying why for each of thousands would only fill the log.
     decided = {
         a.key: plan_orphan(
             a, records, configs, trust, kernel_only=policy.kernel_only, quarantine=policy.quarantine,
-            costless=a.key in costless, dropped=a.key in dropped,
+            costless=a.key in costless, dropped=a.key in dropped, registry=registry,
         )
         for a in selected
     }  # fmt: skip
@@ -198,6 +207,7 @@ def _decide(
         keep={key: one.keep for key, one in decided.items() if one.keep is not None},
         plan=tuple(decided[a.key].planned for a in selected),
         skipped=tuple(deferred),
+        registry=registry,
     )
 
 
@@ -211,7 +221,8 @@ def _as_reviewed(planned: Planned, reviewed: PlanFile) -> Planned:
 def preview(planned: Planned, settings: Settings) -> Planned:
     """What a dry run shows and --plan-out writes: the plan without the orphans the address
     check would leave (it reads the kernel only), those skipped with why."""
-    return planned.leaving(addresses_in_use(planned.selected, planned.records, settings.find.netns_dirs))
+    held = addresses_in_use(planned.selected, planned.records, settings.find.netns_dirs, registry=planned.registry)
+    return planned.leaving(held)
 
 
 def act_on(
@@ -238,7 +249,7 @@ def act_on(
         return planned.result(skipped=skipped, recheck_error=view.error, timings=planned.timings + tuple(watch.laps))
     # Files can split a running container's lease, chain and rules from its namespace; where
     # the kernel has its addresses configured cannot be forged (reaper.reap.addresses).
-    held = addresses_in_use(planned.selected, planned.records, settings.find.netns_dirs)
+    held = addresses_in_use(planned.selected, planned.records, settings.find.netns_dirs, registry=planned.registry)
     for key, why in held.items():
         log.warning("left: address in use", extra={"attachment": key.as_text(), "reason": why})
     acting = planned.leaving(held)
@@ -246,7 +257,8 @@ def act_on(
     options = settings.find
     own = [c for c in planned.scan.snapshot.configs if not c.path.startswith("cache:")]
     reclaimer = Reclaimer(
-        look=lambda: take_snapshot(options, memo),
+        look=lambda: take_snapshot(options, memo, planned.registry),
+        registry=planned.registry,
         netns_dirs=settings.find.netns_dirs,
         bin_dirs=settings.find.bin_dirs,
         live_netns=frozenset(s.netns for s in view.sandboxes if s.netns is not None),

@@ -34,7 +34,7 @@ from msgspec import Struct
 from reaper.cni.result import AddressKey, ResultError, address_keys, fields, go_fold, result_names
 from reaper.kinds import flannel, multus
 from reaper.kinds.netconf import ConfigError, plugin_list
-from reaper.kinds.registry import BY_NAME, pin_of
+from reaper.kinds.registry import REGISTRY, Registry
 from reaper.model import Attachment, Identity, NetworkConfig, NsKey
 from reaper.names import is_cni_id
 
@@ -113,7 +113,7 @@ def node_trust(
 
 
 def proven_namespaces(
-    attachments: Sequence[Attachment], records: Mapping[Identity, Any]
+    attachments: Sequence[Attachment], records: Mapping[Identity, Any], registry: Registry = REGISTRY
 ) -> dict[str, frozenset[NsKey]]:
     """Container ID -> the namespaces of the real pins its attachments hold."""
     found: dict[str, set[NsKey]] = {}
@@ -122,18 +122,20 @@ def proven_namespaces(
         if cid is None:
             continue
         for ref in attachment.resources:
-            pin = pin_of(ref, records)
+            pin = registry.pin_of(ref, records)
             if pin is not None:
                 found.setdefault(cid, set()).add(pin.ns)
     return {cid: frozenset(namespaces) for cid, namespaces in found.items()}
 
 
-def kernel_proven(attachment: Attachment, records: Mapping[Identity, Any], trust: NodeTrust) -> bool:
+def kernel_proven(
+    attachment: Attachment, records: Mapping[Identity, Any], trust: NodeTrust, registry: Registry = REGISTRY
+) -> bool:
     """A kernel object proves the attachment: a pin of it with a namespace mounted on it, a host
     veth of it whose peer lives in its namespace, or its namespace is one a real pin of the
     same container holds. Files (cache entries, leases, flannel's, multus', tuning's) never do."""
     for ref in attachment.resources:
-        record, kind = records.get(ref.identity), BY_NAME.get(ref.kind)
+        record, kind = records.get(ref.identity), registry.by_name.get(ref.kind)
         if (
             record is not None
             and kind is not None

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from msgspec.structs import replace
 
+from reaper.kinds.registry import REGISTRY, Registry
 from reaper.model import NodeSnapshot, ScanReport
 from reaper.reap.requests import index, orphan_trust, stateful_chain, waits_for_plugin
 
@@ -26,6 +27,7 @@ def mark_waiting(
     allow_plugins: Sequence[str] = (),
     plugins_run: bool = True,
     gone_here: Mapping[str, tuple[str, str]] | None = None,
+    registry: Registry = REGISTRY,
 ) -> ScanReport:
     """The report with each orphan no pass can do anything for as `waiting`, its reason the
     plugin it waits for and why. `allow_plugins`: --allow-plugin; `plugins_run`: False with
@@ -34,13 +36,17 @@ def mark_waiting(
     orphans = [a for a in report.attachments if a.verdict == "orphan"]
     if not orphans:
         return report
-    records = index(snapshot)
+    records = index(snapshot, registry)
     configs = snapshot.configs
-    trust = orphan_trust(snapshot, records, orphans, allow_plugins, gone_here=gone_here)
+    trust = orphan_trust(snapshot, records, orphans, allow_plugins, gone_here=gone_here, registry=registry)
     changed = False
     attachments = []
     for a in report.attachments:
-        why = waits_for_plugin(a, records, configs, trust if plugins_run else None) if a.verdict == "orphan" else None
+        why = (
+            waits_for_plugin(a, records, configs, trust if plugins_run else None, registry)
+            if a.verdict == "orphan"
+            else None
+        )
         if why is None:
             attachments.append(a)
             continue

@@ -17,6 +17,7 @@ from msgspec.structs import replace
 from reaper.host.memo import RACY_NS, InventoryMemo
 from reaper.kinds import Look
 from reaper.kinds.netconf import parse_network_config
+from reaper.kinds.registry import REGISTRY, Registry
 from reaper.model import AttachmentHistory, NetworkConfig, NodeSnapshot, Policy, RuntimeView, ScanReport
 from reaper.options import FindOptions
 from reaper.reap.act import Reclaimer
@@ -31,8 +32,10 @@ def bare_reclaimer(
     bin_dirs: tuple[str, ...] = (),
     plugin_timeout: float = 1.0,
     del_concurrency: int = DEL_CONCURRENCY,
+    registry: Registry = REGISTRY,
 ) -> Reclaimer:
-    """A reclaimer with no netns dirs, no quarantine and a runtime that lists nothing."""
+    """A reclaimer with no netns dirs, no quarantine and a runtime that lists nothing, of the
+    kinds in `registry` (a fake node's: tests.harness.reclaim_fakes.FakeNode.registry)."""
     return Reclaimer(
         del_concurrency=del_concurrency,
         look=look,
@@ -44,6 +47,7 @@ def bare_reclaimer(
         log=logging.getLogger("test"),
         stop=threading.Event(),
         observe=observe,
+        registry=registry,
     )
 
 

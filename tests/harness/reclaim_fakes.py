@@ -2,9 +2,9 @@
 the test steers, a liveness source that answers from a script, a plugin that is a shell script,
 and the settings and scan results a pass is built from.
 
-The fake kinds stand in for the registry's (use_kinds: the planning's in reaper.reap.requests,
-the acting's in reaper.reap.act), so the reclaim path runs as it does on a node while the test
-decides what each reclaim frees, leaves or raises."""
+The fake kinds are a registry of their own (FakeNode.registry), which a test hands to the pass
+or the reclaimer as the node's is handed to them, so the reclaim path runs as it does on a node
+while the test decides what each reclaim frees, leaves or raises."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import pytest
 from msgspec import Struct
 
 from reaper.cni.requests import DelRequest
-from reaper.kinds import Kind, Look, Pin, ReclaimContext, reclaim_order
+from reaper.kinds import Kind, Look, ReclaimContext
+from reaper.kinds.netns import NetnsPin
+from reaper.kinds.registry import Registry
 from reaper.model import (
     Attachment,
     AttachmentKey,
@@ -35,34 +36,46 @@ from reaper.model import (
     Verdict,
 )
 from reaper.options import FindOptions, ReapPolicy
-from reaper.reap import act, requests
 from reaper.settings import ReapSettings, Settings
 from tests.harness.snapshots import HOST, cid
 
 FAKE = "fake"  # a kind reclaimed in registry order
 FAKE_LAST = "fakelast"  # a kind reclaimed last, like the cache entry
-FAKE_PIN = "fakepin"  # a kind whose records keep a namespace (keeps_netns) and a DEL needs, like a pin
+FAKE_PIN = "fakepin"  # the registry's pins: records that keep a namespace (keeps_netns) and a DEL needs
 FAKE_LEASE = "fakelease"  # a kind with_addresses, like a lease, reclaimed after the pins
 
 
 class FakeRecord(Struct, frozen=True):
     kind: str
     name: str
-    ns: NsKey | None = None  # the namespace a FAKE_PIN record keeps
     addresses: tuple[str, ...] = ()  # what a FAKE_LEASE record frees
 
 
-def _identity(record: FakeRecord) -> Identity:
-    return (record.kind, record.name)
+Record = FakeRecord | NetnsPin  # a FAKE_PIN record is a pin, as the netns kind finds one
 
 
-def _ref(record: FakeRecord) -> ResourceRef:
-    return ResourceRef(kind=record.kind, name=record.name, created_at=None, identity=_identity(record))
+def _fake_pin(name: str, ns: NsKey) -> NetnsPin:
+    """A FAKE_PIN record: a namespace pinned at a path under /fake (never opened)."""
+    return NetnsPin(
+        name=name, path=f"/fake/{name}", directory="/fake", ns=ns, is_namespace=True, mtime=0.0, runtime_named=True
+    )
 
 
-def _fake_pin(record: FakeRecord) -> Pin | None:
-    """A FAKE_PIN record as a pin: its namespace, at a path under /fake (never opened)."""
-    return Pin(record.ns, f"/fake/{record.name}") if record.ns is not None else None
+def _identity(record: Record) -> Identity:
+    return (record.kind, record.name) if isinstance(record, FakeRecord) else (FAKE_PIN, record.name)
+
+
+def _ref(record: Record) -> ResourceRef:
+    identity = _identity(record)
+    return ResourceRef(kind=str(identity[0]), name=record.name, created_at=None, identity=identity)
+
+
+def _keeps_netns(record: Record) -> NsKey | None:
+    return record.ns if isinstance(record, NetnsPin) else None
+
+
+def _frees(record: Record) -> tuple[str, ...]:
+    return record.addresses if isinstance(record, FakeRecord) else ()
 
 
 class FakeNode:
@@ -73,7 +86,7 @@ class FakeNode:
     could not read whole."""
 
     def __init__(self) -> None:
-        self.records: dict[Identity, FakeRecord] = {}
+        self.records: dict[Identity, Record] = {}
         self.leave: dict[str, str] = {}
         self.raise_on: set[str] = set()
         self.lie: set[str] = set()
@@ -82,16 +95,25 @@ class FakeNode:
         self.batches: list[list[str]] = []  # the names each reclaim call was handed
         self.contexts: list[ReclaimContext] = []  # the context each reclaim call was handed
         self.looks = 0
-        self.kinds: tuple[Kind[Any], ...] = reclaim_order(
+        self.registry = Registry(kinds=())
+        self.use(
             (
-                self._kind(FAKE_PIN, del_needs=True, keeps_netns=lambda r: r.ns, pin=_fake_pin),
+                self._kind(FAKE_PIN, del_needs=True, keeps_netns=_keeps_netns),
                 self._kind(FAKE),
-                self._kind(FAKE_LEASE, with_addresses=True, frees=lambda r: r.addresses),
+                self._kind(FAKE_LEASE, with_addresses=True, frees=_frees),
                 self._kind(FAKE_LAST, last=True),
             )
         )
 
-    def _kind(self, name: str, **hooks: Any) -> Kind[FakeRecord]:
+    @property
+    def kinds(self) -> tuple[Kind[Any], ...]:
+        return self.registry.kinds
+
+    def use(self, kinds: tuple[Kind[Any], ...]) -> None:
+        """`kinds` as the node's (node.registry), FAKE_PIN's the registry's pins."""
+        self.registry = Registry(kinds=kinds, pins=next(k for k in kinds if k.name == FAKE_PIN))
+
+    def _kind(self, name: str, **hooks: Any) -> Kind[Record]:
         def find(_look: Look) -> Any:
             raise AssertionError("fake kinds are never found through a Look")
 
@@ -99,7 +121,7 @@ class FakeNode:
             name=name, find=find, identity=_identity, ref=_ref, tie=lambda _r: None, reclaim=self._reclaim, **hooks
         )
 
-    def _reclaim(self, records: Sequence[FakeRecord], ctx: ReclaimContext) -> Mapping[Identity, Done]:
+    def _reclaim(self, records: Sequence[Record], ctx: ReclaimContext) -> Mapping[Identity, Done]:
         self.batches.append([r.name for r in records])
         self.contexts.append(ctx)
         if any(r.name in self.raise_on for r in records):
@@ -115,18 +137,20 @@ class FakeNode:
         return done
 
     def add(self, name: str, kind: str = FAKE, ns: NsKey | None = None, addresses: tuple[str, ...] = ()) -> ResourceRef:
-        record = FakeRecord(kind, name, ns, addresses)
+        record: Record = (
+            _fake_pin(name, ns) if kind == FAKE_PIN and ns is not None else FakeRecord(kind, name, addresses)
+        )
         self.records[_identity(record)] = record
         return _ref(record)
 
     def look(self) -> NodeSnapshot:
         self.looks += 1
-        by_kind: dict[str, tuple[FakeRecord, ...]] = {FAKE_PIN: (), FAKE: (), FAKE_LEASE: (), FAKE_LAST: ()}
+        by_kind: dict[str, tuple[Record, ...]] = {FAKE_PIN: (), FAKE: (), FAKE_LEASE: (), FAKE_LAST: ()}
         for ident, marker in self.freed_by.items():
             if marker.exists():
                 self.records.pop(ident, None)
-        for record in self.records.values():
-            by_kind[record.kind] += (record,)
+        for ident, record in self.records.items():
+            by_kind[str(ident[0])] += (record,)
         return NodeSnapshot(
             taken_at=10_000.0,
             host_netns=HOST,
@@ -149,14 +173,6 @@ class FakeNode:
             reason="test",
             age_seconds=3600.0,
         )
-
-
-def use_kinds(monkeypatch: pytest.MonkeyPatch, kinds: tuple[Kind[Any], ...]) -> None:
-    """`kinds` as the only ones the reclaim path knows: the planning's registry
-    (reaper.reap.requests), the acting's (reaper.reap.act), and the order it reclaims them in."""
-    monkeypatch.setattr(requests, "KINDS", kinds)
-    monkeypatch.setattr(act, "KINDS", kinds)
-    monkeypatch.setattr(act, "RECLAIM_ORDER", kinds)
 
 
 class FakeLiveness:

@@ -43,7 +43,6 @@ from tests.harness.reclaim_fakes import (
     reap_settings,
     report_of,
     scan_result,
-    use_kinds,
 )
 from tests.harness.results import reap_result
 from tests.harness.snapshots import cid, runtime
@@ -81,7 +80,6 @@ def fresh(api: ApiServer) -> Iterator[None]:
 def node(monkeypatch: pytest.MonkeyPatch) -> FakeNode:
     """A fake node: the only kinds the reclaim path knows, and every look of the pass is of it."""
     fake = FakeNode()
-    use_kinds(monkeypatch, fake.kinds)
     monkeypatch.setattr(run, "take_snapshot", lambda *_a, **_k: fake.look())
     return fake
 
@@ -123,7 +121,7 @@ def poster(
     )
 
 
-def make_agent(tmp_path: Path, clock: Clock, events: EventPoster | None, **reap: Any) -> Agent:
+def make_agent(node: FakeNode, tmp_path: Path, clock: Clock, events: EventPoster | None, **reap: Any) -> Agent:
     settings = AgentSettings(
         mode="reap", interval=60.0, listen_host="127.0.0.1", listen_port=0, stall_after=600.0, events=True
     )
@@ -135,6 +133,7 @@ def make_agent(tmp_path: Path, clock: Clock, events: EventPoster | None, **reap:
         logging.getLogger(LOG),
         clock,
         events=events,
+        registry=node.registry,
     )
 
 
@@ -154,7 +153,7 @@ def test_a_reclaiming_pass_posts_leaks_reclaimed_on_the_node(
     scanned(monkeypatch, node, orphan(node, 1, ("shop", "web-7f9c")), orphan(node, 2), *live(node, 3, 4, 5, 6))
     clock = Clock()
     events = poster(api, clock)
-    agent = make_agent(tmp_path, clock, events)
+    agent = make_agent(node, tmp_path, clock, events)
     agent.run_pass()
     assert api.wait_for_writes(1)
     events.close()
@@ -178,7 +177,7 @@ def test_a_breaker_pass_posts_breaker_open(
     scanned(monkeypatch, node, orphan(node, 1), orphan(node, 2), orphan(node, 3), *live(node, 4))
     clock = Clock()
     events = poster(api, clock)
-    make_agent(tmp_path, clock, events, max_orphan_ratio=0.5).run_pass()
+    make_agent(node, tmp_path, clock, events, max_orphan_ratio=0.5).run_pass()
     assert api.wait_for_writes(1)
     events.close()
     (body,) = api.posted()
@@ -195,7 +194,7 @@ def test_a_nearly_full_range_and_stuck_sandboxes_are_warnings(
     scanned(monkeypatch, node, *live(node, 1), ranges=ranges, stuck_sandboxes=(stuck,))
     clock = Clock()
     events = poster(api, clock)
-    make_agent(tmp_path, clock, events).run_pass()
+    make_agent(node, tmp_path, clock, events).run_pass()
     assert api.wait_for_writes(2)
     events.close()
     full, sandboxes = api.posted()
@@ -213,7 +212,7 @@ def test_a_repeat_is_counted_into_the_series_not_posted_again(
     scanned(monkeypatch, node, orphan(node, 1), orphan(node, 2), *live(node, 3))
     clock = Clock()
     events = poster(api, clock, window=100.0)
-    agent = make_agent(tmp_path, clock, events, max_orphan_ratio=0.5)
+    agent = make_agent(node, tmp_path, clock, events, max_orphan_ratio=0.5)
     for now in (0.0, 60.0, 120.0, 400.0):  # the third is a window after the post; the fourth, past the key's
         clock.now = 1_000_000.0 + now
         agent.run_pass()
@@ -279,7 +278,7 @@ def test_an_api_that_fails_changes_nothing_and_costs_one_log_line(
     caplog: pytest.LogCaptureFixture,
     failure: str,
 ) -> None:
-    plain = make_agent(tmp_path / "plain", Clock(), None)  # the same passes with no Events at all
+    plain = make_agent(node, tmp_path / "plain", Clock(), None)  # the same passes with no Events at all
     stack = contextlib.ExitStack()
     env: dict[str, str] = {}
     listener: socket.socket | None = None
@@ -298,7 +297,7 @@ def test_an_api_that_fails_changes_nothing_and_costs_one_log_line(
         listener.close()  # nothing listens there now
     clock = Clock()
     events = poster(api, clock, timeout=6.0, env=env)
-    agent = make_agent(tmp_path, clock, events)
+    agent = make_agent(node, tmp_path, clock, events)
     caplog.set_level(logging.INFO, logger=LOG)
     for n in range(4):
         leak_beside_live(node, monkeypatch)
@@ -338,7 +337,7 @@ def test_a_run_pass_with_a_hanging_api_returns_at_once(
     # A poster's call that hangs lasts its whole deadline: one long enough that ten passes done
     # in under half of it did not wait for any call, however loaded the machine.
     events = poster(api, clock, timeout=120.0)
-    agent = make_agent(tmp_path, clock, events)
+    agent = make_agent(node, tmp_path, clock, events)
     started = time.monotonic()
     for _ in range(10):  # more passes than the queue holds: the newest are dropped
         agent.run_pass()
@@ -447,7 +446,7 @@ def test_a_series_whose_event_expired_starts_a_new_event(
     scanned(monkeypatch, node, orphan(node, 1), orphan(node, 2), *live(node, 3))
     clock = Clock()
     events = poster(api, clock, window=100.0)
-    agent = make_agent(tmp_path, clock, events, max_orphan_ratio=0.5)
+    agent = make_agent(node, tmp_path, clock, events, max_orphan_ratio=0.5)
     caplog.set_level(logging.INFO, logger=LOG)
     agent.run_pass()
     deadline = time.monotonic() + 10
@@ -481,7 +480,7 @@ def test_events_go_to_the_namespace_given(
     scanned(monkeypatch, node, orphan(node, 1), *live(node, 3, 4, 5))
     events = events_from(True, NODE, api.env(), logging.getLogger(LOG), namespace="cni-reaper")
     assert events is not None
-    agent = make_agent(tmp_path, Clock(), events)
+    agent = make_agent(node, tmp_path, Clock(), events)
     agent.run_pass()
     assert api.wait_for_writes(1)
     events.close()

@@ -10,7 +10,7 @@ import pytest
 from msgspec.structs import replace
 from prometheus_client.parser import text_string_to_metric_families
 
-from reaper.kinds.registry import KIND_NAMES
+from reaper.kinds.registry import REGISTRY
 from reaper.metrics import (
     METHODS_OF,
     PREFIX,
@@ -77,7 +77,7 @@ def test_reclaim_counters_only_for_methods_that_can_free_their_kind() -> None:
     assert METHODS_OF["cache"] == ("kernel", "quarantine")
     assert METHODS_OF["ipam"] == ("cni-del", "kernel", "quarantine")
     assert METHODS_OF["heldns"] == ()
-    assert set(METHODS_OF) == set(KIND_NAMES)
+    assert set(METHODS_OF) == set(REGISTRY.names)
     metrics = ReaperMetrics(mode="reap")
     assert exported_pairs(metrics, "reclaimed") == set(), "none before a pass sees something to reclaim"
     pending = replace(

@@ -13,7 +13,7 @@ from reaper.host.memo import InventoryMemo
 from reaper.kinds import Look, flannel, multus
 from reaper.kinds.flannel import FlannelDelegate, FlannelFile
 from reaper.kinds.hostlocal import collect_leases
-from reaper.kinds.registry import KINDS, QUARANTINABLE, RECLAIM_ORDER
+from reaper.kinds.registry import REGISTRY
 from reaper.model import NodeSnapshot, ScanReport
 from reaper.options import FindOptions
 from reaper.reap.plan import plan_attachment
@@ -65,10 +65,12 @@ def test_a_lone_file_of_a_dead_container_is_an_attachment_of_its_own() -> None:
 
 
 def test_the_files_are_reclaimed_after_the_rest_and_before_the_cache_entry() -> None:
-    order = [k.name for k in RECLAIM_ORDER]
+    order = [k.name for k in REGISTRY.reclaim_order]
     assert order.index("flannel") > max(order.index(k) for k in ("netns", "veth", "ipam", "iptables", "nft"))
     assert order[-3:] == ["flannel", "multus", "cache"]
-    assert {"flannel", "multus"} <= QUARANTINABLE and all(k.last for k in KINDS if k.name in ("flannel", "multus"))
+    assert {"flannel", "multus"} <= REGISTRY.quarantinable and all(
+        k.last for k in REGISTRY.kinds if k.name in ("flannel", "multus")
+    )
     snap = with_records(snapshot(leases=(lease(1, OLD),)), flannel=(_flannel(1),))
     (attachment,) = _twice(snap).attachments
     steps = plan_attachment(attachment, None, None, quarantine=True).steps
@@ -105,7 +107,7 @@ def _node(tmp_path: Path) -> tuple[NodeSnapshot, Path, list[Path]]:
 
 
 def _present(snap: NodeSnapshot) -> dict[tuple[str, ...], Any]:
-    return {kind.identity(r): r for kind in KINDS for r in snap.of(kind.name)}
+    return {kind.identity(r): r for kind in REGISTRY.kinds for r in snap.of(kind.name)}
 
 
 def test_the_files_go_once_the_rest_of_the_attachment_is_gone(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from reaper.correlate import correlate
 from reaper.host.nsmounts import in_use
 from reaper.kinds import Kind, ReclaimContext, heldns, hostlocal, netns, veth
 from reaper.kinds.hostlocal import HostLocalLease
+from reaper.kinds.registry import Registry
 from reaper.model import Attachment, AttachmentKey, NodeSnapshot, Policy, RuntimeView
 from reaper.options import FindOptions
 from reaper.reap.addresses import addresses_in_use
@@ -109,8 +110,8 @@ def main() -> None:
     policy = Policy(min_age=0, confirmations=1, stuck_after=1e9)
 
     def look(kinds: tuple[Kind[Any], ...]) -> tuple[NodeSnapshot, dict[str, list[str]], list[str]]:
-        snap = take_snapshot(opts, kinds=kinds)
-        report, _ = reconcile(snap, nobody, {}, policy, time.time(), correlate(snap, nobody, kinds))
+        snap = take_snapshot(opts, registry=Registry(kinds=kinds))
+        report, _ = reconcile(snap, nobody, {}, policy, time.time(), correlate(snap, nobody, Registry(kinds=kinds)))
         verdicts = {",".join(sorted(r.name for r in a.resources)): [a.verdict, a.reason] for a in report.attachments}
         return snap, verdicts, [e.error for e in snap.errors]
 

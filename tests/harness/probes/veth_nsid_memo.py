@@ -20,6 +20,7 @@ import time
 from reaper.host import netlink
 from reaper.host.memo import InventoryMemo
 from reaper.kinds import netns, veth
+from reaper.kinds.registry import Registry
 from reaper.options import FindOptions
 from reaper.snapshot import take_snapshot
 from tests.harness.passes import settled_memo
@@ -63,7 +64,7 @@ class Pins:
 
     def ties(self, memo: InventoryMemo | None = None) -> tuple[dict[str, list[int] | None], list[str]]:
         """Each veth's peer namespace as the look tied it, and the look's errors."""
-        snap = take_snapshot(self.options, memo, kinds=(netns.KIND, veth.KIND))
+        snap = take_snapshot(self.options, memo, Registry(kinds=(netns.KIND, veth.KIND)))
         veths = {v.name: list(v.peer_netns) if v.peer_netns else None for v in snap.of("veth")}
         return veths, [e.error for e in snap.errors]
 

@@ -15,7 +15,7 @@ from reaper.correlate import correlate
 from reaper.host.netlink import RawLink, kernel_filters_by_kind, parse_link
 from reaper.kinds import ReclaimContext, bandwidth
 from reaper.kinds.bandwidth import KIND, IfbDevice, ifb_name, ifbs_from
-from reaper.kinds.registry import KINDS
+from reaper.kinds.registry import REGISTRY
 from reaper.model import Claim
 from tests.harness.fuzz import FUZZ, hostile_names
 from tests.harness.snapshots import NET, cache, cid, lease, pin, runtime, snapshot
@@ -114,7 +114,7 @@ def test_an_ifb_joins_the_attachment_its_name_hashes_to_and_no_other() -> None:
     base = snapshot(pins=(pin(1),), leases=(lease(1),), caches=(cache(1),))
     snap = replace(base, resources={**base.resources, "ifb": (mine, other_net, nobody)})
     assert KIND.tie(mine) == Claim(key=mine.name)
-    result = correlate(snap, runtime(), KINDS)
+    result = correlate(snap, runtime(), REGISTRY)
     (group,) = result.groups
     assert group.key.container_id == cid(1)
     assert sorted(r.name for r in group.resources if r.kind == "ifb") == [mine.name]

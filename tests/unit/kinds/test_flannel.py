@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from reaper.host.quarantine import Quarantine
 from reaper.kinds import ReclaimContext, cache, flannel
 from reaper.kinds.flannel import FlannelDelegate, FlannelFile, parse_delegate
+from reaper.kinds.registry import Registry
 from reaper.model import ContainerTie, NetworkConfig
 from reaper.names import PLUGIN_TYPE, is_cni_id
 from reaper.snapshot import take_snapshot
@@ -112,7 +113,7 @@ def test_a_data_dir_only_a_cached_config_names_is_never_read(tmp_path: Path) -> 
     conflist = {"cniVersion": "1.0.0", "name": "cbr0", "plugins": [{"type": "flannel", "dataDir": str(planted)}]}
     entry = cache_doc(CID, "cbr0", config=conflist)
     write_private(cni / "results", f"cbr0-{CID}-eth0", json.dumps(entry).encode())
-    taken = take_snapshot(options_at(cni), kinds=(cache.KIND, flannel.KIND))
+    taken = take_snapshot(options_at(cni), registry=Registry(kinds=(cache.KIND, flannel.KIND)))
     assert [c.name for c in taken.configs] == ["cbr0"], "the cached config was read"
     assert [f.container_id for f in taken.of("flannel")] == [OTHER]
 

@@ -13,7 +13,7 @@ from msgspec.structs import replace
 
 from reaper.correlate import correlate
 from reaper.kinds import Found, Kind, Look, ReclaimContext, reclaim_order
-from reaper.kinds.registry import KIND_NAMES, KINDS, QUARANTINABLE, RECLAIM_ORDER
+from reaper.kinds.registry import REGISTRY, Registry
 from reaper.model import ContainerTie, Done, Identity, ResourceRef
 from reaper.snapshot import take_snapshot
 from tests.harness.passes import options_at
@@ -21,7 +21,7 @@ from tests.harness.snapshots import cache, chain, cid, lease, pin, runtime, snap
 
 
 def test_the_cache_entry_is_reclaimed_last_and_the_rest_in_registry_order() -> None:
-    order = [k.name for k in RECLAIM_ORDER]
+    order = [k.name for k in REGISTRY.reclaim_order]
     assert order[0] == "tuning"  # registered first; not `last`
     rest = [
         "netns",
@@ -39,14 +39,14 @@ def test_the_cache_entry_is_reclaimed_last_and_the_rest_in_registry_order() -> N
         "cache",
     ]
     assert order[1:] == rest
-    assert [k.name for k in KINDS if k.last] == ["flannel", "multus", "cache"]
-    assert {"ipam", "tuning", "flannel", "multus", "cache"} == QUARANTINABLE
+    assert [k.name for k in REGISTRY.kinds if k.last] == ["flannel", "multus", "cache"]
+    assert {"ipam", "tuning", "flannel", "multus", "cache"} == REGISTRY.quarantinable
 
 
 def test_every_kind_reports_its_records_under_their_identity() -> None:
     samples: dict[str, Any] = {"netns": pin(1), "veth": veth(1), "ipam": lease(1), "cache": cache(1)}
     samples["iptables"] = chain(1)
-    for kind in KINDS:
+    for kind in REGISTRY.kinds:
         record = samples.get(kind.name)
         if record is None:
             continue
@@ -85,16 +85,16 @@ NEW_KIND: Kind[PluginState] = Kind(
 
 
 def test_a_new_kind_joins_the_attachment_of_its_container() -> None:
-    kinds = (*KINDS, NEW_KIND)
+    kinds = (*REGISTRY.kinds, NEW_KIND)
     base = snapshot(pins=(pin(1),), leases=(lease(1),), caches=(cache(1),))
     state = PluginState(cid(1), "/var/lib/cni/plugin-state/x")
     snap = replace(base, resources={**base.resources, "plugin-state": (state,)})
-    (group,) = correlate(snap, runtime(), kinds).groups
+    (group,) = correlate(snap, runtime(), Registry(kinds=kinds)).groups
     assert group.key.container_id == cid(1)
     assert sorted(r.kind for r in group.resources) == ["cache", "ipam", "netns", "plugin-state"]
     # Registered like the others, it is reclaimed with them, before the `last` ones.
     assert [k.name for k in reclaim_order(kinds)][-4:] == ["plugin-state", "flannel", "multus", "cache"]
-    assert "plugin-state" not in KIND_NAMES
+    assert "plugin-state" not in REGISTRY.names
 
 
 def test_kinds_are_found_in_registry_order_each_seeing_those_before(tmp_path: Path) -> None:
@@ -109,7 +109,7 @@ def test_kinds_are_found_in_registry_order_each_seeing_those_before(tmp_path: Pa
         return replace(NEW_KIND, name=name, find=find)
 
     kinds = (kind("first"), kind("dump"), kind("second"))
-    take_snapshot(options_at(tmp_path), kinds=kinds)
+    take_snapshot(options_at(tmp_path), registry=Registry(kinds=kinds))
     assert seen == [("first", []), ("dump", ["first"]), ("second", ["dump", "first"])]
 
 
@@ -124,5 +124,7 @@ def test_a_look_gives_the_records_of_a_kind_found_before_typed_and_none_of_a_lat
         got.append((look.found(first), look.found(later)))
         return Found(())
 
-    take_snapshot(options_at(tmp_path), kinds=(first, replace(NEW_KIND, name="reader", find=find), later))
+    take_snapshot(
+        options_at(tmp_path), registry=Registry(kinds=(first, replace(NEW_KIND, name="reader", find=find), later))
+    )
     assert got == [((record,), ())]

@@ -19,7 +19,7 @@ from reaper.host.memo import InventoryMemo
 from reaper.host.quarantine import Quarantine
 from reaper.kinds import Look, ReclaimContext, cache, tuning
 from reaper.kinds.hostlocal import collect_leases
-from reaper.kinds.registry import KINDS, QUARANTINABLE
+from reaper.kinds.registry import REGISTRY, Registry
 from reaper.kinds.tuning import TuningBackup, TuningFile, parse_backup, split_name
 from reaper.model import ContainerTie, NetworkConfig, NodeSnapshot, ScanReport
 from reaper.names import is_cni_id, is_ifname
@@ -193,7 +193,7 @@ def test_found_in_the_default_dir_and_in_each_tuning_data_dir_of_the_conf_dir(
 def test_the_default_dir_is_tunings() -> None:
     assert tuning.DEFAULT_DIR == "/run/cni/tuning"  # tuning.go defaultDataDir
     assert tuning.KIND.name == "tuning" and not tuning.KIND.last and tuning.KIND.quarantinable
-    assert tuning.KIND in KINDS and "tuning" in QUARANTINABLE
+    assert tuning.KIND in REGISTRY.kinds and "tuning" in REGISTRY.quarantinable
 
 
 def test_a_missing_dir_is_empty(tmp_path: Path, default_dir: Path) -> None:
@@ -210,7 +210,7 @@ def test_a_data_dir_only_a_cached_config_names_is_never_read(tmp_path: Path, def
     write_private(
         tmp_path / "cni" / "results", f"mynet-{CID}-eth0", json.dumps(cache_doc(CID, "mynet", config=conflist)).encode()
     )
-    taken = take_snapshot(_options(tmp_path), kinds=(cache.KIND, tuning.KIND))
+    taken = take_snapshot(_options(tmp_path), registry=Registry(kinds=(cache.KIND, tuning.KIND)))
     assert [c.name for c in taken.configs] == ["mynet"], "the cached config was read"
     assert [f.container_id for f in taken.of("tuning")] == [OTHER]
 
@@ -393,7 +393,7 @@ def _node(tmp_path: Path) -> tuple[NodeSnapshot, Path, Path]:
 
 
 def _present(snap: NodeSnapshot) -> dict[tuple[str, ...], Any]:
-    return {kind.identity(r): r for kind in KINDS for r in snap.of(kind.name)}
+    return {kind.identity(r): r for kind in REGISTRY.kinds for r in snap.of(kind.name)}
 
 
 def test_a_dead_containers_backup_joins_its_lease_and_is_reclaimed(tmp_path: Path) -> None:

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.harness.reclaim_fakes import FakeNode, use_kinds
+from tests.harness.reclaim_fakes import FakeNode
 
 
 @pytest.fixture
-def node(monkeypatch: pytest.MonkeyPatch) -> FakeNode:
-    """A fake node whose kinds are the only ones the reclaim path knows."""
-    fake = FakeNode()
-    use_kinds(monkeypatch, fake.kinds)
-    return fake
+def node() -> FakeNode:
+    """A fake node, whose kinds (node.registry) the tests hand to the reclaim path."""
+    return FakeNode()

@@ -81,7 +81,7 @@ def test_a_pass_runs_exactly_that_many_dels_at_once(
     monkeypatch.setattr(act, "del_network", waiting_del)
     found = [node.attachment(n, node.add(f"res-{n}"), node.add(f"last-{n}", FAKE_LAST)) for n in range(3 * concurrency)]
     requests: dict[Any, DelRequest | None] = {a.key: request_for(a, plugin_config()) for a in found}
-    reclaimer = bare_reclaimer(look=node.look, observe=runtime, del_concurrency=concurrency)
+    reclaimer = bare_reclaimer(look=node.look, registry=node.registry, observe=runtime, del_concurrency=concurrency)
     outcomes, skipped = reclaimer.run(found, requests)
     assert skipped == [] and len(outcomes) == len(found) and all(o.ok for o in outcomes), outcomes
     assert most == concurrency and pools == [concurrency]

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from reaper.kinds import Found, Kind, Look, ReclaimContext
-from reaper.kinds.registry import KINDS
+from reaper.kinds.registry import REGISTRY, Registry
 from reaper.model import Done, Identity, ResourceRef
 from reaper.options import FindOptions
 from reaper.snapshot import take_snapshot
@@ -46,7 +46,7 @@ def test_a_find_that_raises_is_that_kinds_error_and_the_others_are_read(tmp_path
         bin_dirs=(),
         netns_patterns=(re.compile("x"),),
     )
-    taken = take_snapshot(options, kinds=(TOY, *KINDS))
+    taken = take_snapshot(options, registry=Registry(kinds=(TOY, *REGISTRY.kinds)))
     assert [e.source for e in taken.errors if "unexpectedly" in e.error] == ["toy"]
     assert taken.of("toy") == ()
     assert any(c.kind == "cache" for c in taken.corrupt), "the kinds after it were still read"

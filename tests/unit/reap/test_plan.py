@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from msgspec.structs import replace
 
 from reaper.kinds.cache import CacheEntry
-from reaper.kinds.registry import BY_NAME
+from reaper.kinds.registry import REGISTRY
 from reaper.model import Attachment, AttachmentKey, Identity, NsKey, Verdict
 from reaper.options import ReapPolicy
 from reaper.reap.plan import COSTLESS_PER_PASS, breaker_counts, breaker_trips, costs_nothing, select
@@ -91,7 +91,7 @@ def _loopback(n: int, *, loopback_only: bool = True) -> CacheEntry:
 
 
 def _orphan(*records: Any, netns: NsKey | None = None) -> Attachment:
-    refs = tuple(BY_NAME[kind_of(r)].ref(r) for r in records)
+    refs = tuple(REGISTRY.by_name[kind_of(r)].ref(r) for r in records)
     return Attachment(
         key=AttachmentKey(records[0].container_id, records[0].network, records[0].ifname),
         resources=refs,
@@ -107,7 +107,7 @@ def kind_of(record: Any) -> str:
 
 
 def _records(*attachments: Attachment, of: Sequence[Any]) -> dict[Identity, Any]:
-    by_identity = {BY_NAME[kind_of(r)].identity(r): r for r in of}
+    by_identity = {REGISTRY.by_name[kind_of(r)].identity(r): r for r in of}
     return {ref.identity: by_identity[ref.identity] for a in attachments for ref in a.resources}
 
 

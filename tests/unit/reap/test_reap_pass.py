@@ -28,7 +28,6 @@ from tests.harness.reclaim_fakes import (
     reap_settings,
     report_of,
     scan_result,
-    use_kinds,
 )
 from tests.harness.snapshots import cid, runtime, sandbox
 
@@ -37,9 +36,8 @@ LOG = logging.getLogger("test")
 
 @pytest.fixture
 def node(monkeypatch: pytest.MonkeyPatch) -> FakeNode:
-    """A fake node: the only kinds the reclaim path knows, and every look of the pass is of it."""
+    """A fake node: its kinds are the pass's (node.registry), and every look of the pass is of it."""
     fake = FakeNode()
-    use_kinds(monkeypatch, fake.kinds)
     monkeypatch.setattr(run, "take_snapshot", lambda *_a, **_k: fake.look())
     return fake
 
@@ -71,14 +69,19 @@ class Pass:
 
         self.monkeypatch.setattr(run, "scan_pass", scan)
         liveness = FakeLiveness(*views)
-        return reap_pass(self.settings, reap_settings(**reap), liveness, LOG, stop=stop, reviewed=reviewed)
+        return reap_pass(
+            self.settings, reap_settings(**reap), liveness, LOG, stop=stop, reviewed=reviewed,
+            registry=self.node.registry,
+        )  # fmt: skip
 
     def plan(self, *attachments: Attachment, **reap: Any) -> Planned:
         """The plan step alone (run.plan_pass) over the same scan as a pass."""
         report = report_of(runtime(), *attachments)
         snap = self.node.look()
         self.monkeypatch.setattr(run, "scan_pass", lambda *_a, **_k: scan_result(report, snap))
-        return run.plan_pass(self.settings, reap_settings(**reap), FakeLiveness(runtime()), LOG)
+        return run.plan_pass(
+            self.settings, reap_settings(**reap), FakeLiveness(runtime()), LOG, registry=self.node.registry
+        )
 
 
 @pytest.fixture
@@ -271,7 +274,7 @@ def test_a_dry_run_leaves_out_of_its_plan_what_the_address_check_would_leave(
 ) -> None:
     one, two = orphans(node, 1, 2)
     why = "its address 10.0.0.2 is configured in the netns of pid 4242, not its own: a live pod holds it"
-    monkeypatch.setattr(run, "addresses_in_use", lambda selected, *_: {two.key: why} if two in selected else {})
+    monkeypatch.setattr(run, "addresses_in_use", lambda selected, *_a, **_k: {two.key: why} if two in selected else {})
     result = reap(one, two, *live(node, 3, 4, 5, 6), dry_run=True)
     assert [p.key for p in result.plan] == [one.key]
     assert [(s.key, s.reason) for s in result.skipped] == [(two.key, why)]
@@ -314,3 +317,22 @@ def test_the_dry_run_shows_the_plan_the_act_step_then_acts_on(reap: Pass, node: 
     assert [o.key for o in acted.reclaimed] == [p.key for p in shown.plan] == [one.key, two.key]
     assert all(o.ok for o in acted.reclaimed) and acted.plan == shown.plan
     assert {r.name for r in node.records.values() if not r.name.startswith("live-")} == {"res-3", "last-3"}
+
+
+def test_the_kinds_a_pass_is_given_reach_its_plan_and_its_reclaim_order(
+    node: FakeNode, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The registry handed to reap_pass is the one every step reads: a kind registered first but
+    marked `last` and quarantinable is planned to the quarantine (the plan) and reclaimed after
+    the rest (the reclaim order), as the node's cache entry is."""
+    files = replace(next(k for k in node.kinds if k.name == FAKE_LAST), quarantinable=True)
+    node.use((files, *(k for k in node.kinds if k.name != FAKE_LAST)))
+    (found,) = orphans(node, 1)
+    snap = node.look()
+    monkeypatch.setattr(run, "scan_pass", lambda *_a, **_k: scan_result(report_of(runtime(), found), snap))
+    plain = reap_settings(force=True)  # one orphan of one attachment: past the breaker
+    settings = replace(plain, policy=replace(plain.policy, quarantine_dir=str(tmp_path / "quarantine")))
+    result = reap_pass(fake_settings(tmp_path), settings, FakeLiveness(runtime()), LOG, registry=node.registry)
+    assert [(s.kind, s.method) for s in result.plan[0].steps] == [("fake", "kernel"), (FAKE_LAST, "quarantine")]
+    assert node.batches == [["res-1"], ["last-1"]], "the last kind goes after the rest"
+    assert result.reclaimed[0].ok and node.records == {}

@@ -25,7 +25,6 @@ from tests.harness.reclaim_fakes import (
     FakeNode,
     plugin_config,
     request_for,
-    use_kinds,
 )
 from tests.harness.snapshots import runtime
 
@@ -79,7 +78,7 @@ def test_the_runtimes_are_asked_once_a_batch_not_once_an_attachment(
     monkeypatch.setattr(act, "RECHECK_WINDOW", 60.0)  # every look stays fresh: each is reused
     found = attachments(node, 400)
     asked, observe = counted(runtime())
-    outcomes, skipped = bare_reclaimer(look=node.look, observe=observe).run(found, {})
+    outcomes, skipped = bare_reclaimer(look=node.look, registry=node.registry, observe=observe).run(found, {})
     assert skipped == [] and len(outcomes) == 400 and all(o.ok for o in outcomes)
     assert node.records == {}
     assert len(node.batches) > 2, "the kinds took several batches each"
@@ -112,7 +111,9 @@ def test_no_del_starts_later_than_the_window_after_its_re_check(
     found = attachments(node, 60)
     requests: dict[Any, DelRequest | None] = {a.key: request_for(a, plugin_config()) for a in found}
     asked, observe = counted(runtime())
-    outcomes, skipped = bare_reclaimer(look=node.look, observe=observe, del_concurrency=2).run(found, requests)
+    outcomes, skipped = bare_reclaimer(look=node.look, registry=node.registry, observe=observe, del_concurrency=2).run(
+        found, requests
+    )
     assert skipped == [] and len(outcomes) == 60
     assert set(started) == {str(a.key.container_id) for a in found}, "every attachment got its DEL"
     for a in found:
@@ -145,9 +146,9 @@ def test_a_kind_gets_the_batch_walk_and_a_new_one_once_the_window_passed(
         return {(r.kind, r.name): Done.freed() for r in records if node.records.pop((r.kind, r.name), None)}
 
     kinds = tuple(replace(k, reclaim=reclaim) if k.name == FAKE else k for k in node.kinds)
-    use_kinds(monkeypatch, kinds)
+    node.use(kinds)
     found = [node.attachment(n, node.add(f"res-{n}")) for n in range(3)]
-    outcomes, _ = bare_reclaimer(look=node.look).run(found, {})
+    outcomes, _ = bare_reclaimer(look=node.look, registry=node.registry).run(found, {})
     assert all(o.ok for o in outcomes)
     assert len(asked_at) == 1, "one batch"
     handed, asked = asked_at[0]
@@ -170,7 +171,7 @@ def test_after_the_pins_go_the_looks_walk_no_namespace_they_freed(
     ]
     node.leave["pin-3"] = "busy"
     asked, observe = counted(runtime())
-    outcomes, _ = bare_reclaimer(look=node.look, observe=observe).run(found, {})
+    outcomes, _ = bare_reclaimer(look=node.look, registry=node.registry, observe=observe).run(found, {})
     assert [o.key for o in outcomes if not o.ok] == [found[3].key]
     after_pins = walks.done[2:]  # the DEL step's batch, then the pins' batch
     assert after_pins and all(only == {NsKey(4, 5003)} for _, only in after_pins), after_pins
@@ -185,9 +186,9 @@ def test_a_slow_kind_takes_a_bounded_number_of_batches(node: FakeNode, monkeypat
     monkeypatch.setattr(act, "RECHECK_WINDOW", 0.001)
     monkeypatch.setattr(act, "in_use", Walks())
     kinds = tuple(replace(k, reclaim=_slow(k.reclaim)) for k in node.kinds)
-    use_kinds(monkeypatch, kinds)
+    node.use(kinds)
     found = [node.attachment(n, node.add(f"res-{n}")) for n in range(1000)]
-    outcomes, _ = bare_reclaimer(look=node.look).run(found, {})
+    outcomes, _ = bare_reclaimer(look=node.look, registry=node.registry).run(found, {})
     assert all(o.ok for o in outcomes)
     assert 1 < len(node.batches) <= act.MAX_KERNEL_BATCHES, [len(b) for b in node.batches]
 
@@ -207,7 +208,9 @@ def test_with_no_del_asked_the_kernel_step_starts_from_the_planned_look(node: Fa
     found = attachments(node, 3)
     planned = node.look()
     node.looks = 0
-    outcomes, _ = bare_reclaimer(look=node.look).run(found, {a.key: None for a in found}, planned_on=planned)
+    outcomes, _ = bare_reclaimer(look=node.look, registry=node.registry).run(
+        found, {a.key: None for a in found}, planned_on=planned
+    )
     assert all(o.ok for o in outcomes) and node.records == {}
     assert node.looks == 1, "only the verify look"
 
@@ -216,5 +219,5 @@ def test_with_no_del_asked_the_kernel_step_starts_from_the_planned_look(node: Fa
     node.looks = 0
     requests: dict[Any, DelRequest | None] = {a.key: None for a in more}
     requests[more[0].key] = request_for(more[0], plugin_config())
-    bare_reclaimer(look=node.look).run(more, requests, planned_on=planned)
+    bare_reclaimer(look=node.look, registry=node.registry).run(more, requests, planned_on=planned)
     assert node.looks == 2, "a look after the DELs, and the verify look"

@@ -34,7 +34,9 @@ from tests.harness.snapshots import cid, runtime, sandbox
 
 def reclaimer(node: FakeNode, *views: RuntimeView, bin_dirs: tuple[str, ...] = ()) -> Reclaimer:
     liveness = FakeLiveness(*(views or (runtime(),)))
-    return bare_reclaimer(look=node.look, observe=lambda: liveness.observe({}), bin_dirs=bin_dirs)
+    return bare_reclaimer(
+        look=node.look, registry=node.registry, observe=lambda: liveness.observe({}), bin_dirs=bin_dirs
+    )
 
 
 def two_resources(node: FakeNode, n: int) -> Attachment:
@@ -109,7 +111,7 @@ def test_a_stop_during_the_run_leaves_the_kernel_step_undone(node: FakeNode) -> 
         stop.set()  # the stop arrives while DEL's look runs
         return node.look()
 
-    r = bare_reclaimer(look=look_then_stop, observe=runtime)
+    r = bare_reclaimer(look=look_then_stop, observe=runtime, registry=node.registry)
     r.stop = stop
     outcomes, skipped = r.run([one], {})
     assert skipped == []

@@ -26,7 +26,7 @@ from msgspec.structs import replace
 from reaper.host.netns_addrs import NamespaceAddresses, NamespaceToRead
 from reaper.kinds import Kind, netns, reclaim_order
 from reaper.kinds import veth as veth_kind
-from reaper.kinds.registry import KINDS, RECLAIM_ORDER
+from reaper.kinds.registry import REGISTRY
 from reaper.model import Attachment, AttachmentKey, Done, NsKey, ReclaimOutcome
 from reaper.reap.stays import UNTOUCHED, held_in_staying, kept_with_namespace, lives_in, staying_namespaces
 from tests.harness import snapshots
@@ -63,7 +63,7 @@ def errors(outcome: ReclaimOutcome) -> dict[str, str | None]:
 
 
 def test_a_freed_pin_frees_its_lease(node: FakeNode) -> None:
-    outcomes, _ = bare_reclaimer(look=node.look).run([pod(node, 1)], {})
+    outcomes, _ = bare_reclaimer(look=node.look, registry=node.registry).run([pod(node, 1)], {})
     assert outcomes[0].ok and node.records == {}
     assert node.batches == [["pin-1"], ["res-1"], ["lease-1"], ["last-1"]]
 
@@ -73,7 +73,9 @@ def test_a_pin_kept_for_a_del_that_did_not_run_keeps_its_lease(node: FakeNode) -
     the cache entry stay for the plugin's DEL; the lease, whose address is configured in that
     pin, stays too. Before: the lease was freed."""
     one, two = pod(node, 1), pod(node, 2)
-    outcomes, _ = bare_reclaimer(look=node.look).run([one, two], {}, keep={one.key: "noop-stateful"})
+    outcomes, _ = bare_reclaimer(look=node.look, registry=node.registry).run(
+        [one, two], {}, keep={one.key: "noop-stateful"}
+    )
     why = errors(outcomes[0])
     assert why["res-1"] is None, "what no address needs goes"
     assert why["pin-1"] is not None and "noop-stateful may keep state" in why["pin-1"]
@@ -89,7 +91,9 @@ def test_a_failed_del_keeps_the_pin_and_the_lease(node: FakeNode, tmp_path: Path
     fake_plugin(bin_dir, del_fails=True)
     one = pod(node, 1)
     liveness = FakeLiveness(runtime())
-    r = bare_reclaimer(look=node.look, observe=lambda: liveness.observe({}), bin_dirs=(str(bin_dir),))
+    r = bare_reclaimer(
+        look=node.look, registry=node.registry, observe=lambda: liveness.observe({}), bin_dirs=(str(bin_dir),)
+    )
     outcomes, _ = r.run([one], {one.key: request_for(one, plugin_config())}, keep={one.key: "x-ipam"})
     assert outcomes[0].plugin_errors and outcomes[0].needs_plugin == "x-ipam"
     assert "stays configured in the netns that fakepin pin-1" in str(errors(outcomes[0])["lease-1"])
@@ -105,7 +109,7 @@ def test_a_pin_or_veth_its_kind_leaves_keeps_the_lease(node: FakeNode, left: str
         1, node.add("pin-1", FAKE_PIN, ns), node.add("veth-1", FAKE_PIN, ns), node.add("lease-1", FAKE_LEASE)
     )
     node.leave[left] = "held by pid 42"
-    outcomes, _ = bare_reclaimer(look=node.look).run([one], {})
+    outcomes, _ = bare_reclaimer(look=node.look, registry=node.registry).run([one], {})
     lease = str(errors(outcomes[0])["lease-1"])
     assert f"fakepin {left} stays (held by pid 42)" in lease, lease
     assert ("fakelease", "lease-1") in node.records
@@ -124,7 +128,9 @@ def test_the_second_interface_of_a_pod_keeps_its_lease_while_the_pods_pin_stays(
         reason="test",
         age_seconds=3600.0,
     )
-    outcomes, _ = bare_reclaimer(look=node.look).run([first, second], {}, keep={first.key: "noop-stateful"})
+    outcomes, _ = bare_reclaimer(look=node.look, registry=node.registry).run(
+        [first, second], {}, keep={first.key: "noop-stateful"}
+    )
     assert "fakepin pin-1 stays" in str(errors(outcomes[1])["lease-1b"])
     assert ("fakelease", "lease-1b") in node.records
 
@@ -135,14 +141,14 @@ def test_a_pin_this_pass_does_not_reclaim_keeps_the_lease_of_its_namespace(node:
     ns = NsKey(4, 5001)
     node.add("pin-1", FAKE_PIN, ns)  # on the node, in no attachment this pass reclaims
     one = node.attachment(1, node.add("lease-1", FAKE_LEASE))
-    outcomes, _ = bare_reclaimer(look=node.look).run([one], {})
+    outcomes, _ = bare_reclaimer(look=node.look, registry=node.registry).run([one], {})
     assert f"fakepin pin-1 stays ({UNTOUCHED})" in str(errors(outcomes[0])["lease-1"])
 
 
 def test_a_look_that_could_not_read_every_pin_keeps_every_lease(node: FakeNode) -> None:
     node.partly_read = frozenset({FAKE_PIN})
     one = node.attachment(1, node.add("lease-1", FAKE_LEASE), node.add("res-1", FAKE))
-    outcomes, _ = bare_reclaimer(look=node.look).run([one], {})
+    outcomes, _ = bare_reclaimer(look=node.look, registry=node.registry).run([one], {})
     why = errors(outcomes[0])
     assert "could not read every fakepin" in str(why["lease-1"]) and why["res-1"] is None
 
@@ -151,7 +157,7 @@ def test_a_lease_of_another_namespace_goes(node: FakeNode) -> None:
     """A namespace that stays keeps the addresses of its own attachments only."""
     node.add("pin-9", FAKE_PIN, NsKey(4, 9999))
     one = pod(node, 1)
-    outcomes, _ = bare_reclaimer(look=node.look).run([one], {})
+    outcomes, _ = bare_reclaimer(look=node.look, registry=node.registry).run([one], {})
     assert outcomes[0].ok
 
 
@@ -170,13 +176,13 @@ def test_the_rule_is_pure_over_the_kinds_hooks() -> None:
 
 
 def test_every_kind_that_keeps_a_namespace_is_reclaimed_before_every_kind_with_addresses() -> None:
-    keepers = [i for i, k in enumerate(RECLAIM_ORDER) if k.keeps_netns is not None]
-    freers = [i for i, k in enumerate(RECLAIM_ORDER) if k.with_addresses]
-    assert [RECLAIM_ORDER[i].name for i in keepers] == ["netns", "veth"]
-    assert {RECLAIM_ORDER[i].name for i in freers} == {"ipam", "firewall", "iprule", "iptables", "nft"}
+    keepers = [i for i, k in enumerate(REGISTRY.reclaim_order) if k.keeps_netns is not None]
+    freers = [i for i, k in enumerate(REGISTRY.reclaim_order) if k.with_addresses]
+    assert [REGISTRY.reclaim_order[i].name for i in keepers] == ["netns", "veth"]
+    assert {REGISTRY.reclaim_order[i].name for i in freers} == {"ipam", "firewall", "iprule", "iptables", "nft"}
     assert max(keepers) < min(freers)
     # Every kind that frees an address the address check weighs goes with its namespace too.
-    assert all(k.with_addresses for k in KINDS if k.frees is not None)
+    assert all(k.with_addresses for k in REGISTRY.kinds if k.frees is not None)
     lease_kind: Kind[object] = FakeNode().kinds[2]
     pin_kind: Kind[object] = FakeNode().kinds[0]
     with pytest.raises(ValueError, match="is reclaimed before"):
@@ -209,7 +215,7 @@ def test_a_lease_whose_address_is_in_another_orphans_pin_that_stays_stays(node: 
     that stays after all is read, and a lease whose address is configured there stays."""
     pinned, files = split_off(node, "10.0.0.5")
     reader = FakeReader({NsKey(4, 5001): (("::ffff:10.0.0.5",), None)})
-    r = bare_reclaimer(look=node.look)
+    r = bare_reclaimer(look=node.look, registry=node.registry)
     r.read_netns = reader
     outcomes, _ = r.run([pinned, files], {}, keep={pinned.key: "noop-stateful"})
     why = str(errors(outcomes[1])["lease-2"])
@@ -220,7 +226,7 @@ def test_a_lease_whose_address_is_in_another_orphans_pin_that_stays_stays(node: 
 
 def test_a_pin_that_stays_and_cannot_be_read_keeps_every_lease_with_an_address(node: FakeNode) -> None:
     pinned, files = split_off(node, "10.0.0.5")
-    r = bare_reclaimer(look=node.look)
+    r = bare_reclaimer(look=node.look, registry=node.registry)
     r.read_netns = FakeReader({NsKey(4, 5001): ((), "no such file")})
     outcomes, _ = r.run([pinned, files], {}, keep={pinned.key: "noop-stateful"})
     assert "cannot be told (no such file)" in str(errors(outcomes[1])["lease-2"])
@@ -228,7 +234,7 @@ def test_a_pin_that_stays_and_cannot_be_read_keeps_every_lease_with_an_address(n
 
 def test_a_lease_of_an_address_no_staying_pin_holds_goes(node: FakeNode) -> None:
     pinned, files = split_off(node, "10.0.0.6")
-    r = bare_reclaimer(look=node.look)
+    r = bare_reclaimer(look=node.look, registry=node.registry)
     r.read_netns = FakeReader({NsKey(4, 5001): (("10.0.0.5",), None)})
     outcomes, _ = r.run([pinned, files], {}, keep={pinned.key: "noop-stateful"})
     assert outcomes[1].ok and ("fakelease", "lease-2") not in node.records
@@ -237,7 +243,7 @@ def test_a_lease_of_an_address_no_staying_pin_holds_goes(node: FakeNode) -> None
 def test_no_namespace_is_read_when_every_pin_of_the_pass_goes(node: FakeNode) -> None:
     pinned, files = split_off(node, "10.0.0.5")
     reader = FakeReader({})
-    r = bare_reclaimer(look=node.look)
+    r = bare_reclaimer(look=node.look, registry=node.registry)
     r.read_netns = reader
     outcomes, _ = r.run([pinned, files], {})
     assert all(o.ok for o in outcomes) and reader.asked == []
@@ -257,10 +263,12 @@ def test_a_pin_and_a_veth_keep_their_namespace_and_a_stale_pin_keeps_none() -> N
     peer lives in; a stale pin file keeps nothing, and the rule sees them in a real Records."""
     pin, veth = snapshots.pin(1), snapshots.veth(1)
     present = {netns.identity(pin): pin, veth_kind.identity(veth): veth}
-    assert staying_namespaces(KINDS, present, {}) == {
+    assert staying_namespaces(REGISTRY.kinds, present, {}) == {
         NsKey(4, 1001): f"netns {pin.name} stays ({UNTOUCHED})",
     }
     stale = replace(pin, is_namespace=False)
-    assert staying_namespaces(KINDS, {netns.identity(stale): stale}, {}) == {}
+    assert staying_namespaces(REGISTRY.kinds, {netns.identity(stale): stale}, {}) == {}
     gone = {netns.identity(pin): Done.freed(), veth_kind.identity(veth): Done.left("peer in use")}
-    assert staying_namespaces(KINDS, present, gone) == {NsKey(4, 1001): f"veth {veth.name} stays (peer in use)"}
+    assert staying_namespaces(REGISTRY.kinds, present, gone) == {
+        NsKey(4, 1001): f"veth {veth.name} stays (peer in use)"
+    }
