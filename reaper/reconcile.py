@@ -69,21 +69,6 @@ def _also(others: list[Holder], shown: int = 5) -> str:
     return f", and pids {pids}" + (f" and {len(others) - shown} more" if len(others) > shown else "")
 
 
-def processes_decide(named: set[NsKey], runtime: RuntimeView) -> bool:
-    """Whether who is in a namespace can decide any verdict: the runtimes answered, and a
-    record ties itself to a namespace (`named`: Ties.namespaces()) no listed sandbox owns. On a
-    node without leaks every namespace is a sandbox's, and the walk of /proc is not needed."""
-    owned = {s.netns for s in runtime.sandboxes if s.netns is not None}
-    return runtime.reachable and not named <= owned
-
-
-def holders_decide(correlation: Correlation, runtime: RuntimeView) -> set[NsKey]:
-    """The namespaces whose processes can decide a verdict: an attachment's that no listed
-    sandbox owns (one a sandbox owns is live whoever is in it)."""
-    owned = {s.netns for s in runtime.sandboxes if s.netns is not None}
-    return {g.netns for g in correlation.groups if g.netns is not None} - owned
-
-
 def reconcile(
     snapshot: NodeSnapshot,
     runtime: RuntimeView,
@@ -93,7 +78,7 @@ def reconcile(
     correlation: Correlation | None = None,
 ) -> tuple[ScanReport, dict[str, AttachmentHistory]]:
     """The verdicts. `correlation` is correlate(snapshot, runtime), when the caller made it
-    already (to know whose processes to describe)."""
+    already (a pass joins the ties its look made)."""
     correlation = correlation if correlation is not None else correlate(snapshot, runtime)
     groups = correlation.groups
     holders = dict(snapshot.netns_holders)

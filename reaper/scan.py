@@ -1,4 +1,18 @@
-"""One read-only pass: inventory, then liveness, then reconcile; confirmations kept in the state file.
+"""One read-only pass, one way: look, ask the runtimes, correlate, reconcile, save (confirmations
+are kept in the state file).
+
+The node first, the runtime second: the look reads everything the verdicts need from the node,
+who is in each namespace included, before any runtime is asked, so nothing it read is newer
+than the runtimes' answer. Why that order is safe, for what can change between the two reads:
+- a sandbox born in between is listed: whatever of it the look saw is live. One in the look
+  but not listed yet (mid-creation: containerd lists a sandbox once its network is up) is
+  younger than --min-age and must stay unowned for --confirmations passes, in either order;
+- a process seen in a namespace is evidence of use at that moment, whenever it was read: one
+  that left since only keeps the namespace a pass longer. One that entered after the walk is
+  missed, as a walk after the runtimes misses one entering a moment after it; no order makes
+  the look "now". The reclaim asks the runtimes and walks /proc and the mounts again right
+  before it acts (reaper.reap.act, unchanged by this order), so a namespace entered since the
+  look is left.
 
 A one-shot run (a timer's `reaper scan` or `reaper reap`) reads every file afresh: it keeps no
 memo of parsed files on disk. A memo there was an input whoever writes the state dir could
@@ -15,16 +29,16 @@ from collections.abc import Callable, Mapping, Sequence
 
 from msgspec.structs import replace
 
-from reaper.correlate import Correlation, Ties, join, tie_all
+from reaper.correlate import join
 from reaper.host.memo import InventoryMemo
 from reaper.kinds.registry import REGISTRY, Registry
-from reaper.model import VERDICTS, AttachmentHistory, NodeSnapshot, RuntimeView, ScanReport, ScanResult
-from reaper.reconcile import holders_decide, processes_decide, reconcile
+from reaper.model import VERDICTS, AttachmentHistory, RuntimeView, ScanReport, ScanResult
+from reaper.reconcile import reconcile
 from reaper.runtime.liveness import LivenessSource
 from reaper.settings import Settings
-from reaper.snapshot import take_snapshot, with_holders, with_processes
+from reaper.snapshot import look_at_node
 from reaper.state import KeptState, State, StateError, load_state, save_state
-from reaper.stopwatch import DIGITS, Stopwatch
+from reaper.stopwatch import Stopwatch
 
 
 def scan_pass(
@@ -51,21 +65,19 @@ def scan_pass(
     started = time.monotonic()
     warnings: list[str] = []
     state = _load(settings, kept, warnings)
-    # The node first, the runtime second: a sandbox born in between is then newer than
-    # anything in the snapshot that could be mistaken for one of its resources.
+    # The node first, the runtime second (see above): a sandbox born in between is then newer
+    # than anything in the look that could be mistaken for one of its resources.
     memo = memo if memo is not None else InventoryMemo()  # a one-shot's: this pass only
-    snapshot = take_snapshot(settings.find, memo, registry)
+    snapshot, ties = look_at_node(settings.find, memo, registry)
     watch = Stopwatch()
     # What PodSandboxStatus said to this process before, by (sandbox ID, creation time): never a
     # file's word (a cache entry's or the state file's).
     known = dict(kept.sandbox_netns) if kept is not None else {}
     runtime = liveness.observe(known)
     watch.lap("liveness")
-    ties = tie_all(snapshot, registry)
-    watch.lap("ties")
     now = clock()
     runtime, first_seen = _dated(runtime, state, now)
-    snapshot, correlation = _correlate(snapshot, ties, runtime, settings, watch)
+    correlation = join(ties, runtime)
     report, history = reconcile(snapshot, runtime, state.attachments, settings.policy, now, correlation)
     # Imported here: the reaper.reap package imports this module.
     from reaper.reap.waiting import mark_waiting  # noqa: PLC0415 (the comment above)
@@ -82,7 +94,7 @@ def scan_pass(
     else:
         netns_map, saved = known, False
     watch.lap("state")
-    timings = (*snapshot.timings, *_scan_timings(dict(watch.laps)))
+    timings = (*snapshot.timings, *watch.laps)
     seconds = time.monotonic() - started
     _log_pass(log, warnings, report, runtime.reachable, seconds, timings)
     return ScanResult(
@@ -129,22 +141,6 @@ def _dated(runtime: RuntimeView, state: State, now: float) -> tuple[RuntimeView,
     return replace(runtime, sandboxes=sandboxes), first_seen
 
 
-def _correlate(
-    snapshot: NodeSnapshot, ties: Ties, runtime: RuntimeView, settings: Settings, watch: Stopwatch
-) -> tuple[NodeSnapshot, Correlation]:
-    """Resources joined to attachments, and the snapshot with who is in each namespace."""
-    correlation = join(ties, runtime)
-    watch.lap("correlate")
-    # Who is in each namespace is evidence of use, as the runtimes' list is: read after it, and
-    # only when it can decide a verdict.
-    if processes_decide(ties.namespaces(), runtime):
-        snapshot = with_processes(snapshot)
-    watch.lap("processes")
-    snapshot = with_holders(snapshot, holders_decide(correlation, runtime), settings.find.bin_dirs)
-    watch.lap("holders")
-    return snapshot, correlation
-
-
 def _save(
     settings: Settings,
     kept: KeptState | None,
@@ -172,13 +168,6 @@ def _save(
         warnings.append(f"{err}; confirmations will not carry to the next pass")
         return netns_map, False
     return netns_map, True
-
-
-def _scan_timings(laps: dict[str, float]) -> tuple[tuple[str, float], ...]:
-    """The pass's steps after the look, as reported: joining counts as reconciling."""
-    reconciling = round(laps["correlate"] + laps["reconcile"], DIGITS)
-    names = ("ties", "liveness", "processes", "holders")
-    return (*((n, laps[n]) for n in names), ("reconcile", reconciling), ("state", laps["state"]))
 
 
 def _log_pass(

@@ -1,4 +1,5 @@
-"""One look at the node: every kind's find, in the registry's order, timed, failures as data."""
+"""One look at the node: every kind's find, in the registry's order, timed, failures as data;
+for a pass (look_at_node), then who is in each namespace, all before any runtime is asked."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from msgspec.structs import replace
 
+from reaper.correlate import Ties, tie_all
 from reaper.host.memo import InventoryMemo
 from reaper.host.procs import describe, netns_members, unseen_processes
 from reaper.kinds import Found, Kind, Look, hostlocal
@@ -51,8 +53,7 @@ def walk_processes() -> NetnsMembers:
 
 def with_processes(snapshot: NodeSnapshot, walk: Callable[[], NetnsMembers] = walk_processes) -> NodeSnapshot:
     """The snapshot with who is in each namespace but the host's (most of a node's processes
-    are), and what could not be seen. Evidence of use, like the runtimes' list, so it is read
-    after them (see reaper.scan). A walk that gave no answer, or not a whole one (see
+    are), and what could not be seen. A walk that gave no answer, or not a whole one (see
     reaper.host.procs.netns_members), leaves every process unseen, so that no verdict rests on
     it (every attachment with a netns is undecided), and is a failed source in the report."""
     errors = snapshot.errors
@@ -70,13 +71,34 @@ def with_processes(snapshot: NodeSnapshot, walk: Callable[[], NetnsMembers] = wa
 
 
 def with_holders(snapshot: NodeSnapshot, wanted: Set[NsKey], bin_dirs: tuple[str, ...]) -> NodeSnapshot:
-    """The snapshot with the processes in the `wanted` namespaces described: those whose
-    holders can decide a verdict (an attachment's, that no listed sandbox owns). Describing a
-    process costs reads of its /proc dir; on a node of 250 pods every process in a pod is in a
-    namespace a sandbox owns, live whoever is in it."""
+    """The snapshot with the processes in the `wanted` namespaces described (what tells a
+    plugin's ADD in progress from a resident). Describing a process costs reads of its /proc
+    dir: a namespace no record names decides no verdict, so its processes are left out."""
     kept = [(ns, pids) for ns, pids in snapshot.netns_pids if ns in wanted]
     described = describe({pid for _, pids in kept for pid in pids}, bin_dirs)
     return replace(snapshot, netns_holders=tuple((ns, tuple(described[pid] for pid in pids)) for ns, pids in kept))
+
+
+def look_at_node(
+    opts: FindOptions,
+    memo: InventoryMemo | None = None,
+    registry: Registry = REGISTRY,
+) -> tuple[NodeSnapshot, Ties]:
+    """A pass's look, everything it needs read once and before any runtime is asked: every
+    kind's records (take_snapshot), how they tie (reaper.correlate.tie_all), who is in each
+    namespace but the host's, and those processes described in every namespace a record ties
+    itself to (the runtime's answer, not known yet, cannot narrow that: any of them may be no
+    listed sandbox's). The re-check before reclaiming looks again with take_snapshot and its
+    own /proc walk (reaper.reap.act)."""
+    snapshot = take_snapshot(opts, memo, registry)
+    watch = Stopwatch()
+    ties = tie_all(snapshot, registry)
+    watch.lap("ties")
+    snapshot = with_processes(snapshot)
+    watch.lap("processes")
+    snapshot = with_holders(snapshot, ties.namespaces(), opts.bin_dirs)
+    watch.lap("holders")
+    return replace(snapshot, timings=(*snapshot.timings, *watch.laps)), ties
 
 
 def take_snapshot(

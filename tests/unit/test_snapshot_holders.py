@@ -1,11 +1,10 @@
-"""Who is in a namespace is looked for only when it can decide a verdict (some namespace is no
-listed sandbox's), and described only where it can: in an attachment's namespace that no listed
-sandbox owns (a namespace a sandbox owns is live whoever is in it, and one no attachment is in
-decides nothing)."""
+"""Who is in each namespace is read in the look, before any runtime is asked, and described only
+in the namespaces a record ties itself to (one no record names decides no verdict)."""
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 from pathlib import Path
 
@@ -16,10 +15,11 @@ import reaper.snapshot as snapshot_module
 from reaper.correlate import correlate, tie_all
 from reaper.host import procs
 from reaper.host.procs import process_facts
-from reaper.model import NodeSnapshot, NsKey, Policy, RuntimeView
-from reaper.reconcile import holders_decide, processes_decide, reconcile
-from reaper.snapshot import NetnsMembers, with_holders, with_processes
-from tests.harness.snapshots import cache, cid, lease, pin, runtime, sandbox, snapshot, veth
+from reaper.model import NsKey, Policy, RuntimeView
+from reaper.reconcile import reconcile
+from reaper.snapshot import NetnsMembers, look_at_node, with_holders, with_processes
+from tests.harness.passes import options_at
+from tests.harness.snapshots import cid, lease, pin, runtime, sandbox, snapshot
 
 POLICY = Policy(min_age=0.0, confirmations=1, stuck_after=900.0)
 
@@ -37,43 +37,49 @@ def test_only_the_wanted_namespaces_processes_are_described() -> None:
     assert gone.pid == 2**22 + 7 and gone.keeps_netns_busy  # gone since the look: still counted
 
 
-def test_only_an_unowned_attachments_namespace_is_described_and_its_holder_keeps_it() -> None:
+def test_a_holder_keeps_a_namespace_no_listed_sandbox_owns() -> None:
     """Pins of a leak and of a listed sandbox, and a namespace no record names, each with this
-    process inside as far as the look can tell."""
+    process inside as far as the look can tell: the processes of the namespaces the records
+    name are described, and the leak's holder keeps its attachment."""
     me = os.getpid()
     leaked, live, nobodys = pin(1), pin(2), NsKey(4, 9999)
     look = replace(
         snapshot(pins=(leaked, live)),
         netns_pids=((leaked.ns, (me,)), (live.ns, (me,)), (nobodys, (me,))),
     )
-    runtime = RuntimeView(
+    named = tie_all(look).namespaces()
+    assert named == {leaked.ns, live.ns}
+    described = with_holders(look, named, ())
+    assert [ns for ns, _ in described.netns_holders] == [leaked.ns, live.ns]
+    view = RuntimeView(
         endpoint="unix:///x.sock", name="x", version="1", reachable=True, error=None, sandboxes=(sandbox(2),)
     )
-    correlation = correlate(look, runtime)
-    wanted = holders_decide(correlation, runtime)
-    assert wanted == {leaked.ns}
-    report, _ = reconcile(with_holders(look, wanted, ()), runtime, {}, POLICY, 10_000.0, correlation)
+    report, _ = reconcile(described, view, {}, POLICY, 10_000.0, correlate(look, view))
     by_pin = {a.resources[0].name: a for a in report.attachments}
     assert by_pin[leaked.name].verdict == "live" and f"pid {me}" in by_pin[leaked.name].reason
     assert by_pin[live.name].verdict == "live" and "sandbox" in by_pin[live.name].reason
 
 
-def test_processes_are_looked_for_only_when_a_namespace_is_no_listed_sandboxs() -> None:
-    """The /proc walk decides nothing on a node whose every namespace is a listed sandbox's."""
-    live = sandbox(1)
-
-    def named(look: NodeSnapshot) -> set[NsKey]:
-        return tie_all(look).namespaces()
-
-    owned = named(snapshot(pins=(pin(1),), caches=(cache(1),), leases=(lease(1),), veths=(veth(1),)))
-    assert owned == {pin(1).ns}
-    assert not processes_decide(owned, runtime(live))
-    assert processes_decide(named(snapshot(pins=(pin(1), pin(2)))), runtime(live))  # a pin of no sandbox
-    assert processes_decide(named(snapshot(pins=(pin(1),), caches=(cache(2),))), runtime(live))  # a cache entry's
-    assert processes_decide(owned, runtime())  # no sandbox at all
-    assert not processes_decide(owned, runtime(reachable=False))  # every verdict is unknown anyway
-    stale = replace(pin(2), is_namespace=False)  # a plain file: no namespace anyone could be in
-    assert not processes_decide(named(snapshot(pins=(pin(1), stale))), runtime(live))
+def test_the_look_reads_and_describes_the_processes_before_any_runtime_is_asked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The pass's look takes no runtime: a namespace a cache entry names (this process's, taken
+    as not the host's) has its processes read and described; one no record names has its pids
+    read only. Before: the walk waited for the runtimes' answer (look_at_node did not exist)."""
+    st = os.stat("/proc/self/ns/net")
+    mine, nobodys, me = NsKey(st.st_dev, st.st_ino), NsKey(4, 9999), os.getpid()
+    entry = {"kind": "cniCacheV1", "containerId": cid(1), "networkName": "net", "ifName": "eth0",
+             "netns": f"/proc/{me}/ns/net", "result": {"cniVersion": "1.0.0"}}  # fmt: skip
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / f"net-{cid(1)}-eth0").write_text(json.dumps(entry))
+    monkeypatch.setattr(snapshot_module, "host_netns", lambda: NsKey(0, 0))
+    monkeypatch.setattr(snapshot_module, "netns_members", lambda: {mine: {me}, nobodys: {me}})
+    looked, ties = look_at_node(options_at(tmp_path))
+    assert mine in ties.namespaces() and nobodys not in ties.namespaces()
+    assert dict(looked.netns_pids) == {mine: (me,), nobodys: (me,)}
+    ((ns, (holder,)),) = looked.netns_holders
+    assert ns == mine and holder.pid == me and holder.keeps_netns_busy
+    assert {"ties", "processes", "holders"} <= {name for name, _ in looked.timings}
 
 
 def test_the_walk_gives_each_namespace_its_processes_but_the_hosts() -> None:
