@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from msgspec.structs import replace
@@ -435,8 +435,7 @@ def _reap(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     from reaper.doctor import doctor_json, doctor_table, run_checks  # noqa: PLC0415
 
-    layout = detect_layout(proc="/proc")
-    settings = with_pod_cidrs(settings_from(args, layout=layout))
+    settings, layout = _settings(args)
     _warn_dirs(settings, setup_logging(settings.log_format, "warning"))
     setup_logging(settings.log_format, "error")  # the checks say the rest, one line each
     view = liveness_from(settings).observe({})
@@ -488,29 +487,28 @@ def _explain(args: argparse.Namespace) -> int:
     return EXIT_CLEAN if found else EXIT_ORPHANS
 
 
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "scan": _scan,
+    "reap": _reap,
+    "run": _run,
+    "doctor": _doctor,
+    "explain": _explain,
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parse(parser, sys.argv[1:] if argv is None else list(argv))
+    run = COMMANDS.get(args.command or "")
     try:
-        if args.command == "scan":
-            return _scan(args)
-        if args.command == "reap":
-            return _reap(args)
-        if args.command == "run":
-            return _run(args)
-        if args.command == "doctor":
-            return _doctor(args)
-        if args.command == "explain":
-            return _explain(args)
-    except (SettingsError, HostUnseen) as err:
+        if run is not None:
+            return run(args)
+    except (SettingsError, HostUnseen, LockUnusable) as err:
         print(f"reaper: {err}", file=sys.stderr)
         return EXIT_UNDECIDED
     except LockBusy as err:
         print(f"reaper: {err}", file=sys.stderr)
         return EXIT_LOCKED
-    except LockUnusable as err:
-        print(f"reaper: {err}", file=sys.stderr)
-        return EXIT_UNDECIDED
     except KeyboardInterrupt:
         return 130
     parser.error(f"unknown command {args.command}")
