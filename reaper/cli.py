@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 from msgspec.structs import replace
@@ -172,40 +173,37 @@ def build_parser() -> argparse.ArgumentParser:
     # Not required here: parse() says what is missing or unknown, with the usage of the command
     # it was typed for (argparse would answer `reaper --bogus` with "COMMAND is required").
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    scan = sub.add_parser(
+    command = partial(sub.add_parser, formatter_class=argparse.RawDescriptionHelpFormatter)
+    scan = command(
         "scan",
         help="report which resources are live, orphaned or pending; changes nothing on the node",
         description="Read-only pass: report which container-network resources are leaked.",
         epilog=SCAN_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_options(scan, ("paths", "output"))
-    reap = sub.add_parser(
+    reap = command(
         "reap",
         help="one pass that reclaims every orphan: plugin DEL, then direct kernel cleanup; verified",
         description="Scan, then reclaim what is orphaned: the plugins' DEL the way a runtime should have run "
         "it, then direct cleanup in the kernel for what DEL left; then look again and report what is gone.",
         epilog=REAP_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_options(reap, ("paths", "reap", "output"))
-    run = sub.add_parser(
+    run = command(
         "run",
         help="the node agent: a pass every --interval, Prometheus metrics and health on --listen",
         description="Run passes forever (report-only scans by default, reclaiming with --mode reap), serving "
         "/metrics, /healthz and /readyz. SIGTERM or SIGINT: the step under way finishes, no new one starts, exit 0.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_options(run, ("paths", "reap", "agent"), skip=REAP_ONLY)
-    doctor = sub.add_parser(
+    doctor = command(
         "doctor",
         help="check everything the reaper needs on this node: runtimes, dirs, namespaces, plugins",
         description="One line a check: ok, warn or fail, with the fix. Changes nothing.",
         epilog=DOCTOR_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_options(doctor, ("paths", "output"), skip=DOCTOR_UNUSED)
-    explain = sub.add_parser(
+    explain = command(
         "explain",
         help="why one container, pod, address, veth or pin got its verdict: every resource and the evidence",
         description="Look at the node as `scan` does (counting no pass of its own) and show, for each "
@@ -213,7 +211,6 @@ def build_parser() -> argparse.ArgumentParser:
         "listed, whose namespace it is and who is inside, what earlier passes counted, and what a "
         "reclaim would run.",
         epilog=EXPLAIN_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     explain.add_argument(
         "target",
