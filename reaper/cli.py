@@ -12,7 +12,8 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 from msgspec.structs import replace
@@ -172,40 +173,37 @@ def build_parser() -> argparse.ArgumentParser:
     # Not required here: parse() says what is missing or unknown, with the usage of the command
     # it was typed for (argparse would answer `reaper --bogus` with "COMMAND is required").
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    scan = sub.add_parser(
+    command = partial(sub.add_parser, formatter_class=argparse.RawDescriptionHelpFormatter)
+    scan = command(
         "scan",
         help="report which resources are live, orphaned or pending; changes nothing on the node",
         description="Read-only pass: report which container-network resources are leaked.",
         epilog=SCAN_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_options(scan, ("paths", "output"))
-    reap = sub.add_parser(
+    reap = command(
         "reap",
         help="one pass that reclaims every orphan: plugin DEL, then direct kernel cleanup; verified",
         description="Scan, then reclaim what is orphaned: the plugins' DEL the way a runtime should have run "
         "it, then direct cleanup in the kernel for what DEL left; then look again and report what is gone.",
         epilog=REAP_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_options(reap, ("paths", "reap", "output"))
-    run = sub.add_parser(
+    run = command(
         "run",
         help="the node agent: a pass every --interval, Prometheus metrics and health on --listen",
         description="Run passes forever (report-only scans by default, reclaiming with --mode reap), serving "
         "/metrics, /healthz and /readyz. SIGTERM or SIGINT: the step under way finishes, no new one starts, exit 0.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_options(run, ("paths", "reap", "agent"), skip=REAP_ONLY)
-    doctor = sub.add_parser(
+    doctor = command(
         "doctor",
         help="check everything the reaper needs on this node: runtimes, dirs, namespaces, plugins",
         description="One line a check: ok, warn or fail, with the fix. Changes nothing.",
         epilog=DOCTOR_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_options(doctor, ("paths", "output"), skip=DOCTOR_UNUSED)
-    explain = sub.add_parser(
+    explain = command(
         "explain",
         help="why one container, pod, address, veth or pin got its verdict: every resource and the evidence",
         description="Look at the node as `scan` does (counting no pass of its own) and show, for each "
@@ -213,7 +211,6 @@ def build_parser() -> argparse.ArgumentParser:
         "listed, whose namespace it is and who is inside, what earlier passes counted, and what a "
         "reclaim would run.",
         epilog=EXPLAIN_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     explain.add_argument(
         "target",
@@ -435,8 +432,7 @@ def _reap(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     from reaper.doctor import doctor_json, doctor_table, run_checks  # noqa: PLC0415
 
-    layout = detect_layout(proc="/proc")
-    settings = with_pod_cidrs(settings_from(args, layout=layout))
+    settings, layout = _settings(args)
     _warn_dirs(settings, setup_logging(settings.log_format, "warning"))
     setup_logging(settings.log_format, "error")  # the checks say the rest, one line each
     view = liveness_from(settings).observe({})
@@ -488,29 +484,28 @@ def _explain(args: argparse.Namespace) -> int:
     return EXIT_CLEAN if found else EXIT_ORPHANS
 
 
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "scan": _scan,
+    "reap": _reap,
+    "run": _run,
+    "doctor": _doctor,
+    "explain": _explain,
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parse(parser, sys.argv[1:] if argv is None else list(argv))
+    run = COMMANDS.get(args.command or "")
     try:
-        if args.command == "scan":
-            return _scan(args)
-        if args.command == "reap":
-            return _reap(args)
-        if args.command == "run":
-            return _run(args)
-        if args.command == "doctor":
-            return _doctor(args)
-        if args.command == "explain":
-            return _explain(args)
-    except (SettingsError, HostUnseen) as err:
+        if run is not None:
+            return run(args)
+    except (SettingsError, HostUnseen, LockUnusable) as err:
         print(f"reaper: {err}", file=sys.stderr)
         return EXIT_UNDECIDED
     except LockBusy as err:
         print(f"reaper: {err}", file=sys.stderr)
         return EXIT_LOCKED
-    except LockUnusable as err:
-        print(f"reaper: {err}", file=sys.stderr)
-        return EXIT_UNDECIDED
     except KeyboardInterrupt:
         return 130
     parser.error(f"unknown command {args.command}")

@@ -31,7 +31,6 @@ from reaper.runtime.discovery import KNOWN_SOCKETS, open_socket
 from reaper.settings import Settings
 
 Status = Literal["ok", "warn", "fail"]
-STATUSES: tuple[Status, ...] = ("ok", "warn", "fail")
 
 # Plugins whose DEL talks to a daemon on the node: the socket must be reachable from where the
 # reaper runs (in the chart: mounted), or their DEL fails and what they hold off the node stays.

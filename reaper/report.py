@@ -137,8 +137,7 @@ def report_table(report: ScanReport) -> str:
         group = [a for a in report.attachments if a.verdict == verdict]
         if not group:
             continue
-        lines.append("")
-        lines.append(f"{verdict.upper()} ({len(group)})")
+        lines += ["", f"{verdict.upper()} ({len(group)})"]
         lines.append(f"  {'CONTAINER':<13} {'NETWORK':<20} {'IF':<6} {'OWNER':<7} {'AGE':>5}  RESOURCES / REASON")
         for a in group:
             lines.append(
@@ -148,39 +147,29 @@ def report_table(report: ScanReport) -> str:
             )
             lines.append(f"  {'':<13} {'':<20} {'':<6} {'':<7} {'':>5}  ({a.reason})")
     if report.stuck_sandboxes:
-        lines.append("")
-        lines.append(f"STUCK SANDBOXES ({len(report.stuck_sandboxes)}): NOTREADY, kept by the runtime")
+        lines += ["", f"STUCK SANDBOXES ({len(report.stuck_sandboxes)}): NOTREADY, kept by the runtime"]
         for s in report.stuck_sandboxes:
             held = _resources_text(s.resources) or "nothing"
             lines.append(f"  {s.id[:13]:<13} {s.namespace}/{s.name}  {format_duration(s.age_seconds)}  holds: {held}")
     if report.corrupt:
-        lines.append("")
-        lines.append(f"CORRUPT OR UNREADABLE FILES ({sum(c.count for c in report.corrupt)})")
-        for c in report.corrupt:
-            lines.append(f"  {c.kind:<7} {c.path}: {c.error}")
+        lines += ["", f"CORRUPT OR UNREADABLE FILES ({sum(c.count for c in report.corrupt)})"]
+        lines += [f"  {c.kind:<7} {c.path}: {c.error}" for c in report.corrupt]
     if report.errors:
-        lines.append("")
-        lines.append(f"SOURCES THAT FAILED ({len(report.errors)})")
-        for e in report.errors:
-            lines.append(f"  {e.source}: {e.error}")
+        lines += ["", f"SOURCES THAT FAILED ({len(report.errors)})"]
+        lines += [f"  {e.source}: {e.error}" for e in report.errors]
     if report.ranges:
-        lines.append("")
-        lines.append("IPAM RANGES")
+        lines += ["", "IPAM RANGES"]
         for r in report.ranges:
             pct = 100.0 * r.used / r.size if r.size else 0.0
             lines.append(f"  {r.network:<20} {r.range:<28} {r.used:>6}/{r.size:<6} {pct:5.1f}% used")
     if report.unconfirmed:
-        lines.append("")
-        lines.append(f"UNCONFIRMED, NEVER TOUCHED ({len(report.unconfirmed)}): their key matches no attachment")
-        for u in report.unconfirmed:
-            lines.append(f"  {u.resource.kind:<8} {_elide(u.resource.name)}: {u.why}")
+        lines += ["", f"UNCONFIRMED, NEVER TOUCHED ({len(report.unconfirmed)}): their key matches no attachment"]
+        lines += [f"  {u.resource.kind:<8} {_elide(u.resource.name)}: {u.why}" for u in report.unconfirmed]
     if report.foreign_pins:
-        lines.append("")
         names = ", ".join(p.name for p in report.foreign_pins)
-        lines.append(f"NOT CNI'S, NEVER TOUCHED ({len(report.foreign_pins)} netns): {names}")
-    lines.append("")
+        lines += ["", f"NOT CNI'S, NEVER TOUCHED ({len(report.foreign_pins)} netns): {names}"]
     summary = ", ".join(f"{v} {report.count(v)}" for v in VERDICTS)
-    lines.append(f"attachments: {summary}")
+    lines += ["", f"attachments: {summary}"]
     return "\n".join(lines)
 
 

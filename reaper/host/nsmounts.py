@@ -86,7 +86,7 @@ from msgspec import Struct
 
 from reaper.host.confined import libc, open_beneath, parts_beneath
 from reaper.host.mounts import MountLine, parse_line
-from reaper.host.procs import EveryNamespaceBusy, busy_namespaces
+from reaper.host.procs import EveryNamespaceBusy, busy_namespaces, listed_pids
 from reaper.host.userns import owners_at, owners_of
 from reaper.model import NsKey
 
@@ -445,12 +445,7 @@ class _View(Struct, frozen=True):
 def _walk(proc: str, parsed: ParsedMountinfo) -> tuple[list[_View], tuple[str, ...]]:
     """Each mount namespace's mounts of namespaces, in the order read, and the notes of what
     was left out (walk_mounts). Mount namespaces that show the same text share one parse."""
-    entries = os.listdir(proc)
-    pids = sorted((entry for entry in entries if entry.isdigit()), key=int)
-    if not pids:
-        raise OSError(errno.EIO, f"{proc} lists no process")
-    if str(os.getpid()) not in pids:
-        raise OSError(errno.EIO, f"{proc} does not list this process (pid {os.getpid()})")
+    pids = sorted(listed_pids(proc), key=int)
     read: set[int] = set()
     pins: dict[int, _Pinned] = {}  # mount namespaces pinned on a file
     views: list[_View] = []

@@ -20,6 +20,17 @@ def netns_members(proc: str = "/proc") -> dict[NsKey, set[int]]:
     return namespace_members("net", proc)
 
 
+def listed_pids(proc: str) -> list[str]:
+    """The pids `proc` lists; OSError when it cannot be listed, lists no process, or does not
+    list this one (which is running, so a /proc without it is not this node's process table)."""
+    pids = [entry for entry in os.listdir(proc) if entry.isdigit()]
+    if not pids:
+        raise OSError(errno.EIO, f"{proc} lists no process")
+    if str(os.getpid()) not in pids:
+        raise OSError(errno.EIO, f"{proc} does not list this process (pid {os.getpid()})")
+    return pids
+
+
 def namespace_members(ns_type: str, proc: str = "/proc") -> dict[NsKey, set[int]]:
     """Map every namespace of `ns_type` (net, ipc, uts, pid, user: a name under
     /proc/<pid>/ns) some task is in to the pids of those tasks' processes.
@@ -27,19 +38,11 @@ def namespace_members(ns_type: str, proc: str = "/proc") -> dict[NsKey, set[int]
     Read from /proc directly: a thread can setns() on its own, so every task of a
     many-threaded process counts.
 
-    OSError when the walk cannot be whole: /proc cannot be listed, lists no process, or does
-    not list this one (which is running, so a /proc without it is not this node's whole
-    process table). An empty answer would read as "no process in any namespace", which is
-    what lets a namespace go.
+    OSError when the walk cannot be whole (listed_pids): an empty answer would read as "no
+    process in any namespace", which is what lets a namespace go.
     """
     members: dict[NsKey, set[int]] = {}
-    entries = os.listdir(proc)  # OSError: no walk at all
-    pids = [entry for entry in entries if entry.isdigit()]
-    if not pids:
-        raise OSError(errno.EIO, f"{proc} lists no process")
-    if str(os.getpid()) not in pids:
-        raise OSError(errno.EIO, f"{proc} does not list this process (pid {os.getpid()})")
-    for entry in pids:
+    for entry in listed_pids(proc):
         pid = int(entry)
         base = f"{proc}/{entry}"
         seen: set[tuple[int, int]] = set()
