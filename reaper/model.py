@@ -50,7 +50,9 @@ class Holder(Struct, frozen=True, kw_only=True):
     # A plugin this reaper started (its own DEL): the only process that does not make a netns
     # busy. A plugin someone else started is an ADD or DEL of the runtime's, in progress.
     reapers_own: bool = False
-    started_at: float = 0.0  # the process's start time: with the pid, who it is
+    # A plugin's start time: with the pid, who it is (what "the reaper's own" rests on); 0.0
+    # for any other process, whose start time decides nothing.
+    started_at: float = 0.0
 
     @property
     def keeps_netns_busy(self) -> bool:

@@ -114,3 +114,31 @@ def test_members_of_any_namespace_type_are_walked_as_the_netns_ones_are() -> Non
         assert os.getpid() in procs.namespace_members(ns_type)[NsKey(st.st_dev, st.st_ino)]
     with pytest.raises(OSError):
         procs.namespace_members("ipc", "/nonexistent-proc")
+
+
+def test_a_resident_is_told_by_its_exe_and_comm_and_a_long_name_still_comes_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A look describes every process of every pod: a resident (no plugin) is told from two
+    reads of /proc, without psutil, unless /proc may have cut its name."""
+    long_name = tmp_path / "resident-with-a-long-name"
+    shutil.copy("/bin/sleep", long_name)
+    short = subprocess.Popen(["sleep", "30"])
+    long = subprocess.Popen([str(long_name), "30"])
+    asked: list[int] = []
+    facts = procs.process_facts
+
+    def counted(pid: int) -> procs.ProcessFacts | None:
+        asked.append(pid)
+        return facts(pid)
+
+    monkeypatch.setattr(procs, "process_facts", counted)
+    try:
+        held = describe([short.pid, long.pid], (str(tmp_path / "bin"),))
+    finally:
+        for proc in (short, long):
+            proc.kill()
+            proc.wait()
+    assert held[short.pid] == Holder(pid=short.pid, comm="sleep", is_cni_plugin=False)
+    assert held[long.pid].comm == long_name.name and not held[long.pid].is_cni_plugin
+    assert short.pid not in asked and long.pid in asked
