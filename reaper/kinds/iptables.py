@@ -34,7 +34,7 @@ _PREFIX: dict[Family, str] = {"ipv4": "iptables", "ipv6": "ip6tables"}
 _LEGACY_TABLES: dict[Family, str] = {"ipv4": "/proc/net/ip_tables_names", "ipv6": "/proc/net/ip6_tables_names"}
 
 
-class IptablesChain(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class IptablesChain(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, gc=False):
     """A per-attachment nat chain a CNI plugin made, and the rules that jump to it."""
 
     family: Literal["ipv4", "ipv6"]

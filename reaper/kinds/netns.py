@@ -21,7 +21,7 @@ from reaper.model import CorruptFile, DetailValue, Done, Identity, NetnsTie, NsK
 from reaper.names import is_runtime_netns_name
 
 
-class NetnsPin(Struct, frozen=True, kw_only=True):
+class NetnsPin(Struct, frozen=True, kw_only=True, gc=False):
     """A file under a netns dir, normally a bind mount of a network namespace."""
 
     name: str
