@@ -36,7 +36,7 @@ from reaper.model import (
 _Key = tuple[str | None, str | None, str | None, str | None]
 
 
-class ResourceGroup(Struct, frozen=True, kw_only=True):
+class ResourceGroup(Struct, frozen=True, kw_only=True, gc=False):
     """Resources that belong to one attachment, before any verdict."""
 
     key: AttachmentKey

@@ -148,7 +148,7 @@ class NodeSnapshot(Struct, frozen=True, kw_only=True):
 # ------------------------------------------------------------------ joining
 
 
-class OwnKey(Struct, frozen=True, kw_only=True):
+class OwnKey(Struct, frozen=True, kw_only=True, gc=False):
     """The resource carries a whole attachment key (container ID, network, ifname): it makes
     an attachment of its own. `netns` is the namespace it names, when it names one."""
 
@@ -159,7 +159,7 @@ class OwnKey(Struct, frozen=True, kw_only=True):
     uninspectable_netns: str | None = None  # a netns path it names that cannot be inspected
 
 
-class ContainerTie(Struct, frozen=True):
+class ContainerTie(Struct, frozen=True, gc=False):
     """The resource carries a container ID (and perhaps a network) but no ifname: it joins that
     container's primary attachment."""
 
@@ -167,7 +167,7 @@ class ContainerTie(Struct, frozen=True):
     network: str | None = None
 
 
-class NetnsTie(Struct, frozen=True):
+class NetnsTie(Struct, frozen=True, gc=False):
     """A netns pin: it joins whoever owns its namespace, or stands alone."""
 
     ns: NsKey | None  # None: a stale file with no namespace on it
@@ -175,7 +175,7 @@ class NetnsTie(Struct, frozen=True):
     runtime_named: bool
 
 
-class PeerTie(Struct, frozen=True):
+class PeerTie(Struct, frozen=True, gc=False):
     """A host veth: it joins the attachment whose pinned namespace holds its peer, and no
     other (names repeat: some plugins name a veth after the pod, not the sandbox)."""
 
@@ -183,7 +183,7 @@ class PeerTie(Struct, frozen=True):
     peer_netns: NsKey | None
 
 
-class Claim(Struct, frozen=True):
+class Claim(Struct, frozen=True, gc=False):
     """The resource names its owner by a key that makes no attachment of its own (a container
     ID; a hash of one): it joins an attachment other resources make, one whose key matches, or
     stands `unconfirmed`, never reclaimed."""
@@ -193,7 +193,7 @@ class Claim(Struct, frozen=True):
     key: str | None = None  # the kind's own key of an attachment (its Kind.key_of)
 
 
-class BesidePin(Struct, frozen=True):
+class BesidePin(Struct, frozen=True, gc=False):
     """The resource is one of a sandbox's other pins, named as its netns pin is (CRI-O's ipc,
     uts and user pins beside `<namespaces_dir>/netns/<uuid>`): it joins whatever attachment the
     netns pin at `netns_path` joins, or, with no such pin, stands unconfirmed, never reclaimed."""
@@ -201,7 +201,7 @@ class BesidePin(Struct, frozen=True):
     netns_path: str
 
 
-class HeldTie(Struct, frozen=True):
+class HeldTie(Struct, frozen=True, gc=False):
     """A network namespace a mount holds outside the netns dirs: it joins the attachment of its
     namespace (its pin's, or the one a sandbox or cache entry names), or stands alone, named by
     `path` (a way to it through a holder's root), and the host veth whose peer is in it joins it."""
@@ -264,7 +264,7 @@ class RuntimeView(Struct, frozen=True, kw_only=True):
 # ---------------------------------------------------------------- reconcile
 
 
-class ResourceRef(Struct, frozen=True, kw_only=True):
+class ResourceRef(Struct, frozen=True, kw_only=True, gc=False):
     """A resource as an attachment lists it."""
 
     kind: ResourceKind
@@ -279,7 +279,7 @@ class ResourceRef(Struct, frozen=True, kw_only=True):
         return self.details.get(key)
 
 
-class AttachmentKey(Struct, frozen=True, order=True):
+class AttachmentKey(Struct, frozen=True, order=True, gc=False):
     """(container ID, network, ifname); a pin tied to no container is keyed by its path."""
 
     container_id: str | None
@@ -293,7 +293,7 @@ class AttachmentKey(Struct, frozen=True, order=True):
         return f"{self.container_id}/{self.network or ''}/{self.ifname or ''}"
 
 
-class Attachment(Struct, frozen=True, kw_only=True):
+class Attachment(Struct, frozen=True, kw_only=True, gc=False):
     """The resources of one (container ID, network, ifname), with the verdict on them."""
 
     key: AttachmentKey
@@ -308,7 +308,7 @@ class Attachment(Struct, frozen=True, kw_only=True):
     waits_for: tuple[str, ...] = ()
 
 
-class AttachmentHistory(Struct, frozen=True):
+class AttachmentHistory(Struct, frozen=True, gc=False):
     """What earlier passes saw of an attachment, for the grace rules."""
 
     first_seen: float

@@ -15,6 +15,7 @@ from reaper.kinds import cache, heldns
 from reaper.model import (
     Attachment,
     AttachmentHistory,
+    DetailValue,
     ForeignPin,
     Holder,
     NetworkConfig,
@@ -124,7 +125,7 @@ def reconcile(
             else:
                 streak, counted_at, too_soon = _counted(previous, policy, now)
                 verdict, reason = _unowned_verdict(age, streak, policy, too_soon)
-        pod = _pod(group)
+        pod, made_by = _pod_and_owner(group)
         network = group.key.network
         excluded = None
         if verdict in UNOWNED:
@@ -133,7 +134,6 @@ def reconcile(
             # Counted afresh once the exclusion goes: it is then judged as any new attachment.
             verdict, reason, streak, counted_at = "excluded", f"{excluded} (else {verdict}: {reason})", 0, None
         new_history[text_key] = AttachmentHistory(first_seen, streak, counted_at)
-        owner = _owner(group)
         attachments.append(
             Attachment(
                 key=group.key,
@@ -142,7 +142,7 @@ def reconcile(
                 verdict=verdict,
                 reason=reason,
                 age_seconds=age,
-                owner=owner,
+                owner=made_by,
                 pod=pod,
             )
         )
@@ -248,13 +248,17 @@ def _unowned_verdict(age: float, streak: int, policy: Policy, too_soon: float | 
 UNOWNED: tuple[Verdict, ...] = ("orphan", "pending")  # the verdicts an exclusion takes over
 
 
-def _pod(group: ResourceGroup) -> str | None:
-    """The pod ("namespace/name") the attachment's cache entries name, when they name one."""
-    said = {str(pod) for ref in group.resources if (pod := ref.detail("pod")) is not None}
-    return said.pop() if len(said) == 1 else None
-
-
-def _owner(group: ResourceGroup) -> Owner:
-    """Whose runtime made the attachment, by what its cache entries say; cri wins over other."""
-    said = {ref.detail("owner") for ref in group.resources if ref.kind == cache.KIND.name}
-    return "cri" if "cri" in said else "other" if "other" in said else "unknown"
+def _pod_and_owner(group: ResourceGroup) -> tuple[str | None, Owner]:
+    """The pod ("namespace/name") the attachment's cache entries name, when they name one; and
+    whose runtime made the attachment, by what they say (cri wins over other). One walk of
+    its resources for both."""
+    pods: set[str] = set()
+    said: set[DetailValue] = set()
+    for ref in group.resources:
+        pod = ref.details.get("pod")
+        if pod is not None:
+            pods.add(str(pod))
+        if ref.kind == cache.KIND.name:
+            said.add(ref.details.get("owner"))
+    owner: Owner = "cri" if "cri" in said else "other" if "other" in said else "unknown"
+    return (pods.pop() if len(pods) == 1 else None), owner

@@ -80,11 +80,15 @@ class OutputMemo:
     """What a command's output parsed to last pass: an output whose `key` (the whole text, or
     the text less what the parse never reads) is the same as last pass's is not parsed again.
     An exact comparison, so nothing can be stale. Results not used in a pass are forgotten at
-    its end."""
+    its end.
+
+    Also what several kinds read together, once a look (`once_a_pass`): forgotten when the
+    pass starts and when it ends, so no pass takes another's reads."""
 
     def __init__(self) -> None:
         self._previous: dict[str, tuple[str, object]] = {}
         self._current: dict[str, tuple[str, object]] = {}
+        self._this_pass: dict[str, object] = {}
 
     def parsed(self, name: str, key: str, parse: Callable[[], T]) -> T:
         hit = self._previous.get(name)
@@ -92,8 +96,19 @@ class OutputMemo:
         self._current[name] = (key, value)
         return cast(T, value)
 
+    def once_a_pass(self, name: str, make: Callable[[], T]) -> T:
+        """What `make` gave the first time `name` was asked for this pass: a read the kinds share,
+        such as every table's `iptables-save` run side by side (reaper.kinds.iptables.SaveRound)."""
+        if name not in self._this_pass:
+            self._this_pass[name] = make()
+        return cast(T, self._this_pass[name])
+
+    def start_pass(self) -> None:
+        self._this_pass.clear()
+
     def end_pass(self) -> None:
         self._previous, self._current = self._current, {}
+        self._this_pass.clear()
 
 
 class InventoryMemo:
@@ -123,6 +138,7 @@ class InventoryMemo:
     def start_pass(self) -> None:
         for memo in self._memos.values():
             memo.start_pass()
+        self.outputs.start_pass()
 
     def end_pass(self) -> None:
         for memo in self._memos.values():

@@ -29,7 +29,7 @@ def in_host_mount_namespace() -> bool:
 _ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
-class MountLine(Struct, frozen=True):
+class MountLine(Struct, frozen=True, gc=False):
     """The fields of one line of /proc/<pid>/mountinfo the reaper uses."""
 
     mount_id: int

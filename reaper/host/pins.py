@@ -77,13 +77,15 @@ def is_namespace_fd(fd: int) -> bool:
 def look_at(dir_fd: int, name: str, nsfs: int | None) -> tuple[os.stat_result, bool]:
     """The pin's stat, and whether a namespace is mounted on it: an inode on the device of this
     process's own namespace is one (one filesystem has the device at a time); anything else is
-    asked its filesystem's magic (a statfs per pin, which the common case never needs)."""
+    asked its filesystem's magic (a statfs per pin, which the common case never needs). The
+    stat follows no symlink and, as a look through an O_PATH fd would, what is mounted there;
+    the fd is opened only for that statfs, and the answer is then its own stat's."""
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if nsfs is not None and st.st_dev == nsfs:
+        return st, True
     fd = open_pin(dir_fd, name)
     try:
-        st = os.fstat(fd)
-        if nsfs is not None and st.st_dev == nsfs:
-            return st, True
-        return st, is_namespace_fd(fd)
+        return os.fstat(fd), is_namespace_fd(fd)
     finally:
         os.close(fd)
 

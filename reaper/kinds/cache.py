@@ -49,7 +49,7 @@ RESULT_SUBDIRS = ("results", "cache/results", "multus/results")
 _HEX_ID = re.compile(r"[0-9a-f]{64}")
 
 
-class CacheEntry(Struct, frozen=True, kw_only=True):
+class CacheEntry(Struct, frozen=True, kw_only=True, gc=False):
     """A libcni result cache file."""
 
     path: str

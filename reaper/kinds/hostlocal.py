@@ -49,7 +49,7 @@ _NOT_LEASES = ("lock",)
 _RESERVED_PREFIX = "last_reserved_ip."
 
 
-class HostLocalLease(Struct, frozen=True, kw_only=True):
+class HostLocalLease(Struct, frozen=True, kw_only=True, gc=False):
     """One host-local IPAM allocation file: `<data dir>/<network>/<ip>`."""
 
     network: str

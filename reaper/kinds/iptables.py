@@ -16,7 +16,7 @@ import shutil
 import subprocess
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from typing import Literal, Protocol, TypeVar
+from typing import Literal, NamedTuple, Protocol, TypeVar
 
 from msgspec import Struct
 
@@ -34,7 +34,7 @@ _PREFIX: dict[Family, str] = {"ipv4": "iptables", "ipv6": "ip6tables"}
 _LEGACY_TABLES: dict[Family, str] = {"ipv4": "/proc/net/ip_tables_names", "ipv6": "/proc/net/ip6_tables_names"}
 
 
-class IptablesChain(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class IptablesChain(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, gc=False):
     """A per-attachment nat chain a CNI plugin made, and the rules that jump to it."""
 
     family: Literal["ipv4", "ipv6"]
@@ -237,6 +237,80 @@ class OnBackend(Protocol):
 B = TypeVar("B", bound=OnBackend)
 
 
+# The tables a look reads: the firewall kind's (filter) and this kind's (nat).
+LOOK_TABLES = ("filter", "nat")
+_ROUND = "iptables-save"  # the name of a look's SaveRound in the OutputMemo
+
+
+class Saves(NamedTuple):
+    """One table's `iptables-save` outputs, each with the tools that printed it, and what failed."""
+
+    outputs: list[tuple[IptablesTools, str]]
+    errors: list[SourceError]
+
+
+def run_saves(tables: Sequence[str], timeout: float) -> dict[str, Saves]:
+    """`iptables-save -t TABLE` of every family and backend for each of `tables`, all run side
+    by side, each output read whole."""
+    by_table: dict[str, Saves] = {}
+    running: list[tuple[str, IptablesTools, subprocess.Popen[str]]] = []
+    try:
+        for table in tables:
+            saves = by_table[table] = Saves([], [])
+            tools = iptables_tools(table)
+            if not any(t.family == "ipv4" for t in tools):
+                saves.errors.append(SourceError("iptables-save", "not installed"))
+            for tool in tools:
+                try:
+                    proc = subprocess.Popen(
+                        [tool.save, "-t", table],
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        text=True,
+                        errors="replace",
+                    )
+                except OSError as err:
+                    saves.errors.append(SourceError(tool.save, str(err)))
+                    continue
+                running.append((table, tool, proc))
+        for table, tool, proc in running:
+            saves, command = by_table[table], os.path.basename(tool.save)
+            try:
+                out, said = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                saves.errors.append(SourceError(command, f"timed out after {timeout:.0f}s"))
+                continue
+            if proc.returncode != 0:
+                msg = (said.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+                # A kernel without the table for this family has nothing of ours in it.
+                if "does not exist" not in msg:
+                    saves.errors.append(SourceError(command, msg))
+                continue
+            saves.outputs.append((tool, out))
+    finally:
+        for _, _, proc in running:  # what timed out, or is left after an error
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return by_table
+
+
+class SaveRound:
+    """A look's saves of every table in LOOK_TABLES, run side by side by the first kind that
+    reads one; each table's outputs are handed out once (a second find of the same table in
+    one pass saves that table again, as it is then)."""
+
+    def __init__(self, timeout: float) -> None:
+        self._timeout = timeout
+        self._left: dict[str, Saves] | None = None
+
+    def take(self, table: str) -> Saves:
+        if self._left is None:
+            self._left = run_saves(LOOK_TABLES if table in LOOK_TABLES else (table,), self._timeout)
+        taken = self._left.pop(table, None)
+        return taken if taken is not None else run_saves((table,), self._timeout)[table]
+
+
 def saved(
     kind: str,
     table: str,
@@ -244,55 +318,24 @@ def saved(
     timeout: float,
     memo: OutputMemo | None,
 ) -> tuple[list[B], list[SourceError]]:
-    """`iptables-save -t TABLE` of every family and backend, run side by side, each output
-    parsed. With a memo (a long-running agent's, carried from pass to pass in memory), an
-    output that is the same as last pass's but for its time stamps is not parsed again: an
-    exact comparison of what the parse reads, so nothing is stale. Reclaiming never acts on
-    these records alone: it saves afresh before any delete."""
-    errors: list[SourceError] = []
-    running: list[tuple[IptablesTools, subprocess.Popen[str]]] = []
-    tools = iptables_tools(table)
-    if not any(t.family == "ipv4" for t in tools):
-        errors.append(SourceError("iptables-save", "not installed"))
+    """`iptables-save -t TABLE` of every family and backend, each output parsed. With a memo
+    (every look has one), the saves of every table the look reads run side by side once a
+    pass (SaveRound), and an output that is the same as last pass's but for its time stamps is
+    not parsed again (the agent's memo, carried from pass to pass in memory): an exact
+    comparison of what the parse reads, so nothing is stale. Reclaiming never acts on these
+    records alone: it saves afresh before any delete."""
+    if memo is None:
+        saves = run_saves((table,), timeout)[table]
+    else:
+        saves = memo.once_a_pass(_ROUND, functools.partial(SaveRound, timeout)).take(table)
     records: list[B] = []
-    try:
-        for tool in tools:
-            try:
-                proc = subprocess.Popen(
-                    [tool.save, "-t", table],
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    errors="replace",
-                )
-            except OSError as err:
-                errors.append(SourceError(tool.save, str(err)))
-                continue
-            running.append((tool, proc))
-        for tool, proc in running:
-            command = os.path.basename(tool.save)
-            try:
-                out, said = proc.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                errors.append(SourceError(command, f"timed out after {timeout:.0f}s"))
-                continue
-            if proc.returncode != 0:
-                msg = (said.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-                # A kernel without the table for this family has nothing of ours in it.
-                if "does not exist" not in msg:
-                    errors.append(SourceError(command, msg))
-                continue
-            parse_out = functools.partial(parse, out, tool)
-            if memo is None:
-                records.extend(parse_out())
-            else:
-                records.extend(memo.parsed(f"{kind}:{tool.save} -t {table}", without_stamps(out), parse_out))
-    finally:
-        for _, proc in running:  # what timed out, or is left after an error
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    return records, errors
+    for tool, out in saves.outputs:
+        parse_out = functools.partial(parse, out, tool)
+        if memo is None:
+            records.extend(parse_out())
+        else:
+            records.extend(memo.parsed(f"{kind}:{tool.save} -t {table}", without_stamps(out), parse_out))
+    return records, list(saves.errors)
 
 
 # A line iptables-save writes itself, before and after each table, with the time in it.

@@ -29,7 +29,7 @@ class Pin(NamedTuple):
     path: str
 
 
-class NetnsPin(Struct, frozen=True, kw_only=True):
+class NetnsPin(Struct, frozen=True, kw_only=True, gc=False):
     """A file under a netns dir, normally a bind mount of a network namespace."""
 
     name: str

@@ -25,7 +25,7 @@ UNPIN_GRACE = 2.0  # seconds the kernel gets to drop the veths of namespaces jus
 _POLL = 0.05
 
 
-class VethLink(Struct, frozen=True, kw_only=True):
+class VethLink(Struct, frozen=True, kw_only=True, gc=False):
     """A veth in the netns the reaper runs in (the host side of a pod's pair)."""
 
     ifindex: int

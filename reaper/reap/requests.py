@@ -271,6 +271,12 @@ def kept_state(
     return ", ".join(chain)[:200] if chain else None
 
 
+def could_wait(attachment: Attachment, registry: Registry = REGISTRY) -> bool:
+    """Whether all that is left of the attachment are the files a DEL needs (the `last` kinds'),
+    with no namespace: the only orphans waits_for_plugin may name."""
+    return attachment.netns is None and all(ref.kind in registry.last for ref in attachment.resources)
+
+
 def waits_for_plugin(
     attachment: Attachment,
     records: Records,
@@ -286,8 +292,7 @@ def waits_for_plugin(
     no plugin runs this pass (--method kernel). Such an orphan is reported but takes no place
     under --max-reap, so that any number of them (forged, or a plugin gone for good) never
     holds back the leaks that can be reclaimed."""
-    last = registry.last
-    if attachment.netns is not None or not all(ref.kind in last for ref in attachment.resources):
+    if not could_wait(attachment, registry):
         return None
     what = kept_state(attachment, records, configs, None)
     if what is None:

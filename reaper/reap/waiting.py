@@ -17,7 +17,7 @@ from msgspec.structs import replace
 
 from reaper.kinds.registry import REGISTRY, Registry
 from reaper.model import NodeSnapshot, ScanReport
-from reaper.reap.requests import index, orphan_trust, stateful_chain, waits_for_plugin
+from reaper.reap.requests import could_wait, index, orphan_trust, stateful_chain, waits_for_plugin
 
 
 def mark_waiting(
@@ -34,8 +34,8 @@ def mark_waiting(
     --method kernel (no DEL runs at all); `gone_here`: the sandboxes a runtime of this node
     listed to this process and lists no more (reaper.runtime.listed; none in a one-shot)."""
     orphans = [a for a in report.attachments if a.verdict == "orphan"]
-    if not orphans:
-        return report
+    if not any(could_wait(a, registry) for a in orphans):
+        return report  # every orphan holds a namespace or more than a DEL needs: none waits
     records = index(snapshot, registry)
     configs = snapshot.configs
     trust = orphan_trust(snapshot, records, orphans, allow_plugins, gone_here=gone_here, registry=registry)

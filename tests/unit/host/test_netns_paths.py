@@ -7,9 +7,13 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import example
+from hypothesis import given as for_any
+from hypothesis import strategies as st
 
-from reaper.host.netns_paths import GONE, NetnsPlaces, cached_stat
+from reaper.host.netns_paths import GONE, NAME_MAX, PATH_MAX, NetnsPlaces, _not_plain, cached_stat
 from reaper.model import NsKey
+from tests.harness.fuzz import FUZZ
 
 
 @pytest.fixture
@@ -143,3 +147,48 @@ def test_cached_stat_agrees_with_lstat(netns_dir: Path) -> None:
         assert cached_stat(fd, "", follow=False).ino == os.stat(netns_dir).st_ino
     finally:
         os.close(fd)
+
+
+def _not_plain_by_normpath(path: str) -> str | None:
+    """The refusal as os.fsencode and os.path.normpath give it: what _not_plain must answer."""
+    try:
+        size = len(os.fsencode(path))
+    except UnicodeEncodeError:
+        return "not looked at: not a path (an unencodable character)"
+    if "\0" in path:
+        return "not looked at: not a path (a NUL)"
+    if size >= PATH_MAX:
+        return f"not looked at: {size} bytes, longer than any path"
+    if not path.startswith("/") or os.path.normpath(path) != path or path.startswith("//"):
+        return "not looked at: not a plain absolute path"
+    if len(os.fsencode(os.path.basename(path))) > NAME_MAX:
+        return "not looked at: a name longer than any file's"
+    return None
+
+
+_PARTS = st.sampled_from(["", ".", "..", "...", "a", "cni-1", "\u00e9", "\udcff", "\0", "x" * 255, "\u00e9" * 128])
+
+
+@FUZZ
+@for_any(st.lists(_PARTS, max_size=6).map("/".join) | st.text(alphabet="/.a\u00e9\udcff\0", max_size=12))
+@example("/")
+@example("//a")
+@example("///a")
+@example("/a/")
+@example("/a/../b")
+@example("/a/./b")
+@example("/" + "a/" * 2047 + "b")
+@example("/" + "\u00e9" * 128)
+@example("/" + "\u00e9" * 127 + "a")
+def test_a_path_is_refused_as_normpath_and_fsencode_would_refuse_it(path: str) -> None:
+    assert _not_plain(path) == _not_plain_by_normpath(path)
+    assert _not_plain("/" + path) == _not_plain_by_normpath("/" + path)
+
+
+def test_a_pin_is_looked_up_by_its_dirname_and_basename(netns_dir: Path) -> None:
+    (netns_dir / "cni-1").write_text("")
+    with NetnsPlaces([str(netns_dir)]) as places:
+        assert places.look(f"{netns_dir}/cni-1").key is not None
+        assert places.look(f"{netns_dir}/cni-2") == GONE
+        assert places.look("/cni-1").refused is not None  # the root is no netns dir
+        assert places.look(f"{netns_dir}x/cni-1").refused is not None

@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import pytest
 from msgspec.structs import replace
 
 from reaper.kinds import cache
@@ -18,6 +19,7 @@ from reaper.model import (
     Attachment,
     AttachmentKey,
     NodeSnapshot,
+    NsKey,
     RuntimeAnswer,
     RuntimeView,
     Sandbox,
@@ -195,3 +197,20 @@ def test_a_calico_leftover_waits_where_no_runtime_was_seen_to_list_it(tmp_path: 
     assert _verdict(scan_pass(settings, unanswered, LOG, kept=down), cid) == "unknown"
     # Answered again: the listing remembered before the outage still proves it.
     assert _verdict(scan_pass(settings, unanswered, LOG, kept=down), cid) == "orphan"
+
+
+def test_orphans_that_hold_a_namespace_are_marked_without_weighing_the_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only an orphan with no namespace, all of whose records a DEL needs, can wait: when no
+    orphan is such, the report stands as it is and the node's trust is never built."""
+    snapshot, report = _node(tmp_path, {"a" * 64: KINDNET}, CILIUM)
+    held = replace(report, attachments=tuple(replace(a, netns=NsKey(1, 2)) for a in report.attachments))
+
+    def weighed(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the node's trust was built")
+
+    monkeypatch.setattr("reaper.reap.waiting.orphan_trust", weighed)
+    assert mark_waiting(held, snapshot) is held
+    with pytest.raises(AssertionError, match="trust was built"):  # one that can wait: weighed
+        mark_waiting(report, snapshot)
