@@ -13,6 +13,7 @@ from reaper.model import Holder, NsKey
 
 MAX_ANCESTRY = 64  # parents walked to tell whether the reaper started a process
 COMM_MAX = 15  # the kernel's TASK_COMM_LEN less its NUL: a longer name is cut in /proc
+CMDLINE_BYTES = 4096  # of a command line read for its first argument
 PROC_PID_INIT_INO = 0xEFFFFFFC  # the kernel's fixed inode number of the initial PID namespace
 
 
@@ -128,19 +129,34 @@ def describe(pids: Iterable[int], bin_dirs: tuple[str, ...]) -> dict[int, Holder
 
 
 def _resident(pid: int, real_dirs: tuple[str, ...]) -> Holder | None:
-    """The process as no CNI plugin, when its executable's path says so and /proc names it
-    whole: two reads, where psutil's facts cost a stat parse and more (a look describes every
-    process of every pod). None: a plugin, a name /proc may have cut at 15 characters, or a
-    process that cannot be read so; the caller asks psutil (process_facts) then."""
+    """The process as no CNI plugin, when its executable's path says so, named as psutil names
+    it: two or three reads, where psutil's facts cost a stat parse and more (a look describes
+    every process of every pod). None: a plugin, or a process that cannot be read so; the
+    caller asks psutil (process_facts) then."""
     try:
         exe = os.readlink(f"/proc/{pid}/exe")  # what psutil's exe() reads
         with open(f"/proc/{pid}/comm", "rb") as file:
-            comm = os.fsdecode(file.read().removesuffix(b"\n"))  # psutil's name() when under 15
+            comm = os.fsdecode(file.read().removesuffix(b"\n"))
+        if not exe or os.path.dirname(exe) in real_dirs:
+            return None
+        name = _whole_name(pid, comm) if len(comm) >= COMM_MAX else comm
     except OSError:
         return None
-    if not exe or os.path.dirname(exe) in real_dirs or len(comm) >= COMM_MAX:
+    return None if name is None else Holder(pid=pid, comm=name, is_cni_plugin=False)
+
+
+def _whole_name(pid: int, cut: str) -> str | None:
+    """The name /proc cut at 15 characters, whole as psutil's name() gives it: the base name of
+    the first argument, when it starts with the cut one; else the cut one. None when psutil
+    could read the command line otherwise (empty, or a first argument with a space: a process
+    that rewrote its command line, which psutil splits at spaces)."""
+    with open(f"/proc/{pid}/cmdline", "rb") as file:
+        data = file.read(CMDLINE_BYTES)
+    first, nul, _ = data.partition(b"\0")
+    if not nul or not first or b" " in first:
         return None
-    return Holder(pid=pid, comm=comm, is_cni_plugin=False)
+    whole = os.path.basename(os.fsdecode(first))
+    return whole if whole.startswith(cut) else cut
 
 
 def _started_by(facts: ProcessFacts, ancestor: tuple[int, float]) -> bool:

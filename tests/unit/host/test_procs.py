@@ -116,15 +116,17 @@ def test_members_of_any_namespace_type_are_walked_as_the_netns_ones_are() -> Non
         procs.namespace_members("ipc", "/nonexistent-proc")
 
 
-def test_a_resident_is_told_by_its_exe_and_comm_and_a_long_name_still_comes_whole(
+def test_a_resident_is_told_from_proc_without_psutil_and_named_as_psutil_names_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A look describes every process of every pod: a resident (no plugin) is told from two
-    reads of /proc, without psutil, unless /proc may have cut its name."""
+    """A look describes every process of every pod: a resident (no plugin) is told from /proc's
+    exe link, comm and, for a name /proc cut, the command line's first argument. A command line
+    psutil would split otherwise (a first argument with a space) is left to psutil."""
     long_name = tmp_path / "resident-with-a-long-name"
     shutil.copy("/bin/sleep", long_name)
     short = subprocess.Popen(["sleep", "30"])
     long = subprocess.Popen([str(long_name), "30"])
+    rewritten = subprocess.Popen(["bash", "-c", f'exec -a "{long_name}: worker" {long_name} 30'])
     asked: list[int] = []
     facts = procs.process_facts
 
@@ -134,11 +136,14 @@ def test_a_resident_is_told_by_its_exe_and_comm_and_a_long_name_still_comes_whol
 
     monkeypatch.setattr(procs, "process_facts", counted)
     try:
-        held = describe([short.pid, long.pid], (str(tmp_path / "bin"),))
+        time.sleep(0.2)  # bash has exec'd
+        held = describe([short.pid, long.pid, rewritten.pid], (str(tmp_path / "bin"),))
+        by_psutil = facts(rewritten.pid)
     finally:
-        for proc in (short, long):
+        for proc in (short, long, rewritten):
             proc.kill()
             proc.wait()
     assert held[short.pid] == Holder(pid=short.pid, comm="sleep", is_cni_plugin=False)
-    assert held[long.pid].comm == long_name.name and not held[long.pid].is_cni_plugin
-    assert short.pid not in asked and long.pid in asked
+    assert held[long.pid] == Holder(pid=long.pid, comm=long_name.name, is_cni_plugin=False)
+    assert short.pid not in asked and long.pid not in asked
+    assert by_psutil is not None and held[rewritten.pid].comm == by_psutil.comm and rewritten.pid in asked
