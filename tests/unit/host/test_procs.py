@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -147,3 +148,36 @@ def test_a_resident_is_told_from_proc_without_psutil_and_named_as_psutil_names_i
     assert held[long.pid] == Holder(pid=long.pid, comm=long_name.name, is_cni_plugin=False)
     assert short.pid not in asked and long.pid not in asked
     assert by_psutil is not None and held[rewritten.pid].comm == by_psutil.comm and rewritten.pid in asked
+
+
+def test_a_process_that_names_itself_a_plugin_is_no_plugin_and_a_huge_first_argument_is_psutils(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any user sets its own comm and command line: a name is only words in a reason. A comm
+    that calls itself a plugin (with a newline in it) does not make a plugin; a first argument
+    longer than the bounded read goes to psutil, which names it as before."""
+    renamed = subprocess.Popen(
+        [sys.executable, "-c", "open('/proc/self/comm', 'w').write('bridge\\nloopback'); import time; time.sleep(30)"]
+    )
+    sleeper = tmp_path / "resident-with-a-long-name"
+    shutil.copy("/bin/sleep", sleeper)
+    huge = subprocess.Popen(["bash", "-c", f'exec -a "{"a" * 10_000}" {sleeper} 30'])
+    asked: list[int] = []
+    facts = procs.process_facts
+
+    def counted(pid: int) -> procs.ProcessFacts | None:
+        asked.append(pid)
+        return facts(pid)
+
+    monkeypatch.setattr(procs, "process_facts", counted)
+    try:
+        time.sleep(0.5)  # the comm is written, bash has exec'd
+        held = describe([renamed.pid, huge.pid], (str(tmp_path / "bin"),))
+        by_psutil = facts(huge.pid)
+    finally:
+        for proc in (renamed, huge):
+            proc.kill()
+            proc.wait()
+    assert held[renamed.pid] == Holder(pid=renamed.pid, comm="bridge\nloopback", is_cni_plugin=False)
+    assert by_psutil is not None and held[huge.pid].comm == by_psutil.comm == "resident-with-a"
+    assert not held[huge.pid].is_cni_plugin and huge.pid in asked and renamed.pid not in asked
