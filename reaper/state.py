@@ -1,32 +1,11 @@
-"""The state file: what earlier passes saw, so a one-shot run counts confirmations too.
+"""The state file: what earlier passes saw, so that a one-shot run counts confirmations too.
 
-Its dir is the reaper's own, but whoever can write it must gain nothing. The file is read as
-every other input is: decoded into a fixed shape (no other key, no other type), capped in
-size and in entries, each key and value checked by the rules its source obeys (container IDs
-by the CNI rule, netns paths absolute, normalized and free of NUL, times finite, counts
-bounded). A file with one entry that breaks a rule is set aside whole, with a warning, and
-confirmations start over: the reaper writes only entries its reader takes (save_state drops
-any other), so a refused entry is someone else's doing or damage, and the rest of that file
-is no better vouched for. Setting aside costs confirmations, never a wrong verdict.
-
-A count rises at most once a spacing (half of --interval, reaper.reconcile): the file keeps,
-beside each attachment's count, when it last rose (0: not since it was owned), so one-shots run
-seconds apart (a hand `scan`, then `reap --dry-run`) are one look, not two. A version 2 file
-(without those times) is still read: its next pass counts, as it did then.
-
-The agent reads the file once, at its first pass, and then counts from what it saved itself,
-kept in memory (KeptState). What the file can still say is bounded where it is used: on a pass
-that counts, a count carried from it never stands for more than `confirmations - 1` passes
-(reaper.reconcile); a pass too soon after the last counted one holds the count (never above
-`confirmations`) and adds none. Either way no verdict is given without this pass's own look
-finding no owner, and a time after the pass (first seen, last counted) is taken as its own.
-
-The file holds no runtime's answer: a sandbox's netns comes from its runtime's PodSandboxStatus
-in every run (a path planted in the file once stood in for the runtime's own, and no status was
-asked). The agent remembers the answers in memory (KeptState.sandbox_netns), where no one else
-writes. The `sandbox_netns` key older versions wrote is still taken, and ignored whatever it
-holds; it is no longer written.
-"""
+Whoever can write its dir must gain nothing: it is decoded into a fixed shape, capped, and each
+entry checked by the rule its source obeys; one bad entry sets the whole file aside (only
+confirmations are lost, never a verdict made wrong). A count from it never stands for more than
+`confirmations - 1` passes (reaper.reconcile), and it holds no runtime's answer. The argument,
+attacker by attacker: SECURITY.md, "The state file"; the versions: docs/design.md, "In depth:
+the core, state and what is reported"."""
 
 from __future__ import annotations
 
@@ -49,8 +28,7 @@ from reaper.runtime.listed import ListedHere
 
 STATE_VERSION = 3
 OLDER_VERSION = 2  # attachments as [first_seen, orphan_streak]: read, never written
-# A node's state is a few hundred bytes a pod (2,500 attachments: about 300 KB); the cap keeps
-# what a forged file can make this process hold small beside the chart's memory limit.
+# 2,500 attachments are about 300 KB: the cap keeps a forged file small beside the memory limit.
 MAX_STATE_BYTES = 8 << 20
 MAX_ENTRIES = 50_000  # in each map
 MAX_STREAK = 1 << 20  # consecutive passes: far more than any --confirmations
@@ -66,8 +44,7 @@ class State(Struct, frozen=True):
     attachments: Mapping[str, AttachmentHistory]
     # sandbox ID -> when first listed, for sandboxes whose runtime reports no creation time
     sandbox_first_seen: Mapping[str, float]
-    # A one-shot's textfile counters so far, by sample (`name{labels}`): each run adds its own,
-    # so they only grow from run to run, as Prometheus' increase() needs; reset with the file.
+    # A one-shot's textfile counters so far, by sample (`name{labels}`), summed run to run.
     counters: Mapping[str, float] = {}
 
 
@@ -79,25 +56,20 @@ class StateError(Exception):
 
 
 class KeptState:
-    """What a long-running agent's last pass saved, kept in memory: its next pass counts from
-    this, not from the file, which others may have rewritten in between. Only the first pass
-    after a start reads the file (its counts bounded as every loaded count is)."""
+    """What the agent's last pass saved, in memory: its next pass counts from this, not from the
+    file others may have rewritten; only its first pass reads the file."""
 
     def __init__(self) -> None:
         self.state: State | None = None
-        # Sandbox.status_key -> the netns path its runtime's PodSandboxStatus gave, so that the
-        # agent asks once per sandbox (by ID and creation time); only ever in this process.
+        # Sandbox.status_key -> the netns path PodSandboxStatus gave: asked once per sandbox.
         self.sandbox_netns: Mapping[str, str] = {}
-        # The sandboxes the node's runtimes listed to this process (reaper.runtime.listed): what
-        # proves a container ID was this node's. Memory only: never read from or written to the
-        # file, which others may write.
+        # What the runtimes listed to this process (reaper.runtime.listed); never in the file.
         self.listed = ListedHere()
 
 
 class _Doc(Struct, forbid_unknown_fields=True):
-    """The file as written: key -> [first_seen, orphan_streak, last counted (0: none)], and the
-    sandboxes' first-seen times. `sandbox_netns`: older versions' cache of runtime answers,
-    taken and never read."""
+    """The file: key -> [first_seen, orphan_streak, last counted (0: none)], the sandboxes'
+    first-seen times; `sandbox_netns` (older versions' runtime answers) is taken, never read."""
 
     version: int
     attachments: dict[str, tuple[float, int, float]] = {}
@@ -117,8 +89,6 @@ class _OlderDoc(Struct, forbid_unknown_fields=True):
 
 
 class _Version(Struct):
-    """Only the version, to know which shape to read the file as."""
-
     version: int
 
 
@@ -188,10 +158,8 @@ def _why_refused(doc: _Doc) -> str | None:
 
 
 def load_state(path: str) -> tuple[State, str | None]:
-    """The saved state, or an empty one and a warning when the file is missing or unusable.
-
-    An unusable file only costs confirmations (they start again), never a wrong verdict.
-    """
+    """The saved state, or an empty one and a warning when the file is missing or unusable
+    (which costs confirmations, never a wrong verdict)."""
     try:
         raw, _ = read_beneath(os.path.dirname(path), path, MAX_STATE_BYTES)
     except FileNotFoundError:
@@ -216,9 +184,8 @@ def load_state(path: str) -> tuple[State, str | None]:
 
 
 def _set_aside(path: str) -> str:
-    """Keep an unusable state file for a look (the next save writes a new one). A directory is
-    never moved: one at the state file's path is a mistyped --state-file (/var/lib/cni), and
-    moving it would take whatever it holds away from its owner."""
+    """Keep an unusable state file for a look. A directory is never moved: it is a mistyped
+    --state-file (/var/lib/cni), and moving it would take what it holds from its owner."""
     aside = f"{path}.corrupt"
     try:
         if stat.S_ISDIR(os.lstat(path).st_mode):
@@ -230,18 +197,14 @@ def _set_aside(path: str) -> str:
 
 
 def _counted_at(history: AttachmentHistory) -> float:
-    """When the attachment's count last rose, as written: 0 for none (or for a time no reader
-    would take: that count then rises on the next pass, as a new one's does)."""
+    """When the count last rose, as written: 0 for none or for a time no reader would take."""
     when = history.counted_at
     return when if when is not None and _is_time(when) else 0.0
 
 
 def save_state(path: str, state: State) -> None:
-    """Write atomically: a temp file in the same dir, fsync, rename. Mode 0600.
-
-    Only entries load_state takes are written (a sandbox ID no CNI ID rule allows, a count past
-    MAX_STREAK, entries past MAX_ENTRIES in key order): the reaper never sets aside its own
-    file. An entry left out costs that attachment's or sandbox's count, never a wrong verdict."""
+    """Write atomically (temp file, fsync, rename), mode 0600, only entries load_state takes
+    (the first MAX_ENTRIES in key order): the reaper never sets aside its own file."""
     attachments = sorted(
         (k, [v.first_seen, min(v.orphan_streak, MAX_STREAK), _counted_at(v)])
         for k, v in state.attachments.items()
@@ -251,7 +214,6 @@ def save_state(path: str, state: State) -> None:
     counters = sorted((k, v) for k, v in state.counters.items() if counter_fits(k, v))
     doc = {
         "version": STATE_VERSION,
-        # key -> [first_seen, orphan_streak, last counted]: compact, a node can have thousands.
         "attachments": dict(attachments[:MAX_ENTRIES]),
         "sandbox_first_seen": dict(first_seen[:MAX_ENTRIES]),
         "counters": dict(counters[:MAX_COUNTERS]),
