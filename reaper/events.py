@@ -1,26 +1,12 @@
-"""Kubernetes Events on the agent's own Node, so `kubectl describe node` and `kubectl events`
-show what the reaper did there: `LeaksReclaimed` (Normal) after a pass that freed something,
-with counts by kind and the pods' namespace/name from their cache entries' CNI_ARGS;
-`BreakerOpen` (Warning) for a pass the breaker refused; `IPRangeNearlyFull` (Warning) for a
-host-local range over 90% leased; `SandboxStuck` (Warning) for NOTREADY sandboxes listed as
-stuck.
+"""Kubernetes Events on the agent's own Node (`LeaksReclaimed`, `BreakerOpen`,
+`IPRangeNearlyFull`, `SandboxStuck`), so that `kubectl describe node` shows what the reaper did.
 
-They are events.k8s.io/v1 Events, the API client-go's current recorder writes: it requires the
-reporting controller and instance and an action, and its `series` is a defined place for
-repeats. Like the kubelet's Node Events they live in the `default` namespace (--events-namespace
-names another: the chart's events.namespace) and name the Node with its name as UID, which is how
-`kubectl describe node` finds them, in whichever namespace; no `get` on the Node is needed.
-
-What an Event is comes from the pass's result and nothing else (`pass_events`, pure). Sending it
-is off the pass's path: the agent hands the pass's Events to a bounded queue and goes on; one
-thread posts them. An API that is down, slow or refusing costs that thread its deadline and the
-agent one log line until it answers again; a full queue drops the newest pass's Events. Nothing
-about the pass (its outcome, report, metrics, exit) ever depends on an Event.
-
-Aggregated as client-go's recorder does it, more sparingly: an Event whose key (its reason and
-what it is about) was posted less than a window ago is not posted again; it is counted, and its
-`series` (count, last seen) is patched at most once a window. A pass sends at most a few Events.
-"""
+What an Event says comes from the pass's result alone (`pass_events`, pure). Sending is off the
+pass's path: a bounded queue and one poster thread, so an API that is down, slow or refusing
+costs a log line, never the pass's outcome, report, metrics or exit. Repeats within a window are
+counted into the Event's `series`. What operators see: docs/reference.md, "The agent in full";
+why events.k8s.io/v1 and how Events are named and aggregated: docs/design.md, "In depth: the
+core, state and what is reported"."""
 
 from __future__ import annotations
 
@@ -60,12 +46,9 @@ class NodeEvent(Struct, frozen=True, kw_only=True):
 
     reason: str
     type: EventType
-    action: str  # events.k8s.io's machine-readable verb: what the reaper did or refused
+    action: str  # events.k8s.io's machine-readable verb
     note: str
-    key: str  # what makes two Events the same one, for aggregation: the reason and its subject
-
-
-# ----------------------------------------------------------------------------- what to say
+    key: str  # what makes two Events the same one: the reason and its subject
 
 
 def _cut(text: str, limit: int = MAX_NOTE) -> str:
@@ -148,9 +131,6 @@ def pass_events(result: ReapResult | ScanResult, *, limit: int = MAX_PER_PASS) -
     return tuple(events[:limit])
 
 
-# ----------------------------------------------------------------------------- sending
-
-
 class _Series(Struct, kw_only=True):
     """An Event posted, and its repeats since."""
 
@@ -161,8 +141,8 @@ class _Series(Struct, kw_only=True):
 
 
 def _micro_time(at: float) -> datetime.datetime:
-    """`at` for a MicroTime field. The API parses one with exactly six fractional digits, and
-    msgspec writes none for a whole second: such a time is moved on by a microsecond."""
+    """`at` for a MicroTime field: the API wants six fractional digits, which msgspec omits for
+    a whole second, so such a time is moved on by a microsecond."""
     moment = datetime.datetime.fromtimestamp(at, datetime.UTC)
     return moment if moment.microsecond else moment.replace(microsecond=1)
 
@@ -173,10 +153,8 @@ def _micro_text(at: float) -> str:
 
 
 class EventPoster:
-    """Posts the Node's Events from a thread of its own; `submit` never waits.
-
-    `connect` makes the API client (the service account is read then, in this thread); a client
-    whose token was refused is made again once, for the kubelet rotates the token."""
+    """Posts the Node's Events from a thread of its own; `submit` never waits. `connect` makes
+    the API client (reading the service account, in that thread)."""
 
     def __init__(
         self,
@@ -207,8 +185,6 @@ class EventPoster:
         self.thread = threading.Thread(target=self._run, name="events", daemon=True)
         self.thread.start()
 
-    # ------------------------------------------------------------------ the pass's side
-
     def submit(self, result: ReapResult | ScanResult) -> None:
         """Hand a pass's Events to the poster; never raises, never waits."""
         try:
@@ -233,8 +209,6 @@ class EventPoster:
         with contextlib.suppress(queue.Full):
             self.queue.put_nowait(None)
         self.thread.join(timeout)
-
-    # ------------------------------------------------------------------ the poster's side
 
     def _run(self) -> None:
         while (item := self.queue.get()) is not None:
@@ -287,8 +261,7 @@ class EventPoster:
         return True
 
     def _call(self, write: Callable[[Client], str]) -> str:
-        """`write` with the client (made when there is none); once more with a new client after
-        a 401, for a rotated token."""
+        """`write` with the client; once more with a new one after a 401 (a rotated token)."""
         from reaper.kubeclient import status_of  # noqa: PLC0415
 
         if self.client is None:
@@ -310,8 +283,7 @@ class EventPoster:
         from lightkube.models.meta_v1 import ObjectMeta  # noqa: PLC0415
         from lightkube.resources.events_v1 import Event  # noqa: PLC0415
 
-        # As client-go names them: the object's name, a dot, the time in hex nanoseconds (a name
-        # cut short must still end in a letter or digit).
+        # As client-go names them: object name, dot, hex nanoseconds (ending in a letter or digit).
         name = f"{self.node[:236].rstrip('-.')}.{time.time_ns():x}"
         body = Event(
             metadata=ObjectMeta(name=name, namespace=self.namespace),

@@ -1,10 +1,7 @@
-"""Where the pod's Kubernetes API is and its service account's credentials, read as the reaper
-reads every input: the token and the CA bounded and never blocking on a FIFO (the kubelet
-writes them, but a hostPath mistake must not wedge a pass), the token checked before it goes
-into a header, the CA parsed before it is trusted. Only in-cluster access is used: the agent runs
-in a pod, and a kubeconfig on the node is an admin's, not the reaper's. The client itself is
-reaper.kubeclient, imported only by what talks to the API (it costs every other start).
-"""
+"""Where the pod's Kubernetes API is, and its service account's credentials, read as every input
+is: bounded, never blocking on a FIFO, the token checked before it goes into a header, the CA
+parsed before it is trusted. In-cluster access only: a kubeconfig on the node is an admin's.
+The client itself is reaper.kubeclient, imported only by what talks to the API."""
 
 from __future__ import annotations
 

@@ -1,22 +1,17 @@
 """A lightkube client for the pod's service account (reaper.kubeapi), for the pod-CIDR lookup
 (reaper.podcidr) and the Node's Events (reaper.events).
 
-lightkube speaks the API: paths, typed resources (msgspec Structs, as the reaper's own
-records), status errors. What this module adds is what the reaper asks of every input: the
-server is verified with the service account's CA alone, no proxy or CA comes from the
-environment, every answer is cut off past a size by a transport that counts the bytes as they
-arrive, so a broken or hostile server costs no more memory than a bounded file does, and every
-call has one deadline for the whole of it: httpx's timeouts bound each read, so a server that
-sends a byte now and then would hold a call (and the agent's start-up, which waits for the
-pod-CIDR lookup) for as long as it likes. The transport's own network backend gives every
-connect, TLS handshake, read and write only what is left of the call's deadline.
-"""
+What it adds to lightkube: the server verified with the service account's CA alone, no proxy or
+CA from the environment, every answer cut off past a size as it arrives, and one deadline for
+each whole call (connect, TLS handshake, every read and write), not one per read; why:
+docs/design.md, "In depth: the core, state and what is reported"."""
 
 from __future__ import annotations
 
 import ssl
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpcore2 as httpcore
@@ -79,7 +74,6 @@ class _DeadlineStream(httpcore.NetworkStream):
     def start_tls(
         self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
     ) -> httpcore.NetworkStream:
-        # CPython's do_handshake holds one deadline of the socket's timeout for the whole handshake.
         left = self.deadline.left(timeout, httpcore.ConnectTimeout)
         return _DeadlineStream(self.inner.start_tls(ssl_context, server_hostname, left), self.deadline)
 
@@ -126,23 +120,16 @@ _HTTPCORE_FAILURES = (
 )
 
 
+@dataclass
 class _BoundedStream(httpx.SyncByteStream):
     """A response body that stops with AnswerTooLarge once more than `limit` bytes came, read
     within the call's deadline; closing it closes the call's connection."""
 
-    def __init__(
-        self,
-        inner: Iterable[bytes],
-        limit: int,
-        pool: httpcore.ConnectionPool,
-        request: httpx.Request,
-        deadline: _Deadline,
-    ) -> None:
-        self.inner = inner
-        self.limit = limit
-        self.pool = pool
-        self.request = request
-        self.deadline = deadline
+    inner: Iterable[bytes]
+    limit: int
+    pool: httpcore.ConnectionPool
+    request: httpx.Request
+    deadline: _Deadline
 
     def __iter__(self) -> Iterator[bytes]:
         got = 0
@@ -164,15 +151,14 @@ class _BoundedStream(httpx.SyncByteStream):
             self.pool.close()
 
 
+@dataclass
 class _BoundedTransport(httpx.BaseTransport):
-    """httpcore's connection pool, verifying with the service account's CA, one per call: its
-    network backend holds the call's deadline (`whole` seconds from the call's start, for the
-    connect, the handshake, the request and the whole answer), and the body is bounded."""
+    """A new httpcore pool per call, verifying with the service account's CA, whose backend holds
+    the call's deadline (`whole` seconds, connect to last byte); the body is bounded."""
 
-    def __init__(self, context: ssl.SSLContext, limit: int, whole: float) -> None:
-        self.context = context
-        self.limit = limit
-        self.whole = whole
+    context: ssl.SSLContext
+    limit: int
+    whole: float
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         assert isinstance(request.stream, Iterable)  # a sync client's body
@@ -209,15 +195,12 @@ class _BoundedTransport(httpx.BaseTransport):
 
 
 def api_client(sa: ServiceAccount, *, timeout: float = API_TIMEOUT, max_answer: int = MAX_ANSWER_BYTES) -> Client:
-    """A lightkube Client with `sa`'s token, each call bounded by `timeout` (one deadline for the
-    whole call: its connect, handshake and every byte of its answer), each answer by
-    `max_answer`. The token is the one read into `sa`: after a 401 (the kubelet rotates it),
-    make a new client from a fresh reaper.kubeapi.service_account."""
+    """A lightkube Client with `sa`'s token, each whole call bounded by `timeout`, each answer by
+    `max_answer`. After a 401 (a rotated token), make a new one from a fresh service_account."""
     context = ssl.create_default_context()
     context.load_verify_locations(cadata=sa.ca_pem)
-    # A transport given to httpx replaces the one it would make from the config's CA: the
-    # config names the CA file only so lightkube's own context, made and unused, loads that
-    # file rather than the system's store.
+    # The transport replaces httpx's own; the CA file is named so that lightkube's unused
+    # context loads it rather than the system's store.
     config = KubeConfig.from_one(
         cluster=Cluster(server=sa.server, certificate_auth=sa.ca_path), user=User(token=sa.token), namespace="default"
     )
