@@ -1,4 +1,6 @@
-"""The agent's HTTP endpoints: /metrics, /healthz and /readyz."""
+"""The agent's HTTP endpoints: /metrics, /healthz and /readyz, GET only, with bounded connections,
+a deadline per connection and a bounded request head (SECURITY.md, "Floods of the metrics port";
+the bounds' sources: docs/design.md, "In depth: the core, state and what is reported")."""
 
 from __future__ import annotations
 
@@ -20,29 +22,20 @@ from prometheus_client import CONTENT_TYPE_LATEST
 NOT_FOUND = b"not found: try /metrics, /healthz, /readyz\n"
 MAX_CONNECTIONS = 32  # served at once from other addresses; more are closed at once (a scraper needs one or two)
 PER_CLIENT = 4  # at once from one other address
-# Served at once from the node's own address, apart from the MAX_CONNECTIONS: the kubelet's
-# liveness and readiness probes come from there, and a host elsewhere cannot connect from it, so
-# no number of other addresses takes these slots.
+# From the node's own address, apart from MAX_CONNECTIONS: the kubelet's probes, which no other
+# host can connect from.
 NODE_CONNECTIONS = 8
 REQUEST_DEADLINE = 5.0  # seconds a connection has, in all, to send its request and take the answer
 _WATCH_EVERY = 0.25
-# What one request may send, read before anything else and never past these bounds (the stock
-# handler takes 100 header lines of 64 KiB each: 6.4 MiB held a connection until the deadline).
-# Prometheus sends Host, User-Agent, Accept (a few hundred bytes), Accept-Encoding and
-# X-Prometheus-Scrape-Timeout-Seconds, and Authorization when a token is configured
-# (prometheus/prometheus scrape/scrape.go, targetScraper.scrape); the kubelet's probe sends Host,
-# User-Agent, Accept, Connection and the probe's own httpHeaders.
+# What one request may send, read before the stock parser (which takes 6.4 MiB of headers).
 MAX_REQUEST_LINE = 8 * 1024  # bytes of "GET /path?query HTTP/1.1\r\n"; past it: 414
 MAX_HEADER_BYTES = 8 * 1024  # bytes of all header lines together, the blank line after them included; past it: 431
 MAX_HEADERS = 32  # header lines; past it: 431
 
 
 def from_own_address(conn: socket.socket, client: str) -> bool:
-    """Whether the connection comes from the very address it reached: what the kernel picks when
-    a process on this node (the kubelet probing a hostNetwork pod at its pod IP, the node's)
-    connects to one of the node's addresses without choosing a source. Another host cannot make
-    such a connection: the kernel drops a packet that arrives from outside with one of the node's
-    own addresses as its source, and the answer to one would stay on the node."""
+    """Whether the connection comes from the very address it reached: a process on this node
+    (the kubelet's probe), since the kernel drops outside packets with a local source."""
     try:
         return str(conn.getsockname()[0]) == client
     except OSError:  # already reset: served as anyone's
@@ -90,21 +83,13 @@ def read_head(stream: io.BufferedIOBase) -> RequestHead | None:
 
 
 class _BoundedServer(ThreadingHTTPServer):
-    """A thread per connection, but never more than MAX_CONNECTIONS of them from other addresses,
-    PER_CLIENT from one address, and NODE_CONNECTIONS from the node's own address; each cut off
-    REQUEST_DEADLINE after it was accepted whatever it sends (a per-read timeout would restart
-    with every byte a slow client drips). A flood of idle or dripping connections from any number
-    of addresses costs a bounded number of threads for a few seconds, and the kubelet's probes,
-    from the node's own address, have slots no other address can take. Each connection's request
-    is read within MAX_REQUEST_LINE and MAX_HEADER_BYTES (see read_head), so every slot held costs
-    a few tens of KiB, whatever a client sends."""
+    """A thread per connection, at most MAX_CONNECTIONS from other addresses, PER_CLIENT from
+    one, NODE_CONNECTIONS from the node's own; each cut off REQUEST_DEADLINE after it was
+    accepted, whatever it sends (a per-read timeout restarts with every byte dripped)."""
 
     daemon_threads = True
     max_connections = MAX_CONNECTIONS
-    # The listen backlog. Connections turned away wait here to be accepted and closed; while it is
-    # full the kernel drops every new SYN, the kubelet's too (its connect then waits for a
-    # retransmission), so it holds a burst far above the slots (the kernel caps it at
-    # net.core.somaxconn).
+    # Turned-away connections wait here to be closed; a full backlog drops the kubelet's SYN too.
     request_queue_size = 4096
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
@@ -165,11 +150,9 @@ class _BoundedServer(ThreadingHTTPServer):
                 self._own -= 1
                 return
             self._others -= 1
-            left = self._per_client.get(client, 1) - 1
-            if left:
-                self._per_client[client] = left
-            else:
-                self._per_client.pop(client, None)
+            self._per_client[client] = self._per_client.get(client, 1) - 1
+            if not self._per_client[client]:
+                del self._per_client[client]
 
     def _cut_off_late(self) -> None:
         while not self._closing.wait(_WATCH_EVERY):
@@ -198,8 +181,8 @@ def _handler(metrics: Callable[[], bytes], readiness: Check, health: Check) -> t
         timeout = REQUEST_DEADLINE
 
         def handle_one_request(self) -> None:
-            """One request a connection (HTTP/1.0), its head read within the bounds before the
-            stock parser sees it; a method other than GET is answered 501 and its body never read."""
+            """One request a connection, its head read within the bounds before the stock
+            parser sees it; another method than GET is answered 501, its body never read."""
             self.close_connection = True
             try:
                 head = read_head(self.rfile)
@@ -250,8 +233,7 @@ def _handler(metrics: Callable[[], bytes], readiness: Check, health: Check) -> t
 
 
 class ListenError(Exception):
-    """The endpoints cannot listen at HOST:PORT; the message says why (the OS's error and its
-    name) and what to give instead, one line for the operator who set --listen."""
+    """The endpoints cannot listen at HOST:PORT; one line: the OS's error, its name, the fix."""
 
 
 # What to give instead, by the OS's error on bind (socket.gaierror's are EAI_*, negative).
@@ -283,8 +265,7 @@ def listen_problem(err: OSError) -> str:
 
 
 class HealthServer:
-    """Serves the endpoints on a thread of its own until closed. Raises ListenError when it
-    cannot listen."""
+    """Serves the endpoints on a thread of its own until closed; ListenError if it cannot listen."""
 
     def __init__(
         self,

@@ -1,17 +1,10 @@
 """Prometheus metrics, named for what they count; one registry per process, no globals.
 
-What a node costs a Prometheus is its series, times the fleet's nodes; so only series that can
-mean something are exported. A counter's label pair exists at 0 before its first count (or
-increase() would miss that count), but only where it can move: a reclaim counter only in reap
-mode, only for a method that can free its kind (the kind's own knowledge: `reclaim_methods`),
-and only from the first pass that sees that kind orphaned or pending (the pass before it can be
-freed). A gauge's label pair appears when its count first leaves 0 (absent reads as 0 to sums
-and to `> 0`), and stays at 0 after. `_created` samples are not exported (see `_Exposed`).
-
-A `network` label's values come from files others can write (the conf dir, cache entries), and
-each value is a series Prometheus keeps for as long as it is scraped: NetworkLabels bounds them,
-so that a writer who makes a thousand networks makes no more series than the cap.
-"""
+Only series that can mean something are exported: a counter's label pair exists at 0 before its
+first count (or increase() would miss it) only where it can move, a gauge's appears once its
+value first leaves 0, and no `_created` samples. The `network` label's values come from files
+others can write, so NetworkLabels caps them. The rules in full: docs/reference.md, "Metrics in
+full"."""
 
 from __future__ import annotations
 
@@ -39,15 +32,13 @@ from reaper.names import is_cni_id
 PASS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 Mode = Literal["scan", "reap"]
-# Verdicts of an attachment the reaper may come to reclaim: a kind seen in one gets its reclaim
-# counters then, at least a pass before it can be freed (a pending one becomes an orphan later).
+# A kind seen in these gets its reclaim counters then, at least a pass before it can be freed.
 RECLAIMABLE_VERDICTS = frozenset(("orphan", "pending"))
 
 
 def reclaim_methods(kind: Kind[Any]) -> tuple[ReclaimMethod, ...]:
-    """The methods that can free the kind's records, from what the kind says of itself: none
-    for one the reaper never frees (reaper.kinds.heldns); a plugin's DEL only for what plugins make
-    (`del_frees`); the kernel path for the rest; the quarantine for the files it keeps."""
+    """The methods that can free the kind's records, by what the kind says of itself: none for
+    heldns (never freed), DEL if `del_frees`, the kernel, the quarantine if `quarantinable`."""
     if kind.name == heldns.NAME:
         return ()
     methods: list[ReclaimMethod] = ["cni-del"] if kind.del_frees else []
@@ -58,23 +49,19 @@ def reclaim_methods(kind: Kind[Any]) -> tuple[ReclaimMethod, ...]:
 
 
 METHODS_OF: dict[str, tuple[ReclaimMethod, ...]] = {k.name: reclaim_methods(k) for k in REGISTRY.kinds}
-# The kinds whose records can be orphans the reaper frees: those with a method that frees them.
 ORPHAN_KINDS: tuple[str, ...] = tuple(name for name, methods in METHODS_OF.items() if methods)
 
 
 PREFIX = "cni_reaper_"
 
-# The network label: at most this many networks of the conf dirs by name, in a process's life;
-# every other network counts under OTHER_NETWORK, an attachment with none (a lone netns pin)
-# under NO_NETWORK. Neither can be a network's name: those start with a letter or digit.
+# At most this many conf-dir networks by name in a process's life; the rest count under
+# OTHER_NETWORK, no network (a lone pin) under NO_NETWORK: no network's name starts with "_".
 MAX_NETWORK_LABELS = 32
 OTHER_NETWORK = "_other"
 NO_NETWORK = "_none"
 
-# The `plugin` label of waiting attachments (the first plugin of the chain that keeps state):
-# a stateful CNI by its plugin type, any other name (a config may say anything) under
-# OTHER_PLUGIN. A `waiting` attachment is only files a DEL needs, so only the kinds of those
-# get a `resources{verdict="waiting"}` series (a series exists once its pair occurs).
+# The `plugin` label of waiting attachments: a stateful CNI by its type, any other name (a
+# config may say anything) under OTHER_PLUGIN.
 WAITING_PLUGINS = frozenset(
     {
         "calico", "calico-ipam", "cilium-cni", "aws-cni", "kindnet", "multus", "multus-shim", "whereabouts",
@@ -91,8 +78,7 @@ def waiting_plugin(attachment: Attachment) -> str:
 
 
 def installed_version() -> str:
-    """The installed distribution's version, as `reaper --version` says it; "unknown" when the
-    package is run from a tree that was never installed."""
+    """The installed distribution's version (`reaper --version`); "unknown" from a bare tree."""
     from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
 
     try:
@@ -102,10 +88,9 @@ def installed_version() -> str:
 
 
 class NetworkLabels:
-    """The `network` label value of each network: its own name while the conf dirs define it
-    and it is one of the first MAX_NETWORK_LABELS names given out (in name order, pass by pass);
-    OTHER_NETWORK for the rest. A name once given out keeps its place, so a series never
-    changes meaning, and the values stay at most `cap` + 2 for as long as the process runs."""
+    """The `network` label of each network: its name while the conf dirs define it and it is
+    one of the first `cap` given out (in name order, pass by pass), else OTHER_NETWORK. A name
+    given out keeps its place: at most `cap` + 2 values for the process's life."""
 
     def __init__(self, cap: int = MAX_NETWORK_LABELS) -> None:
         self._cap = cap
@@ -128,8 +113,7 @@ class NetworkLabels:
 
 
 def _age(attachment: Attachment, created_at: float | None, now: float) -> float:
-    """A resource's age: since its own timestamp, else (the kernel keeps none: a veth) its
-    attachment's age, as the report shows it."""
+    """A resource's age: since its own timestamp, else (a veth) its attachment's."""
     return attachment.age_seconds if created_at is None else max(0.0, now - created_at)
 
 
@@ -142,9 +126,7 @@ def _counter(registry: CollectorRegistry, name: str, text: str, *labels: str) ->
 
 
 class _SeenGauge:
-    """A labelled gauge whose label sets appear when their value first leaves 0 and then stay
-    (at 0 when there is none): a series Prometheus keeps only where something was ever seen,
-    and no gap in it once it is there."""
+    """A labelled gauge whose label sets appear when their value first leaves 0, then stay."""
 
     def __init__(self, gauge: Gauge) -> None:
         self.gauge = gauge
@@ -158,8 +140,7 @@ class _SeenGauge:
 
 class ReaperMetrics:
     def __init__(self, *, mode: Mode, version: str | None = None) -> None:
-        """`mode`: what the passes this registry observes do (`scan` changes nothing; a
-        `reap --dry-run` is a scan too); the alerts read it from cni_reaper_build_info."""
+        """`mode`: what the observed passes do (`reap --dry-run` is a scan); see build_info."""
         self.mode = mode
         self.registry = r = CollectorRegistry()
         self.build_info = _gauge(
@@ -244,8 +225,7 @@ class ReaperMetrics:
             self.oldest_orphan.labels(kind)
 
     def _expect_reclaims(self, report: ScanReport) -> None:
-        """In reap mode, the reclaim counters of each kind and network a reclaim may soon count:
-        there at 0 before their first count, so that increase() sees it."""
+        """In reap mode, the reclaim counters a reclaim may soon count, at 0 until it does."""
         if self.mode != "reap":
             return
         for a in report.attachments:
@@ -304,8 +284,7 @@ class ReaperMetrics:
                     oldest[ref.kind] = max(oldest[ref.kind], _age(a, ref.created_at, report.taken_at))
         for kind, seconds in oldest.items():
             self.oldest_orphan.labels(kind).set(seconds)
-        # Only this pass's networks with orphans: one gone from the conf dirs, or with none left,
-        # leaves no series behind (absent reads as 0).
+        # Only this pass's networks with orphans: absent reads as 0.
         self.network_orphans.clear()
         for label, n in per_network.items():
             self.network_orphans.labels(label).set(n)
@@ -344,11 +323,8 @@ class ReaperMetrics:
 
 
 class _Exposed:
-    """The registry as the endpoint shows it: without `_created` samples (the time this
-    process made each counter, one more series per counter and histogram that no alert or
-    panel reads). prometheus_client's own switch, disable_created_metrics(), sets a flag of
-    its module for every registry in the process; this view keeps the choice with the
-    registry it is made for."""
+    """The registry without `_created` samples (a series per counter no alert reads);
+    prometheus_client's disable_created_metrics() would set it for every registry at once."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
@@ -388,12 +364,9 @@ def parse_sample_key(key: str) -> tuple[str, dict[str, str]] | None:
 
 
 class _Carried:
-    """The registry as a textfile of one-shot runs shows it: each counter and histogram sample
-    the sum of what earlier runs counted (`carried`) and this run's, so the series only grow
-    from run to run, as increase() and rate() need. A counter sample an earlier run wrote and
-    this run never made (its kind seen then, not now) is written on, as carried. `_created`
-    samples are left out: a run's own start is no counter's creation. `totals` holds the sums
-    for the next run."""
+    """The registry as one-shots' textfile shows it: each counter and histogram sample summed
+    with earlier runs' (`carried`), so series only grow; a carried counter sample this run did
+    not make is written on. No `_created` samples. `totals`: the sums for the next run."""
 
     def __init__(self, registry: CollectorRegistry, carried: Mapping[str, float]) -> None:
         self.registry, self.carried = registry, carried
@@ -431,11 +404,8 @@ class TextfileError(OSError):
 
 
 def write_textfile(path: str, data: bytes) -> None:
-    """Atomically replace `path` (for node_exporter's textfile collector), mode 0644.
-
-    The temp file is created exclusively in the same dir and renamed over the target, so a
-    symlink planted at `path` is replaced, never written through.
-    """
+    """Atomically replace `path` (node_exporter's textfile), mode 0644: a symlink planted there
+    is replaced, never written through."""
     try:
         write_atomically(path, data, 0o644)
     except OSError as err:
