@@ -62,8 +62,6 @@ class Agent:
         self.started_at = clock()
         self.pass_started: float | None = None  # monotonic, while a pass runs
 
-    # ------------------------------------------------------------------ one pass
-
     def run_pass(self) -> None:
         if self.stop.is_set():
             return
@@ -91,9 +89,8 @@ class Agent:
         )
 
     def _locked_pass(self) -> tuple[PassOutcome, dict[str, object]]:
-        """One pass under the lock beside the state file, let go at its end: an operator's
-        one-shot (`kubectl exec ... reaper reap`) runs between two passes. Held by another
-        reaper for the whole --lock-wait, this pass is skipped; the next one tries again."""
+        """One pass under the lock beside the state file, let go at its end so that an operator's
+        one-shot runs between passes; held by another reaper past --lock-wait, the pass is skipped."""
         try:
             lock = pass_lock(
                 self.settings.state_file,
@@ -108,41 +105,32 @@ class Agent:
             return self._pass()
 
     def _pass(self) -> tuple[PassOutcome, dict[str, object]]:
+        result: ScanResult | ReapResult
         if self.agent.mode == "scan":
-            scanned = scan_pass(
+            result = scan_pass(
                 self.settings, self.liveness, self.log, self.clock, self.memo, kept=self.kept,
                 allow_plugins=self.reap.allow_plugins, plugins_run=not self.reap.policy.kernel_only,
                 registry=self.registry,
             )  # fmt: skip
-            self.metrics.observe_scan(scanned.report)
-            self.metrics.observe_state(scanned.state_saved)
-            self.metrics.observe_breaker(breaker_would_trip(scanned.report, self.reap.policy))
-            fields: dict[str, object] = {v: scanned.report.count(v) for v in VERDICTS}
-            if scanned.problem is not None:
-                fields["error"] = scanned.problem
-            self._tell(scanned)
-            return scanned.outcome, fields
-        reaped = reap_pass(
-            self.settings, self.reap, self.liveness, self.log, self.clock, self.memo, self.stop, kept=self.kept,
-            registry=self.registry,
-        )  # fmt: skip
-        self.metrics.observe_reap(reaped)
-        fields = {v: reaped.report.count(v) for v in VERDICTS}
-        if reaped.problem is not None:
-            fields["error"] = reaped.problem
-        fields["reclaimed"] = sum(1 for o in reaped.reclaimed if o.ok)
-        fields["incomplete"] = sum(1 for o in reaped.reclaimed if not o.ok)
-        fields["skipped"] = len(reaped.skipped)
-        self._tell(reaped)
-        return reaped.outcome, fields
-
-    def _tell(self, result: ReapResult | ScanResult) -> None:
-        """The pass's Events to the poster, which sends them in its own thread: never waits, never
-        raises (reaper.events)."""
-        if self.events is not None:
+            self.metrics.observe_scan(result.report)
+            self.metrics.observe_state(result.state_saved)
+            self.metrics.observe_breaker(breaker_would_trip(result.report, self.reap.policy))
+        else:
+            result = reap_pass(
+                self.settings, self.reap, self.liveness, self.log, self.clock, self.memo, self.stop, kept=self.kept,
+                registry=self.registry,
+            )  # fmt: skip
+            self.metrics.observe_reap(result)
+        fields: dict[str, object] = {v: result.report.count(v) for v in VERDICTS}
+        if result.problem is not None:
+            fields["error"] = result.problem
+        if isinstance(result, ReapResult):
+            fields["reclaimed"] = sum(1 for o in result.reclaimed if o.ok)
+            fields["incomplete"] = sum(1 for o in result.reclaimed if not o.ok)
+            fields["skipped"] = len(result.skipped)
+        if self.events is not None:  # the poster sends them in its own thread: never waits, never raises
             self.events.submit(result)
-
-    # ------------------------------------------------------------------ health
+        return result.outcome, fields
 
     def readiness(self) -> tuple[bool, str]:
         if self.last_pass_at is None:
@@ -162,8 +150,6 @@ class Agent:
             if running > self.agent.stall_after:
                 return False, f"a pass has run for {running:.0f}s, over --stall-after {self.agent.stall_after:g}s"
         return True, "ok"
-
-    # ------------------------------------------------------------------ lifecycle
 
     def request_stop(self, signum: int, _frame: FrameType | None) -> None:
         self.log.info("stopping: the current step finishes, no new one starts", extra={"signal": signum})

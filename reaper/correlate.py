@@ -1,12 +1,9 @@
 """Group the node's resources into attachments: (container ID, network, ifname). Pure.
 
-Each kind says how its records tie to an attachment (reaper.model's Tie); this module only
-joins: whole keys first, then resources that know their container, then pins by the
-namespace they hold, then the pins beside a netns pin (by the name they share), then the
-namespaces a mount holds outside the netns dirs (with their pin, their owner, or alone), then
-claims (keys that make no attachment of their own: what matches none is unconfirmed), then
-veths by where their peer lives.
-"""
+Each kind says how its records tie (reaper.model's Tie); this module joins, in order: whole
+keys, resources that know their container, pins by their namespace, the pins beside a netns pin,
+namespaces a mount holds (with their pin, their owner, or alone), claims (what matches no
+attachment is unconfirmed), then veths by where their peer lives (docs/design.md, "Finding")."""
 
 from __future__ import annotations
 
@@ -82,8 +79,7 @@ class _Groups:
 
 
 class Ties(Struct, kw_only=True):
-    """Every record's tie and its ref, by the way it joins. They need the snapshot only: a pass
-    makes them while the runtimes answer."""
+    """Every record's tie and its ref, by the way it joins; made from the snapshot alone."""
 
     own: list[tuple[OwnKey, ResourceRef]]
     container: list[tuple[ContainerTie, ResourceRef]]
@@ -94,8 +90,7 @@ class Ties(Struct, kw_only=True):
     held: list[tuple[HeldTie, ResourceRef]]
 
     def namespaces(self) -> set[NsKey]:
-        """Every namespace a record ties itself to (a pin's, one a cache entry names, one a
-        mount holds): each attachment's namespace is one of them."""
+        """Every namespace a record ties itself to: each attachment's namespace is one of them."""
         named = {own.netns for own, _ in self.own if own.netns is not None}
         named.update(pin.ns for pin, _ in self.pins if pin.ns is not None)
         named.update(held.ns for held, _ in self.held)
@@ -171,9 +166,8 @@ def join(ties: Ties, runtime: RuntimeView) -> Correlation:
     for part, ref in ties.container:
         groups.add(groups.primary(part.container_id, part.network), ref)
 
-    # Namespaces: a pin joins the container its runtime lists it with, else the container a
-    # resource says it belongs to. The runtime first: a file anyone can write (a forged cache
-    # entry naming a live pod's netns) must not take that pod's pin into a dead attachment.
+    # A pin joins the container its runtime lists it with, else the one a resource names: the
+    # runtime first, so a forged cache entry naming a live pod's netns cannot take its pin.
     ns_owner: dict[NsKey, str] = {}
     for sandbox in sorted(runtime.sandboxes, key=lambda s: s.id):
         if sandbox.netns is not None:
@@ -196,8 +190,7 @@ def join(ties: Ties, runtime: RuntimeView) -> Correlation:
             groups.netns.setdefault(key, pin.ns)
             pin_group.setdefault(pin.ns, key)
 
-    # A sandbox's other pins go where its netns pin went, by the name they share; one with no
-    # netns pin beside it is no sandbox's that the reaper can tell.
+    # A sandbox's other pins go where its netns pin went, by the name they share.
     unconfirmed: list[UnconfirmedResource] = []
     for beside, ref in ties.beside:
         target = pin_path_group.get(beside.netns_path)
@@ -206,10 +199,9 @@ def join(ties: Ties, runtime: RuntimeView) -> Correlation:
         else:
             groups.add(target, ref)
 
-    # A namespace a mount holds elsewhere joins its pin's attachment, else its owner's, and
-    # holds it; its host veth joins it below. One that nothing else names stands alone only
-    # with a host veth whose peer is in it: any process that may mount makes namespaces of its
-    # own, and those are no attachment (nor a count the breaker weighs).
+    # A namespace a mount holds joins its pin's attachment, else its owner's. One nothing else
+    # names stands alone only with a host veth whose peer is in it (joined below): any process
+    # that may mount makes namespaces, and those are no attachment (nor a count the breaker weighs).
     alone: dict[NsKey, tuple[HeldTie, ResourceRef]] = {}
     for held, ref in sorted(ties.held, key=lambda t: t[0].path):
         target = pin_group.get(held.ns)
@@ -232,8 +224,7 @@ def join(ties: Ties, runtime: RuntimeView) -> Correlation:
         else:
             groups.add(joined, ref)
 
-    # A veth goes where its peer lives; a name proves nothing (some plugins name the host veth
-    # after the pod, so a recreated pod's veth has its predecessor's name).
+    # A veth goes where its peer lives; a name proves nothing (some plugins name it after the pod).
     for veth, ref in ties.veths:
         if veth.peer_netns is not None and veth.peer_netns not in pin_group and veth.peer_netns in alone:
             held, held_ref = alone[veth.peer_netns]

@@ -1,11 +1,7 @@
-"""`reaper explain TARGET`: the attachments a target names, their verdict, and the evidence.
-
-A target is a container ID or a prefix of one, a pod (`namespace/name`), an address, or the
-name or path of any resource (a veth, a pin, a lease, a chain, a cache file). The evidence is
-what the pass weighed: what each runtime listed, which sandbox owns the namespace, who is
-inside it, what earlier passes counted, and what a reclaim would run (which config DEL would
-take, or why no plugin would run). Read-only: the look counts no pass of its own.
-"""
+"""`reaper explain TARGET`: the attachments a target names (TARGETS), their verdict, and the
+evidence the pass weighed: what each runtime listed, who owns and is inside the namespace, what
+earlier passes counted, and what a reclaim would run, planned as a pass plans it. Read-only:
+the look counts no pass of its own."""
 
 from __future__ import annotations
 
@@ -26,9 +22,7 @@ from reaper.reap.requests import index, orphan_trust, plan_orphan, waits_for_plu
 from reaper.report import attachment_json, runtime_lines
 
 _HEX_PREFIX = re.compile(r"[0-9a-f]{3,64}")
-# The shortest target that can name anything: a container ID prefix has 3 hex digits (fewer
-# would name a sixteenth of the node), a pod `a/b` is 3 characters, and so is every address
-# (`::1`), veth, pin, lease, chain and cache file name the reaper reports.
+# The shortest target that names anything: a 3-digit ID prefix (fewer names much of the node), `a/b`, `::1`.
 MIN_TARGET = 3
 TARGETS = (
     "give a container ID or a prefix of one (3+ hex digits), a pod NAMESPACE/NAME, an IP address, "
@@ -53,14 +47,12 @@ class Evidence(Struct, frozen=True, kw_only=True):
     namespace: tuple[str, ...]  # its netns: whose, and who is inside
     history: str  # what earlier passes counted (the state file)
     reclaim: tuple[str, ...]  # what a reclaim would run, or why nothing would
-    # The plan a pass would make for it, as reaper.reap.run.plan_pass makes it (plan_orphan);
-    # None when no pass would plan it (live, unknown, excluded, waiting).
+    # The plan a pass would make for it (plan_orphan); None for live, unknown, excluded, waiting.
     planned: PlannedAttachment | None = None
 
 
 def _address(text: str) -> str | None:
-    """The address `text` writes, however: bare, with a prefix length (`10.0.0.7/24`), or as a
-    lease names it (`<network>/10.0.0.7`); None when it writes none."""
+    """The address in `text`: bare, `10.0.0.7/24`, or a lease's `<network>/10.0.0.7`; else None."""
     first, _, rest = text.partition("/")
     for candidate in (first, rest):
         try:
@@ -71,7 +63,7 @@ def _address(text: str) -> str | None:
 
 
 def matches(attachment: Attachment, target: str) -> bool:
-    """Whether `target` names the attachment (see the module's docstring)."""
+    """Whether `target` names the attachment (TARGETS)."""
     cid = attachment.key.container_id
     if cid is not None and _HEX_PREFIX.fullmatch(target) and cid.startswith(target):
         return True
@@ -82,8 +74,8 @@ def matches(attachment: Attachment, target: str) -> bool:
         path = ref.details.get("path")
         if target == ref.name or (isinstance(path, str) and target in (path, os.path.basename(path))):
             return True
-        # An address, however written, in its name or a detail (a rule's ip); a network name,
-        # which every attachment on it carries, names none.
+        # An address in its name or a detail (a rule's ip); a network name, which every
+        # attachment on it carries, names none.
         if wanted is not None:
             said = [ref.name, *(v for v in ref.details.values() if isinstance(v, str))]
             if any(_address(value) == wanted for value in said):
@@ -169,9 +161,8 @@ def _reclaim(
     quarantine: bool,
     registry: Registry,
 ) -> tuple[tuple[str, ...], PlannedAttachment | None]:
-    """What a reclaim would run for the attachment, decided as a pass decides it: the node's
-    trust weighed with every orphan and waiting attachment of the look (orphan_trust, a pending
-    one among them as though it were one), then plan_orphan."""
+    """What a reclaim would run, decided as a pass decides it: orphan_trust over the look's
+    orphans and waiting attachments (a pending one counted as an orphan), then plan_orphan."""
     if attachment.verdict in ("live", "unknown", "excluded"):
         return (f"nothing: it is {attachment.verdict}",), None
     snapshot = result.snapshot
@@ -194,8 +185,7 @@ def _reclaim(
         lines.append(f"DEL with the config from {one.request.source}: {_plugins(one.request.config)}")
         lines.append(f"CNI_NETNS={one.request.netns or '(none)'}, then the kernel step for what DEL leaves")
     else:
-        # The notes that say why begin "no plugin runs: " themselves; a key with no container
-        # or network (a pin alone) has no note: no cache entry names a DEL for it.
+        # A note begins "no plugin runs: "; a pin alone has none: no cache entry names a DEL for it.
         why = one.planned.config_note or _no_request_because(kernel_only=kernel_only, costless=costless)
         why = why.removeprefix("no plugin runs: ")
         lines.append(f"no plugin would run: {why}; the kernel step frees what the kernel and files hold")
@@ -224,9 +214,8 @@ def explain(
     quarantine: bool = False,
     registry: Registry = REGISTRY,
 ) -> list[Evidence]:
-    """The evidence for every attachment `target` names; `history` is what the state file held
-    before this look. `allow_plugins`, `kernel_only` (--method kernel) and `quarantine` (a
-    quarantine dir is given): the reap settings a pass would plan with."""
+    """The evidence for every attachment `target` names; `history`: the state file before this
+    look; `allow_plugins`, `kernel_only` and `quarantine`: the reap settings a pass plans with."""
     records = index(result.snapshot, registry)
     now = result.report.taken_at
     found = []

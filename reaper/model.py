@@ -1,10 +1,6 @@
-"""The reaper's model: plain frozen records, no I/O.
-
-Inventory records say what exists on the node, liveness records what the runtime
-says is alive, and the reconcile records what the reaper concluded and why. Only records that
-cross kinds live here: each kind's own record type (a netns pin, a lease, a cache entry...)
-lives in its module under reaper.kinds.
-"""
+"""The reaper's model: plain frozen records, no I/O: what exists on the node, what the runtimes
+say is alive, what the reaper concluded and did. Only records that cross kinds live here; each
+kind's own record type lives in its module under reaper.kinds."""
 
 from __future__ import annotations
 
@@ -16,8 +12,7 @@ from msgspec import Struct
 from reaper.exclusions import Exclusions
 
 ResourceKind = str  # a kind's name, as reaper.kinds.registry lists them
-# `waiting`: an orphan the reaper can do nothing for (reaper.reap.waiting): only the files a
-# plugin's DEL needs are left, and no DEL can run for it.
+# `waiting`: an orphan of only the files a plugin's DEL needs, which no DEL can run for.
 Verdict = Literal["live", "orphan", "pending", "unknown", "excluded", "waiting"]
 Owner = Literal["cri", "other", "unknown"]
 VERDICTS: tuple[Verdict, ...] = ("live", "orphan", "pending", "unknown", "excluded", "waiting")
@@ -28,17 +23,11 @@ Identity = tuple[str, ...]
 
 
 class NsKey(NamedTuple):
-    """Identity of a network namespace: (st_dev, st_ino) of its nsfs inode.
-
-    A NamedTuple rather than a dataclass: it is a dict key in every join, hashed tens of
-    thousands of times a pass, and a tuple hashes in C.
-    """
+    """(st_dev, st_ino) of a network namespace's nsfs inode; a NamedTuple, as a dict key in
+    every join hashes in C."""
 
     dev: int
     ino: int
-
-
-# ---------------------------------------------------------------- inventory
 
 
 class Holder(Struct, frozen=True, kw_only=True):
@@ -47,12 +36,9 @@ class Holder(Struct, frozen=True, kw_only=True):
     pid: int
     comm: str
     is_cni_plugin: bool
-    # A plugin this reaper started (its own DEL): the only process that does not make a netns
-    # busy. A plugin someone else started is an ADD or DEL of the runtime's, in progress.
+    # A plugin this reaper started (its own DEL): the only process that does not make a netns busy.
     reapers_own: bool = False
-    # A plugin's start time: with the pid, who it is (what "the reaper's own" rests on); 0.0
-    # for any other process, whose start time decides nothing.
-    started_at: float = 0.0
+    started_at: float = 0.0  # a plugin's, which with the pid says who it is; 0.0 for others
 
     @property
     def keeps_netns_busy(self) -> bool:
@@ -88,8 +74,7 @@ class NetworkConfig(Struct, frozen=True, kw_only=True):
     ipam_ranges: tuple[HostLocalRange, ...]
     disable_gc: bool
     raw: bytes
-    # IP versions of host-local ranges whose subnet is the node's pod CIDR (usePodCidr: 4,
-    # usePodCidrIPv6: 6), which the plugin fills in and the config does not hold
+    # IP versions of host-local ranges whose subnet is the node's pod CIDR (usePodCidr: 4, usePodCidrIPv6: 6)
     pod_cidr_versions: tuple[int, ...] = ()
 
     def __repr__(self) -> str:  # without raw: the whole file
@@ -114,8 +99,8 @@ class SourceError(Struct, frozen=True):
 
 
 class HostUnseen(Exception):
-    """This process cannot tell which network namespace is the host's (not root, or /proc not
-    the host's), so no look can be made; the message is one line for the operator, with the fix."""
+    """Which network namespace is the host's cannot be told (not root, or not the host's /proc):
+    no look can be made; one line for the operator, with the fix."""
 
 
 class NodeSnapshot(Struct, frozen=True, kw_only=True):
@@ -123,21 +108,16 @@ class NodeSnapshot(Struct, frozen=True, kw_only=True):
 
     taken_at: float
     host_netns: NsKey
-    # Every kind's records, by kind name (see reaper.kinds): the one place a new kind adds to.
     resources: Mapping[str, tuple[Any, ...]]
     ranges: tuple[IpamRange, ...]
     configs: tuple[NetworkConfig, ...]
     corrupt: tuple[CorruptFile, ...]
     errors: tuple[SourceError, ...]
-    # Every namespace but the host's that some process is in, with those processes' pids.
-    netns_pids: tuple[tuple[NsKey, tuple[int, ...]], ...] = ()
-    # Those processes described, in the attachments' namespaces no listed sandbox owns (see
-    # reaper.snapshot.with_holders): what tells a plugin's ADD in progress from a resident.
+    netns_pids: tuple[tuple[NsKey, tuple[int, ...]], ...] = ()  # every namespace but the host's a process is in
+    # Those processes described, in the namespaces records tie to (reaper.snapshot.with_holders).
     netns_holders: tuple[tuple[NsKey, tuple[Holder, ...]], ...] = ()
-    # Seconds each collector took, in order: where a pass's time goes.
-    timings: tuple[tuple[str, float], ...] = ()
-    # Why not every process on the node could be seen (no host PID namespace); None: all were.
-    unseen_processes: str | None = None
+    timings: tuple[tuple[str, float], ...] = ()  # seconds each collector took, in order
+    unseen_processes: str | None = None  # why not every process could be seen; None: all were
     # Kinds this look could not read whole: a record of theirs it lacks may still be there.
     partly_read: frozenset[str] = frozenset()
 
@@ -145,12 +125,9 @@ class NodeSnapshot(Struct, frozen=True, kw_only=True):
         return self.resources.get(kind, ())
 
 
-# ------------------------------------------------------------------ joining
-
-
 class OwnKey(Struct, frozen=True, kw_only=True, gc=False):
-    """The resource carries a whole attachment key (container ID, network, ifname): it makes
-    an attachment of its own. `netns` is the namespace it names, when it names one."""
+    """A whole attachment key (container ID, network, ifname): an attachment of its own, in
+    `netns` when it names one."""
 
     container_id: str
     network: str
@@ -160,8 +137,8 @@ class OwnKey(Struct, frozen=True, kw_only=True, gc=False):
 
 
 class ContainerTie(Struct, frozen=True, gc=False):
-    """The resource carries a container ID (and perhaps a network) but no ifname: it joins that
-    container's primary attachment."""
+    """A container ID (and perhaps a network), no ifname: it joins that container's primary
+    attachment."""
 
     container_id: str
     network: str | None = None
@@ -184,9 +161,8 @@ class PeerTie(Struct, frozen=True, gc=False):
 
 
 class Claim(Struct, frozen=True, gc=False):
-    """The resource names its owner by a key that makes no attachment of its own (a container
-    ID; a hash of one): it joins an attachment other resources make, one whose key matches, or
-    stands `unconfirmed`, never reclaimed."""
+    """An owner's key that makes no attachment of its own (a container ID, a hash of one): it
+    joins the attachment whose key matches, or stands `unconfirmed`, never reclaimed."""
 
     container_id: str | None = None
     network: str | None = None
@@ -194,26 +170,21 @@ class Claim(Struct, frozen=True, gc=False):
 
 
 class BesidePin(Struct, frozen=True, gc=False):
-    """The resource is one of a sandbox's other pins, named as its netns pin is (CRI-O's ipc,
-    uts and user pins beside `<namespaces_dir>/netns/<uuid>`): it joins whatever attachment the
-    netns pin at `netns_path` joins, or, with no such pin, stands unconfirmed, never reclaimed."""
+    """One of a sandbox's other pins, named as its netns pin (CRI-O's ipc, uts and user pins
+    beside `<namespaces_dir>/netns/<uuid>`): it joins that pin's attachment, else unconfirmed."""
 
     netns_path: str
 
 
 class HeldTie(Struct, frozen=True, gc=False):
-    """A network namespace a mount holds outside the netns dirs: it joins the attachment of its
-    namespace (its pin's, or the one a sandbox or cache entry names), or stands alone, named by
-    `path` (a way to it through a holder's root), and the host veth whose peer is in it joins it."""
+    """A network namespace a mount holds outside the netns dirs: it joins its namespace's
+    attachment, or stands alone, named by `path` (a way to it through a holder's root)."""
 
     ns: NsKey
     path: str
 
 
 Tie = OwnKey | ContainerTie | Claim | NetnsTie | PeerTie | BesidePin | HeldTie
-
-
-# ----------------------------------------------------------------- liveness
 
 
 class Sandbox(Struct, frozen=True, kw_only=True):
@@ -227,12 +198,8 @@ class Sandbox(Struct, frozen=True, kw_only=True):
     created_at: float | None  # epoch seconds; None when the runtime reports none
     netns_path: str | None  # what the runtime's PodSandboxStatus says, never a file's word
     netns: NsKey | None
-    # (sandbox ID, creation time) as the runtime reports them: what its netns path may be
-    # remembered under between passes ("" : not to be remembered).
-    status_key: str = ""
-    # The endpoint of the runtime that listed it ("": a source that names none), which
-    # reaper.runtime.listed remembers it under.
-    runtime: str = ""
+    status_key: str = ""  # (sandbox ID, creation time): its netns path's memo key ("": none)
+    runtime: str = ""  # the endpoint of the runtime that listed it ("": a source that names none)
 
 
 class RuntimeAnswer(Struct, frozen=True, kw_only=True):
@@ -261,17 +228,13 @@ class RuntimeView(Struct, frozen=True, kw_only=True):
     runtimes: tuple[RuntimeAnswer, ...] = ()  # each runtime asked, and what it said
 
 
-# ---------------------------------------------------------------- reconcile
-
-
 class ResourceRef(Struct, frozen=True, kw_only=True, gc=False):
     """A resource as an attachment lists it."""
 
     kind: ResourceKind
     name: str
     created_at: float | None  # None: the kernel keeps no timestamp for it
-    # What the report shows of it, in this order: a dict, so that the report's object for it is
-    # made without building one (14,000 of them at 2,500 attachments).
+    # What the report shows of it, in order: a dict, so the report's object copies it whole.
     details: dict[str, DetailValue] = {}
     identity: Identity = ()  # its kind's identity of it: how a later look finds it again
 
@@ -304,8 +267,7 @@ class Attachment(Struct, frozen=True, kw_only=True, gc=False):
     age_seconds: float
     owner: Owner = "unknown"  # whose runtime made it, by its cache entry (see reaper.kinds.cache.CacheEntry.owner)
     pod: str | None = None  # "namespace/name", by its cache entry's CNI_ARGS (said by a file: names, never proves)
-    # `waiting`: the plugins of its chain that keep state only their own DEL frees, in chain order
-    waits_for: tuple[str, ...] = ()
+    waits_for: tuple[str, ...] = ()  # `waiting`: its chain's plugins that keep state, in order
 
 
 class AttachmentHistory(Struct, frozen=True, gc=False):
@@ -313,21 +275,17 @@ class AttachmentHistory(Struct, frozen=True, gc=False):
 
     first_seen: float
     orphan_streak: int  # consecutive passes on which it had no owner, counted at most one a spacing
-    # When the streak last rose (None: not since it was last owned): a pass less than
-    # Policy.confirmation_spacing after this holds the streak, so runs seconds apart count once.
-    counted_at: float | None = None
+    counted_at: float | None = None  # when the streak last rose (None: not since it was owned)
 
 
 class Policy(Struct, frozen=True):
-    """The grace rules: how old and how often ownerless before an attachment is an orphan; and
-    what the operator keeps out of reach whatever it is."""
+    """The grace rules, and what the operator keeps out of reach whatever it is."""
 
     min_age: float
     confirmations: int
     stuck_after: float
     exclusions: Exclusions = Exclusions()
-    # A pass adds to an attachment's ownerless streak only this long after the pass that last
-    # did (settings: half of --interval): hand runs seconds apart are one look, not two.
+    # A streak rises only this long after it last did (half of --interval): see docs/design.md.
     confirmation_spacing: float = 0.0
 
 
@@ -368,19 +326,15 @@ class ScanReport(Struct, frozen=True, kw_only=True):
     ranges: tuple[IpamRange, ...]
     foreign_pins: tuple[ForeignPin, ...]
     unconfirmed: tuple[UnconfirmedResource, ...] = ()
-    # The networks the node's conf dirs define, as their configs name them (not the ones cache
-    # entries carry): the network label values the metrics may give out (reaper.metrics).
+    # The networks the node's conf dirs define (not cache entries'): the metrics' network labels.
     networks: tuple[str, ...] = ()
 
     def count(self, verdict: Verdict) -> int:
         return sum(1 for a in self.attachments if a.verdict == verdict)
 
 
-# ------------------------------------------------------------------ reclaim
-
 ReclaimMethod = Literal["cni-del", "kernel", "quarantine"]
-# How a pass ended: ok; undecided (a runtime could not be asked, so nothing was called
-# orphan); breaker (too many orphans to act on); error (the pass itself failed).
+# undecided: a runtime could not be asked; breaker: too many orphans to act on; error: the pass failed.
 PassOutcome = Literal["ok", "undecided", "breaker", "error"]
 PASS_OUTCOMES: tuple[PassOutcome, ...] = ("ok", "undecided", "breaker", "error")
 
@@ -418,9 +372,8 @@ class ReclaimOutcome(Struct, frozen=True):
     key: AttachmentKey
     resources: tuple[ResourceOutcome, ...]
     plugin_errors: tuple[str, ...]  # every plugin whose DEL failed, and why
-    # DEL failed (or no plugin may run: nothing the kernel holds proves the attachment) and this
-    # IPAM plugin keeps its state off the node: the cache entry stays, since only the plugin's
-    # DEL (which needs it) can release the address.
+    # An IPAM plugin keeping its state off the node whose DEL failed or may not run: the cache
+    # entry stays, as only that DEL, which needs it, releases the address.
     needs_plugin: str | None = None
 
     @property
@@ -455,9 +408,6 @@ class Done(Struct, frozen=True):
         return Done(ok=False, error=why)
 
 
-# ------------------------------------------------------------------- results
-
-
 class ScanResult(Struct, frozen=True, kw_only=True):
     """One read-only pass."""
 
@@ -468,9 +418,8 @@ class ScanResult(Struct, frozen=True, kw_only=True):
     warnings: tuple[str, ...]
     seconds: float
     timings: tuple[tuple[str, float], ...]  # seconds per step of the pass
-    # Container ID -> (pod namespace, name) of the orphans in no namespace whose sandbox a
-    # runtime of this node listed to this process before and no runtime lists now
-    # (reaper.runtime.listed): a long-running agent's alone.
+    # Container ID -> (pod namespace, name) of orphans in no namespace whose sandbox a runtime
+    # listed to this process before and none lists now (reaper.runtime.listed): the agent's alone.
     gone_here: Mapping[str, tuple[str, str]] = {}
 
     @property

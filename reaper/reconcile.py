@@ -78,8 +78,7 @@ def reconcile(
     now: float,
     correlation: Correlation | None = None,
 ) -> tuple[ScanReport, dict[str, AttachmentHistory]]:
-    """The verdicts. `correlation` is correlate(snapshot, runtime), when the caller made it
-    already (a pass joins the ties its look made)."""
+    """The verdicts. `correlation`: correlate(snapshot, runtime), if the caller made it already."""
     correlation = correlation if correlation is not None else correlate(snapshot, runtime)
     groups = correlation.groups
     holders = dict(snapshot.netns_holders)
@@ -148,8 +147,7 @@ def reconcile(
         )
 
     stuck = []
-    # The attachments by container and by namespace, indexed once: a walk of every attachment
-    # for each stuck sandbox was a step per sandbox per attachment.
+    # The attachments by container and by namespace, indexed once for all stuck sandboxes.
     by_cid: dict[str, list[int]] = {}
     by_netns: dict[NsKey, list[int]] = {}
     for n, a in enumerate(attachments):
@@ -183,44 +181,33 @@ def reconcile(
 
 
 def gc_disabled_networks(configs: Iterable[NetworkConfig]) -> dict[str, str]:
-    """Why each network whose config says `disableGC: true` is kept, by name. The CNI spec's
-    switch for a list several runtimes share: "runtimes must not call GC for this network
-    configuration list" (containernetworking/cni SPEC.md), and libcni's GCNetworkList returns
-    before any of its DELs when it is set (libcni/api.go). The reaper's reclaim is that GC, so
-    the network's attachments are excluded, as --exclude-network would, whatever --force says.
-    The configs are the snapshot's, the first of a name deciding, as libcni takes the first
-    file that has it: the conf dirs' first, then a cache entry's own for a network no conf dir
-    has (the config its DEL would run)."""
-    kept: dict[str, str] = {}
-    seen: set[str] = set()
+    """Why each network whose config says `disableGC: true` is kept, by name: "runtimes must not
+    call GC for this network configuration list" (containernetworking/cni SPEC.md; libcni/api.go
+    GCNetworkList), and the reaper's reclaim is that GC (docs/reference.md). The first config of
+    a name decides, as in libcni: the conf dirs' come before cache entries' in the snapshot."""
+    first: dict[str, NetworkConfig] = {}
     for config in configs:
-        if config.name in seen:
-            continue
-        seen.add(config.name)
-        if config.disable_gc:
-            kept[config.name] = f"excluded: network {config.name}'s config {config.path} says disableGC: true"
-    return kept
+        first.setdefault(config.name, config)
+    return {
+        name: f"excluded: network {name}'s config {config.path} says disableGC: true"
+        for name, config in first.items()
+        if config.disable_gc
+    }
 
 
 def _carried(previous: AttachmentHistory | None, policy: Policy) -> int:
     """Ownerless passes counted before this one, at most `confirmations - 1`: the count comes
-    from the state file, which others may write, so however high it says, an orphan verdict
-    still needs this pass's own miss. A count saved by an earlier pass is never above
-    `confirmations`, so a streak that reached them stays reached."""
+    from a file others may write, so an orphan verdict still needs this pass's own miss."""
     if previous is None:
         return 0
     return max(0, min(previous.orphan_streak, policy.confirmations - 1))
 
 
 def _counted(previous: AttachmentHistory | None, policy: Policy, now: float) -> tuple[int, float, float | None]:
-    """This ownerless pass's streak and when it last rose; and, when this pass comes less than
-    the policy's spacing after the pass that last raised it, how long after (else None).
-
-    Such a pass is the same look as that one (hand runs of `scan` or `reap --dry-run` seconds
-    apart): it holds the streak, never above `confirmations`, and raises it only once the
-    spacing has passed, so no run, however often made, shortens the grace. The time comes
-    from a file others may write: one after now is now, which holds the count back for one
-    spacing, never for good (the next pass after it counts)."""
+    """This ownerless pass's streak and when it last rose; and, for a pass less than the spacing
+    after the one that last raised it, how long after (else None): such a pass holds the streak
+    (never above `confirmations`), so no run, however often made, shortens the grace. A time
+    after now is now (docs/design.md, "The state file")."""
     if previous is None or previous.counted_at is None or previous.orphan_streak < 1:
         return _carried(previous, policy) + 1, now, None
     last = min(previous.counted_at, now)
@@ -249,9 +236,8 @@ UNOWNED: tuple[Verdict, ...] = ("orphan", "pending")  # the verdicts an exclusio
 
 
 def _pod_and_owner(group: ResourceGroup) -> tuple[str | None, Owner]:
-    """The pod ("namespace/name") the attachment's cache entries name, when they name one; and
-    whose runtime made the attachment, by what they say (cri wins over other). One walk of
-    its resources for both."""
+    """The pod ("namespace/name") the attachment's cache entries name, if one; and whose runtime
+    made it, by what they say (cri wins over other)."""
     pods: set[str] = set()
     said: set[DetailValue] = set()
     for ref in group.resources:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from reaper.durations import format_duration
-from reaper.model import VERDICTS, Attachment, ReapResult, ResourceRef, RuntimeView, ScanReport
+from reaper.model import VERDICTS, Attachment, AttachmentKey, ReapResult, ResourceRef, RuntimeView, ScanReport
 from reaper.settings import Settings
 
 
@@ -173,6 +173,10 @@ def report_table(report: ScanReport) -> str:
     return "\n".join(lines)
 
 
+def _key_json(key: AttachmentKey) -> dict[str, str | None]:
+    return {"container_id": key.container_id, "network": key.network, "ifname": key.ifname, "netns_pin": key.pin}
+
+
 def reap_json(result: ReapResult) -> dict[str, Any]:
     doc = report_json(result.report)
     doc["breaker"] = {"open": result.breaker_open, "reason": result.breaker_reason}
@@ -180,10 +184,7 @@ def reap_json(result: ReapResult) -> dict[str, Any]:
         doc["recheck_error"] = result.recheck_error
     doc["plan"] = [
         {
-            "container_id": p.key.container_id,
-            "network": p.key.network,
-            "ifname": p.key.ifname,
-            "netns_pin": p.key.pin,
+            **_key_json(p.key),
             "config": p.config_source,
             "config_note": p.config_note,
             "steps": [{"kind": s.kind, "name": s.name, "method": s.method} for s in p.steps],
@@ -192,10 +193,7 @@ def reap_json(result: ReapResult) -> dict[str, Any]:
     ]
     doc["reclaimed"] = [
         {
-            "container_id": o.key.container_id,
-            "network": o.key.network,
-            "ifname": o.key.ifname,
-            "netns_pin": o.key.pin,
+            **_key_json(o.key),
             "resources": [
                 {"kind": r.kind, "name": r.name, "method": r.method, "ok": r.ok, "error": r.error} for r in o.resources
             ],

@@ -13,7 +13,7 @@ from msgspec.structs import replace
 from reaper.correlate import Ties, tie_all
 from reaper.host.memo import InventoryMemo
 from reaper.host.procs import describe, netns_members, unseen_processes
-from reaper.kinds import Found, Kind, Look, hostlocal
+from reaper.kinds import Found, Look, hostlocal
 from reaper.kinds.hostlocal import range_usage
 from reaper.kinds.netconf import collect_configs_of
 from reaper.kinds.registry import REGISTRY, Registry
@@ -52,10 +52,9 @@ def walk_processes() -> NetnsMembers:
 
 
 def with_processes(snapshot: NodeSnapshot, walk: Callable[[], NetnsMembers] = walk_processes) -> NodeSnapshot:
-    """The snapshot with who is in each namespace but the host's (most of a node's processes
-    are), and what could not be seen. A walk that gave no answer, or not a whole one (see
-    reaper.host.procs.netns_members), leaves every process unseen, so that no verdict rests on
-    it (every attachment with a netns is undecided), and is a failed source in the report."""
+    """The snapshot with who is in each namespace but the host's, and what could not be seen. A
+    walk with no whole answer leaves every process unseen (so every attachment with a netns is
+    undecided) and is a failed source in the report."""
     errors = snapshot.errors
     try:
         members, unseen = walk(), unseen_processes()
@@ -72,24 +71,19 @@ def with_processes(snapshot: NodeSnapshot, walk: Callable[[], NetnsMembers] = wa
 
 def with_holders(snapshot: NodeSnapshot, wanted: Set[NsKey], bin_dirs: tuple[str, ...]) -> NodeSnapshot:
     """The snapshot with the processes in the `wanted` namespaces described (what tells a
-    plugin's ADD in progress from a resident). Describing a process costs reads of its /proc
-    dir: a namespace no record names decides no verdict, so its processes are left out."""
+    plugin's ADD in progress from a resident); a namespace no record names decides nothing."""
     kept = [(ns, pids) for ns, pids in snapshot.netns_pids if ns in wanted]
     described = describe({pid for _, pids in kept for pid in pids}, bin_dirs)
     return replace(snapshot, netns_holders=tuple((ns, tuple(described[pid] for pid in pids)) for ns, pids in kept))
 
 
 def look_at_node(
-    opts: FindOptions,
-    memo: InventoryMemo | None = None,
-    registry: Registry = REGISTRY,
+    opts: FindOptions, memo: InventoryMemo | None = None, registry: Registry = REGISTRY
 ) -> tuple[NodeSnapshot, Ties]:
-    """A pass's look, everything it needs read once and before any runtime is asked: every
-    kind's records (take_snapshot), how they tie (reaper.correlate.tie_all), who is in each
-    namespace but the host's, and those processes described in every namespace a record ties
-    itself to (the runtime's answer, not known yet, cannot narrow that: any of them may be no
-    listed sandbox's). The re-check before reclaiming looks again with take_snapshot and its
-    own /proc walk (reaper.reap.act)."""
+    """A pass's look, read once before any runtime is asked: every kind's records, their ties,
+    who is in each namespace, and those processes described in every namespace a record ties
+    to (the runtimes' answer, not known yet, cannot narrow that). The re-check before
+    reclaiming looks again with take_snapshot and its own /proc walk (reaper.reap.act)."""
     snapshot = take_snapshot(opts, memo, registry)
     watch = Stopwatch()
     ties = tie_all(snapshot, registry)
@@ -101,28 +95,12 @@ def look_at_node(
     return replace(snapshot, timings=(*snapshot.timings, *watch.laps)), ties
 
 
-def take_snapshot(
-    opts: FindOptions,
-    memo: InventoryMemo | None = None,
-    registry: Registry = REGISTRY,
-) -> NodeSnapshot:
+def take_snapshot(opts: FindOptions, memo: InventoryMemo | None = None, registry: Registry = REGISTRY) -> NodeSnapshot:
     """Look at the node. `memo` carries parsed files from pass to pass in a long-running agent."""
     taken_at = time.time()
     watch = Stopwatch()
     memo = memo if memo is not None else InventoryMemo()
     memo.start_pass()
-    snapshot = _take(opts, taken_at, watch, memo, registry.kinds)
-    memo.end_pass()
-    return snapshot
-
-
-def _take(
-    opts: FindOptions,
-    taken_at: float,
-    watch: Stopwatch,
-    memo: InventoryMemo,
-    kinds: tuple[Kind[Any], ...],
-) -> NodeSnapshot:
     conf_configs, corrupt = collect_configs_of(opts.conf_dirs)
     configs: list[NetworkConfig] = list(conf_configs)  # one per network: the conf dirs' win
     watch.lap("configs")
@@ -130,15 +108,12 @@ def _take(
     errors: list[SourceError] = []
     partly_read: set[str] = set()
     found: dict[str, tuple[Any, ...]] = {}
-    for kind in kinds:
-        # Kinds see only the node's own configs: a path in a cached config (an ipam.dataDir) is
-        # whatever the writer of the cache dir wanted it to be.
+    for kind in registry.kinds:
+        # Only the node's own configs: a path in a cached one is whatever the cache's writer wanted.
         look = Look(opts, memo, tuple(conf_configs), dict(found))
         try:
             result = kind.find(look)
-        except Exception as err:  # a bug in one kind costs that kind only
-            # Fewer records never make a live attachment look orphaned: liveness comes from the
-            # runtimes, and a missing record only goes unreclaimed.
+        except Exception as err:  # a bug costs that kind only: a missing record goes unreclaimed
             result = Found((), errors=(SourceError(kind.name, f"failed unexpectedly: {type(err).__name__}: {err}"),))
         found[kind.name] = result.records
         corrupt.extend(result.corrupt)
@@ -150,6 +125,7 @@ def _take(
         watch.lap(kind.name)
     ranges = range_usage(configs, found.get(hostlocal.KIND.name, ()), opts.pod_cidrs)
     watch.lap("ranges")
+    memo.end_pass()
     return NodeSnapshot(
         taken_at=taken_at,
         host_netns=host,
