@@ -57,6 +57,10 @@ def _cut(text: str, limit: int = MAX_NOTE) -> str:
     return text if len(raw) <= limit else raw[: limit - 3].decode(errors="ignore") + "..."
 
 
+def _event(reason: str, type: EventType, action: str, note: str, key: str) -> NodeEvent:
+    return NodeEvent(reason=reason, type=type, action=action, note=_cut(note), key=key)
+
+
 def _age(seconds: float) -> str:
     minutes = int(seconds // 60)
     return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m"
@@ -79,23 +83,17 @@ def _leaks_reclaimed(result: ReapResult) -> NodeEvent | None:
     if pods:
         more = f" and {len(pods) - MAX_PODS} more" if len(pods) > MAX_PODS else ""
         note += f" of pods {', '.join(pods[:MAX_PODS])}{more}"
-    return NodeEvent(
-        reason="LeaksReclaimed", type="Normal", action="Reclaim", note=_cut(note), key=f"LeaksReclaimed {note}"
-    )
+    return _event("LeaksReclaimed", "Normal", "Reclaim", note, key=f"LeaksReclaimed {note}")
 
 
 def _nearly_full(report: ScanReport) -> list[NodeEvent]:
     events = []
     for r in report.ranges:
         if r.size > 0 and r.used > FULL_SHARE * r.size:
-            note = (
-                f"host-local range {r.range} of network {r.network} is nearly full: {r.used} of {r.size} "
-                f"addresses leased ({100 * r.used // r.size}%)"
-            )
+            leased = f"{r.used} of {r.size} addresses leased ({100 * r.used // r.size}%)"
+            note = f"host-local range {r.range} of network {r.network} is nearly full: {leased}"
             key = f"IPRangeNearlyFull {r.network} {r.range}"
-            events.append(
-                NodeEvent(reason="IPRangeNearlyFull", type="Warning", action="Observe", note=_cut(note), key=key)
-            )
+            events.append(_event("IPRangeNearlyFull", "Warning", "Observe", note, key))
     return events
 
 
@@ -108,8 +106,7 @@ def _stuck(report: ScanReport) -> NodeEvent | None:
         f"{len(stuck)} sandbox{'es' if len(stuck) != 1 else ''} stuck NOTREADY; the runtime keeps "
         f"{'their' if len(stuck) != 1 else 'its'} network and the reaper leaves it: {listed}"
     )
-    key = "SandboxStuck " + " ".join(s.id for s in stuck)
-    return NodeEvent(reason="SandboxStuck", type="Warning", action="Observe", note=_cut(note), key=key)
+    return _event("SandboxStuck", "Warning", "Observe", note, key="SandboxStuck " + " ".join(s.id for s in stuck))
 
 
 def pass_events(result: ReapResult | ScanResult, *, limit: int = MAX_PER_PASS) -> tuple[NodeEvent, ...]:
@@ -117,10 +114,8 @@ def pass_events(result: ReapResult | ScanResult, *, limit: int = MAX_PER_PASS) -
     events: list[NodeEvent] = []
     if isinstance(result, ReapResult):
         if result.breaker_open:
-            note = _cut(f"breaker open, nothing reclaimed: {result.breaker_reason}")
-            events.append(
-                NodeEvent(reason="BreakerOpen", type="Warning", action="Refuse", note=note, key="BreakerOpen")
-            )
+            note = f"breaker open, nothing reclaimed: {result.breaker_reason}"
+            events.append(_event("BreakerOpen", "Warning", "Refuse", note, key="BreakerOpen"))
         leaks = _leaks_reclaimed(result)
         if leaks is not None:
             events.append(leaks)

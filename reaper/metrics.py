@@ -9,10 +9,12 @@ full"."""
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import prometheus_client
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
 
 from reaper.host.atomic import write_atomically
@@ -121,8 +123,8 @@ def _gauge(registry: CollectorRegistry, name: str, text: str, *labels: str) -> G
     return Gauge(PREFIX + name, text, labels, registry=registry)
 
 
-def _counter(registry: CollectorRegistry, name: str, text: str, *labels: str) -> Counter:
-    return Counter(PREFIX + name, text, labels, registry=registry)
+def _counter(registry: CollectorRegistry, name: str, text: str, *labels: str) -> prometheus_client.Counter:
+    return prometheus_client.Counter(PREFIX + name, text, labels, registry=registry)
 
 
 class _SeenGauge:
@@ -240,21 +242,15 @@ class ReaperMetrics:
             self.network_del_errors.labels(label)
 
     def observe_scan(self, report: ScanReport) -> None:
-        counts = {v: 0 for v in VERDICTS}
-        per_kind: dict[tuple[str, ...], float] = {}
-        waiting: dict[str, int] = {}
-        for a in report.attachments:
-            counts[a.verdict] += 1
-            if a.verdict == "waiting":
-                waiting[waiting_plugin(a)] = waiting.get(waiting_plugin(a), 0) + 1
-            for ref in a.resources:
-                per_kind[(ref.kind, a.verdict)] = per_kind.get((ref.kind, a.verdict), 0) + 1
+        attachments = report.attachments
+        counts = Counter(a.verdict for a in attachments)
         # Only this pass's plugins: none waiting, no series.
         self.waiting.clear()
-        for plugin, n in waiting.items():
+        for plugin, n in Counter(waiting_plugin(a) for a in attachments if a.verdict == "waiting").items():
             self.waiting.labels(plugin).set(n)
-        for verdict, n in counts.items():
-            self.attachments.labels(verdict).set(n)
+        for verdict in VERDICTS:
+            self.attachments.labels(verdict).set(counts[verdict])
+        per_kind: Counter[tuple[str, ...]] = Counter((ref.kind, a.verdict) for a in attachments for ref in a.resources)
         self.resources.set_all(per_kind)
         self.range_size.clear()
         self.range_used.clear()
@@ -262,9 +258,9 @@ class ReaperMetrics:
             self.range_size.labels(r.network, r.range).set(r.size)
             self.range_used.labels(r.network, r.range).set(r.used)
         self.stuck.set(len(report.stuck_sandboxes))
-        corrupt: dict[tuple[str, ...], float] = {}
+        corrupt: Counter[tuple[str, ...]] = Counter()
         for c in report.corrupt:
-            corrupt[(c.kind,)] = corrupt.get((c.kind,), 0) + c.count
+            corrupt[(c.kind,)] += c.count
         self.corrupt.set_all(corrupt)
         self.runtime_up.set(1 if report.runtime.reachable else 0)
         self._observe_orphans(report)
@@ -273,12 +269,11 @@ class ReaperMetrics:
     def _observe_orphans(self, report: ScanReport) -> None:
         self.networks.update(report.networks)
         oldest = dict.fromkeys(ORPHAN_KINDS, 0.0)
-        per_network: dict[str, int] = {}
+        per_network: Counter[str] = Counter()
         for a in report.attachments:
             if a.verdict != "orphan":
                 continue
-            label = self.networks.of(a.key.network)
-            per_network[label] = per_network.get(label, 0) + 1
+            per_network[self.networks.of(a.key.network)] += 1
             for ref in a.resources:
                 if ref.kind in oldest:
                     oldest[ref.kind] = max(oldest[ref.kind], _age(a, ref.created_at, report.taken_at))
