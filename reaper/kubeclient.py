@@ -55,12 +55,12 @@ class _Deadline:
         return time.monotonic() >= self.at
 
 
+@dataclass
 class _DeadlineStream(httpcore.NetworkStream):
     """A connection whose every read and write, and its TLS handshake, end by the deadline."""
 
-    def __init__(self, inner: httpcore.NetworkStream, deadline: _Deadline) -> None:
-        self.inner = inner
-        self.deadline = deadline
+    inner: httpcore.NetworkStream
+    deadline: _Deadline
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         return self.inner.read(max_bytes, self.deadline.left(timeout, httpcore.ReadTimeout))

@@ -80,14 +80,12 @@ def reconcile(
 ) -> tuple[ScanReport, dict[str, AttachmentHistory]]:
     """The verdicts. `correlation`: correlate(snapshot, runtime), if the caller made it already."""
     correlation = correlation if correlation is not None else correlate(snapshot, runtime)
-    groups = correlation.groups
-    holders = dict(snapshot.netns_holders)
     pids = dict(snapshot.netns_pids)
     owners = _Owners(
         snapshot.host_netns,
         {s.id: s for s in runtime.sandboxes},
         {s.netns: s for s in runtime.sandboxes if s.netns is not None},
-        holders,
+        dict(snapshot.netns_holders),
         dict(heldns.holds(record) for record in heldns.KIND.records(snapshot)),
     )
     no_gc = gc_disabled_networks(snapshot.configs)
@@ -96,11 +94,11 @@ def reconcile(
     attachments: list[Attachment] = []
     foreign: list[ForeignPin] = []
     new_history: dict[str, AttachmentHistory] = {}
-    for group in groups:
+    for group in correlation.groups:
         if group.foreign:
             pin = group.resources[0]
-            path = pin.details.get("path")
-            foreign.append(ForeignPin(pin.name, str(path), len(pids.get(group.netns, ())) if group.netns else 0))
+            holders = len(pids.get(group.netns, ())) if group.netns else 0
+            foreign.append(ForeignPin(pin.name, str(pin.details.get("path")), holders))
             continue
         text_key = group.key.as_text()
         previous = history.get(text_key)

@@ -74,7 +74,7 @@ def scan_pass(
     watch.lap("state")
     timings = (*snapshot.timings, *watch.laps)
     seconds = time.monotonic() - started
-    _log_pass(log, warnings, report, runtime.reachable, seconds, timings)
+    _log_pass(log, warnings, report, seconds, timings)
     return ScanResult(
         report=report,
         snapshot=snapshot,
@@ -147,12 +147,7 @@ def _save(
 
 
 def _log_pass(
-    log: logging.Logger,
-    warnings: list[str],
-    report: ScanReport,
-    reachable: bool,
-    seconds: float,
-    timings: tuple[tuple[str, float], ...],
+    log: logging.Logger, warnings: list[str], report: ScanReport, seconds: float, timings: tuple[tuple[str, float], ...]
 ) -> None:
     for text in warnings:
         log.warning(text)
@@ -163,7 +158,7 @@ def _log_pass(
         "scan pass",
         extra={
             "seconds": round(seconds, 3),
-            "runtime_reachable": reachable,
+            "runtime_reachable": report.runtime.reachable,
             **{v: report.count(v) for v in VERDICTS},
             "stuck_sandboxes": len(report.stuck_sandboxes),
             "corrupt_files": sum(c.count for c in report.corrupt),
