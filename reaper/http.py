@@ -181,8 +181,8 @@ def _handler(metrics: Callable[[], bytes], readiness: Check, health: Check) -> t
         timeout = REQUEST_DEADLINE
 
         def handle_one_request(self) -> None:
-            """One request a connection, its head read within the bounds before the stock
-            parser sees it; another method than GET is answered 501, its body never read."""
+            """One request a connection (HTTP/1.0), its head read within the bounds before the
+            stock parser sees it; another method than GET is answered 501, its body never read."""
             self.close_connection = True
             try:
                 head = read_head(self.rfile)

@@ -113,7 +113,8 @@ def take_snapshot(opts: FindOptions, memo: InventoryMemo | None = None, registry
         look = Look(opts, memo, tuple(conf_configs), dict(found))
         try:
             result = kind.find(look)
-        except Exception as err:  # a bug costs that kind only: a missing record goes unreclaimed
+        except Exception as err:  # a bug costs that kind only
+            # Fewer records never make a live attachment orphaned: a missing one goes unreclaimed.
             result = Found((), errors=(SourceError(kind.name, f"failed unexpectedly: {type(err).__name__}: {err}"),))
         found[kind.name] = result.records
         corrupt.extend(result.corrupt)
