@@ -30,7 +30,7 @@ from reaper.settings import (
     SettingsError,
     add_options,
     agent_settings_from,
-    given,
+    given_as,
     reap_settings_from,
     scan_mode_refusal,
     settings_from,
@@ -347,9 +347,8 @@ def _run(args: argparse.Namespace) -> int:
         ).run()
     except ListenError as err:  # before any pass: the endpoints come first
         host, port = agent_settings.listen_host, agent_settings.listen_port
-        source = given("--listen", args)
         shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        return _fail(f"{'--listen' if source in (None, 'flag') else source} {shown}: cannot listen: {err}")
+        return _fail(f"{given_as('--listen', args) or '--listen'} {shown}: cannot listen: {err}")
 
 
 def _reap(args: argparse.Namespace) -> int:
@@ -460,20 +459,15 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parse(parser, sys.argv[1:] if argv is None else list(argv))
-    run = COMMANDS.get(args.command or "")
+    args = parse(build_parser(), sys.argv[1:] if argv is None else list(argv))  # a COMMAND, or exit 2
     try:
-        if run is not None:
-            return run(args)
+        return COMMANDS[args.command](args)
     except (SettingsError, HostUnseen, LockUnusable) as err:
         return _fail(str(err))
     except LockBusy as err:
         return _fail(str(err), EXIT_LOCKED)
     except KeyboardInterrupt:
         return 130
-    parser.error(f"unknown command {args.command}")
-    return EXIT_UNDECIDED
 
 
 def _output(text: str | bytes) -> None:

@@ -17,7 +17,7 @@ _PART = re.compile(rf"({_NUMBER})(ms|s|m|h|d)")
 _COMPOUND = re.compile(rf"(?:{_NUMBER}(?:ms|s|m|h|d))+")
 _BARE = re.compile(_NUMBER)
 
-# The longest duration any setting takes (tests/unit/test_duration_bounds.py: the places that use
+# The longest duration any setting takes (tests/unit/test_durations.py: the places that use
 # one take it).
 MAX_SECONDS = 365 * 86400.0
 

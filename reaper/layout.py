@@ -37,24 +37,14 @@ class ContainerdInstall(Struct, frozen=True):
     socket: str  # [grpc] address
 
 
+_CONTAINERD_RUN = ("/run/containerd", "/run/containerd/containerd.sock")  # (state, socket)
+_K3S_RUN = ("/run/k3s/containerd", "/run/k3s/containerd/containerd.sock")  # k3s' and rke2's
 CONTAINERD_INSTALLS: tuple[ContainerdInstall, ...] = (
-    ContainerdInstall(
-        "containerd", "/etc/containerd/config.toml", "/run/containerd", "/run/containerd/containerd.sock"
-    ),
-    ContainerdInstall(
-        "k3s",
-        "/var/lib/rancher/k3s/agent/etc/containerd/config.toml",
-        "/run/k3s/containerd",
-        "/run/k3s/containerd/containerd.sock",
-    ),
-    ContainerdInstall(
-        "rke2",
-        "/var/lib/rancher/rke2/agent/etc/containerd/config.toml",
-        "/run/k3s/containerd",
-        "/run/k3s/containerd/containerd.sock",
-    ),
+    ContainerdInstall("containerd", "/etc/containerd/config.toml", *_CONTAINERD_RUN),
+    ContainerdInstall("k3s", "/var/lib/rancher/k3s/agent/etc/containerd/config.toml", *_K3S_RUN),
+    ContainerdInstall("rke2", "/var/lib/rancher/rke2/agent/etc/containerd/config.toml", *_K3S_RUN),
     # Talos' CRI containerd: /etc/cri/containerd.toml, which imports what it merges in /etc/cri/conf.d.
-    ContainerdInstall("talos", "/etc/cri/containerd.toml", "/run/containerd", "/run/containerd/containerd.sock"),
+    ContainerdInstall("talos", "/etc/cri/containerd.toml", *_CONTAINERD_RUN),
     ContainerdInstall(
         "microk8s",
         "/var/snap/microk8s/current/args/containerd.toml",

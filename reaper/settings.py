@@ -447,15 +447,24 @@ class AgentSettings(Struct, frozen=True, kw_only=True):
     events_namespace: str = "default"  # where they are posted
 
 
+def _option(flag: str) -> Option:
+    return next(o for o in OPTIONS if o.flag == flag)
+
+
 def given(flag: str, args: argparse.Namespace, env: Mapping[str, str] | None = None) -> str | None:
     """Where an option's value came from when the operator gave it: "flag" or its variable."""
-    opt = next(o for o in OPTIONS if o.flag == flag)
-    env = os.environ if env is None else env
+    opt = _option(flag)
     if getattr(args, opt.dest, None) is not None:
         return "flag"
-    if opt.env and env.get(opt.env):
+    if opt.env and (os.environ if env is None else env).get(opt.env):
         return opt.env
     return None
+
+
+def given_as(flag: str, args: argparse.Namespace, env: Mapping[str, str] | None = None) -> str | None:
+    """The flag or the variable the operator gave the option's value with; None when neither."""
+    origin = given(flag, args, env)
+    return flag if origin == "flag" else origin
 
 
 CRIO_RUNTIME = "cri-o"  # CRI-O's RuntimeLayout.runtime (reaper.layout.crio_layout)
@@ -491,23 +500,16 @@ def dir_problems(values: Mapping[str, Any], args: argparse.Namespace, env: Mappi
     a detected dir that is missing is a node without that runtime or plugin, not a typo)."""
     problems = []
     for flag in READ_DIRS:
-        origin = given(flag, args, env)
-        if origin is None:
-            continue
-        source = flag if origin == "flag" else origin
-        opt = next(o for o in OPTIONS if o.flag == flag)
-        value = values[opt.dest]
-        for path in value if isinstance(value, list) else [value]:
+        source, value = given_as(flag, args, env), values[_option(flag).dest]
+        for path in (value if isinstance(value, list) else [value]) if source else []:
             try:
-                is_dir = stat.S_ISDIR(os.stat(path).st_mode)
+                problem = "" if stat.S_ISDIR(os.stat(path).st_mode) else "not a directory; nothing is found there"
             except FileNotFoundError:
-                problems.append(f"{source} {path}: no such directory; nothing is found there")
-                continue
+                problem = "no such directory; nothing is found there"
             except OSError as err:
-                problems.append(f"{source} {path}: cannot be read: {err.strerror}")
-                continue
-            if not is_dir:
-                problems.append(f"{source} {path}: not a directory; nothing is found there")
+                problem = f"cannot be read: {err.strerror}"
+            if problem:
+                problems.append(f"{source} {path}: {problem}")
     return tuple(problems)
 
 
@@ -590,10 +592,9 @@ def _grace_problems(
 ) -> tuple[str, ...]:
     """A warning for a --min-age given under a minute: taken (a lab or a test wants it), but an
     attachment's age is all that tells a pod's ADD still under way from a leak."""
-    origin = given("--min-age", args, env)
-    if origin is None or values["min_age"] >= MIN_AGE_WARNING:
+    source = given_as("--min-age", args, env)
+    if source is None or values["min_age"] >= MIN_AGE_WARNING:
         return ()
-    source = "--min-age" if origin == "flag" else origin
     return (
         f"{source} {values['min_age']:g}s is under 1m: an attachment of a pod whose network is still "
         "being set up may be called an orphan (pods were harmed at 0 in the README's churn run); keep it above "
