@@ -46,12 +46,8 @@ def parse_duration(text: str) -> float:
 
 def format_duration(seconds: float) -> str:
     """A short human form: 45s, 12m, 3h, 2d."""
-    if seconds < 0:
-        seconds = 0.0
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}m"
-    if seconds < 172800:
-        return f"{seconds / 3600:.0f}h"
+    seconds = max(seconds, 0.0)
+    for below, size, unit in ((120, 1, "s"), (7200, 60, "m"), (172800, 3600, "h")):
+        if seconds < below:
+            return f"{seconds / size:.0f}{unit}"
     return f"{seconds / 86400:.0f}d"

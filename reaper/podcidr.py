@@ -35,18 +35,14 @@ class PodCidrs(Struct, frozen=True):
 def pod_cidrs_from(values: Iterable[str], source: str) -> PodCidrs:
     """The first IPv4 and the first IPv6 network of `values` (as Calico takes them from
     `spec.podCIDRs`); PodCidrError for a value that is not a network."""
-    v4: str | None = None
-    v6: str | None = None
+    first: dict[int, str] = {}  # by IP version
     for value in values:
         try:
             net = ipaddress.ip_network(value, strict=True)
         except (ValueError, TypeError):
             raise PodCidrError(f"{str(value)[:80]!r} from {source} is not a network in CIDR notation") from None
-        if net.version == 4 and v4 is None:
-            v4 = str(net)
-        elif net.version == 6 and v6 is None:
-            v6 = str(net)
-    return PodCidrs(v4, v6, source)
+        first.setdefault(net.version, str(net))
+    return PodCidrs(first.get(4), first.get(6), source)
 
 
 def node_pod_cidrs(doc: object, node_name: str) -> PodCidrs:

@@ -142,8 +142,6 @@ def _on_off(text: str) -> bool:
 
 
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-
-
 _namespace = _parser(str, _NAMESPACE.fullmatch, "not a namespace name (lowercase letters, digits and '-', at most 63)")
 _endpoint = _parser(
     str,
