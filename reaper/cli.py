@@ -30,6 +30,7 @@ from reaper.settings import (
     SettingsError,
     add_options,
     agent_settings_from,
+    given_as,
     reap_settings_from,
     scan_mode_refusal,
     settings_from,
@@ -244,43 +245,44 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
 
 def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser | None:
     """The parser of `command`, from the parser's subcommands."""
-    for action in parser._actions:  # argparse keeps no public handle on its subparsers
-        if isinstance(action, argparse._SubParsersAction) and command is not None:
-            found: argparse.ArgumentParser | None = action.choices.get(command)
-            return found
-    return None
+    # argparse keeps no public handle on its subparsers
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    found: argparse.ArgumentParser | None = subparsers.choices.get(command or "")
+    return found
 
 
-def _settings(args: argparse.Namespace) -> tuple[Settings, Layout]:
-    """The settings, the dirs no flag or variable gave detected from the runtimes' configs; and
-    those configs (what a runtime that does not answer was configured as)."""
+def _start(args: argparse.Namespace, log_level: str | None = None) -> tuple[Settings, Layout, logging.Logger]:
+    """The settings (dirs no flag or variable gave detected from the runtimes' configs), those
+    configs, and the logger, after one warning for each given dir that is not there."""
     layout = detect_layout(proc="/proc")
-    return with_pod_cidrs(settings_from(args, layout=layout)), layout
+    settings = with_pod_cidrs(settings_from(args, layout=layout))
+    log = setup_logging(settings.log_format, log_level or settings.log_level)
+    for problem in settings.given_problems:  # the JSON's `problems` says them too
+        log.warning(problem)
+    return settings, layout, log
 
 
-def _undecided(problem: str, view: RuntimeView, layout: Layout) -> str:
-    """The line on stderr for a pass that could not decide: when no runtime answered, its likely
-    cause (the report lists each socket tried), else the pass's own problem."""
+def _fail(message: str, status: int = EXIT_UNDECIDED) -> int:
+    """`message` as the one line on stderr; `status`."""
+    print(f"reaper: {message}", file=sys.stderr)
+    return status
+
+
+def _undecided(problem: str, view: RuntimeView, layout: Layout) -> int:
+    """A pass that could not decide: when no runtime answered, its likely cause (the report lists
+    each socket tried), else the pass's own problem."""
     if view.reachable:
-        return f"reaper: cannot decide: {problem}"
+        return _fail(f"cannot decide: {problem}")
     from reaper.runtime.cause import likely_cause  # noqa: PLC0415
 
-    return f"reaper: cannot decide: runtime unreachable: {likely_cause(view, layout)}"
-
-
-def _warn_dirs(settings: Settings, log: logging.Logger) -> None:
-    """One warning line for each dir given that is not there (the JSON's `problems` says it too)."""
-    for problem in settings.given_problems:
-        log.warning(problem)
+    return _fail(f"cannot decide: runtime unreachable: {likely_cause(view, layout)}")
 
 
 def _scan(args: argparse.Namespace) -> int:
     from reaper.report import report_json, report_table  # noqa: PLC0415 (see the module's docstring)
     from reaper.scan import scan_pass  # noqa: PLC0415
 
-    settings, layout = _settings(args)
-    log = setup_logging(settings.log_format, settings.log_level)
-    _warn_dirs(settings, log)
+    settings, layout, log = _start(args)
     if os.geteuid() != 0:
         log.warning("not running as root: namespaces, /proc and iptables may be partly unreadable")
     with pass_lock(settings.state_file, settings.lock_wait, log, changes_node=False):  # counts, counters
@@ -299,13 +301,11 @@ def _scan(args: argparse.Namespace) -> int:
             metrics.observe_pass(result.seconds, result.outcome, time.time())
             _write_textfile(settings, metrics, log)
     if settings.json_output:
-        doc = {**report_json(report), "layout": layout_json(settings)}
-        _output(dumps_indented(doc))
+        _output(dumps_indented({**report_json(report), "layout": layout_json(settings)}))
     else:
         _output(report_table(report))
     if result.problem is not None:
-        print(_undecided(result.problem, report.runtime, layout), file=sys.stderr)
-        return EXIT_UNDECIDED
+        return _undecided(result.problem, report.runtime, layout)
     return EXIT_ORPHANS if report.count("orphan") else EXIT_CLEAN
 
 
@@ -336,31 +336,19 @@ def _run(args: argparse.Namespace) -> int:
     from reaper.events import events_from  # noqa: PLC0415
     from reaper.http import ListenError  # noqa: PLC0415
 
-    settings, _ = _settings(args)
-    reap = reap_settings_from(args)
+    settings, _, log = _start(args)
     agent_settings = agent_settings_from(args)
-    log = setup_logging(settings.log_format, settings.log_level)
-    _warn_dirs(settings, log)
-    liveness = liveness_from(settings)
     events = events_from(
         agent_settings.events, settings.node_name, os.environ, log, namespace=agent_settings.events_namespace
     )
     try:
-        agent = Agent(settings, reap, agent_settings, liveness, log, events=events)
-        return agent.run()
+        return Agent(
+            settings, reap_settings_from(args), agent_settings, liveness_from(settings), log, events=events
+        ).run()
     except ListenError as err:  # before any pass: the endpoints come first
-        where = _listen_source(args, agent_settings.listen_host, agent_settings.listen_port)
-        print(f"reaper: {where}: cannot listen: {err}", file=sys.stderr)
-        return EXIT_UNDECIDED
-
-
-def _listen_source(args: argparse.Namespace, host: str, port: int) -> str:
-    """`--listen HOST:PORT`, named as the operator gave it (REAPER_LISTEN when that gave it)."""
-    from reaper.settings import given  # noqa: PLC0415
-
-    source = given("--listen", args)
-    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    return f"{'--listen' if source in (None, 'flag') else source} {shown}"
+        host, port = agent_settings.listen_host, agent_settings.listen_port
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return _fail(f"{given_as('--listen', args) or '--listen'} {shown}: cannot listen: {err}")
 
 
 def _reap(args: argparse.Namespace) -> int:
@@ -373,29 +361,22 @@ def _reap(args: argparse.Namespace) -> int:
 
     refused = scan_mode_refusal(args)
     if refused is not None:
-        print(f"reaper: {refused}", file=sys.stderr)
-        return EXIT_UNDECIDED
-    settings, layout = _settings(args)
+        return _fail(refused)
+    settings, layout, log = _start(args)
     reap = reap_settings_from(args)
-    log = setup_logging(settings.log_format, settings.log_level)
-    _warn_dirs(settings, log)
     if os.geteuid() != 0:
         log.warning("not running as root: reclaiming will fail")
     node = this_node()
     reviewed = None
     if reap.plan_out is not None and not reap.dry_run:
-        print("reaper: --plan-out writes a plan for review: give it with --dry-run", file=sys.stderr)
-        return EXIT_UNDECIDED
+        return _fail("--plan-out writes a plan for review: give it with --dry-run")
     if reap.drop_waiting and not reap.dry_run and reap.plan is None:
-        why = "acts on a reviewed plan only: give it with --dry-run --plan-out, then with --plan"
-        print(f"reaper: --drop-waiting {why}", file=sys.stderr)
-        return EXIT_UNDECIDED
+        return _fail("--drop-waiting acts on a reviewed plan only: give it with --dry-run --plan-out, then with --plan")
     if reap.plan is not None:
         try:
             reviewed = read_plan(reap.plan, node)
         except PlanError as err:
-            print(f"reaper: {err}", file=sys.stderr)
-            return EXIT_UNDECIDED
+            return _fail(str(err))
     with pass_lock(settings.state_file, settings.lock_wait, log, changes_node=True):  # one DEL at a time
         started = time.monotonic()
         if reap.dry_run:  # the plan as the pass would act on it; nothing is touched
@@ -406,8 +387,7 @@ def _reap(args: argparse.Namespace) -> int:
                     document = plan_document(planned.plan, planned.scan.report.attachments, node, time.time())
                     write_atomically(reap.plan_out, document, 0o600)
                 except OSError as err:
-                    print(f"reaper: --plan-out {reap.plan_out}: {err.strerror}", file=sys.stderr)
-                    return EXIT_UNDECIDED
+                    return _fail(f"--plan-out {reap.plan_out}: {err.strerror}")
         else:
             result = reap_pass(settings, reap, liveness_from(settings), log, reviewed=reviewed)
         metrics = ReaperMetrics(mode="scan" if reap.dry_run else "reap")  # a dry run changes nothing
@@ -419,11 +399,9 @@ def _reap(args: argparse.Namespace) -> int:
     else:
         _output(reap_table(result, reap.dry_run))
     if result.outcome == "breaker":
-        print(f"reaper: {result.problem}", file=sys.stderr)
-        return EXIT_BREAKER
+        return _fail(str(result.problem), EXIT_BREAKER)
     if result.problem is not None:
-        print(_undecided(result.problem, result.report.runtime, layout), file=sys.stderr)
-        return EXIT_UNDECIDED
+        return _undecided(result.problem, result.report.runtime, layout)
     if reap.dry_run:
         return EXIT_ORPHANS if result.plan else EXIT_CLEAN
     return EXIT_CLEAN if all(o.ok for o in result.reclaimed) else EXIT_ORPHANS
@@ -432,8 +410,7 @@ def _reap(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     from reaper.doctor import doctor_json, doctor_table, run_checks  # noqa: PLC0415
 
-    settings, layout = _settings(args)
-    _warn_dirs(settings, setup_logging(settings.log_format, "warning"))
+    settings, layout, _ = _start(args, "warning")
     setup_logging(settings.log_format, "error")  # the checks say the rest, one line each
     view = liveness_from(settings).observe({})
     checks = run_checks(settings, layout, view, os.environ.get("REAPER_CNI_PRESET"), os.environ.get("REAPER_PLATFORM"))
@@ -452,35 +429,23 @@ def _explain(args: argparse.Namespace) -> int:
     problem = target_problem(args.target)
     if problem is not None:  # a usage error, before the node is looked at
         raise SettingsError(problem)
-    settings, layout = _settings(args)
-    log = setup_logging(settings.log_format, settings.log_level)
-    _warn_dirs(settings, log)
+    settings, layout, log = _start(args)
     history = load_state(settings.state_file)[0].attachments
     reap = reap_settings_from(args)
+    allowed, kernel_only = reap.allow_plugins, reap.policy.kernel_only
     result = scan_pass(
-        settings,
-        liveness_from(settings),
-        log,
-        save=False,
-        allow_plugins=reap.allow_plugins,
-        plugins_run=not reap.policy.kernel_only,
+        settings, liveness_from(settings), log, save=False, allow_plugins=allowed, plugins_run=not kernel_only
     )
+    confirmations = settings.policy.confirmations
     found = explain(
-        result,
-        args.target,
-        history,
-        settings.policy.confirmations,
-        reap.allow_plugins,
-        kernel_only=reap.policy.kernel_only,
-        quarantine=reap.policy.quarantine,
+        result, args.target, history, confirmations, allowed, kernel_only=kernel_only, quarantine=reap.policy.quarantine
     )
     if settings.json_output:
         _output(dumps_indented(explain_json(args.target, found, result.report.taken_at)))
     else:
         _output(explain_text(args.target, found))
     if not result.report.runtime.reachable:
-        print(_undecided(str(result.report.runtime.error), result.report.runtime, layout), file=sys.stderr)
-        return EXIT_UNDECIDED
+        return _undecided(str(result.report.runtime.error), result.report.runtime, layout)
     return EXIT_CLEAN if found else EXIT_ORPHANS
 
 
@@ -494,22 +459,15 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parse(parser, sys.argv[1:] if argv is None else list(argv))
-    run = COMMANDS.get(args.command or "")
+    args = parse(build_parser(), sys.argv[1:] if argv is None else list(argv))  # a COMMAND, or exit 2
     try:
-        if run is not None:
-            return run(args)
+        return COMMANDS[args.command](args)
     except (SettingsError, HostUnseen, LockUnusable) as err:
-        print(f"reaper: {err}", file=sys.stderr)
-        return EXIT_UNDECIDED
+        return _fail(str(err))
     except LockBusy as err:
-        print(f"reaper: {err}", file=sys.stderr)
-        return EXIT_LOCKED
+        return _fail(str(err), EXIT_LOCKED)
     except KeyboardInterrupt:
         return 130
-    parser.error(f"unknown command {args.command}")
-    return EXIT_UNDECIDED
 
 
 def _output(text: str | bytes) -> None:

@@ -90,14 +90,15 @@ def _dirs(settings: Settings, layout: Layout) -> Iterator[Check]:
         yield Check(
             "layout", "warn", f"a runtime config could not be read: {problem}", "fix the file, or pass the dirs"
         )
-    for flag, value in (
-        ("--cni-conf-dir", ":".join(settings.find.conf_dirs)),
-        ("--cni-bin-dir", ":".join(settings.find.bin_dirs)),
-        ("--netns-dir", ":".join(settings.find.netns_dirs)),
-        ("--namespaces-dir", ":".join(settings.find.namespaces_dirs)),
+    find = settings.find
+    for flag, dirs in (
+        ("--cni-conf-dir", find.conf_dirs),
+        ("--cni-bin-dir", find.bin_dirs),
+        ("--netns-dir", find.netns_dirs),
+        ("--namespaces-dir", find.namespaces_dirs),
     ):
-        if value:
-            yield Check("layout", "ok", f"{flag} {value} (from {origins.get(flag, 'default')})")
+        if dirs:
+            yield Check("layout", "ok", f"{flag} {':'.join(dirs)} (from {origins.get(flag, 'default')})")
 
 
 def _readable(name: str, path: str, fix: str, missing: Status = "fail") -> Check:
@@ -120,16 +121,15 @@ def _cni_dirs(settings: Settings, configs: list[NetworkConfig]) -> Iterator[Chec
             yield Check("conf dir", "ok", f"{len(configs)} network config(s): {names}")
         else:
             yield Check("conf dir", "warn", f"no network config in {':'.join(settings.find.conf_dirs)}", mount)
-    for directory in settings.find.bin_dirs:
-        yield _readable("bin dir", directory, mount)
+    yield from (_readable("bin dir", d, mount) for d in settings.find.bin_dirs)
     yield _readable("cache dir", settings.find.cache_dir, mount, missing="warn")
-    for directory in settings.find.netns_dirs:
-        yield _readable("netns dir", directory, mount, missing="warn")
-    for directory in settings.find.ipam_dirs:
-        yield _readable("ipam dir", directory, mount, missing="warn")
-    # CRI-O's pins of a sandbox's other namespaces ({ipc,uts,user,pid}ns), freed with its netns pin.
-    for directory in settings.find.namespaces_dirs:
-        yield _readable("namespaces dir", directory, mount, missing="warn")
+    # namespaces dirs: CRI-O's pins of a sandbox's other namespaces, freed with its netns pin.
+    for name, dirs in (
+        ("netns dir", settings.find.netns_dirs),
+        ("ipam dir", settings.find.ipam_dirs),
+        ("namespaces dir", settings.find.namespaces_dirs),
+    ):
+        yield from (_readable(name, d, mount, missing="warn") for d in dirs)
 
 
 def _nodename_dirs(plugins: Iterable[Mapping[str, Any]]) -> dict[str, str]:
@@ -143,23 +143,23 @@ def _nodename_dirs(plugins: Iterable[Mapping[str, Any]]) -> dict[str, str]:
     return found
 
 
-def _plugins(settings: Settings, configs: Iterable[NetworkConfig], platform: str | None = None) -> Iterator[Check]:
+def _plugin_lists(configs: Iterable[NetworkConfig]) -> Iterator[tuple[NetworkConfig, list[dict[str, Any]], set[str]]]:
+    """Each readable config with its plugin list and the plugin types its DEL runs."""
     for config in configs:
         try:
             plugins = plugin_list(config.raw)[2]
-            types = executed_types(plugins)
+            yield config, plugins, executed_types(plugins)
         except ConfigError:
             continue
-        missing = sorted(
-            t for t in types if not any(os.path.isfile(os.path.join(d, t)) for d in settings.find.bin_dirs)
-        )
+
+
+def _plugins(settings: Settings, configs: Iterable[NetworkConfig], platform: str | None = None) -> Iterator[Check]:
+    bin_dirs = settings.find.bin_dirs
+    for config, plugins, types in _plugin_lists(configs):
+        missing = sorted(t for t in types if not any(os.path.isfile(os.path.join(d, t)) for d in bin_dirs))
         if missing:
-            yield Check(
-                "plugins",
-                "fail",
-                f"{config.name}: {', '.join(missing)} not in {':'.join(settings.find.bin_dirs)}: its DEL cannot run",
-                "mount the bin dir the runtime uses (see --cni-bin-dir)",
-            )
+            message = f"{config.name}: {', '.join(missing)} not in {':'.join(bin_dirs)}: its DEL cannot run"
+            yield Check("plugins", "fail", message, "mount the bin dir the runtime uses (see --cni-bin-dir)")
         else:
             yield Check("plugins", "ok", f"{config.name}: every plugin of its DEL is here ({', '.join(sorted(types))})")
         moved = _nodename_dirs(plugins)
@@ -171,23 +171,16 @@ def _plugins(settings: Settings, configs: Iterable[NetworkConfig], platform: str
             if os.path.exists(path):
                 continue
             # The preset mounts the CNI's usual path; one the config moved is the platform's.
-            fix = (
-                f"mount {path} (chart: cniPreset={need[1]})"
-                if path == need[0]
-                else _chart_fix(path, "extraHostPaths", platform)
-            )
-            yield Check(
-                "plugins",
-                "warn",
-                f"{config.name}: {plugin}'s DEL needs {path}, not here: addresses it holds stay until it runs",
-                fix,
-            )
+            fix = f"mount {path} (chart: cniPreset={need[1]})"
+            if path != need[0]:
+                fix = _chart_fix(path, "extraHostPaths", platform)
+            message = f"{config.name}: {plugin}'s DEL needs {path}, not here: addresses it holds stay until it runs"
+            yield Check("plugins", "warn", message, fix)
 
 
 def _gc_disabled(configs: Iterable[NetworkConfig]) -> Iterator[Check]:
-    """The networks whose config says `disableGC: true`: their leaks are never reclaimed
-    (reaper.reconcile.gc_disabled_networks), which an operator should know before a leak
-    alert on one of them is a surprise."""
+    """A warning naming the networks whose config says `disableGC: true`: their leaks are never
+    reclaimed (reaper.reconcile.gc_disabled_networks), which an operator should know first."""
     kept = [f"{c.name} ({c.path})" for c in configs if c.disable_gc]
     if kept:
         yield Check(
@@ -201,15 +194,10 @@ def _gc_disabled(configs: Iterable[NetworkConfig]) -> Iterator[Check]:
 
 def _preset(preset: str | None, configs: Iterable[NetworkConfig]) -> Iterator[Check]:
     """The chart's cniPreset (REAPER_CNI_PRESET) against the plugins the node's configs use."""
-    used: set[str] = set()
-    for config in configs:
-        try:
-            used |= executed_types(plugin_list(config.raw)[2])
-        except ConfigError:
-            continue
-    matching = sorted(name for name, types in PRESET_PLUGINS.items() if types & used)
     if preset in (None, ""):
         return
+    used = set().union(*(types for _, _, types in _plugin_lists(configs)))
+    matching = sorted(name for name, types in PRESET_PLUGINS.items() if types & used)
     if preset == "none":
         if matching:
             fix = f"install the chart with --set cniPreset={matching[0]}"
@@ -244,8 +232,7 @@ def _state_dirs(settings: Settings, configs: Iterable[NetworkConfig]) -> Iterato
     dataDir, flannel's dataDir and multus' cniDir (their defaults under the cache dir when the
     config names none), as the plugins resolve them."""
     for config in configs:
-        for data_dir in config.ipam_data_dirs:
-            yield "ipam dataDir", data_dir, config.name
+        yield from (("ipam dataDir", data_dir, config.name) for data_dir in config.ipam_data_dirs)
         try:
             plugins = plugin_list(config.raw)[2]
         except ConfigError:
@@ -301,13 +288,9 @@ def _visibility(
     here_root: str | None = None,
     known: tuple[tuple[str, str], ...] = KNOWN_SOCKETS,
 ) -> Iterator[Check]:
-    """What the node's configs and runtimes keep on the node that this process does not see (in
-    the chart's pod: not mounted), one warning each with the chart value that mounts it: a
-    config's IPAM dataDir (its leases are not seen, so they never leak nor are freed), a
-    plugin's state dir (its DEL finds nothing to undo), a runtime socket the host has (that
-    runtime is never asked, so its pods' attachments could look orphaned). A dir under a dir the
-    reaper reads (cache, IPAM dirs) that exists here is seen as soon as the plugin makes it.
-    `here_root` is where this process' paths are looked up (None: its own root)."""
+    """One warning, with the chart value that mounts it, for each IPAM dataDir, plugin state dir or
+    runtime socket the node has that this process does not see (docs/design.md, "What doctor's
+    visibility check warns of"). `here_root`: where this process' paths are looked up (None: /)."""
 
     def here(path: str) -> str:
         return path if here_root is None else os.path.join(here_root, path.lstrip("/"))
@@ -325,12 +308,8 @@ def _visibility(
             continue
         warned += 1
         value = "ipamDirs or extraHostPaths" if what == "ipam dataDir" else "extraHostPaths"
-        yield Check(
-            "visibility",
-            "warn",
-            f"{what} {directory} of network {network} is not visible here: what it holds is not seen",
-            _chart_fix(directory, value, platform),
-        )
+        message = f"{what} {directory} of network {network} is not visible here: what it holds is not seen"
+        yield Check("visibility", "warn", message, _chart_fix(directory, value, platform))
     on_host: set[tuple[int, int]] = set()
     for name, path in known:
         key = _socket_key(path, host_root)
@@ -341,11 +320,9 @@ def _visibility(
             continue
         warned += 1
         pinned = " (only --runtime-endpoint is asked: leave it unset)" if settings.runtime_endpoints else ""
+        message = f"runtime socket {path} ({name}) is on the host but not visible here: that runtime is not asked"
         yield Check(
-            "visibility",
-            "warn",
-            f"runtime socket {path} ({name}) is on the host but not visible here: that runtime is not asked{pinned}",
-            _chart_fix(os.path.dirname(path), "runtimeSocketDirs", platform),
+            "visibility", "warn", message + pinned, _chart_fix(os.path.dirname(path), "runtimeSocketDirs", platform)
         )
     if not warned:
         yield Check("visibility", "ok", "every IPAM, plugin state dir and runtime socket of the node is visible here")
@@ -490,22 +467,23 @@ def run_checks(
     ]
 
 
+def _count(checks: list[Check], status: Status) -> int:
+    return sum(1 for c in checks if c.status == status)
+
+
 def doctor_json(checks: list[Check]) -> dict[str, Any]:
     return {
         "checks": [{"check": c.name, "status": c.status, "message": c.message, "fix": c.fix} for c in checks],
-        "failed": sum(1 for c in checks if c.status == "fail"),
-        "warnings": sum(1 for c in checks if c.status == "warn"),
+        "failed": _count(checks, "fail"),
+        "warnings": _count(checks, "warn"),
     }
 
 
 def doctor_table(checks: list[Check]) -> str:
     lines = []
     for c in checks:
-        line = f"{c.status:<4}  {c.name:<13} {c.message}"
-        if c.fix and c.status != "ok":
-            line += f"\n      {'':<13} fix: {c.fix}"
-        lines.append(line)
-    failed = sum(1 for c in checks if c.status == "fail")
-    warned = sum(1 for c in checks if c.status == "warn")
+        fix = f"\n      {'':<13} fix: {c.fix}" if c.fix and c.status != "ok" else ""
+        lines.append(f"{c.status:<4}  {c.name:<13} {c.message}{fix}")
+    failed, warned = _count(checks, "fail"), _count(checks, "warn")
     lines.append(f"\n{failed} failed, {warned} warnings, {len(checks) - failed - warned} ok")
     return "\n".join(lines)

@@ -1,15 +1,9 @@
 """Durations given on the command line or in the environment, and durations as reports show them.
 
-A duration is a bare number of seconds (`90`, `1.5`), or one or more numbers each with a unit,
-largest first or not, as Go's time.ParseDuration reads them (`90s`, `10m`, `1h30m`, `1.5h`,
-`250ms`), with `d` for days besides. What Go takes beyond that (a sign, `ns` and `us`) is not
-taken: no setting here wants a negative or sub-millisecond time, and saying so beats reading one.
-
-Nor does any want more than a year (MAX_SECONDS), and past some length each breaks where the
-time is used, not where it was typed: apscheduler's interval overflows a C int
-(`--interval 99999999999999999999d` was an OverflowError traceback), and grpc takes a deadline
-hundreds of years away as already passed (a reachable runtime answered DEADLINE_EXCEEDED).
-So every duration setting is bounded here, in its one parser, and a longer one is refused.
+A duration is seconds (`90`, `1.5`) or numbers with a unit as Go's time.ParseDuration reads them
+(`10m`, `1h30m`, `250ms`), plus `d`; no sign, `ns` or `us`. Every duration is at most a year
+(MAX_SECONDS), bounded here in its one parser: longer ones broke where they were used
+(docs/design.md, "Durations").
 """
 
 from __future__ import annotations
@@ -23,8 +17,8 @@ _PART = re.compile(rf"({_NUMBER})(ms|s|m|h|d)")
 _COMPOUND = re.compile(rf"(?:{_NUMBER}(?:ms|s|m|h|d))+")
 _BARE = re.compile(_NUMBER)
 
-# The longest duration any setting takes: a year. A test proves the places that use one take it
-# (tests/unit/test_duration_bounds.py: a CRI call with a year's deadline is answered).
+# The longest duration any setting takes (tests/unit/test_durations.py: the places that use
+# one take it).
 MAX_SECONDS = 365 * 86400.0
 
 # What --help and the errors say is accepted, in one place.
@@ -32,8 +26,7 @@ ACCEPTED = "seconds (90) or numbers with a unit ms, s, m, h or d, one or more (1
 
 
 def parse_duration(text: str) -> float:
-    """Seconds in `text`; ValueError saying what is wrong (the caller names the setting and
-    shows the text) when it is not a duration of this form."""
+    """Seconds in `text`; ValueError saying what is wrong (the caller names the setting)."""
     body = text.strip()
     negative = body.startswith("-")
     if negative:
@@ -53,12 +46,8 @@ def parse_duration(text: str) -> float:
 
 def format_duration(seconds: float) -> str:
     """A short human form: 45s, 12m, 3h, 2d."""
-    if seconds < 0:
-        seconds = 0.0
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}m"
-    if seconds < 172800:
-        return f"{seconds / 3600:.0f}h"
+    seconds = max(seconds, 0.0)
+    for below, size, unit in ((120, 1, "s"), (7200, 60, "m"), (172800, 3600, "h")):
+        if seconds < below:
+            return f"{seconds / size:.0f}{unit}"
     return f"{seconds / 86400:.0f}d"

@@ -1,10 +1,7 @@
 """What the operator keeps out of the reaper's reach: pods by namespace or name, networks.
 
-Matched against what an attachment says of itself: its network (from its key), and its pod
-(namespace/name, from the CNI_ARGS its cache entry keeps). Globs as the shell writes them
-(`*`, `?`, `[...]`), whole and case-sensitive, as Kubernetes names are. An attachment with
-no cache entry says no pod: only a network exclusion can keep it.
-
+Shell globs, whole and case-sensitive, matched against the attachment's network (its key) and
+pod (the CNI_ARGS its cache entry keeps: with no entry, only a network exclusion can keep it).
 An exclusion only ever keeps: a matching attachment is never reclaimed, whatever it is.
 """
 

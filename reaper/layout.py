@@ -1,21 +1,9 @@
-"""Where this node's runtimes keep CNI: their conf, bin and netns dirs, read from their own
-configs, so the reaper needs no flags on the nodes people run (kubeadm, k3s, rke2, microk8s,
-CRI-O). Flags and REAPER_* variables always win over what is detected here.
-
-Read the way each runtime reads them:
-- containerd: `config.toml` (and its `imports`, globs relative to the file), the CNI table of
-  the CRI plugin under each name it has had: `plugins."io.containerd.cri.v1.runtime".cni` (2.x),
-  `plugins."io.containerd.grpc.v1.cri".cni` (1.x, version 2), `plugins.cri.cni` (version 1);
-  `bin_dirs` (2.1+) or `bin_dir`; `netns_mounts_under_state_dir` puts pins under
-  `<state>/io.containerd.grpc.v1.cri/netns` instead of /var/run/netns.
-- CRI-O: `/etc/crio/crio.conf`, then every file under `/etc/crio/crio.conf.d`, recursively in
-  lexical order, each overriding the last; `[crio.network] network_dir, plugin_dirs, plugin_dir`;
-  `[crio.runtime] namespaces_dir` (pins in `<namespaces_dir>/netns`).
-- cri-dockerd (its own socket, or k3s `--docker`'s): no config file; Docker's pins in
-  /var/run/docker/netns.
-Every runtime found counts: the layout is the union of their dirs (a node with Docker's
-containerd and k3s, or containerd and CRI-O during a migration).
-Every path is read under `root` (a test's tree, or "/").
+"""Where this node's runtimes keep CNI (conf, bin and netns dirs), read from their own configs and
+command lines as each runtime reads them, so the reaper needs no flags on the nodes people run
+(kubeadm, k3s, rke2, microk8s, Talos, CRI-O, cri-dockerd). Flags and REAPER_* variables always
+win over what is detected here. Every runtime found counts: the layout is the union of their
+dirs. Every path is read under `root` (a test's tree, or "/"). Which keys and files each runtime
+reads: docs/design.md, "Layout detection".
 """
 
 from __future__ import annotations
@@ -26,7 +14,7 @@ import tomllib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from msgspec import Struct, field
+from msgspec import Struct
 
 from reaper.host.confined import UnfitFile, read_admins
 from reaper.runtime.discovery import believed_command_lines, flag_value
@@ -49,24 +37,14 @@ class ContainerdInstall(Struct, frozen=True):
     socket: str  # [grpc] address
 
 
+_CONTAINERD_RUN = ("/run/containerd", "/run/containerd/containerd.sock")  # (state, socket)
+_K3S_RUN = ("/run/k3s/containerd", "/run/k3s/containerd/containerd.sock")  # k3s' and rke2's
 CONTAINERD_INSTALLS: tuple[ContainerdInstall, ...] = (
-    ContainerdInstall(
-        "containerd", "/etc/containerd/config.toml", "/run/containerd", "/run/containerd/containerd.sock"
-    ),
-    ContainerdInstall(
-        "k3s",
-        "/var/lib/rancher/k3s/agent/etc/containerd/config.toml",
-        "/run/k3s/containerd",
-        "/run/k3s/containerd/containerd.sock",
-    ),
-    ContainerdInstall(
-        "rke2",
-        "/var/lib/rancher/rke2/agent/etc/containerd/config.toml",
-        "/run/k3s/containerd",
-        "/run/k3s/containerd/containerd.sock",
-    ),
+    ContainerdInstall("containerd", "/etc/containerd/config.toml", *_CONTAINERD_RUN),
+    ContainerdInstall("k3s", "/var/lib/rancher/k3s/agent/etc/containerd/config.toml", *_K3S_RUN),
+    ContainerdInstall("rke2", "/var/lib/rancher/rke2/agent/etc/containerd/config.toml", *_K3S_RUN),
     # Talos' CRI containerd: /etc/cri/containerd.toml, which imports what it merges in /etc/cri/conf.d.
-    ContainerdInstall("talos", "/etc/cri/containerd.toml", "/run/containerd", "/run/containerd/containerd.sock"),
+    ContainerdInstall("talos", "/etc/cri/containerd.toml", *_CONTAINERD_RUN),
     ContainerdInstall(
         "microk8s",
         "/var/snap/microk8s/current/args/containerd.toml",
@@ -125,7 +103,7 @@ class RuntimeLayout(Struct, frozen=True, kw_only=True):
 class Layout(Struct, frozen=True):
     # Those whose socket exists first: a config a runtime left behind says least.
     runtimes: tuple[RuntimeLayout, ...] = ()
-    problems: tuple[str, ...] = field(default=())  # configs found but not readable
+    problems: tuple[str, ...] = ()  # configs found but not readable
 
     @property
     def conf_dir(self) -> str | None:
@@ -134,9 +112,8 @@ class Layout(Struct, frozen=True):
 
     @property
     def conf_dirs(self) -> tuple[str, ...]:
-        """Every runtime's conf dir, each once, in runtime order (serving first, then the
-        fixed order): libcni reads one conf dir per runtime, and each of these dirs holds the
-        configs some runtime on this node would run, so all are the node's own configs."""
+        """Every runtime's conf dir (and handler conf dirs), each once, in runtime order: each holds
+        configs some runtime on this node would run, so all are the node's own."""
         return tuple(dict.fromkeys(d for r in self.runtimes for d in (r.conf_dir, *r.handler_conf_dirs)))
 
     @property
@@ -153,8 +130,8 @@ class LayoutError(ValueError):
 
 
 def _read_toml(root: str, path: str) -> dict[str, Any]:
-    # Links are followed, as the runtime follows them (NixOS links all of /etc): these are the
-    # admin's files, only read; a FIFO or a device is refused, and the size is bounded.
+    # Links are followed as the runtime follows them (NixOS links all of /etc): the admin's files,
+    # only read; a FIFO or a device is refused, and the size is bounded.
     try:
         return tomllib.loads(read_admins(_under(root, path), MAX_CONFIG_BYTES).decode("utf-8"))
     except (UnfitFile, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
@@ -211,13 +188,14 @@ class ContainerdFlags(Struct, frozen=True, kw_only=True):
     address: str | None  # --address, -a
 
 
-def containerd_flags(pid: int, argv: list[str]) -> ContainerdFlags:
-    def path(*flags: str) -> str | None:
-        return next((v for v in (_clean(flag_value(argv, f)) for f in flags) if v is not None), None)
+def _flag_path(argv: list[str], *flags: str) -> str | None:
+    """The first of `flags` on the command line that gives a clean absolute path."""
+    return next((v for v in (_clean(flag_value(argv, f)) for f in flags) if v is not None), None)
 
-    return ContainerdFlags(
-        pid=pid, config=path("--config", "-c"), state=path("--state"), address=path("--address", "-a")
-    )
+
+def containerd_flags(pid: int, argv: list[str]) -> ContainerdFlags:
+    config, state = _flag_path(argv, "--config", "-c"), _flag_path(argv, "--state")
+    return ContainerdFlags(pid=pid, config=config, state=state, address=_flag_path(argv, "--address", "-a"))
 
 
 def containerd_layout(
@@ -245,8 +223,8 @@ def containerd_layout(
             listed = cni.get("bin_dirs")
             if isinstance(listed, list) and listed:
                 bin_dirs = tuple(d for d in (_clean(x) for x in listed) if d is not None) or bin_dirs
-            elif _clean(cni.get("bin_dir")) is not None:
-                bin_dirs = (str(_clean(cni.get("bin_dir"))),)
+            elif (single := _clean(cni.get("bin_dir"))) is not None:
+                bin_dirs = (single,)
             if isinstance(cri.get("netns_mounts_under_state_dir"), bool):
                 under_state = bool(cri["netns_mounts_under_state_dir"])
             for handler, table in _table(cri, "containerd", "runtimes").items():
@@ -260,16 +238,14 @@ def containerd_layout(
     if flags is not None:
         state, socket = flags.state or state, flags.address or socket
         sources.append(f"containerd (pid {flags.pid}) command line")
-    netns = os.path.join(state, CRI_STATE_SUBDIR, "netns") if under_state else DEFAULT_NETNS_DIR
-    serving = os.path.exists(_under(root, socket))
     return RuntimeLayout(
         runtime=install.name,
         conf_dir=conf_dir,
         bin_dirs=bin_dirs,
-        netns_dir=netns,
+        netns_dir=os.path.join(state, CRI_STATE_SUBDIR, "netns") if under_state else DEFAULT_NETNS_DIR,
         sources=tuple(sources),
         socket=socket,
-        serving=serving,
+        serving=os.path.exists(_under(root, socket)),
         handler_conf_dirs=tuple(dict.fromkeys(handlers[h] for h in sorted(handlers))),
     )
 
@@ -287,17 +263,14 @@ class CrioFlags(Struct, frozen=True, kw_only=True):
 
 
 def crio_flags(pid: int, argv: list[str]) -> CrioFlags:
-    def path(*flags: str) -> str | None:
-        return next((v for v in (_clean(flag_value(argv, f)) for f in flags) if v is not None), None)
-
     return CrioFlags(
         pid=pid,
-        config=path("--config", "-c") or CRIO_CONFIG,
-        config_dir=path("--config-dir", "-d") or CRIO_DROP_INS,
-        conf_dir=path("--cni-config-dir"),
+        config=_flag_path(argv, "--config", "-c") or CRIO_CONFIG,
+        config_dir=_flag_path(argv, "--config-dir", "-d") or CRIO_DROP_INS,
+        conf_dir=_flag_path(argv, "--cni-config-dir"),
         bin_dirs=_comma_paths(argv, "--cni-plugin-dir"),
-        namespaces_dir=path("--namespaces-dir"),
-        listen=path("--listen"),
+        namespaces_dir=_flag_path(argv, "--namespaces-dir"),
+        listen=_flag_path(argv, "--listen"),
     )
 
 
@@ -337,7 +310,6 @@ def crio_layout(root: str, flags: CrioFlags | None = None) -> RuntimeLayout | No
         conf_dir, namespaces = flags.conf_dir or conf_dir, flags.namespaces_dir or namespaces
         bin_dirs, socket = flags.bin_dirs or bin_dirs, flags.listen or socket
         sources.append(f"crio (pid {flags.pid}) command line")
-    serving = os.path.exists(_under(root, socket))
     return RuntimeLayout(
         runtime="cri-o",
         conf_dir=conf_dir,
@@ -345,7 +317,7 @@ def crio_layout(root: str, flags: CrioFlags | None = None) -> RuntimeLayout | No
         netns_dir=os.path.join(namespaces, "netns"),
         sources=tuple(sources),
         socket=socket,
-        serving=serving,
+        serving=os.path.exists(_under(root, socket)),
     )
 
 
@@ -363,9 +335,8 @@ def _comma_paths(argv: list[str], flag: str) -> tuple[str, ...]:
 def cri_dockerd_layout(
     root: str, install: CriDockerdInstall, argv: tuple[int, list[str]] | None = None
 ) -> RuntimeLayout | None:
-    """cri-dockerd's CNI dirs when one of its sockets is here; None otherwise. `argv`: (pid,
-    command line) of the believed cri-dockerd process, whose --cni-conf-dir and --cni-bin-dir
-    win over its defaults."""
+    """cri-dockerd's CNI dirs when one of its sockets is here, else None; `argv` (pid, command line of
+    the believed cri-dockerd process) has --cni-conf-dir and --cni-bin-dir that win."""
     socket = next((s for s in install.sockets if os.path.exists(_under(root, s))), None)
     if socket is None:
         return None
@@ -405,10 +376,9 @@ def _containerd_installs(proc: str | None) -> list[tuple[ContainerdInstall, Cont
 
 
 def detect_layout(root: str = "/", proc: str | None = None) -> Layout:
-    """Every runtime config on this node, in a fixed order: containerd's installs, then CRI-O,
-    then cri-dockerd's sockets. With `proc` (the process table, "/proc"), the command lines of
-    the runtimes the host's init could have started (reaper.runtime.discovery) add to that: a
-    containerd's --config names an install of its own, and their flags win over the files."""
+    """Every runtime config on this node: containerd's installs, CRI-O, cri-dockerd's sockets, those
+    serving first. With `proc` ("/proc"), the believed runtime processes' flags (reaper.runtime.
+    discovery) win over the files, and a containerd's unknown --config is an install of its own."""
     found: list[RuntimeLayout] = []
     problems: list[str] = []
     crio = believed_command_lines(proc, b"crio") if proc is not None else []

@@ -10,11 +10,10 @@ from collections.abc import Iterable
 _CNI_ID = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.\-]*")
 PLUGIN_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")  # a file name in a bin dir, never a path
 _IFNAME = re.compile(r"[^/:\s\x00-\x1f\x7f]{1,15}")  # no slash, colon, space or control byte
-# Runtime-made netns pin names: containerd `cni-<uuid>`, CRI-O a bare uuid.
+# Runtime-made netns pin names: containerd `cni-<uuid>`, CRI-O a bare uuid (not Docker's: see
+# is_runtime_netns_name).
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 RUNTIME_NETNS_PATTERNS: tuple[str, ...] = (rf"cni-{_UUID}", _UUID)
-# Docker's (and so cri-dockerd's) pins: the sandbox ID's first 12 hex digits, in Docker's own
-# netns dir only. Anywhere else an admin may name a pin so (`ip netns add 0123456789ab`).
 
 MAX_NAME = 1024
 
@@ -35,10 +34,9 @@ def compile_netns_patterns(extra: tuple[str, ...]) -> tuple[re.Pattern[str], ...
 
 
 def is_runtime_netns_name(name: str, patterns: Iterable[re.Pattern[str]]) -> bool:
-    """A pin name a runtime makes: one of `patterns`. Docker's 12-hex names in its netns dir
-    are not among them: plain `docker run` containers pin there too, and no CRI runtime lists
-    them, so one between restarts (its process gone while a restart policy backs off) would
-    read as an orphan. Such a pin goes only with an attachment a cache entry or sandbox names."""
+    """A pin name a runtime makes: one of `patterns`. Not Docker's 12-hex names (plain `docker run`
+    containers pin there too, listed by no CRI runtime): such a pin goes only with an attachment
+    a cache entry or sandbox names (docs/design.md, "Docker's pins")."""
     return any(p.fullmatch(name) for p in patterns)
 
 

@@ -1,10 +1,6 @@
-"""The two parts the settings hand on whole: what the look reads (`FindOptions`) and what the
-reclaim plan weighs (`ReapPolicy`).
-
-reaper.settings builds each once from the flags, as `Settings.find` and `ReapSettings.policy`;
-the kinds and reaper.reap.plan read them there. They live here, apart from both, because
-reaper.reap imports reaper.settings: the settings importing reaper.reap.plan would be a cycle,
-and a flag table that imports the kinds would sit above the layers that read it.
+"""The two parts the settings hand on whole: what the look reads (`FindOptions`, as
+`Settings.find`) and what the reclaim plan weighs (`ReapPolicy`, as `ReapSettings.policy`).
+Apart from both sides so that neither imports the other (reaper.reap imports reaper.settings).
 """
 
 from __future__ import annotations
@@ -31,8 +27,7 @@ class FindOptions(Struct, frozen=True, kw_only=True):
     # The other present runtimes' conf dirs (Layout.conf_dirs), when the conf dir was detected;
     # never beside a --cni-conf-dir or REAPER_CNI_CONF_DIR, which names the only one.
     more_conf_dirs: tuple[str, ...] = ()
-    # For ranges whose subnet is usePodCidr (range gauges only); set by
-    # reaper.settings.with_pod_cidrs
+    # For ranges whose subnet is usePodCidr (range gauges only); set by settings.with_pod_cidrs
     pod_cidrs: PodCidrs | None = None
     # CRI-O's namespaces_dir, where it pins a sandbox's other namespaces beside its netns pin
     namespaces_dirs: tuple[str, ...] = ()

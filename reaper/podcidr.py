@@ -1,10 +1,8 @@
 """The node's pod CIDRs, for host-local ranges whose subnet is `usePodCidr` / `usePodCidrIPv6`.
 
-Calico's CNI plugin (and Canal's) fills those placeholders in from the Kubernetes Node object
-(`spec.podCIDRs`, or the older `spec.podCIDR`) before it calls host-local; nothing on the node
-holds the value. So it comes from `--pod-cidr`, or, in a pod, from the API server with the pod's
-service account (the chart grants `get` on nodes). Only the range gauges use it: a wrong or
-missing pod CIDR never changes what is reclaimed.
+Calico (and Canal) fill those in from the Node's `spec.podCIDRs` before calling host-local, so
+they come from `--pod-cidr` or, in a pod, from the API server. Only the range gauges use them: a
+wrong or missing pod CIDR never changes what is reclaimed.
 """
 
 from __future__ import annotations
@@ -37,18 +35,14 @@ class PodCidrs(Struct, frozen=True):
 def pod_cidrs_from(values: Iterable[str], source: str) -> PodCidrs:
     """The first IPv4 and the first IPv6 network of `values` (as Calico takes them from
     `spec.podCIDRs`); PodCidrError for a value that is not a network."""
-    v4: str | None = None
-    v6: str | None = None
+    first: dict[int, str] = {}  # by IP version
     for value in values:
         try:
             net = ipaddress.ip_network(value, strict=True)
         except (ValueError, TypeError):
             raise PodCidrError(f"{str(value)[:80]!r} from {source} is not a network in CIDR notation") from None
-        if net.version == 4 and v4 is None:
-            v4 = str(net)
-        elif net.version == 6 and v6 is None:
-            v6 = str(net)
-    return PodCidrs(v4, v6, source)
+        first.setdefault(net.version, str(net))
+    return PodCidrs(first.get(4), first.get(6), source)
 
 
 def node_pod_cidrs(doc: object, node_name: str) -> PodCidrs:
@@ -59,8 +53,7 @@ def node_pod_cidrs(doc: object, node_name: str) -> PodCidrs:
     name = metadata.get("name") if isinstance(metadata, dict) else None
     if not isinstance(doc, dict) or doc.get("kind") != "Node" or name != node_name:
         raise PodCidrError(f"the API server's answer for node {node_name} is not a Node")
-    spec = doc.get("spec")
-    spec = spec if isinstance(spec, dict) else {}
+    spec = doc["spec"] if isinstance(doc.get("spec"), dict) else {}
     values = spec.get("podCIDRs")
     if not isinstance(values, list):
         single = spec.get("podCIDR")
@@ -73,8 +66,8 @@ def node_pod_cidrs(doc: object, node_name: str) -> PodCidrs:
 
 
 def from_api(node_name: str, env: Mapping[str, str], timeout: float = API_TIMEOUT) -> PodCidrs:
-    """GET /api/v1/nodes/NAME with the pod's service account (reaper.kubeapi), verified against
-    its CA, the answer decoded as lightkube's core/v1 Node."""
+    """GET /api/v1/nodes/NAME with the pod's service account (reaper.kubeapi), verified against its
+    CA, the answer decoded as lightkube's core/v1 Node."""
     if not is_node_name(node_name):
         raise PodCidrError(f"{node_name[:80]!r} is not a node name")
     try:
@@ -114,8 +107,7 @@ def _answer_problem(err: BaseException, status: int | None, sa: ServiceAccount) 
 def resolve_pod_cidrs(given: Iterable[str], node_name: str | None, env: Mapping[str, str]) -> PodCidrs | None:
     """The pod CIDRs from `--pod-cidr`, else from the API server when in a pod and the node's
     name is known, else None (ranges with the placeholders are then reported unknown)."""
-    values = list(given)
-    if values:
+    if values := list(given):
         return pod_cidrs_from(values, "--pod-cidr")
     if node_name and in_cluster(env):
         return from_api(node_name, env)

@@ -14,7 +14,7 @@ import os
 import re
 import stat
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from msgspec import Struct
 from msgspec.structs import replace
@@ -28,6 +28,7 @@ from reaper.names import PLUGIN_TYPE, compile_netns_patterns, is_cni_id
 from reaper.options import FindOptions, ReapPolicy
 from reaper.podcidr import PodCidrError, pod_cidrs_from, resolve_pod_cidrs
 
+V = TypeVar("V")
 Group = Literal["paths", "reap", "agent", "output"]
 GROUP_TITLES: dict[Group, str] = {
     "paths": "paths and policy (each also read from its REAPER_* variable)",
@@ -37,11 +38,8 @@ GROUP_TITLES: dict[Group, str] = {
 }
 
 
-# Plugin DELs a reclaiming pass runs at once (--del-concurrency). Each is a process of its own
-# (Go plugins, one after another down the chain) beside the reaper, in the same container: the
-# default keeps the agent and a burst of DELs well under the chart's 256 MiB memory limit
-# (bench/del_memory.py measures it; bench/README.md has the figures). The bound keeps a typo
-# from forking hundreds of plugins at once.
+# Plugin DELs a reclaiming pass runs at once: the default keeps the agent and a burst of DELs well
+# under the chart's 256 MiB limit (bench/del_memory.py); the bound keeps a typo from forking hundreds.
 DEL_CONCURRENCY = 4
 DEL_CONCURRENCY_MAX = 32
 
@@ -93,51 +91,35 @@ def _absolute_dir(path: str) -> str:
     return full
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError("not a whole number") from None
-    if value < 1:
-        raise ValueError("must be 1 or more")
-    return value
+def _parser(
+    convert: Callable[[str], V], fits: Callable[[V], object], problem: str, unreadable: str | None = None
+) -> Callable[[str], V]:
+    """A parser: `convert`'s value when `fits` takes it, else ValueError(`problem`); `unreadable`
+    replaces the message of a ValueError from `convert`."""
 
-
-def _count_within(low: int, high: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
+    def parse(text: str) -> V:
         try:
-            value = int(text)
+            value = convert(text)
         except ValueError:
-            raise ValueError(f"not a whole number from {low} to {high}") from None
-        if not low <= value <= high:
-            raise ValueError(f"must be from {low} to {high}")
+            if unreadable is None:
+                raise
+            raise ValueError(unreadable) from None
+        if not fits(value):
+            raise ValueError(problem)
         return value
 
     return parse
 
 
-def _ratio(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError("not a number") from None
-    if not 0.0 <= value <= 1.0:
-        raise ValueError("must be between 0 and 1")
-    return value
+def _count_within(low: int, high: int) -> Callable[[str], int]:
+    fits = f"from {low} to {high}"
+    return _parser(int, lambda value: low <= value <= high, f"must be {fits}", f"not a whole number {fits}")
 
 
-def _positive_duration(text: str) -> float:
-    value = parse_duration(text)
-    if value <= 0:
-        raise ValueError("must be more than 0")
-    return value
-
-
-def _interval(text: str) -> float:
-    value = parse_duration(text)
-    if value < 1:
-        raise ValueError("must be at least 1s")
-    return value
+_count = _parser(int, lambda value: value >= 1, "must be 1 or more", "not a whole number")
+_ratio = _parser(float, lambda value: 0.0 <= value <= 1.0, "must be between 0 and 1", "not a number")
+_positive_duration = _parser(parse_duration, lambda value: value > 0, "must be more than 0")
+_interval = _parser(parse_duration, lambda value: value >= 1, "must be at least 1s")
 
 
 def _one_of(*choices: str) -> Callable[[str], str]:
@@ -160,18 +142,14 @@ def _on_off(text: str) -> bool:
 
 
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-
-
-def _namespace(text: str) -> str:
-    if not _NAMESPACE.fullmatch(text):
-        raise ValueError("not a namespace name (lowercase letters, digits and '-', at most 63)")
-    return text
-
-
-def _endpoint(text: str) -> str:
-    if not (text.startswith("unix:///") and len(text) > len("unix:///")):
-        raise ValueError("must look like unix:///run/containerd/containerd.sock")
-    return text
+_namespace = _parser(str, _NAMESPACE.fullmatch, "not a namespace name (lowercase letters, digits and '-', at most 63)")
+_endpoint = _parser(
+    str,
+    lambda text: text.startswith("unix:///") and len(text) > len("unix:///"),
+    "must look like unix:///run/containerd/containerd.sock",
+)
+_plugin_type = _parser(str, PLUGIN_TYPE.fullmatch, "not a plugin type name (letters, digits, '.', '_', '-')")
+_container_id = _parser(str, is_cni_id, "not a container ID (letters, digits, '.', '_', '-')")
 
 
 def _regex(text: str) -> str:
@@ -179,18 +157,6 @@ def _regex(text: str) -> str:
         re.compile(text)
     except re.error as err:
         raise ValueError(f"invalid regex: {err}") from None
-    return text
-
-
-def _plugin_type(text: str) -> str:
-    if not PLUGIN_TYPE.fullmatch(text):
-        raise ValueError("not a plugin type name (letters, digits, '.', '_', '-')")
-    return text
-
-
-def _container_id(text: str) -> str:
-    if not is_cni_id(text):
-        raise ValueError("not a container ID (letters, digits, '.', '_', '-')")
     return text
 
 
@@ -479,15 +445,24 @@ class AgentSettings(Struct, frozen=True, kw_only=True):
     events_namespace: str = "default"  # where they are posted
 
 
+def _option(flag: str) -> Option:
+    return next(o for o in OPTIONS if o.flag == flag)
+
+
 def given(flag: str, args: argparse.Namespace, env: Mapping[str, str] | None = None) -> str | None:
     """Where an option's value came from when the operator gave it: "flag" or its variable."""
-    opt = next(o for o in OPTIONS if o.flag == flag)
-    env = os.environ if env is None else env
+    opt = _option(flag)
     if getattr(args, opt.dest, None) is not None:
         return "flag"
-    if opt.env and env.get(opt.env):
+    if opt.env and (os.environ if env is None else env).get(opt.env):
         return opt.env
     return None
+
+
+def given_as(flag: str, args: argparse.Namespace, env: Mapping[str, str] | None = None) -> str | None:
+    """The flag or the variable the operator gave the option's value with; None when neither."""
+    origin = given(flag, args, env)
+    return flag if origin == "flag" else origin
 
 
 CRIO_RUNTIME = "cri-o"  # CRI-O's RuntimeLayout.runtime (reaper.layout.crio_layout)
@@ -523,23 +498,16 @@ def dir_problems(values: Mapping[str, Any], args: argparse.Namespace, env: Mappi
     a detected dir that is missing is a node without that runtime or plugin, not a typo)."""
     problems = []
     for flag in READ_DIRS:
-        origin = given(flag, args, env)
-        if origin is None:
-            continue
-        source = flag if origin == "flag" else origin
-        opt = next(o for o in OPTIONS if o.flag == flag)
-        value = values[opt.dest]
-        for path in value if isinstance(value, list) else [value]:
+        source, value = given_as(flag, args, env), values[_option(flag).dest]
+        for path in (value if isinstance(value, list) else [value]) if source else []:
             try:
-                is_dir = stat.S_ISDIR(os.stat(path).st_mode)
+                problem = "" if stat.S_ISDIR(os.stat(path).st_mode) else "not a directory; nothing is found there"
             except FileNotFoundError:
-                problems.append(f"{source} {path}: no such directory; nothing is found there")
-                continue
+                problem = "no such directory; nothing is found there"
             except OSError as err:
-                problems.append(f"{source} {path}: cannot be read: {err.strerror}")
-                continue
-            if not is_dir:
-                problems.append(f"{source} {path}: not a directory; nothing is found there")
+                problem = f"cannot be read: {err.strerror}"
+            if problem:
+                problems.append(f"{source} {path}: {problem}")
     return tuple(problems)
 
 
@@ -551,10 +519,8 @@ def settings_from(
     v = resolve(args, env)
     env_now = os.environ if env is None else env
     given_problems = (*dir_problems(v, args, env_now), *unknown_variables(env_now), *_grace_problems(v, args, env))
-    origins: dict[str, str] = {}
+    origins = {flag: given(flag, args, env) or "default" for flag in DETECTED}
     more_conf_dirs: tuple[str, ...] = ()
-    for flag in DETECTED:
-        origins[flag] = given(flag, args, env) or "default"
     namespaces_dirs = tuple(v["namespaces_dir"]) or _crio_namespaces_dirs(layout)
     if v["namespaces_dir"]:
         origins["--namespaces-dir"] = given("--namespaces-dir", args, env) or "default"
@@ -609,11 +575,9 @@ def settings_from(
 
 
 def confirmation_spacing(interval: float) -> float:
-    """How long after the pass that last raised an attachment's ownerless count the next one may
-    raise it: half the agent's interval, so each of its passes counts (they start an interval
-    apart, give or take the agent's 10% jitter) while one-shots run seconds apart count once. A
-    one-shot has the interval its environment gives (a pod's REAPER_INTERVAL), else the
-    default's."""
+    """How long after the pass that last raised an attachment's ownerless count the next may raise
+    it: half the interval, so each agent pass counts (10% jitter) and one-shots seconds apart count
+    once (docs/design.md, "Confirmation spacing")."""
     return interval / 2
 
 
@@ -624,12 +588,11 @@ MIN_AGE_WARNING = 60.0
 def _grace_problems(
     values: Mapping[str, Any], args: argparse.Namespace, env: Mapping[str, str] | None
 ) -> tuple[str, ...]:
-    """A warning for a --min-age given under a minute: taken, since a lab or a test wants it, but
-    an attachment's age is all that tells a pod's ADD still under way from a leak."""
-    origin = given("--min-age", args, env)
-    if origin is None or values["min_age"] >= MIN_AGE_WARNING:
+    """A warning for a --min-age given under a minute: taken (a lab or a test wants it), but an
+    attachment's age is all that tells a pod's ADD still under way from a leak."""
+    source = given_as("--min-age", args, env)
+    if source is None or values["min_age"] >= MIN_AGE_WARNING:
         return ()
-    source = "--min-age" if origin == "flag" else origin
     return (
         f"{source} {values['min_age']:g}s is under 1m: an attachment of a pod whose network is still "
         "being set up may be called an orphan (pods were harmed at 0 in the README's churn run); keep it above "
@@ -640,9 +603,8 @@ def _grace_problems(
 def _crio_namespaces_dirs(layout: Layout | None) -> tuple[str, ...]:
     """CRI-O's namespaces_dir, the parent of the netns dir its config gives: only a runtime that
     pins with pinns keeps a sandbox's other namespaces there."""
-    if layout is None:
-        return ()
-    return tuple(dict.fromkeys(os.path.dirname(r.netns_dir) for r in layout.runtimes if r.runtime == CRIO_RUNTIME))
+    runtimes = layout.runtimes if layout is not None else ()
+    return tuple(dict.fromkeys(os.path.dirname(r.netns_dir) for r in runtimes if r.runtime == CRIO_RUNTIME))
 
 
 def with_pod_cidrs(settings: Settings, env: Mapping[str, str] | None = None) -> Settings:
@@ -678,14 +640,10 @@ def reap_settings_from(args: argparse.Namespace, env: Mapping[str, str] | None =
 
 
 def scan_mode_refusal(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> str | None:
-    """Why a one-shot `reaper reap` must not act here, or None: the environment it runs in says
-    report-only (REAPER_MODE=scan, as the chart sets it in a scan-mode pod, where `kubectl exec
-    ... reaper reap` would otherwise run plugin DELs over the mounted daemon sockets, which a
-    read-only mount does not stop). A --dry-run changes nothing, and --force is the operator's
-    say-so; the default mode, no variable set, refuses nothing (a timer's explicit reap)."""
-    env = os.environ if env is None else env
-    mode = env.get("REAPER_MODE", "")
-    if not mode or mode.lower() != "scan" or getattr(args, "dry_run", False) or getattr(args, "force", False):
+    """Why a one-shot `reaper reap` must not act here, or None: REAPER_MODE=scan says the pod is
+    report-only, unless --dry-run or --force (docs/design.md, "A reap in a scan-mode pod")."""
+    mode = (os.environ if env is None else env).get("REAPER_MODE", "")
+    if mode.lower() != "scan" or getattr(args, "dry_run", False) or getattr(args, "force", False):
         return None
     return (
         "REAPER_MODE is scan here (report-only): this reap would change the node; give --dry-run to see "
