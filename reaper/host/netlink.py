@@ -200,42 +200,18 @@ class DumpLimits:
 DEFAULT_LIMITS = DumpLimits()
 
 
-class _Budget:
-    """What one ask of a dump has taken so far, against its limits."""
-
-    def __init__(self, limits: DumpLimits) -> None:
-        self.limits = limits
-        self.bytes = 0
-        self.items = 0
-
-    def before_read(self, nl: Netlink) -> None:
-        """Past the deadline: an error; else the next read waits no longer than what is left."""
-        deadline = self.limits.deadline
-        if deadline is None:
-            return
-        left = deadline - self.limits.clock()
-        if left <= 0:
-            raise DumpOverBound(errno.ETIMEDOUT, "the dump was not read whole by the deadline")
-        timeout = nl.sock.gettimeout()
-        if timeout is None or left < timeout:
-            nl.sock.settimeout(left)
-
-    def took(self, size: int, items: int) -> None:
-        self.bytes += size
-        self.items += items
-        if self.bytes > self.limits.max_bytes or self.items > self.limits.max_items:
-            raise DumpOverBound(
-                errno.EFBIG,
-                f"the dump is over its bound ({self.limits.max_items} messages, {self.limits.max_bytes} bytes):"
-                " not read whole",
-            )
-
-
 def dump_raw(nl: Netlink, mtype: int, body: bytes, limits: DumpLimits = DEFAULT_LIMITS) -> tuple[int, list[bytes]]:
     """A dump's answer as sent: (sequence, each read), asked again while flagged as interrupted;
     DumpInterrupted after DUMP_ATTEMPTS such answers, DumpOverBound past `limits`."""
     for _ in range(DUMP_ATTEMPTS):
-        seq, reads, interrupted = _dump_once(nl, mtype, body, limits)
+        seq = _ask(nl, mtype, body)
+        reads: list[bytes] = []
+        interrupted = False
+        for data, _, _, _, flags, aseq in _answers(nl, seq, limits):
+            if not reads or reads[-1] is not data:
+                reads.append(data)
+            if aseq == seq:
+                interrupted = interrupted or bool(flags & NLM_F_DUMP_INTR)
         if not interrupted:
             return seq, reads
     raise _interrupted()
@@ -256,10 +232,17 @@ def _ask(nl: Netlink, mtype: int, body: bytes) -> int:
 
 def _answers(nl: Netlink, seq: int, limits: DumpLimits) -> Iterator[tuple[bytes, int, int, int, int, int]]:
     """(read, offset, length, type, flags, sequence) of each message received until the answer to
-    `seq` ends (NLMSG_DONE or NLMSG_ERROR, yielded too); DumpOverBound past `limits`."""
-    budget = _Budget(limits)
+    `seq` ends (NLMSG_DONE or NLMSG_ERROR, yielded too); DumpOverBound past `limits`, checked
+    before each read (the deadline) and after it (bytes and messages)."""
+    taken = items = 0
     while True:
-        budget.before_read(nl)
+        if limits.deadline is not None:
+            left = limits.deadline - limits.clock()
+            if left <= 0:
+                raise DumpOverBound(errno.ETIMEDOUT, "the dump was not read whole by the deadline")
+            timeout = nl.sock.gettimeout()
+            if timeout is None or left < timeout:
+                nl.sock.settimeout(left)  # the next read waits no longer than what is left
         data = nl.sock.recv(_RECV_BYTES)
         off, ours, ended = 0, 0, False
         while off + _HDR.size <= len(data):
@@ -271,22 +254,15 @@ def _answers(nl: Netlink, seq: int, limits: DumpLimits) -> Iterator[tuple[bytes,
                 ended = ended or atype in (NLMSG_DONE, NLMSG_ERROR)
             yield data, off, length, atype, flags, aseq
             off += (length + 3) & ~3
-        budget.took(len(data), ours)
+        taken += len(data)
+        items += ours
+        if taken > limits.max_bytes or items > limits.max_items:
+            raise DumpOverBound(
+                errno.EFBIG,
+                f"the dump is over its bound ({limits.max_items} messages, {limits.max_bytes} bytes): not read whole",
+            )
         if ended:
             return
-
-
-def _dump_once(nl: Netlink, mtype: int, body: bytes, limits: DumpLimits) -> tuple[int, list[bytes], bool]:
-    """One dump: (sequence, each read, whether any answer to it carried NLM_F_DUMP_INTR)."""
-    seq = _ask(nl, mtype, body)
-    reads: list[bytes] = []
-    interrupted = False
-    for data, _, _, _, flags, aseq in _answers(nl, seq, limits):
-        if not reads or reads[-1] is not data:
-            reads.append(data)
-        if aseq == seq:
-            interrupted = interrupted or bool(flags & NLM_F_DUMP_INTR)
-    return seq, reads, interrupted
 
 
 def dump_kept(

@@ -32,7 +32,7 @@ from msgspec import Struct
 
 from reaper.host.confined import libc, open_beneath, parts_beneath
 from reaper.host.mounts import MountLine, parse_line
-from reaper.host.procs import EveryNamespaceBusy, busy_namespaces, listed_pids
+from reaper.host.procs import EveryNamespaceBusy, busy_namespaces, listed_pids, tasks
 from reaper.host.userns import owners_at, owners_of
 from reaper.model import NsKey
 
@@ -223,15 +223,10 @@ class _Heads:
         if not self._held:
             return False
         try:
-            fd = os.open(f"{base}/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+            with open(f"{base}/mountinfo", "rb", buffering=0) as file:  # one read(2), as os.read
+                line = _first_line(file.read(MAX_LINE + 1))
         except OSError:
             return False
-        try:
-            line = _first_line(os.read(fd, MAX_LINE + 1))
-        except OSError:
-            return False
-        finally:
-            os.close(fd)
         held = self._held.get(line) if line is not None else None
         if held is None:
             return False
@@ -397,7 +392,8 @@ def _walk(proc: str, parsed: ParsedMountinfo) -> tuple[list[_View], tuple[str, .
         views.append(_View(info, task, mount_ns))
 
     try:
-        for base, task in (task for pid in pids for task in _tasks(proc, pid)):
+        # Threads too: one may have a mount namespace of its own (unshare(CLONE_NEWNS)).
+        for base, task in (task for pid in pids for task in tasks(proc, pid)):
             mount_ns = _mount_ns(base)
             if mount_ns is None or (mount_ns in read and mount_ns != UNKNOWN_NS):
                 continue
@@ -612,21 +608,6 @@ def _join_and_wait(
             os.read(release, 1)
     finally:
         os._exit(0)
-
-
-def _tasks(proc: str, pid: str) -> Iterator[tuple[str, int]]:
-    """(/proc dir, id) of the process, then of each other thread: a thread may have a mount
-    namespace of its own (unshare(CLONE_NEWNS)), and its id reaches it as a pid does."""
-    base = f"{proc}/{pid}"
-    yield base, int(pid)
-    try:
-        # The task dir's link count is 2 + its threads: listed only when there are several.
-        tids = os.listdir(f"{base}/task") if os.stat(f"{base}/task").st_nlink > 3 else []
-    except OSError:
-        return  # exited: its threads with it
-    for tid in tids:
-        if tid != pid and tid.isdigit():
-            yield f"{base}/task/{tid}", int(tid)
 
 
 def _net_mounts(lines: Iterable[_NetLine], pid: int, mount_ns: int, maker: int | None = None) -> Iterator[NsMount]:

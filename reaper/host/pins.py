@@ -114,12 +114,9 @@ def _unpin_at(dir_fd: int, directory: str, name: str, was_namespace: bool, ns: N
         if stat.S_ISLNK(st.st_mode):
             return Done.left("a symlink now; not followed")
         is_ns = is_namespace_fd(fd)
-        if not was_namespace:
-            if is_ns:
-                return Done.left("a namespace is mounted on it now")
-        else:
-            if not is_ns:
-                return Done.left("no namespace is mounted on it any more")
+        if is_ns != was_namespace:
+            return Done.left("a namespace is mounted on it now" if is_ns else "no namespace is mounted on it any more")
+        if was_namespace:
             key = NsKey(st.st_dev, st.st_ino)
             if key != ns:
                 return Done.left("it pins another namespace now")

@@ -39,30 +39,28 @@ def namespace_members(ns_type: str, proc: str = "/proc") -> dict[NsKey, set[int]
     whole (listed_pids): an empty answer would let every namespace go."""
     members: dict[NsKey, set[int]] = {}
     for entry in listed_pids(proc):
-        pid = int(entry)
-        base = f"{proc}/{entry}"
-        seen: set[tuple[int, int]] = set()
-        try:
-            st = os.stat(f"{base}/ns/{ns_type}")
-            seen.add((st.st_dev, st.st_ino))
-        except OSError:
-            pass
-        try:
-            # The task dir's link count is 2 + its threads: listed only when there are several.
-            several = os.stat(f"{base}/task").st_nlink > 3
-            tasks = os.listdir(f"{base}/task") if several else []
-        except OSError:
-            tasks = []
-        if len(tasks) > 1:
-            for tid in tasks:
-                try:
-                    st = os.stat(f"{base}/task/{tid}/ns/{ns_type}")
-                except OSError:
-                    continue
-                seen.add((st.st_dev, st.st_ino))
-        for dev, ino in seen:
-            members.setdefault(NsKey(dev, ino), set()).add(pid)
+        for base, _ in tasks(proc, entry):
+            try:
+                st = os.stat(f"{base}/ns/{ns_type}")
+            except OSError:
+                continue
+            members.setdefault(NsKey(st.st_dev, st.st_ino), set()).add(int(entry))
     return members
+
+
+def tasks(proc: str, pid: str) -> Iterator[tuple[str, int]]:
+    """(/proc dir, id) of the process, then of each of its other threads (a thread's id reaches
+    it as a pid does); just the process when it has exited."""
+    base = f"{proc}/{pid}"
+    yield base, int(pid)
+    try:
+        # The task dir's link count is 2 + its threads: listed only when there are several.
+        tids = os.listdir(f"{base}/task") if os.stat(f"{base}/task").st_nlink > 3 else []
+    except OSError:
+        return
+    for tid in tids:
+        if tid != pid and tid.isdigit():
+            yield f"{base}/task/{tid}", int(tid)
 
 
 class ProcessFacts(Struct, frozen=True):
