@@ -164,18 +164,15 @@ def holders_by_netns(
     """The processes in each namespace some process is in, described (with `only`, just those
     namespaces'; the others' as plain holders that keep them busy)."""
     members = netns_members()
-    if only is None:
-        described = describe({pid for pids in members.values() for pid in pids}, bin_dirs)
-    else:
-        wanted = set(only)
-        described = describe({pid for ns, pids in members.items() if ns in wanted for pid in pids}, bin_dirs)
-        described.update(
-            (pid, Holder(pid=pid, comm="", is_cni_plugin=False))
-            for ns, pids in members.items()
-            if ns not in wanted
-            for pid in pids
-            if pid not in described
-        )
+    wanted = set(members if only is None else only)
+    described = describe({pid for ns, pids in members.items() if ns in wanted for pid in pids}, bin_dirs)
+    described.update(
+        (pid, Holder(pid=pid, comm="", is_cni_plugin=False))
+        for ns, pids in members.items()
+        if ns not in wanted
+        for pid in pids
+        if pid not in described
+    )
     return {ns: tuple(described[pid] for pid in sorted(pids)) for ns, pids in members.items()}
 
 
@@ -206,12 +203,8 @@ def busy_namespaces(bin_dirs: tuple[str, ...], only: Collection[NsKey] | None = 
         by_netns = holders_by_netns(bin_dirs, only)
     except OSError as err:
         return EveryNamespaceBusy(f"who is in its netns cannot be seen now (the walk of /proc failed: {err})")
-    busy = {}
-    for ns, holders in by_netns.items():
-        inside = [h for h in holders if h.keeps_netns_busy]
-        if inside:
-            busy[ns] = f"its netns is in use now (pid {inside[0].pid}, {inside[0].comm})"
-    return busy
+    inside = {ns: [h for h in holders if h.keeps_netns_busy] for ns, holders in by_netns.items()}
+    return {ns: f"its netns is in use now (pid {ps[0].pid}, {ps[0].comm})" for ns, ps in inside.items() if ps}
 
 
 def unseen_processes(proc: str = "/proc") -> str | None:
