@@ -175,8 +175,8 @@ class Netlink:
                 off += (length + 3) & ~3
 
     def dump(self, mtype: int, body: bytes, decode: Callable[[bytes, int, int], T]) -> Iterator[T]:
-        """Each answer to a dump request, decoded; OSError when the kernel refuses it."""
-        return decode_raw(*dump_raw(self, mtype, body), decode)
+        """Each answer to a dump request, decoded (dump_kept)."""
+        return iter(dump_kept(self, mtype, body, decode))
 
 
 class DumpInterrupted(OSError):
@@ -198,36 +198,6 @@ class DumpLimits:
 
 
 DEFAULT_LIMITS = DumpLimits()
-
-
-def dump_raw(nl: Netlink, mtype: int, body: bytes, limits: DumpLimits = DEFAULT_LIMITS) -> tuple[int, list[bytes]]:
-    """A dump's answer as sent: (sequence, each read), asked again while flagged as interrupted;
-    DumpInterrupted after DUMP_ATTEMPTS such answers, DumpOverBound past `limits`."""
-    for _ in range(DUMP_ATTEMPTS):
-        seq = _ask(nl, mtype, body)
-        reads: list[bytes] = []
-        interrupted = False
-        for data, _, _, _, flags, aseq in _answers(nl, seq, limits):
-            if not reads or reads[-1] is not data:
-                reads.append(data)
-            if aseq == seq:
-                interrupted = interrupted or bool(flags & NLM_F_DUMP_INTR)
-        if not interrupted:
-            return seq, reads
-    raise _interrupted()
-
-
-def _interrupted() -> DumpInterrupted:
-    return DumpInterrupted(
-        errno.EAGAIN, f"the kernel interrupted the dump {DUMP_ATTEMPTS} times (it changed while being read)"
-    )
-
-
-def _ask(nl: Netlink, mtype: int, body: bytes) -> int:
-    """Send one dump request; its sequence number."""
-    seq, msg = nl.message(mtype, NLM_F_REQUEST | NLM_F_DUMP, body)
-    nl.sock.send(msg)
-    return seq
 
 
 def _answers(nl: Netlink, seq: int, limits: DumpLimits) -> Iterator[tuple[bytes, int, int, int, int, int]]:
@@ -273,9 +243,11 @@ def dump_kept(
     limits: DumpLimits = DEFAULT_LIMITS,
 ) -> list[T]:
     """What `keep` makes of each answer, but None, decoded read by read so only that stays in
-    memory; asked again while interrupted; OSError when refused, else as dump_raw."""
+    memory. Asked again while the kernel flags it as interrupted, DumpInterrupted after
+    DUMP_ATTEMPTS such answers; DumpOverBound past `limits`; OSError when refused."""
     for _ in range(DUMP_ATTEMPTS):
-        seq = _ask(nl, mtype, body)
+        seq, msg = nl.message(mtype, NLM_F_REQUEST | NLM_F_DUMP, body)
+        nl.sock.send(msg)
         kept: list[T] = []
         interrupted = False
         for data, off, length, atype, flags, aseq in _answers(nl, seq, limits):
@@ -290,30 +262,14 @@ def dump_kept(
                 kept.append(value)
         if not interrupted:
             return kept
-    raise _interrupted()
-
-
-def decode_raw(seq: int, reads: list[bytes], decode: Callable[[bytes, int, int], T]) -> Iterator[T]:
-    """Each answer in what dump_raw read, decoded; OSError when the kernel refused the dump."""
-    for data in reads:
-        off = 0
-        while off + _HDR.size <= len(data):
-            length, atype, _, aseq, _ = _HDR.unpack_from(data, off)
-            if aseq == seq:
-                if atype == NLMSG_DONE:
-                    return
-                if atype == NLMSG_ERROR:
-                    code = -_I32.unpack_from(data, off + _HDR.size)[0]
-                    if code:
-                        raise OSError(code, os.strerror(code))
-                    return
-                yield decode(data, off, length)
-            off += (length + 3) & ~3
+    raise DumpInterrupted(
+        errno.EAGAIN, f"the kernel interrupted the dump {DUMP_ATTEMPTS} times (it changed while being read)"
+    )
 
 
 def links_of(nl: Netlink, body: bytes) -> list[RawLink]:
-    """The links a dump request with `body` answers, read whole (see dump_raw)."""
-    return list(decode_raw(*dump_raw(nl, RTM_GETLINK, body), parse_link))
+    """The links a dump request with `body` answers, read whole (dump_kept)."""
+    return dump_kept(nl, RTM_GETLINK, body, parse_link)
 
 
 def _open_namespace(path: str) -> tuple[os.stat_result, int] | None:
@@ -526,7 +482,7 @@ def dump_rules() -> list[RawRule]:
     """Every IPv4 and IPv6 policy rule of this netns: one dump (family AF_UNSPEC answers both)."""
     body = _FIB_RULE_HDR.pack(socket.AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0, 0)
     with Netlink() as nl:
-        return [r for r in decode_raw(*dump_raw(nl, RTM_GETRULE, body), parse_rule) if r.family in _ADDRESS_BYTES]
+        return [r for r in dump_kept(nl, RTM_GETRULE, body, parse_rule) if r.family in _ADDRESS_BYTES]
 
 
 def _rule_request(rule: RawRule) -> bytes:
