@@ -106,12 +106,8 @@ def parse_link(data: bytes | bytearray, offset: int, length: int) -> RawLink:
     ifindex = _I32.unpack_from(data, offset + 20)[0]
     at = attrs(data, offset + 32, offset + length)
     name = cstring(data, at[IFLA_IFNAME]) if IFLA_IFNAME in at else ""
-    kind = None
-    if IFLA_LINKINFO in at:
-        start, end = at[IFLA_LINKINFO]
-        info = attrs(data, start, end, _INFO_WANTED)
-        if IFLA_INFO_KIND in info:
-            kind = cstring(data, info[IFLA_INFO_KIND])
+    info = attrs(data, *at[IFLA_LINKINFO], _INFO_WANTED) if IFLA_LINKINFO in at else {}
+    kind = cstring(data, info[IFLA_INFO_KIND]) if IFLA_INFO_KIND in info else None
     link = _U32.unpack_from(data, at[IFLA_LINK][0])[0] if IFLA_LINK in at else None
     master = _U32.unpack_from(data, at[IFLA_MASTER][0])[0] if IFLA_MASTER in at else None
     netnsid = _I32.unpack_from(data, at[IFLA_LINK_NETNSID][0])[0] if IFLA_LINK_NETNSID in at else None
@@ -289,18 +285,19 @@ def _open_namespace(path: str) -> tuple[os.stat_result, int] | None:
 def _nsids(nl: Netlink, paths: list[str]) -> dict[str, tuple[os.stat_result, int]]:
     found: dict[str, tuple[os.stat_result, int]] = {}
     for i in range(0, len(paths), _NSID_BATCH):
-        fds: list[tuple[str, os.stat_result, int]] = []
+        fds: list[int] = []
         try:
+            asked: dict[int, tuple[str, os.stat_result]] = {}
+            batch = []
             for path in paths[i : i + _NSID_BATCH]:
                 try:
                     pin = _open_namespace(path)
                 except OSError:
                     continue
-                if pin is not None:
-                    fds.append((path, *pin))
-            asked: dict[int, tuple[str, os.stat_result]] = {}
-            batch = []
-            for path, st, fd in fds:
+                if pin is None:
+                    continue
+                st, fd = pin
+                fds.append(fd)
                 # rtgenmsg (family, padded to 4 bytes), then the pin's fd
                 seq, msg = nl.message(RTM_GETNSID, NLM_F_REQUEST, b"\0\0\0\0" + _attr(NETNSA_FD, _U32.pack(fd)))
                 asked[seq] = (path, st)
@@ -317,7 +314,7 @@ def _nsids(nl: Netlink, paths: list[str]) -> dict[str, tuple[os.stat_result, int
                 if not asked:
                     break  # every request answered (an error answers too)
         finally:
-            for _, _, fd in fds:
+            for fd in fds:
                 os.close(fd)
     return found
 

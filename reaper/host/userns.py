@@ -96,9 +96,7 @@ def owners_at(path: str, ino: int) -> Owners | None:
     except OSError:
         return None
     try:
-        if os.fstat(fd).st_ino != ino:
-            return None
-        return owners_of(fd)
+        return owners_of(fd) if os.fstat(fd).st_ino == ino else None
     except OSError:
         return None
     finally:
