@@ -198,8 +198,7 @@ DEFAULT_LIMITS = DumpLimits()
 
 def _answers(nl: Netlink, seq: int, limits: DumpLimits) -> Iterator[tuple[bytes, int, int, int, int, int]]:
     """(read, offset, length, type, flags, sequence) of each message received until the answer to
-    `seq` ends (NLMSG_DONE or NLMSG_ERROR, yielded too); DumpOverBound past `limits`, checked
-    before each read (the deadline) and after it (bytes and messages)."""
+    `seq` ends (NLMSG_DONE or NLMSG_ERROR, yielded too); DumpOverBound past `limits`."""
     taken = items = 0
     while True:
         if limits.deadline is not None:
@@ -269,9 +268,8 @@ def links_of(nl: Netlink, body: bytes) -> list[RawLink]:
 
 
 def _open_namespace(path: str) -> tuple[os.stat_result, int] | None:
-    """The pin's stat and an fd to ask its nsid with; None when no regular file. Looked at through
-    an O_PATH fd (no symlink followed), opened for reading only once it is known to be regular:
-    a FIFO or a device among the pins is never opened."""
+    """The pin's stat and an fd to ask its nsid with; None when no regular file. Opened for
+    reading only once its O_PATH fd (no symlink followed) shows it regular: never a FIFO."""
     fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)

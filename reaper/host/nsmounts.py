@@ -193,11 +193,9 @@ def _first_line(text: bytes) -> bytes | None:
 
 
 class _Heads:
-    """The first lines of root-made mount namespaces' texts a walk read, each with its mountinfo
-    held open, so that a task whose mount namespace cannot be told (a protected init's threads)
-    is not read whole when it shows one of them before and after: a first line names a live
-    mount, which is in one namespace (docs/design.md, "Telling a task's mount namespace by its
-    first line"). A line two namespaces showed proves nothing and is dropped."""
+    """First lines of root-made namespaces' texts, each mountinfo held open: a task whose mount
+    namespace cannot be told is not read whole if one shows its line before and after (a live
+    mount's ID: docs/design.md, "Telling a task's mount namespace by its first line")."""
 
     def __init__(self) -> None:
         self._held: dict[bytes, int] = {}
@@ -546,10 +544,9 @@ def made_by_user(ns_fd: int) -> int | None:
 
 @contextlib.contextmanager
 def entered(ns_fd: int, ino: int) -> Iterator[str]:
-    """`/proc/<pid>` of a forked child that joined mount namespace `ns_fd` (inode `ino`) and waits
-    there running nothing, killed when the block ends; OSError if it cannot join in ENTER_TIMEOUT.
-    A child, not a thread: a thread would share this interpreter, whose collector may run any
-    finalizer (which may open a path) inside (docs/design.md, "Reading a pinned mount namespace")."""
+    """`/proc/<pid>` of a forked child (not a thread, whose interpreter could run a finalizer
+    inside) that joined mount namespace `ns_fd` (inode `ino`) and waits running nothing, killed
+    at the end; OSError past ENTER_TIMEOUT (docs/design.md, "Reading a pinned mount namespace")."""
     setns, unshare = libc.setns, libc.unshare  # looked up here, not in the child
     ready_r, ready_w = os.pipe()
     release_r, release_w = os.pipe()
@@ -668,10 +665,9 @@ class HeldMounts(Struct, frozen=True, kw_only=True):
 def held_mounts(
     netns_dirs: Iterable[str], proc: str = "/proc", parsed: ParsedMountinfo | None = None, *, first_only: bool = False
 ) -> HeldMounts:
-    """held_elsewhere and pin_files_shared over a walk, judged once a distinct text (each copy of
-    the host's mounts shows every pin), records made only of holders; OSError when the walk
-    cannot be whole. `first_only`: each held namespace with its first mount alone, made only
-    from the first view of each text."""
+    """held_elsewhere and pin_files_shared over a walk, judged once a distinct text, records made
+    only of holders; OSError when the walk cannot be whole. `first_only`: each held namespace
+    with its first mount alone, made from the first view of each text only."""
     views, unread = _walk(proc, parsed if parsed is not None else ParsedMountinfo())
     _log_unread(unread)
     own = own_mount_namespace(proc)

@@ -73,9 +73,8 @@ def is_namespace_fd(fd: int) -> bool:
 
 
 def look_at(dir_fd: int, name: str, nsfs: int | None) -> tuple[os.stat_result, bool]:
-    """The pin's stat (no symlink followed; what is mounted there), and whether a namespace is
-    mounted on it: one on this process's netns' device is; anything else is asked its
-    filesystem's magic through an O_PATH fd, whose own stat is then the answer."""
+    """The pin's stat (no symlink followed) and whether a namespace is mounted on it: on this
+    process's netns' device, one is; else its O_PATH fd is asked (statfs magic, and fstat)."""
     st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     if nsfs is not None and st.st_dev == nsfs:
         return st, True

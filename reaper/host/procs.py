@@ -129,9 +129,8 @@ def _resident(pid: int, real_dirs: tuple[str, ...]) -> Holder | None:
 
 
 def _whole_name(pid: int, cut: str) -> str | None:
-    """A name /proc cut at 15 characters, whole as psutil's name() gives it: the first argument's
-    base name when it starts with the cut one, else the cut one. None where psutil may read the
-    command line otherwise (empty, or a first argument with a space, which it splits at)."""
+    """A name /proc cut at 15 characters, made whole as psutil's name() does (from the first
+    argument); None where psutil may read it otherwise (empty, or a space it splits at)."""
     with open(f"/proc/{pid}/cmdline", "rb") as file:
         data = file.read(CMDLINE_BYTES)
     first, nul, _ = data.partition(b"\0")
