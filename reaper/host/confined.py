@@ -1,11 +1,9 @@
 """Reaching files beneath a root directory without following any symlink on the way.
 
-Every directory the reaper reads or changes is a root: opened once with `O_NOFOLLOW`, and
-everything under it reached relative to that fd, with `openat2(RESOLVE_BENEATH |
-RESOLVE_NO_SYMLINKS)` where the kernel has it and a walk of `O_NOFOLLOW | O_DIRECTORY` opens
-where it does not. Whoever can write beneath a root (a pod with a hostPath on /var/lib/cni)
-can then make the reaper read or delete only what is beneath it. A root whose own last
-component is a symlink is refused: the operator names the real directory.
+Every root is opened once with `O_NOFOLLOW` (one whose last component is a symlink is refused:
+name the real directory), and all beneath it reached from that fd by `openat2(RESOLVE_BENEATH |
+RESOLVE_NO_SYMLINKS)`, or one `O_NOFOLLOW | O_DIRECTORY` open a step where the kernel lacks it:
+whoever can write beneath a root can make the reaper read or delete only what is beneath it.
 """
 
 from __future__ import annotations
@@ -17,8 +15,7 @@ import os
 import stat
 from collections.abc import Callable, Iterator
 
-# libc is already loaded in this process: its symbols, with no search for the library (which runs
-# `ldconfig -p` and imports ctypes.util, at every start of a one-shot).
+# The libc already loaded: no search for it (`ldconfig -p` at every start of a one-shot).
 libc = ctypes.CDLL(None, use_errno=True)
 
 SYS_OPENAT2 = 437  # the same number on every architecture (added with the generic table, 5.6)
@@ -60,8 +57,8 @@ def open_root(root: str) -> int:
 
 
 def parts_beneath(root: str, path: str) -> tuple[str, ...]:
-    """The components of `path` below `root` (none for the root itself); Escapes when `path`
-    is not beneath it or holds `.`, `..` or empty components."""
+    """The components of `path` below `root` (none for the root itself); Escapes when it is not
+    beneath it or holds `.`, `..` or empty components."""
     base = root.rstrip("/") or "/"
     if path in (base, root):
         return ()
@@ -134,8 +131,8 @@ def open_beneath(dir_fd: int, parts: tuple[str, ...], flags: int, mode: int = 0o
 
 @contextlib.contextmanager
 def opened_dir(root: str, directory: str, *, create: bool = False, walk_only: bool = False) -> Iterator[int]:
-    """`directory` (the root itself or a directory beneath it) as an fd, reached without
-    following a symlink; with `create`, missing directories are made (mode 0700)."""
+    """`directory` (the root or beneath it) as an fd, reached without following a symlink;
+    `create` makes missing directories (mode 0700)."""
     root_fd = open_root(root)
     try:
         parts = parts_beneath(root, directory)
@@ -167,7 +164,7 @@ def opened_dir(root: str, directory: str, *, create: bool = False, walk_only: bo
 
 
 class UnfitFile(Exception):
-    """The file is too large, or not a regular file, to be read as data."""
+    """The file is too large, or no regular file, to be read as data."""
 
 
 def read_fd(fd: int, limit: int) -> tuple[bytes, os.stat_result]:
@@ -177,8 +174,7 @@ def read_fd(fd: int, limit: int) -> tuple[bytes, os.stat_result]:
         raise UnfitFile("not a regular file")
     if st.st_size > limit:
         raise UnfitFile(f"{st.st_size} bytes, over the {limit}-byte limit")
-    # Read what fstat promises plus one byte (a 4 MiB buffer per call would cost more than the
-    # read), then on until EOF in case the file grew.
+    # What fstat promises plus one byte (not a buffer of `limit`), then on in case it grew.
     first = os.read(fd, min(st.st_size, limit) + 1)
     chunks = [first]
     size = len(first)
@@ -187,13 +183,11 @@ def read_fd(fd: int, limit: int) -> tuple[bytes, os.stat_result]:
         size += len(chunks[-1])
     if size > limit:
         raise UnfitFile(f"over the {limit}-byte limit")
-    # Read whole at once, the usual case, the bytes are not copied again.
     return (first if size == len(first) else b"".join(chunks)), st
 
 
 def read_at(dir_fd: int, name: str, limit: int) -> tuple[bytes, os.stat_result]:
-    """A regular file directly in `dir_fd` (a name from its listing), never through a symlink
-    and never blocking on a FIFO."""
+    """A regular file directly in `dir_fd`, never through a symlink or blocking on a FIFO."""
     fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
         return read_fd(fd, limit)
@@ -202,9 +196,8 @@ def read_at(dir_fd: int, name: str, limit: int) -> tuple[bytes, os.stat_result]:
 
 
 def read_admins(path: str, limit: int) -> bytes:
-    """A regular file the node's admin or the kubelet owns (a runtime config, flannel's
-    subnet.env, a service-account token): links followed, as their readers follow them, but
-    never blocking on a FIFO and never read past `limit`. OSError or UnfitFile otherwise."""
+    """A regular file the node's admin or the kubelet owns (a runtime config, a token): links
+    followed, as their readers do, but never blocking on a FIFO or read past `limit`."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         return read_fd(fd, limit)[0]
@@ -219,8 +212,8 @@ def read_beneath(root: str, path: str, limit: int) -> tuple[bytes, os.stat_resul
 
 
 def same_file(st: os.stat_result) -> Callable[[os.stat_result], str | None]:
-    """A check for unlink_beneath: the file must still be the one `st` describes, unchanged
-    (an inode number alone is reused at once by a file made in its place)."""
+    """A check for unlink_beneath: still the file `st` describes, unchanged (an inode number
+    alone is reused at once by a file made in its place)."""
 
     def check(now: os.stat_result) -> str | None:
         if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) or now.st_ctime_ns != st.st_ctime_ns:
@@ -233,8 +226,8 @@ def same_file(st: os.stat_result) -> Callable[[os.stat_result], str | None]:
 
 
 def unlink_beneath(root: str, path: str, check: Callable[[os.stat_result], str | None]) -> None:
-    """unlinkat(2) of `path` beneath `root`, right after fstatat(2) shows `check` it is still
-    the file that was judged (Changed otherwise). FileNotFoundError when it is gone."""
+    """unlinkat(2) of `path` beneath `root`, right after fstatat(2) shows `check` it is still the
+    file judged (Changed otherwise); FileNotFoundError when gone."""
     with opened_dir(root, os.path.dirname(path)) as dir_fd:
         name = os.path.basename(path)
         now = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)

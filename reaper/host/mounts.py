@@ -1,6 +1,5 @@
 """Mount namespaces and propagation: whether a pin that looks stale here is stale everywhere.
-
-Also the one reader of the mountinfo format (parse_line), which reaper.host.nsmounts uses too.
+Also the one reader of the mountinfo format (parse_line), for reaper.host.nsmounts too.
 """
 
 from __future__ import annotations
@@ -47,8 +46,7 @@ def unescape(field: str) -> str:
 
 
 def parse_line(line: str) -> MountLine | None:
-    """One mountinfo line, or None when it is not one (too few fields, no separator, numbers
-    that are no numbers)."""
+    """One mountinfo line, or None when it is not one (too few fields, no separator, bad numbers)."""
     fields = line.rstrip("\n").split(" ")
     if len(fields) < 10 or "-" not in fields[6:]:
         return None
@@ -66,8 +64,8 @@ def parse_line(line: str) -> MountLine | None:
 
 
 def propagation_of(path: str, mountinfo: str) -> set[str]:
-    """The propagation tags (shared:N, master:N, ...) of the mount that holds `path`: the one with
-    the longest mount point, and of mounts stacked on one point the last (the one on top)."""
+    """The propagation tags (shared:N, ...) of the mount holding `path`: the longest mount point,
+    and of mounts stacked on one point the last (on top)."""
     best: tuple[int, set[str]] = (-1, set())
     for line in mountinfo.splitlines():
         parsed = parse_line(line)
@@ -81,9 +79,8 @@ def propagation_of(path: str, mountinfo: str) -> set[str]:
 
 
 def unpin_hazard(netns_dirs: tuple[str, ...]) -> str | None:
-    """Why unlinking a pin here could remove a live one elsewhere, or None when it cannot: not in
-    the host's mount namespace, with no mounts propagating from it into a netns dir, a pin that
-    looks stale here may be a live namespace's mount there."""
+    """Why unlinking a pin here could remove a live one elsewhere (outside the host's mount
+    namespace with no propagation into a netns dir, a stale-looking pin may be live there)."""
     if in_host_mount_namespace():
         return None
     try:

@@ -1,36 +1,13 @@
 """Host links and policy rules over rtnetlink, on a plain netlink socket: the reaper's one
 netlink reader and its one writer.
 
-A link dump is one request whose answer is read straight from the bytes: the five attributes
-the reaper uses, nothing else. pyroute2 decodes every attribute of every link through its
-general-purpose message classes, and asks nsids one request at a time; read that way, the links
-and nsids of a node with thousands of veths cost each pass many times what the kernel takes to
-answer. Asking where each pin's namespace is, as seen from here (its nsid), is one RTM_GETNSID a
-pin, sent in batches, each answer matched to its request by sequence number.
-
-Every write is a delete of a fixed layout, sent on the same socket class with its timeout and
-sequence matching, and acknowledged alone: RTM_DELLINK by index, RTM_DELRULE by the fields the
-kernel compares. pyroute2, the maintained library the team prefers to hand-written protocol
-code, wrote the link deletes until issue 34; it no longer does, because the measurement
-(bench/netlink_bench.py, figures in bench/README.md) says a library buys nothing here: a veth's
-delete costs the same by either writer (the kernel's own unregistering is the whole cost), a
-rule's is many times slower through pyroute2, and loading it slows a one-shot that deletes and
-holds more resident memory than the deletes themselves ever use (in the agent, for the rest of
-its life after its first delete). What it would replace is two requests of a few bytes beside a
-reader that is by hand already: a second netlink stack for them is more to keep, not less.
-
-A dump the kernel flags as interrupted (NLM_F_DUMP_INTR: the table changed while it was sent)
-may miss links or hold stale ones: it is asked again, a few times, and then is an error, never
-a partial inventory.
-
-Every dump is bounded (DumpLimits): in the bytes and the messages the kernel answers with, and
-in time (the clock is looked at between reads, not only a read's own timeout). A dump over its
-bound is an error (DumpOverBound) the moment it is seen to be, never read to its end: what a
-namespace holds is as big as whoever may configure it chooses.
-
-A kind that wants links of one link kind only (the bandwidth plugin's IFBs) asks the kernel to
-filter the dump by that kind: the kernel then sends only those, so the answer costs next to
-nothing however many veths the node has.
+A dump is read straight from the bytes, decoding only the attributes used; nsids are asked in
+batches matched by sequence number. Every dump is bounded (DumpLimits: bytes, messages, a
+deadline looked at between reads) and over its bound an error (DumpOverBound), never read to
+its end; one the kernel flags as interrupted is asked again, then an error (DumpInterrupted),
+never a partial inventory. Every write is a delete of a fixed layout, acknowledged alone. Why by
+hand and not pyroute2: DEVELOPMENT.md, "Netlink: one reader, one writer"; the rest:
+docs/design.md, "In depth: mounts, netlink and /proc".
 """
 
 from __future__ import annotations
@@ -125,16 +102,12 @@ def cstring(data: bytes | bytearray, span: tuple[int, int]) -> str:
 
 
 def parse_link(data: bytes | bytearray, offset: int, length: int) -> RawLink:
-    """One RTM_NEWLINK message: ifinfomsg (16 bytes) after the netlink header, then attributes."""
+    """One RTM_NEWLINK message: ifinfomsg (16 bytes) after the header, then attributes."""
     ifindex = _I32.unpack_from(data, offset + 20)[0]
     at = attrs(data, offset + 32, offset + length)
     name = cstring(data, at[IFLA_IFNAME]) if IFLA_IFNAME in at else ""
-    kind = None
-    if IFLA_LINKINFO in at:
-        start, end = at[IFLA_LINKINFO]
-        info = attrs(data, start, end, _INFO_WANTED)
-        if IFLA_INFO_KIND in info:
-            kind = cstring(data, info[IFLA_INFO_KIND])
+    info = attrs(data, *at[IFLA_LINKINFO], _INFO_WANTED) if IFLA_LINKINFO in at else {}
+    kind = cstring(data, info[IFLA_INFO_KIND]) if IFLA_INFO_KIND in info else None
     link = _U32.unpack_from(data, at[IFLA_LINK][0])[0] if IFLA_LINK in at else None
     master = _U32.unpack_from(data, at[IFLA_MASTER][0])[0] if IFLA_MASTER in at else None
     netnsid = _I32.unpack_from(data, at[IFLA_LINK_NETNSID][0])[0] if IFLA_LINK_NETNSID in at else None
@@ -156,9 +129,8 @@ def _attr(atype: int, payload: bytes) -> bytes:
 
 
 class Netlink:
-    """One netlink socket (rtnetlink unless told) in the netns this process runs in. Requests
-    are numbered; every answer is matched to its request by that number. A kernel that does
-    not answer within `timeout` seconds is an OSError, never a wait without end."""
+    """One netlink socket (rtnetlink unless told) in this process's netns; answers matched to
+    requests by sequence number; no answer within `timeout` seconds is an OSError."""
 
     def __init__(self, protocol: int = NETLINK_ROUTE, timeout: float = TIMEOUT) -> None:
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, protocol)
@@ -185,8 +157,8 @@ class Netlink:
         return seq, _HDR.pack(_HDR.size + len(body), mtype, flags, seq, 0) + body
 
     def answers(self) -> Iterator[tuple[bytearray, int, int, int, int]]:
-        """(buffer, offset, length, type, sequence) of each message received, forever; the
-        buffer is reused by the next read, so each message is read before the next is asked."""
+        """(buffer, offset, length, type, sequence) of each message received, forever; the buffer
+        is reused by the next read."""
         view = memoryview(self._buf)
         while True:
             size = self.sock.recv_into(view)
@@ -199,8 +171,8 @@ class Netlink:
                 off += (length + 3) & ~3
 
     def dump(self, mtype: int, body: bytes, decode: Callable[[bytes, int, int], T]) -> Iterator[T]:
-        """Each answer to a dump request, decoded; OSError when the kernel refuses it."""
-        return decode_raw(*dump_raw(self, mtype, body), decode)
+        """Each answer to a dump request, decoded (dump_kept)."""
+        return iter(dump_kept(self, mtype, body, decode))
 
 
 class DumpInterrupted(OSError):
@@ -208,14 +180,12 @@ class DumpInterrupted(OSError):
 
 
 class DumpOverBound(OSError):
-    """A dump answered with more bytes or messages than its bound, or past its deadline: it was
-    not read to its end."""
+    """A dump over its bytes, messages or deadline: not read to its end."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class DumpLimits:
-    """How much of one dump is read before it is an error: bytes and messages of the answer
-    (each ask of an interrupted dump counted alone), and a deadline on `clock` for all asks."""
+    """Bytes and messages of one ask of a dump, and a deadline on `clock` for all its asks."""
 
     max_bytes: int = MAX_DUMP_BYTES
     max_items: int = MAX_DUMP_ITEMS
@@ -226,68 +196,18 @@ class DumpLimits:
 DEFAULT_LIMITS = DumpLimits()
 
 
-class _Budget:
-    """What one ask of a dump has taken so far, against its limits."""
-
-    def __init__(self, limits: DumpLimits) -> None:
-        self.limits = limits
-        self.bytes = 0
-        self.items = 0
-
-    def before_read(self, nl: Netlink) -> None:
-        """Past the deadline: an error; else the next read waits no longer than what is left."""
-        deadline = self.limits.deadline
-        if deadline is None:
-            return
-        left = deadline - self.limits.clock()
-        if left <= 0:
-            raise DumpOverBound(errno.ETIMEDOUT, "the dump was not read whole by the deadline")
-        timeout = nl.sock.gettimeout()
-        if timeout is None or left < timeout:
-            nl.sock.settimeout(left)
-
-    def took(self, size: int, items: int) -> None:
-        self.bytes += size
-        self.items += items
-        if self.bytes > self.limits.max_bytes or self.items > self.limits.max_items:
-            raise DumpOverBound(
-                errno.EFBIG,
-                f"the dump is over its bound ({self.limits.max_items} messages, {self.limits.max_bytes} bytes):"
-                " not read whole",
-            )
-
-
-def dump_raw(nl: Netlink, mtype: int, body: bytes, limits: DumpLimits = DEFAULT_LIMITS) -> tuple[int, list[bytes]]:
-    """A dump request's answer as the kernel sent it: (sequence, each read), asked again while
-    the kernel flags it as interrupted; DumpInterrupted after DUMP_ATTEMPTS such answers,
-    DumpOverBound past `limits`."""
-    for _ in range(DUMP_ATTEMPTS):
-        seq, reads, interrupted = _dump_once(nl, mtype, body, limits)
-        if not interrupted:
-            return seq, reads
-    raise _interrupted()
-
-
-def _interrupted() -> DumpInterrupted:
-    return DumpInterrupted(
-        errno.EAGAIN, f"the kernel interrupted the dump {DUMP_ATTEMPTS} times (it changed while being read)"
-    )
-
-
-def _ask(nl: Netlink, mtype: int, body: bytes) -> int:
-    """Send one dump request; its sequence number."""
-    seq, msg = nl.message(mtype, NLM_F_REQUEST | NLM_F_DUMP, body)
-    nl.sock.send(msg)
-    return seq
-
-
 def _answers(nl: Netlink, seq: int, limits: DumpLimits) -> Iterator[tuple[bytes, int, int, int, int, int]]:
-    """(read, offset, length, type, flags, sequence) of each message received, ours (`seq`) or
-    not, until the answer to ours ends (NLMSG_DONE or NLMSG_ERROR, which is yielded too);
-    DumpOverBound past `limits`, checked at each read."""
-    budget = _Budget(limits)
+    """(read, offset, length, type, flags, sequence) of each message received until the answer to
+    `seq` ends (NLMSG_DONE or NLMSG_ERROR, yielded too); DumpOverBound past `limits`."""
+    taken = items = 0
     while True:
-        budget.before_read(nl)
+        if limits.deadline is not None:
+            left = limits.deadline - limits.clock()
+            if left <= 0:
+                raise DumpOverBound(errno.ETIMEDOUT, "the dump was not read whole by the deadline")
+            timeout = nl.sock.gettimeout()
+            if timeout is None or left < timeout:
+                nl.sock.settimeout(left)  # the next read waits no longer than what is left
         data = nl.sock.recv(_RECV_BYTES)
         off, ours, ended = 0, 0, False
         while off + _HDR.size <= len(data):
@@ -299,22 +219,15 @@ def _answers(nl: Netlink, seq: int, limits: DumpLimits) -> Iterator[tuple[bytes,
                 ended = ended or atype in (NLMSG_DONE, NLMSG_ERROR)
             yield data, off, length, atype, flags, aseq
             off += (length + 3) & ~3
-        budget.took(len(data), ours)
+        taken += len(data)
+        items += ours
+        if taken > limits.max_bytes or items > limits.max_items:
+            raise DumpOverBound(
+                errno.EFBIG,
+                f"the dump is over its bound ({limits.max_items} messages, {limits.max_bytes} bytes): not read whole",
+            )
         if ended:
             return
-
-
-def _dump_once(nl: Netlink, mtype: int, body: bytes, limits: DumpLimits) -> tuple[int, list[bytes], bool]:
-    """One dump: (sequence, each read, whether any answer to it carried NLM_F_DUMP_INTR)."""
-    seq = _ask(nl, mtype, body)
-    reads: list[bytes] = []
-    interrupted = False
-    for data, _, _, _, flags, aseq in _answers(nl, seq, limits):
-        if not reads or reads[-1] is not data:
-            reads.append(data)
-        if aseq == seq:
-            interrupted = interrupted or bool(flags & NLM_F_DUMP_INTR)
-    return seq, reads, interrupted
 
 
 def dump_kept(
@@ -324,12 +237,12 @@ def dump_kept(
     keep: Callable[[bytes, int, int], T | None],
     limits: DumpLimits = DEFAULT_LIMITS,
 ) -> list[T]:
-    """What `keep` makes of each answer to a dump request, but None, decoded read by read: only
-    what is kept stays in memory. Asked again while the kernel flags it as interrupted (what
-    was kept of an interrupted ask is dropped); OSError when the kernel refuses it,
-    DumpInterrupted, DumpOverBound as dump_raw."""
+    """What `keep` makes of each answer, but None, decoded read by read so only that stays in
+    memory. Asked again while the kernel flags it as interrupted, DumpInterrupted after
+    DUMP_ATTEMPTS such answers; DumpOverBound past `limits`; OSError when refused."""
     for _ in range(DUMP_ATTEMPTS):
-        seq = _ask(nl, mtype, body)
+        seq, msg = nl.message(mtype, NLM_F_REQUEST | NLM_F_DUMP, body)
+        nl.sock.send(msg)
         kept: list[T] = []
         interrupted = False
         for data, off, length, atype, flags, aseq in _answers(nl, seq, limits):
@@ -344,37 +257,19 @@ def dump_kept(
                 kept.append(value)
         if not interrupted:
             return kept
-    raise _interrupted()
-
-
-def decode_raw(seq: int, reads: list[bytes], decode: Callable[[bytes, int, int], T]) -> Iterator[T]:
-    """Each answer in what dump_raw read, decoded; OSError when the kernel refused the dump."""
-    for data in reads:
-        off = 0
-        while off + _HDR.size <= len(data):
-            length, atype, _, aseq, _ = _HDR.unpack_from(data, off)
-            if aseq == seq:
-                if atype == NLMSG_DONE:
-                    return
-                if atype == NLMSG_ERROR:
-                    code = -_I32.unpack_from(data, off + _HDR.size)[0]
-                    if code:
-                        raise OSError(code, os.strerror(code))
-                    return
-                yield decode(data, off, length)
-            off += (length + 3) & ~3
+    raise DumpInterrupted(
+        errno.EAGAIN, f"the kernel interrupted the dump {DUMP_ATTEMPTS} times (it changed while being read)"
+    )
 
 
 def links_of(nl: Netlink, body: bytes) -> list[RawLink]:
-    """The links a dump request with `body` answers, read whole (see dump_raw)."""
-    return list(decode_raw(*dump_raw(nl, RTM_GETLINK, body), parse_link))
+    """The links a dump request with `body` answers, read whole (dump_kept)."""
+    return dump_kept(nl, RTM_GETLINK, body, parse_link)
 
 
 def _open_namespace(path: str) -> tuple[os.stat_result, int] | None:
-    """The pin's stat and an fd to ask its nsid with, or None when it is no regular file. It is
-    looked at through an O_PATH fd (never through a symlink), and opened for reading through
-    that fd only once it is known to be a regular file (a namespace shows as one): a FIFO or a
-    device put among the pins is never opened."""
+    """The pin's stat and an fd to ask its nsid with; None when no regular file. Opened for
+    reading only once its O_PATH fd (no symlink followed) shows it regular: never a FIFO."""
     fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
@@ -388,18 +283,19 @@ def _open_namespace(path: str) -> tuple[os.stat_result, int] | None:
 def _nsids(nl: Netlink, paths: list[str]) -> dict[str, tuple[os.stat_result, int]]:
     found: dict[str, tuple[os.stat_result, int]] = {}
     for i in range(0, len(paths), _NSID_BATCH):
-        fds: list[tuple[str, os.stat_result, int]] = []
+        fds: list[int] = []
         try:
+            asked: dict[int, tuple[str, os.stat_result]] = {}
+            batch = []
             for path in paths[i : i + _NSID_BATCH]:
                 try:
                     pin = _open_namespace(path)
                 except OSError:
                     continue
-                if pin is not None:
-                    fds.append((path, *pin))
-            asked: dict[int, tuple[str, os.stat_result]] = {}
-            batch = []
-            for path, st, fd in fds:
+                if pin is None:
+                    continue
+                st, fd = pin
+                fds.append(fd)
                 # rtgenmsg (family, padded to 4 bytes), then the pin's fd
                 seq, msg = nl.message(RTM_GETNSID, NLM_F_REQUEST, b"\0\0\0\0" + _attr(NETNSA_FD, _U32.pack(fd)))
                 asked[seq] = (path, st)
@@ -416,22 +312,20 @@ def _nsids(nl: Netlink, paths: list[str]) -> dict[str, tuple[os.stat_result, int
                 if not asked:
                     break  # every request answered (an error answers too)
         finally:
-            for _, _, fd in fds:
+            for fd in fds:
                 os.close(fd)
     return found
 
 
 IFLA_EXT_MASK = 29
 RTEXT_FILTER_SKIP_STATS = 1 << 3
-# Every link, without its counters (a fifth of each answer; a kernel that predates the flag
-# ignores it and sends them).
+# Every link, without its counters (a fifth of each answer; older kernels ignore the flag).
 _ALL_LINKS = _IFINFO.pack(0, 0, 0, 0, 0) + _attr(IFLA_EXT_MASK, _U32.pack(RTEXT_FILTER_SKIP_STATS))
 
 
 def nsids_of(paths: list[str]) -> dict[str, tuple[os.stat_result, int]]:
     """The nsid (as seen from here) of the namespace pinned at each path, with the stat of the
-    namespace it was asked of (the pin may have changed since it was chosen). A path that is
-    no regular file, or no namespace, has none."""
+    one asked (the pin may have changed since); none for no regular file or no namespace."""
     with Netlink() as nl:
         return _nsids(nl, paths)
 
@@ -443,15 +337,14 @@ def dump_links() -> list[RawLink]:
 
 
 def kernel_filters_by_kind(release: str | None = None) -> bool:
-    """Whether this kernel (or `release`, as uname gives it) is known to filter a link dump by
-    kind. Unknown or older: every link comes back, and every one is read."""
+    """Whether this kernel (or `release`) is known to filter a link dump by kind."""
     match = re.match(r"(\d+)\.(\d+)", release if release is not None else os.uname().release)
     return match is not None and (int(match[1]), int(match[2])) >= _KIND_FILTER_SINCE
 
 
 def links_of_kind(kind: str, filtered: bool) -> list[RawLink]:
-    """The links whose kind is `kind`, the dump asked to be filtered by it. `filtered`: this
-    kernel is known to honour the filter, so a link of another kind ends the answer."""
+    """The links of kind `kind`, the dump asked to be filtered by it; `filtered`: this kernel
+    honours the filter, so a link of another kind ends the answer."""
     body = _ALL_LINKS + _attr(IFLA_LINKINFO, _attr(IFLA_INFO_KIND, kind.encode() + b"\0"))
     found: list[RawLink] = []
     with Netlink() as nl:
@@ -459,15 +352,13 @@ def links_of_kind(kind: str, filtered: bool) -> list[RawLink]:
             if link.kind == kind:
                 found.append(link)
             elif filtered:
-                # A kernel that filters by kind ignores the filter only when it knows no link
-                # type of that name, and then no such link can exist: the rest is not read.
+                # Ignored only for a link type the kernel does not know, so none exists.
                 break
     return found
 
 
 def dump_links_of_kind(kind: str) -> list[RawLink]:
-    """The links of this netns whose link kind is `kind` ("ifb"), the kernel filtering the dump:
-    one request, whose answer holds those links only."""
+    """The links of this netns of link kind `kind` ("ifb"), the kernel filtering the dump."""
     return links_of_kind(kind, kernel_filters_by_kind())
 
 
@@ -484,9 +375,8 @@ def _acknowledged(nl: Netlink, mtype: int, body: bytes) -> int:
 
 
 def _delete_each(bodies: list[bytes], mtype: int, gone: int) -> list[str | None]:
-    """Send each delete request, one acknowledged request at a time; None for each one done or
-    already gone (error `gone`), else the error. A socket that fails (the kernel did not answer
-    in time) is that request's error and every later one's: none of them was asked."""
+    """Send each delete, one acknowledged request at a time; None for each done or already gone
+    (error `gone`), else the error. A failing socket is that one's error and every later one's."""
     results: list[str | None] = []
     with Netlink() as nl:
         for body in bodies:
@@ -499,8 +389,8 @@ def _delete_each(bodies: list[bytes], mtype: int, gone: int) -> list[str | None]
 
 
 def delete_links(indexes: list[int]) -> dict[int, str | None]:
-    """Delete links by index (RTM_DELLINK, one acknowledged request each); None for each one
-    gone (or already gone: ENODEV), else the error. The caller compared each link just before."""
+    """Delete links by index (RTM_DELLINK), the caller having compared each just before; None for
+    each gone (or already: ENODEV), else the error."""
     bodies = [_IFINFO.pack(socket.AF_UNSPEC, 0, index, 0, 0) for index in indexes]
     return dict(zip(indexes, _delete_each(bodies, RTM_DELLINK, errno.ENODEV), strict=True))
 
@@ -519,10 +409,8 @@ FRA_PAD = 18
 FRA_PROTOCOL = 21
 FR_ACT_TO_TBL = 1
 _FIB_RULE_HDR = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, 2 pad, action, flags
-_U8 = struct.Struct("=B")
 _ADDRESS_BYTES: dict[int, int] = {socket.AF_INET: 4, socket.AF_INET6: 16}
-# Attributes the kernel sends with every rule whatever it selects (a suppress_prefixlen of -1
-# is no suppression), besides the ones read below: none of them makes a rule select more or less.
+# Sent with every rule whatever it selects, besides those read: none changes what it selects.
 _RULE_QUIET = frozenset({FRA_PAD, FRA_PROTOCOL})
 _RULE_READ = frozenset({FRA_DST, FRA_SRC, FRA_PRIORITY, FRA_TABLE, FRA_SUPPRESS_PREFIXLEN})
 
@@ -541,9 +429,7 @@ class RawRule(Struct, frozen=True, kw_only=True):
     dst: str | None
     dst_len: int
     suppress_prefixlen: int | None  # None when not sent or -1 (no suppression)
-    # Every other attribute type the rule carries (iif, oif, fwmark, goto, uid range, ports...):
-    # any of them makes it select something else than its addresses.
-    other: tuple[int, ...] = ()
+    other: tuple[int, ...] = ()  # every other attribute (iif, fwmark, goto...): it selects more
 
 
 def _address(data: bytes | bytearray, span: tuple[int, int] | None, family: int) -> str | None:
@@ -553,7 +439,7 @@ def _address(data: bytes | bytearray, span: tuple[int, int] | None, family: int)
 
 
 def parse_rule(data: bytes | bytearray, offset: int, length: int) -> RawRule:
-    """One RTM_NEWRULE message: fib_rule_hdr (12 bytes) after the netlink header, then attributes."""
+    """One RTM_NEWRULE message: fib_rule_hdr (12 bytes) after the header, then attributes."""
     family, dst_len, src_len, tos, table, _, _, action, flags = _FIB_RULE_HDR.unpack_from(data, offset + _HDR.size)
     start, end = offset + _HDR.size + _FIB_RULE_HDR.size, offset + length
     at = attrs(data, start, end, _RULE_READ)
@@ -591,12 +477,11 @@ def dump_rules() -> list[RawRule]:
     """Every IPv4 and IPv6 policy rule of this netns: one dump (family AF_UNSPEC answers both)."""
     body = _FIB_RULE_HDR.pack(socket.AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0, 0)
     with Netlink() as nl:
-        return [r for r in decode_raw(*dump_raw(nl, RTM_GETRULE, body), parse_rule) if r.family in _ADDRESS_BYTES]
+        return [r for r in dump_kept(nl, RTM_GETRULE, body, parse_rule) if r.family in _ADDRESS_BYTES]
 
 
 def _rule_request(rule: RawRule) -> bytes:
-    """The body of a request naming `rule` by its priority, table, action and selector: the
-    fields the kernel compares when it looks for the rule to delete."""
+    """A request naming `rule` by the fields the kernel compares to find the rule to delete."""
     body = _FIB_RULE_HDR.pack(rule.family, rule.dst_len, rule.src_len, rule.tos, 0, 0, 0, rule.action, rule.flags)
     body += _attr(FRA_PRIORITY, _U32.pack(rule.priority)) + _attr(FRA_TABLE, _U32.pack(rule.table))
     if rule.src is not None:
@@ -607,6 +492,6 @@ def _rule_request(rule: RawRule) -> bytes:
 
 
 def delete_rules(rules: list[RawRule]) -> list[str | None]:
-    """Delete each rule by what it selects (see _rule_request), one acknowledged request at a
-    time; None for each one deleted or already gone (ENOENT), else the error."""
+    """Delete each rule by what it selects; None for each deleted or already gone (ENOENT), else
+    the error."""
     return _delete_each([_rule_request(rule) for rule in rules], RTM_DELRULE, errno.ENOENT)

@@ -1,69 +1,15 @@
 """Network namespaces held by mounts: every mount namespace's nsfs mounts, read from /proc.
 
-A network namespace lives while a process is in it, an fd holds it, or it is mounted on a file
-somewhere. The runtimes' pins are such mounts in the netns dirs; a mount made anywhere else, in
-any mount namespace (a container given the pin dir with private propagation, a process that
-bind-mounted `/proc/<pid>/ns/net` in a mount namespace of its own: containerd#3667, moby#27277,
-cri-o#4210), keeps the namespace, its veths and its addresses alive after its pin is gone, and
-the reaper can neither see it in the netns dirs nor free it: it never unmounts anything outside
-its netns dirs.
-
-So every mount namespace's `mountinfo` is read once (through one of its processes, or threads:
-a thread may have one of its own; the namespace told by the stat of `/proc/<pid>/ns/mnt`), and
-each mount of a network namespace (fstype nsfs, or proc on kernels before nsfs; root
-`net:[INODE]`) is recorded with the namespace's key (the device of the mount, which is nsfs'
-own, and the inode: what `stat()` of `/proc/<pid>/ns/net` gives), a process that reaches it,
-its mount namespace and its mount point.
-
-What counts as a pin and not a holder: a mount in the reaper's own mount namespace directly
-inside a netns dir, and every mount of the same namespace on the same file in other mount
-namespaces (copies of the pin: the kernel detaches them when the pin's file is unlinked, as
-the runtime's own removal of its pin does). A mount is told to be on that file by the file it
-sits on: its parent mount's device and the path inside that filesystem, which every copy of a
-mount tree shares whatever it is mounted under.
-
-A mount namespace pinned on a file with no process in it (snapd keeps one per snap) holds its
-mounts all the same, and no process shows them. It is read the way a process's are: a child
-of this process, forked for it, joins it (setns(2) on an fd checked by fstat to be the
-namespace found there) and waits; its `/proc/<pid>/mountinfo` is read from outside, through
-this process's own /proc, as the kernel prints it; then the child is killed. Nothing is run
-inside: no exec (a program path or the dynamic loader would resolve in the namespace, whose
-files, `/proc` included, its maker chose), and the child runs no code of its own there. A
-forked child and not a thread of this process: a thread in the namespace would share this
-process's interpreter, whose garbage collector may run any object's finalizer on whichever
-thread allocates, and a finalizer that opens a path or imports would then do so inside. The
-child blocks every signal and turns its collector off before it joins, so between the join and
-its end it runs only the write that says it is in and the read it waits in (and it has its
-own fs_struct, which joining a mount namespace needs). Pinned mount namespaces found inside
-one are opened through the child while it is there, and read the same way, in turn.
-
-Every mount namespace that shares the host's mounts shows a copy of every pin, so the walk
-costs mounts times mount namespaces. What the reaper pays on top of the kernel's reads is kept
-to one parse and one judgement a distinct text (held_mounts): a text read again (a thread whose
-mount namespace cannot be told, or one unchanged since the agent's last pass) is not parsed
-again, and a copy of a pin is never made a record.
-
-A path to a pin is walked beneath the process's root (`/proc/<pid>/root`) with no symlink
-followed, and only through filesystems the kernel answers itself (LOCAL_FSTYPES).
-
-The walk is whole or it raises OSError: /proc cannot be listed or does not list this process,
-a mount namespace cannot be read (other than by its processes having exited, which takes its
-mounts with it), one is over its bounds, too many of them, or one pinned with no process in it
-cannot be reached or entered. A partial answer would let a held namespace look free.
-
-But not for a structure an unprivileged user made. A mount namespace whose owning user
-namespace, or one of that one's ancestors, was made by a uid other than 0 (ioctl
-NS_GET_USERNS, NS_GET_OWNER_UID, NS_GET_PARENT) is that user's: it could be made unreadable
-at will (a pin shadowed by a tmpfs, hundreds of megabytes of mount paths), and a failed walk
-makes every namespace on the node busy, which would let any user stop reclaiming for good.
-What such a user can hold with a mount it can as well hold with an open fd, which no walk
-sees (SECURITY.md, "A user's mount namespaces, and what they can hold"). So a user's mount
-namespace that cannot be read, or a namespace pinned there that cannot be reached or entered,
-is left out and named in MountWalk.unread (logged); what can be read of it still holds. A root
-user's (every owner uid 0: the host's, a runtime's, a pod's with user namespaces) that cannot
-be read fails the walk, as before. Users' mount namespaces are counted apart from root's: past
-MAX_USER_MOUNT_NAMESPACES the rest of theirs are left out, so that thousands of them neither
-take root's bound (whose excess fails the walk) nor hold a walk for long.
+A mount of a network namespace outside the netns dirs, in any mount namespace (containerd#3667,
+moby#27277, cri-o#4210), keeps it, its veths and addresses alive after its pin is gone, and the
+reaper never unmounts it. So every mount namespace's mountinfo is read once: through one of its
+processes or threads, or, pinned on a file with no process in it, through a forked child that
+joins it and runs nothing (`entered`). A pin (a mount in this mount namespace directly in a netns
+dir) and its copies on the same file elsewhere are no holders. The walk is whole or raises
+OSError, as a partial one would let a held namespace look free; but a mount namespace an
+unprivileged user made that cannot be read is left out (MountWalk.unread), so that no user can
+stop reclaiming for good. Why each rule: docs/design.md, "In depth: mounts, netlink and /proc";
+SECURITY.md, "Mounts in a mount namespace of its own" and "Pinned mount namespaces".
 """
 
 from __future__ import annotations
@@ -86,7 +32,7 @@ from msgspec import Struct
 
 from reaper.host.confined import libc, open_beneath, parts_beneath
 from reaper.host.mounts import MountLine, parse_line
-from reaper.host.procs import EveryNamespaceBusy, busy_namespaces, listed_pids
+from reaper.host.procs import EveryNamespaceBusy, busy_namespaces, listed_pids, tasks
 from reaper.host.userns import owners_at, owners_of
 from reaper.model import NsKey
 
@@ -105,18 +51,14 @@ NO_PROCESS = 0  # the pid of a mount in a mount namespace no process is in
 ENTER_TIMEOUT = 10.0  # seconds a child gets to join a mount namespace no process is in
 CLONE_NEWNS = 0x00020000
 CLONE_FS = 0x00000200
-# ioctls on an nsfs fd (include/uapi/linux/nsfs.h): _IO(0xb7, n)
 _ALL_SIGNALS = signal.valid_signals()
 log = logging.getLogger(__name__)
 
 _NS_ROOT = re.compile(r"(net|mnt):\[([0-9]{1,20})\]")
 NS_FSTYPES = ("nsfs", "proc")  # proc: namespace files before nsfs (Linux < 3.19)
-# Filesystems whose lookups the kernel answers itself. A path to a mount is walked (to reach its
-# namespace) only through these: a lookup in FUSE, a network filesystem or anything else may
-# wait on a process, which whoever can mount would make the reaper wait on for good. The
-# kernel's own pseudo-filesystems are in: their lookups are libfs' or the kernel's code
-# (binfmt_misc, mountable in a user namespace since Linux 6.7: fs/binfmt_misc.c bm_fill_super,
-# simple_fill_super of fs/libfs.c; securityfs, debugfs, tracefs, configfs, pstore alike).
+# The only filesystems a path to a mount is walked through: their lookups are the kernel's own
+# (binfmt_misc, user-mountable since 6.7: fs/binfmt_misc.c bm_fill_super, fs/libfs.c
+# simple_fill_super); one in FUSE or a network filesystem may wait on a process for good.
 LOCAL_FSTYPES = frozenset(
     {"tmpfs", "ramfs", "devtmpfs", "ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "squashfs", "erofs",
      "overlay", "proc", "sysfs", "nsfs", "cgroup", "cgroup2", "vfat", "devpts", "mqueue", "hugetlbfs", "bpf",
@@ -132,21 +74,15 @@ class NsMount(Struct, frozen=True, kw_only=True):
     pid: int  # a process of that mount namespace: /proc/<pid>/root reaches the mount
     mount_ns: int  # the mount namespace's inode (mnt:[N])
     mount_point: str  # as that process sees it
-    # The file it is mounted on: (device, path inside that filesystem) of its parent mount;
-    # None when the parent cannot be told (outside the process's root, say).
-    on: tuple[int, str] | None
-    # Its path is walked through local filesystems only (LOCAL_FSTYPES): `reach` may be opened.
-    reachable: bool = True
-    # The uid of a user without root that made the mount namespace holding it, where the walk
-    # told it (a mount namespace no process is in, which no pid can be asked about later);
-    # None: root's, or to be asked through `pid`.
+    on: tuple[int, str] | None  # the file it is on: its parent's (device, path inside); None: unknown
+    reachable: bool = True  # its path crosses LOCAL_FSTYPES only: `reach` may be opened
+    # The maker's uid, if a user without root, of a mount namespace no process is in (no pid to
+    # ask later); None: root's, or to be asked through `pid`.
     made_by_user: int | None = None
 
     @property
     def reach(self) -> str:
-        """A path to the namespace from this process (through the holder's root). Opened only
-        when `reachable`; a mount in a mount namespace no process is in has none that opens
-        (/proc/0 does not exist)."""
+        """A path to the namespace through the holder's root; opened only when `reachable`."""
         return f"/proc/{self.pid}/root{self.mount_point}"
 
     def describe(self) -> str:
@@ -156,8 +92,8 @@ class NsMount(Struct, frozen=True, kw_only=True):
 
 
 def _on(line: MountLine, by_id: Mapping[int, MountLine]) -> tuple[int, str] | None:
-    """The file a mount sits on: its parent's device and the path inside the parent's
-    filesystem (the parent's root joined with the mount point below the parent's)."""
+    """The file a mount sits on: its parent's device and the path inside the parent's filesystem,
+    which every copy of the mount tree shares wherever it is mounted."""
     parent = by_id.get(line.parent_id)
     if parent is None or parent.mount_id == line.mount_id:
         return None
@@ -168,8 +104,7 @@ def _on(line: MountLine, by_id: Mapping[int, MountLine]) -> tuple[int, str] | No
 
 
 class MountInfo(Struct, frozen=True):
-    """One mount namespace's mounts of namespaces: of network namespaces, and the mount
-    namespaces pinned there (whose mounts no process may show)."""
+    """One mount namespace's mounts of network namespaces, and the mount namespaces pinned there."""
 
     net: tuple[tuple[MountLine, tuple[int, str] | None, bool], ...]  # (mount, the file it is on, reachable)
     pinned_mount_namespaces: tuple[tuple[int, str, bool], ...]  # (inode, mount point, reachable)
@@ -207,8 +142,7 @@ def parse_mountinfo(lines: Iterable[str], where: str = "mountinfo") -> MountInfo
 
 
 def _local_path(line: MountLine, by_id: Mapping[int, MountLine]) -> bool:
-    """Whether every mount a walk of the path to `line` goes through (its parent, and theirs,
-    up to the namespace's root) is of a local filesystem."""
+    """Whether every mount above `line`, up to the namespace's root, is of LOCAL_FSTYPES."""
     parent = by_id.get(line.parent_id)
     for _ in range(MAX_DEPTH):
         if parent is None:
@@ -222,8 +156,7 @@ def _local_path(line: MountLine, by_id: Mapping[int, MountLine]) -> bool:
 
 
 def _read_text(path: str) -> bytes:
-    """A /proc file whole, in reads as large as the kernel fills; OSError (EFBIG) past
-    MAX_MOUNTINFO_BYTES, before more is held."""
+    """A /proc file whole; OSError (EFBIG) past MAX_MOUNTINFO_BYTES, before more is held."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         return _read_fd(fd, path)
@@ -242,7 +175,6 @@ def _read_open(path: str) -> tuple[bytes, int]:
 
 
 def _read_fd(fd: int, path: str) -> bytes:
-    """_read_text of an open file, from where it stands."""
     chunks: list[bytes] = []
     total = 0
     while True:
@@ -256,36 +188,22 @@ def _read_fd(fd: int, path: str) -> bytes:
 
 
 def _first_line(text: bytes) -> bytes | None:
-    """The first line of a mountinfo text, or None when the text holds no whole line."""
     line, newline, _ = text.partition(b"\n")
     return line if newline else None
 
 
 class _Heads:
-    """The first lines of the root-made mount namespaces' texts a walk read, each with the
-    mountinfo it was read from held open, so that a task whose mount namespace cannot be told
-    (a protected init's threads) need not be read whole when it is in one of those.
-
-    Why one line tells the namespace: a mountinfo line starts with the mount's ID, and no two
-    live mounts share one (fs/namespace.c mnt_alloc_id, an IDA), while a mount belongs to one
-    mount namespace. So a task whose first line is, byte for byte, the first line namespace N
-    showed before the task was read and shows again after it (through the same open file,
-    which names N whatever its processes do) is in N, provided that mount was in N the whole
-    time. It was: a namespace's mounts are listed oldest first (an rbtree by the never-reused
-    64-bit mount ID since Linux 6.8, an append-only list before), so a mount that left N and
-    whose ID came back on a new mount would be listed after N's older mounts, not first
-    again, unless every older one reachable from that root were unmounted too, which in a
-    root-made namespace only root can do. A user's namespace, where its maker can do that,
-    is never one of these. A line two namespaces showed proves nothing and is dropped."""
+    """First lines of root-made namespaces' texts, each mountinfo held open: a task whose mount
+    namespace cannot be told is not read whole if one shows its line before and after (a live
+    mount's ID: docs/design.md, "Telling a task's mount namespace by its first line")."""
 
     def __init__(self) -> None:
         self._held: dict[bytes, int] = {}
         self._clashed: set[bytes] = set()
 
     def keep(self, text: bytes, fd: int) -> bool:
-        """Hold `fd` (the namespace's mountinfo `text` was read from) for its first line;
-        False when it is not held (the caller closes it): a text too short to be worth it,
-        MAX_HEADS held already, or a line seen before."""
+        """Hold `fd` (the mountinfo `text` was read from) for its first line; False (the caller
+        closes it) for a short text, past MAX_HEADS, or a line seen before."""
         line = _first_line(text)
         if line is None or len(text) < HEAD_MIN_BYTES or len(self._held) >= MAX_HEADS:
             return False
@@ -298,21 +216,15 @@ class _Heads:
         return True
 
     def in_one_read(self, base: str) -> bool:
-        """Whether the task at `base` is, now, in a mount namespace whose text this walk
-        read (its first line shown before and after this read by a held file). False when
-        that cannot be shown: the task is then read whole."""
+        """Whether the task at `base` is in a namespace whose text this walk read (its first
+        line shown by a held file after this read too); False: it is read whole."""
         if not self._held:
             return False
         try:
-            fd = os.open(f"{base}/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+            with open(f"{base}/mountinfo", "rb", buffering=0) as file:  # one read(2), as os.read
+                line = _first_line(file.read(MAX_LINE + 1))
         except OSError:
             return False
-        try:
-            line = _first_line(os.read(fd, MAX_LINE + 1))
-        except OSError:
-            return False
-        finally:
-            os.close(fd)
         held = self._held.get(line) if line is not None else None
         if held is None:
             return False
@@ -329,9 +241,8 @@ class _Heads:
 
 
 def _lines(text: bytes) -> Iterator[str]:
-    """The lines of a mountinfo text, each with its newline: split at newlines only (a mount
-    point may hold any other character, and the kernel escapes only space, tab, newline and
-    backslash)."""
+    """The lines of a mountinfo text, each with its newline: split at newlines only (a mount point
+    may hold any other character; the kernel escapes only space, tab, newline and backslash)."""
     lines = text.decode("utf-8", "surrogateescape").split("\n")
     last = lines.pop()
     for line in lines:
@@ -341,25 +252,18 @@ def _lines(text: bytes) -> Iterator[str]:
 
 
 class ParsedMountinfo:
-    """What each mountinfo text parsed to, by a digest of the whole text: parse_mountinfo is a
-    function of the text alone, so a text read again (a mount namespace seen through a thread
-    that cannot be told apart from the others, or one unchanged since the last walk) is parsed
-    once. A long-running caller keeps one from walk to walk; texts not seen in a walk are
-    forgotten at its end."""
+    """Each mountinfo text parsed once, by a digest of the whole text (a text read again: an
+    untold thread's, or one unchanged since the last walk). Kept from walk to walk by a
+    long-running caller; texts not seen in a walk are forgotten at its end."""
 
     def __init__(self) -> None:
         self._last: dict[bytes, MountInfo] = {}
         self._now: dict[bytes, MountInfo] = {}
 
     def parse(self, text: bytes, where: str, *, remember: bool = True) -> MountInfo:
-        """The text parsed; `remember` False (a mount namespace an unprivileged user made,
-        whose mounts are theirs to multiply) keeps nothing of it past this call."""
+        """The text parsed; `remember` False (a user's mount namespace) keeps nothing of it."""
         key = hashlib.blake2b(text, digest_size=32).digest()
-        info = self._now.get(key)
-        if info is None:
-            info = self._last.get(key)
-        if info is None:
-            info = parse_mountinfo(_lines(text), where)
+        info = self._now.get(key) or self._last.get(key) or parse_mountinfo(_lines(text), where)
         if remember:
             self._now[key] = info
         return info
@@ -369,8 +273,8 @@ class ParsedMountinfo:
 
 
 def _mount_ns(base: str) -> int | None:
-    """The inode of the process's mount namespace; None when it has exited (or is a zombie);
-    UNKNOWN_NS when it may not be looked at (a protected init), though its mountinfo may."""
+    """The inode of the process's mount namespace; None: exited (or a zombie); UNKNOWN_NS: it
+    may not be looked at (a protected init), though its mountinfo may."""
     try:
         return os.stat(f"{base}/ns/mnt").st_ino
     except OSError as err:
@@ -382,23 +286,21 @@ def _mount_ns(base: str) -> int | None:
 
 
 class MountWalk(Struct, frozen=True, kw_only=True):
-    """What a walk of every mount namespace found: the mounts of network namespaces, and the
-    mount namespaces an unprivileged user made that could not be read (left out, with why)."""
+    """The mounts of network namespaces a walk found, and the users' mount namespaces it left out."""
 
     mounts: tuple[NsMount, ...]
     unread: tuple[str, ...] = ()
 
 
 class _Pinned(Struct, kw_only=True):
-    """A mount namespace pinned on a file: the ways found to open it (a process's root and the
-    pin's mount point beneath it), or an fd opened already (a pin found inside a namespace no
-    process is in, opened while the child that joined it was there), or why it cannot be."""
+    """A mount namespace pinned on a file: the ways to open it (a process's root, the mount point
+    beneath it), or an fd opened already (while a child was in the namespace holding the pin),
+    or why it cannot be."""
 
     ways: list[tuple[str, str]]
     fd: int | None = None
     why: str = ""
-    # For each mount namespace it is pinned in: whether an unprivileged user made that one.
-    users: list[bool]
+    users: list[bool]  # for each mount namespace it is pinned in: whether a user without root made it
 
     def open(self, ino: int) -> int | None:
         for root, point in self.ways:
@@ -411,8 +313,7 @@ class _Pinned(Struct, kw_only=True):
 
 
 def netns_mounts(proc: str = "/proc") -> list[NsMount]:
-    """Every mount of a network namespace in every mount namespace (walk_mounts); the mount
-    namespaces of unprivileged users that could not be read are logged."""
+    """walk_mounts' mounts; the users' mount namespaces left out are logged."""
     walk = walk_mounts(proc)
     _log_unread(walk.unread)
     return list(walk.mounts)
@@ -424,17 +325,16 @@ def _log_unread(unread: Iterable[str]) -> None:
 
 
 def walk_mounts(proc: str = "/proc", parsed: ParsedMountinfo | None = None) -> MountWalk:
-    """Every mount of a network namespace in every mount namespace some process is in, or
-    that is pinned on a file. OSError when the walk cannot be whole (the module's docstring).
-    `parsed`: a long-running caller's texts parsed before."""
+    """Every mount of a network namespace in every mount namespace a process is in or a file pins.
+    OSError when the walk cannot be whole. `parsed`: a long-running caller's texts parsed before."""
     views, unread = _walk(proc, parsed if parsed is not None else ParsedMountinfo())
     mounts = [m for view in views for m in _net_mounts(view.info.nets(), view.pid, view.mount_ns, view.maker)]
     return MountWalk(mounts=tuple(mounts), unread=unread)
 
 
 class _View(Struct, frozen=True):
-    """One mount namespace's mounts of namespaces, as read through process (or thread) `pid`
-    (NO_PROCESS: pinned with no process in it, made by user `maker` if an unprivileged one)."""
+    """One mount namespace's mounts as read through task `pid` (NO_PROCESS: pinned with no process
+    in it, made by user `maker` if one without root)."""
 
     info: MountInfo
     pid: int
@@ -443,8 +343,7 @@ class _View(Struct, frozen=True):
 
 
 def _walk(proc: str, parsed: ParsedMountinfo) -> tuple[list[_View], tuple[str, ...]]:
-    """Each mount namespace's mounts of namespaces, in the order read, and the notes of what
-    was left out (walk_mounts). Mount namespaces that show the same text share one parse."""
+    """Each mount namespace's view, in the order read, and the notes of what was left out."""
     pids = sorted(listed_pids(proc), key=int)
     read: set[int] = set()
     pins: dict[int, _Pinned] = {}  # mount namespaces pinned on a file
@@ -491,7 +390,8 @@ def _walk(proc: str, parsed: ParsedMountinfo) -> tuple[list[_View], tuple[str, .
         views.append(_View(info, task, mount_ns))
 
     try:
-        for base, task in (task for pid in pids for task in _tasks(proc, pid)):
+        # Threads too: one may have a mount namespace of its own (unshare(CLONE_NEWNS)).
+        for base, task in (task for pid in pids for task in tasks(proc, pid)):
             mount_ns = _mount_ns(base)
             if mount_ns is None or (mount_ns in read and mount_ns != UNKNOWN_NS):
                 continue
@@ -502,8 +402,7 @@ def _walk(proc: str, parsed: ParsedMountinfo) -> tuple[list[_View], tuple[str, .
         for base, task in untold:
             if not heads.in_one_read(base):
                 read_task(base, task, UNKNOWN_NS)
-        # Mount namespaces pinned with no process in them (snapd keeps its snaps' so), and the
-        # ones pinned in those, in turn.
+        # Mount namespaces pinned with no process in them (snapd's), and those pinned in them.
         waiting = sorted(pins)
         while waiting:
             ino = waiting.pop(0)
@@ -547,8 +446,8 @@ def _walk(proc: str, parsed: ParsedMountinfo) -> tuple[list[_View], tuple[str, .
 
 
 class _Tally(Struct, kw_only=True):
-    """The mount namespaces a walk reads, root's and unprivileged users' counted apart (a user
-    can make thousands), and what it left out of users' (named up to MAX_NOTES)."""
+    """Mount namespaces read, root's and users' counted apart (a user can make thousands), and
+    the users' left out (named up to MAX_NOTES)."""
 
     root: int = 0
     users: int = 0
@@ -556,8 +455,7 @@ class _Tally(Struct, kw_only=True):
     more: int = 0
 
     def take(self, *, users: bool, what: str) -> bool:
-        """Whether one more may be read: past its bound a root one fails the walk, a user's is
-        left out."""
+        """Whether one more may be read: past its bound a root one fails the walk, a user's is left out."""
         if not users:
             if self.root >= MAX_MOUNT_NAMESPACES:
                 raise OSError(errno.E2BIG, f"more than {MAX_MOUNT_NAMESPACES} mount namespaces")
@@ -582,8 +480,8 @@ class _Tally(Struct, kw_only=True):
 def _read_pinned(
     fd: int, ino: int, where: str, parsed: ParsedMountinfo, *, users: bool
 ) -> tuple[MountInfo, dict[int, _Pinned]]:
-    """The mounts of the mount namespace `fd` (inode `ino`), read through a child that joined
-    it, and the mount namespaces pinned in it, each opened while the child is there."""
+    """The mounts of mount namespace `fd` (inode `ino`), read through a child that joined it, and
+    the mount namespaces pinned in it, each opened while the child is there."""
     inner: dict[int, _Pinned] = {}
     try:
         with entered(fd, ino) as base:
@@ -605,8 +503,8 @@ def _read_pinned(
 
 
 def open_pin(root: str, point: str, ino: int) -> int:
-    """An fd (for setns) of the mount namespace mounted at `point` beneath `root` (a process's
-    root), walked with no symlink followed, checked to be namespace `ino`; OSError if not."""
+    """An fd (for setns) of the mount namespace at `point` beneath `root` (a process's root),
+    walked with no symlink followed, checked to be namespace `ino`; OSError if not."""
     root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         path_fd = open_beneath(root_fd, parts_beneath("/", point), os.O_PATH)
@@ -627,8 +525,8 @@ def _nsfs_dev() -> int:
 
 
 def _users_at(base: str, mount_ns: int) -> bool:
-    """Whether the mount namespace of the process at `base` (/proc/<pid>), found to be
-    `mount_ns`, is an unprivileged user's; False (fail closed) when that cannot be told."""
+    """Whether mount namespace `mount_ns` of the task at `base` is a user's without root; False
+    (fail closed) when that cannot be told."""
     if mount_ns == UNKNOWN_NS:
         return False
     owners = owners_at(f"{base}/ns/mnt", mount_ns)
@@ -636,10 +534,8 @@ def _users_at(base: str, mount_ns: int) -> bool:
 
 
 def made_by_user(ns_fd: int) -> int | None:
-    """The uid of a user without root that made the user namespace owning namespace `ns_fd`, or
-    one above it (reaper.host.userns: NS_GET_USERNS, NS_GET_OWNER_UID, NS_GET_PARENT); None when
-    every one was made by uid 0, or when it cannot be told (a kernel before 4.11): fail closed,
-    as root's."""
+    """The uid of a user without root that made namespace `ns_fd`'s owning user namespace or one
+    above it (reaper.host.userns); None: all uid 0, or unknown (before 4.11: fail closed)."""
     try:
         return owners_of(ns_fd).user
     except OSError:
@@ -648,9 +544,9 @@ def made_by_user(ns_fd: int) -> int | None:
 
 @contextlib.contextmanager
 def entered(ns_fd: int, ino: int) -> Iterator[str]:
-    """`/proc/<pid>` of a child of this process that joined the mount namespace `ns_fd` (inode
-    `ino`) and waits there, running nothing; it is killed when the block ends. OSError when it
-    cannot join within ENTER_TIMEOUT."""
+    """`/proc/<pid>` of a forked child (not a thread, whose interpreter could run a finalizer
+    inside) that joined mount namespace `ns_fd` (inode `ino`) and waits running nothing, killed
+    at the end; OSError past ENTER_TIMEOUT (docs/design.md, "Reading a pinned mount namespace")."""
     setns, unshare = libc.setns, libc.unshare  # looked up here, not in the child
     ready_r, ready_w = os.pipe()
     release_r, release_w = os.pipe()
@@ -694,15 +590,9 @@ def _join_and_wait(
     release: int,
     parents: tuple[int, ...],
 ) -> NoReturn:  # pragma: no cover - runs in the forked child
-    """The child: no signal handler or garbage collection can run code here from now on; it
-    joins, says so (a byte: 0, or the errno), and waits until it is killed (or the reaper is
-    gone: the read ends).
-
-    A fork handler of a library may have started a thread in the child already (gRPC's does,
-    once the reaper has asked a runtime), and the kernel refuses to move a thread that shares
-    its filesystem context with another into a mount namespace (EINVAL, `mntns_install`): so
-    this thread first takes a filesystem context of its own (unshare(CLONE_FS), no namespace).
-    Only this thread, the one /proc/<pid>/mountinfo shows, joins."""
+    """The child, with no signal handler or collection left to run: takes a filesystem context of
+    its own (a fork handler, gRPC's, may have started a thread, and `mntns_install` refuses a
+    shared one), joins, says so (a byte: 0 or the errno), and waits until killed."""
     try:
         signal.pthread_sigmask(signal.SIG_BLOCK, _ALL_SIGNALS)
         gc.disable()
@@ -715,22 +605,6 @@ def _join_and_wait(
             os.read(release, 1)
     finally:
         os._exit(0)
-
-
-def _tasks(proc: str, pid: str) -> Iterator[tuple[str, int]]:
-    """(/proc dir, id) of the process, then of each of its other threads: a thread may have a
-    mount namespace of its own (unshare(CLONE_NEWNS) in one thread), and its mounts hold as
-    much. A thread's id reaches it as a pid does (/proc/<tid>, unlisted)."""
-    base = f"{proc}/{pid}"
-    yield base, int(pid)
-    try:
-        # The task dir's link count is 2 + its threads: listed only when there are several.
-        tids = os.listdir(f"{base}/task") if os.stat(f"{base}/task").st_nlink > 3 else []
-    except OSError:
-        return  # exited: its threads with it
-    for tid in tids:
-        if tid != pid and tid.isdigit():
-            yield f"{base}/task/{tid}", int(tid)
 
 
 def _net_mounts(lines: Iterable[_NetLine], pid: int, mount_ns: int, maker: int | None = None) -> Iterator[NsMount]:
@@ -747,9 +621,8 @@ def own_mount_namespace(proc: str = "/proc") -> int:
 def held_elsewhere(
     mounts: Iterable[NsMount], netns_dirs: Iterable[str], own_mount_ns: int
 ) -> dict[NsKey, tuple[NsMount, ...]]:
-    """The namespaces mounts hold outside the netns dirs, with those mounts. A pin is a mount in
-    `own_mount_ns` directly inside a netns dir (`netns_dirs` as this process resolves them);
-    the same namespace mounted on the same file in another mount namespace is that pin too."""
+    """The namespaces mounts hold outside the netns dirs, with those mounts. A pin (a mount in
+    `own_mount_ns` directly in a netns dir) and its copies on the same file are no holders."""
     dirs = {os.path.realpath(d) for d in netns_dirs}
     mounts = list(mounts)
     pins = {(m.on, m.ns) for m in mounts if m.mount_ns == own_mount_ns and os.path.dirname(m.mount_point) in dirs}
@@ -761,10 +634,9 @@ def held_elsewhere(
     return {ns: tuple(sorted(found, key=_reachable_first)) for ns, found in held.items()}
 
 
-def _reachable_first(mount: NsMount) -> tuple[bool, bool, int]:
-    """Mounts in a mount namespace that could be told first (a process that may not be looked
-    at, a protected init, has a root this process may not walk either), then by pid; those in
-    one no process is in last."""
+def _reachable_first(mount: NsMount | _View) -> tuple[bool, bool, int]:
+    """Mounts (or views) in a told mount namespace first (an untold task's root may not be walked
+    either), then by pid; those in one no process is in last."""
     return (mount.pid == NO_PROCESS, mount.mount_ns == UNKNOWN_NS, mount.pid)
 
 
@@ -783,9 +655,7 @@ def pin_files_shared(mounts: Iterable[NsMount], netns_dirs: Iterable[str], own_m
 
 
 class HeldMounts(Struct, frozen=True, kw_only=True):
-    """What a mount walk says of the netns dirs' pins: the namespaces mounts hold outside them
-    (held_elsewhere's answer), the pins whose file carries another namespace's mount
-    (pin_files_shared's), and the users' mount namespaces left out (MountWalk.unread)."""
+    """held_elsewhere's and pin_files_shared's answers, and the users' mount namespaces left out."""
 
     held: dict[NsKey, tuple[NsMount, ...]]
     shared: dict[NsKey, str]
@@ -795,14 +665,9 @@ class HeldMounts(Struct, frozen=True, kw_only=True):
 def held_mounts(
     netns_dirs: Iterable[str], proc: str = "/proc", parsed: ParsedMountinfo | None = None, *, first_only: bool = False
 ) -> HeldMounts:
-    """held_elsewhere and pin_files_shared over every mount namespace's mounts, the same
-    answers, judged once a text: every mount namespace that shares the host's mounts shows a
-    copy of every pin, so each copy is told from the pins once for all the mount namespaces
-    that show the same text, and only the mounts that hold something are made records. OSError
-    when the walk cannot be whole. `parsed`: a long-running caller's texts parsed before.
-    `first_only`: each held namespace with its first mount alone (the one held_elsewhere puts
-    first), for a caller that names one: of the tasks that show the same text (threads that
-    cannot be told apart), only the one whose mounts come first makes records."""
+    """held_elsewhere and pin_files_shared over a walk, judged once a distinct text, records made
+    only of holders; OSError when the walk cannot be whole. `first_only`: each held namespace
+    with its first mount alone, made from the first view of each text only."""
     views, unread = _walk(proc, parsed if parsed is not None else ParsedMountinfo())
     _log_unread(unread)
     own = own_mount_namespace(proc)
@@ -838,20 +703,14 @@ def held_mounts(
 
 
 def _first_of_each_text(views: Iterable[_View]) -> dict[int, _View]:
-    """For each parsed text (by id), the view of it whose mounts _reachable_first puts first
-    (of equals, the earliest): every mount a text holds is in each view of it, so no other
-    view of it can give a namespace its first mount."""
+    """For each parsed text (by id), its view whose mounts _reachable_first puts first (of equals,
+    the earliest): no other view of it can give a namespace its first mount."""
     first: dict[int, _View] = {}
     for view in views:
         best = first.get(id(view.info))
-        if best is None or _view_order(view) < _view_order(best):
+        if best is None or _reachable_first(view) < _reachable_first(best):
             first[id(view.info)] = view
     return first
-
-
-def _view_order(view: _View) -> tuple[bool, bool, int]:
-    """_reachable_first's key, the same for every mount of a view."""
-    return (view.pid == NO_PROCESS, view.mount_ns == UNKNOWN_NS, view.pid)
 
 
 _NetLine = tuple[tuple[MountLine, tuple[int, str] | None, bool], NsKey]  # one of MountInfo.net, its namespace
@@ -860,8 +719,8 @@ _NetLine = tuple[tuple[MountLine, tuple[int, str] | None, bool], NsKey]  # one o
 def _judge(
     info: MountInfo, pins: set[tuple[tuple[int, str] | None, NsKey]], pin_on: Mapping[tuple[int, str] | None, NsKey]
 ) -> tuple[list[_NetLine], list[_NetLine]]:
-    """A text's mounts of network namespaces that are no pin or copy of one (they hold their
-    namespace), and those on a pin's file of another namespace than the pin's."""
+    """A text's mounts that are no pin or copy of one (holders), and those on a pin's file of
+    another namespace than the pin's."""
     holding, sharing = [], []
     for net, ns in info.nets():
         on = net[1]
@@ -881,9 +740,8 @@ def _ns_of(line: MountLine) -> NsKey:
 def mount_held(
     netns_dirs: tuple[str, ...], proc: str = "/proc", parsed: ParsedMountinfo | None = None
 ) -> Mapping[NsKey, str]:
-    """Namespaces a mount holds outside the netns dirs right now (and pins whose file another
-    namespace is mounted on), with why. When the walk cannot be whole, every namespace is
-    (EveryNamespaceBusy). `parsed`: the texts a caller that walks again parsed before."""
+    """Namespaces a mount holds outside the netns dirs now (and pins whose file carries another
+    namespace), with why; EveryNamespaceBusy when the walk cannot be whole."""
     try:
         found = held_mounts(netns_dirs, proc, parsed, first_only=True)
     except OSError as err:
@@ -900,11 +758,8 @@ def in_use(
     only: Collection[NsKey] | None = None,
     parsed: ParsedMountinfo | None = None,
 ) -> Mapping[NsKey, str]:
-    """Namespaces that must stay right now, with why: some process is in them
-    (reaper.host.procs.busy_namespaces; `only`: just those namespaces' processes are described,
-    any other with a process in it stays whoever it is)
-    or a mount holds them outside the netns dirs (mount_held, with `parsed`). Either walk
-    failing makes every namespace stay."""
+    """Namespaces that must stay now, with why: a process is in them (busy_namespaces, `only` as
+    there) or a mount holds them (mount_held); either walk failing keeps every namespace."""
     held = mount_held(netns_dirs, parsed=parsed)
     if isinstance(held, EveryNamespaceBusy):
         return held

@@ -1,8 +1,6 @@
-"""Namespace pins: files with a namespace bind-mounted on them, of any namespace type.
-
-What every kind of pin needs: listing a pin directory without following a symlink, telling a
-mounted namespace from a stale file by the opened fd, and reclaiming one through that fd
-(unmount exactly the namespace just checked, then unlink the empty file left behind).
+"""Namespace pins: files with a namespace bind-mounted on them, of any namespace type: listed
+without following a symlink, told from a stale file by the opened fd, and reclaimed through that
+fd (unmount exactly the namespace just checked, then unlink the empty file left behind).
 """
 
 from __future__ import annotations
@@ -34,7 +32,7 @@ class Listed(Struct, frozen=True, kw_only=True):
 
 def list_pins(lister: DirLister, directory: str) -> Iterator[Listed]:
     """Every regular file directly in `directory`; symlinks and other non-regular files become
-    corrupt records of the lister's kind, subdirectories are skipped."""
+    corrupt records, subdirectories are skipped."""
     kind, corrupt = lister.kind, lister.corrupt
     nsfs = nsfs_device()
     for dir_fd, entry in lister.scan(directory, directory):
@@ -56,8 +54,8 @@ def list_pins(lister: DirLister, directory: str) -> Iterator[Listed]:
 
 
 def open_pin(dir_fd: int, name: str) -> int:
-    """An O_PATH fd on the pin (on the namespace mounted there, if any), never through a
-    symlink and never opening a FIFO or device for reading."""
+    """An O_PATH fd on the pin (its namespace, if mounted), never through a symlink nor opening
+    a FIFO or device for reading."""
     return os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
 
 
@@ -75,11 +73,8 @@ def is_namespace_fd(fd: int) -> bool:
 
 
 def look_at(dir_fd: int, name: str, nsfs: int | None) -> tuple[os.stat_result, bool]:
-    """The pin's stat, and whether a namespace is mounted on it: an inode on the device of this
-    process's own namespace is one (one filesystem has the device at a time); anything else is
-    asked its filesystem's magic (a statfs per pin, which the common case never needs). The
-    stat follows no symlink and, as a look through an O_PATH fd would, what is mounted there;
-    the fd is opened only for that statfs, and the answer is then its own stat's."""
+    """The pin's stat (no symlink followed) and whether a namespace is mounted on it: on this
+    process's netns' device, one is; else its O_PATH fd is asked (statfs magic, and fstat)."""
     st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     if nsfs is not None and st.st_dev == nsfs:
         return st, True
@@ -95,9 +90,8 @@ Judge = Callable[[NsKey], str | None]
 
 
 def unpin(directory: str, name: str, *, was_namespace: bool, ns: NsKey, judge: Judge) -> Done:
-    """Unmount the pin `name` directly in `directory` (reached without following a symlink) and
-    unlink its file, if it still is what was found: the namespace `ns` (which `judge` lets
-    go), or, for a stale pin, an empty file with no namespace on it."""
+    """Unmount pin `name` directly in `directory` (no symlink followed) and unlink its file, if it
+    still is what was found: namespace `ns` (which `judge` lets go), or a stale pin's empty file."""
     try:
         with opened_dir(directory, directory) as dir_fd:
             return _unpin_at(dir_fd, directory, name, was_namespace, ns, judge)
@@ -119,20 +113,16 @@ def _unpin_at(dir_fd: int, directory: str, name: str, was_namespace: bool, ns: N
         if stat.S_ISLNK(st.st_mode):
             return Done.left("a symlink now; not followed")
         is_ns = is_namespace_fd(fd)
-        if not was_namespace:
-            if is_ns:
-                return Done.left("a namespace is mounted on it now")
-        else:
-            if not is_ns:
-                return Done.left("no namespace is mounted on it any more")
+        if is_ns != was_namespace:
+            return Done.left("a namespace is mounted on it now" if is_ns else "no namespace is mounted on it any more")
+        if was_namespace:
             key = NsKey(st.st_dev, st.st_ino)
             if key != ns:
                 return Done.left("it pins another namespace now")
             why = judge(key)
             if why is not None:
                 return Done.left(why)
-            # The mount the fd holds, whatever the name points at by now: the fd's magic link
-            # names exactly the namespace just checked.
+            # The fd's magic link names exactly the namespace just checked, whatever the name is now.
             if libc.umount2(f"/proc/self/fd/{fd}".encode(), MNT_DETACH) != 0:
                 code = ctypes.get_errno()
                 if code != errno.EINVAL:  # not a mount point: already unmounted

@@ -23,8 +23,8 @@ def netns_members(proc: str = "/proc") -> dict[NsKey, set[int]]:
 
 
 def listed_pids(proc: str) -> list[str]:
-    """The pids `proc` lists; OSError when it cannot be listed, lists no process, or does not
-    list this one (which is running, so a /proc without it is not this node's process table)."""
+    """The pids `proc` lists; OSError when it cannot be listed, lists none, or not this one (then
+    it is no process table of this node)."""
     pids = [entry for entry in os.listdir(proc) if entry.isdigit()]
     if not pids:
         raise OSError(errno.EIO, f"{proc} lists no process")
@@ -34,47 +34,37 @@ def listed_pids(proc: str) -> list[str]:
 
 
 def namespace_members(ns_type: str, proc: str = "/proc") -> dict[NsKey, set[int]]:
-    """Map every namespace of `ns_type` (net, ipc, uts, pid, user: a name under
-    /proc/<pid>/ns) some task is in to the pids of those tasks' processes.
-
-    Read from /proc directly: a thread can setns() on its own, so every task of a
-    many-threaded process counts.
-
-    OSError when the walk cannot be whole (listed_pids): an empty answer would read as "no
-    process in any namespace", which is what lets a namespace go.
-    """
+    """Map every namespace of `ns_type` (a name under /proc/<pid>/ns) some task is in to its
+    tasks' pids; every thread counts, as one can setns() alone. OSError when the walk cannot be
+    whole (listed_pids): an empty answer would let every namespace go."""
     members: dict[NsKey, set[int]] = {}
     for entry in listed_pids(proc):
-        pid = int(entry)
-        base = f"{proc}/{entry}"
-        seen: set[tuple[int, int]] = set()
-        try:
-            st = os.stat(f"{base}/ns/{ns_type}")
-            seen.add((st.st_dev, st.st_ino))
-        except OSError:
-            pass
-        try:
-            # The task dir's link count is 2 + its threads: listed only when there are several
-            # (a stat costs a fourth of a listing, and most processes have one thread).
-            several = os.stat(f"{base}/task").st_nlink > 3
-            tasks = os.listdir(f"{base}/task") if several else []
-        except OSError:
-            tasks = []
-        if len(tasks) > 1:
-            for tid in tasks:
-                try:
-                    st = os.stat(f"{base}/task/{tid}/ns/{ns_type}")
-                except OSError:
-                    continue
-                seen.add((st.st_dev, st.st_ino))
-        for dev, ino in seen:
-            members.setdefault(NsKey(dev, ino), set()).add(pid)
+        for base, _ in tasks(proc, entry):
+            try:
+                st = os.stat(f"{base}/ns/{ns_type}")
+            except OSError:
+                continue
+            members.setdefault(NsKey(st.st_dev, st.st_ino), set()).add(int(entry))
     return members
 
 
+def tasks(proc: str, pid: str) -> Iterator[tuple[str, int]]:
+    """(/proc dir, id) of the process, then of each of its other threads (a thread's id reaches
+    it as a pid does); just the process when it has exited."""
+    base = f"{proc}/{pid}"
+    yield base, int(pid)
+    try:
+        # The task dir's link count is 2 + its threads: listed only when there are several.
+        tids = os.listdir(f"{base}/task") if os.stat(f"{base}/task").st_nlink > 3 else []
+    except OSError:
+        return
+    for tid in tids:
+        if tid != pid and tid.isdigit():
+            yield f"{base}/task/{tid}", int(tid)
+
+
 class ProcessFacts(Struct, frozen=True):
-    """What the process table says of a process: its name, parent and start time (seconds
-    since the epoch), and its executable ("" when it cannot be read)."""
+    """A process's name, parent, start time (epoch seconds) and executable ("": unreadable)."""
 
     comm: str
     ppid: int
@@ -83,8 +73,7 @@ class ProcessFacts(Struct, frozen=True):
 
 
 def process_facts(pid: int) -> ProcessFacts | None:
-    """The facts of `pid`, or None when it is gone or cannot be read. The name is the whole
-    one where /proc cuts it at 15 characters and the command line starts with it (psutil)."""
+    """The facts of `pid` (psutil's), or None when it is gone or cannot be read."""
     try:
         proc = psutil.Process(pid)
         with proc.oneshot():
@@ -99,12 +88,8 @@ def process_facts(pid: int) -> ProcessFacts | None:
 
 
 def describe(pids: Iterable[int], bin_dirs: tuple[str, ...]) -> dict[int, Holder]:
-    """Holders for `pids`, telling apart CNI plugins (executables in a bin dir) from the rest,
-    and the plugins this reaper started from everyone else's.
-
-    Each process's start time makes "started by this reaper" a claim about a process, not
-    about a pid number that may have been reused.
-    """
+    """Holders for `pids`: CNI plugins (executables in a bin dir) told from the rest, and this
+    reaper's own (by start times, never a reusable pid) from everyone else's."""
     real_dirs = tuple(os.path.realpath(d) for d in bin_dirs)
     holders = {}
     mine = process_facts(os.getpid())
@@ -129,10 +114,8 @@ def describe(pids: Iterable[int], bin_dirs: tuple[str, ...]) -> dict[int, Holder
 
 
 def _resident(pid: int, real_dirs: tuple[str, ...]) -> Holder | None:
-    """The process as no CNI plugin, when its executable's path says so, named as psutil names
-    it: two or three reads, where psutil's facts cost a stat parse and more (a look describes
-    every process of every pod). None: a plugin, or a process that cannot be read so; the
-    caller asks psutil (process_facts) then."""
+    """The process as no CNI plugin when its executable's path says so, named as psutil names it,
+    in two or three reads (a look describes every pod's processes); None: ask process_facts."""
     try:
         exe = os.readlink(f"/proc/{pid}/exe")  # what psutil's exe() reads
         with open(f"/proc/{pid}/comm", "rb") as file:
@@ -146,10 +129,8 @@ def _resident(pid: int, real_dirs: tuple[str, ...]) -> Holder | None:
 
 
 def _whole_name(pid: int, cut: str) -> str | None:
-    """The name /proc cut at 15 characters, whole as psutil's name() gives it: the base name of
-    the first argument, when it starts with the cut one; else the cut one. None when psutil
-    could read the command line otherwise (empty, or a first argument with a space: a process
-    that rewrote its command line, which psutil splits at spaces)."""
+    """A name /proc cut at 15 characters, made whole as psutil's name() does (from the first
+    argument); None where psutil may read it otherwise (empty, or a space it splits at)."""
     with open(f"/proc/{pid}/cmdline", "rb") as file:
         data = file.read(CMDLINE_BYTES)
     first, nul, _ = data.partition(b"\0")
@@ -160,9 +141,8 @@ def _whole_name(pid: int, cut: str) -> str | None:
 
 
 def _started_by(facts: ProcessFacts, ancestor: tuple[int, float]) -> bool:
-    """Whether `ancestor` (pid, start time) started the process of `facts` (directly or through
-    its children). A parent is never younger than its child: a younger one is a reused pid, not
-    an ancestor."""
+    """Whether `ancestor` (pid, start time) started the process of `facts`, directly or not; a
+    parent younger than its child is a reused pid, not an ancestor."""
     child_started = facts.started_at
     for _ in range(MAX_ANCESTRY):
         parent_pid = facts.ppid
@@ -181,28 +161,23 @@ def holders_by_netns(
     bin_dirs: tuple[str, ...], only: Collection[NsKey] | None = None
 ) -> dict[NsKey, tuple[Holder, ...]]:
     """The processes in each namespace some process is in, described (with `only`, just those
-    namespaces' processes are; every other namespace maps to its pids undescribed, as plain
-    holders that keep it busy)."""
+    namespaces'; the others' as plain holders that keep them busy)."""
     members = netns_members()
-    if only is None:
-        described = describe({pid for pids in members.values() for pid in pids}, bin_dirs)
-    else:
-        wanted = set(only)
-        described = describe({pid for ns, pids in members.items() if ns in wanted for pid in pids}, bin_dirs)
-        described.update(
-            (pid, Holder(pid=pid, comm="", is_cni_plugin=False))
-            for ns, pids in members.items()
-            if ns not in wanted
-            for pid in pids
-            if pid not in described
-        )
+    wanted = set(members if only is None else only)
+    described = describe({pid for ns, pids in members.items() if ns in wanted for pid in pids}, bin_dirs)
+    described.update(
+        (pid, Holder(pid=pid, comm="", is_cni_plugin=False))
+        for ns, pids in members.items()
+        if ns not in wanted
+        for pid in pids
+        if pid not in described
+    )
     return {ns: tuple(described[pid] for pid in sorted(pids)) for ns, pids in members.items()}
 
 
 class EveryNamespaceBusy(Mapping[NsKey, str]):
-    """The answer of a walk of /proc that failed: every namespace may be in use, for `reason`.
-    A mapping, as busy_namespaces' answer is, whose every lookup gives the reason, so that a
-    caller asking about any namespace leaves it."""
+    """The answer of a failed walk of /proc: a mapping whose every lookup gives `reason`, so
+    that any namespace asked about is left."""
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
@@ -221,26 +196,19 @@ class EveryNamespaceBusy(Mapping[NsKey, str]):
 
 
 def busy_namespaces(bin_dirs: tuple[str, ...], only: Collection[NsKey] | None = None) -> Mapping[NsKey, str]:
-    """Namespaces some process is in right now (not a plugin of this reaper's), with why. With
-    `only`, the processes of those namespaces are described; any other namespace with a process
-    in it is busy, whoever it is. When /proc cannot be walked whole, every namespace is busy
-    (EveryNamespaceBusy)."""
+    """Namespaces some process (not a plugin of this reaper's) is in now, with why; `only` as in
+    holders_by_netns. EveryNamespaceBusy when /proc cannot be walked whole."""
     try:
         by_netns = holders_by_netns(bin_dirs, only)
     except OSError as err:
         return EveryNamespaceBusy(f"who is in its netns cannot be seen now (the walk of /proc failed: {err})")
-    busy = {}
-    for ns, holders in by_netns.items():
-        inside = [h for h in holders if h.keeps_netns_busy]
-        if inside:
-            busy[ns] = f"its netns is in use now (pid {inside[0].pid}, {inside[0].comm})"
-    return busy
+    inside = {ns: [h for h in holders if h.keeps_netns_busy] for ns, holders in by_netns.items()}
+    return {ns: f"its netns is in use now (pid {ps[0].pid}, {ps[0].comm})" for ns, ps in inside.items() if ps}
 
 
 def unseen_processes(proc: str = "/proc") -> str | None:
-    """Why this process cannot see every process on the node, or None when it can: it must be
-    in the host's PID namespace, with a /proc of that namespace. Without that, a netns that
-    some process holds looks unheld."""
+    """Why this process cannot see every process on the node (it needs the host's PID namespace
+    and its /proc, or a held netns looks unheld), or None."""
     try:
         if os.readlink(f"{proc}/self") != str(os.getpid()):
             return f"{proc} belongs to another PID namespace: the processes that hold a netns cannot be seen"

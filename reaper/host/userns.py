@@ -1,16 +1,10 @@
 """Who made a namespace: the owners of the user namespaces above it, as the kernel tells them.
 
-Every namespace is owned by a user namespace (the one its creator was in), and every user
-namespace has an owner (the effective uid of the process that made it) and a parent. The kernel
-answers both through ioctls on an nsfs fd (torvalds/linux include/uapi/linux/nsfs.h, fs/nsfs.c
-`ns_ioctl`): NS_GET_USERNS opens the owning user namespace, NS_GET_PARENT a user namespace's
-parent (EPERM at the caller's own user namespace or above it), NS_GET_OWNER_UID a user
-namespace's owner as a uid of the caller's user namespace (the overflow uid when unmapped).
-
-The chain is walked from the namespace's owner up to the reader's own user namespace, which is
-left out: what is in it is the reader's peers'. No uid in the chain (an empty one included)
-means only root of the reader's user namespace, or what it started, could have made the
-namespace; a uid other than 0 means a user without root made it or one above it.
+NS_GET_USERNS opens a namespace's owning user namespace, NS_GET_PARENT a user namespace's parent
+(EPERM at the caller's own or above), NS_GET_OWNER_UID its maker's uid (torvalds/linux
+include/uapi/linux/nsfs.h, fs/nsfs.c `ns_ioctl`). The chain is walked up to the reader's own
+user namespace, left out (its peers'): a uid other than 0 in it means a user without root made
+the namespace or one above it (docs/design.md, "Who made a namespace").
 """
 
 from __future__ import annotations
@@ -36,8 +30,7 @@ class Owners(Struct, frozen=True):
 
     @property
     def user(self) -> int | None:
-        """The uid of a user without root that made the namespace or one above it; None when
-        every owner is uid 0 (or the namespace is owned by the reader's user namespace)."""
+        """The uid of a user without root that made the namespace or one above it; None: all uid 0."""
         return next((uid for uid in self.uids if uid != 0), None)
 
 
@@ -60,10 +53,9 @@ def owner_uid(user_fd: int) -> int:
 
 
 def owners_of(ns_fd: int, home: tuple[int, int] | None = None) -> Owners:
-    """The owners of the user namespaces above the namespace `ns_fd` is open on (any type but a
-    user namespace), up to `home` (default: the caller's user namespace). A namespace owned
-    outside the caller's user namespace (EPERM) has none that the caller can name: it is the
-    caller's parents', so it weighs as theirs. OSError when the kernel cannot tell."""
+    """The owners of the user namespaces above namespace `ns_fd` (any type but user), up to `home`
+    (default: the caller's); none when owned outside it (EPERM: the caller's parents', weighed
+    as theirs). OSError when the kernel cannot tell."""
     home = home if home is not None else own_user_namespace()
     try:
         user = fcntl.ioctl(ns_fd, NS_GET_USERNS)
@@ -91,22 +83,20 @@ def owners_of(ns_fd: int, home: tuple[int, int] | None = None) -> Owners:
 
 
 def mount_namespace_owners(pid: int, mount_ns: int) -> Owners | None:
-    """The owners above mount namespace `mount_ns` (its inode), reached through process or
-    thread `pid`; None when `pid` is not in it now (gone, moved, reused) or cannot be asked."""
+    """The owners above mount namespace `mount_ns` (inode), through task `pid`; None when `pid` is
+    not in it now (gone, moved, reused) or cannot be asked."""
     return owners_at(f"/proc/{pid}/ns/mnt", mount_ns) if pid > 0 else None
 
 
 def owners_at(path: str, ino: int) -> Owners | None:
-    """The owners above the namespace at `path` (a `/proc/<pid>/ns/<type>` link), if it is still
-    the one of inode `ino`; None when it is not, or cannot be opened or asked."""
+    """The owners above the namespace at `path` (`/proc/<pid>/ns/<type>`) if it still is inode
+    `ino`; None when not, or when it cannot be opened or asked."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        if os.fstat(fd).st_ino != ino:
-            return None
-        return owners_of(fd)
+        return owners_of(fd) if os.fstat(fd).st_ino == ino else None
     except OSError:
         return None
     finally:

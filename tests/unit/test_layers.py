@@ -62,7 +62,8 @@ RULES = (
     ),
     Rule(name="kinds below reap", bound=("reaper.kinds",), forbidden=("reaper.reap",)),
     Rule(name="pure core", bound=PURE_CORE, forbidden=IO_MODULES),
-    # reaper/host/netlink.py reads and writes netlink on its own socket (its docstring says why).
+    # reaper/host/netlink.py reads and writes netlink on its own socket (why: DEVELOPMENT.md,
+    # "Netlink: one reader, one writer").
     Rule(name="one netlink writer", bound=("reaper",), forbidden=("pyroute2",)),
 )
 # Known breaks, each until the issue named moves the code to its right home (none left: the

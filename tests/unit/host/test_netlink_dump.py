@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from reaper.host import netlink
-from reaper.host.netlink import DUMP_ATTEMPTS, DumpInterrupted, dump_raw, links_of
+from reaper.host.netlink import DUMP_ATTEMPTS, DumpInterrupted, links_of
 
 _HDR = struct.Struct("=IHHII")
 
@@ -60,15 +60,15 @@ class _Kernel:
 
 def test_an_interrupted_dump_is_asked_again_and_the_whole_one_is_read() -> None:
     kernel = _Kernel([True, True, False])
-    seq, reads = dump_raw(kernel, netlink.RTM_GETLINK, b"")  # type: ignore[arg-type]
+    links = links_of(kernel, b"")  # type: ignore[arg-type]
     assert kernel.sock.sent == 3
-    assert [link.name for link in netlink.decode_raw(seq, reads, netlink.parse_link)] == ["lo", "eth0"]
+    assert [link.name for link in links] == ["lo", "eth0"]
 
 
 def test_a_dump_interrupted_every_time_is_an_error_never_a_partial_list() -> None:
     kernel = _Kernel([True] * DUMP_ATTEMPTS)
     with pytest.raises(DumpInterrupted):
-        dump_raw(kernel, netlink.RTM_GETLINK, b"")  # type: ignore[arg-type]
+        links_of(kernel, b"")  # type: ignore[arg-type]
     assert kernel.sock.sent == DUMP_ATTEMPTS
 
 
@@ -111,8 +111,9 @@ def test_a_dump_over_its_bound_is_an_error_never_read_to_its_end() -> None:
     """A namespace whose owner configured without end: the read stops once the answer passes
     its message or byte bound, whichever comes first."""
     by_items = _EndlessKernel()
+    limits = netlink.DumpLimits(max_items=1_000)
     with pytest.raises(netlink.DumpOverBound, match="over its bound"):
-        dump_raw(by_items, netlink.RTM_GETLINK, b"", netlink.DumpLimits(max_items=1_000))  # type: ignore[arg-type]
+        netlink.dump_kept(by_items, netlink.RTM_GETLINK, b"", netlink.parse_link, limits)  # type: ignore[arg-type]
     assert by_items.reads == 11
     by_bytes = _EndlessKernel()
     limits = netlink.DumpLimits(max_bytes=10 * len(_link(1, 1, "veth1", 0)) * 100)
