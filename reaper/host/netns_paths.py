@@ -14,6 +14,7 @@ import errno
 import os
 import re
 import stat
+import struct
 from collections.abc import Sequence
 from types import TracebackType
 from typing import NamedTuple, Self
@@ -48,29 +49,10 @@ STATX_TYPE = 0x1
 STATX_INO = 0x100
 
 
-class _Statx(ctypes.Structure):
-    """struct statx (include/uapi/linux/stat.h), up to the device numbers."""
-
-    _fields_ = (
-        ("mask", ctypes.c_uint32),
-        ("blksize", ctypes.c_uint32),
-        ("attributes", ctypes.c_uint64),
-        ("nlink", ctypes.c_uint32),
-        ("uid", ctypes.c_uint32),
-        ("gid", ctypes.c_uint32),
-        ("mode", ctypes.c_uint16),
-        ("spare0", ctypes.c_uint16),
-        ("ino", ctypes.c_uint64),
-        ("size", ctypes.c_uint64),
-        ("blocks", ctypes.c_uint64),
-        ("attributes_mask", ctypes.c_uint64),
-        ("times", ctypes.c_uint8 * 64),
-        ("rdev_major", ctypes.c_uint32),
-        ("rdev_minor", ctypes.c_uint32),
-        ("dev_major", ctypes.c_uint32),
-        ("dev_minor", ctypes.c_uint32),
-        ("rest", ctypes.c_uint8 * 112),  # the struct is 256 bytes
-    )
+# stx_mode, stx_ino, stx_dev_major, stx_dev_minor of the 256-byte struct statx
+# (include/uapi/linux/stat.h), at offsets 28, 32, 136 and 140.
+_STATX = struct.Struct("=28xH2xQ96xII")
+_STATX_SIZE = 256
 
 
 class Cached(NamedTuple):
@@ -87,14 +69,15 @@ def cached_stat(dir_fd: int, name: str, *, follow: bool) -> Cached:
     statx = getattr(libc, "statx", None)  # glibc 2.28 and later
     if statx is None:
         raise OSError(errno.ENOSYS, "statx is not in this libc", name)
-    buf = _Statx()
+    buf = ctypes.create_string_buffer(_STATX_SIZE)
     flags = AT_NO_AUTOMOUNT | AT_STATX_DONT_SYNC | (0 if follow else AT_SYMLINK_NOFOLLOW)
     if not name:
         flags |= AT_EMPTY_PATH
-    if statx(dir_fd, os.fsencode(name), flags, STATX_TYPE | STATX_INO, ctypes.byref(buf)) != 0:
+    if statx(dir_fd, os.fsencode(name), flags, STATX_TYPE | STATX_INO, buf) != 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code), name)
-    return Cached(buf.mode, os.makedev(buf.dev_major, buf.dev_minor), buf.ino)
+    mode, ino, major, minor = _STATX.unpack_from(buf)
+    return Cached(mode, os.makedev(major, minor), ino)
 
 
 class NetnsLookup(NamedTuple):

@@ -17,10 +17,10 @@ from collections import deque
 from msgspec import Struct
 
 from reaper.host.confined import fstatfs_type
+from reaper.host.files import PROC_SUPER_MAGIC
 
 # The kernel's own bound on the symlinks one lookup follows (MAXSYMLINKS, fs/namei.c).
 MAX_LINKS = 40
-PROC_SUPER_MAGIC = 0x9FA0
 _OPEN = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
