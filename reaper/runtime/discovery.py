@@ -150,9 +150,11 @@ def _open_in_root(pid_fd: int, path: str, flags: int) -> int | None:
         os.close(root_fd)
 
 
-def _read_in_root(pid_fd: int, path: str, limit: int) -> bytes | None:
+def _endpoint_in_file(pid_fd: int, path: str) -> str | None:
+    """endpoint_in_config of a kubelet's config file, read in its root."""
     fd = _open_in_root(pid_fd, path, os.O_RDONLY | os.O_NONBLOCK)
-    return None if fd is None else _read_fd(fd, limit)
+    text = None if fd is None else _read_fd(fd, MAX_KUBELET_CONFIG)
+    return endpoint_in_config(text.decode("utf-8", "replace")) if text else None
 
 
 def _identity(path: str, dir_fd: int | None = None) -> tuple[int, int]:
@@ -207,12 +209,10 @@ def distrust(pid_fd: int, host: Host | str) -> str | None:
 def processes_named(proc: str, comm: bytes) -> Iterator[tuple[int, int]]:
     """(pid, fd of its /proc dir) of every process named `comm`; the caller closes the fd."""
     try:
-        entries = os.listdir(proc)
+        entries = [entry for entry in os.listdir(proc) if entry.isdigit()]
     except OSError:
         return
     for entry in entries:
-        if not entry.isdigit():
-            continue
         try:
             pid_fd = os.open(f"{proc}/{entry}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
@@ -254,8 +254,7 @@ def _drop_in_endpoint(pid_fd: int, directory: str) -> str | None:
     try:
         for name in sorted(os.listdir(dir_fd))[:MAX_DROP_INS]:
             if name.endswith(".conf"):
-                text = _read_in_root(pid_fd, f"{directory.rstrip('/')}/{name}", MAX_KUBELET_CONFIG)
-                found = (endpoint_in_config(text.decode("utf-8", "replace")) if text else None) or found
+                found = _endpoint_in_file(pid_fd, f"{directory.rstrip('/')}/{name}") or found
     except OSError:
         return found
     finally:
@@ -278,8 +277,7 @@ def kubelet_endpoints(proc: str = "/proc") -> list[Endpoint]:
             source = f"kubelet (pid {pid}) {_ENDPOINT_FLAG}"
             if value is None:
                 config = flag_value(argv, _CONFIG_FLAG) or KUBELET_CONFIG_DEFAULT
-                text = _read_in_root(pid_fd, config, MAX_KUBELET_CONFIG) if config.startswith("/") else None
-                value = endpoint_in_config(text.decode("utf-8", "replace")) if text else None
+                value = _endpoint_in_file(pid_fd, config) if config.startswith("/") else None
                 source = f"kubelet (pid {pid}) config {config}"
                 drop_ins = flag_value(argv, _CONFIG_DIR_FLAG)
                 dropped = _drop_in_endpoint(pid_fd, drop_ins) if drop_ins and drop_ins.startswith("/") else None

@@ -41,10 +41,8 @@ class ListedHere:
             if not sandbox.runtime:
                 continue
             key = _digest(sandbox.runtime, sandbox.id, sandbox.namespace, sandbox.name)
-            if key in self._seen:
-                self._seen.move_to_end(key)
-            else:
-                self._seen[key] = None
+            self._seen[key] = None
+            self._seen.move_to_end(key)
         while len(self._seen) > self._limit:
             self._seen.popitem(last=False)
 
