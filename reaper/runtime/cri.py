@@ -77,11 +77,9 @@ def _refused(path: str, timeout: float) -> bool:
 
 
 class CriLiveness:
-    """Every CRI runtime on the node: the endpoints given (exactly those), else the ones
-    discovery finds (one only an untrusted process named is reported as skipped, never asked).
-    A sandbox any lists is live; one runtime that cannot be asked makes the view unreachable.
-    Bounded: the client's answer bounds, STATUS_IN_FLIGHT status calls for IDs no earlier
-    answer gave, the whole observe() within OBSERVE_DEADLINES call deadlines."""
+    """Every CRI runtime on the node: the endpoints given, else discovery's (one only an
+    untrusted process named is skipped, never asked). A sandbox any lists is live; one runtime
+    that cannot be asked makes the view unreachable. observe() takes OBSERVE_DEADLINES at most."""
 
     def __init__(
         self,

@@ -48,10 +48,8 @@ class ListedHere:
 
     def gone(self, attachments: Iterable[Attachment], view: RuntimeView) -> dict[str, tuple[str, str]]:
         """Container ID -> (namespace, name) of each attachment in no namespace whose sandbox a
-        runtime of this node listed to this process before, for the pod its cache entry names
-        (an entry naming none proves nothing), while that runtime answers in `view` and every
-        runtime asked answered (`view` reachable) without the ID. Fail closed: with any runtime
-        unanswered, nothing is proven."""
+        runtime of this node listed here before for the pod its cache entry names, while that
+        runtime answers and every runtime asked answered without the ID (fail closed)."""
         if not view.reachable:
             return {}
         listed_now = {s.id for s in view.sandboxes}
