@@ -122,11 +122,6 @@ def trusted_tool(name: str, *, dirs: Sequence[str] = SYSTEM_DIRS) -> SystemTool:
     raise ToolRefused(f"{name} is in none of {':'.join(dirs)}")
 
 
-def backend_tools(backend: Backend, *, dirs: Sequence[str] = SYSTEM_DIRS) -> dict[str, SystemTool]:
-    """Each of TOOLS as `backend` has it, by tool name; ToolRefused when one is missing."""
-    return {tool: trusted_tool(backend_tool(tool, backend), dirs=dirs) for tool in TOOLS}
-
-
 def _legacy_tables(names_file: str) -> set[str]:
     try:
         with open(names_file, encoding="ascii", errors="replace") as f:
@@ -197,7 +192,7 @@ def plan_plugin_path(
     missing: dict[Backend, str] = {}
     for backend in BACKENDS:
         try:
-            tools[backend] = backend_tools(backend, dirs=dirs)
+            tools[backend] = {tool: trusted_tool(backend_tool(tool, backend), dirs=dirs) for tool in TOOLS}
         except ToolRefused as err:
             missing[backend] = str(err)
 

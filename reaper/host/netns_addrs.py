@@ -241,8 +241,7 @@ def read_addresses(
             return
         try:
             for i, target in enumerate(targets):
-                left = deadline - clock()
-                if stop.is_set() or left <= 0:
+                if stop.is_set() or deadline - clock() <= 0:
                     break
                 try:
                     done = _read_one(target, home, limits, wanted)
