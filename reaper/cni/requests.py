@@ -162,7 +162,6 @@ def request_from_cache(
         return None
     if not config:
         return None
-    args = cni_args_of(doc.get("cniArgs"))
     caps = doc.get("capabilityArgs")
     result = doc.get("result")
     return DelRequest(
@@ -172,7 +171,7 @@ def request_from_cache(
         netns=netns,
         config=config,
         source=source,
-        cni_args=args,
+        cni_args=cni_args_of(doc.get("cniArgs")),
         capability_args=caps if isinstance(caps, dict) else {},
         prev_result=result if isinstance(result, dict) else None,
     )

@@ -81,9 +81,8 @@ def _objects(value: Any, where: str) -> Iterator[Mapping[str, Any]]:
 
 def _strings(obj: Mapping[str, Any], name: str, where: str) -> list[str]:
     found = fields(obj, name)
-    for value in found:
-        if not isinstance(value, str):
-            raise ResultError(f"{where}.{name} is not a string")
+    if not all(isinstance(value, str) for value in found):
+        raise ResultError(f"{where}.{name} is not a string")
     return found
 
 
