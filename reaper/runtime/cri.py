@@ -153,9 +153,7 @@ class CriLiveness:
         sandboxes = []
         for item in items:
             status_key = f"{item.id}@{item.created_at}"
-            netns_path = known_netns.get(status_key)
-            if netns_path is None:
-                netns_path = statuses.get(item.id, "")
+            netns_path = known_netns.get(status_key, statuses.get(item.id, ""))
             sandboxes.append(
                 Sandbox(
                     id=item.id,
