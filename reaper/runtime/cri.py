@@ -144,11 +144,9 @@ class CriLiveness:
         # Only sandboxes whose netns no earlier answer gave, each ID once, READY and NOTREADY
         # alike: a NOTREADY sandbox's pin is still its own.
         needed = {item.id: None for item in items if item.id and f"{item.id}@{item.created_at}" not in known_netns}
+        netns_of = partial(_netns_of, client.endpoint)
         statuses = client.pod_sandbox_statuses(
-            list(needed),
-            partial(_netns_of, client.endpoint),
-            in_flight=STATUS_IN_FLIGHT,
-            deadline=time.monotonic() + self.timeout,
+            list(needed), netns_of, in_flight=STATUS_IN_FLIGHT, deadline=time.monotonic() + self.timeout
         )
         sandboxes = []
         for item in items:
