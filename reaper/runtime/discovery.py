@@ -38,8 +38,6 @@ MAX_CMDLINE = 1 << 16
 MAX_KUBELET_CONFIG = 1 << 20
 MAX_STATUS = 1 << 14
 _ENDPOINT_FLAG = "--container-runtime-endpoint"
-_CONFIG_FLAG = "--config"
-_CONFIG_DIR_FLAG = "--config-dir"
 MAX_DROP_INS = 256
 _CONFIG_ENDPOINT = re.compile(r"""^containerRuntimeEndpoint:\s*["']?([^"'\s#]+)["']?\s*(?:#.*)?$""", re.MULTILINE)
 NAME_THEM = "if that runtime is gone for good, name the node's runtimes with --runtime-endpoint"
@@ -276,10 +274,10 @@ def kubelet_endpoints(proc: str = "/proc") -> list[Endpoint]:
             value = flag_value(argv, _ENDPOINT_FLAG)
             source = f"kubelet (pid {pid}) {_ENDPOINT_FLAG}"
             if value is None:
-                config = flag_value(argv, _CONFIG_FLAG) or KUBELET_CONFIG_DEFAULT
+                config = flag_value(argv, "--config") or KUBELET_CONFIG_DEFAULT
                 value = _endpoint_in_file(pid_fd, config) if config.startswith("/") else None
                 source = f"kubelet (pid {pid}) config {config}"
-                drop_ins = flag_value(argv, _CONFIG_DIR_FLAG)
+                drop_ins = flag_value(argv, "--config-dir")
                 dropped = _drop_in_endpoint(pid_fd, drop_ins) if drop_ins and drop_ins.startswith("/") else None
                 if dropped is not None:
                     value, source = dropped, f"kubelet (pid {pid}) config dir {drop_ins}"
