@@ -1,8 +1,7 @@
 """Running CNI plugins with the exec protocol: no shell, only from the bin dirs, bounded.
 
-DEL runs every plugin of a list, unlike libcni, which stops at the first failing plugin (so a
-chained list whose last plugin fails keeps leaking the first plugins' resources): each one
-gets its DEL, in reverse order, and every error is reported.
+DEL runs every plugin of a list, last first, past failures (libcni stops at the first):
+docs/design.md, "What a DEL sends, and how a result is read".
 """
 
 from __future__ import annotations
@@ -28,8 +27,7 @@ from reaper.host.jsondoc import parse_json
 from reaper.kinds.netconf import ConfigError, plugin_list
 from reaper.names import PLUGIN_TYPE
 
-# The PATH plugins get unless a pass gives them another (reaper.host.iptables_backend puts a
-# private dir of the node's iptables backend before it): the system dirs only.
+# The plugins' PATH, the system dirs only, unless reaper.host.iptables_backend puts a dir first.
 PLUGIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 MAX_OUTPUT = 1 << 20
 
@@ -53,11 +51,7 @@ class PluginEnv(Struct, frozen=True, kw_only=True):
     path: str = PLUGIN_PATH  # the plugin's PATH, where it finds iptables
 
     def environ(self) -> dict[str, str]:
-        env = {
-            "CNI_COMMAND": self.command,
-            "CNI_PATH": ":".join(self.bin_dirs),
-            "PATH": self.path,
-        }
+        env = {"CNI_COMMAND": self.command, "CNI_PATH": ":".join(self.bin_dirs), "PATH": self.path}
         if self.container_id:
             env["CNI_CONTAINERID"] = self.container_id
         if self.command != "STATUS":  # STATUS is about the plugin, not an attachment
@@ -68,8 +62,8 @@ class PluginEnv(Struct, frozen=True, kw_only=True):
 
 
 def find_plugin(plugin_type: str, bin_dirs: tuple[str, ...]) -> str:
-    """The executable for `plugin_type` in the first bin dir that has it. A bin dir that is a
-    symlink is refused; links inside are followed, as libcni's FindInPath follows them."""
+    """The executable for `plugin_type` in the first bin dir that has it; a bin dir that is a
+    symlink is refused, links inside followed (as libcni's FindInPath)."""
     if not PLUGIN_TYPE.fullmatch(plugin_type):
         raise PluginFailure(plugin_type[:60], "invalid plugin type name")
     refused = []
@@ -126,8 +120,8 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
 def _exchange(
     proc: subprocess.Popen[bytes], data: bytes, plugin_type: str, timeout: float, stop: threading.Event | None
 ) -> tuple[bytes, bytes]:
-    """Write the plugin's stdin and read its stdout and stderr, each read capped at MAX_OUTPUT
-    as it arrives and every wait bounded by the deadline; (stdout, stderr) once it exited."""
+    """(stdout, stderr) once the plugin exited, each capped at MAX_OUTPUT as it arrives, every
+    wait bounded by the deadline."""
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     deadline = time.monotonic() + timeout
     out_fd, err_fd, in_fd = proc.stdout.fileno(), proc.stderr.fileno(), proc.stdin.fileno()
@@ -180,13 +174,8 @@ def run_plugin(
     timeout: float,
     stop: threading.Event | None = None,
 ) -> dict[str, Any]:
-    """Run the plugin; its parsed JSON stdout (empty dict when it printed nothing).
-
-    The plugin gets its own process group, so a timeout kills whatever it started too. Once
-    `stop` is set it gets STOP_GRACE more seconds at most (DEL is idempotent: the next pass
-    runs it again). Its output is capped as it is read: a plugin printing without end is
-    killed at MAX_OUTPUT, not held in memory.
-    """
+    """The plugin's parsed JSON stdout ({} for none). Its own process group, so a timeout kills
+    what it started too; once `stop` is set, STOP_GRACE more seconds (DEL is idempotent)."""
     binary = find_plugin(plugin_type, env.bin_dirs)
     try:
         proc = subprocess.Popen(
@@ -275,10 +264,9 @@ def network_status(
     *,
     path: str = PLUGIN_PATH,
 ) -> str | None:
-    """The CNI 1.1 STATUS verb, as libcni's GetStatusNetworkList asks it: each plugin of the
-    list in order, with the list's name and cniVersion, stopping at the first error. None when
-    every plugin is available or the list predates STATUS; else that plugin's error, one line.
-    An unreadable config answers None: its DEL reports the same error."""
+    """The CNI 1.1 STATUS verb as libcni's GetStatusNetworkList asks it, stopping at the first
+    error: that plugin's error, one line; None when all are available, the list predates STATUS
+    or the config is unreadable (its DEL reports that)."""
     try:
         name, version, plugins = plugin_list(config)
     except ConfigError:

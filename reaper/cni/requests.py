@@ -15,23 +15,14 @@ from reaper.names import is_ifname
 
 DEFAULT_IFNAME = "eth0"
 
-# Plugins refuse CNI_ARGS they do not know unless told to ignore them (containernetworking/cni
-# pkg/types/args.go LoadArgs: "ARGS: unknown args"); runtimes send this pair, and so does every
-# DEL the reaper runs, whatever a cache entry says.
+# Every DEL sends it first, whatever a cache entry says (pkg/types/args.go LoadArgs: "unknown args").
 IGNORE_UNKNOWN = ("IgnoreUnknown", "1")
-# Bounds of what a cache entry's cniArgs may make CNI_ARGS. The spec says only "alphanumeric
-# key-value pairs separated by semicolons" and libcni's skel reads the variable whole; what a
-# CRI runtime sends (IgnoreUnknown, K8S_POD_NAMESPACE, K8S_POD_NAME,
-# K8S_POD_INFRA_CONTAINER_ID, K8S_POD_UID) is a few hundred bytes. The kernel takes one env
-# string of at most MAX_ARG_STRLEN (32 pages), and argv and env together of at least ARG_MAX
-# (32 pages, 128 KiB) whatever the stack limit (linux fs/exec.c bprm_stack_limits,
-# include/uapi/linux/binfmts.h): 16 KiB leaves the rest of a DEL's environment (CNI_PATH,
-# CNI_NETNS, at most PATH_MAX each) well inside that, so a DEL is always executable.
+# Bounds of what a cache entry's cniArgs may make CNI_ARGS, so a DEL always executes (the
+# kernel's bounds: docs/design.md, "What a DEL sends, and how a result is read").
 MAX_ARG_PAIRS = 64
 MAX_ARG_KEY = 256  # bytes
 MAX_CNI_ARGS = 16 << 10  # bytes of the whole `K=V;K=V` value, IgnoreUnknown=1 included
-# A key as plugins look one up (a Go struct field name in LoadArgs, a plain name elsewhere):
-# printable ASCII, never the separators.
+# A key as plugins look one up: printable ASCII, never the separators.
 _ARG_KEY = re.compile(r"[!-:<>-~]+")  # 0x21-0x7e without `;` (0x3b) and `=` (0x3d)
 
 
@@ -53,14 +44,10 @@ def _unfit_value(value: str) -> str | None:
 
 
 def cni_args_of(value: object) -> tuple[tuple[str, str], ...]:
-    """CNI_ARGS for a DEL from a cache entry's `cniArgs` (libcni keeps it as a list of
-    [key, value] pairs): IgnoreUnknown=1 first, then the entry's pairs in order, without any
-    spelling of IgnoreUnknown of its own. The key is matched without regard to case: LoadArgs
-    matches the field exactly and the last pair wins, and plugins with parsers of their own may
-    fold case, so an entry's `IgnoreUnknown=false` or `ignoreunknown=0` would make every DEL
-    fail `unknown args`. UnfitArgs, one line, for anything that could not be sent as the runtime
-    sent it: a pair that is not two strings, a key or value that would split into other pairs,
-    or past the bounds above. No DEL then runs with other args than the ADD's."""
+    """CNI_ARGS for a DEL from a cache entry's `cniArgs` ([key, value] pairs): IgnoreUnknown=1
+    first, then the entry's pairs in order without its own IgnoreUnknown in any case (else
+    `ignoreunknown=0` would fail every DEL). UnfitArgs, one line, for what could not be sent as
+    the runtime sent it: no DEL runs with other args than the ADD's."""
     if value is None:
         return (IGNORE_UNKNOWN,)
     if not isinstance(value, list):
@@ -95,14 +82,13 @@ class PinnedFile(Struct, frozen=True):
 
 
 class Delegation(Struct, frozen=True):
-    """A plugin of a DEL that reads a per-container file and runs what it names (flannel,
-    multus), with what it will read, as it was checked (reaper.reap.delegates)."""
+    """A DEL's plugin that runs what a per-container file names (flannel, multus), with what it
+    will read, as checked (reaper.reap.delegates)."""
 
     index: int  # its place in the list
     plugin_type: str
     file: PinnedFile
-    # multus: the other files its DEL reads (the cached results its delegates get as prevResult,
-    # a flannel delegate's own file)
+    # multus: the other files its DEL reads (its delegates' cached results, a flannel delegate's file)
     results: tuple[PinnedFile, ...] = ()
 
 
@@ -117,9 +103,8 @@ class DelRequest(Struct, frozen=True, kw_only=True):
     capability_args: Mapping[str, Any] = field(default_factory=dict)
     prev_result: Mapping[str, Any] | None = None
     delegations: tuple[Delegation, ...] = ()  # what its delegating plugins will read, checked
-    # CNI_NETNS empty on purpose, as runtimes run DEL once the netns is gone: every plugin of the
-    # chain that keeps state frees it by container ID (reaper.kinds.netconf.FREES_WITHOUT_NETNS,
-    # and FREES_WITHOUT_NETNS_IF_LISTED_HERE for a sandbox proven this node's)
+    # CNI_NETNS empty on purpose, as runtimes run DEL once the netns is gone: each stateful
+    # plugin frees by container ID (reaper.kinds.netconf.FREES_WITHOUT_NETNS*)
     without_netns: bool = False
 
 
@@ -135,11 +120,8 @@ def at_least(version: str, floor: tuple[int, ...]) -> bool:
 
 
 def convert_result(result: Mapping[str, Any], to_version: str) -> dict[str, Any]:
-    """A cached result in the list's version, as libcni converts prevResult.
-
-    0.3.x/0.4.0 and 1.x differ only in `ips[].version`; older (0.1/0.2) results are not
-    convertible and are not passed on.
-    """
+    """A cached result in the list's version, as libcni converts prevResult: 0.3.x/0.4.0 and 1.x
+    differ only in `ips[].version` (0.1/0.2 results are not passed on)."""
     converted = copy.deepcopy(dict(result))
     ips = converted.get("ips")
     if isinstance(ips, list):
@@ -173,16 +155,13 @@ def plugin_stdin(plugin: Mapping[str, Any], name: str, version: str, request: De
 def request_from_cache(
     doc: Mapping[str, Any], container_id: str, network: str, ifname: str, netns: str, source: str
 ) -> DelRequest | None:
-    """A DEL request from a cniCacheV1 entry (already read and checked to name this
-    attachment, by reaper.kinds.cache); None when it carries no config; UnfitArgs when its
-    CNI_ARGS cannot be sent (cni_args_of)."""
+    """A DEL request from a checked cniCacheV1 entry; None without a config; UnfitArgs (cni_args_of)."""
     try:
         config = base64.b64decode(str(doc.get("config", "")), validate=True)
     except (binascii.Error, ValueError):
         return None
     if not config:
         return None
-    args = cni_args_of(doc.get("cniArgs"))
     caps = doc.get("capabilityArgs")
     result = doc.get("result")
     return DelRequest(
@@ -192,7 +171,7 @@ def request_from_cache(
         netns=netns,
         config=config,
         source=source,
-        cni_args=args,
+        cni_args=cni_args_of(doc.get("cniArgs")),
         capability_args=caps if isinstance(caps, dict) else {},
         prev_result=result if isinstance(result, dict) else None,
     )

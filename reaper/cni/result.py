@@ -1,17 +1,8 @@
 """What a CNI result (a cached result handed on as prevResult) names, read as the plugins read it.
 
-The plugins are Go: they decode a result into containernetworking/cni's types (`ips`,
-`interfaces`, `address`, `name`, `sandbox`...) with encoding/json, which matches an object's key
-to a field without regard to case: ASCII letters fold, and so do the two other runes Unicode
-folds onto ASCII letters (U+017F LONG S onto `s`, U+212A KELVIN SIGN onto `k`). It prefers a
-key spelled exactly as the field, but every key that matches is decoded into that field in turn,
-so which one wins depends on the order and the type; a check here weighs them all.
-
-An address is read by its meaning: `net.ParseCIDR` gives an IPv4-mapped IPv6 address as the
-IPv4 address it maps, and an IPv6 address has many spellings. So addresses are compared as
-(version, integer) keys, the mapped ones folded to IPv4. What cannot be read as a result (not an
-object, a list that is not one, an address that is not one) is an error: it is refused, never
-read as naming nothing.
+Keys match as Go's encoding/json folds them, every spelling weighed; addresses compare as
+(version, integer) keys, IPv4-mapped folded to IPv4; what is no readable result is ResultError.
+Why: docs/design.md, "What a DEL sends, and how a result is read".
 """
 
 from __future__ import annotations
@@ -35,8 +26,6 @@ class ResultError(ValueError):
 
 
 class ResultNames(Struct, frozen=True):
-    """What a result names that a plugin's DEL acts on."""
-
     addresses: tuple[tuple[str, AddressKey], ...]  # (as written, its key)
     host_ifnames: tuple[str, ...]  # interfaces not in a sandbox (a netns), as a host veth is
 
@@ -60,8 +49,7 @@ def _fold_mapped(key: AddressKey) -> AddressKey:
 
 
 def address_key(text: str) -> AddressKey | None:
-    """The key of an address written with or without a prefix length (`10.0.0.2/24`,
-    `FD00::5/64`, `::ffff:10.0.0.2/120`); None when it is no address."""
+    """The key of an address with or without a prefix length (`::ffff:10.0.0.2/120`); None for no address."""
     for family, version in ((socket.AF_INET, 4), (socket.AF_INET6, 6)):
         try:  # inet_pton first: ipaddress builds an object per call, and a node has thousands of leases
             return _fold_mapped((version, int.from_bytes(socket.inet_pton(family, text), "big")))
@@ -75,8 +63,7 @@ def address_key(text: str) -> AddressKey | None:
 
 
 def address_keys(texts: Iterable[str]) -> frozenset[AddressKey]:
-    """The keys of those texts that are addresses (a held text that is none holds nothing a
-    result could name)."""
+    """The keys of those texts that are addresses."""
     return frozenset(key for text in texts if (key := address_key(text)) is not None)
 
 
@@ -94,15 +81,14 @@ def _objects(value: Any, where: str) -> Iterator[Mapping[str, Any]]:
 
 def _strings(obj: Mapping[str, Any], name: str, where: str) -> list[str]:
     found = fields(obj, name)
-    for value in found:
-        if not isinstance(value, str):
-            raise ResultError(f"{where}.{name} is not a string")
+    if not all(isinstance(value, str) for value in found):
+        raise ResultError(f"{where}.{name} is not a string")
     return found
 
 
 def result_names(result: Any) -> ResultNames:
-    """Every address and host interface a result names, whichever spelling of each key a
-    plugin would take; ResultError when it is not a result a plugin could read."""
+    """Every address and host interface a result names, in every spelling a plugin would take;
+    ResultError when no plugin could read it."""
     if not isinstance(result, dict):
         raise ResultError("it is not an object")
     addresses: list[tuple[str, AddressKey]] = []

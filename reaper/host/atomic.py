@@ -9,12 +9,9 @@ from reaper.host.confined import open_root
 
 
 def write_atomically(path: str, data: bytes, mode: int) -> None:
-    """A temp file created exclusively beside `path`, given `mode`, fsynced, renamed over `path`.
-
-    The directory is opened once (a directory that is a symlink is refused) and both files are
-    reached through it; a symlink at `path` is replaced by the rename, not followed. Raises
-    OSError; leaves no temp file behind.
-    """
+    """A temp file created exclusively beside `path`, given `mode`, fsynced, renamed over `path`,
+    both reached through one fd of the directory (not a symlink); a symlink at `path` is
+    replaced, not followed. OSError, leaving no temp file."""
     directory, name = os.path.split(os.path.abspath(path))
     dir_fd = open_root(directory)
     tmp = f".{name}.{os.urandom(6).hex()}.tmp"  # not `secrets`: a one-shot would pay for its imports

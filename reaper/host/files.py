@@ -29,8 +29,8 @@ def describe_oserror(err: OSError) -> str:
 
 
 def namespace_of(path: str | None) -> NsKey | None:
-    """The (dev, ino) a netns path a runtime gave names now, or None when it is empty, relative
-    or gone. For a runtime's own answer only: a path a file names goes through NetnsPlaces."""
+    """The (dev, ino) a netns path a runtime gave names now; None when empty, relative or gone.
+    A runtime's own answer only: a path a file names goes through NetnsPlaces."""
     if not path or not path.startswith("/"):
         return None
     try:
@@ -74,9 +74,9 @@ class CorruptLog:
 
 
 class DirLister:
-    """Lists directories beneath their roots (see reaper.host.confined), each once (by device
-    and inode: /var/run/netns and /run/netns are usually one), streaming the entries. A missing
-    directory is empty; one that cannot be reached or read becomes a corrupt record of `kind`."""
+    """Lists directories beneath their roots (reaper.host.confined), each once by (dev, ino)
+    (/var/run/netns and /run/netns are usually one). A missing directory is empty; one that
+    cannot be read is a corrupt record of `kind`."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind

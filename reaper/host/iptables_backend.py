@@ -1,32 +1,11 @@
 """Which iptables backend the node uses, and a PATH on which plugin DELs run that backend.
 
-CNI plugins delete their own rules (bridge's ipMasq chain, portmap's hostPort chains, firewall's
-CNI-FORWARD rules) with whatever `iptables` comes first on their PATH: go-iptables finds it with
-`exec.LookPath("iptables")` and takes the mode from its `--version` ("(nf_tables)", else legacy)
-(coreos/go-iptables iptables/iptables.go: New, getIptablesCommand, extractIptablesVersion). The
-reaper's image has Debian's iptables, nft by default: on a node whose kubelet and kube-proxy use
-legacy, a plugin's DEL from there deletes nothing in the tables the node uses, and succeeds.
-
-The node's backend is read as kube-proxy's iptables-wrapper reads it
-(kubernetes-sigs/iptables-wrappers: internal/iptables/detect.go DetectMode, and before it the
-wrapper script iptables-wrapper-installer.sh wrote): a kubelet chain (KUBE-IPTABLES-HINT or
-KUBE-KUBELET-CANARY) in nft first, then in legacy; with neither, the older wrapper's rule count,
-the backend holding more rules. A tie, nothing at all, or a save that could not be read decides
-nothing here (the wrapper then takes nft): the plugins keep the PATH they have.
-
-The chains are looked for in the mangle tables alone (`-t mangle`); whole saves, which read
-every kube-proxy rule, only on a node without them. Legacy is read only where
-/proc/net/ip{,6}_tables_names lists the table asked for (any, for a whole save): asking
-iptables-legacy-save for a table the kernel does not have would create it in this netns.
-Everything is read in the netns the reaper runs in (the host's, in the chart's hostNetwork pod).
-
-When the chosen backend is not what the plain tools on PATH already are, plugins get a PATH
-whose first entry is a private dir (`<state file>.iptables`, made afresh under the pass lock, or
-else a mkdtemp dir; 0700, this process's, every directory above it root's alone or sticky)
-holding links named `iptables`, `iptables-save`, ... to that backend's tools, found by absolute
-path in the system dirs only, each root's alone, never in a CNI bin dir or a PATH entry. The
-links are named as the tools are, so a multi-call xtables-*-multi does what its name says. The
-dir goes when the pass ends.
+Plugins delete their rules with the first `iptables` on their PATH; the image's is nft, so on a
+legacy node their DEL would delete nothing and succeed. The backend is read as kube-proxy's
+iptables-wrapper reads it (kubelet's chains, then rule counts; undecided keeps PATH), legacy
+only where the kernel already has the table. A differing choice is given through a private dir
+of links to the system dirs' tools, first on PATH, gone when the pass ends. Why and sources:
+docs/design.md, "The iptables backend plugins run".
 """
 
 from __future__ import annotations
@@ -50,8 +29,7 @@ from reaper.host.resolve import Resolved, resolve_in_root
 Backend = Literal["nft", "legacy"]
 BACKENDS: tuple[Backend, ...] = ("nft", "legacy")
 TOOLS = ("iptables", "iptables-save", "iptables-restore", "ip6tables", "ip6tables-save", "ip6tables-restore")
-# Where the node's own tools are: a plugin's link goes to nothing outside these.
-SYSTEM_DIRS = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
+SYSTEM_DIRS = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")  # a plugin's link goes nowhere else
 SAVE_TIMEOUT = 30.0  # seconds for one iptables-save
 # The chains kubelet (1.17 and later) makes in mangle, in the backend it uses.
 KUBELET_CHAINS = re.compile(r"^:(?:KUBE-IPTABLES-HINT|KUBE-KUBELET-CANARY)\s", re.MULTILINE)
@@ -69,8 +47,8 @@ class SystemTool(Struct, frozen=True, kw_only=True):
 
 
 class BackendRules(Struct, frozen=True, kw_only=True):
-    """What one backend holds in this netns, both families: in mangle alone while kubelet's
-    chains are looked for (rules 0), in every table once rules are counted."""
+    """What one backend holds in this netns, both families: mangle alone while kubelet's chains
+    are looked for (rules 0), every table once rules are counted."""
 
     backend: Backend
     hinted: bool  # a kubelet chain is in it
@@ -84,8 +62,8 @@ class BackendChoice(Struct, frozen=True, kw_only=True):
 
 
 def choose_backend(nft: BackendRules, legacy: BackendRules) -> BackendChoice:
-    """The backend the node uses, by iptables-wrapper's rule: a kubelet chain (nft's first),
-    then the backend with more rules; nothing on a tie or where a count is incomplete."""
+    """The backend the node uses, by iptables-wrapper's rule: a kubelet chain (nft's first), then
+    more rules; nothing on a tie or an incomplete count."""
     for rules in (nft, legacy):
         if rules.hinted:
             return BackendChoice(backend=rules.backend, reason=f"kubelet's chain is in {rules.backend}")
@@ -108,15 +86,14 @@ def backend_tool(tool: str, backend: Backend) -> str:
 
 
 def _root_only(st: os.stat_result) -> bool:
-    """Owned by root (or this process's own uid, trusted as reaper.host.resolve trusts it) and
-    writable by no one else."""
+    """Owned by root (or this process's uid, as reaper.host.resolve trusts it), writable by no one else."""
     return st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022
 
 
 def trusted_tool(name: str, *, dirs: Sequence[str] = SYSTEM_DIRS) -> SystemTool:
-    """`name` in the first of `dirs` that has it, when every directory and link on the way is
-    root's alone (reaper.host.resolve) and it leads to an executable file owned by root that
-    no one else may write. A first one that is not refuses: the next dir is not tried."""
+    """`name` in the first of `dirs` that has it, every directory and link on the way root's
+    alone (reaper.host.resolve), an executable only root may write; else ToolRefused (the next
+    dir is not tried)."""
     root_fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for directory in dirs:
@@ -145,11 +122,6 @@ def trusted_tool(name: str, *, dirs: Sequence[str] = SYSTEM_DIRS) -> SystemTool:
     raise ToolRefused(f"{name} is in none of {':'.join(dirs)}")
 
 
-def backend_tools(backend: Backend, *, dirs: Sequence[str] = SYSTEM_DIRS) -> dict[str, SystemTool]:
-    """Each of TOOLS as `backend` has it, by tool name; ToolRefused when one is missing."""
-    return {tool: trusted_tool(backend_tool(tool, backend), dirs=dirs) for tool in TOOLS}
-
-
 def _legacy_tables(names_file: str) -> set[str]:
     try:
         with open(names_file, encoding="ascii", errors="replace") as f:
@@ -166,9 +138,8 @@ def read_rules(
     timeout: float = SAVE_TIMEOUT,
     legacy_tables: Mapping[str, str] = LEGACY_TABLES,
 ) -> BackendRules:
-    """What `backend` holds here, read with its own saves: only its mangle table, where kubelet's
-    chains are (rules 0), unless `count`. Legacy only where the family's `legacy_tables` file
-    lists the table (or, counting, any table): a save never makes the kernel create one."""
+    """What `backend` holds here, read with its own saves: only mangle (rules 0) unless `count`.
+    Legacy only where `legacy_tables` lists the table (counting: any): a save never creates one."""
     hinted, rules, unread = False, 0, None
     for family in ("iptables", "ip6tables"):
         if backend == "legacy":
@@ -215,13 +186,13 @@ def plan_plugin_path(
     timeout: float = SAVE_TIMEOUT,
     legacy_tables: Mapping[str, str] = LEGACY_TABLES,
 ) -> PathPlan:
-    """Read both backends here, choose (choose_backend), and say whether the plugins' `base_path`
-    already runs the choice or which links a private dir needs."""
+    """Read both backends, choose, and say whether `base_path` already runs the choice or which
+    links a private dir needs."""
     tools: dict[Backend, dict[str, SystemTool]] = {}
     missing: dict[Backend, str] = {}
     for backend in BACKENDS:
         try:
-            tools[backend] = backend_tools(backend, dirs=dirs)
+            tools[backend] = {tool: trusted_tool(backend_tool(tool, backend), dirs=dirs) for tool in TOOLS}
         except ToolRefused as err:
             missing[backend] = str(err)
 
@@ -230,8 +201,7 @@ def plan_plugin_path(
             return BackendRules(backend=backend, hinted=False, rules=0, unread=missing[backend])
         return read_rules(backend, tools[backend], count=count, timeout=timeout, legacy_tables=legacy_tables)
 
-    # Kubelet's chains first, from the mangle tables alone; every rule is counted (whole saves,
-    # large where kube-proxy's rules are) only on a node without them.
+    # Whole saves (large with kube-proxy's rules) only on a node without kubelet's chains.
     hints = {backend: look(backend, count=False) for backend in BACKENDS}
     if not any(h.hinted for h in hints.values()):
         hints = {backend: look(backend, count=True) for backend in BACKENDS}
@@ -252,8 +222,7 @@ class GivenPath(Struct, frozen=True, kw_only=True):
 
 
 def _root_alone(directory: str) -> None:
-    """Every directory down to `directory` is root's alone or sticky (reaper.host.resolve):
-    no one else can rename what is in it."""
+    """Every directory down to `directory` is root's alone or sticky (reaper.host.resolve)."""
     root_fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         resolved = resolve_in_root(root_fd, os.path.abspath(directory), checked=True)
@@ -273,15 +242,11 @@ def _check_private(private: str) -> None:
 
 
 def _fixed_dir(path: str) -> str:
-    """`path` made afresh, 0700, in a directory no one else may change: what a pass that was
-    killed left there goes first (the caller holds the lock that makes the name its own)."""
+    """`path` made afresh, 0700, in a directory no one else may change (a killed pass's left
+    first); the caller's lock makes the name its own."""
     _root_alone(os.path.dirname(os.path.abspath(path)))
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        pass
-    else:
-        if stat.S_ISDIR(st.st_mode):
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISDIR(os.lstat(path).st_mode):
             shutil.rmtree(path)
         else:
             os.unlink(path)
@@ -291,8 +256,7 @@ def _fixed_dir(path: str) -> str:
 
 def _make_private(links: Sequence[tuple[str, str]], beside: str | None) -> tuple[str | None, str | None]:
     """(the private dir with `links` in it, None), or (None, why none could be made): first
-    `<beside>.iptables`, then a mkdtemp dir in the temp dir (a chart's /tmp emptyDir is 0777
-    without the sticky bit, which the check refuses; the state file's dir is root's)."""
+    `<beside>.iptables`, then a mkdtemp dir."""
     problems = []
     makers: list[Callable[[], str]] = [functools.partial(_fixed_dir, f"{beside}.iptables")] if beside else []
     makers.append(functools.partial(tempfile.mkdtemp, prefix=_PRIVATE_PREFIX))
@@ -321,9 +285,8 @@ def _make_private(links: Sequence[tuple[str, str]], beside: str | None) -> tuple
 
 @contextlib.contextmanager
 def plugin_path(plan: PathPlan | None, base_path: str, *, beside: str | None = None) -> Iterator[GivenPath]:
-    """The PATH plugins get while the block runs: `base_path`, behind the plan's private dir when
-    it has links. `beside`: a file whose lock the caller holds (the state file); the dir is
-    `<beside>.iptables` where that can be made safely. The dir is removed when the block ends."""
+    """The PATH plugins get while the block runs: `base_path`, behind the plan's private dir
+    (removed at the end) when it has links. `beside`: a file whose lock the caller holds."""
     if plan is None or not plan.links:
         yield GivenPath(path=base_path)
         return

@@ -1,8 +1,7 @@
 """JSON from files and commands others control: any failure to decode is one ValueError.
 
-Decoded in C (msgspec), the reader of every cache entry, lease and state file. What
-msgspec refuses, the standard library decides, so a document reads exactly as it always did
-(a NaN, a lone surrogate escape, a byte-order mark or UTF-16 are valid to `json.loads`).
+Decoded in C (msgspec); what msgspec refuses, `json.loads` decides (a NaN, a lone surrogate, a
+BOM or UTF-16), so a document reads exactly as the standard library reads it.
 """
 
 from __future__ import annotations
@@ -45,8 +44,7 @@ def parse_object(data: bytes | str) -> dict[str, Any]:
 
 
 def dumps_compact(doc: Any) -> bytes:
-    """`json.dumps(doc, separators=(",", ":"))` as ASCII bytes, made in C whenever it is ASCII
-    (the state file, written every pass), as dumps_indented is."""
+    """`json.dumps(doc, separators=(",", ":"))` as ASCII bytes, made in C as dumps_indented is."""
     try:
         text = msgspec.json.encode(doc)
     except (TypeError, ValueError, OverflowError):
@@ -55,13 +53,9 @@ def dumps_compact(doc: Any) -> bytes:
 
 
 def dumps_indented(doc: Any) -> bytes:
-    """`json.dumps(doc, indent=2)` as ASCII bytes, made in C whenever the text is ASCII (a
-    report of thousands of attachments, the same bytes as the standard library's); the standard
-    library otherwise (it escapes what is not ASCII, and what msgspec cannot encode, such as a
-    lone surrogate from an undecodable file name). Floats are written alike but for two that a
-    report never holds: 1e16 and up (`1e16`, not `1e+16`) and NaN or infinity (`null`, where
-    the standard library writes `NaN`, which is no JSON). Bytes, since they are written as
-    they are: a 4 MB report is not copied into a str and encoded back."""
+    """`json.dumps(doc, indent=2)` as ASCII bytes: made in C when that is ASCII (the same bytes,
+    but for floats a report never holds: 1e16 and up, NaN and infinity), else by the standard
+    library (it escapes non-ASCII, and encodes a lone surrogate msgspec refuses)."""
     try:
         text = msgspec.json.format(msgspec.json.encode(doc), indent=2)
     except (TypeError, ValueError, OverflowError):  # UnicodeEncodeError is a ValueError
@@ -70,10 +64,9 @@ def dumps_indented(doc: Any) -> bytes:
 
 
 def go_keys(value: Any) -> Any:
-    """`value` with every object key case-folded, as Go's encoding/json matches a key to a
-    struct field (`Type`, `TYPE` and `type` all fill `Type`), so that a check sees what the
-    plugin will read. ValueError when one object holds two keys that fold alike: which of them
-    Go keeps is not something a check can see in a decoded dict."""
+    """`value` with every object key case-folded, as Go's encoding/json matches keys to fields,
+    so a check sees what the plugin reads. ValueError when one object holds two keys that fold
+    alike: which Go keeps cannot be seen in a decoded dict."""
     try:
         return _folded(value)
     except RecursionError:

@@ -1,17 +1,8 @@
 """What unchanged files parsed to last pass, so that a file is parsed once while it stays the same.
 
-A pass still lstat()s every file; a file whose device, inode, size, mtime and ctime are all the
-same is taken as unchanged. Two rules keep that true:
-- A file changed less than RACY_NS before the pass began is not remembered: the kernel stamps
-  times from a coarse clock, so a rewrite of the same size within one tick keeps every stamp
-  (git's "racily clean" files). Any later change then shows in ctime, which no one can set.
-- Nothing acts on a remembered value without reading the file again (reclaiming re-reads
-  before it deletes), and a value stands for what the file's content said, never for where the
-  file is: the kinds take path and names from the look itself.
-
-Only the long-running agent keeps a memo, in memory, where no one else writes. A one-shot run
-(a timer's `scan` or `reap`) reads every file afresh: a memo on disk beside the state file
-would be an input anyone who writes the state dir could shape (issue 23).
+A file is unchanged when device, inode, size, mtime and ctime are; one changed less than
+RACY_NS before the pass is not remembered. Nothing acts on a remembered value without reading
+the file again. The agent's memo lives in memory only. Why: docs/design.md, "The file memo".
 """
 
 from __future__ import annotations
@@ -72,18 +63,13 @@ class FileMemo(Generic[T]):
 
     def items(self) -> Iterator[tuple[str, Stamp, T]]:
         """What the last finished pass remembered."""
-        for path, (st, value) in self._previous.items():
-            yield path, st, value
+        return ((path, st, value) for path, (st, value) in self._previous.items())
 
 
 class OutputMemo:
-    """What a command's output parsed to last pass: an output whose `key` (the whole text, or
-    the text less what the parse never reads) is the same as last pass's is not parsed again.
-    An exact comparison, so nothing can be stale. Results not used in a pass are forgotten at
-    its end.
-
-    Also what several kinds read together, once a look (`once_a_pass`): forgotten when the
-    pass starts and when it ends, so no pass takes another's reads."""
+    """What a command's output parsed to last pass: an output whose `key` (the text, or the text
+    less what the parse never reads) is exactly last pass's is not parsed again; results unused
+    in a pass are forgotten at its end. Also reads several kinds share within one pass."""
 
     def __init__(self) -> None:
         self._previous: dict[str, tuple[str, object]] = {}
@@ -97,8 +83,7 @@ class OutputMemo:
         return cast(T, value)
 
     def once_a_pass(self, name: str, make: Callable[[], T]) -> T:
-        """What `make` gave the first time `name` was asked for this pass: a read the kinds share,
-        such as every table's `iptables-save` run side by side (reaper.kinds.iptables.SaveRound)."""
+        """What `make` gave the first time `name` was asked this pass (reaper.kinds.iptables.SaveRound)."""
         if name not in self._this_pass:
             self._this_pass[name] = make()
         return cast(T, self._this_pass[name])
@@ -112,8 +97,7 @@ class OutputMemo:
 
 
 class InventoryMemo:
-    """One FileMemo per kind of file, the memo of command outputs, and what a kind keeps of its
-    own from pass to pass (`kept`)."""
+    """One FileMemo per kind of file, the command outputs' memo, and what a kind keeps (`kept`)."""
 
     def __init__(self, clock: Clock = time.time_ns) -> None:
         self._memos: dict[str, FileMemo[object]] = {}
@@ -122,8 +106,7 @@ class InventoryMemo:
         self._kept: dict[str, object] = {}
 
     def kept(self, name: str, make: type[T]) -> T:
-        """The `make` instance kept under `name` (a new one the first time): for what a kind
-        keeps itself, such as reaper.host.nsmounts.ParsedMountinfo, which forgets on its own."""
+        """The `make` instance kept under `name` (such as reaper.host.nsmounts.ParsedMountinfo)."""
         held = self._kept.get(name)
         if not isinstance(held, make):
             held = self._kept[name] = make()

@@ -1,31 +1,9 @@
 """The addresses configured in other network namespaces, each read from inside it.
 
-What a namespace holds cannot be asked from outside it: an RTM_GETADDR dump answers for the
-namespace of the socket it is sent on, and a netlink socket belongs to the namespace its
-creator was in. So one thread of its own joins each namespace in turn (setns(2) on an fd of
-the namespace, which moves only the calling thread), opens a netlink socket there, dumps the
-addresses, closes the socket and goes on to the next; at the end it joins the namespace it
-started in again, and then ends. No other code ever runs on that thread, so nothing else of
-the process is ever in another namespace.
-
-A namespace is opened by a path (a pin, `/proc/<pid>/ns/net`) and read only when the fd
-opened is the namespace the caller found there ((st_dev, st_ino) by fstat): a pin swapped or
-a pid reused in between is that namespace's error, never another namespace's addresses.
-
-A namespace a user without root made (its owning user namespace, or one above it, owned by a
-uid other than 0: reaper.host.userns) is opened and asked who made it, never joined nor read:
-whatever it holds, none of it can be a pod's (see reaper.reap.addresses), and what it holds is
-as big as that user chooses.
-
-pyroute2's `IPRoute(netns=...)` was the other way: it forks a child per namespace (and makes a
-missing named netns unless told `flags=0`), which costs a process a namespace; a thread and a
-socket per namespace cost neither. Bounded: one thread, one namespace at a time, one deadline
-for them all, looked at between reads (the thread itself stops there, not only the wait for
-it); each dump bounded in bytes and messages (over it: that namespace's error, never read to its
-end), and only the addresses asked about kept. What was not read by then is an error, as is
-what could not be read.
-
-No CNI knowledge here: namespaces and addresses only.
+One thread of its own setns(2)s into each namespace in turn and dumps its addresses there; no
+other code runs on that thread. The fd opened must be the namespace the caller found; one a
+user without root made is never joined. Bounded by one deadline and a byte and message bound
+per dump. No CNI knowledge here. Why: docs/design.md, "Reading addresses in other namespaces".
 """
 
 from __future__ import annotations
@@ -44,6 +22,7 @@ from collections.abc import Callable, Sequence
 from msgspec import Struct
 
 from reaper.host.confined import libc, open_beneath, parts_beneath
+from reaper.host.files import describe_oserror
 from reaper.host.netlink import DumpLimits, Netlink, attrs, dump_kept
 from reaper.host.userns import owners_of
 from reaper.model import NsKey
@@ -58,9 +37,8 @@ _ADDR_WANTED = frozenset({IFA_ADDRESS, IFA_LOCAL})
 _ALL_FAMILIES = _IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)
 _FAMILY_BYTES: dict[int, int] = {int(socket.AF_INET): 4, int(socket.AF_INET6): 16}
 READ_TIMEOUT = 5.0  # seconds the kernel gets to answer one namespace's dump
-# One namespace's address dump: messages and bytes read before it is that namespace's error.
-# A node's own netns may hold many (kube-proxy's IPVS mode puts every Service address on
-# kube-ipvs0); a pod's a handful.
+# One namespace's dump, past which it is that namespace's error: a node's own netns may hold
+# many (kube-proxy's IPVS mode puts every Service address on kube-ipvs0), a pod's a handful.
 MAX_ADDRESS_MESSAGES = 200_000
 MAX_ADDRESS_BYTES = 32 * 1024 * 1024
 
@@ -71,8 +49,8 @@ class Handle(Struct, frozen=True):
     path: str
     pinned: bool  # a file under a netns dir, opened without following a symlink
     # A holder's root (`/proc/<pid>/root`) that `path`, a mount point as the holder sees it, is
-    # walked beneath with no symlink followed anywhere on the way: a link planted there would
-    # take the walk where the mount walk never judged the filesystems (a FUSE that never answers).
+    # walked beneath with no symlink followed: a planted link could lead where the mount walk
+    # never judged the filesystems (a FUSE that never answers).
     beneath: str | None = None
 
 
@@ -82,11 +60,10 @@ class NamespaceToRead(Struct, frozen=True):
     ns: NsKey  # what the caller found there: the fd opened must be this namespace
     where: str  # in words, for a reason: "the netns pinned at /run/netns/x", "the netns of pid 42"
     handles: tuple[Handle, ...]  # none: the namespace the reader starts in
-    # Found only through mounts in mount namespaces a user without root made (that uid): it may
-    # be a pod's namespace that user bind-mounted, or one of its own.
+    # Found only through mounts in mount namespaces a user without root made (that uid).
     mounted_by_user: int | None = None
-    # Its handles are every process the walk of /proc found in it, and no pin or mount holds
-    # it: once each of them has exited, nothing that walk saw holds it, and it is read as empty.
+    # Its handles are every process /proc showed in it, no pin or mount holds it: once each
+    # has exited, it is read as empty.
     only_processes: bool = False
 
 
@@ -112,7 +89,6 @@ _setns: Callable[[int, int], None] = getattr(os, "setns", _setns_ctypes)
 
 
 def this_threads_netns() -> NsKey:
-    """The namespace the calling thread is in."""
     st = os.stat("/proc/thread-self/ns/net")
     return NsKey(st.st_dev, st.st_ino)
 
@@ -120,9 +96,8 @@ def this_threads_netns() -> NsKey:
 def parse_address(
     data: bytes | bytearray, offset: int, length: int, wanted: frozenset[bytes] | None = None
 ) -> str | None:
-    """One RTM_NEWADDR message's address: IFA_LOCAL when there is one (the address of this
-    end; IFA_ADDRESS is then a point-to-point peer's), else IFA_ADDRESS (IPv6 has only that).
-    With `wanted` (packed addresses), None for any other."""
+    """One RTM_NEWADDR message's address: IFA_LOCAL when there is one (IFA_ADDRESS is then a
+    point-to-point peer's), else IFA_ADDRESS; with `wanted` (packed addresses), None for others."""
     if length < _HEADER + _IFADDRMSG.size:
         return None
     family = data[offset + _HEADER]
@@ -153,8 +128,7 @@ def _dump_addresses(limits: DumpLimits, wanted: frozenset[bytes] | None) -> tupl
 def _open_checked(handle: Handle, ns: NsKey) -> int:
     """An fd setns can take on namespace `ns`, opened by `handle`, or OSError."""
     if handle.pinned:
-        # The pin looked at through an O_PATH fd, never through a symlink, and reopened for
-        # reading through that fd only once it is a regular file (a namespace shows as one).
+        # Reopened through an O_PATH fd only once it is a regular file (as a namespace shows).
         path_fd = _open_path(handle)
         try:
             if not stat.S_ISREG(os.fstat(path_fd).st_mode):
@@ -172,8 +146,7 @@ def _open_checked(handle: Handle, ns: NsKey) -> int:
 
 
 def _open_path(handle: Handle) -> int:
-    """An O_PATH fd on the handle's file: its last component never a symlink, and beneath a
-    holder's root no component one."""
+    """An O_PATH fd on the handle's file, no symlink followed (beneath a holder's root, none at all)."""
     if handle.beneath is None:
         return os.open(handle.path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     root_fd = os.open(handle.beneath, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -188,9 +161,8 @@ class EveryProcessLeft(OSError):
 
 
 def _open_target(target: NamespaceToRead) -> int:
-    """An fd on the target's namespace, by the first handle that opens it (a process may have
-    left it, a pin gone, since they were found); OSError when none does, EveryProcessLeft when
-    the target is `only_processes` and each of them is gone."""
+    """An fd on the target's namespace by the first handle that opens it; OSError when none
+    does, EveryProcessLeft when the target is `only_processes` and each of them is gone."""
     failed: list[OSError] = []
     for handle in target.handles:
         try:
@@ -216,22 +188,22 @@ def _read_one(
     else:
         try:
             fd = _open_target(target)
-        except EveryProcessLeft:
-            # Gone with its processes, or held now only by what no walk sees (an open fd).
-            return NamespaceAddresses(target.ns, target.where, (), None, None, target.mounted_by_user)
+        except EveryProcessLeft:  # or held now only by what no walk sees (an open fd)
+            return _result(target)
         try:
             user = owners_of(fd).user
             if user is not None:
-                return NamespaceAddresses(target.ns, target.where, (), None, user, target.mounted_by_user)
+                return _result(target, made_by_user=user)
             _setns(fd, CLONE_NEWNET)
         finally:
             os.close(fd)
-    addresses = _dump_addresses(limits, wanted)
-    return NamespaceAddresses(target.ns, target.where, addresses, None, None, target.mounted_by_user)
+    return _result(target, _dump_addresses(limits, wanted))
 
 
-def _why(err: OSError) -> str:
-    return err.strerror or str(err)
+def _result(
+    target: NamespaceToRead, addresses: tuple[str, ...] = (), error: str | None = None, made_by_user: int | None = None
+) -> NamespaceAddresses:
+    return NamespaceAddresses(target.ns, target.where, addresses, error, made_by_user, target.mounted_by_user)
 
 
 def read_addresses(
@@ -244,10 +216,9 @@ def read_addresses(
     max_bytes: int | None = None,
 ) -> list[NamespaceAddresses]:
     """Each target's addresses, in order, read one at a time on one thread of its own until
-    `deadline` (on `clock`); every target not read whole by then has an error instead, as has
-    one whose dump is over `max_messages` or `max_bytes`. With `wanted` (packed addresses, 4 or
-    16 bytes), only those are kept of what a namespace holds. The bounds default to
-    MAX_ADDRESS_MESSAGES and MAX_ADDRESS_BYTES as they are at the call."""
+    `deadline` (on `clock`); a target not read whole by then, or whose dump is over the bounds
+    (MAX_ADDRESS_MESSAGES and MAX_ADDRESS_BYTES at the call by default), has an error instead.
+    With `wanted` (packed addresses), only those are kept."""
     limits = DumpLimits(
         max_bytes=MAX_ADDRESS_BYTES if max_bytes is None else max_bytes,
         max_items=MAX_ADDRESS_MESSAGES if max_messages is None else max_messages,
@@ -265,21 +236,19 @@ def read_addresses(
         except OSError as err:
             with lock:
                 for i, t in enumerate(targets):
-                    why = f"no fd on the reader's netns: {_why(err)}"
-                    results[i] = NamespaceAddresses(t.ns, t.where, (), why, None, t.mounted_by_user)
+                    results[i] = _result(t, error=f"no fd on the reader's netns: {describe_oserror(err)}")
             finished.set()
             return
         try:
             for i, target in enumerate(targets):
-                left = deadline - clock()
-                if stop.is_set() or left <= 0:
+                if stop.is_set() or deadline - clock() <= 0:
                     break
                 try:
                     done = _read_one(target, home, limits, wanted)
                 except OSError as err:
-                    done = _failed(target, _why(err))
+                    done = _result(target, error=describe_oserror(err))
                 except Exception as err:  # an answer that does not decode: this namespace's error
-                    done = _failed(target, f"{type(err).__name__}: {err}")
+                    done = _result(target, error=f"{type(err).__name__}: {err}")
                 with lock:
                     results[i] = done
         finally:
@@ -294,8 +263,4 @@ def read_addresses(
     stop.set()
     with lock:
         got = dict(results)
-    return [got.get(i) or _failed(t, "not read by the deadline") for i, t in enumerate(targets)]
-
-
-def _failed(target: NamespaceToRead, why: str) -> NamespaceAddresses:
-    return NamespaceAddresses(target.ns, target.where, (), why, None, target.mounted_by_user)
+    return [got.get(i) or _result(t, error="not read by the deadline") for i, t in enumerate(targets)]

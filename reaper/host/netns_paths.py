@@ -1,32 +1,9 @@
 """Looking up a netns path a file names, only where a network namespace can be.
 
-A cache entry's `netns` (and a result's `sandbox`) is whatever the writer of the cache dir put
-there. A stat(2) of any path it names can wait for good: a path on a FUSE mount whose server
-answers only the handshake (an allow_other FUSE, or a pod's FUSE or NFS volume reached through
-/proc/<pid>/root/...) leaves the caller in state D, beyond SIGKILL, and the pass with it. So
-such a path is looked at only in the two places runtimes put one:
-
-- a pin directly in a netns dir the reaper was given (`--netns-dir`, or what the runtimes'
-  configs say), as text, with `/var/run` and `/run` one when they are one here. The dir is
-  opened as a root (reaper.host.confined: its own last component no symlink), its filesystem
-  must be a local one (LOCAL_FILESYSTEMS, by fstatfs), and the pin is looked at with one
-  statx(2) beneath it that follows no symlink and asks no filesystem server
-  (AT_STATX_DONT_SYNC): what is mounted on the pin must be a namespace (nsfs) or nothing (a
-  stale file on the dir's own filesystem).
-- `/proc/<pid>/ns/net` of this machine's /proc (procfs by fstatfs), the pid as digits: the
-  link resolves to nsfs without any other filesystem on the way.
-
-The runtimes write no other path (read 2026-12): containerd's pkg/netns/netns_linux.go pins
-`<baseDir>/cni-<random hex 8-4-4-4-12>`, baseDir `/var/run/netns` or
-`<state dir>/netns` with netns_mounts_under_state_dir (internal/cri/server, sandbox_run.go);
-CRI-O's internal/config/nsmgr/nsmgr_linux.go pins `<namespaces_dir>/netns/<uuid>` (default
-`/var/run`); podman's CNI backend (containers/common pkg/netns/netns_linux.go) pins
-`/run/netns/netns-<hex 8-4-4-4-12>` as root; dockershim and cri-dockerd
-(Mirantis/cri-dockerd core/helpers_linux.go, dockerNetNSFmt) give `/proc/<pid>/ns/net`.
-libcni caches the CNI_NETNS it was given (containernetworking/cni libcni/api.go, cacheAdd).
-
-Any other path is not looked at: the record says why, in one line, and its other evidence (the
-container ID) still ties it.
+A stat(2) of an arbitrary path can wait for good (a FUSE server that never answers), so a path
+is looked at only as a pin directly in a given netns dir on a local filesystem (one statx,
+AT_STATX_DONT_SYNC, no symlink followed) or as `/proc/<pid>/ns/net`; any other is refused with
+why. Why, and where each runtime pins: docs/design.md, "Netns paths a file names".
 """
 
 from __future__ import annotations
@@ -37,6 +14,7 @@ import errno
 import os
 import re
 import stat
+import struct
 from collections.abc import Sequence
 from types import TracebackType
 from typing import NamedTuple, Self
@@ -50,8 +28,8 @@ NAME_MAX = 255
 PROC = "/proc"
 _PROC_NS_NET = re.compile(r"/proc/([1-9][0-9]{0,9})/ns/net")
 
-# statfs f_type of the filesystems a netns dir may be on (include/uapi/linux/magic.h): memory
-# and local disk ones, never FUSE (whose server may never answer) or a network filesystem.
+# statfs f_type of the filesystems a netns dir may be on (include/uapi/linux/magic.h): never
+# FUSE (whose server may never answer) or a network filesystem.
 LOCAL_FILESYSTEMS = {
     0x01021994: "tmpfs",
     0x858458F6: "ramfs",
@@ -71,29 +49,10 @@ STATX_TYPE = 0x1
 STATX_INO = 0x100
 
 
-class _Statx(ctypes.Structure):
-    """struct statx (include/uapi/linux/stat.h), up to the device numbers."""
-
-    _fields_ = (
-        ("mask", ctypes.c_uint32),
-        ("blksize", ctypes.c_uint32),
-        ("attributes", ctypes.c_uint64),
-        ("nlink", ctypes.c_uint32),
-        ("uid", ctypes.c_uint32),
-        ("gid", ctypes.c_uint32),
-        ("mode", ctypes.c_uint16),
-        ("spare0", ctypes.c_uint16),
-        ("ino", ctypes.c_uint64),
-        ("size", ctypes.c_uint64),
-        ("blocks", ctypes.c_uint64),
-        ("attributes_mask", ctypes.c_uint64),
-        ("times", ctypes.c_uint8 * 64),
-        ("rdev_major", ctypes.c_uint32),
-        ("rdev_minor", ctypes.c_uint32),
-        ("dev_major", ctypes.c_uint32),
-        ("dev_minor", ctypes.c_uint32),
-        ("rest", ctypes.c_uint8 * 112),  # the struct is 256 bytes
-    )
+# stx_mode, stx_ino, stx_dev_major, stx_dev_minor of the 256-byte struct statx
+# (include/uapi/linux/stat.h), at offsets 28, 32, 136 and 140.
+_STATX = struct.Struct("=28xH2xQ96xII")
+_STATX_SIZE = 256
 
 
 class Cached(NamedTuple):
@@ -106,18 +65,19 @@ class Cached(NamedTuple):
 
 def cached_stat(dir_fd: int, name: str, *, follow: bool) -> Cached:
     """statx(2) of `name` in `dir_fd` ("" for the fd itself) with AT_STATX_DONT_SYNC: a FUSE or
-    network filesystem answers from its cache and never asks its server. OSError on failure."""
+    network filesystem answers from its cache, never asking its server."""
     statx = getattr(libc, "statx", None)  # glibc 2.28 and later
     if statx is None:
         raise OSError(errno.ENOSYS, "statx is not in this libc", name)
-    buf = _Statx()
+    buf = ctypes.create_string_buffer(_STATX_SIZE)
     flags = AT_NO_AUTOMOUNT | AT_STATX_DONT_SYNC | (0 if follow else AT_SYMLINK_NOFOLLOW)
     if not name:
         flags |= AT_EMPTY_PATH
-    if statx(dir_fd, os.fsencode(name), flags, STATX_TYPE | STATX_INO, ctypes.byref(buf)) != 0:
+    if statx(dir_fd, os.fsencode(name), flags, STATX_TYPE | STATX_INO, buf) != 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code), name)
-    return Cached(buf.mode, os.makedev(buf.dev_major, buf.dev_minor), buf.ino)
+    mode, ino, major, minor = _STATX.unpack_from(buf)
+    return Cached(mode, os.makedev(major, minor), ino)
 
 
 class NetnsLookup(NamedTuple):
@@ -149,8 +109,8 @@ def _aliases(directory: str, var_run_is_run: bool) -> set[str]:
 
 
 class NetnsPlaces:
-    """Looks up netns paths that files name, only in `netns_dirs` and `/proc/<pid>/ns/net`
-    (see the module's docstring). Opens each dir at most once; use it as a context manager."""
+    """Looks up netns paths that files name, only in `netns_dirs` and `/proc/<pid>/ns/net`;
+    opens each dir at most once. A context manager."""
 
     def __init__(self, netns_dirs: Sequence[str], proc: str = PROC) -> None:
         self.netns_dirs = tuple(dict.fromkeys(netns_dirs))
@@ -185,7 +145,6 @@ class NetnsPlaces:
         match = _PROC_NS_NET.fullmatch(path) if path.startswith("/proc/") else None
         if match is not None:
             return self._look_proc(match.group(1))
-        # A plain absolute path (above): its dirname and basename, split at its last slash.
         parent, _, name = path.rpartition("/")
         directory = self._dir_of.get(parent or "/")
         if directory is None:
@@ -194,33 +153,9 @@ class NetnsPlaces:
         return self._look_pin(directory, name)
 
     def _opened_dir(self, directory: str, magic: int, what: str) -> _Dir | NetnsLookup:
-        """`directory` as an fd and its device, when its filesystem is `magic` (0: a local one);
-        else what every path below it is."""
-        known = self._opened.get(directory)
-        if known is not None:
-            return known
-        opened: _Dir | NetnsLookup
-        try:
-            fd = open_root(directory)
-        except (FileNotFoundError, NotADirectoryError):
-            opened = GONE
-        except OSError as err:
-            opened = NetnsLookup(None, refused=f"not looked at: {directory}: {err.strerror or err}")
-        else:
-            try:
-                f_type = fstatfs_type(fd)
-                dev = cached_stat(fd, "", follow=False).dev
-            except OSError as err:
-                os.close(fd)
-                opened = NetnsLookup(None, refused=f"not looked at: {directory}: {err.strerror or err}")
-            else:
-                if (f_type == magic) if magic else (f_type in LOCAL_FILESYSTEMS):
-                    opened = _Dir(fd, dev)
-                else:
-                    os.close(fd)
-                    opened = NetnsLookup(None, refused=f"not looked at: {directory} is on {what}, f_type {f_type:#x}")
-        self._opened[directory] = opened
-        return opened
+        if directory not in self._opened:
+            self._opened[directory] = _open_dir(directory, magic, what)
+        return self._opened[directory]
 
     def _nsfs_device(self) -> int | None:
         if self._nsfs is None:
@@ -261,14 +196,34 @@ class NetnsPlaces:
                 return NetnsLookup(None, refused=f"not looked at: {self.proc}/{pid} is not on {self.proc}")
             st = cached_stat(pid_fd, "ns/net", follow=True)
         except OSError:
-            # The process is there, its namespace cannot be seen (a kernel thread, a zombie,
-            # a protected process): nobody can tell whether it is in use.
+            # A kernel thread, a zombie, a protected process: nobody can tell whether it is in use.
             return NetnsLookup(None, uninspectable=True)
         finally:
             os.close(pid_fd)
         if st.dev != self._nsfs_device():
             return NetnsLookup(None, refused="not looked at: not a namespace")
         return NetnsLookup(NsKey(st.dev, st.ino))
+
+
+def _open_dir(directory: str, magic: int, what: str) -> _Dir | NetnsLookup:
+    """`directory` as an fd and its device, when its filesystem is `magic` (0: a local one);
+    else what every path below it is."""
+    try:
+        fd = open_root(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return GONE
+    except OSError as err:
+        return NetnsLookup(None, refused=f"not looked at: {directory}: {err.strerror or err}")
+    try:
+        f_type = fstatfs_type(fd)
+        dev = cached_stat(fd, "", follow=False).dev
+    except OSError as err:
+        os.close(fd)
+        return NetnsLookup(None, refused=f"not looked at: {directory}: {err.strerror or err}")
+    if (f_type == magic) if magic else (f_type in LOCAL_FILESYSTEMS):
+        return _Dir(fd, dev)
+    os.close(fd)
+    return NetnsLookup(None, refused=f"not looked at: {directory} is on {what}, f_type {f_type:#x}")
 
 
 _NOT_NORMAL = frozenset(("", ".", ".."))  # the parts os.path.normpath drops or folds
@@ -285,8 +240,7 @@ def _not_plain(path: str) -> str | None:
         return "not looked at: not a path (a NUL)"
     if size >= PATH_MAX:
         return f"not looked at: {size} bytes, longer than any path"
-    # One leading slash and no empty, `.` or `..` part after it: what os.path.normpath leaves as
-    # it is (tests/unit/host/test_netns_paths.py holds the two to the same answers).
+    # What os.path.normpath leaves as it is (tests/unit/host/test_netns_paths.py holds the two alike).
     if (
         not path.startswith("/")
         or path.startswith("//")

@@ -1,23 +1,9 @@
-"""One reaper at a time per node: an flock on a file beside the state file, held for a pass.
+"""One reaper at a time per node: an flock on `<state file>.lock`, held for a pass.
 
-Two reapers on one node (the agent and an operator's `kubectl exec ... reaper reap`, or the
-systemd timer's one-shot beside an agent) would run the plugins' DEL for the same container at
-once, which the CNI spec forbids the runtime the reaper stands in for ("The container runtime
-must not invoke parallel operations for the same container": containernetworking/cni SPEC.md,
-Lifecycle & Ordering), and each would save the state file over the other's. A pass that can change the node or the
-state file (`reap`, `scan`, which counts confirmations there, and each of the agent's passes)
-holds the lock from before its look until its state and textfile are written; the agent takes
-it per pass and lets it go between, so an operator's one-shot runs between two of its passes.
-
-The file is `<state file>.lock`, in the state dir (which only root writes, like the state file).
-It is opened `O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK` through its directory's fd, created mode
-0600, never truncated: a symlink there is refused, a FIFO does not block, the lock goes to no
-child (a plugin that outlives its DEL holds nothing), and a file planted there (a hard link to
-another file, another user's) is refused before a byte is written to it. The holder writes
-one record at its start, `pid <pid>: <command>`, padded to a fixed size (so nothing is ever
-truncated); a waiter reads it as untrusted text: a bounded read, printable characters only.
-The lock is the kernel's flock, held by the open file: it goes with the process, however the
-process ends, so a holder recorded is alive.
+Two reapers would run parallel DELs for one container, which the CNI spec forbids, and save
+the state file over each other's. The file is opened without following a symlink, created
+0600, never truncated, and refused unless this user's own regular file with one name; the
+holder's record is read as untrusted text. Why: docs/design.md, "The pass lock".
 """
 
 from __future__ import annotations
@@ -42,7 +28,6 @@ LOCK_SUFFIX = ".lock"
 RECORD_BYTES = 256  # the holder's record, padded to this size; a waiter reads no more
 POLL = 0.1  # seconds between a waiter's tries
 HOLDER_CHARS = 200  # of the record, as a waiter shows it
-# A state dir this process cannot write: no pass of it can save its state there either.
 _READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
@@ -79,8 +64,7 @@ def _record(command: str) -> bytes:
 
 
 def _open(path: str) -> int:
-    """The lock file's fd, made if missing; refused when it is not this user's own regular
-    file with one name."""
+    """The lock file's fd, made if missing; LockUnusable unless this user's own regular file with one name."""
     directory, name = os.path.split(path)
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -131,10 +115,9 @@ def take_lock(
     on_wait: Callable[[str], None] | None = None,
     pause: Callable[[float], bool] | None = None,
 ) -> PassLock:
-    """The lock beside `state_file`, waited for at most `wait` seconds. `on_wait` is told the
-    holder once, when the first try finds the lock held; `pause(seconds)` sleeps between tries
-    and returns True to give up (a stopping agent). LockBusy when it stays held; LockUnusable
-    when the file cannot be opened or trusted."""
+    """The lock beside `state_file`, waited for at most `wait` seconds (LockBusy). `on_wait` is
+    told the holder once; `pause(seconds)` sleeps between tries and returns True to give up (a
+    stopping agent). LockUnusable when the file cannot be opened or trusted."""
     path = lock_path(state_file)
     fd = _open(path)
     started = time.monotonic()
@@ -180,10 +163,9 @@ def pass_lock(
     changes_node: bool,
     pause: Callable[[float], bool] | None = None,
 ) -> PassLock:
-    """The lock one pass holds, waited for at most `wait` seconds, the wait logged once with
-    the holder. Where the state dir cannot be written by this process, a pass that changes
-    nothing on the node (a scan as a user other than root) goes on without it: it can save no
-    state there either. LockBusy, LockUnusable as take_lock."""
+    """take_lock for one pass, the wait logged once with the holder. A pass that changes nothing
+    on the node (a scan as a user other than root) goes on without it where the state dir is
+    read-only to it: it can save no state there either."""
     try:
         return take_lock(
             state_file,

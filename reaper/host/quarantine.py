@@ -1,16 +1,10 @@
 """--quarantine-dir: keep a reclaimed lease or cache file (under its original path) for an undo.
 
-Both ends are reached beneath their roots (reaper.host.confined): the file by an fd opened
-without following a symlink, checked to be the regular file that was judged; the quarantine
-path made one directory at a time. Across mounts (each hostPath of the chart is its own mount)
-the move is a copy from that fd, bounded and fsynced, then an unlinkat of the same inode.
-
---quarantine-max-age: at the start of a reclaiming pass, what the reaper quarantined longer ago
-than that is deleted (expire). Its own records only: the time is the one the reaper wrote in
-the name of a `<dir>/<time>/` directory when it moved files there (not a file's mtime, which the
-move kept), and what is deleted is a regular file beneath such a directory, reached without
-following a symlink, still the inode just judged (fstatat, then unlinkat). Anything else there
-(a name not of that form, a symlink, a device, a file that changed) is left and said.
+Both ends are reached beneath their roots (reaper.host.confined), the file checked to be the
+regular file that was judged; across mounts the move is a bounded, fsynced copy from that fd,
+then an unlinkat of the same inode. --quarantine-max-age (expire) deletes only the reaper's own
+records: regular files beneath a `<dir>/<time>/` it named, still the inode judged; anything
+else there is left and said.
 """
 
 from __future__ import annotations
@@ -32,16 +26,12 @@ from reaper.model import Done
 
 MAX_QUARANTINE_BYTES = 16 << 20  # larger than any lease or cache file the reaper reads
 _COPY_CHUNK = 1 << 16
-# The name of the directory a pass's quarantined files go under: the time they were moved, UTC.
-STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
+STAMP_FORMAT = "%Y%m%dT%H%M%SZ"  # a pass's <time>/ dir: when its files were moved, UTC
 _STAMP_NAME = re.compile(r"\d{8}T\d{6}Z")
-# Files one pass deletes at most, a bound on its time; the rest go at the next pass.
-MAX_EXPIRED_PER_PASS = 10_000
+MAX_EXPIRED_PER_PASS = 10_000  # files one pass deletes; the rest go at the next pass
 MAX_LEFT_SAID = 5  # lines about what was left, at most, per pass
-# Names read from one directory at most, a bound on a pass's memory whatever a writer of the
-# quarantine dir puts there; past it, what is left goes at a later pass.
-MAX_NAMES_READ = 100_000
-# Dirs deep beneath a <time>/ dir, at most: an original path is a few; a deeper tree is not the
+MAX_NAMES_READ = 100_000  # names read from one directory: a pass's memory, whatever is put there
+# Dirs deep beneath a <time>/ dir: an original path is a few; a deeper tree is not the
 # reaper's, and walking it would cost an fd a level.
 MAX_DEPTH = 32
 _DIR_OPEN = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -146,7 +136,7 @@ def remove_or_quarantine(root: str, path: str, judged: os.stat_result, quarantin
 
 
 class Expiry(Struct, frozen=True, kw_only=True):
-    """What one expire() did: files deleted, and one line for each of the first things left."""
+    """What one expire() did: files deleted, and a line for each of the first things left."""
 
     deleted: int = 0
     left: tuple[str, ...] = ()
@@ -154,8 +144,7 @@ class Expiry(Struct, frozen=True, kw_only=True):
 
 
 def stamp_time(name: str) -> float | None:
-    """The time (epoch seconds) a quarantine directory's name says, or None when the name is not
-    one the reaper gives (Quarantine.stamp)."""
+    """The epoch time a quarantine directory's name says; None for a name the reaper never gives."""
     if not _STAMP_NAME.fullmatch(name):
         return None
     try:
@@ -165,8 +154,7 @@ def stamp_time(name: str) -> float | None:
 
 
 def _names(dir_fd: int) -> list[str]:
-    """The names in the open directory, at most MAX_NAMES_READ of them, sorted (the reaper's
-    <time>/ names sort oldest first)."""
+    """At most MAX_NAMES_READ names in the open directory, sorted (<time>/ names: oldest first)."""
     with os.scandir(dir_fd) as entries:
         return sorted(entry.name for _, entry in zip(range(MAX_NAMES_READ), entries, strict=False))
 
@@ -243,9 +231,8 @@ class _Expiring:
 
 
 def expire(directory: str, max_age: float, now: float) -> Expiry:
-    """Delete what the reaper quarantined in `directory` more than `max_age` seconds before
-    `now`: the regular files beneath each `<time>/` directory whose time is that old, then the
-    directories so emptied. A missing directory has nothing to expire."""
+    """Delete the regular files beneath each `<time>/` directory in `directory` older than
+    `max_age` at `now`, then the directories so emptied."""
     root = os.path.abspath(directory)
     run = _Expiring()
     try:

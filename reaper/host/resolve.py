@@ -1,27 +1,11 @@
 """A path (a runtime's socket, an iptables tool) resolved one component at a time, inside a root,
 every step checked.
 
-Runtime sockets are often reached through symlinks: k3s users link
-/run/containerd/containerd.sock to /run/k3s/containerd/containerd.sock, and /var/run is a link
-to /run on most distributions. The reaper follows them as the kernel would, but itself: each
-component is opened `O_PATH | O_NOFOLLOW` relative to the directory before it, a symlink's
-text read from its own fd, an absolute target restarted at the root (the root is "/" for
-anything under it, as `openat2(RESOLVE_IN_ROOT)` does: a kubelet's path is resolved in pid
-1's root), `..` taken back to the directory the walk came from, never above the root.
-
-With `checked`, what could swap the socket must be root's alone (or this process's own uid's):
-every directory on the way is owned by root and writable by no group or other (or sticky, as
-/tmp: then others cannot rename or remove the root-owned entries the walk found in it, the
-reasoning of the kernel's fs.protected_symlinks), every symlink is owned by root, and the
-socket itself was bound by root (owned by root; its mode is not weighed: write on a socket is
-leave to connect, and containerd makes its own 0660 for its `grpc.gid`, containerd/containerd
-pkg/sys/socket_unix.go GetLocalListener). A link in /proc (a "magic" link, whose text is no
-path) is never followed.
-
-The result is an open fd, so what is asked is the inode that was checked (a client connects
-to /proc/self/fd/N), or why the path could not be followed, or nothing when the path does not
-exist: a component before its last is missing, as os.path.lexists says. A last component
-that exists (a dangling symlink, a file, a link owned by a user) is never "nothing".
+Each component is opened `O_PATH | O_NOFOLLOW` from the one before; symlinks are followed by
+hand (absolute ones from the root, never above it; none in /proc). With `checked`, every
+directory, link and the file must be root's alone (a directory may be sticky). The result is an
+open fd on the checked inode; None when the path does not exist (a component before its last is
+missing). Why: docs/design.md, "Resolving a path by hand".
 """
 
 from __future__ import annotations
@@ -33,10 +17,10 @@ from collections import deque
 from msgspec import Struct
 
 from reaper.host.confined import fstatfs_type
+from reaper.host.files import PROC_SUPER_MAGIC
 
 # The kernel's own bound on the symlinks one lookup follows (MAXSYMLINKS, fs/namei.c).
 MAX_LINKS = 40
-PROC_SUPER_MAGIC = 0x9FA0
 _OPEN = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -50,8 +34,8 @@ class Resolved(Struct, frozen=True):
 
 
 class Unfollowed(Struct, frozen=True):
-    """Why the path, which exists, could not be followed to a file; `key`: the (device, inode)
-    of what the reason is about (the same link reached by two spellings is one problem)."""
+    """Why the path, which exists, could not be followed; `key`: the (device, inode) the reason
+    is about (one link reached by two spellings is one problem)."""
 
     reason: str
     key: tuple[int, int]
@@ -71,9 +55,7 @@ def _kind(mode: int) -> str:
 
 
 def _distrusted(where: str, st: os.stat_result) -> str | None:
-    """Why a component is not root's alone; None when it is. This process's own effective uid
-    is trusted as root is (the reaper runs as root; a user running it trusts itself, as the
-    kernel's fs.protected_symlinks trusts the follower's own links)."""
+    """Why a component is not root's alone (this process's own uid trusted as root); None when it is."""
     if st.st_uid not in (0, os.geteuid()):
         return f"{where} is owned by uid {st.st_uid}, not root"
     if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
@@ -90,15 +72,15 @@ def _shown(names: list[str], name: str | None = None) -> str:
 
 
 def resolve_in_root(root_fd: int, path: str, *, checked: bool) -> Resolved | Unfollowed | None:
-    """`path` (absolute) resolved with `root_fd` as "/" (see the module's docstring); None
-    when it does not exist. `root_fd` stays open; with `checked`, the root is checked too."""
+    """`path` (absolute) resolved with `root_fd` as "/"; None when it does not exist. `root_fd`
+    stays open; with `checked`, the root is checked too."""
     if not path.startswith("/"):
         raise ValueError(f"not an absolute path: {path!r}")
     original = _parts(path)
     if not original:
         raise ValueError("the root itself is no socket path")
-    # (name, whether it is the path's own last component): a missing component before that one
-    # means the path does not exist; once it was found, a missing one is a dangling symlink.
+    # (name, is the path's own last component): missing before that one, the path does not
+    # exist; once it was found, a missing one is a dangling symlink.
     todo: deque[tuple[str, bool]] = deque((name, i == len(original) - 1) for i, name in enumerate(original))
     stack: list[int] = [root_fd]  # the directories walked down, the root first
     names: list[str] = []  # their names, as the walk spells them (for the reasons)
@@ -170,8 +152,7 @@ def resolve_in_root(root_fd: int, path: str, *, checked: bool) -> Resolved | Unf
 
 
 def open_checked_socket(root_fd: int, path: str) -> Resolved | Unfollowed | None:
-    """The socket at `path` in `root_fd`, every component root's alone (`resolve_in_root`
-    with `checked`); Unfollowed for a path that exists and is no such socket."""
+    """resolve_in_root `checked`, Unfollowed also for a path that exists and is no socket."""
     st = os.fstat(root_fd)
     try:
         found = resolve_in_root(root_fd, path, checked=True)

@@ -1,9 +1,5 @@
-"""Why no runtime answered, as the operator can act on it: the likely cause in one line.
-
-The report already lists each socket tried and what it said; this is the line on stderr, so it
-names the cause (a runtime whose config is here but that does not serve, no runtime at all)
-rather than repeating the list. Pure: from what the pass saw and the layout already read.
-"""
+"""Why no runtime answered, as one line on stderr the operator can act on (the report lists each
+socket); pure: from what the pass saw and the layout already read."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""A small typed client for the CRI v1 RuntimeService over a unix socket: the read-only calls
-the reaper makes (Version, ListPodSandbox, PodSandboxStatus), their messages written and read
-by protobuf (reaper/runtime/api.proto: the fields the reaper sends and reads; a runtime's
-other fields are skipped as unknown)."""
+"""A typed client for the CRI v1 RuntimeService over a unix socket: the read-only calls the
+reaper makes (Version, ListPodSandbox, PodSandboxStatus), as protobuf (api.proto); every answer
+bounded. Why the bounds: docs/design.md, "Finding the CRI runtimes"."""
 
 from __future__ import annotations
 
@@ -16,15 +15,10 @@ from google.protobuf.message import DecodeError, Message
 from reaper.runtime import api_pb2 as pb
 
 _SERVICE = "/runtime.v1.RuntimeService/"
-# The most a runtime's answer may be: grpc refuses a longer message from its length prefix,
-# before it is taken in, so what a runtime sends costs a bounded amount of memory. 10,000 real
-# sandboxes list in about 3 MB.
+# A runtime's answer at most: grpc refuses a longer one from its length prefix, before taking it in.
 MAX_ANSWER = 16 * 1024 * 1024
-# The most sandboxes one runtime may list: tiny items cost many times their wire size decoded,
-# so they are counted on the wire before protobuf decodes the list whole.
-MAX_SANDBOXES = 100_000
-# The most one PodSandboxStatus answer may be (grpc's default; a verbose answer, the sandbox's
-# whole OCI spec included, is tens of KB), several of them in flight at once.
+MAX_SANDBOXES = 100_000  # counted on the wire: tiny items cost many times their size decoded
+# One PodSandboxStatus answer at most (grpc's default; a verbose one is tens of KB).
 MAX_STATUS_ANSWER = 4 * 1024 * 1024
 
 T = TypeVar("T")
@@ -44,9 +38,8 @@ def _describe(err: grpc.RpcError) -> str:
 
 
 class RuntimeClient:
-    """One gRPC channel to a CRI runtime. Every call has a deadline. `target`: what to connect
-    to when it is not the endpoint's path (the socket discovery checked, /proc/self/fd/N).
-    `deadline` (time.monotonic()): no call runs past it, whatever `timeout` leaves."""
+    """One gRPC channel to a CRI runtime, every call with a deadline. `target`: what to connect
+    to (/proc/self/fd/N, the socket discovery checked); no call runs past `deadline` (monotonic)."""
 
     def __init__(self, endpoint: str, timeout: float, target: str | None = None, deadline: float | None = None) -> None:
         if not endpoint.startswith("unix://") or not (target or endpoint).startswith("unix://"):
@@ -65,8 +58,7 @@ class RuntimeClient:
             options=[
                 ("grpc.max_receive_message_length", most),
                 ("grpc.enable_retries", 0),
-                # A connection of this channel's own: grpc shares subchannels between channels
-                # by address, and /proc/self/fd/N names another socket once N is reused.
+                # grpc shares subchannels by address; /proc/self/fd/N names another socket once N is reused.
                 ("grpc.use_local_subchannel_pool", 1),
             ],
         )
@@ -89,7 +81,6 @@ class RuntimeClient:
 
     def call(self, method: str, request: bytes) -> bytes:
         """One RuntimeService call: the request's bytes in, the answer's bytes out."""
-        # No serializers: the request goes as its bytes, and the answer comes back as its bytes.
         stub: Callable[..., bytes] = self._channel.unary_unary(
             _SERVICE + method, request_serializer=None, response_deserializer=None
         )
@@ -124,11 +115,9 @@ class RuntimeClient:
         in_flight: int,
         deadline: float,
     ) -> dict[str, T]:
-        """What `keep` takes of each sandbox's PodSandboxStatus(verbose), called as each answer
-        comes (an answer is not held whole past it): None for a sandbox removed since it was
-        listed (NOT_FOUND). At most `in_flight` asked at once, each answer at most
-        MAX_STATUS_ANSWER, all answered by `deadline` (time.monotonic(); the client's own, when
-        sooner). CriError at the first other failure, the rest cancelled."""
+        """What `keep` takes of each sandbox's PodSandboxStatus(verbose) as it comes (None: removed
+        since listed, NOT_FOUND). At most `in_flight` at once, each at most MAX_STATUS_ANSWER, all
+        by `deadline` (or the client's own); CriError at the first other failure, the rest cancelled."""
         if self._status_channel is None:
             self._status_channel = self._open(MAX_STATUS_ANSWER)
         stub = self._status_channel.unary_unary(
@@ -168,8 +157,7 @@ class RuntimeClient:
 
 
 def _decoded(endpoint: str, method: str, message: type[M], answer: bytes) -> M:
-    """The answer to `method` as protobuf reads it; what protobuf refuses (cut short, a string
-    that is no UTF-8, ...) is that runtime's error, one line."""
+    """The answer to `method` as protobuf reads it; what protobuf refuses is the runtime's error."""
     try:
         return message.FromString(answer)
     except DecodeError as err:
@@ -178,8 +166,7 @@ def _decoded(endpoint: str, method: str, message: type[M], answer: bytes) -> M:
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    """The varint at `pos` and where what follows it starts; ValueError past ten bytes or the
-    end (bytes protobuf refuses too)."""
+    """The varint at `pos` and where what follows starts; ValueError past ten bytes or the end."""
     value = shift = 0
     for at in range(pos, min(pos + 10, len(buf))):
         byte = buf[at]
@@ -192,12 +179,8 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
 
 def _too_long(answer: bytes, most: int) -> str | None:
     """Why a ListPodSandboxResponse is too long to decode: more than `most` items (field 1), or
-    more than twice as many fields of any kind at its top level (a runtime sends items there and
-    little else); None when it is not. Counted on the wire before protobuf decodes the list
-    whole: an empty item, two bytes on the wire, takes about thirty times that decoded, so 16 MiB
-    of them would take the agent past its memory limit. Only the top level is walked (each
-    field's tag, its value skipped, a group's fields not counted as items), and only until a
-    count is passed. What it cannot walk, protobuf refuses too: it leaves that to protobuf."""
+    more than twice as many top-level fields; else None. Only the top level is walked (a group's
+    fields are not items); what it cannot walk, it leaves to protobuf, which refuses it too."""
     if len(answer) < 2 * (most + 1):  # every field takes two bytes at least
         return None
     items = fields = pos = depth = 0

@@ -18,8 +18,7 @@ from reaper.runtime.client import CriError, RuntimeClient
 from reaper.runtime.discovery import KNOWN_SOCKETS, NAME_THEM, REFUSED, Endpoint, close_all, discover, socket_path
 from reaper.runtime.liveness import OBSERVE_DEADLINES
 
-# PodSandboxStatus calls one runtime has in flight at once: a runtime listing many sandboxes
-# it never said anything of is asked about them a few at a time, all within one deadline.
+# PodSandboxStatus calls one runtime has in flight at once, all within one deadline.
 STATUS_IN_FLIGHT = 8
 MAX_NETNS_PATH = 4096  # PATH_MAX
 
@@ -27,10 +26,8 @@ MAX_NETNS_PATH = 4096  # PATH_MAX
 def netns_path_from_info(info: Mapping[str, str]) -> str | None:
     """The sandbox's netns path from PodSandboxStatus(verbose) info (containerd's or CRI-O's)."""
     raw = info.get("info")
-    if not raw:
-        return None
     try:
-        doc = parse_json(raw)
+        doc = parse_json(raw) if raw else None
     except ValueError:
         return None
     if not isinstance(doc, dict):
@@ -45,12 +42,9 @@ def netns_path_from_info(info: Mapping[str, str]) -> str | None:
 
 
 def _spec_netns(spec: Any) -> str | None:
-    if not isinstance(spec, dict) or not isinstance(spec.get("linux"), dict):
-        return None
-    namespaces = spec["linux"].get("namespaces")
-    if not isinstance(namespaces, list):
-        return None
-    for ns in namespaces:
+    linux = spec.get("linux") if isinstance(spec, dict) else None
+    namespaces = linux.get("namespaces") if isinstance(linux, dict) else None
+    for ns in namespaces if isinstance(namespaces, list) else ():
         if isinstance(ns, dict) and ns.get("type") == "network":
             path = ns.get("path")
             return path if isinstance(path, str) and path else None
@@ -71,29 +65,21 @@ def _unfit_socket(path: str) -> str | None:
 
 def _refused(path: str, timeout: float) -> bool:
     """Nobody listens on this socket file (a runtime that is stopped, or long gone)."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(timeout)
-    try:
-        probe.connect(path)
-    except (ConnectionRefusedError, FileNotFoundError):
-        return True
-    except OSError:
-        return False  # let the CRI call say what is wrong
-    finally:
-        probe.close()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(timeout)
+        try:
+            probe.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            return True
+        except OSError:
+            return False  # let the CRI call say what is wrong
     return False
 
 
 class CriLiveness:
-    """Every CRI runtime on the node: the endpoints given (exactly those), else the ones
-    discovery finds (each connected through the socket it checked; one that only a process not
-    believed to be the kubelet named is reported as skipped, never asked). A sandbox any of
-    them lists is live; one that cannot be asked (a path that leads to no socket of root's, a
-    socket nobody listens on) makes the whole view unreachable.
-
-    Bounded: a runtime's list over 16 MiB or 100,000 sandboxes is its error; PodSandboxStatus
-    only for listed IDs whose netns no earlier answer gave, STATUS_IN_FLIGHT at once, one
-    deadline for the batch; the whole observe() within OBSERVE_DEADLINES call deadlines."""
+    """Every CRI runtime on the node: the endpoints given, else discovery's (one only an
+    untrusted process named is skipped, never asked). A sandbox any lists is live; one runtime
+    that cannot be asked makes the view unreachable. observe() takes OBSERVE_DEADLINES at most."""
 
     def __init__(
         self,
@@ -105,13 +91,8 @@ class CriLiveness:
         self.timeout = timeout
         self.find = find
 
-    def _candidates(self) -> list[Endpoint]:
-        if self.endpoints:
-            return [Endpoint(e, "--runtime-endpoint") for e in self.endpoints]
-        return self.find()
-
     def observe(self, known_netns: Mapping[str, str]) -> RuntimeView:
-        candidates = self._candidates()
+        candidates = [Endpoint(e, "--runtime-endpoint") for e in self.endpoints] or self.find()
         try:
             return self._observe_all(candidates, known_netns)
         finally:
@@ -120,14 +101,7 @@ class CriLiveness:
     def _observe_all(self, candidates: list[Endpoint], known_netns: Mapping[str, str]) -> RuntimeView:
         if not candidates:
             tried = ", ".join(path for _, path in KNOWN_SOCKETS)
-            return RuntimeView(
-                endpoint="",
-                name=None,
-                version=None,
-                reachable=False,
-                error=f"no CRI socket found (tried the kubelet's and {tried})",
-                sandboxes=(),
-            )
+            return _unreachable("", f"no CRI socket found (tried the kubelet's and {tried})", ())
         deadline = time.monotonic() + OBSERVE_DEADLINES * self.timeout
         answers: list[RuntimeAnswer] = []
         sandboxes: dict[str, Sandbox] = {}
@@ -144,13 +118,11 @@ class CriLiveness:
                 continue
             unfit = _unfit_socket(endpoint.path) if self.endpoints else endpoint.unaskable
             if unfit is None and not self.endpoints and _refused(socket_path(endpoint.target), min(self.timeout, left)):
-                # A runtime that crashed leaves its socket file: its sandboxes are still its
-                # own, so it is a runtime that could not be asked, never one to skip.
+                # A crashed runtime leaves its socket file and its sandboxes: never one to skip.
                 unfit = f"{REFUSED}; {NAME_THEM}"
             if unfit is not None:
-                why = unfit if self.endpoints else f"{endpoint.url}: {unfit}"
                 answers.append(_unanswered(endpoint, unfit))
-                problems.append(why)
+                problems.append(unfit if self.endpoints else f"{endpoint.url}: {unfit}")
                 continue
             try:
                 with RuntimeClient(endpoint.url, self.timeout, endpoint.target, deadline) as client:
@@ -169,9 +141,8 @@ class CriLiveness:
     ) -> tuple[RuntimeAnswer, list[Sandbox]]:
         version = client.version()
         items = client.list_pod_sandboxes()
-        # Asked only of sandboxes whose netns no earlier answer gave (by ID and creation time),
-        # each ID once however often it is listed: READY and NOTREADY alike, since a NOTREADY
-        # sandbox's pin is still its own and must not read as no sandbox's.
+        # Only sandboxes whose netns no earlier answer gave, each ID once, READY and NOTREADY
+        # alike: a NOTREADY sandbox's pin is still its own.
         needed = {item.id: None for item in items if item.id and f"{item.id}@{item.created_at}" not in known_netns}
         netns_of = partial(_netns_of, client.endpoint)
         statuses = client.pod_sandbox_statuses(
@@ -180,9 +151,7 @@ class CriLiveness:
         sandboxes = []
         for item in items:
             status_key = f"{item.id}@{item.created_at}"
-            netns_path = known_netns.get(status_key)
-            if netns_path is None:
-                netns_path = statuses.get(item.id, "")
+            netns_path = known_netns.get(status_key, statuses.get(item.id, ""))
             sandboxes.append(
                 Sandbox(
                     id=item.id,
@@ -226,8 +195,7 @@ def _unanswered(endpoint: Endpoint, error: str, *, skipped: bool = False) -> Run
 
 def _netns_of(endpoint: str, answer: pb.PodSandboxStatusResponse | None) -> str:
     """The netns path a PodSandboxStatus gives; "" for a sandbox removed since it was listed
-    (None), on the host's network, or whose runtime names none. A path longer than any path
-    the kernel takes is the runtime's error."""
+    (None), on the host's network, or whose runtime names none. CriError past PATH_MAX."""
     if answer is None or answer.status.linux.namespaces.options.network == pb.NODE:
         return ""
     path = netns_path_from_info(answer.info) or ""
@@ -236,32 +204,21 @@ def _netns_of(endpoint: str, answer: pb.PodSandboxStatusResponse | None) -> str:
     return path
 
 
+def _unreachable(endpoint: str, error: str, answers: tuple[RuntimeAnswer, ...]) -> RuntimeView:
+    return RuntimeView(
+        endpoint=endpoint, name=None, version=None, reachable=False, error=error, sandboxes=(), runtimes=answers
+    )
+
+
 def _together(answers: tuple[RuntimeAnswer, ...], sandboxes: tuple[Sandbox, ...], problems: list[str]) -> RuntimeView:
     asked = [a for a in answers if not a.skipped]
     if not asked:
         why = "; ".join(f"{a.endpoint}: {a.error}" for a in answers)
-        return RuntimeView(
-            endpoint="",
-            name=None,
-            version=None,
-            reachable=False,
-            error=f"no CRI runtime answers ({why})",
-            sandboxes=(),
-            runtimes=answers,
-        )
-    answered = [a for a in asked if a.reachable]
+        return _unreachable("", f"no CRI runtime answers ({why})", answers)
     endpoint = ", ".join(a.endpoint for a in asked)
-    first = answered[0] if answered else None
     if problems:
-        return RuntimeView(
-            endpoint=endpoint,
-            name=None,
-            version=None,
-            reachable=False,
-            error="; ".join(problems),
-            sandboxes=(),
-            runtimes=answers,
-        )
+        return _unreachable(endpoint, "; ".join(problems), answers)
+    first = next((a for a in asked if a.reachable), None)
     return RuntimeView(
         endpoint=endpoint,
         name=first.name if first else None,

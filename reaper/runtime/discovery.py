@@ -1,34 +1,10 @@
 """Which CRI runtimes a node has: every known socket, and the kubelet's configured endpoint.
 
-A node often has more than one CRI socket (Docker's containerd with CRI on beside CRI-O or
-cri-dockerd, a leftover k3s, minikube); the reaper asks every one, so it is found, not
-guessed.
-
-Any process can name itself `kubelet`, so a process is believed only when the host's own
-init (pid 1) could have started it as the node's kubelet: it runs as root, in pid 1's root
-and mount namespace, from an executable file owned by root that no group or other user may
-write. The endpoint of any other process called kubelet is reported and never asked: asking
-it would let whoever runs it make every pass undecided, or answer for the node.
-
-Every known socket path that exists is asked, or reported as a runtime that could not be
-asked (the pass then waits): it is resolved one component at a time (reaper.host.resolve; a kubelet's
-path in the host's root, as the kubelet resolves it), symlinks followed only while every
-link, every directory on the way and the socket are root's alone; a dangling link, a file
-that is no socket, a component a user owns is "could not be asked", with why, never "no
-socket". The socket's inode is read from the fd the walk ends on, and the client connects to
-`/proc/self/fd/N`, which names that inode whatever is renamed or swapped at the path
-afterwards. Sockets are told apart by that inode (two known paths reaching one socket, /run
-and /var/run, are asked once), the known paths first: a kubelet's endpoint can only add a
-runtime, never stand in for a known socket.
-
-The kubelet's config and drop-ins are read in its own root: `openat2(RESOLVE_IN_ROOT)` on a
-directory fd of /proc/<pid>/root (or, without openat2, the same walk), so an absolute symlink
-in them resolves where the kubelet resolves it, not in the reaper's root.
-
-Processes are read here through a descriptor of each one's /proc dir, not with psutil (which
-the holders' descriptions use): the trust checks, the command line and the config read in the
-process's root all go through that one fd, which keeps naming the process it was opened on. A
-read by path (psutil's way) after the checks could land on another process that took the pid.
+A process named kubelet is believed only when pid 1 could have started it as the node's
+kubelet; any other's endpoint is reported, never asked. Every socket is resolved with every
+component root's alone (reaper.host.resolve) and reached through the fd the walk ends on;
+one that exists and cannot be followed is "could not be asked". Processes are read through an
+fd of their /proc dir. Why: docs/design.md, "Finding the CRI runtimes".
 """
 
 from __future__ import annotations
@@ -62,11 +38,8 @@ MAX_CMDLINE = 1 << 16
 MAX_KUBELET_CONFIG = 1 << 20
 MAX_STATUS = 1 << 14
 _ENDPOINT_FLAG = "--container-runtime-endpoint"
-_CONFIG_FLAG = "--config"
-_CONFIG_DIR_FLAG = "--config-dir"
 MAX_DROP_INS = 256
 _CONFIG_ENDPOINT = re.compile(r"""^containerRuntimeEndpoint:\s*["']?([^"'\s#]+)["']?\s*(?:#.*)?$""", re.MULTILINE)
-# What the operator who knows a runtime is gone for good does: the one-line reasons say it.
 NAME_THEM = "if that runtime is gone for good, name the node's runtimes with --runtime-endpoint"
 # A socket file nobody listens on: a runtime that crashed (its sandboxes are still its own).
 REFUSED = "could not be asked: nobody listens on it (connection refused: a runtime that crashed or was stopped)"
@@ -75,14 +48,11 @@ REFUSED = "could not be asked: nobody listens on it (connection refused: a runti
 class Endpoint(Struct, frozen=True):
     url: str  # unix:///path
     source: str  # where it was found: "flag", "kubelet --container-runtime-endpoint", "known socket (cri-o)"
-    # Why it is reported and not asked (the endpoint of a process that is not the node's kubelet).
-    refused: str | None = None
-    # An O_PATH fd of the socket file that was checked: what the client connects to. None: the
-    # URL as given (--runtime-endpoint). Whoever made the Endpoint closes it (close_all).
+    refused: str | None = None  # why it is reported, not asked: a process not the node's kubelet named it
+    # An O_PATH fd of the checked socket, what the client connects to (None: the URL as given);
+    # whoever made the Endpoint closes it (close_all).
     fd: int | None = None
-    # Why a runtime that is there could not be asked (a path that exists and leads to no socket
-    # of root's): the pass cannot be decided while it stands.
-    unaskable: str | None = None
+    unaskable: str | None = None  # why a runtime that is there could not be asked: the pass waits
 
     @property
     def path(self) -> str:
@@ -127,16 +97,12 @@ def flag_value(argv: list[str], flag: str) -> str | None:
 
 def endpoint_in_config(text: str) -> str | None:
     """`containerRuntimeEndpoint` of a KubeletConfiguration (YAML, or JSON on one line)."""
-    match = _CONFIG_ENDPOINT.search(text)
-    if match:
-        return match.group(1)
-    json_match = re.search(r'"containerRuntimeEndpoint"\s*:\s*"([^"]+)"', text)
-    return json_match.group(1) if json_match else None
+    match = _CONFIG_ENDPOINT.search(text) or re.search(r'"containerRuntimeEndpoint"\s*:\s*"([^"]+)"', text)
+    return match.group(1) if match else None
 
 
 def _read(path: str, limit: int, dir_fd: int | None = None) -> bytes | None:
-    """At most `limit` bytes of a regular file (a config, a drop-in, /proc's cmdline); None for
-    anything else, so a FIFO or a device planted under a config's name is never read from."""
+    """At most `limit` bytes of a regular file; None for anything else (a planted FIFO or device)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
@@ -145,7 +111,7 @@ def _read(path: str, limit: int, dir_fd: int | None = None) -> bytes | None:
 
 
 def _read_fd(fd: int, limit: int) -> bytes | None:
-    """Like _read, of a file already open on `fd` (closed here)."""
+    """_read of a file open on `fd` (closed here)."""
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
@@ -157,10 +123,9 @@ def _read_fd(fd: int, limit: int) -> bytes | None:
 
 
 def _open_in_root(pid_fd: int, path: str, flags: int) -> int | None:
-    """`path` (absolute) opened with `flags` in the root of the process whose /proc dir is
-    `pid_fd`, every symlink on the way resolved in that root, as that process resolves it;
-    None when it cannot be. An absolute symlink read through /proc/<pid>/root/... by path
-    would resolve in the reaper's own root instead."""
+    """`path` opened with `flags` in the root of the process whose /proc dir is `pid_fd`, every
+    symlink resolved in that root (by path through /proc/<pid>/root, an absolute link would
+    resolve in the reaper's root); None when it cannot be."""
     try:
         root_fd = os.open("root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=pid_fd)
     except OSError:
@@ -169,8 +134,7 @@ def _open_in_root(pid_fd: int, path: str, flags: int) -> int | None:
         fd = openat2(root_fd, path, flags, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
         if fd is not None:
             return fd
-        # Without openat2 (kernels before 5.6): the walk the sockets take, then the file it
-        # ended on reopened through its fd.
+        # Without openat2 (before 5.6): the sockets' walk, its last fd reopened.
         found = resolve_in_root(root_fd, path, checked=False)
         if not isinstance(found, Resolved):
             return None
@@ -184,10 +148,11 @@ def _open_in_root(pid_fd: int, path: str, flags: int) -> int | None:
         os.close(root_fd)
 
 
-def _read_in_root(pid_fd: int, path: str, limit: int) -> bytes | None:
-    """`_read` of `path` in the root of the process whose /proc dir is `pid_fd`."""
+def _endpoint_in_file(pid_fd: int, path: str) -> str | None:
+    """endpoint_in_config of a kubelet's config file, read in its root."""
     fd = _open_in_root(pid_fd, path, os.O_RDONLY | os.O_NONBLOCK)
-    return None if fd is None else _read_fd(fd, limit)
+    text = None if fd is None else _read_fd(fd, MAX_KUBELET_CONFIG)
+    return endpoint_in_config(text.decode("utf-8", "replace")) if text else None
 
 
 def _identity(path: str, dir_fd: int | None = None) -> tuple[int, int]:
@@ -219,8 +184,7 @@ def _uids(status: bytes) -> tuple[str, ...]:
 
 def distrust(pid_fd: int, host: Host | str) -> str | None:
     """Why the process whose /proc dir is `pid_fd` is not the node's kubelet; None when it is
-    believed. Every look goes through that dir's fd: a process that exits meanwhile makes the
-    look fail (ESRCH), and a pid reused by another process is never looked at in its place."""
+    believed. Every look goes through that fd, so a reused pid is never looked at in its place."""
     if isinstance(host, str):
         return host
     try:
@@ -243,12 +207,10 @@ def distrust(pid_fd: int, host: Host | str) -> str | None:
 def processes_named(proc: str, comm: bytes) -> Iterator[tuple[int, int]]:
     """(pid, fd of its /proc dir) of every process named `comm`; the caller closes the fd."""
     try:
-        entries = os.listdir(proc)
+        entries = [entry for entry in os.listdir(proc) if entry.isdigit()]
     except OSError:
         return
     for entry in entries:
-        if not entry.isdigit():
-            continue
         try:
             pid_fd = os.open(f"{proc}/{entry}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
@@ -265,8 +227,8 @@ def _argv(pid_fd: int) -> list[str]:
 
 
 def believed_command_lines(proc: str, comm: bytes) -> list[tuple[int, list[str]]]:
-    """(pid, argv) of each process named `comm` that the host's init could have started (see
-    `distrust`), by pid; any other is left out: its flags would name the dirs for the node."""
+    """(pid, argv) of each process named `comm` that `distrust` believes, by pid; another's
+    flags would name the dirs for the node."""
     host = host_of(proc)
     found = []
     for pid, pid_fd in processes_named(proc, comm):
@@ -290,8 +252,7 @@ def _drop_in_endpoint(pid_fd: int, directory: str) -> str | None:
     try:
         for name in sorted(os.listdir(dir_fd))[:MAX_DROP_INS]:
             if name.endswith(".conf"):
-                text = _read_in_root(pid_fd, f"{directory.rstrip('/')}/{name}", MAX_KUBELET_CONFIG)
-                found = (endpoint_in_config(text.decode("utf-8", "replace")) if text else None) or found
+                found = _endpoint_in_file(pid_fd, f"{directory.rstrip('/')}/{name}") or found
     except OSError:
         return found
     finally:
@@ -301,8 +262,7 @@ def _drop_in_endpoint(pid_fd: int, directory: str) -> str | None:
 
 def kubelet_endpoints(proc: str = "/proc") -> list[Endpoint]:
     """The endpoint each process named kubelet is configured with: its flag, else its
-    `--config-dir` drop-ins', else its config file's. One that is not believed (see
-    `distrust`) has `refused` saying why."""
+    `--config-dir` drop-ins', else its config file's; `refused` says why one is not believed."""
     host = host_of(proc)
     found = []
     for pid, pid_fd in processes_named(proc, b"kubelet"):
@@ -314,12 +274,10 @@ def kubelet_endpoints(proc: str = "/proc") -> list[Endpoint]:
             value = flag_value(argv, _ENDPOINT_FLAG)
             source = f"kubelet (pid {pid}) {_ENDPOINT_FLAG}"
             if value is None:
-                config = flag_value(argv, _CONFIG_FLAG) or KUBELET_CONFIG_DEFAULT
-                # In its own root (the host's, when it is believed); read within bounds either way.
-                text = _read_in_root(pid_fd, config, MAX_KUBELET_CONFIG) if config.startswith("/") else None
-                value = endpoint_in_config(text.decode("utf-8", "replace")) if text else None
+                config = flag_value(argv, "--config") or KUBELET_CONFIG_DEFAULT
+                value = _endpoint_in_file(pid_fd, config) if config.startswith("/") else None
                 source = f"kubelet (pid {pid}) config {config}"
-                drop_ins = flag_value(argv, _CONFIG_DIR_FLAG)
+                drop_ins = flag_value(argv, "--config-dir")
                 dropped = _drop_in_endpoint(pid_fd, drop_ins) if drop_ins and drop_ins.startswith("/") else None
                 if dropped is not None:
                     value, source = dropped, f"kubelet (pid {pid}) config dir {drop_ins}"
@@ -332,17 +290,14 @@ def kubelet_endpoints(proc: str = "/proc") -> list[Endpoint]:
 
 
 def open_socket(path: str, root: str | None = None) -> tuple[int, tuple[int, int]] | None:
-    """The socket at `path` (in `root`, a directory taken as "/", else this process's root)
-    as an O_PATH fd, and its (device, inode), when every component on the way is root's alone
-    (reaper.host.resolve); None otherwise."""
+    """checked_socket's fd and (device, inode) when it is a socket; None otherwise."""
     found = checked_socket(path, root)
     return (found.fd, found.key) if isinstance(found, Resolved) else None
 
 
 def checked_socket(path: str, root: str | None = None) -> Resolved | Unfollowed | None:
-    """The socket at `path` in `root` ("/" when None), symlinks followed while every
-    component is root's alone; Unfollowed (why) for a path that exists and is no such socket;
-    None when the path does not exist."""
+    """The socket at `path` in `root` ("/" when None), every component root's alone; Unfollowed
+    for a path that exists and is no such socket; None when it does not exist."""
     try:
         root_fd = os.open(root or "/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as err:
@@ -355,9 +310,8 @@ def checked_socket(path: str, root: str | None = None) -> Resolved | Unfollowed 
 
 def discover(proc: str = "/proc", known: tuple[tuple[str, str], ...] = KNOWN_SOCKETS) -> list[Endpoint]:
     """Every known socket (`known`: runtime name, path) that exists, then each believed
-    kubelet's endpoint that is another socket, each opened (`fd`) or, when it exists and
-    cannot be followed to a socket of root's, with why (`unaskable`); then each endpoint of
-    a process that is not believed (`refused`, no fd). The caller closes the fds (close_all)."""
+    kubelet's endpoint that is another socket, each with `fd` or `unaskable`; then each
+    endpoint not believed (`refused`). The caller closes the fds (close_all)."""
     seen: set[tuple[int, int]] = set()
     out: list[Endpoint] = []
     refused: list[Endpoint] = []

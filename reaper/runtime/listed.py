@@ -1,20 +1,8 @@
 """Sandboxes this process was told of by the node's own runtimes: what proves a container ID
 was this node's, for a DEL that frees it in a datastore the whole cluster shares (Calico's).
 
-Sandbox IDs are unique across a cluster (64 random hex digits, as containerd and CRI-O make
-them), so an ID a runtime of this node listed once, for a pod, and that every runtime of the
-node now answers without, is a dead sandbox of this node: the DEL a runtime would have run for
-it (reaper.reap.requests.without_netns_request) frees that sandbox's handle only. An ID no runtime
-of this node was seen to list may be a live pod's on another node, whatever a file says.
-
-Only what a runtime told this very process counts: kept in memory (never the state file, which
-whoever writes the state dir can write), so a one-shot run (`reaper scan`, `reaper reap`) never
-has any, and a restarted agent starts with none. Each sandbox is kept as a digest of (the
-runtime's endpoint, the sandbox ID, the pod's namespace and name), so a cache entry must name
-the pod its runtime listed with that ID, and the runtime that listed it must be among those
-that answer now. Bounded: the last MAX_LISTED sandboxes listed (refreshed each pass a runtime
-lists them), the oldest dropped, about 15 MiB at the bound; a sandbox gone longer than that
-many listings ago waits, as a one-shot's does.
+In memory only (never the state file), as digests of (endpoint, sandbox ID, pod namespace,
+name), the last MAX_LISTED kept. Why: docs/design.md, "Sandboxes listed here".
 """
 
 from __future__ import annotations
@@ -53,19 +41,15 @@ class ListedHere:
             if not sandbox.runtime:
                 continue
             key = _digest(sandbox.runtime, sandbox.id, sandbox.namespace, sandbox.name)
-            if key in self._seen:
-                self._seen.move_to_end(key)
-            else:
-                self._seen[key] = None
+            self._seen[key] = None
+            self._seen.move_to_end(key)
         while len(self._seen) > self._limit:
             self._seen.popitem(last=False)
 
     def gone(self, attachments: Iterable[Attachment], view: RuntimeView) -> dict[str, tuple[str, str]]:
         """Container ID -> (namespace, name) of each attachment in no namespace whose sandbox a
-        runtime of this node listed to this process before, for the pod its cache entry names
-        (an entry naming none proves nothing), while that runtime answers in `view` and every
-        runtime asked answered (`view` reachable) without the ID. Fail closed: with any runtime
-        unanswered, nothing is proven."""
+        runtime of this node listed here before for the pod its cache entry names, while that
+        runtime answers and every runtime asked answered without the ID (fail closed)."""
         if not view.reachable:
             return {}
         listed_now = {s.id for s in view.sandboxes}
