@@ -22,7 +22,9 @@ from reaper.host.memo import InventoryMemo
 from reaper.host.nsmounts import in_use
 from reaper.host.quarantine import Quarantine
 from reaper.model import (
+    Claim,
     CorruptFile,
+    DetailValue,
     Done,
     Identity,
     NetworkConfig,
@@ -35,6 +37,7 @@ from reaper.model import (
 from reaper.options import FindOptions
 
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 class Look(Struct, frozen=True):
@@ -129,6 +132,27 @@ class Kind(Struct, Generic[R], frozen=True, kw_only=True):
     def record(self, ref: ResourceRef, records: Mapping[Identity, Any]) -> R | None:
         """The record `ref` names in `records` (a look's, by identity) when it is one of this kind's."""
         return cast("R | None", records.get(ref.identity)) if ref.kind == self.name else None
+
+
+def batch_or_each(items: Mapping[Identity, T], run: Callable[[Sequence[T]], str | None]) -> dict[Identity, Done]:
+    """Every item in one `run` (None: done, else why not); if that is refused, one run per item,
+    so one bad item blocks no other."""
+    if run(list(items.values())) is None:
+        return {ident: Done.freed() for ident in items}
+    return {
+        ident: Done.left(why) if (why := run([item])) is not None else Done.freed() for ident, item in items.items()
+    }
+
+
+def owner_claim(container_id: str | None, network: str | None) -> Claim:
+    """A Claim on the one owner a record's address has; with none, an empty Claim, which joins
+    nothing: the record is reported unconfirmed and never reclaimed."""
+    return Claim() if container_id is None else Claim(container_id=container_id, network=network)
+
+
+def optional(**details: DetailValue) -> dict[str, DetailValue]:
+    """The details given that are not None: a report shows only what a record has."""
+    return {key: value for key, value in details.items() if value is not None}
 
 
 def reclaim_order(kinds: Sequence[Kind[Any]]) -> tuple[Kind[Any], ...]:
