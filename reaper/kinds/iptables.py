@@ -16,6 +16,7 @@ import shutil
 import subprocess
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
+from subprocess import PIPE
 from typing import Literal, NamedTuple, Protocol, TypeVar
 
 from msgspec import Struct
@@ -247,11 +248,7 @@ def run_saves(tables: Sequence[str], timeout: float) -> dict[str, Saves]:
             for tool in tools:
                 try:
                     proc = subprocess.Popen(
-                        [tool.save, "-t", table],
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE,
-                        text=True,
-                        errors="replace",
+                        [tool.save, "-t", table], stdout=PIPE, stderr=PIPE, text=True, errors="replace"
                     )
                 except OSError as err:
                     saves.errors.append(SourceError(tool.save, str(err)))
@@ -308,15 +305,15 @@ def saved(
     reads). Reclaiming never acts on these records: it saves afresh before any delete."""
     if memo is None:
         saves = run_saves((table,), timeout)[table]
-    else:
-        saves = memo.once_a_pass(_ROUND, functools.partial(SaveRound, timeout)).take(table)
-    records: list[B] = []
-    for tool, out in saves.outputs:
-        parse_out = functools.partial(parse, out, tool)
-        if memo is None:
-            records.extend(parse_out())
-        else:
-            records.extend(memo.parsed(f"{kind}:{tool.save} -t {table}", without_stamps(out), parse_out))
+        return [r for tool, out in saves.outputs for r in parse(out, tool)], list(saves.errors)
+    saves = memo.once_a_pass(_ROUND, functools.partial(SaveRound, timeout)).take(table)
+    records = [
+        record
+        for tool, out in saves.outputs
+        for record in memo.parsed(
+            f"{kind}:{tool.save} -t {table}", without_stamps(out), functools.partial(parse, out, tool)
+        )
+    ]
     return records, list(saves.errors)
 
 

@@ -141,12 +141,9 @@ def collect_nft_rules(timeout: float) -> tuple[list[NftRule], list[SourceError]]
     if nft is None:
         return [], [SourceError("nft", f"not installed, but CNI nft tables exist: {tables}")]
     try:
-        rules: list[NftRule] = []
-        for family, name in tables:
-            rules.extend(parse_rules(_list_table(nft, family, name, timeout)))
+        return [rule for family, name in tables for rule in parse_rules(_list_table(nft, family, name, timeout))], []
     except NftOutputError as err:
         return [], [SourceError("nft", str(err))]
-    return rules, []
 
 
 def instance_hash(network: str, ifname: str, container_id: str) -> str:
@@ -166,10 +163,9 @@ def identity(rule: NftRule) -> Identity:
 
 
 def ref(rule: NftRule) -> ResourceRef:
-    described: dict[str, DetailValue] = {}
+    described: dict[str, DetailValue] = {"container_id": rule.container_id}
     if rule.instance is not None:
-        described = {"instance": rule.instance, "network": rule.network, "ifname": rule.ifname}
-    described["container_id"] = rule.container_id
+        described = {"instance": rule.instance, "network": rule.network, "ifname": rule.ifname, **described}
     name = f"{rule.family} {rule.table} {rule.chain} {rule.handle}"
     return ResourceRef(kind="nft", name=name, created_at=None, details=described, identity=identity(rule))
 

@@ -1,15 +1,10 @@
 """CRI-O's other namespace pins: `<namespaces_dir>/{ipc,uts,user,pid}ns/<name>`.
 
-CRI-O's pinns pins a sandbox's ipc, uts and user namespaces in the same run as its netns, all
-under one fresh uuid: `<namespaces_dir>/<type>ns/<uuid>` beside `<namespaces_dir>/netns/<uuid>`.
-CRI-O unmounts and removes each when it removes the sandbox; one that crashed or lost its
-state between leaves them all behind. A pid namespace is pinned later, from the infra
-process, under a name of its own (`pid` and digits): no netns pin shares it, so it is
-reported, never touched, like any pin whose name has no netns pin beside it.
-
-Identity: the pin's path. Tie: the netns pin with the same name (the producer's key), whose
-attachment it joins. Reclaimed only once that netns pin was freed this pass, and only when no
-process is in the namespace; the same confined unmount and unlink as a netns pin.
+CRI-O's pinns pins a sandbox's ipc, uts and user namespaces with its netns, all under one uuid;
+a CRI-O that crashed or lost its state leaves them all. A pid namespace is pinned later under a
+name of its own: no netns pin shares it, so it is reported, never touched. Identity: the path.
+Tie: the netns pin of the same name (BesidePin). Reclaimed only once that netns pin was freed
+this pass and no process is in the namespace, by the netns pin's confined unmount and unlink.
 """
 
 from __future__ import annotations
@@ -18,6 +13,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 
 from msgspec import Struct
+from msgspec.structs import asdict
 
 from reaper.host.files import DirLister, describe_oserror
 from reaper.host.mounts import unpin_hazard
@@ -60,22 +56,13 @@ def pin_dir(namespaces_dir: str, ns_type: str) -> str:
 
 def find(look: Look) -> Found[NsPin]:
     lister = DirLister("nspins")
-    pins: list[NsPin] = []
-    for namespaces_dir in look.options.namespaces_dirs:
-        for ns_type in NS_TYPES:
-            for listed in list_pins(lister, pin_dir(namespaces_dir, ns_type)):
-                pins.append(
-                    NsPin(
-                        ns_type=ns_type,
-                        name=listed.name,
-                        path=listed.path,
-                        namespaces_dir=namespaces_dir,
-                        ns=listed.ns,
-                        is_namespace=listed.is_namespace,
-                        mtime=listed.mtime,
-                    )
-                )
-    return Found(tuple(pins), tuple(lister.corrupt.records()))
+    pins = tuple(
+        NsPin(**asdict(listed), ns_type=ns_type, namespaces_dir=namespaces_dir)
+        for namespaces_dir in look.options.namespaces_dirs
+        for ns_type in NS_TYPES
+        for listed in list_pins(lister, pin_dir(namespaces_dir, ns_type))
+    )
+    return Found(pins, tuple(lister.corrupt.records()))
 
 
 def identity(pin: NsPin) -> Identity:
@@ -86,16 +73,13 @@ def ref(pin: NsPin) -> ResourceRef:
     details: dict[str, DetailValue] = {"path": pin.path, "type": pin.ns_type}
     if not pin.is_namespace:
         details["stale"] = True
-    return ResourceRef(
-        kind="nspins", name=f"{pin.ns_type}ns/{pin.name}", created_at=pin.mtime, details=details, identity=identity(pin)
-    )
+    name = f"{pin.ns_type}ns/{pin.name}"
+    return ResourceRef(kind="nspins", name=name, created_at=pin.mtime, details=details, identity=identity(pin))
 
 
 def tie(pin: NsPin) -> BesidePin:
     return BesidePin(pin.netns_path)
 
-
-# ------------------------------------------------------------------------------ reclaiming
 
 # Each type's namespaces some process is in, or why that cannot be known.
 Members = Callable[[str], Mapping[NsKey, set[int]] | str]
@@ -139,9 +123,7 @@ def _unpin(pin: NsPin, ctx: ReclaimContext, members: Members) -> Done:
         if isinstance(inside, str):
             return inside
         pids = inside.get(key)
-        if pids:
-            return f"its {pin.ns_type} namespace is in use now (pid {min(pids)})"
-        return None
+        return f"its {pin.ns_type} namespace is in use now (pid {min(pids)})" if pids else None
 
     try:
         return unpin(pin.directory, pin.name, was_namespace=pin.is_namespace, ns=pin.ns, judge=judge)

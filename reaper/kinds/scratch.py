@@ -21,7 +21,7 @@ from reaper.host.confined import UnfitFile, read_at, read_beneath
 from reaper.host.files import DirLister, describe_oserror
 from reaper.host.memo import FileMemo, Stamp, stamp
 from reaper.host.quarantine import Quarantine, remove_or_quarantine
-from reaper.kinds import Found, Kind, Look, ReclaimContext, optional
+from reaper.kinds import Found, Kind, Look, optional
 from reaper.kinds.netconf import ConfigError, plugin_list
 from reaper.model import ContainerTie, CorruptFile, DetailValue, Done, Identity, NetworkConfig, ResourceRef
 from reaper.names import is_cni_id, is_path
@@ -142,10 +142,8 @@ def _read(
         return CorruptFile(fmt.kind, path, "not a regular file")
     try:
         data, st = read_at(dir_fd, name, fmt.limit)
-    except OSError as err:
-        return CorruptFile(fmt.kind, path, describe_oserror(err))
-    except UnfitFile as err:
-        return CorruptFile(fmt.kind, path, str(err))
+    except (OSError, UnfitFile) as err:
+        return CorruptFile(fmt.kind, path, describe_oserror(err) if isinstance(err, OSError) else str(err))
     parsed = parse_content(fmt, data)
     return ScratchFile(
         container_id=container_id,
@@ -237,19 +235,13 @@ def file_kind(
             kind=fmt.kind, name=file.container_id, created_at=file.mtime, details=shown, identity=identity(file)
         )
 
-    def tie(file: ScratchFile[C]) -> ContainerTie:
-        return ContainerTie(file.container_id)
-
-    def reclaim_files(files: Sequence[ScratchFile[C]], ctx: ReclaimContext) -> dict[Identity, Done]:
-        return reclaim(fmt, files, ctx.quarantine)
-
     return Kind(
         name=fmt.kind,
         find=find,
         identity=identity,
         ref=ref,
-        tie=tie,
-        reclaim=reclaim_files,
+        tie=lambda file: ContainerTie(file.container_id),
+        reclaim=lambda files, ctx: reclaim(fmt, files, ctx.quarantine),
         last=last,
         quarantinable=True,
     )
