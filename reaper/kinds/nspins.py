@@ -9,6 +9,7 @@ this pass and no process is in the namespace, by the netns pin's confined unmoun
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 
@@ -86,25 +87,20 @@ Members = Callable[[str], Mapping[NsKey, set[int]] | str]
 
 
 def reclaim(pins: Sequence[NsPin], ctx: ReclaimContext) -> dict[Identity, Done]:
-    unseen = unseen_processes()
-    if unseen is not None:
-        return {identity(pin): Done.left(unseen) for pin in pins}
-    hazard = unpin_hazard(tuple(dict.fromkeys(pin.directory for pin in pins)))
-    if hazard is not None:
-        return {identity(pin): Done.left(hazard) for pin in pins}
-    walked: dict[str, Mapping[NsKey, set[int]] | str] = {}
+    why = unseen_processes() or unpin_hazard(tuple(dict.fromkeys(pin.directory for pin in pins)))
+    if why is not None:
+        return {identity(pin): Done.left(why) for pin in pins}
 
+    @functools.cache
     def members(ns_type: str) -> Mapping[NsKey, set[int]] | str:
-        if ns_type not in walked:
-            try:
-                found = namespace_members(ns_type)
-                # A process that unshared a pid namespace puts its next child there: it counts.
-                for ns, pids in (namespace_members(PID_FOR_CHILDREN) if ns_type == "pid" else {}).items():
-                    found.setdefault(ns, set()).update(pids)
-                walked[ns_type] = found
-            except OSError as err:
-                walked[ns_type] = f"who is in its namespace cannot be seen now (the walk of /proc failed: {err})"
-        return walked[ns_type]
+        try:
+            found = namespace_members(ns_type)
+            # A process that unshared a pid namespace puts its next child there: it counts.
+            for ns, pids in (namespace_members(PID_FOR_CHILDREN) if ns_type == "pid" else {}).items():
+                found.setdefault(ns, set()).update(pids)
+            return found
+        except OSError as err:
+            return f"who is in its namespace cannot be seen now (the walk of /proc failed: {err})"
 
     return {identity(pin): _unpin(pin, ctx, members) for pin in pins}
 
