@@ -286,10 +286,9 @@ def release_leases(
             with locked(data_dir, directory, lock_wait) as dir_fd:
                 for lease in group:
                     done[identity(lease)] = _release(dir_fd, lease, quarantine)
-        except (OSError, TimeoutError) as err:
-            why = describe_oserror(err) if isinstance(err, OSError) else str(err)
+        except OSError as err:  # TimeoutError too: the lock held past lock_wait
             for lease in group:
-                done.setdefault(identity(lease), Done.left(why))
+                done.setdefault(identity(lease), Done.left(describe_oserror(err)))
     return done
 
 
