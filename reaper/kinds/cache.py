@@ -1,14 +1,9 @@
 """libcni's result cache: `<cache dir>/results/<network>-<container ID>-<ifname>`.
 
-Also `<cache dir>/cache/results` (cri-dockerd's cache dir) and the results of multus'
-delegates, `<cache dir>/multus/results` (multus runs its delegates through libcni with its own
-cniDir as the cache dir), and `<cniDir>/results` of every cniDir the node's multus configs name,
-beneath that cniDir: a pod's secondary attachments are judged with its sandbox, by container ID.
-
-Identity: the file's path. Its content is libcni's key for the attachment (containerId,
-networkName, ifName), the netns it was made in, the host interfaces it made, and the config
-a DEL needs. One reader (`parse_cache_file`) serves the look, the DEL request and the
-compare before the file is removed; it goes last, once the rest of its attachment is gone.
+Also `cache/results` (cri-dockerd) and `multus/results` beneath the cache dir, and `results`
+beneath each cniDir of the node's multus configs. Identity: the path; tie: libcni's key in the
+content. One reader (`parse_cache_file`) serves the look, the DEL request and the compare before
+the file is removed, last of its attachment. See docs/design.md, "In depth: the kinds".
 """
 
 from __future__ import annotations
@@ -32,18 +27,14 @@ from reaper.host.jsondoc import NotAnObject, parse_object
 from reaper.host.memo import FileMemo
 from reaper.host.netns_paths import NetnsPlaces, shown
 from reaper.host.quarantine import remove_or_quarantine
-from reaper.kinds import Found, Kind, Look, ReclaimContext, multus
+from reaper.kinds import Found, Kind, Look, ReclaimContext, multus, optional
 from reaper.kinds.netconf import ConfigError, parse_network_config, plugin_list
 from reaper.model import CorruptFile, DetailValue, Done, Identity, NetworkConfig, NsKey, Owner, OwnKey, ResourceRef
 from reaper.names import is_cni_id, is_ifname, is_path
 
 MAX_CACHE_BYTES = 4 << 20
-# Costless entries (a loopback's alone, in no namespace: see costless) a look holds, the oldest
-# by mtime; more are counted and read again next pass. A node can pile up hundreds of thousands
-# (multus#1488: 300,000 cache files), and each one held costs the pass its attachment, verdict
-# and history: held all, they would take the agent past its memory limit on every pass. Leaving
-# one out changes no other verdict: it names no namespace, ties only by its own key, and its
-# loss costs nothing. Others are held whatever their number.
+# Costless entries a look holds, the oldest; more are counted and read next pass (multus#1488:
+# 300,000 files would pass the agent's memory limit). docs/design.md, "What `--max-reap` bounds".
 COSTLESS_HELD = 20_000
 RESULT_SUBDIRS = ("results", "cache/results", "multus/results")
 _HEX_ID = re.compile(r"[0-9a-f]{64}")
@@ -63,25 +54,16 @@ class CacheEntry(Struct, frozen=True, kw_only=True, gc=False):
     legacy: bool  # a bare pre-0.8 result with no `kind`
     mtime: float
     cache_dir: str  # the root it was found beneath, and every later access is confined to
-    # Why the file could not be read, when its name alone ties it to an attachment (a zero-byte
-    # or truncated file left by a crash: libcni then fails DEL, so it leaks for good).
+    # Why the file could not be read, when its name alone ties it (a crash's empty file: DEL fails).
     corrupt: str | None = None
-    # Its netns path exists but cannot be inspected (a protected /proc/<pid>/ns/net).
-    netns_uninspectable: bool = False
-    # Why its netns path was not looked at: it is not where a netns can be (see
-    # reaper.host.netns_paths); the entry is then tied by its container ID alone.
-    netns_refused: str | None = None
-    # Whose it is, by the CNI_ARGS its runtime passed: "cri" (K8S_POD_NAMESPACE, which every CRI
-    # runtime passes), "other" (podman, nerdctl: without it), "unknown" (nothing to tell by).
-    owner: Owner = "unknown"
+    netns_uninspectable: bool = False  # its netns path exists but cannot be inspected
+    netns_refused: str | None = None  # why its netns path is no place a netns can be (tied by ID)
+    owner: Owner = "unknown"  # "cri" (K8S_POD_NAMESPACE in its CNI_ARGS), "other", or "unknown"
     ips: tuple[str, ...] = ()  # the addresses its result holds
-    # The pod, by the CNI_ARGS a CRI runtime passed (K8S_POD_NAMESPACE, K8S_POD_NAME), when
-    # both are there and read as Kubernetes names; said by a file, so it names, never proves.
+    # The pod its CNI_ARGS name, when both read as Kubernetes names: said by a file, never proof.
     pod_namespace: str | None = None
     pod_name: str | None = None
-    # What the file says was ADDed and what that made is a loopback's and nothing else
-    # (loopback_only): losing the file costs no pod anything (see costless).
-    loopback_only: bool = False
+    loopback_only: bool = False  # ADDed a loopback's config alone, and its result is one (costless)
 
 
 class CacheInventory(Struct, frozen=True):
@@ -132,12 +114,8 @@ def _addresses(result: Any) -> tuple[str, ...]:
 
 
 def _host_ifnames(result: Any) -> tuple[str, ...]:
-    names = []
-    for iface in _result_interfaces(result):
-        name = iface.get("name")
-        if not iface.get("sandbox") and isinstance(name, str) and is_ifname(name):
-            names.append(name)
-    return tuple(names)
+    names = (i.get("name") for i in _result_interfaces(result) if not i.get("sandbox"))
+    return tuple(name for name in names if isinstance(name, str) and is_ifname(name))
 
 
 LOOPBACK_PLUGIN = "loopback"
@@ -145,11 +123,9 @@ LOOPBACK_IFNAME = "lo"
 
 
 def _loopback_result(result: Any) -> bool:
-    """Whether a result is what the loopback plugin returns and nothing more: interfaces, each
-    `lo` inside the sandbox, and addresses, each a loopback one (containernetworking/plugins,
-    plugins/main/loopback/loopback.go: `lo` in the netns with its first IPv4 and IPv6 address,
-    refusing any that is not loopback). Every key is read as Go's decoder would take it (any
-    spelling of `ips`, `address`, ...); an address that does not parse is not loopback."""
+    """Whether a result is the loopback plugin's and nothing more (plugins/main/loopback/loopback.go):
+    every interface `lo` in the sandbox, every address a loopback one, keys read as Go's decoder
+    takes them; an address that does not parse is not loopback."""
     if not isinstance(result, dict):
         return False
     interfaces = [i for found in fields(result, "interfaces") for i in (found if isinstance(found, list) else [found])]
@@ -178,8 +154,7 @@ def _is_loopback(address: object) -> bool:
 
 def _loopback_chain(config: NetworkConfig) -> bool:
     """Whether a network list runs the loopback plugin alone (go-cni's WithLoNetwork, CRI-O's
-    `cni-loopback`): every plugin's type, in any spelling Go's decoder takes, is `loopback`,
-    and none names an IPAM section."""
+    `cni-loopback`): every type, in any spelling Go takes, is `loopback`, and none has `ipam`."""
     try:
         _, _, plugins = plugin_list(config.raw)
     except ConfigError:
@@ -239,17 +214,14 @@ def parse_cache_file(name: str, data: bytes, known_networks: Set[str]) -> CacheD
     except ValueError as err:
         raise CacheCorrupt(f"truncated or invalid JSON: {err}") from None
     if doc.get("kind") == "cniCacheV1":
-        cid, net, ifname = doc.get("containerId"), doc.get("networkName"), doc.get("ifName")
-        if not (isinstance(cid, str) and is_cni_id(cid)):
-            raise CacheCorrupt(f"invalid containerId {str(cid)[:80]!r}")
-        if not (isinstance(net, str) and is_cni_id(net)):
-            raise CacheCorrupt(f"invalid networkName {str(net)[:80]!r}")
-        if not (isinstance(ifname, str) and is_ifname(ifname)):
-            raise CacheCorrupt(f"invalid ifName {str(ifname)[:80]!r}")
+        key = ("containerId", is_cni_id), ("networkName", is_cni_id), ("ifName", is_ifname)
+        for field, valid in key:
+            if not (isinstance(value := doc.get(field), str) and valid(value)):
+                raise CacheCorrupt(f"invalid {field} {str(value)[:80]!r}")
         netns = doc.get("netns")
         if isinstance(netns, str) and not is_path(netns):
             raise CacheCorrupt(f"invalid netns {netns[:80]!r}")
-        return CacheDocument(doc, cid, net, ifname, False)
+        return CacheDocument(doc, doc["containerId"], doc["networkName"], doc["ifName"], False)
     if "kind" in doc:
         raise CacheCorrupt(f"unknown cache kind {str(doc['kind'])[:80]!r}")
     if "cniVersion" not in doc:
@@ -262,19 +234,10 @@ def parse_cache_file(name: str, data: bytes, known_networks: Set[str]) -> CacheD
     return CacheDocument({"result": doc}, cid, network, ifname, True)
 
 
-# What a cache file's content said, as the memo keeps it:
-# container ID, network, ifname, netns path, host ifnames, (owner, pod namespace, pod name),
-# addresses, base64 config, whether its result is a loopback's alone (_loopback_result).
+# What a cache file's content said, as the memo keeps it: container ID, network, ifname, netns
+# path, host ifnames, (owner, pod namespace, pod name), addresses, base64 config, _loopback_result.
 _Said = tuple[
-    str,
-    str,
-    str,
-    str | None,
-    tuple[str, ...],
-    tuple[Owner, str | None, str | None],
-    tuple[str, ...],
-    str | None,
-    bool,
+    str, str, str, str | None, tuple[str, ...], tuple[Owner, str | None, str | None], tuple[str, ...], str | None, bool
 ]
 
 
@@ -290,21 +253,15 @@ def collect_cache(
     each of `other_roots` (cache dirs of their own). Each entry's netns path is looked up only
     in `netns_dirs` or as /proc/<pid>/ns/net (reaper.host.netns_paths)."""
     with NetnsPlaces(netns_dirs) as places:
-        return _collect(cache_dir, known_networks, memo, other_roots, places)
+        return _collect(cache_dir, known_networks, memo if memo is not None else FileMemo(), other_roots, places)
 
 
 def _collect(
-    cache_dir: str,
-    known_networks: Set[str],
-    memo: FileMemo[object] | None,
-    other_roots: Sequence[str],
-    places: NetnsPlaces,
+    cache_dir: str, known_networks: Set[str], memo: FileMemo[object], other_roots: Sequence[str], places: NetnsPlaces
 ) -> CacheInventory:
-    memo = memo if memo is not None else FileMemo()
     entries: list[CacheEntry] = []
     corrupt_mtimes: dict[str, tuple[float, str]] = {}  # (mtime, root) of each corrupt file listed
-    configs: dict[str, NetworkConfig] = {}
-    bad_configs: set[str] = set()
+    configs: dict[str, NetworkConfig | None] = {}  # each config decoded, by its base64
     loopback_configs: dict[str, bool] = {}  # each config's _loopback_chain, by its base64
     held: list[tuple[float, str, CacheEntry]] = []  # costless entries held: a heap, the newest on top
     beyond = 0  # costless entries found past COSTLESS_HELD
@@ -331,6 +288,7 @@ def _collect(
                     corrupt_mtimes[path] = (lst.st_mtime, root)
                 continue
             said = known if isinstance(known, tuple) else None
+            legacy = False
             if said is None:
                 try:
                     data, _ = read_at(dir_fd, entry.name, MAX_CACHE_BYTES)
@@ -357,10 +315,13 @@ def _collect(
                 )  # fmt: skip
                 if not legacy:  # a legacy entry's reading depends on the known networks
                     memo.put(path, lst, said)
-            else:
-                legacy = False
-            config = _remember_config(said[7], path, configs, bad_configs)
-            loopback = said[8] and config is not None and _loopback_config(said[7], config, loopback_configs)
+            encoded = said[7]  # each config decoded, and judged a loopback's, once a look
+            if encoded is not None and encoded not in configs:
+                configs[encoded] = _decode_config(encoded, path)
+            config = configs.get(encoded)
+            if said[8] and config is not None and encoded not in loopback_configs:
+                loopback_configs[encoded] = _loopback_chain(config)
+            loopback = said[8] and config is not None and loopback_configs[encoded]
             found = _entry(path, entry.name, root, lst, said, places, legacy=legacy, loopback_only=loopback)
             if found.netns_refused is not None:
                 why = f"netns {shown(str(found.netns_path))} {found.netns_refused}"
@@ -376,7 +337,8 @@ def _collect(
                 continue
             entries.append(found)
     entries += [found for _, _, found in sorted(held, reverse=True)]  # the oldest first
-    networks = known_networks | {c.name for c in configs.values()}
+    decoded = tuple(c for c in configs.values() if c is not None)
+    networks = known_networks | {c.name for c in decoded}
     named = [
         named_entry
         for bad in corrupt.listed()
@@ -388,7 +350,7 @@ def _collect(
                      "counted, read again next pass", beyond),)
         if beyond else ()
     )  # fmt: skip
-    return CacheInventory(tuple(entries + named), tuple(configs.values()), corrupt.records() + unheld)
+    return CacheInventory(tuple(entries + named), decoded, corrupt.records() + unheld)
 
 
 def _entry(
@@ -402,8 +364,8 @@ def _entry(
     legacy: bool = False,
     loopback_only: bool = False,
 ) -> CacheEntry:
-    """The entry at `path`, as the look found it (where it is, when it changed), and as its
-    content said (whose it is); its netns looked up now, only where a netns can be."""
+    """The entry at `path`, as the look found it and its content said; its netns looked up now,
+    only where a netns can be."""
     cid, net, ifname, netns_path, host_ifnames, (owner, pod_namespace, pod_name), ips, _, _ = said
     netns, uninspectable, refused = places.look(netns_path)
     return CacheEntry(
@@ -454,63 +416,25 @@ def _entry_from_name(bad: CorruptFile, mtime: float, cache_dir: str, networks: S
     return None
 
 
-def _remember_config(
-    encoded: str | None, path: str, configs: dict[str, NetworkConfig], bad_configs: set[str]
-) -> NetworkConfig | None:
-    """The config `encoded` decodes to, decoded once a look; None when there is none or it does
-    not decode."""
-    if encoded is None or encoded in bad_configs:
-        return None
-    known = configs.get(encoded)
-    if known is not None:
-        return known
-    cfg = _decode_config(encoded, path)
-    if cfg is None:
-        bad_configs.add(encoded)
-    else:
-        configs[encoded] = cfg
-    return cfg
-
-
-def _loopback_config(encoded: str | None, config: NetworkConfig, known: dict[str, bool]) -> bool:
-    """_loopback_chain of the config `encoded` decoded to, worked out once a look."""
-    if encoded is None:
-        return False
-    found = known.get(encoded)
-    if found is None:
-        found = known[encoded] = _loopback_chain(config)
-    return found
-
-
 def _decode_config(encoded: str, path: str) -> NetworkConfig | None:
     try:
-        raw = base64.b64decode(encoded, validate=True)
-        return parse_network_config(raw, f"cache:{path}")
+        return parse_network_config(base64.b64decode(encoded, validate=True), f"cache:{path}")
     except (binascii.Error, ValueError, ConfigError):
         return None
-
-
-def read_cache_file(entry: CacheEntry) -> tuple[bytes, os.stat_result]:
-    """The entry's file as it is now, reached beneath its cache dir; OSError or UnfitFile."""
-    return read_beneath(entry.cache_dir, entry.path, MAX_CACHE_BYTES)
-
-
-def _names(document: CacheDocument, entry: CacheEntry) -> bool:
-    return (document.container_id, document.network, document.ifname) == (
-        entry.container_id,
-        entry.network,
-        entry.ifname,
-    )
 
 
 def current_document(entry: CacheEntry) -> CacheDocument | None:
     """The file as it is now, when it still names this entry's attachment; None otherwise."""
     try:
-        data, _ = read_cache_file(entry)
+        data, _ = read_beneath(entry.cache_dir, entry.path, MAX_CACHE_BYTES)
         document = parse_cache_file(entry.name, data, {entry.network})
     except (OSError, UnfitFile, CacheCorrupt):
         return None
     return document if _names(document, entry) else None
+
+
+def _names(document: CacheDocument, entry: CacheEntry) -> bool:
+    return document[1:4] == (entry.container_id, entry.network, entry.ifname)  # its key
 
 
 def cached_config(entry: CacheEntry) -> bytes | None:
@@ -531,9 +455,8 @@ def find(look: Look) -> Found[CacheEntry]:
     cache_dir = look.options.cache_dir
     multus_dirs = [d for d in multus.cni_dirs(look)[0] if d != os.path.join(cache_dir, multus.DEFAULT_SUBDIR)]
     known = {c.name for c in look.configs}
-    netns_dirs = look.options.netns_dirs
-    inventory = collect_cache(cache_dir, known, look.memo.of("cache"), multus_dirs, netns_dirs=netns_dirs)
-    return Found(inventory.entries, inventory.corrupt, configs=inventory.configs)
+    found = collect_cache(cache_dir, known, look.memo.of("cache"), multus_dirs, netns_dirs=look.options.netns_dirs)
+    return Found(found.entries, found.corrupt, configs=found.configs)
 
 
 def identity(entry: CacheEntry) -> Identity:
@@ -544,10 +467,7 @@ def ref(entry: CacheEntry) -> ResourceRef:
     details: dict[str, DetailValue] = {"path": entry.path, "legacy": entry.legacy, "owner": entry.owner}
     if entry.pod_namespace is not None and entry.pod_name is not None:
         details["pod"] = f"{entry.pod_namespace}/{entry.pod_name}"
-    if entry.corrupt is not None:
-        details["corrupt"] = entry.corrupt
-    if entry.netns_refused is not None:
-        details["netns_refused"] = entry.netns_refused
+    details.update(optional(corrupt=entry.corrupt, netns_refused=entry.netns_refused))
     return ResourceRef(kind="cache", name=entry.name, created_at=entry.mtime, details=details, identity=identity(entry))
 
 
@@ -562,12 +482,9 @@ def tie(entry: CacheEntry) -> OwnKey:
     )
 
 
-# ------------------------------------------------------------------------------ reclaiming
-
-
 def _remove(entry: CacheEntry, ctx: ReclaimContext) -> Done:
     try:
-        data, st = read_cache_file(entry)
+        data, st = read_beneath(entry.cache_dir, entry.path, MAX_CACHE_BYTES)
     except FileNotFoundError:
         return Done.freed()
     except (OSError, UnfitFile) as err:
@@ -587,8 +504,7 @@ def _remove(entry: CacheEntry, ctx: ReclaimContext) -> Done:
 
 
 def _loopback_document(document: CacheDocument, path: str) -> bool:
-    """Whether a cache document is a loopback's alone: its result (_loopback_result) and the
-    config it says was ADDed (_loopback_chain)."""
+    """Whether a cache document's result and config are a loopback's alone."""
     if document.legacy or not _loopback_result(document.doc.get("result")):
         return False
     encoded = document.doc.get("config")
@@ -605,12 +521,9 @@ def claims(entry: CacheEntry) -> tuple[str, ...]:
 
 
 def costless(entry: CacheEntry) -> bool:
-    """Whether removing the entry costs no pod anything, were the verdict on it wrong: a
-    loopback's entry (loopback_only: the loopback plugin alone was ADDed, its result `lo` in
-    the sandbox with loopback addresses and nothing else), read whole, with no namespace
-    found for it. A live pod's loopback needs nothing from the file: its DEL only sets `lo`
-    down, in a namespace that is gone. Anything else may be the only record of what a DEL
-    needs, or name an address or an interface a pod could be using."""
+    """Whether removing the entry costs no pod anything, were the verdict wrong: a loopback's
+    entry (loopback_only), read whole, with no namespace found for it and no host interface. A
+    live pod's loopback needs nothing from the file (its DEL only sets `lo` down)."""
     return (
         entry.loopback_only
         and entry.corrupt is None
@@ -623,18 +536,15 @@ def costless(entry: CacheEntry) -> bool:
 
 
 def del_document(entries: Sequence[CacheEntry]) -> tuple[dict[str, Any], str] | None:
-    """The cniCacheV1 object a DEL runs from and its file: the first entry that is neither
-    legacy nor corrupt, as its file holds it now, the one at libcni's own path for its key
-    first (`<network>-<container ID>-<ifname>`: the only file a runtime's DEL reads; another
-    that names the same key never decides what DEL runs with while that one is there); None
-    when there is none, or that file no longer names the attachment or is legacy now."""
+    """The cniCacheV1 object a DEL runs from and its file: the first entry neither legacy nor
+    corrupt, as its file holds it now, the one at libcni's own path for its key first (the only
+    file a runtime's DEL reads); None when there is none, or it no longer names the attachment
+    or is legacy now."""
     usable = sorted(
         (e for e in entries if not e.legacy and e.corrupt is None),
         key=lambda e: e.name != f"{e.network}-{e.container_id}-{e.ifname}",
     )
-    if not usable:
-        return None
-    document = current_document(usable[0])
+    document = current_document(usable[0]) if usable else None
     if document is None or document.legacy:
         return None
     return document.doc, usable[0].path

@@ -1,27 +1,10 @@
 """The firewall plugin's per-pod accept rules in the filter table's CNI-FORWARD chain.
 
-The firewall meta plugin (containernetworking/plugins, plugins/meta/firewall), with its
-iptables backend (it has no nftables one in any release), appends two rules to `CNI-FORWARD`
-for every address of its prevResult, and its DEL deletes them by that address again. As
-`iptables-save -t filter` prints them (captured from Debian's plugin, 1.1.1; the text is the
-same from v1.0.0 to v1.9.1), for 10.88.0.5 and fd00::5:
-
-    -A CNI-FORWARD -d 10.88.0.5/32 -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
-    -A CNI-FORWARD -s 10.88.0.5/32 -j ACCEPT
-    -A CNI-FORWARD -d fd00::5/128 -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
-    -A CNI-FORWARD -s fd00::5/128 -j ACCEPT
-
-Only a line that is exactly one of these, outside any quoted string, in the filter table, with
-the address in the form iptables-save prints, is a record. The chains CNI-FORWARD and
-CNI-ADMIN, the FORWARD jump and the admin jump are shared by every pod: never records.
-
-Identity: (family, backend, the rule's text). The rules carry no container ID, only the
-address, so the tie comes from the host-local lease that holds it (the ipam kind is found
-first): a Claim on that lease's container and network when exactly one lease holds the
-address and no cache entry of another container names it; otherwise an empty Claim, which
-joins nothing and is never reclaimed. Reclaimed with one `iptables-restore --noflush` per
-family and backend (`-D CNI-FORWARD ...`), after a fresh save shows the same text still
-there, and only while the leases that held its address have been freed this pass.
+Only a line that is exactly one of the plugin's two rules for an address (to the pod, replies
+only; from it), outside any quoted string, in the filter table, is a record; the shared chains
+and jumps never are. The rules carry no container ID: the tie is a Claim on the one host-local
+lease holding the address (else an empty Claim, never reclaimed), and a rule goes only once the
+leases that held its address were freed this pass. docs/design.md, "In depth: the kinds".
 """
 
 from __future__ import annotations
@@ -35,7 +18,7 @@ from msgspec import Struct
 from msgspec.structs import replace
 
 from reaper.cni.result import address_key
-from reaper.kinds import Found, Kind, Look, ReclaimContext, cache, hostlocal
+from reaper.kinds import Found, Kind, Look, ReclaimContext, cache, hostlocal, owner_claim
 from reaper.kinds.cache import CacheEntry
 from reaper.kinds.hostlocal import HostLocalLease
 from reaper.kinds.iptables import Family, IptablesTools, resaved, restore_each, save_lines, saved
@@ -83,11 +66,8 @@ def _canonical(text: str, family: Family) -> str | None:
 
 
 def _rule_lines(text: str, family: Family) -> Iterator[tuple[str, str]]:
-    """(line, address) of every copy of the plugin's rules in `iptables-save -t filter` output.
-
-    A comment may hold a newline and anything after it, so a line counts only when it starts
-    outside every quoted string. Only the `*filter` table's lines count.
-    """
+    """(line, address) of every copy of the plugin's rules in the `*filter` table of an
+    `iptables-save` output, each line starting outside every quoted string (save_lines)."""
     table = ""
     for line in save_lines(text):
         if line.startswith("*"):
@@ -111,12 +91,6 @@ def parse_filter_save(text: str, family: Family, backend: str = "default") -> li
     return list(found.values())
 
 
-def _address_key(text: str) -> tuple[int, int] | None:
-    """(version, integer) of an address in any form a file may give it (an IPv4-mapped one is
-    its IPv4 address, as the plugins read it); None if it is none."""
-    return address_key(text)
-
-
 def with_owners(
     rules: Iterable[ForwardRule], leases: Iterable[HostLocalLease], caches: Iterable[CacheEntry]
 ) -> list[ForwardRule]:
@@ -134,7 +108,7 @@ def with_owners(
     named: dict[tuple[int, int], set[str]] = {}
     for entry in caches:
         for ip in entry.ips:
-            key = _address_key(ip)
+            key = address_key(ip)  # in any form a file gives it, as the plugins read it
             if key is not None:
                 named.setdefault(key, set()).add(entry.container_id)
     out = []
@@ -156,27 +130,18 @@ def with_owners(
             owner = f"{rule.ip} is leased to {lease.container_id[:12]}, and a cache entry of {who} names it"
             out.append(replace(rule, leases=leases_of, owner=owner))
             continue
-        out.append(
-            replace(
-                rule,
-                container_id=lease.container_id,
-                network=lease.network,
-                leases=leases_of,
-                owner=f"lease {lease.path}",
-            )
-        )
+        owner = f"lease {lease.path}"
+        out.append(replace(rule, container_id=lease.container_id, network=lease.network, leases=leases_of, owner=owner))
     return out
 
 
-def _parse(text: str, tool: IptablesTools) -> tuple[ForwardRule, ...]:
-    return tuple(parse_filter_save(text, tool.family, tool.backend))
-
-
 def find(look: Look) -> Found[ForwardRule]:
-    rules, errors = saved(KIND_NAME, TABLE, _parse, look.options.command_timeout, look.memo.outputs)
-    leases = look.found(hostlocal.KIND)
-    caches = look.found(cache.KIND)
-    return Found(tuple(with_owners(rules, leases, caches)), errors=tuple(errors))
+    def parse(text: str, tool: IptablesTools) -> tuple[ForwardRule, ...]:
+        return tuple(parse_filter_save(text, tool.family, tool.backend))
+
+    rules, errors = saved(KIND_NAME, TABLE, parse, look.options.command_timeout, look.memo.outputs)
+    owned = with_owners(rules, look.found(hostlocal.KIND), look.found(cache.KIND))
+    return Found(tuple(owned), errors=tuple(errors))
 
 
 def identity(rule: ForwardRule) -> Identity:
@@ -195,14 +160,7 @@ def ref(rule: ForwardRule) -> ResourceRef:
 
 
 def tie(rule: ForwardRule) -> Claim:
-    # An address no single lease holds names no one: an empty claim joins nothing, so the rule
-    # is reported unconfirmed and never reclaimed.
-    if rule.container_id is None:
-        return Claim()
-    return Claim(container_id=rule.container_id, network=rule.network)
-
-
-# ------------------------------------------------------------------------------ reclaiming
+    return owner_claim(rule.container_id, rule.network)
 
 
 def _still_held(rule: ForwardRule, done: Mapping[Identity, Done]) -> str | None:

@@ -1,23 +1,11 @@
-"""Flannel's per-container file: `<data dir>/<container ID>`.
+"""Flannel's per-container file: `<data dir>/<container ID>`, the delegate config its DEL runs.
 
-flannel-io/cni-plugin's ADD writes the delegate config it hands to its delegate (bridge by
-default) to `<dataDir>/<container ID>` before it runs the delegate, as Go's json.Marshal of a
-map writes it: compact, keys sorted. Its DEL reads the file, runs the delegate's DEL with those
-bytes, then removes it; with no file, DEL does nothing at all, so the delegate's host-local
-lease leaks. dataDir is the plugin config's `dataDir`, by default /var/lib/cni/flannel, which is
-`flannel` beneath --cni-cache-dir; each `dataDir` of a flannel plugin in the node's own configs
-is read too, as a root of its own (never a dir a cached config names, nor `/` or another dir
-that holds one the reaper reads for something else).
-
-Identity: the file's path. Tie: its name, the container ID: the file joins that container's
-primary attachment, or makes one of its own when the container has nothing else here. What DEL
-needs: it goes last, after the rest of its attachment, and only while it is still the file that
-was judged.
-
-What its DEL runs: the node's flannel config runs DEL only after the file it will read passed
-the rules of a cached config (reaper.reap.trust.delegate_file_refusal, read and pinned by
-reaper.reap.delegates): `scratch_path` says which file that is, `delegate_plugins` what in it
-runs, `delegate_baseline` what the node's own config would have put there.
+Read in `flannel` beneath the cache dir and each flannel `dataDir` of the node's configs
+(scratch.config_roots). Tie: the container ID of its name; `last`, and removed only while it is
+the file judged. Its DEL runs only once the file passed a cached config's rules
+(reaper.reap.trust.delegate_file_refusal): `scratch_path` says which file, `delegate_plugins`
+what runs, `delegate_baseline` what the node's config would have put there. docs/design.md,
+"In depth: the kinds".
 """
 
 from __future__ import annotations
@@ -31,7 +19,6 @@ from msgspec import Struct
 from reaper.host.jsondoc import go_keys, parse_object
 from reaper.kinds import Found, Kind, Look, scratch
 from reaper.kinds.scratch import ScratchFile, ScratchFormat
-from reaper.model import CorruptFile
 from reaper.names import PLUGIN_TYPE, is_cni_id
 
 NAME = "flannel"
@@ -66,18 +53,9 @@ def parse_delegate(data: bytes) -> FlannelDelegate:
 FORMAT: ScratchFormat[FlannelDelegate] = ScratchFormat(NAME, parse_delegate)
 
 
-def data_dirs(look: Look) -> tuple[list[tuple[str, str]], list[CorruptFile]]:
-    """(root, directory) of every dir flannel may write to on this node, and the dataDirs of
-    the configs that are not read (see scratch.config_roots)."""
-    cache_dir = look.options.cache_dir
-    named, refused = scratch.config_roots(NAME, look, {PLUGIN}, "dataDir")
-    return [(cache_dir, os.path.join(cache_dir, DEFAULT_SUBDIR))] + [(d, d) for d in named], refused
-
-
 def find(look: Look) -> Found[FlannelFile]:
-    dirs, refused = data_dirs(look)
-    files, corrupt = scratch.collect(FORMAT, dirs, look.memo.of(NAME))
-    return Found(tuple(files), tuple(refused + corrupt))
+    cache_dir = look.options.cache_dir
+    return scratch.find_files(FORMAT, look, {PLUGIN}, "dataDir", (cache_dir, os.path.join(cache_dir, DEFAULT_SUBDIR)))
 
 
 def _details(file: FlannelFile) -> scratch.Details:

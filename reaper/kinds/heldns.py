@@ -1,15 +1,10 @@
 """Network namespaces held by a mount outside the netns dirs, in any mount namespace.
 
-A pod's namespace bind-mounted somewhere else (a container given the pin dir with private
-propagation, a process that mounted `/proc/<pid>/ns/net` in a mount namespace of its own:
-containerd#3667, moby#27277, cri-o#4210) outlives its pin, with its veths and addresses. The
-reaper never unmounts such a mount, and nothing the namespace holds is freed while it is
-there: a record of this kind holds its namespace (reconcile reads `holds`), so the attachment of the
-namespace is live, reported with the mounts that hold it, and the host veth whose peer lives
-there is tied to it instead of being dropped as a veth of a namespace nobody names.
-
-Identity: the namespace. Found by reaper.host.nsmounts; a walk that cannot be whole is this
-kind's error, and then no attachment with a namespace is decided (reaper.reconcile).
+Such a namespace outlives its pin, with its veths and addresses (containerd#3667, moby#27277,
+cri-o#4210). The reaper never unmounts it: a record here holds its namespace (`holds`), so its
+attachment is live and the host veth whose peer is there is tied to it. Identity: the
+namespace. A walk that cannot be whole is this kind's error, and then no attachment with a
+namespace is decided (reaper.reconcile). Found by reaper.host.nsmounts.
 """
 
 from __future__ import annotations
@@ -68,9 +63,8 @@ def ref(held: HeldNetns) -> ResourceRef:
         details[f"mount_point{suffix}"] = mount.mount_point
     if len(held.mounts) > SHOWN:
         details["more_mounts"] = len(held.mounts) - SHOWN
-    return ResourceRef(
-        kind=NAME, name=f"net:[{held.ns.ino}]", created_at=None, details=details, identity=identity(held)
-    )
+    name = f"net:[{held.ns.ino}]"
+    return ResourceRef(kind=NAME, name=name, created_at=None, details=details, identity=identity(held))
 
 
 def tie(held: HeldNetns) -> HeldTie:

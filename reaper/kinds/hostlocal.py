@@ -62,11 +62,8 @@ class HostLocalLease(Struct, frozen=True, kw_only=True, gc=False):
 
 
 def ip_key(text: str) -> tuple[int, int] | None:
-    """(version, integer) of a canonical IP address string; None when it is not one.
-
-    socket.inet_pton in C rather than ipaddress.ip_address, which builds an object per call:
-    a node has thousands of leases.
-    """
+    """(version, integer) of a canonical IP address string; None when it is not one. inet_pton,
+    not ipaddress.ip_address, which builds an object per call: a node has thousands of leases."""
     try:
         packed = socket.inet_pton(socket.AF_INET, text)
         return 4, int.from_bytes(packed, "big")
@@ -93,13 +90,12 @@ def parse_lease(data: bytes) -> tuple[str, str | None]:
         raise ValueError("empty lease")
     if len(lines) > 2:
         raise ValueError("more than two lines")
-    container_id = lines[0]
-    if not is_cni_id(container_id):
-        raise ValueError(f"invalid container ID {container_id[:80]!r}")
+    if not is_cni_id(lines[0]):
+        raise ValueError(f"invalid container ID {lines[0][:80]!r}")
     ifname = lines[1] if len(lines) == 2 else None
     if ifname is not None and not is_ifname(ifname):
         raise ValueError(f"invalid ifname {ifname[:80]!r}")
-    return container_id, ifname
+    return lines[0], ifname
 
 
 def collect_leases(
@@ -214,15 +210,11 @@ def _label(spec: HostLocalRange) -> str:
     return f"{spec.start}-{spec.end}"
 
 
-def _data_dirs(look: Look) -> list[str]:
+def find(look: Look) -> Found[HostLocalLease]:
     data_dirs = list(look.options.ipam_dirs)
     for config in look.configs:
         data_dirs.extend(d for d in config.ipam_data_dirs if d not in data_dirs)
-    return data_dirs
-
-
-def find(look: Look) -> Found[HostLocalLease]:
-    leases, corrupt = collect_leases(_data_dirs(look), look.memo.of("ipam"))
+    leases, corrupt = collect_leases(data_dirs, look.memo.of("ipam"))
     return Found(tuple(leases), tuple(corrupt))
 
 
@@ -247,22 +239,14 @@ def still_leased(leases: Iterable[Identity], done: Mapping[Identity, Done]) -> s
 
 def ref(lease: HostLocalLease) -> ResourceRef:
     details: dict[str, DetailValue] = {"path": lease.path, "ip": lease.ip}
-    return ResourceRef(
-        kind="ipam",
-        name=f"{lease.network}/{lease.ip}",
-        created_at=lease.mtime,
-        details=details,
-        identity=identity(lease),
-    )
+    name = f"{lease.network}/{lease.ip}"
+    return ResourceRef(kind="ipam", name=name, created_at=lease.mtime, details=details, identity=identity(lease))
 
 
 def tie(lease: HostLocalLease) -> OwnKey | ContainerTie:
     if lease.ifname is None:
         return ContainerTie(lease.container_id, lease.network)
     return OwnKey(container_id=lease.container_id, network=lease.network, ifname=lease.ifname)
-
-
-# ------------------------------------------------------------------------------ reclaiming
 
 
 @contextlib.contextmanager
@@ -302,11 +286,9 @@ def release_leases(
             with locked(data_dir, directory, lock_wait) as dir_fd:
                 for lease in group:
                     done[identity(lease)] = _release(dir_fd, lease, quarantine)
-        except (OSError, TimeoutError) as err:
+        except OSError as err:  # TimeoutError too: the lock held past lock_wait
             for lease in group:
-                done.setdefault(
-                    identity(lease), Done.left(describe_oserror(err) if isinstance(err, OSError) else str(err))
-                )
+                done.setdefault(identity(lease), Done.left(describe_oserror(err)))
     return done
 
 

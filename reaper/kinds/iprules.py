@@ -1,30 +1,11 @@
 """AWS VPC CNI's per-pod routing policy rules, in the netns the reaper runs in.
 
-The AWS VPC CNI plugin (aws/amazon-vpc-cni-k8s, cmd/routed-eni-cni-plugin/driver) adds, for
-each pod address, in the host netns (pkg/networkutils names the priorities):
-
-    512:   from all to <podIP> lookup main         (ToContainerRulePriority, every pod)
-    1536:  from <podIP> lookup <ENI's table>        (FromPodRulePriority, a pod on a secondary
-                                                    ENI: its table is the ENI's, never main)
-
-with a /32 or /128 selector, and nothing else selected (no iif, oif, fwmark, tos, `not`). Its DEL
-deletes both by that shape again (teardownIPBasedContainerRouteRules). When no DEL runs (the
-leaks of aws-vpc-cni#2048 and #3270), the rules stay and route the address's next owner.
-
-Only a rule of exactly one of these two shapes is a record; every other rule (an admin's, the
-plugin's node-wide ones at 1024 and 1535, the VLAN rules at 10) is never read further.
-
-Identity: (family, priority, table, selector). The rule carries no container ID, only the
-address, so the tie comes from what holds that address on the node: the host-local leases and
-the cache entries' results (found first). A Claim on their container and network when every
-holder is the same container on one network; otherwise (no holder, or two owners) an empty
-Claim, which joins nothing: the rule is reported unconfirmed and never reclaimed.
-
-Reclaimed only with its attachment (an orphan), after the address check of the reclaim path
-(its address is one `frees` gives) and only while no lease that held the address was kept this
-pass: the rules are dumped again, and one still there with the same priority, table and
-selector is deleted by those; one that another rule of the same priority, table and selector
-but another shape could be taken for is left.
+Two shapes only, each with a full-length selector and nothing else selected (no iif, oif,
+fwmark, tos, `not`): `512: to <podIP> lookup main` and `1536: from <podIP> lookup <ENI table>`
+(aws/amazon-vpc-cni-k8s pkg/networkutils). The rule carries only the address: the tie is a
+Claim on the one container (on one network) whose leases and cached results hold it, else an
+empty Claim. Deleted by priority, table and selector once dumped again, never while another
+rule could be taken for it. docs/design.md, "In depth: the kinds".
 """
 
 from __future__ import annotations
@@ -37,7 +18,7 @@ from msgspec.structs import replace
 
 from reaper.cni.result import address_key
 from reaper.host.netlink import FR_ACT_TO_TBL, RawRule, delete_rules, dump_rules
-from reaper.kinds import Found, Kind, Look, ReclaimContext, cache, hostlocal
+from reaper.kinds import Found, Kind, Look, ReclaimContext, cache, hostlocal, owner_claim
 from reaper.kinds.cache import CacheEntry
 from reaper.kinds.hostlocal import HostLocalLease
 from reaper.model import Claim, DetailValue, Done, Identity, ResourceRef, SourceError
@@ -82,23 +63,11 @@ def pod_rule(rule: RawRule) -> PodRule | None:
     full = _FULL.get(rule.family)
     if full is None or not _plain(rule):
         return None
-    if (
-        rule.priority == TO_POD_PRIORITY
-        and rule.table == MAIN_TABLE
-        and rule.src is None
-        and rule.src_len == 0
-        and rule.dst is not None
-        and rule.dst_len == full
-    ):
+    to_pod = rule.priority == TO_POD_PRIORITY and rule.table == MAIN_TABLE
+    if to_pod and rule.src is None and rule.src_len == 0 and rule.dst is not None and rule.dst_len == full:
         return PodRule(rule=rule, ip=rule.dst, direction="to")
-    if (
-        rule.priority == FROM_POD_PRIORITY
-        and rule.table not in _RESERVED_TABLES
-        and rule.dst is None
-        and rule.dst_len == 0
-        and rule.src is not None
-        and rule.src_len == full
-    ):
+    from_pod = rule.priority == FROM_POD_PRIORITY and rule.table not in _RESERVED_TABLES
+    if from_pod and rule.dst is None and rule.dst_len == 0 and rule.src is not None and rule.src_len == full:
         return PodRule(rule=rule, ip=rule.src, direction="from")
     return None
 
@@ -107,17 +76,9 @@ def pod_rules(rules: Iterable[RawRule]) -> list[PodRule]:
     return [p for p in (pod_rule(r) for r in rules) if p is not None]
 
 
-def _same_selector(a: RawRule, b: RawRule) -> bool:
-    """Whether a delete naming `a` (priority, table, selector) could take `b`."""
-    return (a.family, a.priority, a.table, a.src, a.src_len, a.dst, a.dst_len) == (
-        b.family,
-        b.priority,
-        b.table,
-        b.src,
-        b.src_len,
-        b.dst,
-        b.dst_len,
-    )
+def _selector(r: RawRule) -> tuple[object, ...]:
+    """What a delete names a rule by (priority, table, selector): it could take any rule with these."""
+    return (r.family, r.priority, r.table, r.src, r.src_len, r.dst, r.dst_len)
 
 
 def with_owners(
@@ -161,9 +122,7 @@ def find(look: Look) -> Found[PodRule]:
         rules = pod_rules(dump_rules())
     except OSError as err:
         return Found((), errors=(SourceError("netlink", str(err)),))
-    leases = look.found(hostlocal.KIND)
-    caches = look.found(cache.KIND)
-    return Found(tuple(with_owners(rules, leases, caches)))
+    return Found(tuple(with_owners(rules, look.found(hostlocal.KIND), look.found(cache.KIND))))
 
 
 def identity(rule: PodRule) -> Identity:
@@ -190,14 +149,7 @@ def ref(rule: PodRule) -> ResourceRef:
 
 
 def tie(rule: PodRule) -> Claim:
-    # An address no single container holds names no one: an empty claim joins nothing, so the
-    # rule is reported unconfirmed and never reclaimed.
-    if rule.container_id is None:
-        return Claim()
-    return Claim(container_id=rule.container_id, network=rule.network)
-
-
-# ------------------------------------------------------------------------------ reclaiming
+    return owner_claim(rule.container_id, rule.network)
 
 
 def decide(
@@ -206,7 +158,7 @@ def decide(
     """Pure: for each rule, its Done, or the rule as dumped now to delete."""
     out: dict[Identity, Done | RawRule] = {}
     for rule in rules:
-        same = [r for r in now if _same_selector(r, rule.rule)]
+        same = [r for r in now if _selector(r) == _selector(rule.rule)]
         mine = [r for r in same if pod_rule(r) is not None]
         if not mine:
             out[identity(rule)] = Done.freed()  # no rule of that shape is there any more
@@ -230,20 +182,15 @@ def reclaim(rules: Sequence[PodRule], ctx: ReclaimContext) -> dict[Identity, Don
         now = dump_rules()
     except OSError as err:
         return {identity(rule): Done.left(f"cannot re-read the rules: {err}") for rule in rules}
-    done: dict[Identity, Done] = {}
-    to_delete: list[tuple[Identity, RawRule]] = []
-    for ident, verdict in decide(rules, now, ctx.done).items():
-        if isinstance(verdict, Done):
-            done[ident] = verdict
-        else:
-            to_delete.append((ident, verdict))
+    verdicts = decide(rules, now, ctx.done)
+    done = {ident: verdict for ident, verdict in verdicts.items() if isinstance(verdict, Done)}
+    to_delete = {ident: verdict for ident, verdict in verdicts.items() if not isinstance(verdict, Done)}
     if to_delete:
         try:
-            errors = delete_rules([r for _, r in to_delete])
+            errors = delete_rules(list(to_delete.values()))
         except OSError as err:
             errors = [str(err)] * len(to_delete)
-        for (ident, _), error in zip(to_delete, errors, strict=True):
-            done[ident] = Done.freed() if error is None else Done.left(error)
+        done.update({i: Done.freed() if e is None else Done.left(e) for i, e in zip(to_delete, errors, strict=True)})
     return done
 
 

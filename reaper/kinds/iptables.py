@@ -1,8 +1,8 @@
 """The nat chains CNI plugins leave in iptables: bridge ipMasq and portmap hostPort chains.
 
-Identity: (family, backend, chain name). The producer's key is in the name: `CNI-` and a
-sha512 prefix of network + container ID, recomputed from the owner the rules' comments name
-before a chain is tied to anyone. A chain and the jumps to it go in one
+Identity: (family, backend, chain name). The key is in the name (`CNI-` + a sha512 prefix of
+network + container ID), recomputed from the owner its comments name before a chain is tied.
+Also the `iptables-save` reading the firewall kind shares. A chain and the jumps to it go in one
 `iptables-restore --noflush` per table, after a fresh save shows them still there.
 """
 
@@ -16,13 +16,14 @@ import shutil
 import subprocess
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
+from subprocess import PIPE
 from typing import Literal, NamedTuple, Protocol, TypeVar
 
 from msgspec import Struct
 
 from reaper.host.commands import run_command
 from reaper.host.memo import OutputMemo
-from reaper.kinds import Found, Kind, Look, ReclaimContext
+from reaper.kinds import Found, Kind, Look, ReclaimContext, batch_or_each
 from reaper.model import Claim, DetailValue, Done, Identity, ResourceRef, SourceError
 from reaper.names import is_cni_id
 
@@ -37,10 +38,10 @@ _LEGACY_TABLES: dict[Family, str] = {"ipv4": "/proc/net/ip_tables_names", "ipv6"
 class IptablesChain(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, gc=False):
     """A per-attachment nat chain a CNI plugin made, and the rules that jump to it."""
 
-    family: Literal["ipv4", "ipv6"]
+    family: Family
     table: str
     chain: str
-    purpose: Literal["masquerade", "hostport-dnat", "hostport-snat"]
+    purpose: Purpose
     network: str | None
     container_id: str | None
     rules: tuple[str, ...]  # its own rules, as iptables-save prints them
@@ -58,8 +59,8 @@ class IptablesTools(Struct, frozen=True):
 
 
 def _legacy_table_loaded(family: Family, table: str) -> bool:
-    """The legacy `table` exists in this netns. Asking iptables-legacy-save otherwise would
-    make the kernel load that table (iptable_nat, iptable_filter) on a node that never used it."""
+    """The legacy `table` exists here: asking iptables-legacy-save otherwise would load it
+    (iptable_nat, iptable_filter) on a node that never used it."""
     try:
         with open(_LEGACY_TABLES[family], encoding="ascii", errors="replace") as f:
             return table in f.read().split()
@@ -68,9 +69,8 @@ def _legacy_table_loaded(family: Family, table: str) -> bool:
 
 
 def iptables_tools(table: str = "nat") -> list[IptablesTools]:
-    """Every backend that can hold CNI rules in `table` here: nft always when installed, legacy
-    when its `table` is in use (a node can have rules in both: plugins and kube-proxy may
-    disagree)."""
+    """Every backend that can hold CNI rules in `table` here: nft when installed, legacy when its
+    `table` is in use (plugins and kube-proxy may disagree, so a node can have rules in both)."""
     tools = []
     for family, prefix in _PREFIX.items():
         found = []
@@ -86,13 +86,13 @@ def iptables_tools(table: str = "nat") -> list[IptablesTools]:
     return tools
 
 
-_CHAIN_PATTERNS: tuple[tuple[re.Pattern[str], str, Literal["masquerade", "hostport-dnat", "hostport-snat"]], ...] = (
+Purpose = Literal["masquerade", "hostport-dnat", "hostport-snat"]
+_CHAIN_PATTERNS: tuple[tuple[re.Pattern[str], str, Purpose], ...] = (
     (re.compile(r"CNI-[0-9a-f]{24}"), "", "masquerade"),
     (re.compile(r"CNI-DN-[0-9a-f]{21}"), "DN-", "hostport-dnat"),
     (re.compile(r"CNI-SN-[0-9a-f]{21}"), "SN-", "hostport-snat"),
 )
-# Quoted strings are written as runs of plain characters between escapes: the same strings as
-# `"(?:[^"\\]|\\.)*"`, matched with no alternation tried at each character.
+# Quoted strings are runs of plain characters between escapes (as _QUOTED_REST, below).
 _COMMENT = re.compile(r'--comment (?:"([^"\\]*(?:\\.[^"\\]*)*)"|(\S+))')
 _OWNER = re.compile(r'name:? "([^"]*)" id: "([^"]*)"')
 
@@ -111,27 +111,20 @@ def _target(line: str) -> str | None:
     """The chain a rule jumps or goes to, read from its words: a `-j CNI-...` inside a quoted
     string (an NFLOG prefix, a comment) is text, not a jump."""
     tokens: list[str] = _TOKEN.findall(line)
-    for i, token in enumerate(tokens[:-1]):
-        if token in ("-j", "-g"):
-            return tokens[i + 1]
-    return None
+    return next((tokens[i + 1] for i, token in enumerate(tokens[:-1]) if token in ("-j", "-g")), None)
 
 
 def _owner_in(line: str) -> tuple[str, str] | None:
-    comment_match = _COMMENT.search(line)
-    if not comment_match:
-        return None
-    comment = (comment_match.group(1) or comment_match.group(2) or "").replace('\\"', '"')
-    owner_match = _OWNER.search(comment)
-    if owner_match and is_cni_id(owner_match.group(1)) and is_cni_id(owner_match.group(2)):
-        return owner_match.group(1), owner_match.group(2)
+    comment = _COMMENT.search(line)
+    owner = _OWNER.search((comment.group(1) or comment.group(2) or "").replace('\\"', '"')) if comment else None
+    if owner and is_cni_id(owner.group(1)) and is_cni_id(owner.group(2)):
+        return owner.group(1), owner.group(2)
     return None
 
 
-# The rest of a quoted string, to its closing quote: iptables-save escapes `"`, `\` and `'`
-# inside one with a backslash, and prints every other byte as it is, a newline included.
-# Written as runs of plain characters between escapes: the same strings as `(?:[^"\\]|\\.)*"`,
-# matched with no alternation tried at each character (a CNI comment holds four escaped quotes).
+# The rest of a quoted string, to its closing quote: iptables-save escapes `"`, `\` and `'` with a
+# backslash and prints every other byte as it is, newlines included. Runs of plain characters
+# between escapes match what `(?:[^"\\]|\\.)*"` does, with no alternation tried at each character.
 _QUOTED_REST = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*"')
 
 
@@ -167,11 +160,8 @@ def save_lines(text: str) -> Iterator[str]:
 
 
 def parse_save(text: str, family: Family, backend: str = "default") -> list[IptablesChain]:
-    """Per-attachment chains in the output of `iptables-save -t nat`.
-
-    Only lines that touch a `CNI-` chain are looked at closely: a node's nat table can hold
-    tens of thousands of kube-proxy rules.
-    """
+    """Per-attachment chains in the output of `iptables-save -t nat`. Only lines that touch a
+    `CNI-` chain are looked at closely: a nat table can hold tens of thousands of kube-proxy rules."""
     chains: list[str] = []
     rules_of: dict[str, list[str]] = {}
     jumps_to: dict[str, list[str]] = {}
@@ -195,17 +185,16 @@ def parse_save(text: str, family: Family, backend: str = "default") -> list[Ipta
         for pattern, prefix, purpose in _CHAIN_PATTERNS:
             if not pattern.fullmatch(name):
                 continue
-            own = rules_of.get(name, [])
-            jumps = jumps_to.get(name, [])
-            owner = _owner(name, prefix, own + jumps)
+            own, jumps = rules_of.get(name, []), jumps_to.get(name, [])
+            network, container_id = _owner(name, prefix, own + jumps) or (None, None)
             found.append(
                 IptablesChain(
                     family=family,
                     table=table,
                     chain=name,
                     purpose=purpose,
-                    network=owner[0] if owner else None,
-                    container_id=owner[1] if owner else None,
+                    network=network,
+                    container_id=container_id,
                     rules=tuple(own),
                     jumps=tuple(jumps),
                     backend=backend,
@@ -217,11 +206,7 @@ def parse_save(text: str, family: Family, backend: str = "default") -> list[Ipta
 
 def _owner(name: str, prefix: str, lines: list[str]) -> tuple[str, str] | None:
     """The (network, container ID) in the rules' comments, confirmed by the chain's hash."""
-    for line in lines:
-        owner = _owner_in(line)
-        if owner is not None and chain_name(prefix, *owner) == name:
-            return owner
-    return None
+    return next((o for line in lines if (o := _owner_in(line)) is not None and chain_name(prefix, *o) == name), None)
 
 
 class OnBackend(Protocol):
@@ -263,11 +248,7 @@ def run_saves(tables: Sequence[str], timeout: float) -> dict[str, Saves]:
             for tool in tools:
                 try:
                     proc = subprocess.Popen(
-                        [tool.save, "-t", table],
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE,
-                        text=True,
-                        errors="replace",
+                        [tool.save, "-t", table], stdout=PIPE, stderr=PIPE, text=True, errors="replace"
                     )
                 except OSError as err:
                     saves.errors.append(SourceError(tool.save, str(err)))
@@ -318,23 +299,21 @@ def saved(
     timeout: float,
     memo: OutputMemo | None,
 ) -> tuple[list[B], list[SourceError]]:
-    """`iptables-save -t TABLE` of every family and backend, each output parsed. With a memo
-    (every look has one), the saves of every table the look reads run side by side once a
-    pass (SaveRound), and an output that is the same as last pass's but for its time stamps is
-    not parsed again (the agent's memo, carried from pass to pass in memory): an exact
-    comparison of what the parse reads, so nothing is stale. Reclaiming never acts on these
-    records alone: it saves afresh before any delete."""
+    """`iptables-save -t TABLE` of every family and backend, each output parsed. With a memo, a
+    look's tables are saved side by side once a pass (SaveRound), and an output the same as last
+    pass's but for its time stamps is not parsed again (an exact comparison of what the parse
+    reads). Reclaiming never acts on these records: it saves afresh before any delete."""
     if memo is None:
         saves = run_saves((table,), timeout)[table]
-    else:
-        saves = memo.once_a_pass(_ROUND, functools.partial(SaveRound, timeout)).take(table)
-    records: list[B] = []
-    for tool, out in saves.outputs:
-        parse_out = functools.partial(parse, out, tool)
-        if memo is None:
-            records.extend(parse_out())
-        else:
-            records.extend(memo.parsed(f"{kind}:{tool.save} -t {table}", without_stamps(out), parse_out))
+        return [r for tool, out in saves.outputs for r in parse(out, tool)], list(saves.errors)
+    saves = memo.once_a_pass(_ROUND, functools.partial(SaveRound, timeout)).take(table)
+    records = [
+        record
+        for tool, out in saves.outputs
+        for record in memo.parsed(
+            f"{kind}:{tool.save} -t {table}", without_stamps(out), functools.partial(parse, out, tool)
+        )
+    ]
     return records, list(saves.errors)
 
 
@@ -343,11 +322,10 @@ _STAMP_LINE = re.compile(r'# (?:Generated by|Completed on) [^"\\\n]*(?:\n|$)')
 
 
 def without_stamps(text: str) -> str:
-    """`iptables-save` output less its "# Generated by ... on <time>" and "# Completed on
-    <time>" lines, so that two runs over the same rules give the same text. Only such lines
-    without a quote or a backslash are dropped: one inside a quoted comment then changes
-    neither which lines start outside quotes nor any line parse_save reads (it starts with #),
-    so two outputs the same without them parse the same."""
+    """`iptables-save` output less its "# Generated by"/"# Completed on" time stamp lines, so two
+    runs over the same rules give the same text. Only such lines without a quote or backslash go:
+    one inside a quoted comment then changes neither which lines start outside quotes nor any line
+    parse_save reads, so two outputs the same without them parse the same."""
     kept: list[str] = []
     keep = at = 0
     while (at := text.find("# ", at)) >= 0:
@@ -362,12 +340,11 @@ def without_stamps(text: str) -> str:
     return "".join(kept)
 
 
-def _chains_in(text: str, tool: IptablesTools) -> tuple[IptablesChain, ...]:
-    return tuple(parse_save(text, tool.family, tool.backend))
-
-
 def find(look: Look) -> Found[IptablesChain]:
-    chains, errors = saved(KIND_NAME, "nat", _chains_in, look.options.command_timeout, look.memo.outputs)
+    def parse(text: str, tool: IptablesTools) -> tuple[IptablesChain, ...]:
+        return tuple(parse_save(text, tool.family, tool.backend))
+
+    chains, errors = saved(KIND_NAME, "nat", parse, look.options.command_timeout, look.memo.outputs)
     return Found(tuple(chains), errors=tuple(errors))
 
 
@@ -386,12 +363,8 @@ def ref(chain: IptablesChain) -> ResourceRef:
 
 
 def tie(chain: IptablesChain) -> Claim | None:
-    # A chain whose comments name no owner that its hash confirms joins nothing; one whose
-    # owner has no attachment on the node is unconfirmed.
+    """None: no owner its hash confirms; a Claim whose owner has no attachment is unconfirmed."""
     return Claim(chain.container_id, chain.network) if chain.container_id is not None else None
-
-
-# ------------------------------------------------------------------------------ reclaiming
 
 
 def resaved(records: Sequence[B], table: str, timeout: float) -> Iterator[tuple[list[B], IptablesTools | str, str]]:
@@ -413,23 +386,20 @@ def resaved(records: Sequence[B], table: str, timeout: float) -> Iterator[tuple[
         yield group, tool, saved.stdout
 
 
-def _restore_input(table: str, lines: Sequence[str]) -> str:
-    return "\n".join([f"*{table}", *lines, "COMMIT"]) + "\n"
-
-
 def restore_each(
     tool: IptablesTools, table: str, items: Sequence[tuple[Identity, Sequence[str]]], timeout: float
 ) -> dict[Identity, Done]:
     """Every item's lines in one `iptables-restore --noflush` of `table`; if that batch is
     refused, one restore per item, so one bad item blocks no other."""
-    argv = [tool.restore, "-w", RESTORE_LOCK_WAIT, "--noflush"]
-    if run_command(argv, timeout, _restore_input(table, [line for _, lines in items for line in lines])).code == 0:
-        return {ident: Done.freed() for ident, _ in items}
-    done: dict[Identity, Done] = {}
-    for ident, lines in items:
-        result = run_command(argv, timeout, _restore_input(table, lines))
-        done[ident] = Done.freed() if result.code == 0 else Done.left(result.last_error_line[:300])
-    return done
+
+    def restore(lines: Sequence[str]) -> str | None:
+        text = "\n".join([f"*{table}", *lines, "COMMIT"]) + "\n"
+        result = run_command([tool.restore, "-w", RESTORE_LOCK_WAIT, "--noflush"], timeout, text)
+        return None if result.code == 0 else result.last_error_line[:300]
+
+    return batch_or_each(
+        {ident: lines for ident, lines in items}, lambda each: restore([line for lines in each for line in lines])
+    )
 
 
 def _delete_lines(chain: IptablesChain) -> list[str]:
@@ -463,13 +433,8 @@ def frees(chain: IptablesChain) -> list[str]:
     bridge or ptp plugin wrote it into the kernel. Other chains free no address."""
     if chain.purpose != "masquerade":
         return []
-    found = []
-    for rule in chain.jumps:
-        words = rule.split()
-        for i, word in enumerate(words[:-1]):
-            if word == "-s" and (i == 0 or words[i - 1] != "!"):
-                found.append(words[i + 1])
-    return found
+    jumps = [rule.split() for rule in chain.jumps]
+    return [w[i + 1] for w in jumps for i, word in enumerate(w[:-1]) if word == "-s" and (i == 0 or w[i - 1] != "!")]
 
 
 KIND: Kind[IptablesChain] = Kind(

@@ -1,25 +1,11 @@
-"""Multus' per-container file: `<cniDir>/<container ID>`.
+"""Multus' per-container file: `<cniDir>/<container ID>`, the delegates its DEL runs.
 
-k8snetworkplumbingwg/multus-cni's ADD writes the delegates it is about to attach (the cluster
-network first, then each secondary network) to `<cniDir>/<container ID>` before it runs any of
-them: Go's json.Marshal of its `[]*DelegateNetConf`, a JSON array of objects whose fields are
-the struct's own names (`Conf`, `ConfList`, `Name`, `Bytes`: the delegate's config, base64).
-Its DEL reads the file to know which delegates to DEL, then removes it; with no file and the pod
-gone from the API, DEL does nothing. cniDir is the multus config's `cniDir`, by default
-/var/lib/cni/multus, which is `multus` beneath --cni-cache-dir; each `cniDir` of a multus (or
-thick-plugin shim) config in the node's own conf dir is read too, as a root of its own (as
-flannel's dataDirs are: see scratch.config_roots). The delegates' own libcni results, under
-`<cniDir>/results/`, are cache entries (reaper.kinds.cache).
-
-Identity: the file's path. Tie: its name, the container ID: the file joins that container's
-primary attachment, or makes one of its own when the container has nothing else here. What DEL
-needs: it goes last, after the rest of its attachment, and only while it is still the file that
-was judged.
-
-What its DEL runs: the node's multus config runs DEL only after the file it will read, and the
-delegates' cached results libcni will hand them as prevResult, passed the rules of a cached
-config (reaper.reap.trust.delegate_file_refusal, read by reaper.reap.delegates):
-`scratch_path` says which file that is, `delegate_runs` what in it runs and with which result.
+Read in `multus` beneath the cache dir and each `cniDir` of the node's multus (or multus-shim)
+configs (scratch.config_roots); the delegates' libcni results in `<cniDir>/results/` are cache
+entries. Tie: the container ID of its name; `last`, and removed only while it is the file
+judged. Its DEL runs only once the file and those results passed a cached config's rules
+(reaper.reap.trust.delegate_file_refusal): `scratch_path` says which file, `delegate_runs` what
+in it runs. docs/design.md, "In depth: the kinds".
 """
 
 from __future__ import annotations
@@ -86,17 +72,9 @@ def cni_dirs(look: Look) -> tuple[list[str], list[CorruptFile]]:
     return scratch.config_roots(NAME, look, PLUGINS, "cniDir")
 
 
-def data_dirs(look: Look) -> tuple[list[tuple[str, str]], list[CorruptFile]]:
-    """(root, directory) of every dir multus may write its per-container files to."""
-    cache_dir = look.options.cache_dir
-    named, refused = cni_dirs(look)
-    return [(cache_dir, os.path.join(cache_dir, DEFAULT_SUBDIR))] + [(d, d) for d in named], refused
-
-
 def find(look: Look) -> Found[MultusFile]:
-    dirs, refused = data_dirs(look)
-    files, corrupt = scratch.collect(FORMAT, dirs, look.memo.of(NAME))
-    return Found(tuple(files), tuple(refused + corrupt))
+    cache_dir = look.options.cache_dir
+    return scratch.find_files(FORMAT, look, PLUGINS, "cniDir", (cache_dir, os.path.join(cache_dir, DEFAULT_SUBDIR)))
 
 
 def _shown(names: tuple[str, ...]) -> str:

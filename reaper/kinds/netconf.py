@@ -36,13 +36,12 @@ class ConfigError(ValueError):
 def _ranges(ipam: dict[str, Any]) -> tuple[list[HostLocalRange], list[int]]:
     """The ranges an IPAM section declares, and the IP versions of those the node's pod CIDR
     fills in."""
-    specs: list[dict[str, Any]] = []
     if isinstance(ipam.get("ranges"), list):
-        for rangeset in ipam["ranges"]:
-            if isinstance(rangeset, list):
-                specs.extend(r for r in rangeset if isinstance(r, dict))
-    elif isinstance(ipam.get("subnet"), str):
-        specs.append(ipam)
+        specs = [
+            r for rangeset in ipam["ranges"] if isinstance(rangeset, list) for r in rangeset if isinstance(r, dict)
+        ]
+    else:
+        specs = [ipam] if isinstance(ipam.get("subnet"), str) else []
     out = []
     pod_cidr_versions = []
     for spec in specs:

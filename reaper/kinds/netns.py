@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from msgspec import Struct
+from msgspec.structs import asdict
 
 from reaper.host.files import DirLister
 from reaper.host.mounts import unpin_hazard
@@ -44,27 +45,17 @@ class NetnsPin(Struct, frozen=True, kw_only=True, gc=False):
 def collect_pins(
     dirs: tuple[str, ...], patterns: Sequence[re.Pattern[str]]
 ) -> tuple[list[NetnsPin], list[CorruptFile]]:
-    pins: list[NetnsPin] = []
     lister = DirLister("netns")
-    for directory in dirs:
-        for listed in list_pins(lister, directory):
-            pins.append(
-                NetnsPin(
-                    name=listed.name,
-                    path=listed.path,
-                    directory=directory,
-                    ns=listed.ns,
-                    is_namespace=listed.is_namespace,
-                    mtime=listed.mtime,
-                    runtime_named=is_runtime_netns_name(listed.name, patterns),
-                )
-            )
+    pins = [
+        NetnsPin(**asdict(listed), directory=directory, runtime_named=is_runtime_netns_name(listed.name, patterns))
+        for directory in dirs
+        for listed in list_pins(lister, directory)
+    ]
     return pins, list(lister.corrupt.records())
 
 
 def find(look: Look) -> Found[NetnsPin]:
-    opts = look.options
-    pins, corrupt = collect_pins(opts.netns_dirs, opts.netns_patterns)
+    pins, corrupt = collect_pins(look.options.netns_dirs, look.options.netns_patterns)
     return Found(tuple(pins), tuple(corrupt))
 
 
@@ -93,9 +84,6 @@ def tie(pin: NetnsPin) -> NetnsTie:
     return NetnsTie(pin.ns if pin.is_namespace else None, pin.path, pin.runtime_named)
 
 
-# ------------------------------------------------------------------------------ reclaiming
-
-
 def reclaim(pins: Sequence[NetnsPin], ctx: ReclaimContext) -> dict[Identity, Done]:
     """Unmount and unlink every pin at once, so the kernel drops their veths in one batch; never
     one whose namespace a live sandbox names, a process is in, or a mount holds elsewhere (it
@@ -112,9 +100,7 @@ def _unpin(pin: NetnsPin, ctx: ReclaimContext, busy: Mapping[NsKey, str]) -> Don
         return Done.left("not directly inside a netns dir")
 
     def judge(key: NsKey) -> str | None:
-        if key in ctx.live_netns:
-            return "a live sandbox names this netns"
-        return busy.get(key)
+        return "a live sandbox names this netns" if key in ctx.live_netns else busy.get(key)
 
     return unpin(pin.directory, pin.name, was_namespace=pin.is_namespace, ns=pin.ns, judge=judge)
 

@@ -8,6 +8,7 @@ right before a rule is deleted by its handle.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import re
 import shutil
@@ -20,7 +21,7 @@ from msgspec import Struct
 from reaper.host import netlink
 from reaper.host.commands import run_command
 from reaper.host.jsondoc import parse_json
-from reaper.kinds import Found, Kind, Look, ReclaimContext
+from reaper.kinds import Found, Kind, Look, ReclaimContext, batch_or_each
 from reaper.model import Claim, DetailValue, Done, Identity, ResourceRef, SourceError
 from reaper.names import is_cni_id, is_ifname
 
@@ -39,12 +40,9 @@ _CHAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
 
 
 class NftRule(Struct, frozen=True, kw_only=True):
-    """A rule of the CNI plugins' nftables backend and the key its comment carries.
-
-    A masquerade rule's key is `instance`, a hash of (network, ifname, container ID); the
-    description after it is cut at 128 characters, so its network, ifname and container ID are
-    for reading only. A hostport rule's comment is the whole container ID.
-    """
+    """A rule of the CNI plugins' nftables backend and the key its comment carries: a masquerade
+    rule's `instance` hash (its description is cut at 128 characters: for reading only), a
+    hostport rule's whole container ID."""
 
     family: str
     table: str
@@ -86,35 +84,18 @@ def parse_rules(text: str) -> list[NftRule]:
             continue
         if family not in _FAMILIES_ALLOWED or _CHAIN_NAME.fullmatch(chain) is None or handle < 0:
             continue
+        at = functools.partial(NftRule, family=family, table=table, chain=chain, handle=handle)
         if table == "cni_plugins_masquerade":
             match = _MASQ_COMMENT.fullmatch(comment)
             if not match:
                 continue  # not a plugin's rule (an admin's, or an older format): never ours
             instance, net, ifname, cid = match.groups()
-            rules.append(
-                NftRule(
-                    family=family,
-                    table=table,
-                    chain=chain,
-                    handle=handle,
-                    network=net if net and is_cni_id(net) else None,
-                    ifname=ifname if ifname and is_ifname(ifname) else None,
-                    container_id=cid if cid and is_cni_id(cid) else None,
-                    instance=instance,
-                )
-            )
+            network = net if net and is_cni_id(net) else None
+            ifname = ifname if ifname and is_ifname(ifname) else None
+            cid = cid if cid and is_cni_id(cid) else None
+            rules.append(at(network=network, ifname=ifname, container_id=cid, instance=instance))
         elif table == "cni_hostport" and is_cni_id(comment.strip()):
-            rules.append(
-                NftRule(
-                    family=family,
-                    table=table,
-                    chain=chain,
-                    handle=handle,
-                    network=None,
-                    ifname=None,
-                    container_id=comment.strip(),
-                )
-            )
+            rules.append(at(network=None, ifname=None, container_id=comment.strip()))
     return rules
 
 
@@ -160,12 +141,9 @@ def collect_nft_rules(timeout: float) -> tuple[list[NftRule], list[SourceError]]
     if nft is None:
         return [], [SourceError("nft", f"not installed, but CNI nft tables exist: {tables}")]
     try:
-        rules: list[NftRule] = []
-        for family, name in tables:
-            rules.extend(parse_rules(_list_table(nft, family, name, timeout)))
+        return [rule for family, name in tables for rule in parse_rules(_list_table(nft, family, name, timeout))], []
     except NftOutputError as err:
         return [], [SourceError("nft", str(err))]
-    return rules, []
 
 
 def instance_hash(network: str, ifname: str, container_id: str) -> str:
@@ -173,10 +151,6 @@ def instance_hash(network: str, ifname: str, container_id: str) -> str:
     the network, then of `ifname:containerID`, 16 characters each)."""
     network_hash = hashlib.sha512(network.encode()).hexdigest()[:HASH_CHARS]
     return network_hash + "-" + hashlib.sha512(f"{ifname}:{container_id}".encode()).hexdigest()[:HASH_CHARS]
-
-
-def _key_of(container_id: str, network: str, ifname: str) -> str:
-    return instance_hash(network, ifname, container_id)
 
 
 def find(look: Look) -> Found[NftRule]:
@@ -189,10 +163,9 @@ def identity(rule: NftRule) -> Identity:
 
 
 def ref(rule: NftRule) -> ResourceRef:
-    described: dict[str, DetailValue] = {}
+    described: dict[str, DetailValue] = {"container_id": rule.container_id}
     if rule.instance is not None:
-        described = {"instance": rule.instance, "network": rule.network, "ifname": rule.ifname}
-    described["container_id"] = rule.container_id
+        described = {"instance": rule.instance, "network": rule.network, "ifname": rule.ifname, **described}
     name = f"{rule.family} {rule.table} {rule.chain} {rule.handle}"
     return ResourceRef(kind="nft", name=name, created_at=None, details=described, identity=identity(rule))
 
@@ -201,9 +174,6 @@ def tie(rule: NftRule) -> Claim | None:
     if rule.instance is not None:
         return Claim(key=rule.instance)
     return Claim(container_id=rule.container_id) if rule.container_id is not None else None
-
-
-# ------------------------------------------------------------------------------ reclaiming
 
 
 def reclaim(rules: Sequence[NftRule], ctx: ReclaimContext) -> dict[Identity, Done]:
@@ -234,19 +204,25 @@ def reclaim(rules: Sequence[NftRule], ctx: ReclaimContext) -> dict[Identity, Don
                 done[identity(rule)] = Done.left("handle now carries another rule; left alone")
             else:
                 batch[identity(rule)] = f"delete rule {family} {table} {rule.chain} handle {rule.handle}"
-        if not batch:
-            continue
-        if run_command([nft, "-f", "-"], ctx.command_timeout, "\n".join(batch.values()) + "\n").code == 0:
-            done.update({ident: Done.freed() for ident in batch})
-            continue
-        for ident, line in batch.items():  # one at a time, so one refusal blocks no other
-            result = run_command([nft, "-f", "-"], ctx.command_timeout, line + "\n")
-            done[ident] = Done.freed() if result.code == 0 else Done.left(result.stderr.strip()[:200])
+        if batch:
+            done.update(batch_or_each(batch, functools.partial(_run_script, nft, ctx.command_timeout)))
     return done
+
+
+def _run_script(nft: str, timeout: float, lines: Sequence[str]) -> str | None:
+    result = run_command([nft, "-f", "-"], timeout, "\n".join(lines) + "\n")
+    return None if result.code == 0 else result.stderr.strip()[:200]
 
 
 # with_addresses: a masquerade rule matches its pod's address (`ip saddr`), as the iptables
 # backend's chain does; a hostport rule DNATs to it.
 KIND: Kind[NftRule] = Kind(
-    name="nft", find=find, identity=identity, ref=ref, tie=tie, reclaim=reclaim, key_of=_key_of, with_addresses=True
+    name="nft",
+    find=find,
+    identity=identity,
+    ref=ref,
+    tie=tie,
+    reclaim=reclaim,
+    key_of=lambda container_id, network, ifname: instance_hash(network, ifname, container_id),
+    with_addresses=True,
 )

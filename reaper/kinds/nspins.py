@@ -1,23 +1,20 @@
 """CRI-O's other namespace pins: `<namespaces_dir>/{ipc,uts,user,pid}ns/<name>`.
 
-CRI-O's pinns pins a sandbox's ipc, uts and user namespaces in the same run as its netns, all
-under one fresh uuid: `<namespaces_dir>/<type>ns/<uuid>` beside `<namespaces_dir>/netns/<uuid>`.
-CRI-O unmounts and removes each when it removes the sandbox; one that crashed or lost its
-state between leaves them all behind. A pid namespace is pinned later, from the infra
-process, under a name of its own (`pid` and digits): no netns pin shares it, so it is
-reported, never touched, like any pin whose name has no netns pin beside it.
-
-Identity: the pin's path. Tie: the netns pin with the same name (the producer's key), whose
-attachment it joins. Reclaimed only once that netns pin was freed this pass, and only when no
-process is in the namespace; the same confined unmount and unlink as a netns pin.
+CRI-O's pinns pins a sandbox's ipc, uts and user namespaces with its netns, all under one uuid;
+a CRI-O that crashed or lost its state leaves them all. A pid namespace is pinned later under a
+name of its own: no netns pin shares it, so it is reported, never touched. Identity: the path.
+Tie: the netns pin of the same name (BesidePin). Reclaimed only once that netns pin was freed
+this pass and no process is in the namespace, by the netns pin's confined unmount and unlink.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 
 from msgspec import Struct
+from msgspec.structs import asdict
 
 from reaper.host.files import DirLister, describe_oserror
 from reaper.host.mounts import unpin_hazard
@@ -60,22 +57,13 @@ def pin_dir(namespaces_dir: str, ns_type: str) -> str:
 
 def find(look: Look) -> Found[NsPin]:
     lister = DirLister("nspins")
-    pins: list[NsPin] = []
-    for namespaces_dir in look.options.namespaces_dirs:
-        for ns_type in NS_TYPES:
-            for listed in list_pins(lister, pin_dir(namespaces_dir, ns_type)):
-                pins.append(
-                    NsPin(
-                        ns_type=ns_type,
-                        name=listed.name,
-                        path=listed.path,
-                        namespaces_dir=namespaces_dir,
-                        ns=listed.ns,
-                        is_namespace=listed.is_namespace,
-                        mtime=listed.mtime,
-                    )
-                )
-    return Found(tuple(pins), tuple(lister.corrupt.records()))
+    pins = tuple(
+        NsPin(**asdict(listed), ns_type=ns_type, namespaces_dir=namespaces_dir)
+        for namespaces_dir in look.options.namespaces_dirs
+        for ns_type in NS_TYPES
+        for listed in list_pins(lister, pin_dir(namespaces_dir, ns_type))
+    )
+    return Found(pins, tuple(lister.corrupt.records()))
 
 
 def identity(pin: NsPin) -> Identity:
@@ -86,41 +74,33 @@ def ref(pin: NsPin) -> ResourceRef:
     details: dict[str, DetailValue] = {"path": pin.path, "type": pin.ns_type}
     if not pin.is_namespace:
         details["stale"] = True
-    return ResourceRef(
-        kind="nspins", name=f"{pin.ns_type}ns/{pin.name}", created_at=pin.mtime, details=details, identity=identity(pin)
-    )
+    name = f"{pin.ns_type}ns/{pin.name}"
+    return ResourceRef(kind="nspins", name=name, created_at=pin.mtime, details=details, identity=identity(pin))
 
 
 def tie(pin: NsPin) -> BesidePin:
     return BesidePin(pin.netns_path)
 
 
-# ------------------------------------------------------------------------------ reclaiming
-
 # Each type's namespaces some process is in, or why that cannot be known.
 Members = Callable[[str], Mapping[NsKey, set[int]] | str]
 
 
 def reclaim(pins: Sequence[NsPin], ctx: ReclaimContext) -> dict[Identity, Done]:
-    unseen = unseen_processes()
-    if unseen is not None:
-        return {identity(pin): Done.left(unseen) for pin in pins}
-    hazard = unpin_hazard(tuple(dict.fromkeys(pin.directory for pin in pins)))
-    if hazard is not None:
-        return {identity(pin): Done.left(hazard) for pin in pins}
-    walked: dict[str, Mapping[NsKey, set[int]] | str] = {}
+    why = unseen_processes() or unpin_hazard(tuple(dict.fromkeys(pin.directory for pin in pins)))
+    if why is not None:
+        return {identity(pin): Done.left(why) for pin in pins}
 
+    @functools.cache
     def members(ns_type: str) -> Mapping[NsKey, set[int]] | str:
-        if ns_type not in walked:
-            try:
-                found = namespace_members(ns_type)
-                # A process that unshared a pid namespace puts its next child there: it counts.
-                for ns, pids in (namespace_members(PID_FOR_CHILDREN) if ns_type == "pid" else {}).items():
-                    found.setdefault(ns, set()).update(pids)
-                walked[ns_type] = found
-            except OSError as err:
-                walked[ns_type] = f"who is in its namespace cannot be seen now (the walk of /proc failed: {err})"
-        return walked[ns_type]
+        try:
+            found = namespace_members(ns_type)
+            # A process that unshared a pid namespace puts its next child there: it counts.
+            for ns, pids in (namespace_members(PID_FOR_CHILDREN) if ns_type == "pid" else {}).items():
+                found.setdefault(ns, set()).update(pids)
+            return found
+        except OSError as err:
+            return f"who is in its namespace cannot be seen now (the walk of /proc failed: {err})"
 
     return {identity(pin): _unpin(pin, ctx, members) for pin in pins}
 
@@ -139,9 +119,7 @@ def _unpin(pin: NsPin, ctx: ReclaimContext, members: Members) -> Done:
         if isinstance(inside, str):
             return inside
         pids = inside.get(key)
-        if pids:
-            return f"its {pin.ns_type} namespace is in use now (pid {min(pids)})"
-        return None
+        return f"its {pin.ns_type} namespace is in use now (pid {min(pids)})" if pids else None
 
     try:
         return unpin(pin.directory, pin.name, was_namespace=pin.is_namespace, ns=pin.ns, judge=judge)

@@ -1,12 +1,9 @@
 """Every kind of resource the reaper knows, in the order they are found, as one value.
 
-Adding a kind is a module under reaper.kinds that defines `KIND`, and one line here. A kind
-is found after the ones above it (it may use what they found), and reclaimed in this order
-too, except the `last` ones, which go after all the rest.
-
-The look (reaper.snapshot), the correlation, the plan and the reclaimer are each given a
-`Registry` (REGISTRY unless a caller says otherwise), as libcni's CNIConfig is given its Exec:
-a test's kinds then reach the whole path, and no module keeps a copy of what follows from them.
+Adding a kind is a module under reaper.kinds that defines `KIND`, and one line here. A kind is
+found after the ones above it (it may use what they found), and reclaimed in this order too, the
+`last` ones after all the rest. The look, the correlation, the plan and the reclaimer are each
+given a `Registry` (REGISTRY unless a caller says otherwise), as libcni's CNIConfig its Exec.
 """
 
 from __future__ import annotations

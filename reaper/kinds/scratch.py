@@ -1,14 +1,11 @@
 """Files a plugin keeps for each container it attached, named by the container ID:
-`<dir>/<container ID>` (flannel's delegate config, multus' delegate list), or a name the
-container ID is part of (tuning's `<container ID>_<ifname>.json`: see ScratchFormat.owner).
+`<dir>/<container ID>` (flannel's, multus'), or a name holding it (tuning's: ScratchFormat.owner).
 
-Not a kind: what the kinds that read such files share. A file is found beneath its root, read
-without following a symlink or blocking on a FIFO, and bounded in size. Its name is the
-producer's key, so a name that is no container ID makes a corrupt record, never a resource. A
-file whose content the plugin would not have written (a crash between its open and its write
-leaves an empty one) is still its container's, with the reason. Reclaiming re-reads the file
-beneath the same root and removes it only while it is the very file that was judged, saying
-what it said then: its content names no container, so its name and inode are what tie it.
+Not a kind: what the kinds that read such files share. A file is read beneath its root, without
+following a symlink or blocking on a FIFO, bounded in size. A name that is no container ID is a
+corrupt record, never a resource; content the plugin would not have written is still its
+container's, with the reason. Reclaiming removes only the very file judged (same name, inode,
+stamps and reading): its content names no container. docs/design.md, "In depth: the kinds".
 """
 
 from __future__ import annotations
@@ -22,9 +19,9 @@ from msgspec import Struct
 
 from reaper.host.confined import UnfitFile, read_at, read_beneath
 from reaper.host.files import DirLister, describe_oserror
-from reaper.host.memo import FileMemo
+from reaper.host.memo import FileMemo, Stamp, stamp
 from reaper.host.quarantine import Quarantine, remove_or_quarantine
-from reaper.kinds import Found, Kind, Look, ReclaimContext
+from reaper.kinds import Found, Kind, Look, optional
 from reaper.kinds.netconf import ConfigError, plugin_list
 from reaper.model import ContainerTie, CorruptFile, DetailValue, Done, Identity, NetworkConfig, ResourceRef
 from reaper.names import is_cni_id, is_path
@@ -33,13 +30,8 @@ C = TypeVar("C")
 
 MAX_SCRATCH_BYTES = 4 << 20
 
-# (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns): a file made in its place, or written
-# since, differs in at least one.
-Stamp = tuple[int, int, int, int, int]
-
-
-def stamp_of(st: os.stat_result) -> Stamp:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+# A file made in its place, or written since, differs in at least one of its stamp's fields.
+stamp_of = stamp
 
 
 class ScratchFile(Struct, Generic[C], frozen=True, kw_only=True):
@@ -73,11 +65,6 @@ class ScratchFormat(Struct, Generic[C], frozen=True):
     owner: Callable[[str], str] = whole_name
 
 
-def _is_dir_path(text: str) -> bool:
-    """An absolute path the kernel could take."""
-    return text.startswith("/") and is_path(text)
-
-
 def go_join(directory: str, name: str) -> str:
     """The absolute path a plugin opens for Go's filepath.Join(directory, name), run with the
     root as its working dir (as the reaper runs plugins): cleaned, a relative dir taken from /."""
@@ -96,7 +83,7 @@ def config_dirs(configs: Iterable[NetworkConfig], types: Collection[str], key: s
             continue
         for plugin in plugins:
             value = plugin.get(key)
-            if plugin.get("type") not in types or not isinstance(value, str) or not _is_dir_path(value):
+            if plugin.get("type") not in types or not (isinstance(value, str) and value[:1] == "/" and is_path(value)):
                 continue
             directory = "/" + os.path.normpath(value).lstrip("/")  # POSIX keeps a leading "//"; Go does not
             if directory not in dirs:
@@ -119,6 +106,17 @@ def config_roots(kind: str, look: Look, types: Collection[str], key: str) -> tup
         else:
             dirs.append(directory)
     return dirs, refused
+
+
+def find_files(
+    fmt: ScratchFormat[C], look: Look, types: Collection[str], key: str, default: tuple[str, str]
+) -> Found[ScratchFile[C]]:
+    """The files in the `default` (root, directory) and in each dir `key` names in the node's
+    plugins of `types` (config_roots: each a root of its own), and the dirs refused."""
+    named, refused = config_roots(fmt.kind, look, types, key)
+    dirs = [default, *((d, d) for d in named if (d, d) != default)]
+    files, corrupt = collect(fmt, dirs, look.memo.of(fmt.kind))
+    return Found(tuple(files), (*refused, *corrupt))
 
 
 def parse_content(fmt: ScratchFormat[C], data: bytes) -> tuple[C | None, str | None]:
@@ -144,10 +142,8 @@ def _read(
         return CorruptFile(fmt.kind, path, "not a regular file")
     try:
         data, st = read_at(dir_fd, name, fmt.limit)
-    except OSError as err:
-        return CorruptFile(fmt.kind, path, describe_oserror(err))
-    except UnfitFile as err:
-        return CorruptFile(fmt.kind, path, str(err))
+    except (OSError, UnfitFile) as err:
+        return CorruptFile(fmt.kind, path, describe_oserror(err) if isinstance(err, OSError) else str(err))
     parsed = parse_content(fmt, data)
     return ScratchFile(
         container_id=container_id,
@@ -234,26 +230,18 @@ def file_kind(
         return (fmt.kind, file.path)
 
     def ref(file: ScratchFile[C]) -> ResourceRef:
-        shown: Details = {"path": file.path, **details(file)}
-        if file.corrupt is not None:
-            shown["corrupt"] = file.corrupt
+        shown: Details = {"path": file.path, **details(file), **optional(corrupt=file.corrupt)}
         return ResourceRef(
             kind=fmt.kind, name=file.container_id, created_at=file.mtime, details=shown, identity=identity(file)
         )
-
-    def tie(file: ScratchFile[C]) -> ContainerTie:
-        return ContainerTie(file.container_id)
-
-    def reclaim_files(files: Sequence[ScratchFile[C]], ctx: ReclaimContext) -> dict[Identity, Done]:
-        return reclaim(fmt, files, ctx.quarantine)
 
     return Kind(
         name=fmt.kind,
         find=find,
         identity=identity,
         ref=ref,
-        tie=tie,
-        reclaim=reclaim_files,
+        tie=lambda file: ContainerTie(file.container_id),
+        reclaim=lambda files, ctx: reclaim(fmt, files, ctx.quarantine),
         last=last,
         quarantinable=True,
     )

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from msgspec import Struct
 
-from reaper.host.netlink import RawLink, delete_links, dump_links, nsids_of
-from reaper.kinds import Found, Kind, Look, ReclaimContext, heldns, netns
+from reaper.host.netlink import RawLink, dump_links, nsids_of
+from reaper.kinds import Found, Kind, Look, ReclaimContext, delete_by_index, heldns, netns
 from reaper.kinds.heldns import HeldNetns
 from reaper.kinds.netns import NetnsPin
 from reaper.model import DetailValue, Done, Identity, NsKey, PeerTie, ResourceRef, SourceError
@@ -37,16 +37,11 @@ class VethLink(Struct, frozen=True, kw_only=True, gc=False):
 
 
 def veths_from(
-    links: list[RawLink],
-    nsids: Iterable[tuple[NsKey, int]],
-    pins: Sequence[NetnsPin],
-    held: Iterable[NsKey] = (),
+    links: list[RawLink], nsids: Iterable[tuple[NsKey, int]], pins: Sequence[NetnsPin], held: Iterable[NsKey] = ()
 ) -> list[VethLink]:
-    """The veths, each tied to the pinned namespace its peer is in: the one whose nsid (as the
-    kernel answered for a namespace, `nsids`) is the veth's link-netnsid. Only namespaces the
-    netns kind found pinned count, and those a mount holds elsewhere (`held`, the heldns kind's:
-    such a veth is tied to them, never left as one of a namespace nobody names); an nsid two
-    namespaces claim ties neither (fail closed)."""
+    """The veths, each tied to the namespace its peer is in: the one whose nsid (`nsids`) is the
+    veth's link-netnsid, among those pinned and those a mount holds elsewhere (`held`); an nsid
+    two namespaces claim ties neither (fail closed)."""
     by_index = {link.ifindex: link.name for link in links}
     pinned = {pin.ns for pin in pins if pin.is_namespace} | set(held)
     nsid_to_ns: dict[int, NsKey | None] = {}
@@ -77,16 +72,9 @@ def _own_netns() -> tuple[int, int]:
 
 
 def find(look: Look) -> Found[VethLink]:
-    """Links, and the nsid of each pin a veth's peer may be in.
-
-    An nsid costs a netlink request a pin, and the kernel looks through every nsid it gave to
-    answer one. So a long-running agent answers a pin from its memo while the pin keeps the
-    same path and the same stat of the namespace mounted there, ctime included: a namespace
-    keeps its nsid while it lives, and the mount keeps it alive; a new namespace reuses a dead
-    one's inode number at once, but its nsfs inode is new, with a ctime later than any the memo
-    keeps (it keeps none of the last two seconds). The nsids are as seen from the namespace
-    this process is in, so that is kept too. A one-shot run asks every pin: no memo is kept on
-    disk, where whoever could write it would choose which pod a veth belongs to."""
+    """Links, and the nsid of each pin a veth's peer may be in. The agent's memo answers a pin
+    whose path and namespace stat (ctime included) are unchanged, seen from the same namespace;
+    why that is safe: docs/design.md, "In depth: the kinds"."""
     pins = look.found(netns.KIND)
     held = look.found(heldns.KIND)
     memo = look.memo.of("veth")
@@ -133,10 +121,8 @@ def _held_nsids(
     links: list[RawLink], held: Sequence[HeldNetns], known: set[int]
 ) -> dict[str, tuple[os.stat_result, int]]:
     """The nsids of the namespaces mounts hold elsewhere, asked only when some veth's peer is in
-    a namespace no pin's nsid names, each through its holder's root (only a mount whose path
-    crosses local filesystems alone: see reaper.host.nsmounts), and never remembered: there is
-    no pin whose stat a memo could be kept under."""
-    # `known` tested as a set: a tuple made of it for each link was a step per veth per pin.
+    a namespace no pin's nsid names, each through its holder's root (a mount whose path crosses
+    local filesystems alone: reaper.host.nsmounts); never remembered (no pin to key a memo)."""
     unnamed = (link.link_netnsid for link in links if link.kind == "veth")
     if not any(nsid is not None and nsid not in known for nsid in unnamed):
         return {}
@@ -162,9 +148,6 @@ def ref(veth: VethLink) -> ResourceRef:
 
 def tie(veth: VethLink) -> PeerTie:
     return PeerTie(veth.name, veth.peer_netns)
-
-
-# ------------------------------------------------------------------------------ reclaiming
 
 
 def _wait_gone(indexes: set[int], timeout: float) -> None:
@@ -200,22 +183,11 @@ def reclaim(veths: Sequence[VethLink], ctx: ReclaimContext) -> dict[Identity, Do
         _wait_gone({v.ifindex for v in veths}, UNPIN_GRACE)
     by_index = {link.ifindex: link for link in dump_links()}
     busy = ctx.busy()
-    done: dict[Identity, Done] = {}
-    to_delete: dict[int, VethLink] = {}
-    for veth in veths:
-        link = by_index.get(veth.ifindex)
-        why = _peer_in_use(veth, ctx, busy)
-        if link is None:
-            done[identity(veth)] = Done.freed()  # gone with its namespace
-        elif link.kind != "veth" or link.name != veth.name or link.link_netnsid != veth.peer_netnsid:
-            done[identity(veth)] = Done.left("index now belongs to another link; left alone")
-        elif why is not None:
-            done[identity(veth)] = Done.left(why)
-        else:
-            to_delete[veth.ifindex] = veth
-    for index, error in delete_links(list(to_delete)).items() if to_delete else ():
-        done[identity(to_delete[index])] = Done.freed() if error is None else Done.left(error)
-    return done
+
+    def changed(veth: VethLink, link: RawLink) -> bool:
+        return link.kind != "veth" or link.name != veth.name or link.link_netnsid != veth.peer_netnsid
+
+    return delete_by_index(veths, by_index, identity, changed, lambda veth: _peer_in_use(veth, ctx, busy))
 
 
 def host_ifname(veth: VethLink) -> str:

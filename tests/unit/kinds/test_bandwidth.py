@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
+import reaper.kinds
 from reaper.correlate import correlate
 from reaper.host.netlink import RawLink, kernel_filters_by_kind, parse_link
 from reaper.kinds import ReclaimContext, bandwidth
@@ -140,7 +141,7 @@ def test_reclaim_deletes_by_index_only_while_the_index_still_is_that_ifb(monkeyp
         return {i: ("Operation not permitted" if i == 4 else None) for i in indexes}
 
     monkeypatch.setattr(bandwidth, "dump_links_of_kind", lambda kind: now if kind == "ifb" else [])
-    monkeypatch.setattr(bandwidth, "delete_links", delete)
+    monkeypatch.setattr(reaper.kinds, "delete_links", delete)  # the shared delete_by_index
     done = KIND.reclaim([kept, renamed, gone, failing], _ctx())
     assert deleted == [[1, 4]]
     assert done[KIND.identity(kept)].ok and done[KIND.identity(gone)].ok
