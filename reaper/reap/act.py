@@ -161,20 +161,13 @@ class Reclaimer(Struct, kw_only=True):
     stop: threading.Event
     observe: Callable[[], RuntimeView]  # the runtimes, asked again
     watch: Stopwatch = field(default_factory=Stopwatch)
-    # Plugin DELs at once (--del-concurrency): bounds the memory of a reclaim burst, not the CPUs.
-    del_concurrency: int = DEL_CONCURRENCY
-    # The conf dir's config of each network, asked for STATUS before what has no DEL is freed.
-    network_configs: Mapping[str, bytes] = field(default_factory=dict)
-    # The plugins' PATH: where their DEL finds the node's iptables backend.
-    plugin_path: str = PLUGIN_PATH
-    read_netns: Callable[[Sequence[NamespaceToRead]], list[NamespaceAddresses]] = field(
-        default_factory=lambda: read_staying
-    )
-    # The kinds it reclaims, in their order; `look` should be made with the same.
-    registry: Registry = REGISTRY
+    del_concurrency: int = DEL_CONCURRENCY  # plugin DELs at once: bounds a burst's memory, not CPUs
+    network_configs: Mapping[str, bytes] = field(default_factory=dict)  # asked for STATUS
+    plugin_path: str = PLUGIN_PATH  # where the plugins' DEL finds the node's iptables backend
+    read_netns: Callable[[Sequence[NamespaceToRead]], list[NamespaceAddresses]] = read_staying
+    registry: Registry = REGISTRY  # the kinds it reclaims, in order; `look` should use the same
     _statuses: dict[bytes, str | None] = field(default_factory=dict)
-    # The mount texts the pass's looks parsed, not parsed again while unchanged.
-    _mounts: ParsedMountinfo = field(default_factory=ParsedMountinfo)
+    _mounts: ParsedMountinfo = field(default_factory=ParsedMountinfo)  # parsed again only if changed
     _status_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def view(self, namespaces: Set[NsKey]) -> NodeView:
@@ -209,16 +202,15 @@ class Reclaimer(Struct, kw_only=True):
         requests.kept_state by attachment; `planned_on`: the planning look, which serves as the
         look after DEL when no attachment has a DEL to run."""
         self.watch.restart()
-        attachments_all = attachments
         plugin_errors, left_before_del, live, seed = self._del_all(attachments, requests)
         skipped = [SkippedAttachment(a.key, left_before_del[a.key]) for a in attachments if a.key in left_before_del]
-        attachments = [a for a in attachments if a.key not in left_before_del]
+        acting = [a for a in attachments if a.key not in left_before_del]
         self.watch.lap("del")
         no_del = all(request is None for request in requests.values())
         after = planned_on if planned_on is not None and no_del else self.look()
         after_del = index(after, self.registry)
         # Every pin of the pass's orphans, those left too: the address check did not read them.
-        pass_pins = pins_of(attachments_all, after_del, self.registry)
+        pass_pins = pins_of(attachments, after_del, self.registry)
         self.watch.lap("look")
         # A chain that keeps state elsewhere keeps what its DEL reads unless that DEL ran as the
         # runtime would run it (with the pin, or without_netns) and succeeded.
@@ -230,7 +222,7 @@ class Reclaimer(Struct, kw_only=True):
             or plugin_errors.get(key)
         }
         kernel_done = self._kernel(
-            attachments,
+            acting,
             after_del,
             needs_plugin,
             {key for key in needs_plugin if requests.get(key) is None},
@@ -245,25 +237,19 @@ class Reclaimer(Struct, kw_only=True):
         final = index(last_look, self.registry)
         self.watch.lap("verify")
         outcomes = []
-        for a in attachments:
+        for a in acting:
             results = []
             for ref in a.resources:
                 gone = ref.identity not in final
-                method: ReclaimMethod
-                error: str | None
-                if ref.identity not in after_del and requests.get(a.key) is not None:
-                    method, error = "cni-del", None
-                else:
-                    done = kernel_done.get(ref.identity)
-                    method = "quarantine" if done is not None and done.quarantined else "kernel"
-                    error = done.error if done is not None and not done.ok else None
+                by_del = ref.identity not in after_del and requests.get(a.key) is not None
+                done = None if by_del else kernel_done.get(ref.identity)
+                quarantined = done is not None and done.quarantined
+                method: ReclaimMethod = "cni-del" if by_del else "quarantine" if quarantined else "kernel"
+                error = done.error if done is not None and not done.ok else None
                 if gone and ref.kind in last_look.partly_read:
                     gone, error = False, f"not verified: the last look could not read all of {ref.kind}"
-                if not gone and error is None:
-                    error = "still present after reclaiming"
-                results.append(
-                    ResourceOutcome(kind=ref.kind, name=ref.name, method=method, ok=gone, error=None if gone else error)
-                )
+                error = None if gone else error or "still present after reclaiming"
+                results.append(ResourceOutcome(kind=ref.kind, name=ref.name, method=method, ok=gone, error=error))
             outcomes.append(
                 ReclaimOutcome(a.key, tuple(results), plugin_errors.get(a.key, ()), needs_plugin.get(a.key))
             )
@@ -432,24 +418,19 @@ class Reclaimer(Struct, kw_only=True):
                 for ref in a.resources:
                     if ref.kind != kind.name or ref.identity not in present:
                         continue
-                    if a.key in left_at:
-                        done[ref.identity] = Done.left(left_at[a.key])
-                        continue
-                    if (kind.last or kind.del_needs) and a.key in needs_plugin:
+                    why = left_at.get(a.key)
+                    if why is None and (kind.last or kind.del_needs) and a.key in needs_plugin:
                         pinned = bool(netns_for_del(a, present, self.registry))
                         why = _kept_because(needs_plugin[a.key], a.key in no_del, pinned)
-                        done[ref.identity] = Done.left(why)
-                        continue
-                    if staying is not None and kind.with_addresses:
-                        kept = kept_for_addresses(staying, a, kind, present[ref.identity])
-                        if kept is not None:
-                            done[ref.identity] = Done.left(kept)
-                            continue
-                    if kind.last:
+                    if why is None and staying is not None and kind.with_addresses:
+                        why = kept_for_addresses(staying, a, kind, present[ref.identity])
+                    if why is None and kind.last:
                         others = [r.identity for r in a.resources if r.kind not in last and r.identity in present]
                         if not all(done.get(i, Done.freed()).ok for i in others):
-                            done[ref.identity] = Done.left("kept: other resources of the attachment remain")
-                            continue
+                            why = "kept: other resources of the attachment remain"
+                    if why is not None:
+                        done[ref.identity] = Done.left(why)
+                        continue
                     # The record as judged, not as the later look found it: each kind compares the
                     # node with it before it deletes (a lease given to a new pod keeps its path).
                     chosen.append((a, judged.get(ref.identity, present[ref.identity])))
@@ -485,12 +466,8 @@ class Reclaimer(Struct, kw_only=True):
             namespaces = frozenset(ns for a in owners for ns in lives_in(self.registry.kinds, a, present)) - gone
             found = views.fresh(namespaces, wide - gone).judge(owners)
             left_at.update(found.left)
-            records = []
-            for a, record in batch:
-                if a.key in found.left:
-                    out[kind.identity(record)] = Done.left(found.left[a.key])
-                else:
-                    records.append(record)
+            out.update((kind.identity(r), Done.left(found.left[a.key])) for a, r in batch if a.key in found.left)
+            records = [r for a, r in batch if a.key not in found.left]
             started = time.monotonic()
             if records:
                 ctx = ReclaimContext(

@@ -140,7 +140,12 @@ def plan_pass(
         if not orphans:
             return replace(nothing, skipped=tuple(left))
     planned = _decide(scan, orphans, waiting, dropped, policy, reap.allow_plugins, log, registry)
-    planned = _as_reviewed(planned, reviewed) if reviewed is not None else planned
+    if reviewed is not None:  # without the orphans whose steps are not what the plan reviewed
+        keys = plan_keys(reviewed)
+        differs = {
+            p.key: f"not as reviewed: {why}" for p in planned.plan if (why := steps_changed(p, keys)) is not None
+        }
+        planned = planned.leaving(differs)
     return replace(planned, skipped=(*left, *planned.skipped), timings=nothing.timings)
 
 
@@ -200,13 +205,6 @@ def _decide(
         skipped=tuple(deferred),
         registry=registry,
     )
-
-
-def _as_reviewed(planned: Planned, reviewed: PlanFile) -> Planned:
-    """The plan without the orphans whose steps are not what the plan file reviewed."""
-    keys = plan_keys(reviewed)
-    differs = {p.key: f"not as reviewed: {why}" for p in planned.plan if (why := steps_changed(p, keys)) is not None}
-    return planned.leaving(differs)
 
 
 def preview(planned: Planned, settings: Settings) -> Planned:
