@@ -14,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from msgspec import Struct
@@ -239,10 +240,8 @@ def addresses_in_use(
     skip = dead | frozenset(ns for ns in own_everywhere if ns not in members and ns not in mounted)
     targets = node_namespaces(netns_dirs, members, skip, mounted)
     wanted = packed_forms([address for h in held.values() for address in h.addresses])
-    until = clock() + deadline
-    seen = read_addresses(targets, deadline=until, clock=clock, wanted=wanted)
-    seen = reread_churned(targets, seen, netns_members, lambda again: read_addresses(
-        again, deadline=until, clock=clock, wanted=wanted))  # fmt: skip
+    read = partial(read_addresses, deadline=clock() + deadline, clock=clock, wanted=wanted)
+    seen = reread_churned(targets, read(targets), netns_members, read)
     return leave_for_addresses(held, seen, None, dead)
 
 

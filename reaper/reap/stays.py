@@ -58,13 +58,10 @@ def staying_namespaces(
 def lives_in(kinds: Sequence[Kind[Any]], attachment: Attachment, present: Records) -> set[NsKey]:
     """The namespaces an attachment's addresses are configured in: its own, and each one its
     records keep (its pin's, its veths' peers')."""
-    found = {attachment.netns} if attachment.netns is not None else set()
-    for ref in attachment.resources:
-        record = present.get(ref.identity)
-        keeper = _keeper(kinds, ref.identity, record) if record is not None else None
-        if keeper is not None:
-            found.add(keeper[1])
-    return found
+    refs = (ref for ref in attachment.resources if ref.identity in present)
+    keepers = (_keeper(kinds, ref.identity, present[ref.identity]) for ref in refs)
+    own = {attachment.netns} if attachment.netns is not None else set()
+    return own | {keeper[1] for keeper in keepers if keeper is not None}
 
 
 def kept_with_namespace(
