@@ -146,13 +146,11 @@ def _changed(file: PinnedFile) -> str | None:
 def pinned(request: DelRequest) -> Iterator[tuple[DelRequest | None, str | None]]:
     """(the request to run now, None), its delegating plugins reading only what was checked, or
     (None, why not) when a file multus reads changed; flannel's private dirs go at the end."""
-    for delegation in request.delegations:
-        if delegation.plugin_type in multus.PLUGINS:
-            for file in (delegation.file, *delegation.results):
-                why = _changed(file)
-                if why is not None:
-                    yield None, why
-                    return
+    multus_reads = (f for d in request.delegations if d.plugin_type in multus.PLUGINS for f in (d.file, *d.results))
+    changed = next((why for f in multus_reads if (why := _changed(f)) is not None), None)
+    if changed is not None:
+        yield None, changed
+        return
     flannels = [d for d in request.delegations if d.plugin_type == flannel.PLUGIN]
     if not flannels:
         yield request, None

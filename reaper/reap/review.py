@@ -154,9 +154,7 @@ def reviewed_orphans(
             continue
         kept.append(orphan)
     orphan_keys = {o.key for o in orphans}
-    for key in reviewed:
-        if key in orphan_keys:
-            continue
+    for key in (key for key in reviewed if key not in orphan_keys):
         seen = now.get(key)
         why = f"{seen.verdict} now: {seen.reason}" if seen is not None else "gone now"
         skipped.append(SkippedAttachment(key, f"in the reviewed plan, but {why}"))

@@ -10,6 +10,7 @@ docs/design.md, "Which plugin runs, with which config".
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
+from contextlib import suppress
 from typing import Any
 
 from msgspec import Struct
@@ -79,10 +80,8 @@ def node_trust(
     by_network: dict[str, NetworkConfig] = {}
     for config in conf_configs:
         by_network.setdefault(config.name, config)
-        try:
+        with suppress(ConfigError):
             types |= executed_types(plugin_list(config.raw)[2])
-        except ConfigError:
-            continue
     return NodeTrust(
         types=frozenset(types),
         configs=by_network,
