@@ -64,17 +64,12 @@ def read_staying(targets: Sequence[NamespaceToRead]) -> list[NamespaceAddresses]
 def _kept_because(what: str, no_del: bool, pinned: bool) -> str:
     """Why a record a later DEL needs stays, for a chain that keeps state elsewhere. `pinned`: it
     has a real pin, so its DEL was kept from running otherwise (refused, or --method kernel)."""
+    kept, tools = f"kept: {what} may keep state only its DEL frees, and", "free it with the plugin's own tools"
     if no_del and pinned:
-        return (
-            f"kept: {what} may keep state only its DEL frees, and that DEL does not run for it (its "
-            "plan says why); free it with the plugin's own tools, then remove this"
-        )
+        return f"{kept} that DEL does not run for it (its plan says why); {tools}, then remove this"
     if no_del:
-        return (
-            f"kept: {what} may keep state only its DEL frees, and no DEL runs for an attachment no "
-            "netns pin proves; free it with the plugin's own tools, then remove this"
-        )
-    return f"kept: {what} may keep state only its DEL frees, and that DEL has not succeeded as the runtime would run it"
+        return f"{kept} no DEL runs for an attachment no netns pin proves; {tools}, then remove this"
+    return f"{kept} that DEL has not succeeded as the runtime would run it"
 
 
 class Recheck(NamedTuple):

@@ -116,11 +116,9 @@ def leave_for_addresses(
         if not holds.addresses:
             continue
         first = holds.addresses[0]
+        untold = f"whether a live pod holds its address {first} cannot be told"
         if unseen is not None:
-            reasons[key] = (
-                f"not every network namespace on the node can be seen ({unseen}): whether a live pod holds its"
-                f" address {first} cannot be told"
-            )
+            reasons[key] = f"not every network namespace on the node can be seen ({unseen}): {untold}"
             continue
         where = [(address, ns) for address in holds.addresses for ns in configured.get(address, ())]
         elsewhere = next(((address, ns) for address, ns in where if ns.ns not in holds.own), None)
@@ -147,10 +145,7 @@ def leave_for_addresses(
             continue
         unread = next((ns for ns in failed if ns.ns not in holds.own), None)
         if unread is not None:
-            reasons[key] = (
-                f"the addresses configured in {unread.where} could not be read ({unread.error}): whether a live"
-                f" pod holds its address {first} cannot be told"
-            )
+            reasons[key] = f"the addresses configured in {unread.where} could not be read ({unread.error}): {untold}"
     return reasons
 
 
