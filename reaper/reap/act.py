@@ -1,5 +1,6 @@
 """Acting on orphans the runtime just confirmed are not its own: plugin DEL, then each kind's
-own reclaim for what DEL left, then a last look that says what is really gone."""
+own reclaim for what DEL left, then a last look that says what is really gone. Each batch is
+re-checked right before it is acted on: docs/design.md, "Batches and windows in the act step"."""
 
 from __future__ import annotations
 
@@ -44,51 +45,36 @@ from reaper.stopwatch import Stopwatch
 
 UNREACHABLE_AT_RECHECK = "runtime unreachable at the re-check"
 STAYING_DEADLINE = 5.0  # seconds for reading the addresses of the pass's pins that stay, all together
-# Seconds after a re-check finished within which what it cleared may be acted on: a DEL starts,
-# a kind's batch is reclaimed. Batches are sized to fit (Reclaimer); SECURITY.md says why a
-# window this long is safe.
+# Seconds after a re-check within which what it cleared may be acted on (SECURITY.md, "The
+# re-check window"); never shorter than LOOK_SHARE times that look took.
 RECHECK_WINDOW = 1.0
-# A window is never shorter than this many times the look that opened it takes: where walking
-# the node is slow (many mounts), the looks then take at most a fifth of the DEL step, and
-# never starve the DELs of the interpreter.
 LOOK_SHARE = 4
 FIRST_KERNEL_BATCH = 128  # records in a kind's first batch, before its pace is known
 MIN_BATCH = 16
-# A kind's batches a step at most: what a kind pays once a batch (a save of the ruleset, a
-# wait for the kernel, a dump of the links) grows with the node, so more batches than this
-# would make a step cost the orphans times the node. A kind that cannot fit a window into
-# this many batches acts past it, and still asks who is inside right before it acts.
+# A kind's batches a step at most: what it pays once a batch grows with the node.
 MAX_KERNEL_BATCHES = 4
 LATE_TRIES = 3  # times a DEL may miss its window before its attachment waits for the next pass
 
 
 def read_staying(targets: Sequence[NamespaceToRead]) -> list[NamespaceAddresses]:
-    """The addresses configured in each of the pass's pins that stay (reaper.host.netns_addrs),
-    within one deadline."""
+    """The addresses configured in each of the pass's pins that stay, within one deadline."""
     return read_addresses(targets, deadline=time.monotonic() + STAYING_DEADLINE)
 
 
 def _kept_because(what: str, no_del: bool, pinned: bool) -> str:
-    """Why a record a later DEL needs stays, for an attachment whose chain keeps state elsewhere.
-    `pinned`: the attachment has a real pin, so what kept its DEL from running was not the want
-    of one (its config was refused, or --method kernel)."""
+    """Why a record a later DEL needs stays, for a chain that keeps state elsewhere. `pinned`: it
+    has a real pin, so its DEL was kept from running otherwise (refused, or --method kernel)."""
+    kept, tools = f"kept: {what} may keep state only its DEL frees, and", "free it with the plugin's own tools"
     if no_del and pinned:
-        return (
-            f"kept: {what} may keep state only its DEL frees, and that DEL does not run for it (its "
-            "plan says why); free it with the plugin's own tools, then remove this"
-        )
+        return f"{kept} that DEL does not run for it (its plan says why); {tools}, then remove this"
     if no_del:
-        return (
-            f"kept: {what} may keep state only its DEL frees, and no DEL runs for an attachment no "
-            "netns pin proves; free it with the plugin's own tools, then remove this"
-        )
-    return f"kept: {what} may keep state only its DEL frees, and that DEL has not succeeded as the runtime would run it"
+        return f"{kept} no DEL runs for an attachment no netns pin proves; {tools}, then remove this"
+    return f"{kept} that DEL has not succeeded as the runtime would run it"
 
 
 class Recheck(NamedTuple):
-    """What a re-check found: why each attachment must be left after all, the namespaces the
-    runtimes named at it (live, whatever a record says), who is in which namespace, and when
-    it finished (time.monotonic)."""
+    """What a re-check found: why each attachment must be left, the namespaces the runtimes
+    named (live), who is in which namespace, and when it finished (time.monotonic)."""
 
     left: dict[AttachmentKey, str]
     live_netns: frozenset[NsKey] = frozenset()
@@ -97,9 +83,8 @@ class Recheck(NamedTuple):
 
 
 class NodeView(NamedTuple):
-    """One look at who may still use an orphan: who is in which namespace (the mounts, then
-    /proc), then what the runtimes list (None when they could not all be asked: `error`), and
-    when it was complete (time.monotonic)."""
+    """One look at who may still use an orphan: who is in which namespace, then what the runtimes
+    list (None when they could not all be asked: `error`), and when it was complete."""
 
     busy: Mapping[NsKey, str]
     now: Listed | None
@@ -110,9 +95,13 @@ class NodeView(NamedTuple):
         """Why each of `attachments` must be left after all, by this view."""
         if self.now is None:
             return Recheck({a.key: f"{UNREACHABLE_AT_RECHECK}: {self.error}" for a in attachments}, at=self.at)
-        reasons = {a.key: recheck_reason(a, self.now, self.busy) for a in attachments}
-        left = {key: why for key, why in reasons.items() if why is not None}
-        return Recheck(left, self.now.netns, self.busy, self.at)
+        now, busy = self.now, self.busy
+        left = {a.key: why for a in attachments if (why := recheck_reason(a, now, busy)) is not None}
+        return Recheck(left, now.netns, busy, self.at)
+
+
+Seed = tuple[NodeView, frozenset[NsKey], float]  # a look, the namespaces it described, its window
+DelDone = tuple[AttachmentKey, tuple[str, ...], str | None, bool]  # key, plugin errors, why left, window missed
 
 
 def _unpinned(
@@ -122,32 +111,20 @@ def _unpinned(
     staying: Mapping[NsKey, str] | str,
     registry: Registry,
 ) -> frozenset[NsKey]:
-    """The namespaces whose pin (Registry.pin_of) this step freed and that no record keeps
-    (`staying`): unmounted with no process or mount in them at the look that cleared them."""
+    """The namespaces whose pin this step freed and that no record keeps (`staying`)."""
     if isinstance(staying, str):
         return frozenset()
-    found = set()
-    for a in attachments:
-        for ref in a.resources:
-            result = done.get(ref.identity)
-            if result is None or not result.ok:
-                continue
-            pin = registry.pin_of(ref, present)
-            if pin is not None and pin.ns not in staying:
-                found.add(pin.ns)
-    return frozenset(found)
+    freed = (ref for a in attachments for ref in a.resources if (r := done.get(ref.identity)) is not None and r.ok)
+    pins = (registry.pin_of(ref, present) for ref in freed)
+    return frozenset(pin.ns for pin in pins if pin is not None and pin.ns not in staying)
 
 
 class _Views:
-    """The kernel step's looks at the node: one serves every batch that starts within half its
-    window (RECHECK_WINDOW, or LOOK_SHARE times the look's own length when that is longer, as
-    for the DELs) and whose namespaces it described. Each describes every namespace the step may
-    still act on (`wide`), so that the next batches can use it too. `seed`: the DEL step's last
-    look, with the namespaces it described and its window, which serves while it is fresh."""
+    """The kernel step's looks: one serves every batch that starts within half its window and
+    whose namespaces it described (each describes every namespace the step may still act on,
+    `wide`). `seed`: the DEL step's last look, its namespaces and window."""
 
-    def __init__(
-        self, take: Callable[[Set[NsKey]], NodeView], seed: tuple[NodeView, frozenset[NsKey], float] | None = None
-    ) -> None:
+    def __init__(self, take: Callable[[Set[NsKey]], NodeView], seed: Seed | None = None) -> None:
         self.take = take
         self.last: NodeView | None = None
         self.described: frozenset[NsKey] = frozenset()
@@ -179,39 +156,26 @@ class Reclaimer(Struct, kw_only=True):
     stop: threading.Event
     observe: Callable[[], RuntimeView]  # the runtimes, asked again
     watch: Stopwatch = field(default_factory=Stopwatch)
-    # Plugin DELs run at once (--del-concurrency): each is a process of its own beside the
-    # agent, so this bounds the memory of a reclaim burst, not the host's CPUs.
-    del_concurrency: int = DEL_CONCURRENCY
-    # The conf dir's config of each network: asked for STATUS before the kernel step frees
-    # what an attachment without a DEL holds.
-    network_configs: Mapping[str, bytes] = field(default_factory=dict)
-    # The plugins' PATH this pass: where their DEL finds the node's iptables backend
-    # (reaper.host.iptables_backend).
-    plugin_path: str = PLUGIN_PATH
-    # How the kernel step reads the addresses of the pass's pins that stay (read_staying).
-    read_netns: Callable[[Sequence[NamespaceToRead]], list[NamespaceAddresses]] = field(
-        default_factory=lambda: read_staying
-    )
-    # The kinds it reclaims, in their order; the look (`look`) should be made with the same.
-    registry: Registry = REGISTRY
+    del_concurrency: int = DEL_CONCURRENCY  # plugin DELs at once: bounds a burst's memory, not CPUs
+    network_configs: Mapping[str, bytes] = field(default_factory=dict)  # asked for STATUS
+    plugin_path: str = PLUGIN_PATH  # where the plugins' DEL finds the node's iptables backend
+    read_netns: Callable[[Sequence[NamespaceToRead]], list[NamespaceAddresses]] = read_staying
+    registry: Registry = REGISTRY  # the kinds it reclaims, in order; `look` should use the same
     _statuses: dict[bytes, str | None] = field(default_factory=dict)
-    # The mount texts the pass's looks parsed: one unchanged since the last look is not parsed again.
-    _mounts: ParsedMountinfo = field(default_factory=ParsedMountinfo)
+    _mounts: ParsedMountinfo = field(default_factory=ParsedMountinfo)  # parsed again only if changed
     _status_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def view(self, namespaces: Set[NsKey]) -> NodeView:
-        """Who is in which namespace now (one walk of the mounts and of /proc; the processes in
-        `namespaces` are described, any other namespace with a process in it counts busy), then
-        what the runtimes list now (asked once): the runtimes last, so that the answer a batch
-        is judged by is the freshest part of the view."""
+        """Who is in which namespace now (`namespaces` described, any other with a process busy),
+        then what the runtimes list: last, so that it is the freshest part of the view."""
         busy = in_use(self.bin_dirs, self.netns_dirs, namespaces, self._mounts) if namespaces else {}
         view = self.observe()
         now = listed(view) if view.reachable else None
         return NodeView(busy, now, view.error, time.monotonic())
 
     def _busy_from(self, found: Recheck, namespaces: Set[NsKey], window: float) -> Callable[[], Mapping[NsKey, str]]:
-        """Who is in which namespace for a kind about to act on a batch: the re-check's walk
-        while it is within the window, else a walk made now."""
+        """Who is in which namespace for a kind about to act: the re-check's walk while within
+        the window, else a walk made now."""
 
         def busy() -> Mapping[NsKey, str]:
             if time.monotonic() - found.at <= window:
@@ -228,29 +192,23 @@ class Reclaimer(Struct, kw_only=True):
         keep: Mapping[AttachmentKey, str] | None = None,
         planned_on: NodeSnapshot | None = None,
     ) -> tuple[list[ReclaimOutcome], list[SkippedAttachment]]:
-        """Reclaim each attachment, re-checked in batches right before its DEL and again before
-        each batch of the kernel step (see _del_all, _kernel); those the first re-check leaves
-        are skipped whole. `keep` names, by attachment, the plugins of its chain that keep state
-        only their DEL frees (see kept_state). `planned_on`: the look the pass was planned on;
-        when no attachment has a DEL to run, nothing but the kernel step changes what it found,
-        and the kernel step starts from it instead of a look of its own (each record is still
-        compared with the node before it goes)."""
+        """Reclaim each attachment, re-checked in batches before its DEL and before each batch
+        of the kernel step; those the DEL step's re-check leaves are skipped whole. `keep`:
+        requests.kept_state by attachment; `planned_on`: the planning look, which serves as the
+        look after DEL when no attachment has a DEL to run."""
         self.watch.restart()
-        attachments_all = attachments
         plugin_errors, left_before_del, live, seed = self._del_all(attachments, requests)
         skipped = [SkippedAttachment(a.key, left_before_del[a.key]) for a in attachments if a.key in left_before_del]
-        attachments = [a for a in attachments if a.key not in left_before_del]
+        acting = [a for a in attachments if a.key not in left_before_del]
         self.watch.lap("del")
         no_del = all(request is None for request in requests.values())
         after = planned_on if planned_on is not None and no_del else self.look()
         after_del = index(after, self.registry)
-        # Every pin of the pass's orphans, those left at a re-check too: the address check did
-        # not read them (reaper.reap.addresses), so the kernel step reads those that stay.
-        pass_pins = pins_of(attachments_all, after_del, self.registry)
+        # Every pin of the pass's orphans, those left too: the address check did not read them.
+        pass_pins = pins_of(attachments, after_del, self.registry)
         self.watch.lap("look")
-        # A chain that keeps state elsewhere keeps its cache entry (and the other files DEL
-        # reads) unless its DEL ran as the runtime would run it and succeeded: with the pin, or
-        # with no netns where every plugin of it that keeps state frees by container ID.
+        # A chain that keeps state elsewhere keeps what its DEL reads unless that DEL ran as the
+        # runtime would run it (with the pin, or without_netns) and succeeded.
         needs_plugin = {
             key: what
             for key, what in (keep or {}).items()
@@ -259,7 +217,7 @@ class Reclaimer(Struct, kw_only=True):
             or plugin_errors.get(key)
         }
         kernel_done = self._kernel(
-            attachments,
+            acting,
             after_del,
             needs_plugin,
             {key for key in needs_plugin if requests.get(key) is None},
@@ -274,35 +232,27 @@ class Reclaimer(Struct, kw_only=True):
         final = index(last_look, self.registry)
         self.watch.lap("verify")
         outcomes = []
-        for a in attachments:
+        for a in acting:
             results = []
             for ref in a.resources:
                 gone = ref.identity not in final
-                method: ReclaimMethod
-                error: str | None
-                if ref.identity not in after_del and requests.get(a.key) is not None:
-                    method, error = "cni-del", None
-                else:
-                    done = kernel_done.get(ref.identity)
-                    method = "quarantine" if done is not None and done.quarantined else "kernel"
-                    error = done.error if done is not None and not done.ok else None
+                by_del = ref.identity not in after_del and requests.get(a.key) is not None
+                done = None if by_del else kernel_done.get(ref.identity)
+                quarantined = done is not None and done.quarantined
+                method: ReclaimMethod = "cni-del" if by_del else "quarantine" if quarantined else "kernel"
+                error = done.error if done is not None and not done.ok else None
                 if gone and ref.kind in last_look.partly_read:
                     gone, error = False, f"not verified: the last look could not read all of {ref.kind}"
-                if not gone and error is None:
-                    error = "still present after reclaiming"
-                results.append(
-                    ResourceOutcome(kind=ref.kind, name=ref.name, method=method, ok=gone, error=None if gone else error)
-                )
+                error = None if gone else error or "still present after reclaiming"
+                results.append(ResourceOutcome(kind=ref.kind, name=ref.name, method=method, ok=gone, error=error))
             outcomes.append(
                 ReclaimOutcome(a.key, tuple(results), plugin_errors.get(a.key, ()), needs_plugin.get(a.key))
             )
         return outcomes, skipped
 
     def status(self, config: bytes) -> str | None:
-        """The network's answer to CNI STATUS (reaper.cni.invoke.network_status), asked once a
-        pass for each config: an attachment of a network whose plugin is not available gets
-        neither its DEL nor the kernel step this pass, so that nothing its plugin would still
-        release is freed behind its back."""
+        """The network's answer to CNI STATUS, asked once a pass per config: a plugin not
+        available gets neither DEL nor kernel step for its attachments this pass."""
         with self._status_lock:
             if config not in self._statuses:
                 self._statuses[config] = network_status(
@@ -312,26 +262,13 @@ class Reclaimer(Struct, kw_only=True):
 
     def _del_all(
         self, attachments: Sequence[Attachment], requests: Mapping[AttachmentKey, DelRequest | None]
-    ) -> tuple[
-        dict[AttachmentKey, tuple[str, ...]],
-        dict[AttachmentKey, str],
-        frozenset[NsKey],
-        tuple[NodeView, frozenset[NsKey], float] | None,
-    ]:
-        """Each attachment's DEL (where it has a config), in batches each re-checked once
-        (recheck) right before its DELs are handed to the pool: (plugin errors, why an
-        attachment was left) by attachment, and the namespaces the runtimes named at the
-        re-checks. A DEL starts within RECHECK_WINDOW of its batch's re-check (LOOK_SHARE times
-        the re-check's length, when that is longer) or not at all:
-        one that would start later goes back for the next batch's re-check. A batch holds as
-        many DELs as the pool got through in a window so far, so the re-checks cost one walk of
-        the node per window of DELs, not one per attachment. Also the last re-check's view,
-        with the namespaces it described and its window."""
+    ) -> tuple[dict[AttachmentKey, tuple[str, ...]], dict[AttachmentKey, str], frozenset[NsKey], Seed | None]:
+        """Each attachment's DEL, in batches each re-checked right before it goes to the pool;
+        a DEL starts within its batch's window or goes back for the next batch. (plugin errors,
+        why each was left, the namespaces the runtimes named, the last view with its namespaces
+        and window)."""
 
-        def one(
-            attachment: Attachment, cleared_at: float, window: float
-        ) -> tuple[AttachmentKey, tuple[str, ...], str | None, bool]:
-            """(key, plugin errors, why it was left, whether it missed its window)."""
+        def one(attachment: Attachment, cleared_at: float, window: float) -> DelDone:
             key, request = attachment.key, requests.get(attachment.key)
             if self.stop.is_set():
                 return key, (), "stopping", False
@@ -359,22 +296,20 @@ class Reclaimer(Struct, kw_only=True):
         by_key = {a.key: a for a in attachments}
         late: dict[AttachmentKey, int] = {}
         batch, window = 4 * self.del_concurrency, RECHECK_WINDOW
-        last_view: tuple[NodeView, frozenset[NsKey], float] | None = None
+        last_view: Seed | None = None
         started = time.monotonic()
         finished = 0
         pace, look_took = 0.0, 0.0  # DELs finished a second so far; the last re-check's seconds
         with ThreadPoolExecutor(max_workers=self.del_concurrency) as pool:
-            running: set[Future[tuple[AttachmentKey, tuple[str, ...], str | None, bool]]] = set()
+            running: set[Future[DelDone]] = set()
             while queue or running:
                 if queue and self.stop.is_set():
                     left.update((a.key, "stopping") for a in queue)
                     queue.clear()
                 if queue and len(running) <= self.del_concurrency + int(pace * look_took):
                     # The pool is about to run dry: re-check the next batch while the last DELs
-                    # run, as many of them left as the pool gets through in one re-check, so
-                    # that it does not stand idle waiting for one. An attachment with no DEL to
-                    # run counts for nothing in the batch: the kernel step re-checks it again
-                    # before it acts.
+                    # run (as many as it gets through in one re-check). No-DEL attachments count
+                    # for nothing: the kernel step re-checks them.
                     chunk, dels = [], 0
                     while queue and dels < batch:
                         chunk.append(queue.popleft())
@@ -430,18 +365,14 @@ class Reclaimer(Struct, kw_only=True):
         live: frozenset[NsKey] = frozenset(),
         unread: Set[str] = frozenset(),
         pass_pins: Mapping[NsKey, str] | None = None,
-        seed: tuple[NodeView, frozenset[NsKey], float] | None = None,
+        seed: Seed | None = None,
     ) -> dict[Identity, Done]:
-        """Each kind reclaims what is still there, in the registry's order. A `last` kind's
-        record goes only once every other resource of its attachment is gone. While a plugin
-        that keeps state elsewhere still needs its DEL (`needs_plugin`), what that DEL needs
-        stays: the `last` kinds' files and the `del_needs` kinds' pin and veths. The records
-        `with_addresses` of an attachment go only once no namespace it lives in stays
-        (reaper.reap.stays), whatever kept it, nor while an address they free is configured in
-        one of `pass_pins` (the pins of the pass's orphans, by namespace) that stays. `live`: the
-        namespaces the re-checks named, besides those named when the pass was planned;
-        `unread`: the kinds the look after DEL could not read whole; `seed`: the DEL step's last
-        look (_Views)."""
+        """Each kind reclaims what is still there, in the registry's order: a `last` kind's record
+        once the rest of its attachment is gone; what a needed DEL reads (`needs_plugin`: the
+        `last` and `del_needs` kinds') stays; records `with_addresses` only while no namespace
+        they live in stays (reaper.reap.stays) and no address they free is configured in one of
+        `pass_pins` that stays. `live`: namespaces the re-checks named; `unread`: kinds the look
+        after DEL could not read whole; `seed`: the DEL step's last look."""
         live_netns = self.live_netns | live
         kinds, last = self.registry.kinds, self.registry.last
         done: dict[Identity, Done] = {}
@@ -451,9 +382,7 @@ class Reclaimer(Struct, kw_only=True):
         def kept_for_addresses(
             staying: dict[NsKey, str] | str, a: Attachment, kind: Kind[Any], record: Any
         ) -> str | None:
-            """Why a record with addresses stays: a namespace its attachment lives in stays, or
-            an address it frees is configured in one of the pass's pins that stays (read once,
-            and only when some record would otherwise free an address)."""
+            """Why a record with addresses stays (the pins that stay are read once, when needed)."""
             nonlocal seen
             why = kept_with_namespace(kinds, a, present, staying)
             frees = kind.frees(record) if kind.frees is not None else ()
@@ -467,8 +396,7 @@ class Reclaimer(Struct, kw_only=True):
         left_at: dict[AttachmentKey, str] = {}
         views = _Views(self.view, seed)
         every_ns = frozenset(ns for a in attachments for ns in lives_in(kinds, a, present))
-        # Namespaces this step unpinned with nothing else keeping them: gone, no one can enter
-        # them any more, and a batch's look need not walk the node for them.
+        # Namespaces this step unpinned with nothing else keeping them: gone, no look walks them.
         gone: frozenset[NsKey] = frozenset()
         for kind in self.registry.reclaim_order:
             if self.stop.is_set():
@@ -485,27 +413,21 @@ class Reclaimer(Struct, kw_only=True):
                 for ref in a.resources:
                     if ref.kind != kind.name or ref.identity not in present:
                         continue
-                    if a.key in left_at:
-                        done[ref.identity] = Done.left(left_at[a.key])
-                        continue
-                    if (kind.last or kind.del_needs) and a.key in needs_plugin:
+                    why = left_at.get(a.key)
+                    if why is None and (kind.last or kind.del_needs) and a.key in needs_plugin:
                         pinned = bool(netns_for_del(a, present, self.registry))
                         why = _kept_because(needs_plugin[a.key], a.key in no_del, pinned)
-                        done[ref.identity] = Done.left(why)
-                        continue
-                    if staying is not None and kind.with_addresses:
-                        kept = kept_for_addresses(staying, a, kind, present[ref.identity])
-                        if kept is not None:
-                            done[ref.identity] = Done.left(kept)
-                            continue
-                    if kind.last:
+                    if why is None and staying is not None and kind.with_addresses:
+                        why = kept_for_addresses(staying, a, kind, present[ref.identity])
+                    if why is None and kind.last:
                         others = [r.identity for r in a.resources if r.kind not in last and r.identity in present]
                         if not all(done.get(i, Done.freed()).ok for i in others):
-                            done[ref.identity] = Done.left("kept: other resources of the attachment remain")
-                            continue
-                    # The record as it was judged, not as the later look found it: a lease file
-                    # host-local gave a new pod meanwhile has the same path, and a kind compares
-                    # the node with the record it is handed before it deletes.
+                            why = "kept: other resources of the attachment remain"
+                    if why is not None:
+                        done[ref.identity] = Done.left(why)
+                        continue
+                    # The record as judged, not as the later look found it: each kind compares the
+                    # node with it before it deletes (a lease given to a new pod keeps its path).
                     chosen.append((a, judged.get(ref.identity, present[ref.identity])))
             done.update(
                 self._reclaim_batches(kind, chosen, present, (views, every_ns, gone), done, live_netns, left_at)
@@ -522,11 +444,9 @@ class Reclaimer(Struct, kw_only=True):
         live_netns: frozenset[NsKey],
         left_at: dict[AttachmentKey, str],
     ) -> dict[Identity, Done]:
-        """The kind's reclaim of `chosen` (each record with its attachment), in batches each
-        judged right before it is handed over by a view of the node at most half the window
-        old, and sized by the kind's pace so far to take at most the other half, but never
-        more than MAX_KERNEL_BATCHES of them. An attachment a view leaves is added to
-        `left_at`."""
+        """The kind's reclaim of `chosen`, in batches each judged by a view at most half the window
+        old and sized by its pace to take the other half, at most MAX_KERNEL_BATCHES of them. An
+        attachment a view leaves is added to `left_at`."""
         views, wide, gone = looks  # the step's looks, every namespace it may act on, and those gone
         out: dict[Identity, Done] = {}
         least = max(MIN_BATCH, -(-len(chosen) // MAX_KERNEL_BATCHES))
@@ -541,12 +461,8 @@ class Reclaimer(Struct, kw_only=True):
             namespaces = frozenset(ns for a in owners for ns in lives_in(self.registry.kinds, a, present)) - gone
             found = views.fresh(namespaces, wide - gone).judge(owners)
             left_at.update(found.left)
-            records = []
-            for a, record in batch:
-                if a.key in found.left:
-                    out[kind.identity(record)] = Done.left(found.left[a.key])
-                else:
-                    records.append(record)
+            out.update((kind.identity(r), Done.left(found.left[a.key])) for a, r in batch if a.key in found.left)
+            records = [r for a, r in batch if a.key not in found.left]
             started = time.monotonic()
             if records:
                 ctx = ReclaimContext(
@@ -569,8 +485,7 @@ class Reclaimer(Struct, kw_only=True):
         return out
 
     def _read_staying(self, pins: Mapping[NsKey, str], staying: Mapping[NsKey, str]) -> list[NamespaceAddresses]:
-        """What is configured in each of `pins` that stays (`staying`, with why); nothing is
-        read when none stays."""
+        """What is configured in each of `pins` that stays (`staying`, with why)."""
         targets = [
             NamespaceToRead(ns, f"the netns pinned at {path} ({staying[ns]})", (Handle(path, pinned=True),))
             for ns, path in sorted(pins.items())
@@ -579,8 +494,7 @@ class Reclaimer(Struct, kw_only=True):
         return self.read_netns(targets) if targets else []
 
     def _reclaim_isolated(self, kind: Kind[Any], records: list[Any], ctx: ReclaimContext) -> dict[Identity, Done]:
-        """The kind's reclaim of the batch; if it fails unexpectedly, of each record alone, so
-        one bad record is its own attachment's error and the rest go on."""
+        """The kind's reclaim of the batch; if it fails unexpectedly, of each record alone."""
         try:
             return dict(kind.reclaim(records, ctx))
         except Exception:

@@ -1,55 +1,12 @@
 """Whether an orphan's addresses are configured in some other network namespace right now.
 
-Files under /var/lib/cni tie an attachment together, and a writer of those files can take a
-running container's cache entry apart from its namespace (no `netns`, no interface
-`sandbox`): its cache entry, lease, masquerade chain and firewall rules then make an
-attachment of no namespace, apart from the pin, veth and process that show it alive, or one
-joined to some other, dead pin. What the writer cannot forge is where an address is configured
-in the kernel. So, right before acting, every selected orphan that holds addresses is compared
-with the addresses configured in every namespace on the node but its own pinned one(s): the
-netns the reaper runs in, every pinned namespace, every namespace a process is in, every
-namespace a mount holds in any mount namespace (reaper.host.nsmounts). One whose address is
-configured elsewhere is left this pass, with where; so is every such orphan when some namespace
-could not be read, or not every process or mount could be seen (fail closed). The pins of the
-orphans the pass reclaims, with no process inside, prove nothing live: a runtime that forgot a
-sandbox leaves its pin and its files as two attachments, the address of one in the other.
-
-Each namespace is weighed by what it could really hold (reaper.host.userns tells who made it):
-- One a user without root made (its owning user namespace, or one above it below the reaper's,
-  owned by a uid other than 0) holds no pod's address: a pod's interface reaches it only
-  through a link made in, or moved from, a namespace of the node's or a pod's, which takes
-  CAP_NET_ADMIN over that namespace's owning user namespace (the kernel's rtnetlink checks it
-  of the link's source and target namespaces), and such a user has it over its own only. The
-  runtimes make pods' namespaces as root, in the host's user namespace or in one they make for
-  the pod (containerd pkg/netns/netns_linux.go: a new netns, or that of the sandbox's first
-  process, bind-mounted on a file it creates; CRI-O pinns/src/pinns.c: unshare as root, the
-  user namespace first when the pod has one, then the pin). So such a namespace is neither
-  read (it costs nothing, however much it holds) nor keeps anything: the addresses its owner
-  configured there, or that an unprivileged user would hide there, are its owner's own.
-- One found only through mounts in mount namespaces such users made may still be a pod's: a
-  pin is an nsfs file of mode 0444 (fs/nsfs.c), which anyone who can reach it may open and
-  bind-mount in a mount namespace of their own. Read through that mount, it counts as any
-  other. When it cannot be read (its mount below a filesystem that is never walked, hidden
-  under another mount), it keeps only the attachment it is the namespace of (by its key:
-  nsfs' device and the inode of `net:[INODE]` in the mountinfo), not every orphan on the node.
-- Any other namespace that cannot be read (made by root, or by no one the reaper can name)
-  leaves every orphan holding an address, as before: only root could have made it so.
-
-The addresses an orphan holds are those the reaper would free: its leases' and those the kernel
-holds for it, its firewall rules' and the jumps to its masquerade chain (written by the plugins,
-beyond a file writer's reach). Not its cache entries' results: that writer can put any address
-there, and one live address written into a real leak's entry would keep the leak (pin, veth,
-chains) for good. What a cached prevResult would make a plugin do is reaper.reap.trust's to
-check.
-
-Addresses are compared by meaning (ipaddress; an IPv4-mapped IPv6 address is its IPv4
-address). Loopback, link-local, unspecified and multicast addresses are no pod's own: every
-namespace has some, so they are left out on both sides.
-
-The cost is paid only when some selected orphan holds an address: one /proc walk, one read of
-every mount namespace's mounts, one listing of the netns dirs, and one address dump per
-namespace (reaper.host.netns_addrs), all within one deadline, each dump bounded, and of what a
-namespace holds only the addresses the orphans hold kept.
+A writer of /var/lib/cni can split a running container's files from its namespace; where an
+address is configured in the kernel cannot be forged. So right before acting, each selected
+orphan that holds addresses (leases, firewall rules, masquerade jumps; never cached results) is
+compared with every other namespace on the node, and left when its address is there or that
+cannot be told (fail closed). Namespaces are weighed by who made them (reaper.host.userns).
+Why each rule holds: docs/design.md, "The address check"; SECURITY.md, "Who can hold a pod's
+address".
 """
 
 from __future__ import annotations
@@ -57,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from msgspec import Struct
@@ -84,9 +42,8 @@ class HeldAddresses(Struct, frozen=True):
 
 
 def address_key(text: str) -> IPAddress | None:
-    """An address by meaning: prefix length and zone dropped, IPv4-mapped IPv6 folded to IPv4.
-    None when it is no address, or one no pod holds as its own (loopback, link-local,
-    unspecified, multicast)."""
+    """An address by meaning (prefix and zone dropped, IPv4-mapped IPv6 as IPv4); None when it is
+    no address, or one every namespace has (loopback, link-local, unspecified, multicast)."""
     if not isinstance(text, str) or len(text) > 64:
         return None
     try:
@@ -102,18 +59,13 @@ def address_key(text: str) -> IPAddress | None:
 
 def packed_forms(addresses: Sequence[IPAddress]) -> frozenset[bytes]:
     """The bytes the kernel may hold each address as: an IPv4 address also as IPv4-mapped IPv6."""
-    forms: set[bytes] = set()
-    for address in addresses:
-        forms.add(address.packed)
-        if isinstance(address, ipaddress.IPv4Address):
-            forms.add(ipaddress.IPv6Address(b"\0" * 10 + b"\xff\xff" + address.packed).packed)
-    return frozenset(forms)
+    mapped = (b"\0" * 10 + b"\xff\xff" + a.packed for a in addresses if isinstance(a, ipaddress.IPv4Address))
+    return frozenset([*(a.packed for a in addresses), *mapped])
 
 
 def mounting_user(mount: NsMount) -> int | None:
     """The uid of the user without root whose mount namespace holds `mount`; None when root's,
-    or when it cannot be told (a holder gone). A mount namespace no process is in is told by
-    the walk, through the file it is pinned on."""
+    or when it cannot be told (a holder gone)."""
     if mount.made_by_user is not None:
         return mount.made_by_user  # a mount namespace no process is in: the walk asked its pin
     owners = mount_namespace_owners(mount.pid, mount.mount_ns)
@@ -144,12 +96,9 @@ def leave_for_addresses(
     unseen: str | None,
     dead: frozenset[NsKey] = frozenset(),
 ) -> dict[AttachmentKey, str]:
-    """Pure: why each attachment must be left, by what the namespaces hold: any other than its
-    own, and its own unless this pass frees it (in `dead`).
-    `seen`: each namespace read (or why it could not be); `unseen`: why not every namespace on
-    the node could even be listed, which leaves every attachment holding an address; `dead`:
-    namespaces no attachment's address proves live in (pinned by an orphan this pass reclaims,
-    with no process inside), whose addresses are the leftovers of a pod that is gone."""
+    """Pure: why each attachment must be left, by what `seen` (each namespace read, or why not)
+    holds: any namespace but its own, and its own unless in `dead` (an orphan's pin this pass
+    frees, no process inside). `unseen`: why not every namespace could be listed (leaves all)."""
     configured: dict[IPAddress, list[NamespaceAddresses]] = {}
     for ns in seen:
         if ns.ns in dead or ns.made_by_user is not None:
@@ -167,11 +116,9 @@ def leave_for_addresses(
         if not holds.addresses:
             continue
         first = holds.addresses[0]
+        untold = f"whether a live pod holds its address {first} cannot be told"
         if unseen is not None:
-            reasons[key] = (
-                f"not every network namespace on the node can be seen ({unseen}): whether a live pod holds its"
-                f" address {first} cannot be told"
-            )
+            reasons[key] = f"not every network namespace on the node can be seen ({unseen}): {untold}"
             continue
         where = [(address, ns) for address in holds.addresses for ns in configured.get(address, ())]
         elsewhere = next(((address, ns) for address, ns in where if ns.ns not in holds.own), None)
@@ -179,9 +126,8 @@ def leave_for_addresses(
             address, ns = elsewhere
             reasons[key] = f"its address {address} is configured in {ns.where}, not its own: a live pod holds it"
             continue
-        # Its own namespace, if this pass does not free it (a mount elsewhere holds it, its pin
-        # already gone, or a process is inside), keeps the address configured: freed, the lease
-        # would hand it to a new pod while it is there.
+        # Its own namespace, if this pass does not free it, keeps the address configured: freed,
+        # the lease would hand it to a new pod while it is there.
         own_kept = next(((address, ns) for address, ns in where if ns.ns not in dead), None)
         if own_kept is not None:
             address, ns = own_kept
@@ -199,10 +145,7 @@ def leave_for_addresses(
             continue
         unread = next((ns for ns in failed if ns.ns not in holds.own), None)
         if unread is not None:
-            reasons[key] = (
-                f"the addresses configured in {unread.where} could not be read ({unread.error}): whether a live"
-                f" pod holds its address {first} cannot be told"
-            )
+            reasons[key] = f"the addresses configured in {unread.where} could not be read ({unread.error}): {untold}"
     return reasons
 
 
@@ -213,11 +156,9 @@ def node_namespaces(
     mounted: Mapping[NsKey, tuple[NsMount, ...]] | None = None,
     mounting: Callable[[NsMount], int | None] = mounting_user,
 ) -> list[NamespaceToRead]:
-    """Every network namespace on the node but those in `skip`: the one this thread is in, each
-    pinned under the netns dirs, each some process is in (`members`, from a walk of /proc),
-    each a mount holds elsewhere (`mounted`, reached through its holder's root). One found
-    only through mounts every one of which `mounting` names a user without root for is marked
-    with that user (the first such mount's)."""
+    """Every network namespace on the node but those in `skip`: this thread's, each pinned in the
+    netns dirs, each a process is in (`members`), each a mount holds elsewhere (`mounted`). One
+    found only through mounts `mounting` names a user without root for is marked with that user."""
     mounted = mounted or {}
     pins, _ = collect_pins(netns_dirs, ())
     here = this_threads_netns()
@@ -231,12 +172,9 @@ def node_namespaces(
         ways = [Handle(f"/proc/{pid}/ns/net", pinned=False) for pid in sorted(inside)[:HANDLES]]
         handles.setdefault(ns, []).extend(ways)
     for ns, mounts in mounted.items():
-        # The mount point as its holder sees it, beneath its root with no symlink followed, and
-        # only through local filesystems; with no such way, one that opens nothing (/proc/0 is
-        # no process) makes the namespace unread, never the one this thread is in.
-        ways = [Handle(m.mount_point, pinned=True, beneath=f"/proc/{m.pid}/root") for m in mounts if m.reachable][
-            :HANDLES
-        ]
+        # The mount point beneath its holder's root, no symlink followed, local filesystems only;
+        # with no such way, one that opens nothing makes it unread, never this thread's netns.
+        ways = [Handle(m.mount_point, pinned=True, beneath=f"/proc/{m.pid}/root") for m in mounts if m.reachable]
         handles.setdefault(ns, []).extend(ways or [Handle(UNREACHABLE, pinned=False)])
     asked: dict[tuple[int, int], int | None] = {}  # who made each holder's mount namespace, asked once
     targets = [] if here in skip else [NamespaceToRead(here, "the netns the reaper runs in", ())]
@@ -270,9 +208,8 @@ def addresses_in_use(
     clock: Callable[[], float] = time.monotonic,
     registry: Registry = REGISTRY,
 ) -> dict[AttachmentKey, str]:
-    """Why each of `attachments` (the orphans a pass is about to reclaim) must be left because
-    an address it holds is configured in another namespace now, or that cannot be told (see
-    leave_for_addresses). Reads nothing when none of them holds an address."""
+    """Why each orphan about to be reclaimed must be left: an address it holds is configured in
+    another namespace now, or that cannot be told. Reads nothing when none holds an address."""
     held = {a.key: holds for a in attachments if (holds := addresses_held(a, records, registry)).addresses}
     if not held:
         return {}
@@ -288,9 +225,8 @@ def addresses_in_use(
         mounted = held_elsewhere(netns_mounts(), netns_dirs, own_mount_namespace())
     except OSError as err:
         return leave_for_addresses(held, [], f"the mounts of every mount namespace cannot be read: {err}")
-    # The pins of the orphans this pass reclaims, nothing inside: a split-off lease's address
-    # configured there is that dead pod's (a runtime that forgot a sandbox leaves its pin and
-    # its files as two attachments).
+    # The pins of the orphans this pass reclaims, nothing inside: an address configured there is
+    # that dead pod's (a runtime that forgot a sandbox leaves its pin and files as two attachments).
     pins = (registry.pin_of(ref, records) for a in attachments for ref in a.resources)
     dead = frozenset(p.ns for p in pins if p is not None and p.ns not in members and p.ns not in mounted)
     # A namespace that is every such attachment's own, or dead, is not read: it proves none live.
@@ -299,10 +235,8 @@ def addresses_in_use(
     skip = dead | frozenset(ns for ns in own_everywhere if ns not in members and ns not in mounted)
     targets = node_namespaces(netns_dirs, members, skip, mounted)
     wanted = packed_forms([address for h in held.values() for address in h.addresses])
-    until = clock() + deadline
-    seen = read_addresses(targets, deadline=until, clock=clock, wanted=wanted)
-    seen = reread_churned(targets, seen, netns_members, lambda again: read_addresses(
-        again, deadline=until, clock=clock, wanted=wanted))  # fmt: skip
+    read = partial(read_addresses, deadline=clock() + deadline, clock=clock, wanted=wanted)
+    seen = reread_churned(targets, read(targets), netns_members, read)
     return leave_for_addresses(held, seen, None, dead)
 
 
@@ -312,12 +246,9 @@ def reread_churned(
     members: Callable[[], Mapping[NsKey, set[int]]],
     read: Callable[[Sequence[NamespaceToRead]], list[NamespaceAddresses]],
 ) -> list[NamespaceAddresses]:
-    """`seen` with each namespace found only through processes (no pin, no mount) and not read
-    tried once more through the processes one more walk of /proc finds in it: its first ones
-    may have exited while it was read (a namespace with more processes than HANDLES, whose
-    lowest pids come and go). One that no process is in at that walk is read as empty, as one
-    whose every process left is (reaper.host.netns_addrs.EveryProcessLeft). What fails again
-    keeps its error: the pass leaves what that namespace might hold."""
+    """`seen` with each unread namespace found only through processes tried once more through
+    those a new walk of /proc finds in it (its first ones may have exited); one with none left
+    reads as empty (netns_addrs.EveryProcessLeft). What fails again keeps its error."""
     churned = [
         i
         for i, (target, found) in enumerate(zip(targets, seen, strict=True))

@@ -1,31 +1,10 @@
-"""Delegating plugins: the per-container file they read on DEL, checked, and nothing else read.
+"""Delegating plugins (flannel, multus): the per-container files their DEL reads, checked by the
+rules of a cached config (reaper.reap.trust.delegate_file_refusal), and nothing else read.
 
-flannel and multus' thin plugin run what a per-container file names. flannel-io/cni-plugin's
-DEL (doCmdDel) reads `<dataDir>/<container ID>`, runs the plugin its `type` names with the
-file's bytes as stdin, and removes it; multus' DEL reads `<cniDir>/<container ID>` and runs
-each delegate it lists through libcni, whose cache dir is cniDir too (so each delegate gets
-`<cniDir>/results/<network>-<container ID>-<ifname>` as its prevResult). Whoever can write
-/var/lib/cni writes these files. So before the node's config runs DEL, each file it will read
-is read here, once, from / without following a symlink, and weighed by the rules of a cached
-config (reaper.reap.trust.delegate_file_refusal); a file that fails them, does not parse, is
-not a regular file or cannot be read means no plugin runs for the attachment (its kinds
-reclaim it, the file as a file, unless its chain keeps state only its DEL frees: multus' does,
-and then what that DEL needs stays, see reaper.reap.requests.kept_state). What then runs is what
-was checked:
-
-- flannel reads its file from the dataDir of its own stdin. DEL runs with that dataDir set to
-  a private dir (0700, made for this DEL) holding a copy of the checked bytes, or nothing when
-  there was no file; flannel never opens the original, so a file swapped after the check is
-  never read. The original is left to the flannel kind, which removes it only while it is the
-  file that was judged. The private dir is made in the reaper's temp dir (tempfile: /tmp, or
-  TMPDIR), root's and 0700: only root on that dir could swap the copy.
-- multus takes libcni's cache dir from the same cniDir, so pointing it elsewhere would take
-  its delegates' cached results away. Right before DEL its file and each cached result are
-  read again and must still be the checked file, stamps and bytes; otherwise no plugin runs.
-  A flannel delegate of multus (its usual cluster network) reads a file of its own: checked by
-  flannel's rules, and read again before DEL the same way.
-  What remains open: a swap in the moment between that look and multus' own read, and a
-  multus-shim whose daemon reads the cniDir of its own config, not of the shim's.
+A file that fails them, does not parse or cannot be read means no plugin runs. flannel's DEL
+then reads a private copy of the checked bytes; multus' files are read again right before its
+DEL and must be unchanged. Why, and what stays open: docs/design.md, "Delegate files, checked
+and pinned".
 """
 
 from __future__ import annotations
@@ -49,8 +28,7 @@ from reaper.kinds.netconf import ConfigError, plugin_list
 from reaper.kinds.scratch import MAX_SCRATCH_BYTES, stamp_of
 from reaper.reap.trust import DELEGATING_TYPES, NodeTrust, delegate_file_refusal, executed_types
 
-# Delegating types a multus delegate may not be: another multus. (flannel may, once the file
-# it reads passed flannel's own rules.)
+# A multus delegate may not be another multus (flannel may, once its file passed flannel's rules).
 NESTED = DELEGATING_TYPES - {flannel.PLUGIN}
 
 
@@ -59,8 +37,8 @@ class Refused(Exception):
 
 
 def read_pinned(path: str) -> PinnedFile:
-    """The file at `path`, reached from / with no symlink on the way (the plugin follows links;
-    a link is refused here), regular and bounded; Refused when it cannot be read so."""
+    """The file at `path`, reached from / with no symlink on the way, regular and bounded;
+    Refused when it cannot be read so."""
     try:
         data, st = read_beneath("/", path, MAX_SCRATCH_BYTES)
     except FileNotFoundError:
@@ -166,16 +144,13 @@ def _changed(file: PinnedFile) -> str | None:
 
 @contextlib.contextmanager
 def pinned(request: DelRequest) -> Iterator[tuple[DelRequest | None, str | None]]:
-    """(the request to run now, None), its delegating plugins reading only what was checked; or
-    (None, why no plugin may run) when a file multus will read is no longer the one checked.
-    The private dirs made for flannel go when the block ends."""
-    for delegation in request.delegations:
-        if delegation.plugin_type in multus.PLUGINS:
-            for file in (delegation.file, *delegation.results):
-                why = _changed(file)
-                if why is not None:
-                    yield None, why
-                    return
+    """(the request to run now, None), its delegating plugins reading only what was checked, or
+    (None, why not) when a file multus reads changed; flannel's private dirs go at the end."""
+    multus_reads = (f for d in request.delegations if d.plugin_type in multus.PLUGINS for f in (d.file, *d.results))
+    changed = next((why for f in multus_reads if (why := _changed(f)) is not None), None)
+    if changed is not None:
+        yield None, changed
+        return
     flannels = [d for d in request.delegations if d.plugin_type == flannel.PLUGIN]
     if not flannels:
         yield request, None

@@ -8,18 +8,14 @@ METHOD_ORDER: tuple[ReclaimMethod, ...] = ("cni-del", "kernel", "quarantine")
 
 
 def reclaim_log_fields(attachment: Attachment | None, outcome: ReclaimOutcome) -> dict[str, str]:
-    """What a reclaim's log line says of the attachment (attachment_log_fields) and how its
-    resources went: `cni-del`, `kernel`, `quarantine`, or those that did, joined by `+` in that
-    order."""
+    """attachment_log_fields, and how its resources went: the methods used, `+`-joined in order."""
     methods = "+".join(m for m in METHOD_ORDER if any(r.method == m for r in outcome.resources))
     return attachment_log_fields(outcome.key, attachment) | ({"method": methods} if methods else {})
 
 
 def attachment_log_fields(key: AttachmentKey, attachment: Attachment | None) -> dict[str, str]:
-    """What a log line about reclaiming an attachment says of it: its container ID, network and
-    ifname (or its pin, when it has no container) and the pod its cache entry's CNI_ARGS name,
-    when one does (Attachment.pod: both parts read as Kubernetes names, so neither holds a `/`,
-    a space or a newline that could forge a field or a line)."""
+    """Its container ID, network and ifname (or its pin) and the pod its CNI_ARGS name, if any
+    (Attachment.pod: Kubernetes names, with no `/`, space or newline to forge a field or line)."""
     pod = attachment.pod if attachment is not None else None
     namespace, _, name = pod.partition("/") if pod is not None else (None, None, None)
     fields = {

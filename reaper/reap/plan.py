@@ -29,35 +29,20 @@ from reaper.options import ReapPolicy
 
 
 class Planned(Struct, frozen=True, kw_only=True):
-    """What one pass decided before touching anything (reaper.reap.run.plan_pass): what
-    `--dry-run` shows and `--plan-out` writes, and what the act step (run.act_on) acts on, each
-    orphan re-checked again right before it is touched.
+    """What one pass decided before touching anything (run.plan_pass): what `--dry-run` shows,
+    `--plan-out` writes and the act step (run.act_on) acts on (docs/design.md, "The plan a pass
+    makes")."""
 
-    - scan: the look the plan was made on (its report, its snapshot, the runtime's netns paths)
-    - records: the look's records by identity (reaper.reap.requests.index); empty when the pass
-      stopped before weighing any orphan (runtime unreachable, no orphans, the breaker)
-    - selected: the orphans this pass takes, in the order it takes them, as reviewed
-    - requests: the DEL each orphan selected gets (None: no plugin runs), those the review then
-      left included
-    - keep: for each selected orphan whose cache entry outlives a DEL that fails or does not run,
-      the plugins of its chain that keep state only that DEL frees (requests.kept_state)
-    - plan: each selected orphan's steps and where its DEL takes its config from, in order
-    - skipped: the orphans left so far, and why (waiting, over --max-reap, not as reviewed)
-    - breaker_reason: why the breaker refuses the pass (nothing is then selected); None when not
-    - timings: seconds per step so far (the scan)
-    - registry: the kinds the look was made with, which the act step acts with
-    """
-
-    scan: ScanResult
-    records: Mapping[Identity, Any] = {}
-    selected: tuple[Attachment, ...] = ()
-    requests: Mapping[AttachmentKey, DelRequest | None] = {}
-    keep: Mapping[AttachmentKey, str] = {}
-    plan: tuple[PlannedAttachment, ...] = ()
-    skipped: tuple[SkippedAttachment, ...] = ()
-    breaker_reason: str | None = None
-    timings: tuple[tuple[str, float], ...] = ()
-    registry: Registry = REGISTRY
+    scan: ScanResult  # the look the plan was made on
+    records: Mapping[Identity, Any] = {}  # the look's records by identity; empty if none was weighed
+    selected: tuple[Attachment, ...] = ()  # the orphans this pass takes, in order, as reviewed
+    requests: Mapping[AttachmentKey, DelRequest | None] = {}  # the DEL each gets (None: no plugin)
+    keep: Mapping[AttachmentKey, str] = {}  # requests.kept_state of each that has one
+    plan: tuple[PlannedAttachment, ...] = ()  # each selected orphan's steps, in order
+    skipped: tuple[SkippedAttachment, ...] = ()  # the orphans left so far, and why
+    breaker_reason: str | None = None  # why the breaker refuses the pass (nothing selected)
+    timings: tuple[tuple[str, float], ...] = ()  # seconds per step so far
+    registry: Registry = REGISTRY  # the kinds the look was made with, and the act step acts with
 
     def result(self, **changes: Any) -> ReapResult:
         """The pass's result as planned, nothing reclaimed; `changes`: what acting changed."""
@@ -94,14 +79,9 @@ def plan_attachment(
     """Each resource's method: the plugins' DEL when there is a config to run it with, else
     the kernel (or the quarantine, for the files a kind can move there)."""
     first: ReclaimMethod = "cni-del" if request is not None else "kernel"
-    steps = []
-    quarantinable = registry.quarantinable
-    for ref in attachment.resources:
-        method: ReclaimMethod = first
-        if first == "kernel" and quarantine and ref.kind in quarantinable:
-            method = "quarantine"
-        steps.append(PlannedStep(ref.kind, ref.name, method))
-    return PlannedAttachment(attachment.key, request.source if request else None, tuple(steps), note)
+    moved = registry.quarantinable if first == "kernel" and quarantine else frozenset()
+    steps = tuple(PlannedStep(r.kind, r.name, "quarantine" if r.kind in moved else first) for r in attachment.resources)
+    return PlannedAttachment(attachment.key, request.source if request else None, steps, note)
 
 
 def breaker_trips(orphans: int, attachments: int, max_ratio: float) -> bool:
@@ -114,12 +94,9 @@ LOOPBACK_NETWORK = "cni-loopback"  # the network containerd and CRI-O give a san
 
 
 def breaker_counts(attachments: Sequence[Attachment]) -> tuple[int, int]:
-    """(orphaned, all) of the node's pod attachments the breaker weighs: each pod network a
-    sandbox has, not its loopback (which would count every pod twice), not the pending nor the
-    excluded (counted as not orphaned, kept pods would hide a wrong runtime list), and only
-    those in a namespace. A wrong runtime list shows as namespaces that look orphaned; an
-    attachment with none (a lease, a cache entry, a chain) is no pod's, and whoever can write
-    /var/lib/cni could otherwise forge enough of them to keep the breaker open for good."""
+    """(orphaned, all) of the pod attachments the breaker weighs: each pod network in a namespace,
+    not its loopback, the pending nor the excluded (forged files must not hold the breaker open:
+    docs/design.md, "The plan a pass makes")."""
     counted = [
         a
         for a in attachments
@@ -132,9 +109,8 @@ def breaker_counts(attachments: Sequence[Attachment]) -> tuple[int, int]:
 
 
 def breaker_would_trip(report: ScanReport, policy: ReapPolicy) -> bool:
-    """Whether a reap of what this scan saw would stop at the breaker, as reap_pass weighs it:
-    what a report-only pass exports (the agent's in scan mode, a one-shot `scan --textfile`), so
-    that an operator hears before switching to reap that it would reclaim nothing."""
+    """Whether a reap of what this scan saw would stop at the breaker: what a report-only pass
+    exports, so an operator hears it before switching to reap."""
     if policy.force or not report.runtime.reachable:
         return False
     return breaker_trips(*breaker_counts(report.attachments), policy.max_orphan_ratio)
@@ -151,36 +127,26 @@ def breaker_reason(orphans: int, attachments: int, policy: ReapPolicy) -> str | 
     )
 
 
-# Costless orphans (costs_nothing) a pass takes at most, besides --max-reap. Not a bound on a
-# wrong verdict's cost (there is none): each costs the pass a re-check and a re-read before its
-# unlink, and this many keep a pass well within its time while a node with 30,000 such files
-# is clean within an hour of the agent's passes.
+# Costless orphans (costs_nothing) a pass takes at most, besides --max-reap: a bound on time, not
+# on a wrong verdict's cost (docs/design.md, "What --max-reap bounds").
 COSTLESS_PER_PASS = 1000
 
 
 def costs_nothing(attachment: Attachment, records: Mapping[Identity, Any]) -> bool:
-    """Whether reclaiming the attachment would cost no pod anything, were its verdict wrong: it
-    is in no namespace, and each of its resources is a cache entry reaper.kinds.cache.costless
-    calls so (a loopback's), as the look found it. A pin, a veth, a lease, a chain, any file
-    that may name an address or be the only record of what a DEL needs: not costless."""
+    """Whether a wrong verdict would cost no pod anything: in no namespace, and every resource a
+    cache entry reaper.kinds.cache.costless calls so (a loopback's), as the look found it."""
     if attachment.netns is not None or not attachment.resources:
         return False
-    for ref in attachment.resources:
-        entry = cache.KIND.record(ref, records)
-        if entry is None or not cache.costless(entry):
-            return False
-    return True
+    entries = (cache.KIND.record(ref, records) for ref in attachment.resources)
+    return all(entry is not None and cache.costless(entry) for entry in entries)
 
 
 def select(
     orphans: Sequence[Attachment], policy: ReapPolicy, costless: Set[AttachmentKey] = frozenset()
 ) -> tuple[list[Attachment], list[SkippedAttachment]]:
-    """The orphans this pass takes, and those left for the next: at most --max-reap of those a
-    wrong verdict could cost a pod something, and besides them at most COSTLESS_PER_PASS of
-    the `costless` ones (costs_nothing), whose number --max-reap does not bound. Those in a
-    namespace come first: an attachment of files alone (which whoever can write them could
-    forge, and which may get a DEL with no netns) never takes the place of a leak the kernel
-    shows."""
+    """The orphans this pass takes, and those left for the next: at most --max-reap of those not
+    `costless`, those in a namespace first (forgeable files never take a leak's place), and at
+    most COSTLESS_PER_PASS of the `costless` besides."""
     bounded = sorted((a for a in orphans if a.key not in costless), key=lambda a: a.netns is None)
     free = [a for a in orphans if a.key in costless]
     deferred = [

@@ -1,10 +1,8 @@
 """What DEL each orphan gets, and what it keeps: decided from the look's records, the conf
 dir's configs and the node's trust (reaper.reap.trust), before anything is touched.
 
-Nothing here acts. Its only reads of the node are the files a DEL will read (the per-container
-files of flannel and multus, checked here and read again right before the DEL runs:
-reaper.reap.delegates) and whether the attachment's pin is still there (its path, as CNI_NETNS
-takes it: netns_for_del). reaper.reap.act does what is decided here.
+Nothing here acts; its only reads are the files a DEL will read (reaper.reap.delegates) and
+whether the pin passed as CNI_NETNS is still there (netns_for_del). reaper.reap.act acts.
 """
 
 from __future__ import annotations
@@ -51,10 +49,8 @@ def index(snapshot: NodeSnapshot, registry: Registry = REGISTRY) -> dict[Identit
 
 
 def netns_for_del(attachment: Attachment, records: Records, registry: Registry) -> str:
-    """CNI_NETNS for DEL: the attachment's pin when it is still a real namespace, else empty
-    (and then no DEL runs). The path is looked at again, not taken from the look's record:
-    nothing later checks it (delegates.pinned reads only delegate files, the re-checks judge
-    the namespace, not its path), so a pin gone since the look gets no DEL, as before."""
+    """CNI_NETNS for DEL: the attachment's pin when it is still there, else empty (no DEL runs).
+    Looked at again, not taken from the look: nothing later checks the path (docs/design.md)."""
     for ref in attachment.resources:
         pin = registry.pin_of(ref, records)
         if pin is not None and os.path.exists(pin.path):
@@ -65,10 +61,8 @@ def netns_for_del(attachment: Attachment, records: Records, registry: Registry) 
 def held_by_others(
     snapshot: NodeSnapshot, orphans: Sequence[Attachment], registry: Registry
 ) -> tuple[set[str], set[str]]:
-    """(addresses, host interface names) that records outside every orphan attachment hold, the
-    addresses as written (node_trust compares them by meaning). Host interfaces only as their
-    kinds name them (veths): a result's other host interfaces are shared ones (the bridge
-    every pod hangs off)."""
+    """(addresses as written, host veth names) that records outside every orphan hold; a result's
+    other host interfaces are shared ones (the bridge every pod hangs off)."""
     judged = {ref.identity for a in orphans for ref in a.resources}
     ips: set[str] = set()
     for kind in registry.kinds:
@@ -79,9 +73,8 @@ def held_by_others(
 
 
 def _cached_request(attachment: Attachment, records: Records, netns: str) -> tuple[DelRequest, object] | None:
-    """DEL as the attachment's cache entry would run it, and the entry's result as it is written
-    (None when it has none); None when there is no usable entry with a config; UnfitArgs when
-    its CNI_ARGS cannot be sent."""
+    """DEL as the attachment's cache entry would run it, with the entry's result (or None); None
+    without a usable entry; UnfitArgs when its CNI_ARGS cannot be sent."""
     key = attachment.key
     if key.container_id is None or key.network is None or key.ifname is None:
         return None
@@ -95,8 +88,7 @@ def _cached_request(attachment: Attachment, records: Records, netns: str) -> tup
 
 
 def pins_of(attachments: Sequence[Attachment], records: Records, registry: Registry) -> dict[NsKey, str]:
-    """The namespaces pinned by the attachments' own pins (Registry.pin_of), each with the path
-    of one pin, as `records` finds them."""
+    """The namespaces the attachments' own pins hold, each with the path of one pin."""
     found: dict[NsKey, str] = {}
     for attachment in attachments:
         for ref in attachment.resources:
@@ -118,9 +110,8 @@ def del_request(
     trust: NodeTrust,
     registry: Registry = REGISTRY,
 ) -> tuple[DelRequest | None, str | None]:
-    """What DEL would run for this attachment (_config_request), and why not: when that config
-    runs flannel or multus, only while the per-container file each will read passes the rules
-    of a cached config (reaper.reap.delegates); otherwise no plugin runs."""
+    """What DEL would run for this attachment (_config_request), and why not; with flannel or
+    multus only while the file each reads passes reaper.reap.delegates."""
     request, note = _config_request(attachment, records, configs, trust, registry)
     if request is None:
         return None, note
@@ -133,10 +124,9 @@ def del_request(
 def _config_request(
     attachment: Attachment, records: Records, configs: Sequence[NetworkConfig], trust: NodeTrust, registry: Registry
 ) -> tuple[DelRequest | None, str | None]:
-    """What DEL would run for this attachment, and why its cache entry's config does not run
-    when it does not. Nothing, unless a kernel object proves the attachment (reaper.reap.trust);
-    then that config when the node vouches for it, else the conf dir's config, else nothing
-    (the kinds reclaim what is left)."""
+    """What DEL would run, and why the cache entry's config does not when it does not: nothing
+    unless the kernel proves the attachment (reaper.reap.trust); then that config when the node
+    vouches for it, else the conf dir's, else nothing."""
     key = attachment.key
     if key.container_id is None or key.network is None:
         return None, None
@@ -144,15 +134,13 @@ def _config_request(
         return _or_else(without_netns_request(attachment, records, configs, trust), NO_KERNEL_EVIDENCE)
     netns = netns_for_del(attachment, records, registry)
     if not netns:
-        # A runtime passes the sandbox's netns path; an empty CNI_NETNS is taken by some
-        # plugins (kindnet) as "nothing to do", and they answer success having freed nothing.
+        # Some plugins (kindnet) take an empty CNI_NETNS as "nothing to do" and answer success.
         return _or_else(without_netns_request(attachment, records, configs, trust), NO_PIN)
     refusal = None
     try:
         cached = _cached_request(attachment, records, netns)
     except UnfitArgs as err:
-        # Not the conf dir's config either: no DEL runs with other args than the ADD's. The
-        # kinds reclaim what is left, and a chain that keeps state elsewhere keeps its entry.
+        # Not the conf dir's config either: no DEL runs with other args than the ADD's.
         return None, f"no plugin runs: {err}"
     if cached is not None:
         request, result = cached
@@ -182,18 +170,12 @@ def _or_else(found: tuple[DelRequest | None, str | None], note: str) -> tuple[De
 def without_netns_request(
     attachment: Attachment, records: Records, configs: Sequence[NetworkConfig], trust: NodeTrust
 ) -> tuple[DelRequest | None, str | None]:
-    """DEL as containerd 2.3 and CRI-O 1.36 run it once the sandbox's netns is gone
-    (shared/docs/cni-facts.md section 8): CNI_NETNS empty, the cached result as prevResult, the
-    cache entry's config. Only for an attachment in no namespace at all, whose chain keeps state
-    and every plugin of it that does frees it by container ID (FREES_WITHOUT_NETNS; calico's
-    only for a sandbox this process saw listed here and gone, for the pod its CNI_ARGS name:
-    FREES_WITHOUT_NETNS_IF_LISTED_HERE, NodeTrust.gone_here), and only
-    with a config the node vouches for (cached_config_refusal): no kernel object proves such an
-    attachment, and the conf dir's config never runs in place of a refused one. A writer
-    of /var/lib/cni then gains a DEL of a container ID no runtime lists (re-checked right
-    before), of plugins and paths the node itself runs, with no address an attachment in use
-    holds. (None, why) when the chain qualifies but its config may not run; (None, None) when
-    no such DEL applies."""
+    """DEL as containerd 2.3 and CRI-O 1.36 run it once the netns is gone (cni-facts.md section
+    8): CNI_NETNS empty, the cached result and config. Only in no namespace, for a stateful chain
+    whose every stateful plugin frees by container ID (FREES_WITHOUT_NETNS; calico only for a
+    sandbox listed here and gone, for the pod its CNI_ARGS name), with a config the node vouches
+    for, never the conf dir's in its place. (None, why) when the chain qualifies but its config
+    may not run; (None, None) when no such DEL applies. Why: docs/design.md."""
     key = attachment.key
     if attachment.netns is not None or key.container_id is None or key.network is None or key.ifname is None:
         return None, None
@@ -221,7 +203,7 @@ def without_netns_request(
 
 def names_pod(cni_args: Iterable[tuple[str, str]], pod: tuple[str, str]) -> bool:
     """CNI_ARGS name `pod` (namespace, name) and no other: each key of POD_ARGS is there, and
-    every pair whose key is one of them under any case holds its value."""
+    every pair whose key is one of them, in any case, holds its value."""
     want = {key.lower(): value for key, value in zip(POD_ARGS, pod, strict=True)}
     found = set()
     for key, value in cni_args:
@@ -260,11 +242,9 @@ def stateful_chain(
 def kept_state(
     attachment: Attachment, records: Records, configs: Sequence[NetworkConfig], request: DelRequest | None
 ) -> str | None:
-    """What makes the attachment's cache entry outlive a failed or missing DEL: a plugin of its
-    chain keeps state (an address, an endpoint) in a datastore only its own DEL frees, and the
-    cache entry is the only record of what that DEL needs. None when every plugin of the chain
-    is known stateless (reaper.kinds.netconf.STATELESS_PLUGINS). The chain is what the cache
-    entry says was ADDed, else the conf dir's config of the network, plus what DEL would run."""
+    """The plugins of its chain (the cache entry's, else the conf dir's, plus what DEL would run)
+    that keep state only their own DEL frees, which keeps its cache entry past a failed or
+    missing DEL; None when all are known stateless (netconf.STATELESS_PLUGINS)."""
     chain = stateful_chain(attachment, records, configs, request)
     if isinstance(chain, str) or chain is None:
         return chain
@@ -272,8 +252,7 @@ def kept_state(
 
 
 def could_wait(attachment: Attachment, registry: Registry = REGISTRY) -> bool:
-    """Whether all that is left of the attachment are the files a DEL needs (the `last` kinds'),
-    with no namespace: the only orphans waits_for_plugin may name."""
+    """Whether all that is left are the files a DEL needs (the `last` kinds'), with no namespace."""
     return attachment.netns is None and all(ref.kind in registry.last for ref in attachment.resources)
 
 
@@ -284,14 +263,9 @@ def waits_for_plugin(
     trust: NodeTrust | None,
     registry: Registry = REGISTRY,
 ) -> str | None:
-    """Why a pass has nothing to do for this orphan, when it has not: all that is left of it
-    are the files a DEL needs (its cache entry, flannel's, multus'), its chain keeps state only
-    that DEL frees (kept_state), and no DEL can run: with no namespace to prove it or to pass,
-    only a chain whose every such plugin frees by container ID gets one
-    (without_netns_request), and only with a config the node vouches for. `trust`: None when
-    no plugin runs this pass (--method kernel). Such an orphan is reported but takes no place
-    under --max-reap, so that any number of them (forged, or a plugin gone for good) never
-    holds back the leaks that can be reclaimed."""
+    """Why a pass can do nothing for this orphan (docs/design.md, "Orphans that wait"), or None:
+    only the files a DEL needs are left, its chain keeps state (kept_state), and no DEL can run
+    (without_netns_request). `trust`: None when no plugin runs (--method kernel)."""
     if not could_wait(attachment, registry):
         return None
     what = kept_state(attachment, records, configs, None)
@@ -331,11 +305,8 @@ def plan_orphan(
     dropped: bool = False,
     registry: Registry = REGISTRY,
 ) -> OrphanPlan:
-    """What a pass does for `attachment`, as reaper.reap.run.plan_pass and `reaper explain` both
-    decide it. `kernel_only`: --method kernel; `quarantine`: files go to the quarantine;
-    `costless`: reaper.reap.plan.costs_nothing, files alone in no namespace, for which no DEL
-    runs (none could, with no pin to pass); `dropped`: --drop-waiting names it, its files go as
-    files and nothing of it is kept."""
+    """What a pass (and `reaper explain`) does for `attachment`. `costless`: plan.costs_nothing,
+    no DEL runs; `dropped`: --drop-waiting names it, its files go as files, nothing is kept."""
     if dropped:
         request, note = None, DROPPED
     elif kernel_only or costless:
@@ -357,10 +328,9 @@ def orphan_trust(
     gone_here: Mapping[str, tuple[str, str]] | None = None,
     registry: Registry,
 ) -> NodeTrust:
-    """What the node vouches for when `orphans` are weighed (reaper.reap.trust.node_trust): the
-    conf dir's configs, --allow-plugin, what every other attachment holds (those `waiting` hold
-    counts as the orphans', as the scan weighed them: reaper.reap.waiting), what the kernel
-    proves of the orphans, and the sandboxes listed here and gone."""
+    """What the node vouches for when `orphans` are weighed (trust.node_trust): the conf dir's
+    configs, --allow-plugin, what every other attachment holds (the `waiting` count as orphans),
+    what the kernel proves of the orphans, and the sandboxes listed here and gone."""
     own = (c for c in snapshot.configs if not c.path.startswith("cache:"))
     held = held_by_others(snapshot, [*orphans, *waiting], registry)
     proven = proven_namespaces(orphans, records, registry)

@@ -1,12 +1,7 @@
-"""A plan written for review, and a pass that acts only on what was reviewed.
-
-`reaper reap --dry-run --plan-out FILE` writes the plan: for each orphan, its key, the identity
-of each of its resources, and each step with its method. `reaper reap --plan FILE` then
-reclaims only the orphans of that plan that are orphans now, by the same key, with the same
-resources and the same steps; every other orphan, and every planned attachment that is no
-longer one, is skipped with the reason. A plan can only narrow a pass: the verdicts, the
-breaker and every re-check are the pass's own, so a plan file, which anyone who can write it
-could shape, can keep things from being reclaimed and never make anything reclaimable.
+"""A plan written for review (`reap --dry-run --plan-out`), and a pass that acts only on what
+was reviewed (`reap --plan`): the orphans it names that are orphans now, by the same key, with
+the same resources and steps; the rest skipped with why. A plan file can only narrow a pass
+(docs/design.md, "The plan a pass makes").
 """
 
 from __future__ import annotations
@@ -19,6 +14,7 @@ from typing import Annotated
 
 import msgspec
 from msgspec import Meta, Struct
+from msgspec.structs import asdict
 
 from reaper.model import Attachment, AttachmentKey, PlannedAttachment, SkippedAttachment
 
@@ -34,7 +30,7 @@ class PlanError(ValueError):
     """A plan file that cannot be acted on; the message is one line for the operator."""
 
 
-class ReviewedStep(Struct, frozen=True, forbid_unknown_fields=True):
+class ReviewedStep(Struct, frozen=True, forbid_unknown_fields=True, order=True):
     kind: Text
     name: Text
     method: Text
@@ -95,10 +91,7 @@ def plan_document(
     by_key = {a.key: a for a in attachments}
     reviewed = [
         ReviewedAttachment(
-            container_id=p.key.container_id,
-            network=p.key.network,
-            ifname=p.key.ifname,
-            pin=p.key.pin,
+            **asdict(p.key),
             pod=by_key[p.key].pod,
             resources=identities(by_key[p.key]),
             config_source=p.config_source,
@@ -144,9 +137,8 @@ def read_plan(path: str, node: NodeIdentity) -> PlanFile:
 def reviewed_orphans(
     orphans: Sequence[Attachment], attachments: Sequence[Attachment], plan: PlanFile
 ) -> tuple[list[Attachment], list[SkippedAttachment]]:
-    """The orphans the plan reviewed as they are now (same key, same resources), and what is
-    skipped and why: orphans the plan does not name or names otherwise, and planned
-    attachments that are not orphans now."""
+    """The orphans the plan reviewed as they are now (same key, same resources), and the rest
+    skipped with why, planned attachments that are not orphans now included."""
     reviewed = plan_keys(plan)
     now = {a.key: a for a in attachments}
     kept: list[Attachment] = []
@@ -162,9 +154,7 @@ def reviewed_orphans(
             continue
         kept.append(orphan)
     orphan_keys = {o.key for o in orphans}
-    for key in reviewed:
-        if key in orphan_keys:
-            continue
+    for key in (key for key in reviewed if key not in orphan_keys):
         seen = now.get(key)
         why = f"{seen.verdict} now: {seen.reason}" if seen is not None else "gone now"
         skipped.append(SkippedAttachment(key, f"in the reviewed plan, but {why}"))
@@ -181,8 +171,7 @@ def _resources_changed(planned: Sequence[str], now: Sequence[str]) -> str | None
 
 
 def steps_changed(planned: PlannedAttachment, reviewed: Mapping[AttachmentKey, ReviewedAttachment]) -> str | None:
-    """Why `planned` is not what the plan reviewed for its key (another config for DEL, other
-    steps or methods), or None when it is the same. `reviewed`: plan_keys(plan)."""
+    """Why `planned` is not what the plan (`reviewed`: plan_keys) reviewed for its key, or None."""
     entry = reviewed.get(planned.key)
     if entry is None:
         return "not in the reviewed plan"
@@ -191,13 +180,9 @@ def steps_changed(planned: PlannedAttachment, reviewed: Mapping[AttachmentKey, R
             f"DEL would take its config from {planned.config_source or 'nowhere (kernel only)'}, "
             f"the plan said {entry.config_source or 'nowhere (kernel only)'}"
         )
-    if sorted(entry.steps, key=_step_key) != sorted(_reviewed_steps(planned), key=_step_key):
+    if sorted(entry.steps) != sorted(_reviewed_steps(planned)):
         return "its steps or their methods differ from the plan's"
     return None
-
-
-def _step_key(step: ReviewedStep) -> tuple[str, str, str]:
-    return (step.kind, step.name, step.method)
 
 
 def plan_keys(plan: PlanFile) -> Mapping[AttachmentKey, ReviewedAttachment]:

@@ -52,8 +52,7 @@ def _expire_quarantine(directory: str, max_age: float, log: logging.Logger, now:
 
 
 def _log_plugin_path(log: logging.Logger, plan: PathPlan, given: GivenPath) -> None:
-    """The pass's iptables backend for plugin DELs, once: info, or a warning when the backend the
-    node uses could not be given to them."""
+    """The pass's iptables backend for plugin DELs: info, or a warning when it could not be given."""
     fields = {
         "backend": plan.choice.backend or "unknown",
         "reason": plan.choice.reason,
@@ -80,11 +79,9 @@ def reap_pass(
     *,
     registry: Registry = REGISTRY,
 ) -> ReapResult:
-    """One pass: plan_pass, then act_on what it planned (a dry run: preview, and nothing is
-    touched). `stop`, once set, lets the step under way finish and starts no new one. `memo`
-    and `kept`: what a long-running caller carries from pass to pass (see scan_pass).
-    `reviewed`: a plan file (reaper.reap.review); only what it names, unchanged, is reclaimed.
-    `registry`: the kinds the pass looks for and reclaims, from the look to the last step."""
+    """One pass: plan_pass, then act_on what it planned (a dry run: preview only). `stop`, once
+    set, lets the step under way finish and starts no new one; `memo`, `kept`: carried from pass
+    to pass (scan_pass); `reviewed`: a plan file, only what it names, unchanged, is reclaimed."""
     if reap.policy.quarantine_dir and not reap.dry_run:
         _expire_quarantine(reap.policy.quarantine_dir, reap.quarantine_max_age, log, clock())
     planned = plan_pass(settings, reap, liveness, log, clock, memo, kept=kept, reviewed=reviewed, registry=registry)
@@ -107,9 +104,8 @@ def plan_pass(
     reviewed: PlanFile | None = None,
     registry: Registry = REGISTRY,
 ) -> Planned:
-    """The plan step of a pass: the look (scan_pass), the breaker, the review's narrowing, the
-    orphans the pass takes (select) and what each gets (reaper.reap.requests.plan_orphan).
-    Touches nothing on the node."""
+    """The plan step of a pass: the look, the breaker, the review's narrowing, the orphans the
+    pass takes and what each gets. Touches nothing on the node."""
     watch = Stopwatch()
     scan = scan_pass(
         settings,
@@ -144,7 +140,12 @@ def plan_pass(
         if not orphans:
             return replace(nothing, skipped=tuple(left))
     planned = _decide(scan, orphans, waiting, dropped, policy, reap.allow_plugins, log, registry)
-    planned = _as_reviewed(planned, reviewed) if reviewed is not None else planned
+    if reviewed is not None:  # without the orphans whose steps are not what the plan reviewed
+        keys = plan_keys(reviewed)
+        differs = {
+            p.key: f"not as reviewed: {why}" for p in planned.plan if (why := steps_changed(p, keys)) is not None
+        }
+        planned = planned.leaving(differs)
     return replace(planned, skipped=(*left, *planned.skipped), timings=nothing.timings)
 
 
@@ -152,13 +153,9 @@ def _orphans(
     report: ScanReport, drop_waiting: tuple[str, ...]
 ) -> tuple[list[Attachment], list[Attachment], set[AttachmentKey]]:
     """(the orphans a pass weighs, the waiting it leaves, the keys of the waiting it takes as
-    orphans: --drop-waiting)."""
+    orphans: --drop-waiting, their files go as files). The waiting never count under --max-reap."""
     orphans = [a for a in report.attachments if a.verdict == "orphan"]
-    # No pass can do anything for these (reaper.reap.waiting): reported with why, and never
-    # counted under --max-reap, so that any number of them never holds back what can be freed.
     waiting = [a for a in report.attachments if a.verdict == "waiting"]
-    # But those the operator names (--drop-waiting, with a reviewed plan: reaper.cli), once the
-    # plugin's own tools freed what they record: their files go as files, and no DEL runs.
     dropped = {a.key for a in waiting if a.key.container_id in drop_waiting}
     orphans += [a for a in waiting if a.key in dropped]
     waiting = [a for a in waiting if a.key not in dropped]
@@ -175,8 +172,8 @@ def _decide(
     log: logging.Logger,
     registry: Registry,
 ) -> Planned:
-    """The orphans this pass takes (select), and what each gets (plan_orphan); the notes that
-    say why a config does not run are logged, as news or, when something was refused, a warning."""
+    """The orphans this pass takes, and what each gets; why a config does not run is logged, as
+    news or, when something was refused, a warning."""
     records = index(scan.snapshot, registry)
     configs = scan.snapshot.configs
     costless = {a.key for a in orphans if costs_nothing(a, records)}
@@ -184,8 +181,7 @@ def _decide(
         scan.snapshot, records, orphans, allow_plugins, waiting=waiting, gone_here=scan.gone_here, registry=registry
     )
     selected, deferred = select(orphans, policy, costless)
-    # A costless orphan is files alone, in no namespace: no DEL runs for it (none could, with
-    # no pin to pass), and saying why for each of thousands would only fill the log.
+    # A costless orphan gets no DEL (none could, with no pin), and no log line for each of thousands.
     decided = {
         a.key: plan_orphan(
             a, records, configs, trust, kernel_only=policy.kernel_only, quarantine=policy.quarantine,
@@ -211,16 +207,9 @@ def _decide(
     )
 
 
-def _as_reviewed(planned: Planned, reviewed: PlanFile) -> Planned:
-    """The plan without the orphans whose steps are not what the plan file reviewed."""
-    keys = plan_keys(reviewed)
-    differs = {p.key: f"not as reviewed: {why}" for p in planned.plan if (why := steps_changed(p, keys)) is not None}
-    return planned.leaving(differs)
-
-
 def preview(planned: Planned, settings: Settings) -> Planned:
-    """What a dry run shows and --plan-out writes: the plan without the orphans the address
-    check would leave (it reads the kernel only), those skipped with why."""
+    """What a dry run shows and --plan-out writes: the plan without the orphans the address check
+    (which reads the kernel only) would leave."""
     held = addresses_in_use(planned.selected, planned.records, settings.find.netns_dirs, registry=planned.registry)
     return planned.leaving(held)
 
@@ -234,9 +223,8 @@ def act_on(
     memo: InventoryMemo | None = None,
     stop: threading.Event | None = None,
 ) -> ReapResult:
-    """The act step of a pass: what `planned` selected, unless `stop` is set; the runtimes asked
-    again (and again before each batch of DELs and of the kernel step, reaper.reap.act), the
-    address check, the Reclaimer, and a log line for each outcome."""
+    """The act step of a pass, unless `stop` is set: the runtimes asked again (and before each
+    batch, reaper.reap.act), the address check, the Reclaimer, a log line for each outcome."""
     if stop is not None and stop.is_set():
         stopping = (SkippedAttachment(a.key, "stopping") for a in planned.selected)
         return planned.result(skipped=(*planned.skipped, *stopping))
@@ -247,8 +235,7 @@ def act_on(
     if not view.reachable:
         skipped = (*planned.skipped, *(SkippedAttachment(a.key, UNREACHABLE_AT_RECHECK) for a in planned.selected))
         return planned.result(skipped=skipped, recheck_error=view.error, timings=planned.timings + tuple(watch.laps))
-    # Files can split a running container's lease, chain and rules from its namespace; where
-    # the kernel has its addresses configured cannot be forged (reaper.reap.addresses).
+    # Files can be split from their namespace; where the kernel has an address cannot be forged.
     held = addresses_in_use(planned.selected, planned.records, settings.find.netns_dirs, registry=planned.registry)
     for key, why in held.items():
         log.warning("left: address in use", extra={"attachment": key.as_text(), "reason": why})
@@ -286,8 +273,7 @@ def act_on(
 def _reclaim(
     reclaimer: Reclaimer, acting: Planned, settings: Settings, log: logging.Logger
 ) -> tuple[list[ReclaimOutcome], list[SkippedAttachment]]:
-    """The Reclaimer's run over what `acting` selected, its DELs on the PATH that gives them
-    the node's iptables backend."""
+    """The Reclaimer's run over what `acting` selected, its DELs given the node's iptables backend."""
     keep = {a.key: acting.keep[a.key] for a in acting.selected if a.key in acting.keep}
     # Only a pass with a DEL to run reads the node's iptables backend (four saves at most).
     path_plan = plan_plugin_path(PLUGIN_PATH) if any(r is not None for r in acting.requests.values()) else None

@@ -1,27 +1,7 @@
 """What stays with a network namespace that stays: its attachments' leases and the rules naming
-their addresses.
-
-The kernel step frees an attachment's kinds in the registry's order, and it may keep a pin or
-a veth on purpose: a chain with a plugin that keeps state elsewhere still needs its DEL
-(reaper.reap.requests.kept_state), the pin is busy, its unmount or unlink failed, a veth's peer is
-in use, or the attachment's pin is another attachment's that this pass does not reclaim. Then
-the namespace lives on, and so does every address configured in it. A lease freed then is an
-address host-local hands to the next pod while the old namespace still has it on `eth0`:
-antrea#8239's duplicate pod IPs, reached another way. So an attachment's records that hand out
-or route its addresses (`Kind.with_addresses`: leases, firewall and masquerade rules, AWS ip
-rules) go only once no namespace it lives in stays, and are reported kept, with the record
-that keeps the namespace and why.
-
-An address can also sit in another orphan's namespace: a runtime that forgot a sandbox leaves
-its pin and its files as two attachments, the lease of one configured in the other's pin. The
-address check before acting (reaper.reap.addresses) does not read the pins of the orphans the
-pass reclaims, since they go with it; so the kernel step reads those of them that stay, and a
-record that frees an address configured in one of them (or in one that cannot be read) stays.
-
-The rule reads the kinds' hooks only (`keeps_netns`, `with_addresses`); which records keep a
-namespace, and which serve an address, is each kind's own knowledge. `reclaim_order` puts every
-kind that keeps a namespace before every kind with addresses, so the answer is known in time.
-Pure: no I/O (the caller reads the namespaces).
+their addresses (the kinds' `with_addresses` records), kept while a namespace they live in, or
+an address they free, stays. Pure: no I/O (the caller reads the namespaces). Why (antrea#8239's
+duplicate IPs): docs/design.md, "What stays with a namespace that stays".
 """
 
 from __future__ import annotations
@@ -54,10 +34,8 @@ def _keeper(kinds: Sequence[Kind[Any]], identity: Identity, record: Any) -> tupl
 def staying_namespaces(
     kinds: Sequence[Kind[Any]], present: Records, done: Mapping[Identity, Done], unread: Set[str] = frozenset()
 ) -> dict[NsKey, str] | str:
-    """Each namespace some record on the node still keeps after the kinds that keep namespaces
-    ran (`done`: what they did this step), and in words which record and why it stays. A
-    string instead when that cannot be told: `unread` (the kinds the look could not read
-    whole) holds a kind that keeps namespaces."""
+    """Each namespace a record still keeps once the kinds that keep namespaces ran (`done`), with
+    which record and why; a string when that cannot be told (`unread` holds such a kind)."""
     partly = sorted(k.name for k in kinds if k.keeps_netns is not None and k.name in unread)
     if partly:
         return f"the look could not read every {', '.join(partly)}: whether a namespace still holds it cannot be told"
@@ -80,13 +58,10 @@ def staying_namespaces(
 def lives_in(kinds: Sequence[Kind[Any]], attachment: Attachment, present: Records) -> set[NsKey]:
     """The namespaces an attachment's addresses are configured in: its own, and each one its
     records keep (its pin's, its veths' peers')."""
-    found = {attachment.netns} if attachment.netns is not None else set()
-    for ref in attachment.resources:
-        record = present.get(ref.identity)
-        keeper = _keeper(kinds, ref.identity, record) if record is not None else None
-        if keeper is not None:
-            found.add(keeper[1])
-    return found
+    refs = (ref for ref in attachment.resources if ref.identity in present)
+    keepers = (_keeper(kinds, ref.identity, present[ref.identity]) for ref in refs)
+    own = {attachment.netns} if attachment.netns is not None else set()
+    return own | {keeper[1] for keeper in keepers if keeper is not None}
 
 
 def kept_with_namespace(
@@ -106,10 +81,8 @@ def kept_with_namespace(
 
 
 def held_in_staying(addresses: Iterable[str], own: Set[NsKey], seen: Sequence[NamespaceAddresses]) -> str | None:
-    """Why a record that frees `addresses` (as written) stays: one of them is configured in a
-    namespace of `seen` (the pins of this pass's orphans that stay, as read) that is not one of
-    its attachment's own (`own`: those keep it anyway), or such a namespace could not be read.
-    Addresses compare by meaning (reaper.reap.addresses.address_key)."""
+    """Why a record that frees `addresses` stays: one is configured in a namespace of `seen` (this
+    pass's orphans' pins that stay, as read) other than its own (`own`), or one could not be read."""
     keys = [key for key in map(address_key, addresses) if key is not None]
     if not keys:
         return None

@@ -1,32 +1,16 @@
 """Whether a plugin may run for an attachment, and with a cache entry's config. Pure: no I/O.
 
-Everything under /var/lib/cni (cache entries, host-local leases, flannel's, multus' and
-tuning's files) is written by whoever can write that dir, so what each says is a claim, and
-files there never vouch for one another: a forged lease beside a forged cache entry proves
-nothing. What such a writer cannot make is a kernel object. So a plugin (DEL, or GC) runs for an
-attachment only when the kernel proves it: a pin of it with a namespace mounted on it, a host
-veth of it whose peer lives in its namespace, or (for a container's second attachment, its lo
-or another network) its namespace being that of such a pin of the same container. An
-attachment made only of files gets no plugin: its files go as files (leases under host-local's
-lock), its chains and rules by their hash, and a cache entry whose IPAM keeps the address off
-the node stays, reported (only that plugin's DEL could free it). One exception, as runtimes run
-DEL once the netns is gone: an attachment in no namespace at all whose every stateful plugin
-frees by container ID (cilium-cni: reaper.kinds.netconf.FREES_WITHOUT_NETNS; calico only for a
-sandbox a runtime of this node listed to this process and lists no more, NodeTrust.gone_here)
-gets its DEL with an empty CNI_NETNS, with its cache entry's config only when that passes the
-rules below, never the conf dir's in its place (reaper.reap.requests.without_netns_request).
-
-A proven attachment's cache entry config runs for DEL only when every plugin it would execute
-is one the node's own conf dir uses (or the operator allowed); every path or execution-steering
-value in it is the one the conf dir's config of that network holds; and its prevResult reads as
-a result and names no address or host interface that an attachment still in use holds (plugins
-such as `firewall` delete by what prevResult says), compared by meaning (reaper.cni.result).
-Otherwise the node's own config runs.
+Files under /var/lib/cni are claims of whoever can write there and never vouch for one another;
+a plugin runs only for an attachment a kernel object proves (kernel_proven), and a cache entry's
+config (or a delegate file) only when every plugin, path and prevResult in it is what the node's
+own conf dir vouches for (cached_config_refusal); otherwise the node's own config runs. Why:
+docs/design.md, "Which plugin runs, with which config".
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
+from contextlib import suppress
 from typing import Any
 
 from msgspec import Struct
@@ -52,8 +36,8 @@ NO_KERNEL_EVIDENCE = (
     "no plugin runs: no netns pin or host veth proves this attachment, only files (which whoever "
     "can write them could have forged); they go as files, its chains and rules by their hash"
 )
-# Plugins whose DEL reads a per-container file and runs what it names. A per-container file
-# naming one of them would hand root yet another file to read (or the same one, for ever).
+# Plugins whose DEL reads a per-container file and runs what it names; a per-container file
+# naming one would hand root yet another file to read (or the same one, for ever).
 DELEGATING_TYPES = frozenset({flannel.PLUGIN, *multus.PLUGINS})
 
 
@@ -64,18 +48,16 @@ class NodeTrust(Struct, frozen=True, kw_only=True):
     configs: Mapping[str, NetworkConfig]  # the conf dir's config of each network (libcni's first)
     held_ips: frozenset[AddressKey]  # addresses of attachments that are not orphans, by meaning
     held_ifnames: frozenset[str]  # host-side interfaces of attachments that are not orphans
-    # Container ID -> the namespaces of its orphaned attachments' real pins: what the kernel
-    # proves of a container, for its attachments that hold no pin themselves (its lo, eth1).
+    # Container ID -> the namespaces of its orphaned attachments' real pins (proves its lo, eth1).
     proven: Mapping[str, frozenset[NsKey]] = {}
     # Container ID -> (pod namespace, name) of sandboxes a runtime of this node listed to this
-    # process and no runtime lists now (reaper.runtime.listed): what proves an ID was this
-    # node's, for plugins that free by it in the cluster's datastore (calico).
+    # process and lists no more (reaper.runtime.listed): proves an ID this node's, for calico.
     gone_here: Mapping[str, tuple[str, str]] = {}
 
 
 def executed_types(plugins: Iterable[Mapping[str, Any]]) -> set[str]:
-    """The plugin types a list executes: each plugin and its IPAM plugin (every spelling of the
-    `ipam` and `type` keys the plugin's Go decoder would take)."""
+    """The plugin types a list executes: each plugin and its IPAM (every spelling of `ipam` and
+    `type` Go's decoder takes)."""
     types = set()
     for plugin in plugins:
         types.add(str(plugin.get("type")))
@@ -98,10 +80,8 @@ def node_trust(
     by_network: dict[str, NetworkConfig] = {}
     for config in conf_configs:
         by_network.setdefault(config.name, config)
-        try:
+        with suppress(ConfigError):
             types |= executed_types(plugin_list(config.raw)[2])
-        except ConfigError:
-            continue
     return NodeTrust(
         types=frozenset(types),
         configs=by_network,
@@ -131,17 +111,13 @@ def proven_namespaces(
 def kernel_proven(
     attachment: Attachment, records: Mapping[Identity, Any], trust: NodeTrust, registry: Registry = REGISTRY
 ) -> bool:
-    """A kernel object proves the attachment: a pin of it with a namespace mounted on it, a host
-    veth of it whose peer lives in its namespace, or its namespace is one a real pin of the
-    same container holds. Files (cache entries, leases, flannel's, multus', tuning's) never do."""
+    """A kernel object proves the attachment: its pin with a namespace mounted, its host veth
+    whose peer is in its namespace, or its namespace is that of a real pin of the same
+    container. Files never do."""
     for ref in attachment.resources:
         record, kind = records.get(ref.identity), registry.by_name.get(ref.kind)
-        if (
-            record is not None
-            and kind is not None
-            and kind.proves is not None
-            and kind.proves(record, attachment.netns)
-        ):
+        proves = kind.proves if kind is not None else None
+        if record is not None and proves is not None and proves(record, attachment.netns):
             return True
     cid = attachment.key.container_id
     return cid is not None and attachment.netns is not None and attachment.netns in trust.proven.get(cid, ())
@@ -176,28 +152,34 @@ def _plugins_by_type(raw: bytes) -> dict[str, Mapping[str, Any]]:
 
 
 def cached_config_refusal(attachment: Attachment, raw: bytes, prev_result: object, trust: NodeTrust) -> str | None:
-    """Why a cache entry's config (`raw`, with the entry's `result`, None when it has none) may
-    not run for an attachment the kernel proves; None when it may."""
+    """Why a cache entry's config (`raw`, with its result or None) may not run for an attachment
+    the kernel proves; None when it may."""
     try:
         name, _, plugins = plugin_list(raw)
     except ConfigError as err:
         return f"its config is unreadable: {err}"
-    unknown = sorted(executed_types(plugins) - trust.types)
-    if unknown:
+    if unknown := sorted(executed_types(plugins) - trust.types):
         return f"it runs plugins no config in the conf dir uses: {', '.join(unknown)[:200]}"
     own = trust.configs.get(name)
     own_plugins = _plugins_by_type(own.raw) if own is not None else {}
     for plugin in plugins:
-        theirs = set(_steering(own_plugins.get(str(plugin["type"]), {})))
-        for place, value in _steering(plugin):
-            if (place, value) not in theirs:
-                return f"{plugin['type']}{place} = {value[:120]!r} is not what the conf dir's config says"
+        if (why := _foreign_steering(plugin, own_plugins)) is not None:
+            return why
     return prev_result_refusal(prev_result, trust)
 
 
+def _foreign_steering(plugin: Mapping[str, Any], own_by_type: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """The first path or steering value of `plugin` that the node's plugin of its type lacks."""
+    theirs = set(_steering(own_by_type.get(str(plugin.get("type")), {})))
+    for place, value in _steering(plugin):
+        if (place, value) not in theirs:
+            return f"{plugin['type']}{place} = {value[:120]!r} is not what the conf dir's config says"
+    return None
+
+
 def prev_result_refusal(result: object, trust: NodeTrust) -> str | None:
-    """Why a prevResult may not reach a plugin: it does not read as a result, or it names an
-    address or a host veth an attachment in use holds (by meaning, whatever its spelling)."""
+    """Why a prevResult may not reach a plugin: it is no result, or names an address or host veth
+    an attachment in use holds (by meaning)."""
     if result is None:
         return None
     try:
@@ -222,39 +204,27 @@ def delegate_file_refusal(
     prev_results: Iterable[Mapping[str, Any]] = (),
     delegating: Set[str] = DELEGATING_TYPES,
 ) -> str | None:
-    """Why the plugin configs a delegating plugin (flannel, multus) reads from a per-container
-    file may not run as root; None when they may. The rules of a cached config, file by file:
-    `plugins` are what the delegating plugin will run, keys folded by
-    reaper.host.jsondoc.go_keys, each with the network name it will be given; `own` the node's
-    own plugins of that network (folded too), the only place a path or execution-steering
-    value may come from; `handed` the plugin types the node's delegating config itself hands
-    its delegates (flannel's bridge and host-local); `prev_results` what the plugins will be
-    given as prevResult besides their own key; `delegating` the delegating types refused here
-    (a caller that checks the file such a plugin reads may let it through)."""
+    """Why the plugin configs a delegating plugin reads from a per-container file may not run;
+    None when they may. The rules of a cached config: `plugins` (keys folded by jsondoc.go_keys,
+    each with its network name) against `own`, the node's plugins of that network; `handed`: the
+    types the node's delegating config hands out (flannel's bridge, host-local); `prev_results`:
+    prevResults besides their own key; `delegating`: the delegating types refused here."""
     allowed = trust.types | handed
     own_by_type = {str(p.get("type")): p for p in own}
     for plugin in plugins:
         types = executed_types([plugin])
-        nested = sorted(types & delegating)
-        if nested:
+        if nested := sorted(types & delegating):
             return f"it names a plugin that runs another per-container file: {', '.join(nested)}"
-        unknown = sorted(types - allowed)
-        if unknown:
+        if unknown := sorted(types - allowed):
             return f"it runs plugins no config in the conf dir uses: {', '.join(unknown)[:200]}"
         name = plugin.get("name")
         if not (isinstance(name, str) and is_cni_id(name)):
             return f"its network name {str(name)[:80]!r} is not a CNI name"
-        theirs = set(_steering(own_by_type.get(str(plugin.get("type")), {})))
-        for place, value in _steering(plugin):
-            if (place, value) not in theirs:
-                return f"{plugin['type']}{place} = {value[:120]!r} is not what the conf dir's config says"
+        if (why := _foreign_steering(plugin, own_by_type)) is not None:
+            return why
         if "prevresult" in plugin:
             prev = plugin["prevresult"]
             if not isinstance(prev, dict):
                 return "its prevResult is not a result"
             prev_results = [*prev_results, prev]
-    for result in prev_results:
-        refusal = prev_result_refusal(result, trust)
-        if refusal is not None:
-            return refusal
-    return None
+    return next((why for result in prev_results if (why := prev_result_refusal(result, trust)) is not None), None)
