@@ -434,7 +434,8 @@ def current_document(entry: CacheEntry) -> CacheDocument | None:
 
 
 def _names(document: CacheDocument, entry: CacheEntry) -> bool:
-    return document[1:4] == (entry.container_id, entry.network, entry.ifname)  # its key
+    key = (document.container_id, document.network, document.ifname)  # the document's own key
+    return key == (entry.container_id, entry.network, entry.ifname)
 
 
 def cached_config(entry: CacheEntry) -> bytes | None:
