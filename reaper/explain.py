@@ -272,11 +272,8 @@ def explain_text(target: str, found: Sequence[Evidence]) -> str:
         for ref in a.resources:
             details = ", ".join(f"{k}={v}" for k, v in ref.details.items())
             lines.append(f"    {ref.kind} {ref.name}" + (f" ({details})" if details else ""))
-        lines.append("  runtimes:")
-        lines += [f"    {line}" for line in e.runtimes]
-        lines.append("  namespace:")
-        lines += [f"    {line}" for line in e.namespace]
+        lines += ["  runtimes:", *(f"    {line}" for line in e.runtimes)]
+        lines += ["  namespace:", *(f"    {line}" for line in e.namespace)]
         lines.append(f"  earlier passes: {e.history}")
-        lines.append("  a reclaim would run:")
-        lines += [f"    {line}" for line in e.reclaim]
+        lines += ["  a reclaim would run:", *(f"    {line}" for line in e.reclaim)]
     return "\n".join(lines)

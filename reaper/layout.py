@@ -361,14 +361,14 @@ def _containerd_installs(proc: str | None) -> list[tuple[ContainerdInstall, Cont
     """The known installs, each with the flags of the believed containerd process that runs its
     config; and one more for each process whose --config is none of theirs."""
     installs: list[tuple[ContainerdInstall, ContainerdFlags | None]] = [(i, None) for i in CONTAINERD_INSTALLS]
+    default = CONTAINERD_INSTALLS[0]
     for pid, argv in believed_command_lines(proc, b"containerd") if proc is not None else []:
         flags = containerd_flags(pid, argv)
-        config = flags.config or CONTAINERD_INSTALLS[0].config
+        config = flags.config or default.config
         at = next((n for n, (i, f) in enumerate(installs) if i.config == config and f is None), None)
         if at is not None:
             installs[at] = (installs[at][0], flags)
         elif all(i.config != config for i, _ in installs):
-            default = CONTAINERD_INSTALLS[0]
             installs.append(
                 (ContainerdInstall(f"containerd (pid {pid})", config, default.state, default.socket), flags)
             )

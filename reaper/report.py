@@ -10,9 +10,8 @@ from reaper.settings import Settings
 
 
 def _resource(ref: ResourceRef, now: float) -> dict[str, Any]:
-    if ref.created_at is None:
-        return {"kind": ref.kind, "name": ref.name, **ref.details}
-    return {"kind": ref.kind, "name": ref.name, "age_seconds": round(max(0.0, now - ref.created_at), 3), **ref.details}
+    age = {} if ref.created_at is None else {"age_seconds": round(max(0.0, now - ref.created_at), 3)}
+    return {"kind": ref.kind, "name": ref.name, **age, **ref.details}
 
 
 def attachment_json(a: Attachment, now: float) -> dict[str, Any]:
