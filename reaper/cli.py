@@ -359,8 +359,7 @@ def _reap(args: argparse.Namespace) -> int:
     from reaper.reap.run import plan_pass, preview  # noqa: PLC0415
     from reaper.report import reap_json, reap_table  # noqa: PLC0415
 
-    refused = scan_mode_refusal(args)
-    if refused is not None:
+    if (refused := scan_mode_refusal(args)) is not None:
         return _fail(refused)
     settings, layout, log = _start(args)
     reap = reap_settings_from(args)
@@ -426,8 +425,7 @@ def _explain(args: argparse.Namespace) -> int:
     from reaper.scan import scan_pass  # noqa: PLC0415
     from reaper.state import load_state  # noqa: PLC0415
 
-    problem = target_problem(args.target)
-    if problem is not None:  # a usage error, before the node is looked at
+    if (problem := target_problem(args.target)) is not None:  # a usage error, before the node is looked at
         raise SettingsError(problem)
     settings, layout, log = _start(args)
     history = load_state(settings.state_file)[0].attachments

@@ -165,12 +165,11 @@ def _reclaim(
     orphans and waiting attachments (a pending one counted as an orphan), then plan_orphan."""
     if attachment.verdict in ("live", "unknown", "excluded"):
         return (f"nothing: it is {attachment.verdict}",), None
-    snapshot = result.snapshot
-    configs = snapshot.configs
+    configs = result.snapshot.configs
     orphans = [a for a in result.report.attachments if a.verdict == "orphan" or a.key == attachment.key]
     waiting = [a for a in result.report.attachments if a.verdict == "waiting" and a.key != attachment.key]
     trust = orphan_trust(
-        snapshot, records, orphans, allow_plugins, waiting=waiting, gone_here=result.gone_here, registry=registry
+        result.snapshot, records, orphans, allow_plugins, waiting=waiting, gone_here=result.gone_here, registry=registry
     )
     waits = waits_for_plugin(attachment, records, configs, None if kernel_only else trust, registry)
     if waits is not None:

@@ -516,9 +516,9 @@ def settings_from(
 ) -> Settings:
     """The settings; with a `layout` (reaper.layout.detect_layout), the dirs neither a flag nor
     a variable gave come from the runtimes' own configs, and `origins` says so."""
+    env = os.environ if env is None else env
     v = resolve(args, env)
-    env_now = os.environ if env is None else env
-    given_problems = (*dir_problems(v, args, env_now), *unknown_variables(env_now), *_grace_problems(v, args, env))
+    given_problems = (*dir_problems(v, args, env), *unknown_variables(env), *_grace_problems(v, args, env))
     origins = {flag: given(flag, args, env) or "default" for flag in DETECTED}
     more_conf_dirs: tuple[str, ...] = ()
     namespaces_dirs = tuple(v["namespaces_dir"]) or _crio_namespaces_dirs(layout)
@@ -585,9 +585,7 @@ def confirmation_spacing(interval: float) -> float:
 MIN_AGE_WARNING = 60.0
 
 
-def _grace_problems(
-    values: Mapping[str, Any], args: argparse.Namespace, env: Mapping[str, str] | None
-) -> tuple[str, ...]:
+def _grace_problems(values: Mapping[str, Any], args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, ...]:
     """A warning for a --min-age given under a minute: taken (a lab or a test wants it), but an
     attachment's age is all that tells a pod's ADD still under way from a leak."""
     source = given_as("--min-age", args, env)
