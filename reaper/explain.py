@@ -67,7 +67,7 @@ def matches(attachment: Attachment, target: str) -> bool:
     cid = attachment.key.container_id
     if cid is not None and _HEX_PREFIX.fullmatch(target) and cid.startswith(target):
         return True
-    if attachment.pod is not None and attachment.pod == target:
+    if attachment.pod == target:
         return True
     wanted = _address(target)
     for ref in attachment.resources:
