@@ -53,6 +53,7 @@ CONTAINERD_INSTALLS: tuple[ContainerdInstall, ...] = (
     ),
 )
 CRIO_SOCKET = "/var/run/crio/crio.sock"
+CRIO_RUNTIME = "cri-o"  # CRI-O's RuntimeLayout.runtime
 
 
 class CriDockerdInstall(Struct, frozen=True, kw_only=True):
@@ -311,7 +312,7 @@ def crio_layout(root: str, flags: CrioFlags | None = None) -> RuntimeLayout | No
         bin_dirs, socket = flags.bin_dirs or bin_dirs, flags.listen or socket
         sources.append(f"crio (pid {flags.pid}) command line")
     return RuntimeLayout(
-        runtime="cri-o",
+        runtime=CRIO_RUNTIME,
         conf_dir=conf_dir,
         bin_dirs=bin_dirs,
         netns_dir=os.path.join(namespaces, "netns"),

@@ -22,7 +22,7 @@ from msgspec.structs import replace
 from reaper.durations import ACCEPTED as DURATION_FORMS
 from reaper.durations import parse_duration
 from reaper.exclusions import Exclusions, name_glob, pod_glob
-from reaper.layout import Layout
+from reaper.layout import CRIO_RUNTIME, Layout
 from reaper.model import Policy
 from reaper.names import PLUGIN_TYPE, compile_netns_patterns, is_cni_id
 from reaper.options import FindOptions, ReapPolicy
@@ -464,8 +464,6 @@ def given_as(flag: str, args: argparse.Namespace, env: Mapping[str, str] | None 
     origin = given(flag, args, env)
     return flag if origin == "flag" else origin
 
-
-CRIO_RUNTIME = "cri-o"  # CRI-O's RuntimeLayout.runtime (reaper.layout.crio_layout)
 
 # What layout detection may fill in, when neither a flag nor a variable gave it.
 DETECTED = ("--cni-conf-dir", "--cni-bin-dir", "--netns-dir")
