@@ -138,6 +138,16 @@ def open_beneath(dir_fd: int, parts: tuple[str, ...], flags: int, mode: int = 0o
             os.close(fd)
 
 
+def open_path_in_root(root: str, path: str) -> int:
+    """An O_PATH fd on `path` as the process whose root is `root` (`/proc/<pid>/root`) sees it,
+    walked beneath that root with no symlink followed."""
+    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return open_beneath(root_fd, parts_beneath("/", path), os.O_PATH)
+    finally:
+        os.close(root_fd)
+
+
 @contextlib.contextmanager
 def opened_dir(root: str, directory: str, *, create: bool = False, walk_only: bool = False) -> Iterator[int]:
     """`directory` (the root or beneath it) as an fd, reached without following a symlink;

@@ -30,7 +30,7 @@ from typing import NoReturn
 
 from msgspec import Struct
 
-from reaper.host.confined import libc, open_beneath, parts_beneath
+from reaper.host.confined import libc, open_path_in_root
 from reaper.host.mounts import MountLine, parse_line
 from reaper.host.procs import EveryNamespaceBusy, busy_namespaces, listed_pids, tasks
 from reaper.host.userns import owners_at, owners_of
@@ -506,11 +506,7 @@ def _read_pinned(
 def open_pin(root: str, point: str, ino: int) -> int:
     """An fd (for setns) of the mount namespace at `point` beneath `root` (a process's root),
     walked with no symlink followed, checked to be namespace `ino`; OSError if not."""
-    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        path_fd = open_beneath(root_fd, parts_beneath("/", point), os.O_PATH)
-    finally:
-        os.close(root_fd)
+    path_fd = open_path_in_root(root, point)
     try:
         st = os.fstat(path_fd)
         if not stat.S_ISREG(st.st_mode) or st.st_ino != ino or st.st_dev != _nsfs_dev():
