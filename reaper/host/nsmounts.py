@@ -158,34 +158,26 @@ def _local_path(line: MountLine, by_id: Mapping[int, MountLine]) -> bool:
 
 def _read_text(path: str) -> bytes:
     """A /proc file whole; OSError (EFBIG) past MAX_MOUNTINFO_BYTES, before more is held."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return _read_fd(fd, path)
-    finally:
-        os.close(fd)
+    text, fd = _read_open(path)
+    os.close(fd)
+    return text
 
 
 def _read_open(path: str) -> tuple[bytes, int]:
     """_read_text, and the file still open (the caller closes it)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    chunks: list[bytes] = []
+    total = 0
     try:
-        return _read_fd(fd, path), fd
+        while chunk := os.read(fd, READ_SIZE):
+            total += len(chunk)
+            if total > MAX_MOUNTINFO_BYTES:
+                raise OSError(errno.EFBIG, f"{path} is over its bounds ({MAX_MOUNTINFO_BYTES} bytes)")
+            chunks.append(chunk)
     except BaseException:
         os.close(fd)
         raise
-
-
-def _read_fd(fd: int, path: str) -> bytes:
-    chunks: list[bytes] = []
-    total = 0
-    while True:
-        chunk = os.read(fd, READ_SIZE)
-        if not chunk:
-            return b"".join(chunks)
-        total += len(chunk)
-        if total > MAX_MOUNTINFO_BYTES:
-            raise OSError(errno.EFBIG, f"{path} is over its bounds ({MAX_MOUNTINFO_BYTES} bytes)")
-        chunks.append(chunk)
+    return b"".join(chunks), fd
 
 
 def _first_line(text: bytes) -> bytes | None:
