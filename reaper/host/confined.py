@@ -102,19 +102,23 @@ def _open_dir_at(dir_fd: int, name: str) -> int:
         raise
 
 
-def _walk(dir_fd: int, parts: tuple[str, ...], flags: int, mode: int) -> int:
-    """What openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS) does, one O_NOFOLLOW open a step."""
+def _open_dirs(dir_fd: int, parts: tuple[str, ...], *, create: bool = False) -> int:
+    """The directory `parts` below `dir_fd`, one O_NOFOLLOW open a step; `create` makes missing ones (0700)."""
     fd = dir_fd
     try:
-        for part in parts[:-1]:
+        for part in parts:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o700, dir_fd=fd)
             step = _open_dir_at(fd, part)
             if fd != dir_fd:
                 os.close(fd)
             fd = step
-        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
-    finally:
+    except BaseException:
         if fd != dir_fd:
             os.close(fd)
+        raise
+    return fd
 
 
 def open_beneath(dir_fd: int, parts: tuple[str, ...], flags: int, mode: int = 0o600, *, walk_only: bool = False) -> int:
@@ -126,7 +130,22 @@ def open_beneath(dir_fd: int, parts: tuple[str, ...], flags: int, mode: int = 0o
         fd = openat2(dir_fd, "/".join(parts), flags, mode, NO_SYMLINKS)
         if fd is not None:
             return fd
-    return _walk(dir_fd, parts, flags, mode)
+    fd = _open_dirs(dir_fd, parts[:-1])  # what openat2 does, one O_NOFOLLOW open a step
+    try:
+        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
+    finally:
+        if fd != dir_fd:
+            os.close(fd)
+
+
+def open_path_in_root(root: str, path: str) -> int:
+    """An O_PATH fd on `path` as the process whose root is `root` (`/proc/<pid>/root`) sees it,
+    walked beneath that root with no symlink followed."""
+    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return open_beneath(root_fd, parts_beneath("/", path), os.O_PATH)
+    finally:
+        os.close(root_fd)
 
 
 @contextlib.contextmanager
@@ -140,19 +159,7 @@ def opened_dir(root: str, directory: str, *, create: bool = False, walk_only: bo
             yield root_fd
             return
         if create:
-            fd = root_fd
-            try:
-                for part in parts:
-                    with contextlib.suppress(FileExistsError):
-                        os.mkdir(part, 0o700, dir_fd=fd)
-                    step = _open_dir_at(fd, part)
-                    if fd != root_fd:
-                        os.close(fd)
-                    fd = step
-            except OSError:
-                if fd != root_fd:
-                    os.close(fd)
-                raise
+            fd = _open_dirs(root_fd, parts, create=True)
         else:
             fd = open_beneath(root_fd, parts, _DIR_FLAGS, walk_only=walk_only)
         try:

@@ -122,6 +122,17 @@ def _parse_nsid(data: bytes | bytearray, offset: int, length: int) -> int | None
     return value if value >= 0 else None
 
 
+def _messages(data: bytes | bytearray, size: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """(offset, length, type, flags, sequence) of each message in the first `size` bytes read."""
+    off = 0
+    while off + _HDR.size <= size:
+        length, mtype, flags, seq, _ = _HDR.unpack_from(data, off)
+        if length < _HDR.size or off + length > size:
+            raise OSError(errno.EBADMSG, "malformed netlink message")
+        yield off, length, mtype, flags, seq
+        off += (length + 3) & ~3
+
+
 def _attr(atype: int, payload: bytes) -> bytes:
     """One netlink attribute, padded to 4 bytes."""
     raw = _NLA.pack(4 + len(payload), atype) + payload
@@ -161,14 +172,8 @@ class Netlink:
         is reused by the next read."""
         view = memoryview(self._buf)
         while True:
-            size = self.sock.recv_into(view)
-            off = 0
-            while off + _HDR.size <= size:
-                length, mtype, _, seq, _ = _HDR.unpack_from(self._buf, off)
-                if length < _HDR.size or off + length > size:
-                    raise OSError(errno.EBADMSG, "malformed netlink message")
+            for off, length, mtype, _, seq in _messages(self._buf, self.sock.recv_into(view)):
                 yield self._buf, off, length, mtype, seq
-                off += (length + 3) & ~3
 
     def dump(self, mtype: int, body: bytes, decode: Callable[[bytes, int, int], T]) -> Iterator[T]:
         """Each answer to a dump request, decoded (dump_kept)."""
@@ -209,16 +214,12 @@ def _answers(nl: Netlink, seq: int, limits: DumpLimits) -> Iterator[tuple[bytes,
             if timeout is None or left < timeout:
                 nl.sock.settimeout(left)  # the next read waits no longer than what is left
         data = nl.sock.recv(_RECV_BYTES)
-        off, ours, ended = 0, 0, False
-        while off + _HDR.size <= len(data):
-            length, atype, flags, aseq, _ = _HDR.unpack_from(data, off)
-            if length < _HDR.size or off + length > len(data):
-                raise OSError(errno.EBADMSG, "malformed netlink message")
+        ours, ended = 0, False
+        for off, length, atype, flags, aseq in _messages(data, len(data)):
             if aseq == seq:
                 ours += 1
                 ended = ended or atype in (NLMSG_DONE, NLMSG_ERROR)
             yield data, off, length, atype, flags, aseq
-            off += (length + 3) & ~3
         taken += len(data)
         items += ours
         if taken > limits.max_bytes or items > limits.max_items:

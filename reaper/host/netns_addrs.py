@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 from msgspec import Struct
 
-from reaper.host.confined import libc, open_beneath, parts_beneath
+from reaper.host.confined import libc, open_path_in_root
 from reaper.host.files import describe_oserror
 from reaper.host.netlink import DumpLimits, Netlink, attrs, dump_kept
 from reaper.host.userns import owners_of
@@ -149,11 +149,7 @@ def _open_path(handle: Handle) -> int:
     """An O_PATH fd on the handle's file, no symlink followed (beneath a holder's root, none at all)."""
     if handle.beneath is None:
         return os.open(handle.path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
-    root_fd = os.open(handle.beneath, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        return open_beneath(root_fd, parts_beneath("/", handle.path), os.O_PATH)
-    finally:
-        os.close(root_fd)
+    return open_path_in_root(handle.beneath, handle.path)
 
 
 class EveryProcessLeft(OSError):

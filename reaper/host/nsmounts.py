@@ -30,7 +30,7 @@ from typing import NoReturn
 
 from msgspec import Struct
 
-from reaper.host.confined import libc, open_beneath, parts_beneath
+from reaper.host.confined import libc, open_path_in_root
 from reaper.host.mounts import MountLine, parse_line
 from reaper.host.procs import EveryNamespaceBusy, busy_namespaces, listed_pids, tasks
 from reaper.host.userns import owners_at, owners_of
@@ -118,7 +118,7 @@ class MountInfo(Struct, frozen=True):
 def parse_mountinfo(lines: Iterable[str], where: str = "mountinfo") -> MountInfo:
     """The namespace mounts of one mountinfo; OSError past the bounds."""
     by_id: dict[int, MountLine] = {}
-    wanted: list[tuple[MountLine, str]] = []
+    wanted: list[tuple[MountLine, str, int]] = []
     total = 0
     for count, line in enumerate(lines, 1):
         total += len(line)
@@ -131,14 +131,15 @@ def parse_mountinfo(lines: Iterable[str], where: str = "mountinfo") -> MountInfo
         if parsed.fstype in NS_FSTYPES:
             found = _NS_ROOT.fullmatch(parsed.root)
             if found is not None:
-                wanted.append((parsed, found[1]))
-    net, pinned = [], []
-    for parsed, ns_type in wanted:
+                wanted.append((parsed, found[1], int(found[2])))
+    net, net_ns, pinned = [], [], []
+    for parsed, ns_type, ino in wanted:
         if ns_type == "net":
             net.append((parsed, _on(parsed, by_id), _local_path(parsed, by_id)))
+            net_ns.append(NsKey(parsed.dev, ino))  # a namespace file is on nsfs' device
         else:
-            pinned.append((int(parsed.root[5:-1]), parsed.point, _local_path(parsed, by_id)))
-    return MountInfo(tuple(net), tuple(pinned), tuple(_ns_of(line) for line, _, _ in net))
+            pinned.append((ino, parsed.point, _local_path(parsed, by_id)))
+    return MountInfo(tuple(net), tuple(pinned), tuple(net_ns))
 
 
 def _local_path(line: MountLine, by_id: Mapping[int, MountLine]) -> bool:
@@ -157,34 +158,26 @@ def _local_path(line: MountLine, by_id: Mapping[int, MountLine]) -> bool:
 
 def _read_text(path: str) -> bytes:
     """A /proc file whole; OSError (EFBIG) past MAX_MOUNTINFO_BYTES, before more is held."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return _read_fd(fd, path)
-    finally:
-        os.close(fd)
+    text, fd = _read_open(path)
+    os.close(fd)
+    return text
 
 
 def _read_open(path: str) -> tuple[bytes, int]:
     """_read_text, and the file still open (the caller closes it)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    chunks: list[bytes] = []
+    total = 0
     try:
-        return _read_fd(fd, path), fd
+        while chunk := os.read(fd, READ_SIZE):
+            total += len(chunk)
+            if total > MAX_MOUNTINFO_BYTES:
+                raise OSError(errno.EFBIG, f"{path} is over its bounds ({MAX_MOUNTINFO_BYTES} bytes)")
+            chunks.append(chunk)
     except BaseException:
         os.close(fd)
         raise
-
-
-def _read_fd(fd: int, path: str) -> bytes:
-    chunks: list[bytes] = []
-    total = 0
-    while True:
-        chunk = os.read(fd, READ_SIZE)
-        if not chunk:
-            return b"".join(chunks)
-        total += len(chunk)
-        if total > MAX_MOUNTINFO_BYTES:
-            raise OSError(errno.EFBIG, f"{path} is over its bounds ({MAX_MOUNTINFO_BYTES} bytes)")
-        chunks.append(chunk)
+    return b"".join(chunks), fd
 
 
 def _first_line(text: bytes) -> bytes | None:
@@ -505,11 +498,7 @@ def _read_pinned(
 def open_pin(root: str, point: str, ino: int) -> int:
     """An fd (for setns) of the mount namespace at `point` beneath `root` (a process's root),
     walked with no symlink followed, checked to be namespace `ino`; OSError if not."""
-    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        path_fd = open_beneath(root_fd, parts_beneath("/", point), os.O_PATH)
-    finally:
-        os.close(root_fd)
+    path_fd = open_path_in_root(root, point)
     try:
         st = os.fstat(path_fd)
         if not stat.S_ISREG(st.st_mode) or st.st_ino != ino or st.st_dev != _nsfs_dev():
@@ -640,24 +629,12 @@ def _reachable_first(mount: NsMount | _View) -> tuple[bool, bool, int]:
     return (mount.pid == NO_PROCESS, mount.mount_ns == UNKNOWN_NS, mount.pid)
 
 
-def pin_files_shared(mounts: Iterable[NsMount], netns_dirs: Iterable[str], own_mount_ns: int) -> dict[NsKey, str]:
-    """Pins whose file carries a mount of another namespace in another mount namespace:
-    unlinking that file would detach that mount, so the pin's namespace must stay."""
-    dirs = {os.path.realpath(d) for d in netns_dirs}
-    mounts = list(mounts)
-    pins = {m.on: m.ns for m in mounts if m.mount_ns == own_mount_ns and os.path.dirname(m.mount_point) in dirs}
-    shared: dict[NsKey, str] = {}
-    for m in mounts:
-        pin_ns = pins.get(m.on) if m.on is not None else None
-        if pin_ns is not None and pin_ns != m.ns:
-            shared.setdefault(pin_ns, f"its pin's file carries another namespace's mount: {m.describe()}")
-    return shared
-
-
 class HeldMounts(Struct, frozen=True, kw_only=True):
-    """held_elsewhere's and pin_files_shared's answers, and the users' mount namespaces left out."""
+    """held_elsewhere's answer, pins whose file is shared, and the users' mount namespaces left out."""
 
     held: dict[NsKey, tuple[NsMount, ...]]
+    # Pins whose file carries another namespace's mount in another mount namespace: unlinking
+    # that file would detach that mount, so the pin's namespace must stay.
     shared: dict[NsKey, str]
     unread: tuple[str, ...] = ()
 
@@ -665,7 +642,7 @@ class HeldMounts(Struct, frozen=True, kw_only=True):
 def held_mounts(
     netns_dirs: Iterable[str], proc: str = "/proc", parsed: ParsedMountinfo | None = None, *, first_only: bool = False
 ) -> HeldMounts:
-    """held_elsewhere and pin_files_shared over a walk, judged once a distinct text, records made
+    """held_elsewhere and HeldMounts.shared over a walk, judged once a distinct text, records made
     only of holders; OSError when the walk cannot be whole. `first_only`: each held namespace
     with its first mount alone, made from the first view of each text only."""
     views, unread = _walk(proc, parsed if parsed is not None else ParsedMountinfo())
@@ -730,11 +707,6 @@ def _judge(
         if pin_ns is not None and pin_ns != ns:
             sharing.append((net, ns))
     return holding, sharing
-
-
-def _ns_of(line: MountLine) -> NsKey:
-    """The namespace mounted by a line of MountInfo.net (root `net:[INODE]`, on nsfs' device)."""
-    return NsKey(line.dev, int(line.root[5:-1]))
 
 
 def mount_held(

@@ -159,11 +159,10 @@ def _names(dir_fd: int) -> list[str]:
         return sorted(entry.name for _, entry in zip(range(MAX_NAMES_READ), entries, strict=False))
 
 
-class _Expiring:
-    def __init__(self) -> None:
-        self.deleted = 0
-        self.left: list[str] = []
-        self.more_left = 0
+class _Expiring(Struct, kw_only=True):
+    deleted: int = 0
+    left: list[str] = []
+    more_left: int = 0
 
     def leave(self, path: str, why: str) -> None:
         if len(self.left) < MAX_LEFT_SAID:
@@ -195,8 +194,7 @@ class _Expiring:
                     self.leave(where, "not a regular file, so not one the reaper quarantined")
                     empty = False
                     continue
-                now = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-                problem = same_file(judged)(now)
+                problem = same_file(judged)(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
                 if problem is not None:
                     self.leave(where, problem)
                     empty = False

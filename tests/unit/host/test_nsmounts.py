@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,6 @@ from reaper.host.nsmounts import (
     mount_held,
     netns_mounts,
     parse_mountinfo,
-    pin_files_shared,
 )
 from reaper.host.procs import EveryNamespaceBusy
 from reaper.model import NsKey
@@ -371,6 +370,20 @@ def test_too_many_mount_namespaces_or_a_proc_without_this_process_raise(
     (other / "1").mkdir(parents=True)
     with pytest.raises(OSError, match="does not list this process"):
         netns_mounts(str(other))
+
+
+def pin_files_shared(mounts: Iterable[NsMount], netns_dirs: Iterable[str], own_mount_ns: int) -> dict[NsKey, str]:
+    """HeldMounts.shared judged record by record, as held_elsewhere judges `held`: the pins whose
+    file carries a mount of another namespace in another mount namespace."""
+    dirs = {os.path.realpath(d) for d in netns_dirs}
+    mounts = list(mounts)
+    pins = {m.on: m.ns for m in mounts if m.mount_ns == own_mount_ns and os.path.dirname(m.mount_point) in dirs}
+    shared: dict[NsKey, str] = {}
+    for m in mounts:
+        pin_ns = pins.get(m.on) if m.on is not None else None
+        if pin_ns is not None and pin_ns != m.ns:
+            shared.setdefault(pin_ns, f"its pin's file carries another namespace's mount: {m.describe()}")
+    return shared
 
 
 def mount(ns: int, mount_ns: int, point: str, on: tuple[int, str] | None, pid: int = 7) -> NsMount:
