@@ -100,7 +100,6 @@ class NodeView(NamedTuple):
         return Recheck(left, now.netns, busy, self.at)
 
 
-Seed = tuple[NodeView, frozenset[NsKey], float]  # a look, the namespaces it described, its window
 DelDone = tuple[AttachmentKey, tuple[str, ...], str | None, bool]  # key, plugin errors, why left, window missed
 
 
@@ -120,27 +119,29 @@ def _unpinned(
 
 
 class _Views:
-    """The kernel step's looks: one serves every batch that starts within half its window and
-    whose namespaces it described (each describes every namespace the step may still act on,
-    `wide`). `seed`: the DEL step's last look, its namespaces and window."""
+    """A step's looks, the last with the namespaces it described and its window. In the kernel
+    step one serves every batch that starts within half its window and whose namespaces it
+    described (each describes every namespace the step may still act on, `wide`)."""
 
-    def __init__(self, take: Callable[[Set[NsKey]], NodeView], seed: Seed | None = None) -> None:
+    def __init__(self, take: Callable[[Set[NsKey]], NodeView]) -> None:
         self.take = take
         self.last: NodeView | None = None
         self.described: frozenset[NsKey] = frozenset()
         self.window = RECHECK_WINDOW
-        if seed is not None:
-            self.last, self.described, self.window = seed
+
+    def look(self, namespaces: frozenset[NsKey]) -> NodeView:
+        """A new look describing `namespaces`; its window follows how long it took."""
+        self.described = namespaces
+        began = time.monotonic()
+        self.last = self.take(namespaces)
+        self.window = max(RECHECK_WINDOW, LOOK_SHARE * (self.last.at - began))
+        return self.last
 
     def fresh(self, namespaces: frozenset[NsKey], wide: frozenset[NsKey]) -> NodeView:
-        stale = self.last is None or time.monotonic() - self.last.at > self.window / 2
-        if stale or not namespaces <= self.described:
-            self.described = namespaces | wide
-            began = time.monotonic()
-            self.last = self.take(self.described)
-            self.window = max(RECHECK_WINDOW, LOOK_SHARE * (self.last.at - began))
-        assert self.last is not None
-        return self.last
+        last = self.last
+        if last is None or time.monotonic() - last.at > self.window / 2 or not namespaces <= self.described:
+            return self.look(namespaces | wide)
+        return last
 
 
 class Reclaimer(Struct, kw_only=True):
@@ -197,7 +198,7 @@ class Reclaimer(Struct, kw_only=True):
         requests.kept_state by attachment; `planned_on`: the planning look, which serves as the
         look after DEL when no attachment has a DEL to run."""
         self.watch.restart()
-        plugin_errors, left_before_del, live, seed = self._del_all(attachments, requests)
+        plugin_errors, left_before_del, live, del_views = self._del_all(attachments, requests)
         skipped = [SkippedAttachment(a.key, left_before_del[a.key]) for a in attachments if a.key in left_before_del]
         acting = [a for a in attachments if a.key not in left_before_del]
         self.watch.lap("del")
@@ -225,7 +226,7 @@ class Reclaimer(Struct, kw_only=True):
             live=live,
             unread=after.partly_read,
             pass_pins=pass_pins,
-            seed=seed if no_del else None,
+            views=del_views if no_del else None,
         )
         self.watch.lap("kernel")
         last_look = self.look()
@@ -262,11 +263,10 @@ class Reclaimer(Struct, kw_only=True):
 
     def _del_all(
         self, attachments: Sequence[Attachment], requests: Mapping[AttachmentKey, DelRequest | None]
-    ) -> tuple[dict[AttachmentKey, tuple[str, ...]], dict[AttachmentKey, str], frozenset[NsKey], Seed | None]:
+    ) -> tuple[dict[AttachmentKey, tuple[str, ...]], dict[AttachmentKey, str], frozenset[NsKey], _Views]:
         """Each attachment's DEL, in batches each re-checked right before it goes to the pool;
         a DEL starts within its batch's window or goes back for the next batch. (plugin errors,
-        why each was left, the namespaces the runtimes named, the last view with its namespaces
-        and window)."""
+        why each was left, the namespaces the runtimes named, the step's looks)."""
 
         def one(attachment: Attachment, cleared_at: float, window: float) -> DelDone:
             key, request = attachment.key, requests.get(attachment.key)
@@ -295,8 +295,7 @@ class Reclaimer(Struct, kw_only=True):
         queue = deque(attachments)
         by_key = {a.key: a for a in attachments}
         late: dict[AttachmentKey, int] = {}
-        batch, window = 4 * self.del_concurrency, RECHECK_WINDOW
-        last_view: Seed | None = None
+        batch, views = 4 * self.del_concurrency, _Views(self.view)
         started = time.monotonic()
         finished = 0
         pace, look_took = 0.0, 0.0  # DELs finished a second so far; the last re-check's seconds
@@ -315,19 +314,15 @@ class Reclaimer(Struct, kw_only=True):
                         chunk.append(queue.popleft())
                         dels += requests.get(chunk[-1].key) is not None
                     began = time.monotonic()
-                    described = frozenset(a.netns for a in chunk if a.netns is not None)
-                    seen = self.view(described)
-                    found = seen.judge(chunk)
+                    found = views.look(frozenset(a.netns for a in chunk if a.netns is not None)).judge(chunk)
+                    look_took = found.at - began
                     self.log.debug(
                         "re-checked a batch of DELs",
-                        extra={"attachments": len(chunk), "dels": dels, "seconds": round(found.at - began, 3)},
+                        extra={"attachments": len(chunk), "dels": dels, "seconds": round(look_took, 3)},
                     )
                     live |= found.live_netns
                     left.update(found.left)
-                    look_took = found.at - began
-                    window = max(RECHECK_WINDOW, LOOK_SHARE * look_took)
-                    last_view = (seen, described, window)
-                    running |= {pool.submit(one, a, found.at, window) for a in chunk if a.key not in found.left}
+                    running |= {pool.submit(one, a, found.at, views.window) for a in chunk if a.key not in found.left}
                 if not running:
                     continue
                 done, running = wait(running, return_when=FIRST_COMPLETED)
@@ -347,12 +342,12 @@ class Reclaimer(Struct, kw_only=True):
                         left[key] = why
                 # As many as the pool finishes in a window, and never fewer than it can run at once.
                 pace = finished / max(time.monotonic() - started, 1e-3)
-                batch = max(self.del_concurrency, int(pace * window))
+                batch = max(self.del_concurrency, int(pace * views.window))
         for key, found_errors in errors.items():
             fields = {"attachment": key.as_text(), **attachment_log_fields(key, by_key.get(key)), "method": "cni-del"}
             for error in found_errors:
                 self.log.warning("plugin DEL failed", extra={**fields, "error": error})
-        return errors, left, frozenset(live), last_view
+        return errors, left, frozenset(live), views
 
     def _kernel(
         self,
@@ -365,14 +360,14 @@ class Reclaimer(Struct, kw_only=True):
         live: frozenset[NsKey] = frozenset(),
         unread: Set[str] = frozenset(),
         pass_pins: Mapping[NsKey, str] | None = None,
-        seed: Seed | None = None,
+        views: _Views | None = None,
     ) -> dict[Identity, Done]:
         """Each kind reclaims what is still there, in the registry's order: a `last` kind's record
         once the rest of its attachment is gone; what a needed DEL reads (`needs_plugin`: the
         `last` and `del_needs` kinds') stays; records `with_addresses` only while no namespace
         they live in stays (reaper.reap.stays) and no address they free is configured in one of
         `pass_pins` that stays. `live`: namespaces the re-checks named; `unread`: kinds the look
-        after DEL could not read whole; `seed`: the DEL step's last look."""
+        after DEL could not read whole; `views`: the DEL step's looks, to go on from."""
         live_netns = self.live_netns | live
         kinds, last = self.registry.kinds, self.registry.last
         done: dict[Identity, Done] = {}
@@ -394,7 +389,7 @@ class Reclaimer(Struct, kw_only=True):
 
         # Attachments a batch's re-check left: none of their records is touched after that.
         left_at: dict[AttachmentKey, str] = {}
-        views = _Views(self.view, seed)
+        views = views if views is not None else _Views(self.view)
         every_ns = frozenset(ns for a in attachments for ns in lives_in(kinds, a, present))
         # Namespaces this step unpinned with nothing else keeping them: gone, no look walks them.
         gone: frozenset[NsKey] = frozenset()

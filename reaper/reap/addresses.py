@@ -99,54 +99,48 @@ def leave_for_addresses(
     """Pure: why each attachment must be left, by what `seen` (each namespace read, or why not)
     holds: any namespace but its own, and its own unless in `dead` (an orphan's pin this pass
     frees, no process inside). `unseen`: why not every namespace could be listed (leaves all)."""
+    counted = [ns for ns in seen if ns.ns not in dead and ns.made_by_user is None]
     configured: dict[IPAddress, list[NamespaceAddresses]] = {}
-    for ns in seen:
-        if ns.ns in dead or ns.made_by_user is not None:
-            continue
+    for ns in counted:
         for text in ns.addresses:
             address = address_key(text)
             if address is not None:
                 configured.setdefault(address, []).append(ns)
-    failed = [ns for ns in seen if ns.error is not None and ns.ns not in dead and ns.made_by_user is None]
+    failed = [ns for ns in counted if ns.error is not None]
     # Unread and found only through users' mounts: each may be the namespace of one attachment.
     users_unread = {ns.ns: ns for ns in failed if ns.mounted_by_user is not None}
     failed = [ns for ns in failed if ns.mounted_by_user is None]
-    reasons: dict[AttachmentKey, str] = {}
-    for key, holds in held.items():
-        if not holds.addresses:
-            continue
+
+    def why_left(holds: HeldAddresses) -> str | None:
         first = holds.addresses[0]
         untold = f"whether a live pod holds its address {first} cannot be told"
         if unseen is not None:
-            reasons[key] = f"not every network namespace on the node can be seen ({unseen}): {untold}"
-            continue
+            return f"not every network namespace on the node can be seen ({unseen}): {untold}"
         where = [(address, ns) for address in holds.addresses for ns in configured.get(address, ())]
         elsewhere = next(((address, ns) for address, ns in where if ns.ns not in holds.own), None)
         if elsewhere is not None:
             address, ns = elsewhere
-            reasons[key] = f"its address {address} is configured in {ns.where}, not its own: a live pod holds it"
-            continue
-        # Its own namespace, if this pass does not free it, keeps the address configured: freed,
-        # the lease would hand it to a new pod while it is there.
-        own_kept = next(((address, ns) for address, ns in where if ns.ns not in dead), None)
-        if own_kept is not None:
-            address, ns = own_kept
-            reasons[key] = (
+            return f"its address {address} is configured in {ns.where}, not its own: a live pod holds it"
+        # Its own namespace, if this pass does not free it (`configured` holds none in `dead`), keeps
+        # the address configured: freed, the lease would hand it to a new pod while it is there.
+        if where:
+            address, ns = where[0]
+            return (
                 f"its address {address} is still configured in its own namespace, {ns.where}, which this pass does"
                 " not free"
             )
-            continue
         own_unread = next((users_unread[ns] for ns in sorted(holds.own) if ns in users_unread), None)
         if own_unread is not None:
-            reasons[key] = (
+            return (
                 f"its own namespace, {own_unread.where} (a mount of uid {own_unread.mounted_by_user}'s), could not be"
                 f" read ({own_unread.error}): whether it still holds its address {first} cannot be told"
             )
-            continue
         unread = next((ns for ns in failed if ns.ns not in holds.own), None)
         if unread is not None:
-            reasons[key] = f"the addresses configured in {unread.where} could not be read ({unread.error}): {untold}"
-    return reasons
+            return f"the addresses configured in {unread.where} could not be read ({unread.error}): {untold}"
+        return None
+
+    return {key: why for key, holds in held.items() if holds.addresses and (why := why_left(holds)) is not None}
 
 
 def node_namespaces(
