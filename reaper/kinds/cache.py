@@ -473,13 +473,12 @@ def ref(entry: CacheEntry) -> ResourceRef:
 
 
 def tie(entry: CacheEntry) -> OwnKey:
-    uninspectable = entry.netns_path if entry.netns_uninspectable and entry.netns_path else None
     return OwnKey(
         container_id=entry.container_id,
         network=entry.network,
         ifname=entry.ifname,
         netns=entry.netns,
-        uninspectable_netns=uninspectable,
+        uninspectable_netns=entry.netns_path if entry.netns_uninspectable and entry.netns_path else None,
     )
 
 
