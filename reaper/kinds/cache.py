@@ -99,9 +99,7 @@ def _netns_from(doc: dict[str, Any], result: Any, ifname: str) -> str | None:
         for i in _result_interfaces(result)
         if isinstance(i.get("sandbox"), str) and i["sandbox"] and is_path(i["sandbox"])
     ]
-    for iface in sandboxes:
-        if iface.get("name") == ifname:
-            return str(iface["sandbox"])
+    sandboxes.sort(key=lambda i: i.get("name") != ifname)  # the one named `ifname` first
     return str(sandboxes[0]["sandbox"]) if sandboxes else None
 
 
@@ -473,13 +471,12 @@ def ref(entry: CacheEntry) -> ResourceRef:
 
 
 def tie(entry: CacheEntry) -> OwnKey:
-    uninspectable = entry.netns_path if entry.netns_uninspectable and entry.netns_path else None
     return OwnKey(
         container_id=entry.container_id,
         network=entry.network,
         ifname=entry.ifname,
         netns=entry.netns,
-        uninspectable_netns=uninspectable,
+        uninspectable_netns=entry.netns_path if entry.netns_uninspectable and entry.netns_path else None,
     )
 
 

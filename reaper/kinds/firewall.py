@@ -21,7 +21,7 @@ from reaper.cni.result import address_key
 from reaper.kinds import Found, Kind, Look, ReclaimContext, cache, hostlocal, owner_claim
 from reaper.kinds.cache import CacheEntry
 from reaper.kinds.hostlocal import HostLocalLease
-from reaper.kinds.iptables import Family, IptablesTools, resaved, restore_each, save_lines, saved
+from reaper.kinds.iptables import Family, resaved, restore_each, save_lines, saved
 from reaper.model import Claim, DetailValue, Done, Identity, ResourceRef
 
 KIND_NAME = "firewall"
@@ -136,10 +136,7 @@ def with_owners(
 
 
 def find(look: Look) -> Found[ForwardRule]:
-    def parse(text: str, tool: IptablesTools) -> tuple[ForwardRule, ...]:
-        return tuple(parse_filter_save(text, tool.family, tool.backend))
-
-    rules, errors = saved(KIND_NAME, TABLE, parse, look.options.command_timeout, look.memo.outputs)
+    rules, errors = saved(KIND_NAME, TABLE, parse_filter_save, look.options.command_timeout, look.memo.outputs)
     owned = with_owners(rules, look.found(hostlocal.KIND), look.found(cache.KIND))
     return Found(tuple(owned), errors=tuple(errors))
 

@@ -202,10 +202,8 @@ def _pod_cidr_ranges(config: NetworkConfig, pod_cidrs: PodCidrs | None) -> list[
 
 
 def _label(spec: HostLocalRange) -> str:
-    net = ipaddress.ip_network(spec.subnet)
-    default_start = net.network_address + 1
-    default_end = net.broadcast_address - 1 if net.version == 4 else net.broadcast_address
-    if ipaddress.ip_address(spec.start) == default_start and ipaddress.ip_address(spec.end) == default_end:
+    default = host_local_range(spec.subnet, {})
+    if (spec.start, spec.end) == (default.start, default.end):
         return spec.subnet
     return f"{spec.start}-{spec.end}"
 

@@ -295,7 +295,7 @@ class SaveRound:
 def saved(
     kind: str,
     table: str,
-    parse: Callable[[str, IptablesTools], tuple[B, ...]],
+    parse: Callable[[str, Family, str], Sequence[B]],
     timeout: float,
     memo: OutputMemo | None,
 ) -> tuple[list[B], list[SourceError]]:
@@ -305,13 +305,15 @@ def saved(
     reads). Reclaiming never acts on these records: it saves afresh before any delete."""
     if memo is None:
         saves = run_saves((table,), timeout)[table]
-        return [r for tool, out in saves.outputs for r in parse(out, tool)], list(saves.errors)
+        return [r for tool, out in saves.outputs for r in parse(out, tool.family, tool.backend)], list(saves.errors)
     saves = memo.once_a_pass(_ROUND, functools.partial(SaveRound, timeout)).take(table)
     records = [
         record
         for tool, out in saves.outputs
         for record in memo.parsed(
-            f"{kind}:{tool.save} -t {table}", without_stamps(out), functools.partial(parse, out, tool)
+            f"{kind}:{tool.save} -t {table}",
+            without_stamps(out),
+            functools.partial(parse, out, tool.family, tool.backend),
         )
     ]
     return records, list(saves.errors)
@@ -341,10 +343,7 @@ def without_stamps(text: str) -> str:
 
 
 def find(look: Look) -> Found[IptablesChain]:
-    def parse(text: str, tool: IptablesTools) -> tuple[IptablesChain, ...]:
-        return tuple(parse_save(text, tool.family, tool.backend))
-
-    chains, errors = saved(KIND_NAME, "nat", parse, look.options.command_timeout, look.memo.outputs)
+    chains, errors = saved(KIND_NAME, "nat", parse_save, look.options.command_timeout, look.memo.outputs)
     return Found(tuple(chains), errors=tuple(errors))
 
 

@@ -227,7 +227,6 @@ def parse_network_config(raw: bytes, path: str) -> NetworkConfig:
             declared, from_pod_cidr = _ranges(ipam)
             ranges.extend(declared)
             pod_cidr_versions.extend(v for v in from_pod_cidr if v not in pod_cidr_versions)
-    disable_gc = gc_disabled(doc.get("disableGC", False))
     return NetworkConfig(
         name=name,
         path=path,
@@ -235,7 +234,7 @@ def parse_network_config(raw: bytes, path: str) -> NetworkConfig:
         plugin_types=tuple(types),
         ipam_data_dirs=tuple(data_dirs),
         ipam_ranges=tuple(ranges),
-        disable_gc=disable_gc,
+        disable_gc=gc_disabled(doc.get("disableGC", False)),
         raw=raw,
         pod_cidr_versions=tuple(pod_cidr_versions),
     )
@@ -266,8 +265,7 @@ def collect_configs(conf_dir: str) -> tuple[list[NetworkConfig], list[CorruptFil
     except OSError as err:
         return configs, [CorruptFile(CORRUPT_KIND, conf_dir, describe_oserror(err))]
     try:
-        names = sorted(os.listdir(root_fd))
-        for name in names:
+        for name in sorted(os.listdir(root_fd)):
             if not name.endswith(CONFIG_EXTENSIONS):
                 continue
             path = os.path.join(conf_dir, name)

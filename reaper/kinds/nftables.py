@@ -179,15 +179,14 @@ def tie(rule: NftRule) -> Claim | None:
 def reclaim(rules: Sequence[NftRule], ctx: ReclaimContext) -> dict[Identity, Done]:
     """Delete rules by handle, each only while the rule at that handle still is the one found
     (the same reader's reading of it, owner included)."""
-    done: dict[Identity, Done] = {}
     nft = shutil.which("nft")
+    if nft is None:
+        return {identity(r): Done.left("nft not installed") for r in rules}
+    done: dict[Identity, Done] = {}
     by_table: dict[tuple[str, str], list[NftRule]] = defaultdict(list)
     for rule in rules:
         by_table[(rule.family, rule.table)].append(rule)
     for (family, table), group in by_table.items():
-        if nft is None:
-            done.update({identity(r): Done.left("nft not installed") for r in group})
-            continue
         try:
             now = {identity(r): r for r in parse_rules(_list_table(nft, family, table, ctx.command_timeout))}
         except NftOutputError as err:

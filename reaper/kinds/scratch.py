@@ -85,7 +85,7 @@ def config_dirs(configs: Iterable[NetworkConfig], types: Collection[str], key: s
             value = plugin.get(key)
             if plugin.get("type") not in types or not (isinstance(value, str) and value[:1] == "/" and is_path(value)):
                 continue
-            directory = "/" + os.path.normpath(value).lstrip("/")  # POSIX keeps a leading "//"; Go does not
+            directory = go_join(value, "")
             if directory not in dirs:
                 dirs.append(directory)
     return dirs

@@ -54,10 +54,8 @@ TuningFile = ScratchFile[TuningBackup]
 def split_name(name: str) -> tuple[str, str]:
     """(container ID, ifname) of a `<container ID>_<ifname>.json` file name; ValueError (the
     reason) for any other name, an ambiguous one included."""
-    if not name.endswith(SUFFIX):
-        raise ValueError("file name is not <container ID>_<ifname>.json")
-    container_id, sep, ifname = name[: -len(SUFFIX)].rpartition("_")
-    if not sep:
+    container_id, sep, ifname = name.removesuffix(SUFFIX).rpartition("_")
+    if not (name.endswith(SUFFIX) and sep):
         raise ValueError("file name is not <container ID>_<ifname>.json")
     if not is_cni_id(container_id):
         raise ValueError("file name's container ID is not a container ID")

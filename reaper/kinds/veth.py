@@ -52,7 +52,6 @@ def veths_from(
     for link in links:
         if link.kind != "veth":
             continue
-        peer_ns = nsid_to_ns.get(link.link_netnsid) if link.link_netnsid is not None else None
         veths.append(
             VethLink(
                 ifindex=link.ifindex,
@@ -60,7 +59,7 @@ def veths_from(
                 peer_ifindex=link.link,
                 peer_netnsid=link.link_netnsid,
                 master=by_index.get(link.master) if link.master else None,
-                peer_netns=peer_ns,
+                peer_netns=nsid_to_ns.get(link.link_netnsid) if link.link_netnsid is not None else None,
             )
         )
     return veths
