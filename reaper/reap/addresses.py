@@ -231,7 +231,54 @@ def addresses_in_use(
     wanted = packed_forms([address for h in held.values() for address in h.addresses])
     read = partial(read_addresses, deadline=clock() + deadline, clock=clock, wanted=wanted)
     seen = reread_churned(targets, read(targets), netns_members, read)
+
+    def look_again() -> list[NamespaceToRead]:
+        now = held_elsewhere(netns_mounts(), netns_dirs, own_mount_namespace())
+        return node_namespaces(netns_dirs, netns_members(), skip, now)
+
+    seen = reread_unmounted(targets, seen, look_again, read)
     return leave_for_addresses(held, seen, None, dead)
+
+
+def _only_mounts(target: NamespaceToRead) -> bool:
+    """Whether `target` was found only through mounts held elsewhere (no pin, no process)."""
+    return bool(target.handles) and all(h.beneath is not None or h.path == UNREACHABLE for h in target.handles)
+
+
+def reread_unmounted(
+    targets: Sequence[NamespaceToRead],
+    seen: list[NamespaceAddresses],
+    look_again: Callable[[], Sequence[NamespaceToRead]],
+    read: Callable[[Sequence[NamespaceToRead]], list[NamespaceAddresses]],
+) -> list[NamespaceAddresses]:
+    """`seen` with each unread namespace found only through mounts elsewhere looked up in a new
+    walk (its holder may have exited or unmounted it while the pass read: found on a loaded node,
+    every orphan was left for another test's namespace unmounted meanwhile). Held now by a pin, a
+    process or a mount, it is read again through them; held by none, it reads as empty, as a pass
+    started now would not see it at all (netns_addrs.EveryProcessLeft). A walk that fails, or a
+    read that fails again, keeps the error."""
+    unmounted = [
+        i for i, (t, found) in enumerate(zip(targets, seen, strict=True)) if found.error is not None and _only_mounts(t)
+    ]
+    if not unmounted:
+        return seen
+    try:
+        now = {t.ns: t for t in look_again()}
+    except OSError:
+        return seen  # the first errors stand
+    out = list(seen)
+    again: list[tuple[int, NamespaceToRead]] = []
+    for i in unmounted:
+        target = targets[i]
+        found = now.get(target.ns)
+        if found is None:
+            out[i] = NamespaceAddresses(target.ns, target.where, (), None, None, target.mounted_by_user)
+        else:
+            again.append((i, found))
+    if again:
+        for (i, _), result in zip(again, read([t for _, t in again]), strict=True):
+            out[i] = result
+    return out
 
 
 def reread_churned(

@@ -453,3 +453,47 @@ def test_a_namespace_whose_first_processes_left_while_read_is_read_again_through
     assert (out[1].addresses, out[1].error) == ((), None), "no process left, no pin, no mount: empty"
     assert out[2].error == "No such file or directory", "a pinned namespace keeps its error"
     assert out[3].error == "gone", "failing again keeps it unread"
+
+
+def test_a_namespace_whose_mount_went_while_read_is_looked_up_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A namespace found only through a mount elsewhere whose holder exited (or unmounted it)
+    before it was read (found on a loaded node: every orphan was left for another test's
+    namespace). One more walk: held by nothing now, it reads as empty and the orphan goes; held
+    by a mount still, it is read again through that mount; a walk that fails keeps the error."""
+    held_ns = NsKey(4, 78)
+    first = NsMount(ns=held_ns, pid=12, mount_ns=9, mount_point="/var/held", on=None)
+    then = NsMount(ns=held_ns, pid=13, mount_ns=10, mount_point="/var/moved", on=None)
+    orphan, records = attach(lease("10.0.0.5"))
+    walks: list[list[NsMount]] = []
+    asked = _fake_node(monkeypatch, {HOST: {1}}, [], {held_ns: ("10.0.0.5/24",)})
+
+    def read(targets: Sequence[NamespaceToRead], **_: Any) -> list[NamespaceAddresses]:
+        asked.append(list(targets))
+        return [
+            NamespaceAddresses(t.ns, t.where, (), "No such file or directory")
+            if any(h.beneath == "/proc/12/root" for h in t.handles)
+            else NamespaceAddresses(t.ns, t.where, ("10.0.0.5",) if t.ns == held_ns else ())
+            for t in targets
+        ]
+
+    monkeypatch.setattr(addresses, "read_addresses", read)
+    monkeypatch.setattr(addresses, "netns_mounts", lambda: walks.pop(0))
+    monkeypatch.setattr(addresses, "mounting_user", lambda mount: None)
+    walks.extend([[first], []])
+    assert addresses_in_use([orphan], records, ("/run/netns",)) == {}, "gone from the new walk: empty"
+    assert [t.ns for t in asked[-1]] == [HOST, held_ns] and not walks
+
+    walks.extend([[first], [then]])
+    why = addresses_in_use([orphan], records, ("/run/netns",))[orphan.key]
+    assert "10.0.0.5 is configured in the netns held by a mount at /var/moved" in why
+    assert [h.beneath for h in asked[-1][0].handles] == ["/proc/13/root"]
+
+    def fails() -> list[NsMount]:
+        if walks:
+            return walks.pop(0)
+        raise OSError(5, "mount namespace mnt:[10] cannot be entered")
+
+    monkeypatch.setattr(addresses, "netns_mounts", fails)
+    walks.append([first])
+    why = addresses_in_use([orphan], records, ("/run/netns",))[orphan.key]
+    assert "held by a mount at /var/held" in why and "could not be read (No such file or directory)" in why
