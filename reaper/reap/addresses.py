@@ -15,7 +15,7 @@ import ipaddress
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from msgspec import Struct
 from msgspec.structs import replace
@@ -31,6 +31,7 @@ from reaper.model import Attachment, AttachmentKey, Identity, NsKey
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 DEADLINE = 10.0  # seconds for reading every namespace's addresses, all together
 HANDLES = 4  # ways to reach one namespace kept (its pins, then the lowest pids in it)
+W = TypeVar("W")  # what one new walk gives (_read_again)
 UNREACHABLE = "/proc/0/ns/net"  # a handle that opens nothing: there is no process 0
 
 
@@ -245,32 +246,34 @@ def _only_mounts(target: NamespaceToRead) -> bool:
     return bool(target.handles) and all(h.beneath is not None or h.path == UNREACHABLE for h in target.handles)
 
 
-def reread_unmounted(
+def _only_processes(target: NamespaceToRead) -> bool:
+    """Whether `target` was found only through processes in it (no pin, no mount)."""
+    return bool(target.handles) and all(not h.pinned and h.path.startswith("/proc/") for h in target.handles)
+
+
+def _read_again(
     targets: Sequence[NamespaceToRead],
     seen: list[NamespaceAddresses],
-    look_again: Callable[[], Sequence[NamespaceToRead]],
+    which: Callable[[NamespaceToRead], bool],
+    walk: Callable[[], W],
+    again_as: Callable[[NamespaceToRead, W], NamespaceToRead | None],
     read: Callable[[Sequence[NamespaceToRead]], list[NamespaceAddresses]],
 ) -> list[NamespaceAddresses]:
-    """`seen` with each unread namespace found only through mounts elsewhere looked up in a new
-    walk (its holder may have exited or unmounted it while the pass read: found on a loaded node,
-    every orphan was left for another test's namespace unmounted meanwhile). Held now by a pin, a
-    process or a mount, it is read again through them; held by none, it reads as empty, as a pass
-    started now would not see it at all (netns_addrs.EveryProcessLeft). A walk that fails, or a
-    read that fails again, keeps the error."""
-    unmounted = [
-        i for i, (t, found) in enumerate(zip(targets, seen, strict=True)) if found.error is not None and _only_mounts(t)
-    ]
-    if not unmounted:
+    """`seen` with each unread target `which` picks looked up in one new `walk`: read again as
+    `again_as` finds it there, or read as empty when nothing holds it now, as a pass started now
+    would not see it at all. A walk that fails, or a read that fails again, keeps the error."""
+    picked = [i for i, (t, found) in enumerate(zip(targets, seen, strict=True)) if found.error is not None and which(t)]
+    if not picked:
         return seen
     try:
-        now = {t.ns: t for t in look_again()}
+        walked = walk()
     except OSError:
         return seen  # the first errors stand
     out = list(seen)
     again: list[tuple[int, NamespaceToRead]] = []
-    for i in unmounted:
+    for i in picked:
         target = targets[i]
-        found = now.get(target.ns)
+        found = again_as(target, walked)
         if found is None:
             out[i] = NamespaceAddresses(target.ns, target.where, (), None, None, target.mounted_by_user)
         else:
@@ -281,6 +284,20 @@ def reread_unmounted(
     return out
 
 
+def reread_unmounted(
+    targets: Sequence[NamespaceToRead],
+    seen: list[NamespaceAddresses],
+    look_again: Callable[[], Sequence[NamespaceToRead]],
+    read: Callable[[Sequence[NamespaceToRead]], list[NamespaceAddresses]],
+) -> list[NamespaceAddresses]:
+    """`seen` with each unread namespace found only through mounts elsewhere looked up in a new
+    walk of /proc and the mounts (its holder may have exited or unmounted it while the pass read)
+    and read through whatever pin, process or mount holds it now."""
+    return _read_again(
+        targets, seen, _only_mounts, lambda: {t.ns: t for t in look_again()}, lambda t, now: now.get(t.ns), read
+    )
+
+
 def reread_churned(
     targets: Sequence[NamespaceToRead],
     seen: list[NamespaceAddresses],
@@ -289,31 +306,13 @@ def reread_churned(
 ) -> list[NamespaceAddresses]:
     """`seen` with each unread namespace found only through processes tried once more through
     those a new walk of /proc finds in it (its first ones may have exited); one with none left
-    reads as empty (netns_addrs.EveryProcessLeft). What fails again keeps its error."""
-    churned = [
-        i
-        for i, (target, found) in enumerate(zip(targets, seen, strict=True))
-        if found.error is not None
-        and target.handles
-        and all(not h.pinned and h.path.startswith("/proc/") for h in target.handles)
-    ]
-    if not churned:
-        return seen
-    try:
-        now = members()
-    except OSError:
-        return seen  # the first errors stand
-    out = list(seen)
-    again: list[tuple[int, NamespaceToRead]] = []
-    for i in churned:
-        target = targets[i]
+    reads as empty (netns_addrs.EveryProcessLeft)."""
+
+    def through(target: NamespaceToRead, now: Mapping[NsKey, set[int]]) -> NamespaceToRead | None:
         pids = sorted(now.get(target.ns, ()))
         if not pids:
-            out[i] = NamespaceAddresses(target.ns, target.where, (), None, None, target.mounted_by_user)
-            continue
+            return None
         ways = tuple(Handle(f"/proc/{pid}/ns/net", pinned=False) for pid in pids[:HANDLES])
-        again.append((i, replace(target, handles=ways, only_processes=len(pids) <= HANDLES)))
-    if again:
-        for (i, _), found in zip(again, read([t for _, t in again]), strict=True):
-            out[i] = found
-    return out
+        return replace(target, handles=ways, only_processes=len(pids) <= HANDLES)
+
+    return _read_again(targets, seen, _only_processes, members, through, read)
