@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -117,8 +118,35 @@ def test_members_of_any_namespace_type_are_walked_as_the_netns_ones_are() -> Non
         procs.namespace_members("ipc", "/nonexistent-proc")
 
 
+@pytest.fixture
+def asked_psutil(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The pids `describe` hands to psutil (procs.process_facts), in order."""
+    asked: list[int] = []
+    facts = procs.process_facts
+
+    def counted(pid: int) -> procs.ProcessFacts | None:
+        asked.append(pid)
+        return facts(pid)
+
+    monkeypatch.setattr(procs, "process_facts", counted)
+    return asked
+
+
+def _settled(pid: int, *, exe: Path | None = None, comm: str | None = None) -> None:
+    """Wait until a child has exec'd `exe` or written its `comm`, as /proc shows it (10 s at most)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            if exe is not None and os.readlink(f"/proc/{pid}/exe") == str(exe):
+                return
+            if comm is not None and Path(f"/proc/{pid}/comm").read_text() == comm + "\n":
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not settle")
+
+
 def test_a_resident_is_told_from_proc_without_psutil_and_named_as_psutil_names_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, asked_psutil: list[int]
 ) -> None:
     """A look describes every process of every pod: a resident (no plugin) is told from /proc's
     exe link, comm and, for a name /proc cut, the command line's first argument. A command line
@@ -128,30 +156,22 @@ def test_a_resident_is_told_from_proc_without_psutil_and_named_as_psutil_names_i
     short = subprocess.Popen(["sleep", "30"])
     long = subprocess.Popen([str(long_name), "30"])
     rewritten = subprocess.Popen(["bash", "-c", f'exec -a "{long_name}: worker" {long_name} 30'])
-    asked: list[int] = []
-    facts = procs.process_facts
-
-    def counted(pid: int) -> procs.ProcessFacts | None:
-        asked.append(pid)
-        return facts(pid)
-
-    monkeypatch.setattr(procs, "process_facts", counted)
     try:
-        time.sleep(0.2)  # bash has exec'd
+        _settled(rewritten.pid, exe=long_name)
         held = describe([short.pid, long.pid, rewritten.pid], (str(tmp_path / "bin"),))
-        by_psutil = facts(rewritten.pid)
+        by_psutil = procs.process_facts(rewritten.pid)
     finally:
         for proc in (short, long, rewritten):
             proc.kill()
             proc.wait()
     assert held[short.pid] == Holder(pid=short.pid, comm="sleep", is_cni_plugin=False)
     assert held[long.pid] == Holder(pid=long.pid, comm=long_name.name, is_cni_plugin=False)
-    assert short.pid not in asked and long.pid not in asked
-    assert by_psutil is not None and held[rewritten.pid].comm == by_psutil.comm and rewritten.pid in asked
+    assert short.pid not in asked_psutil and long.pid not in asked_psutil
+    assert by_psutil is not None and held[rewritten.pid].comm == by_psutil.comm and rewritten.pid in asked_psutil
 
 
 def test_a_process_that_names_itself_a_plugin_is_no_plugin_and_a_huge_first_argument_is_psutils(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, asked_psutil: list[int]
 ) -> None:
     """Any user sets its own comm and command line: a name is only words in a reason. A comm
     that calls itself a plugin (with a newline in it) does not make a plugin; a first argument
@@ -162,22 +182,15 @@ def test_a_process_that_names_itself_a_plugin_is_no_plugin_and_a_huge_first_argu
     sleeper = tmp_path / "resident-with-a-long-name"
     shutil.copy("/bin/sleep", sleeper)
     huge = subprocess.Popen(["bash", "-c", f'exec -a "{"a" * 10_000}" {sleeper} 30'])
-    asked: list[int] = []
-    facts = procs.process_facts
-
-    def counted(pid: int) -> procs.ProcessFacts | None:
-        asked.append(pid)
-        return facts(pid)
-
-    monkeypatch.setattr(procs, "process_facts", counted)
     try:
-        time.sleep(0.5)  # the comm is written, bash has exec'd
+        _settled(renamed.pid, comm="bridge\nloopback")
+        _settled(huge.pid, exe=sleeper)
         held = describe([renamed.pid, huge.pid], (str(tmp_path / "bin"),))
-        by_psutil = facts(huge.pid)
+        by_psutil = procs.process_facts(huge.pid)
     finally:
         for proc in (renamed, huge):
             proc.kill()
             proc.wait()
     assert held[renamed.pid] == Holder(pid=renamed.pid, comm="bridge\nloopback", is_cni_plugin=False)
     assert by_psutil is not None and held[huge.pid].comm == by_psutil.comm == "resident-with-a"
-    assert not held[huge.pid].is_cni_plugin and huge.pid in asked and renamed.pid not in asked
+    assert not held[huge.pid].is_cni_plugin and huge.pid in asked_psutil and renamed.pid not in asked_psutil
