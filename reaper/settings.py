@@ -189,6 +189,7 @@ class Option(Struct, frozen=True):
     separator: str | None = None  # repeatable; a variable holds several values split on this
     metavar: str | None = None
     switch: bool = False  # a flag without a value: on when given
+    lines: bool = False  # its variable holding a newline is split on newlines instead (one a line)
 
     @property
     def dest(self) -> str:
@@ -203,9 +204,10 @@ OPTIONS: tuple[Option, ...] = (
            "same name in DIR/netns, which must be a --netns-dir; default: from CRI-O's config, when it has one",
            "paths", _absolute, ":", "DIR"),
     Option("--netns-pattern", "REAPER_NETNS_PATTERN", None,
-           "regex of pin names your runtime makes, beyond containerd's cni-<uuid> and CRI-O's <uuid> (repeatable); "
-           "pins matching none and named by no sandbox or cache entry are never touched",
-           "paths", _regex, ",", "REGEX"),
+           "regex of pin names your runtime makes, beyond containerd's cni-<uuid> and CRI-O's <uuid> (repeatable; "
+           "its variable holds one a line, or several on one line split on ','); pins matching none and named by "
+           "no sandbox or cache entry are never touched",
+           "paths", _regex, ",", "REGEX", lines=True),
     Option("--ipam-dir", "REAPER_IPAM_DIR", "/var/lib/cni/networks",
            "host-local IPAM data dir (repeatable); every ipam.dataDir in a config is added", "paths", _absolute, ":",
            "DIR"),
@@ -365,8 +367,18 @@ def _texts(opt: Option, args: argparse.Namespace, env: Mapping[str, str]) -> tup
         return opt.flag, list(given) if opt.separator else [given]
     raw = env.get(opt.env, "") if opt.env else ""
     if raw and opt.env:
-        return opt.env, [v for v in raw.split(opt.separator) if v] if opt.separator else [raw]
+        return opt.env, variable_texts(opt, raw)
     return "default", [opt.default] if opt.default is not None else []
+
+
+def variable_texts(opt: Option, raw: str) -> list[str]:
+    """The texts the option's variable holds: a repeatable option's split on its separator, or on
+    newlines when it takes lines and the value holds one (a regex may hold the ','); empty ones
+    skipped, as a separator at either end or two in a row leave."""
+    if not opt.separator:
+        return [raw]
+    separator = "\n" if opt.lines and "\n" in raw else opt.separator
+    return [v for v in raw.split(separator) if v]
 
 
 def _shown(text: str) -> str:

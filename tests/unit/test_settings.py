@@ -55,6 +55,25 @@ def test_a_flag_beats_its_variable_and_repeatable_variables_split() -> None:
     assert settings.find.netns_dirs == ("/c",)
 
 
+def test_netns_patterns_in_their_variable_one_a_line_or_split_on_commas() -> None:
+    """A regex may hold a comma ({8,64}): a value holding a newline is one regex a line (the chart
+    joins netnsPatterns so); one line is split on ',' as before. Empty pieces are skipped, as a
+    separator at an end leaves them for every repeatable variable."""
+
+    def patterns(*argv: str, value: str) -> tuple[str, ...]:
+        extra = parse(*argv, env={"REAPER_NETNS_PATTERN": value})[0].find.netns_patterns
+        return tuple(p.pattern for p in extra[len(compile_netns_patterns(())) :])
+
+    assert patterns(value="[0-9a-f]{8,64}\npod-.*") == ("[0-9a-f]{8,64}", "pod-.*")
+    assert patterns(value="[0-9a-f]{8,64}\n") == ("[0-9a-f]{8,64}",)  # one regex with a comma, alone
+    assert patterns(value="\na,b\n\nc\n") == ("a,b", "c")
+    assert patterns(value="pod-.*,test-[a-z]+,") == ("pod-.*", "test-[a-z]+")  # one line: as operators set it
+    # A flag is one regex whatever it holds, and beats the variable.
+    assert patterns("--netns-pattern", "x{1,2}", value="a\nb") == ("x{1,2}",)
+    # Only this variable takes lines: a newline in a dir is not read as a second one.
+    assert parse(env={"REAPER_NETNS_DIR": "/a\n/b"})[0].find.netns_dirs == ("/a\n/b",)
+
+
 def test_the_settings_hold_the_look_s_options_whole() -> None:
     """The flags make one FindOptions, which the look is given as it is: no field of the
     settings repeats one of its parts (a copy that could be updated without the other)."""
@@ -124,13 +143,14 @@ def test_bad_values_are_one_line_errors(argv: list[str], message: str) -> None:
         ({"REAPER_STUCK_AFTER": "1h30"}, "REAPER_STUCK_AFTER='1h30': not a duration"),
         # The one item of a list that is wrong, not the whole variable.
         ({"REAPER_NETNS_DIR": "/a:relative"}, "REAPER_NETNS_DIR='relative': must be an absolute path"),
+        ({"REAPER_NETNS_PATTERN": "ok-.*\n(\nfine"}, "REAPER_NETNS_PATTERN='(': invalid regex"),
         ({"REAPER_MAX_REAP": "lots"}, "REAPER_MAX_REAP='lots': not a whole number"),
     ],
 )
 def test_a_bad_variable_is_named_with_its_value(env: dict[str, str], message: str) -> None:
     with pytest.raises(SettingsError) as err:
         parse(env=env)
-    assert str(err.value).startswith(message), err.value
+    assert str(err.value).startswith(message) and "\n" not in str(err.value), err.value
 
 
 def test_a_long_bad_value_is_cut_short_in_its_error_line() -> None:
