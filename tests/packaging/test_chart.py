@@ -21,12 +21,19 @@ import helm_python as helm
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
-from msgspec.structs import replace
 
 from reaper.cli import build_parser
 from reaper.durations import parse_duration
+from reaper.names import compile_netns_patterns
 from reaper.runtime.discovery import KNOWN_SOCKETS
-from reaper.settings import DEL_CONCURRENCY, OPTIONS, agent_settings_from, reap_settings_from, settings_from
+from reaper.settings import (
+    DEL_CONCURRENCY,
+    OPTIONS,
+    agent_settings_from,
+    reap_settings_from,
+    settings_from,
+    variable_texts,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "cni-reaper"
@@ -62,7 +69,8 @@ CUSTOM: dict[str, Any] = {
     "runtimeEndpoint": "unix:///var/run/crio/crio.sock",
     "runtimeTimeout": "5s",
     "netnsDirs": ["/var/run/netns", "/run/containerd/io.containerd.grpc.v1.cri/netns"],
-    "netnsPatterns": ["test-[a-z0-9]+"],
+    # The second holds the ',' a one-line REAPER_NETNS_PATTERN is split on.
+    "netnsPatterns": ["test-[a-z0-9]+", "[0-9a-f]{8,64}"],
     "ipamDirs": ["/var/lib/cni/networks", "/srv/ipam"],
     "cniCacheDir": "/var/lib/cni",
     "cniConfDir": "/etc/kubernetes/cni/net.d",
@@ -133,9 +141,7 @@ def setting_values(c: Manifest, flag: str) -> list[str]:
         return given
     opt = next(o for o in OPTIONS if o.flag == flag)
     raw = {e["name"]: e.get("value") for e in c.get("env", [])}.get(opt.env or "")
-    if not raw:
-        return []
-    return [v for v in raw.split(opt.separator) if v] if opt.separator else [raw]
+    return variable_texts(opt, raw) if raw else []
 
 
 def container_env(c: Manifest, **fields: str) -> dict[str, str]:
@@ -264,6 +270,7 @@ BAD_VALUES: list[dict[str, Any]] = [
     {"delConcurrency": 0},
     {"delConcurrency": 33},
     {"delConcurrency": "4"},
+    {"netnsPatterns": ["pod-.*\nx"]},  # one regex a line in its variable: a newline would make two
 ]
 
 
@@ -515,6 +522,7 @@ def test_args_are_what_the_agent_takes(chart: helm.Chart) -> None:
         assert settings.find.bin_dirs == tuple(merged["cniBinDirs"])
         assert settings.find.cache_dir == merged["cniCacheDir"]
         assert settings.find.conf_dir == merged["cniConfDir"]
+        assert settings.find.netns_patterns == compile_netns_patterns(tuple(merged["netnsPatterns"]))
         assert settings.runtime_endpoints == (merged["runtimeEndpoint"],)
         assert settings.state_file == merged["stateFile"]
         assert settings.policy.confirmations == merged["confirmations"]
@@ -558,7 +566,8 @@ def test_custom_values_reach_the_args(chart: helm.Chart) -> None:
     assert setting_values(args, "--runtime-endpoint") == ["unix:///var/run/crio/crio.sock"]
     assert setting_values(args, "--runtime-timeout") == ["5s"]
     assert setting_values(args, "--netns-dir") == CUSTOM["netnsDirs"]
-    assert setting_values(args, "--netns-pattern") == ["test-[a-z0-9]+"]
+    assert setting_values(args, "--netns-pattern") == CUSTOM["netnsPatterns"]
+    assert not flag_values(args["args"], "--netns-pattern"), "a variable, which `kubectl exec ... reaper` reads too"
     assert setting_values(args, "--ipam-dir") == CUSTOM["ipamDirs"]
     assert setting_values(args, "--cni-conf-dir") == ["/etc/kubernetes/cni/net.d"]
     assert setting_values(args, "--cni-bin-dir") == ["/opt/cni/bin", "/usr/libexec/cni"]
@@ -909,15 +918,18 @@ def test_an_unknown_platform_is_refused(chart: helm.Chart) -> None:
 def test_doctor_exec_in_the_pod_sees_the_agents_settings(chart: helm.Chart) -> None:
     """`kubectl exec ds/cni-reaper -- reaper doctor` (or scan, explain) gets no flags, only the
     container's variables: they must resolve to what the agent itself runs with."""
-    for values in (None, CUSTOM, {"platform": "k3s"}, {"platform": "openshift"}):
+    # One regex alone with a comma: the chart ends it with a newline, or ',' would split it.
+    alone = {"netnsPatterns": ["[0-9a-f]{8,64}"]}
+    for values in (None, CUSTOM, alone, {"platform": "k3s"}, {"platform": "openshift"}):
         c = container(render(chart, values))
         env = container_env(c, NODE_IP="10.1.2.3", NODE_NAME="node-7")
         agent = settings_from(build_parser().parse_args(c["args"]), env)
+        patterns = tuple((values or {}).get("netnsPatterns", ()))
+        assert agent.find.netns_patterns == compile_netns_patterns(patterns), values
         for command in (["doctor"], ["scan"], ["explain", "x"]):
             exec_ = settings_from(build_parser().parse_args(command), env)
-            # Every dir and pod CIDR; not the netns patterns, which are flags (a regex may hold the
-            # comma their variable would split on), so an exec'd command does not see them.
-            assert replace(exec_.find, netns_patterns=()) == replace(agent.find, netns_patterns=()), (values, command)
+            # Every dir, pod CIDR and netns pattern (one a line in REAPER_NETNS_PATTERN, commas and all).
+            assert exec_.find == agent.find, (values, command)
             for field in ("runtime_endpoints", "runtime_timeout", "node_name"):
                 assert getattr(exec_, field) == getattr(agent, field), (values, command, field)
             if command != ["doctor"]:  # doctor checks no grace, so its parser refuses those flags
@@ -1019,9 +1031,7 @@ def test_the_values_header_says_how_the_settings_reach_the_agent(chart: helm.Cha
     header = (CHART / "values.yaml").read_text().split("\n\n", 1)[0]
     assert "REAPER_* environment variable" in header and "no REAPER_*" not in header
     c = container(render(chart, CUSTOM))
-    assert [a for a in c["args"] if a.startswith("--") and not a.startswith(("--netns-pattern", "--force"))] == [
-        *CUSTOM["extraArgs"]
-    ]
+    assert [a for a in c["args"] if a.startswith("--") and a != "--force"] == [*CUSTOM["extraArgs"]]
     assert {e["name"] for e in c["env"]} >= {"REAPER_MIN_AGE", "REAPER_MODE", "REAPER_INTERVAL"}
 
 
