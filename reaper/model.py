@@ -77,6 +77,11 @@ class NetworkConfig(Struct, frozen=True, kw_only=True):
     # IP versions of host-local ranges whose subnet is the node's pod CIDR (usePodCidr: 4, usePodCidrIPv6: 6)
     pod_cidr_versions: tuple[int, ...] = ()
 
+    @property
+    def cached(self) -> bool:
+        """Carried by a cache entry (reaper.kinds.cache), not one of the node's conf dirs."""
+        return self.path.startswith("cache:")
+
     def __repr__(self) -> str:  # without raw: the whole file
         shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__struct_fields__ if name != "raw")
         return f"NetworkConfig({shown})"

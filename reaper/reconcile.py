@@ -173,7 +173,7 @@ def reconcile(
         ranges=snapshot.ranges,
         foreign_pins=tuple(foreign),
         unconfirmed=tuple(correlation.unconfirmed),
-        networks=tuple(dict.fromkeys(c.name for c in snapshot.configs if not c.path.startswith("cache:"))),
+        networks=tuple(dict.fromkeys(c.name for c in snapshot.configs if not c.cached)),
     )
     return report, new_history
 
