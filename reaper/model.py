@@ -261,6 +261,13 @@ class AttachmentKey(Struct, frozen=True, order=True, gc=False):
         return f"{self.container_id}/{self.network or ''}/{self.ifname or ''}"
 
 
+LOOPBACK_NETWORK = "cni-loopback"  # the network containerd and CRI-O give a sandbox's lo
+
+
+def is_loopback(network: str | None, ifname: str | None) -> bool:
+    return ifname == "lo" or network == LOOPBACK_NETWORK
+
+
 class Attachment(Struct, frozen=True, kw_only=True, gc=False):
     """The resources of one (container ID, network, ifname), with the verdict on them."""
 
