@@ -23,8 +23,7 @@ Identity = tuple[str, ...]
 
 
 class NsKey(NamedTuple):
-    """(st_dev, st_ino) of a network namespace's nsfs inode; a NamedTuple, as a dict key in
-    every join hashes in C."""
+    """(st_dev, st_ino) of a network namespace's nsfs inode; a NamedTuple, as a dict key in every join hashes in C."""
 
     dev: int
     ino: int
@@ -131,8 +130,7 @@ class NodeSnapshot(Struct, frozen=True, kw_only=True):
 
 
 class OwnKey(Struct, frozen=True, kw_only=True, gc=False):
-    """A whole attachment key (container ID, network, ifname): an attachment of its own, in
-    `netns` when it names one."""
+    """A whole attachment key (container ID, network, ifname): an attachment of its own, in `netns` if it names one."""
 
     container_id: str
     network: str
@@ -142,8 +140,7 @@ class OwnKey(Struct, frozen=True, kw_only=True, gc=False):
 
 
 class ContainerTie(Struct, frozen=True, gc=False):
-    """A container ID (and perhaps a network), no ifname: it joins that container's primary
-    attachment."""
+    """A container ID (and perhaps a network), no ifname: it joins that container's primary attachment."""
 
     container_id: str
     network: str | None = None

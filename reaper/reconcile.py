@@ -1,7 +1,5 @@
-"""Verdicts: which attachments are live, orphaned, pending or unknown, and why.
-
-A pure function of (snapshot, runtime view, history, policy, now): no I/O, no clock.
-"""
+"""Verdicts: which attachments are live, orphaned, pending or unknown, and why. A pure function of
+(snapshot, runtime view, history, policy, now): no I/O, no clock."""
 
 from __future__ import annotations
 

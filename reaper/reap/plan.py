@@ -86,8 +86,7 @@ def plan_attachment(
 
 
 def breaker_trips(orphans: int, attachments: int, max_ratio: float) -> bool:
-    """More than `max_ratio` of the node's attachments look orphaned: more likely a wrong
-    runtime list than a leak that large."""
+    """More than `max_ratio` of the node's attachments look orphaned: likelier a wrong runtime list than such a leak."""
     return attachments > 0 and orphans / attachments > max_ratio
 
 
