@@ -244,7 +244,6 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
 
 
 def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser | None:
-    """The parser of `command`, from the parser's subcommands."""
     # argparse keeps no public handle on its subparsers
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     found: argparse.ArgumentParser | None = subparsers.choices.get(command or "")
@@ -263,7 +262,6 @@ def _start(args: argparse.Namespace, log_level: str | None = None) -> tuple[Sett
 
 
 def _fail(message: str, status: int = EXIT_UNDECIDED) -> int:
-    """`message` as the one line on stderr; `status`."""
     print(f"reaper: {message}", file=sys.stderr)
     return status
 

@@ -27,6 +27,7 @@ from reaper.model import (
     ResourceRef,
     RuntimeView,
     UnconfirmedResource,
+    is_loopback,
 )
 
 # (container ID, network, ifname, pin path): tuples while grouping, AttachmentKey once done.
@@ -44,8 +45,7 @@ class ResourceGroup(Struct, frozen=True, kw_only=True, gc=False):
 
 
 def _primary_order(key: _Key) -> tuple[bool, bool, str, str]:
-    loopback = key[2] == "lo" or key[1] == "cni-loopback"
-    return (loopback, key[1] is None, key[2] or "~", key[1] or "")
+    return (is_loopback(key[1], key[2]), key[1] is None, key[2] or "~", key[1] or "")
 
 
 class _Groups:

@@ -450,8 +450,7 @@ def _runtimes(view: RuntimeView, layout: Layout) -> Iterator[Check]:
 def run_checks(
     settings: Settings, layout: Layout, view: RuntimeView, preset: str | None = None, platform: str | None = None
 ) -> list[Check]:
-    """Every check, in the order a first run needs them. `preset`: the chart's cniPreset;
-    `platform`: its platform preset."""
+    """Every check, in the order a first run needs them; `preset`, `platform`: the chart's cniPreset and platform."""
     configs, _ = collect_configs_of(settings.find.conf_dirs)
     return [
         *_runtimes(view, layout),

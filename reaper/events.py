@@ -66,20 +66,15 @@ def _age(seconds: float) -> str:
     return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m"
 
 
-def _pods_reclaimed(result: ReapResult) -> list[str]:
-    """namespace/name of each reclaimed attachment whose cache entry's CNI_ARGS named its pod."""
-    freed = {o.key for o in result.reclaimed if any(r.ok for r in o.resources)}
-    return sorted({a.pod for a in result.report.attachments if a.key in freed and a.pod is not None})
-
-
 def _leaks_reclaimed(result: ReapResult) -> NodeEvent | None:
-    kinds = Counter(r.kind for o in result.reclaimed for r in o.resources if r.ok)
-    if not kinds:
+    freed = {o.key: o for o in result.reclaimed if any(r.ok for r in o.resources)}
+    if not freed:
         return None
-    attachments = sum(1 for o in result.reclaimed if any(r.ok for r in o.resources))
+    kinds = Counter(r.kind for o in freed.values() for r in o.resources if r.ok)
     counts = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
-    note = f"reclaimed {attachments} leaked attachment{'s' if attachments != 1 else ''} ({counts})"
-    pods = _pods_reclaimed(result)
+    note = f"reclaimed {len(freed)} leaked attachment{'s' if len(freed) != 1 else ''} ({counts})"
+    # The pods their cache entries' CNI_ARGS named.
+    pods = sorted({a.pod for a in result.report.attachments if a.key in freed and a.pod is not None})
     if pods:
         more = f" and {len(pods) - MAX_PODS} more" if len(pods) > MAX_PODS else ""
         note += f" of pods {', '.join(pods[:MAX_PODS])}{more}"

@@ -21,8 +21,7 @@ class Exclusions(Struct, frozen=True, kw_only=True):
         return bool(self.namespaces or self.pods or self.networks)
 
     def reason(self, *, pod: str | None, network: str | None) -> str | None:
-        """Why an attachment of `pod` ("namespace/name" or None) on `network` is excluded, or
-        None when no exclusion matches it."""
+        """Why an attachment of `pod` ("namespace/name" or None) on `network` is excluded; None if none matches."""
         if network is not None:
             for glob in self.networks:
                 if fnmatchcase(network, glob):

@@ -102,8 +102,7 @@ class _DeadlineBackend(httpcore.NetworkBackend):
 
 
 def _mapped(err: Exception, request: httpx.Request, deadline: _Deadline) -> httpx.TransportError:
-    """The httpx error for an httpcore one (the classes share their names); CallDeadline once
-    the call's deadline passed."""
+    """The httpx error for an httpcore one (their classes share names); CallDeadline once the call's deadline passed."""
     if isinstance(err, httpcore.TimeoutException) and deadline.passed():
         return CallDeadline(f"the call's deadline of {deadline.seconds:g}s passed", request=request)
     found = getattr(httpx, type(err).__name__, None)
@@ -218,8 +217,7 @@ def status_of(err: BaseException) -> int | None:
 
 
 def describe(err: BaseException, where: str) -> str:
-    """One line for an error a lightkube call raised (one of API_FAILURES) to the API server at
-    `where` (host:port)."""
+    """One line for an error a lightkube call raised (one of API_FAILURES) to the API server at `where` (host:port)."""
     if isinstance(err, httpx.HTTPStatusError):
         return f"HTTP {err.response.status_code} ({err.response.reason_phrase})"
     if isinstance(err, AnswerTooLarge):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import glob
 import os
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from msgspec import Struct
@@ -156,6 +156,10 @@ def _clean(path: Any) -> str | None:
     return None
 
 
+def _clean_all(paths: Iterable[Any]) -> tuple[str, ...]:
+    return tuple(d for d in map(_clean, paths) if d is not None)
+
+
 def _containerd_documents(root: str, config: str) -> Iterator[tuple[str, dict[str, Any]]]:
     """The config and the files it imports, breadth-first, each once (as containerd loads them)."""
     pending: list[str] = [config]
@@ -223,7 +227,7 @@ def containerd_layout(
             conf_dir = _clean(cni.get("conf_dir")) or conf_dir
             listed = cni.get("bin_dirs")
             if isinstance(listed, list) and listed:
-                bin_dirs = tuple(d for d in (_clean(x) for x in listed) if d is not None) or bin_dirs
+                bin_dirs = _clean_all(listed) or bin_dirs
             elif (single := _clean(cni.get("bin_dir"))) is not None:
                 bin_dirs = (single,)
             if isinstance(cri.get("netns_mounts_under_state_dir"), bool):
@@ -301,7 +305,7 @@ def crio_layout(root: str, flags: CrioFlags | None = None) -> RuntimeLayout | No
         conf_dir = _clean(network.get("network_dir")) or conf_dir
         listed = network.get("plugin_dirs")
         if isinstance(listed, list):
-            bin_dirs = tuple(d for d in (_clean(x) for x in listed) if d is not None) or bin_dirs
+            bin_dirs = _clean_all(listed) or bin_dirs
         single = _clean(network.get("plugin_dir"))
         if single is not None and single not in bin_dirs:
             bin_dirs += (single,)
@@ -329,7 +333,7 @@ def _comma_paths(argv: list[str], flag: str) -> tuple[str, ...]:
         value = arg.partition("=")[2] if arg.startswith(flag + "=") else None
         if arg == flag and i + 1 < len(argv):
             value = argv[i + 1]
-        found += [d for d in (_clean(v) for v in (value or "").split(",")) if d is not None]
+        found += _clean_all((value or "").split(","))
     return tuple(dict.fromkeys(found))
 
 

@@ -23,8 +23,7 @@ Identity = tuple[str, ...]
 
 
 class NsKey(NamedTuple):
-    """(st_dev, st_ino) of a network namespace's nsfs inode; a NamedTuple, as a dict key in
-    every join hashes in C."""
+    """(st_dev, st_ino) of a network namespace's nsfs inode; a NamedTuple, as a dict key in every join hashes in C."""
 
     dev: int
     ino: int
@@ -77,6 +76,11 @@ class NetworkConfig(Struct, frozen=True, kw_only=True):
     # IP versions of host-local ranges whose subnet is the node's pod CIDR (usePodCidr: 4, usePodCidrIPv6: 6)
     pod_cidr_versions: tuple[int, ...] = ()
 
+    @property
+    def cached(self) -> bool:
+        """Carried by a cache entry (reaper.kinds.cache), not one of the node's conf dirs."""
+        return self.path.startswith("cache:")
+
     def __repr__(self) -> str:  # without raw: the whole file
         shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__struct_fields__ if name != "raw")
         return f"NetworkConfig({shown})"
@@ -126,8 +130,7 @@ class NodeSnapshot(Struct, frozen=True, kw_only=True):
 
 
 class OwnKey(Struct, frozen=True, kw_only=True, gc=False):
-    """A whole attachment key (container ID, network, ifname): an attachment of its own, in
-    `netns` when it names one."""
+    """A whole attachment key (container ID, network, ifname): an attachment of its own, in `netns` if it names one."""
 
     container_id: str
     network: str
@@ -137,8 +140,7 @@ class OwnKey(Struct, frozen=True, kw_only=True, gc=False):
 
 
 class ContainerTie(Struct, frozen=True, gc=False):
-    """A container ID (and perhaps a network), no ifname: it joins that container's primary
-    attachment."""
+    """A container ID (and perhaps a network), no ifname: it joins that container's primary attachment."""
 
     container_id: str
     network: str | None = None
@@ -254,6 +256,13 @@ class AttachmentKey(Struct, frozen=True, order=True, gc=False):
         if self.container_id is None:
             return f"netns:{self.pin}"
         return f"{self.container_id}/{self.network or ''}/{self.ifname or ''}"
+
+
+LOOPBACK_NETWORK = "cni-loopback"  # the network containerd and CRI-O give a sandbox's lo
+
+
+def is_loopback(network: str | None, ifname: str | None) -> bool:
+    return ifname == "lo" or network == LOOPBACK_NETWORK
 
 
 class Attachment(Struct, frozen=True, kw_only=True, gc=False):

@@ -44,8 +44,7 @@ MAX_PATH = 4096  # PATH_MAX
 
 
 def is_path(text: str) -> bool:
-    """A string the kernel could take as a path: no NUL, nothing that does not encode, not
-    longer than PATH_MAX."""
+    """A string the kernel could take as a path: no NUL, nothing that does not encode, not longer than PATH_MAX."""
     try:
         os.fsencode(text)
     except UnicodeEncodeError:

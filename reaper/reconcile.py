@@ -1,7 +1,5 @@
-"""Verdicts: which attachments are live, orphaned, pending or unknown, and why.
-
-A pure function of (snapshot, runtime view, history, policy, now): no I/O, no clock.
-"""
+"""Verdicts: which attachments are live, orphaned, pending or unknown, and why. A pure function of
+(snapshot, runtime view, history, policy, now): no I/O, no clock."""
 
 from __future__ import annotations
 
@@ -173,7 +171,7 @@ def reconcile(
         ranges=snapshot.ranges,
         foreign_pins=tuple(foreign),
         unconfirmed=tuple(correlation.unconfirmed),
-        networks=tuple(dict.fromkeys(c.name for c in snapshot.configs if not c.path.startswith("cache:"))),
+        networks=tuple(dict.fromkeys(c.name for c in snapshot.configs if not c.cached)),
     )
     return report, new_history
 

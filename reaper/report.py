@@ -113,8 +113,7 @@ def _short(value: str | None, width: int) -> str:
 
 
 def runtime_lines(rt: RuntimeView) -> list[str]:
-    """What each runtime said this pass, a line each; and, when not all answered, that nothing
-    can be called orphan."""
+    """What each runtime said this pass, a line each; and, when not all answered, that nothing can be called orphan."""
     lines = []
     for answer in rt.runtimes:
         who = " ".join(x for x in (answer.name, answer.version) if x) or "runtime"

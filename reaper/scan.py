@@ -109,8 +109,7 @@ def _load(settings: Settings, kept: KeptState | None, warnings: list[str]) -> St
 
 
 def _dated(runtime: RuntimeView, state: State, now: float) -> tuple[RuntimeView, dict[str, float]]:
-    """The view with a creation time for every sandbox (first seen, where the runtime gives
-    none), and those first-seen times."""
+    """The view with a creation time for each sandbox (first seen, where the runtime gives none), and those times."""
     first_seen = {s.id: state.sandbox_first_seen.get(s.id, now) for s in runtime.sandboxes if s.created_at is None}
     sandboxes = tuple(
         s if s.created_at is not None else replace(s, created_at=first_seen[s.id]) for s in runtime.sandboxes

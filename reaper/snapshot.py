@@ -46,8 +46,7 @@ NetnsMembers = list[tuple[NsKey, list[int]]]
 
 
 def walk_processes() -> NetnsMembers:
-    """Every namespace some process is in, with those processes' pids: one walk of /proc,
-    every thread of every process."""
+    """Every namespace some process is in, with their pids: one walk of /proc, every thread of every process."""
     return [(ns, sorted(pids)) for ns, pids in netns_members().items()]
 
 

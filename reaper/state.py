@@ -67,25 +67,22 @@ class KeptState:
         self.listed = ListedHere()
 
 
-class _Doc(Struct, forbid_unknown_fields=True):
-    """The file: key -> [first_seen, orphan_streak, last counted (0: none)], the sandboxes'
-    first-seen times; `sandbox_netns` (older versions' runtime answers) is taken, never read."""
+class _Shared(Struct, forbid_unknown_fields=True):
+    """The file but its attachments: the sandboxes' first-seen times, the textfile's counters;
+    `sandbox_netns` (older versions' runtime answers) is taken, never read."""
 
     version: int
-    attachments: dict[str, tuple[float, int, float]] = {}
     sandbox_netns: msgspec.Raw = msgspec.Raw()
     sandbox_first_seen: dict[str, float] = {}
     counters: dict[str, float] = {}
 
 
-class _OlderDoc(Struct, forbid_unknown_fields=True):
-    """Version 2's file: key -> [first_seen, orphan_streak]."""
+class _Doc(_Shared):
+    attachments: dict[str, tuple[float, int, float]] = {}  # [first_seen, orphan_streak, last counted (0: none)]
 
-    version: int
-    attachments: dict[str, tuple[float, int]] = {}
-    sandbox_netns: msgspec.Raw = msgspec.Raw()
-    sandbox_first_seen: dict[str, float] = {}
-    counters: dict[str, float] = {}
+
+class _OlderDoc(_Shared):
+    attachments: dict[str, tuple[float, int]] = {}  # version 2's: [first_seen, orphan_streak]
 
 
 class _Version(Struct):

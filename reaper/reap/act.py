@@ -175,8 +175,7 @@ class Reclaimer(Struct, kw_only=True):
         return NodeView(busy, now, view.error, time.monotonic())
 
     def _busy_from(self, found: Recheck, namespaces: Set[NsKey], window: float) -> Callable[[], Mapping[NsKey, str]]:
-        """Who is in which namespace for a kind about to act: the re-check's walk while within
-        the window, else a walk made now."""
+        """Who is in which namespace for a kind about to act: the re-check's walk within the window, else a new walk."""
 
         def busy() -> Mapping[NsKey, str]:
             if time.monotonic() - found.at <= window:

@@ -37,8 +37,7 @@ class Refused(Exception):
 
 
 def read_pinned(path: str) -> PinnedFile:
-    """The file at `path`, reached from / with no symlink on the way, regular and bounded;
-    Refused when it cannot be read so."""
+    """The file at `path`, reached from / with no symlink on the way, regular and bounded; else Refused."""
     try:
         data, st = read_beneath("/", path, MAX_SCRATCH_BYTES)
     except FileNotFoundError:
@@ -105,8 +104,7 @@ def _multus(index: int, plugin: Mapping[str, Any], request: DelRequest, trust: N
 
 
 def delegations_of(request: DelRequest, trust: NodeTrust) -> tuple[tuple[Delegation, ...], str | None]:
-    """(what each delegating plugin of the request will read, as checked; None), or ((), why no
-    plugin may run for it)."""
+    """(what each delegating plugin of the request will read, as checked; None), or ((), why no plugin may run)."""
     try:
         _, _, plugins = plugin_list(request.config)
     except ConfigError:

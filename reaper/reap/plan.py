@@ -24,6 +24,7 @@ from reaper.model import (
     ScanReport,
     ScanResult,
     SkippedAttachment,
+    is_loopback,
 )
 from reaper.options import ReapPolicy
 
@@ -85,12 +86,8 @@ def plan_attachment(
 
 
 def breaker_trips(orphans: int, attachments: int, max_ratio: float) -> bool:
-    """More than `max_ratio` of the node's attachments look orphaned: more likely a wrong
-    runtime list than a leak that large."""
+    """More than `max_ratio` of the node's attachments look orphaned: likelier a wrong runtime list than such a leak."""
     return attachments > 0 and orphans / attachments > max_ratio
-
-
-LOOPBACK_NETWORK = "cni-loopback"  # the network containerd and CRI-O give a sandbox's lo
 
 
 def breaker_counts(attachments: Sequence[Attachment]) -> tuple[int, int]:
@@ -102,8 +99,7 @@ def breaker_counts(attachments: Sequence[Attachment]) -> tuple[int, int]:
         for a in attachments
         if a.verdict not in ("pending", "excluded")
         and a.netns is not None
-        and a.key.ifname != "lo"
-        and a.key.network != LOOPBACK_NETWORK
+        and not is_loopback(a.key.network, a.key.ifname)
     ]
     return sum(1 for a in counted if a.verdict == "orphan"), len(counted)
 

@@ -148,17 +148,22 @@ def _config_request(
         if refusal is None:
             return request, None
     note = f"cached config not run: {refusal}" if refusal is not None else None
-    for config in configs:
-        if config.name == key.network and not config.path.startswith("cache:"):
-            return DelRequest(
-                container_id=key.container_id,
-                network=key.network,
-                ifname=safe_ifname(key.ifname),
-                netns=netns,
-                config=config.raw,
-                source=config.path,
-            ), note
-    return None, note
+    config = _conf_dir_config(configs, key.network)
+    if config is None:
+        return None, note
+    return DelRequest(
+        container_id=key.container_id,
+        network=key.network,
+        ifname=safe_ifname(key.ifname),
+        netns=netns,
+        config=config.raw,
+        source=config.path,
+    ), note
+
+
+def _conf_dir_config(configs: Sequence[NetworkConfig], network: str | None) -> NetworkConfig | None:
+    """The node's own config of `network`: the first, which wins a shared name as in libcni."""
+    return next((c for c in configs if c.name == network and not c.cached), None)
 
 
 def _or_else(found: tuple[DelRequest | None, str | None], note: str) -> tuple[DelRequest | None, str | None]:
@@ -224,8 +229,8 @@ def stateful_chain(
         return None
     raws = [raw for raw in map(cache.cached_config, entries) if raw is not None]
     if not raws:
-        network = attachment.key.network
-        raws = [c.raw for c in configs if c.name == network and not c.path.startswith("cache:")][:1]
+        config = _conf_dir_config(configs, attachment.key.network)
+        raws = [config.raw] if config is not None else []
     if request is not None:
         raws.append(request.config)
     if not raws:
@@ -331,7 +336,7 @@ def orphan_trust(
     """What the node vouches for when `orphans` are weighed (trust.node_trust): the conf dir's
     configs, --allow-plugin, what every other attachment holds (the `waiting` count as orphans),
     what the kernel proves of the orphans, and the sandboxes listed here and gone."""
-    own = (c for c in snapshot.configs if not c.path.startswith("cache:"))
+    own = (c for c in snapshot.configs if not c.cached)
     held = held_by_others(snapshot, [*orphans, *waiting], registry)
     proven = proven_namespaces(orphans, records, registry)
     return node_trust(own, allow_plugins, *held, proven=proven, gone_here=gone_here)

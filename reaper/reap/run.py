@@ -242,7 +242,7 @@ def act_on(
     acting = planned.leaving(held)
     watch.lap("addresses")
     options = settings.find
-    own = [c for c in planned.scan.snapshot.configs if not c.path.startswith("cache:")]
+    own = [c for c in planned.scan.snapshot.configs if not c.cached]
     reclaimer = Reclaimer(
         look=lambda: take_snapshot(options, memo, planned.registry),
         registry=planned.registry,

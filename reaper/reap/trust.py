@@ -56,8 +56,7 @@ class NodeTrust(Struct, frozen=True, kw_only=True):
 
 
 def executed_types(plugins: Iterable[Mapping[str, Any]]) -> set[str]:
-    """The plugin types a list executes: each plugin and its IPAM (every spelling of `ipam` and
-    `type` Go's decoder takes)."""
+    """The plugin types a list executes: each plugin and its IPAM (every spelling of `ipam` and `type` Go takes)."""
     types = set()
     for plugin in plugins:
         types.add(str(plugin.get("type")))
@@ -152,8 +151,7 @@ def _plugins_by_type(raw: bytes) -> dict[str, Mapping[str, Any]]:
 
 
 def cached_config_refusal(attachment: Attachment, raw: bytes, prev_result: object, trust: NodeTrust) -> str | None:
-    """Why a cache entry's config (`raw`, with its result or None) may not run for an attachment
-    the kernel proves; None when it may."""
+    """Why a cached config (`raw`, with its result or None) may not run for an attachment the kernel proves, or None."""
     try:
         name, _, plugins = plugin_list(raw)
     except ConfigError as err:
