@@ -169,9 +169,8 @@ def _still_held(rule: ForwardRule, done: Mapping[Identity, Done]) -> str | None:
 
 
 def reclaim(rules: Sequence[ForwardRule], ctx: ReclaimContext) -> dict[Identity, Done]:
-    """Every copy of each rule that a fresh save still shows with the same text, deleted in one
-    iptables-restore --noflush per family and backend; if that batch is refused, one restore
-    per rule so one bad rule blocks no other. The chains and the jumps to them stay."""
+    """Every copy of each rule a fresh save still shows with the same text, in one restore_each
+    per family and backend. The chains and the jumps to them stay."""
     done: dict[Identity, Done] = {}
     for group, tool, text in resaved(rules, TABLE, ctx.command_timeout):
         if isinstance(tool, str):
