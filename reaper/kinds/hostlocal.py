@@ -50,8 +50,6 @@ _RESERVED_PREFIX = "last_reserved_ip."
 
 
 class HostLocalLease(Struct, frozen=True, kw_only=True, gc=False):
-    """One host-local IPAM allocation file: `<data dir>/<network>/<ip>`."""
-
     network: str
     ip: str
     container_id: str
@@ -150,7 +148,6 @@ def collect_leases(
 
 
 def _read_lease(dir_fd: int, entry: os.DirEntry[str], path: str) -> tuple[str, str | None] | CorruptFile:
-    """(container ID, ifname or None), as the lease's content says."""
     if ip_key(entry.name) is None:
         return CorruptFile("ipam", path, "file name is not an IP address")
     if entry.is_symlink():

@@ -67,8 +67,7 @@ FORMAT: ScratchFormat[MultusDelegates] = ScratchFormat(NAME, parse_delegates)
 
 
 def cni_dirs(look: Look) -> tuple[list[str], list[CorruptFile]]:
-    """Each cniDir the node's own multus configs name, and those not read (see
-    scratch.config_roots)."""
+    """Each cniDir the node's own multus configs name, and those not read (scratch.config_roots)."""
     return scratch.config_roots(NAME, look, PLUGINS, "cniDir")
 
 

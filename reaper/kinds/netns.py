@@ -106,8 +106,7 @@ def _unpin(pin: NetnsPin, ctx: ReclaimContext, busy: Mapping[NsKey, str]) -> Don
 
 
 def as_pin(pin: NetnsPin) -> Pin | None:
-    """The record as a pin, when a namespace is mounted on it; None when it is a stale file. A
-    real pin is kernel evidence of its attachment, and DEL's CNI_NETNS."""
+    """The record as a Pin; None when it is a stale file, no namespace mounted on it."""
     return Pin(pin.ns, pin.path) if pin.is_namespace else None
 
 

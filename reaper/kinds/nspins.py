@@ -23,8 +23,7 @@ from reaper.host.procs import namespace_members, unseen_processes
 from reaper.kinds import Found, Kind, Look, ReclaimContext, netns
 from reaper.model import BesidePin, DetailValue, Done, Identity, NsKey, ResourceRef
 
-# The namespace types CRI-O pins besides the netns, as /proc/<pid>/ns names them; each is
-# pinned in `<namespaces_dir>/<type>ns`.
+# The namespace types CRI-O pins besides the netns, as /proc/<pid>/ns names them (pin_dir).
 NS_TYPES = ("ipc", "uts", "user", "pid")
 NETNS_SUBDIR = "netns"
 PID_FOR_CHILDREN = "pid_for_children"  # /proc/<pid>/ns name of the pid namespace its children get

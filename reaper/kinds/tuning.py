@@ -66,10 +66,6 @@ def split_name(name: str) -> tuple[str, str]:
     return container_id, ifname
 
 
-def owner(name: str) -> str:
-    return split_name(name)[0]
-
-
 def _count(doc: dict[str, Any], key: str, least: int) -> int | None:
     value = doc.get(key)
     if key in doc and (not isinstance(value, int) or isinstance(value, bool) or not least <= value < _U32):
@@ -103,7 +99,7 @@ def parse_backup(data: bytes) -> TuningBackup:
     )
 
 
-FORMAT: ScratchFormat[TuningBackup] = ScratchFormat(NAME, parse_backup, MAX_TUNING_BYTES, owner)
+FORMAT: ScratchFormat[TuningBackup] = ScratchFormat(NAME, parse_backup, MAX_TUNING_BYTES, lambda n: split_name(n)[0])
 
 
 def collect(dirs: Iterable[str], memo: FileMemo[object] | None = None) -> Found[TuningFile]:
