@@ -117,8 +117,7 @@ class Kind(Struct, Generic[R], frozen=True, kw_only=True):
 
 
 def batch_or_each(items: Mapping[Identity, T], run: Callable[[Sequence[T]], str | None]) -> dict[Identity, Done]:
-    """Every item in one `run` (None: done, else why not); if that is refused, one run per item,
-    so one bad item blocks no other."""
+    """All items in one `run` (None: done, else why not); if refused, one run each, so no bad item blocks another."""
     if run(list(items.values())) is None:
         return {ident: Done.freed() for ident in items}
     return {

@@ -161,8 +161,7 @@ def tie(rule: ForwardRule) -> Claim:
 
 
 def _still_held(rule: ForwardRule, done: Mapping[Identity, Done]) -> str | None:
-    """Why the rule's address may be someone's now: a lease that held it when the node was last
-    looked at was not freed this pass, or it was shared. None: it may go."""
+    """Why the rule's address may be someone's now: it was shared, or hostlocal.still_leased; None: it may go."""
     if rule.container_id is None and rule.leases:
         return f"left: {rule.owner}"
     return hostlocal.still_leased(rule.leases, done)

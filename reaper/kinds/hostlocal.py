@@ -219,10 +219,9 @@ def identity(lease: HostLocalLease) -> Identity:
 
 def still_leased(leases: Iterable[Identity], done: Mapping[Identity, Done]) -> str | None:
     """Why an address the `leases` held when the node was looked at may be someone's now (for a
-    record that frees it: a firewall or policy rule), or None when it may go. A lease this pass
-    freed lets it go; one it did not free, or one whose file is there again (the orphan's still,
-    or a new pod's already), keeps it. Gone though not freed by the kernel step: the plugins'
-    DEL released it."""
+    firewall or policy rule that frees it); None when it may go. A lease this pass freed lets it
+    go, and so does one gone though not freed (the plugins' DEL released it); one it did not free,
+    or whose file is there again (the orphan's still, or a new pod's already), keeps it."""
     for lease in leases:
         freed = done.get(lease)
         if freed is not None and freed.ok:

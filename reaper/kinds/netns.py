@@ -64,7 +64,6 @@ def identity(pin: NetnsPin) -> Identity:
 
 
 def identity_at(path: str) -> Identity:
-    """The identity of the pin at `path`, whatever is on it."""
     return ("netns", path)
 
 
@@ -116,7 +115,6 @@ def keeps_netns(pin: NetnsPin) -> NsKey | None:
 
 
 def proves(pin: NetnsPin, netns: NsKey | None) -> bool:
-    """A namespace mounted on the pin proves its attachment; a stale file does not."""
     return pin.is_namespace
 
 

@@ -197,7 +197,6 @@ def keeps_netns(veth: VethLink) -> NsKey | None:
 
 
 def proves(veth: VethLink, netns: NsKey | None) -> bool:
-    """A host veth whose peer lives in the attachment's namespace proves it."""
     return veth.peer_netns is not None and veth.peer_netns == netns
 
 
