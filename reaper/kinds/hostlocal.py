@@ -177,17 +177,17 @@ def range_usage(
             label = (config.name, _label(spec))
             if label in out:
                 continue
-            start, end = ipaddress.ip_address(spec.start), ipaddress.ip_address(spec.end)
-            size = int(end) - int(start) + 1 if int(end) >= int(start) else 0
+            start = ipaddress.ip_address(spec.start)
+            lo, hi = int(start), int(ipaddress.ip_address(spec.end))
+            size = max(hi - lo + 1, 0)
             if spec.gateway is not None:
                 gw = ipaddress.ip_address(spec.gateway)
-                if gw.version == start.version and int(start) <= int(gw) <= int(end):
+                if gw.version == start.version and lo <= int(gw) <= hi:
                     size -= 1
-            lo, hi = int(start), int(end)
             used = sum(
                 1 for version, ip in by_network.get(config.name, ()) if version == start.version and lo <= ip <= hi
             )
-            out[label] = IpamRange(config.name, label[1], max(size, 0), used)
+            out[label] = IpamRange(config.name, label[1], size, used)
     return sorted(out.values(), key=lambda r: (r.network, r.range))
 
 
