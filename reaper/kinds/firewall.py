@@ -1,10 +1,8 @@
 """The firewall plugin's per-pod accept rules in the filter table's CNI-FORWARD chain.
 
-Only a line that is exactly one of the plugin's two rules for an address (to the pod, replies
-only; from it), outside any quoted string, in the filter table, is a record; the shared chains
-and jumps never are. The rules carry no container ID: the tie is a Claim on the one host-local
-lease holding the address (else an empty Claim, never reclaimed), and a rule goes only once the
-leases that held its address were freed this pass. docs/design.md, "In depth: the kinds".
+The rules carry no container ID: the tie is a Claim on the one host-local lease holding the
+address (else an empty Claim, never reclaimed). Which lines are records, and when one goes:
+docs/design.md, "In depth: the kinds".
 """
 
 from __future__ import annotations

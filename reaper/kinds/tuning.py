@@ -1,10 +1,8 @@
 """The tuning plugin's backup file: `<data dir>/<container ID>_<ifname>.json`.
 
-Written before tuning changes mac, mtu, promisc, allmulti or txQLen; its DEL keeps it for good
-once the netns or interface is gone. Read in /run/cni/tuning and each tuning `dataDir` of the
-node's configs (scratch.config_roots). The name is the key: a name that is not exactly
-`<container ID>_<ifname>.json`, or is ambiguous, is a corrupt record, never acted on. Tie:
-ContainerTie; not `last` (DEL needs the netns with it). docs/design.md, "In depth: the kinds".
+The name is the key (`split_name`): any other name, or an ambiguous one, is a corrupt record,
+never acted on. Tie: ContainerTie; not `last` (DEL needs the netns with it). When tuning leaves
+it, and where it is read: docs/design.md, "In depth: the kinds".
 """
 
 from __future__ import annotations
