@@ -113,16 +113,16 @@ def with_owners(
     for rule in rules:
         key = hostlocal.ip_key(rule.ip)
         holding = held.get(key, []) if key is not None else []
-        leases_of = tuple(hostlocal.identity(lease) for lease in holding)
-        if not holding:
+        if key is None or not holding:
             out.append(replace(rule, owner=f"no host-local lease holds {rule.ip}"))
             continue
+        leases_of = tuple(hostlocal.identity(lease) for lease in holding)
         if len(holding) > 1:
             paths = ", ".join(sorted(lease.path for lease in holding))
             out.append(replace(rule, leases=leases_of, owner=f"{len(holding)} leases hold {rule.ip}: {paths}"))
             continue
         (lease,) = holding
-        others = named.get(key, set()) - {lease.container_id} if key is not None else set()
+        others = named.get(key, set()) - {lease.container_id}
         if others:
             who = ", ".join(sorted(cid[:12] for cid in others))
             owner = f"{rule.ip} is leased to {lease.container_id[:12]}, and a cache entry of {who} names it"
