@@ -1,9 +1,8 @@
 """libcni's result cache: `<cache dir>/results/<network>-<container ID>-<ifname>`.
 
-Also `cache/results` (cri-dockerd) and `multus/results` beneath the cache dir, and `results`
-beneath each cniDir of the node's multus configs. Identity: the path; tie: libcni's key in the
-content. One reader (`parse_cache_file`) serves the look, the DEL request and the compare before
-the file is removed, last of its attachment. See docs/design.md, "In depth: the kinds".
+Identity: the path; tie: libcni's key in the content. One reader (`parse_cache_file`) serves the
+look, the DEL request and the compare before the file is removed, last of its attachment. The
+other dirs it is read in (RESULT_SUBDIRS, multus' cniDirs): docs/design.md, "In depth: the kinds".
 """
 
 from __future__ import annotations
