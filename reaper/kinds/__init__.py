@@ -1,10 +1,9 @@
-"""Resource kinds: the contract each one meets, and helpers several kinds share.
+"""Resource kinds: the contract each one meets (`Kind`), and helpers several kinds share.
 
 A kind's module owns everything known about it: how it is found, its identity, the producer's
 key that ties it to an attachment, and how it is reclaimed with a compare before every delete,
-by the same reader that found it. `Kind` is the core every kind fills and the roles several
-share; a kind reads the records of one found before it with `look.found(other.KIND)`.
-`reaper.kinds.registry` lists the kinds. docs/design.md, "In depth: the kinds".
+by the same reader that found it. reaper.kinds.registry lists the kinds; docs/design.md, "In
+depth: the kinds".
 """
 
 from __future__ import annotations
@@ -38,8 +37,6 @@ T = TypeVar("T")
 
 
 class Look(Struct, frozen=True):
-    """What a kind's find is given: the options, the memo, and what was found before it."""
-
     options: FindOptions
     memo: InventoryMemo
     configs: tuple[NetworkConfig, ...]  # the node's own: the conf dir's, never a cached one
@@ -94,8 +91,7 @@ class Kind(Struct, Generic[R], frozen=True, kw_only=True):
     # A DEL as the runtime runs it needs these besides the `last` ones (the pin is its CNI_NETNS,
     # the veths live in it): kept while a chain that keeps state elsewhere has not had it succeed.
     del_needs: bool = False
-    # For a tie that is a Claim by key: the key of an attachment (container ID, network,
-    # ifname), recomputed as the producer computes it.
+    # For a Claim by key: an attachment's key from (container ID, network, ifname), as its producer computes it.
     key_of: Callable[[str, str, str], str] | None = None
     # What a record means to the reclaim path, which never asks what type a record is (None:
     # nothing). `claims`: addresses its attachment holds, which no cached prevResult may name
@@ -113,7 +109,6 @@ class Kind(Struct, Generic[R], frozen=True, kw_only=True):
     with_addresses: bool = False
 
     def records(self, snapshot: NodeSnapshot) -> tuple[R, ...]:
-        """The kind's records in a look."""
         return cast("tuple[R, ...]", snapshot.of(self.name))
 
     def record(self, ref: ResourceRef, records: Mapping[Identity, Any]) -> R | None:
@@ -122,8 +117,7 @@ class Kind(Struct, Generic[R], frozen=True, kw_only=True):
 
 
 def batch_or_each(items: Mapping[Identity, T], run: Callable[[Sequence[T]], str | None]) -> dict[Identity, Done]:
-    """Every item in one `run` (None: done, else why not); if that is refused, one run per item,
-    so one bad item blocks no other."""
+    """All items in one `run` (None: done, else why not); if refused, one run each, so no bad item blocks another."""
     if run(list(items.values())) is None:
         return {ident: Done.freed() for ident in items}
     return {
@@ -132,8 +126,7 @@ def batch_or_each(items: Mapping[Identity, T], run: Callable[[Sequence[T]], str 
 
 
 def owner_claim(container_id: str | None, network: str | None) -> Claim:
-    """A Claim on the one owner a record's address has; with none, an empty Claim, which joins
-    nothing: the record is reported unconfirmed and never reclaimed."""
+    """With no owner, an empty Claim: it joins nothing, so the record is reported unconfirmed, never reclaimed."""
     return Claim() if container_id is None else Claim(container_id=container_id, network=network)
 
 

@@ -1,10 +1,8 @@
-"""IFB devices of the bandwidth plugin, in the netns the reaper runs in.
+"""IFB devices of the bandwidth plugin (`ifb_name`), in the netns the reaper runs in.
 
-The bandwidth meta plugin shapes a pod's egress through an IFB named `bwp` + 12 hex digits of
-SHA-512(network + container ID) (`ifb_name`); its DEL deletes it by that name, and without one
-it stays: it lives in no pod namespace. Only links of kind `ifb` named exactly so are records.
-Identity: name and ifindex. Tie: a Claim by the name, so a device matching no attachment is
-unconfirmed, never reclaimed. Deleted by index while that index is still an ifb of that name.
+Only links of kind `ifb` named exactly so are records. Identity: name and ifindex. Tie: a Claim
+by the name, so a device matching no attachment is unconfirmed, never reclaimed. Why they leak:
+docs/design.md, "In depth: the kinds".
 """
 
 from __future__ import annotations
@@ -26,20 +24,16 @@ IFB_NAME = re.compile(r"bwp[0-9a-f]{12}")
 
 
 class IfbDevice(Struct, frozen=True):
-    """An IFB device named as the bandwidth plugin names its own."""
-
     ifindex: int
     name: str  # the producer's key of its attachment (see `ifb_name`)
 
 
 def ifb_name(network: str, container_id: str) -> str:
-    """The name the bandwidth plugin gives an attachment's IFB: `bwp`, then SHA-512 of the
-    network name and the container ID (concatenated, UTF-8) in lowercase hex, cut at 15."""
+    """The name the bandwidth plugin gives an attachment's IFB."""
     return (PREFIX + hashlib.sha512((network + container_id).encode()).hexdigest())[:NAME_LENGTH]
 
 
 def ifbs_from(links: Iterable[RawLink]) -> list[IfbDevice]:
-    """The links that are the bandwidth plugin's IFBs by kind and name; no other link is."""
     return [
         IfbDevice(link.ifindex, link.name)
         for link in links

@@ -1,9 +1,8 @@
 """libcni's result cache: `<cache dir>/results/<network>-<container ID>-<ifname>`.
 
-Also `cache/results` (cri-dockerd) and `multus/results` beneath the cache dir, and `results`
-beneath each cniDir of the node's multus configs. Identity: the path; tie: libcni's key in the
-content. One reader (`parse_cache_file`) serves the look, the DEL request and the compare before
-the file is removed, last of its attachment. See docs/design.md, "In depth: the kinds".
+Identity: the path; tie: libcni's key in the content. One reader (`parse_cache_file`) serves the
+look, the DEL request and the compare before the file is removed, last of its attachment. The
+other dirs it is read in (RESULT_SUBDIRS, multus' cniDirs): docs/design.md, "In depth: the kinds".
 """
 
 from __future__ import annotations
@@ -41,8 +40,6 @@ _HEX_ID = re.compile(r"[0-9a-f]{64}")
 
 
 class CacheEntry(Struct, frozen=True, kw_only=True, gc=False):
-    """A libcni result cache file."""
-
     path: str
     name: str
     container_id: str
@@ -362,8 +359,7 @@ def _entry(
     legacy: bool = False,
     loopback_only: bool = False,
 ) -> CacheEntry:
-    """The entry at `path`, as the look found it and its content said; its netns looked up now,
-    only where a netns can be."""
+    """Its netns is looked up now, only where a netns can be (`places`)."""
     cid, net, ifname, netns_path, host_ifnames, (owner, pod_namespace, pod_name), ips, _, _ = said
     netns, uninspectable, refused = places.look(netns_path)
     return CacheEntry(
@@ -389,8 +385,7 @@ def _entry(
 
 
 def _entry_from_name(bad: CorruptFile, mtime: float, cache_dir: str, networks: Set[str]) -> CacheEntry | None:
-    """A corrupt cache file (a regular file that is no cache entry) whose name is
-    `<known network>-<container ID>-<ifname>`."""
+    """A corrupt cache file named `<known network>-<container ID>-<ifname>`; None for another name."""
     name = os.path.basename(bad.path)
     for network in sorted(networks, key=len, reverse=True):
         if not name.startswith(network + "-"):
@@ -422,18 +417,17 @@ def _decode_config(encoded: str, path: str) -> NetworkConfig | None:
 
 
 def current_document(entry: CacheEntry) -> CacheDocument | None:
-    """The file as it is now, when it still names this entry's attachment; None otherwise."""
+    """The file as it is now, when it still names this entry's attachment and is not legacy; else None."""
     try:
         data, _ = read_beneath(entry.cache_dir, entry.path, MAX_CACHE_BYTES)
         document = parse_cache_file(entry.name, data, {entry.network})
     except (OSError, UnfitFile, CacheCorrupt):
         return None
-    return document if _names(document, entry) else None
+    return document if _names(document, entry) and not document.legacy else None
 
 
-def _names(document: CacheDocument, entry: CacheEntry) -> bool:
-    key = (document.container_id, document.network, document.ifname)  # the document's own key
-    return key == (entry.container_id, entry.network, entry.ifname)
+def _names(doc: CacheDocument, entry: CacheEntry) -> bool:
+    return (doc.container_id, doc.network, doc.ifname) == (entry.container_id, entry.network, entry.ifname)
 
 
 def cached_config(entry: CacheEntry) -> bytes | None:
@@ -442,7 +436,7 @@ def cached_config(entry: CacheEntry) -> bytes | None:
     if entry.legacy or entry.corrupt is not None:
         return None
     document = current_document(entry)
-    if document is None or document.legacy:
+    if document is None:
         return None
     try:
         return base64.b64decode(str(document.doc.get("config", "")), validate=True) or None
@@ -535,17 +529,14 @@ def costless(entry: CacheEntry) -> bool:
 
 def del_document(entries: Sequence[CacheEntry]) -> tuple[dict[str, Any], str] | None:
     """The cniCacheV1 object a DEL runs from and its file: the first entry neither legacy nor
-    corrupt, as its file holds it now, the one at libcni's own path for its key first (the only
-    file a runtime's DEL reads); None when there is none, or it no longer names the attachment
-    or is legacy now."""
+    corrupt, the one at libcni's own path for its key first (the only file a runtime's DEL
+    reads), as current_document reads it; None when there is none, or current_document is."""
     usable = sorted(
         (e for e in entries if not e.legacy and e.corrupt is None),
         key=lambda e: e.name != f"{e.network}-{e.container_id}-{e.ifname}",
     )
     document = current_document(usable[0]) if usable else None
-    if document is None or document.legacy:
-        return None
-    return document.doc, usable[0].path
+    return (document.doc, usable[0].path) if document is not None else None
 
 
 KIND: Kind[CacheEntry] = Kind(

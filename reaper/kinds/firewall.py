@@ -1,10 +1,8 @@
 """The firewall plugin's per-pod accept rules in the filter table's CNI-FORWARD chain.
 
-Only a line that is exactly one of the plugin's two rules for an address (to the pod, replies
-only; from it), outside any quoted string, in the filter table, is a record; the shared chains
-and jumps never are. The rules carry no container ID: the tie is a Claim on the one host-local
-lease holding the address (else an empty Claim, never reclaimed), and a rule goes only once the
-leases that held its address were freed this pass. docs/design.md, "In depth: the kinds".
+The rules carry no container ID: the tie is a Claim on the one host-local lease holding the
+address (else an empty Claim, never reclaimed). Which lines are records, and when one goes:
+docs/design.md, "In depth: the kinds".
 """
 
 from __future__ import annotations
@@ -115,16 +113,16 @@ def with_owners(
     for rule in rules:
         key = hostlocal.ip_key(rule.ip)
         holding = held.get(key, []) if key is not None else []
-        leases_of = tuple(hostlocal.identity(lease) for lease in holding)
-        if not holding:
+        if key is None or not holding:
             out.append(replace(rule, owner=f"no host-local lease holds {rule.ip}"))
             continue
+        leases_of = tuple(hostlocal.identity(lease) for lease in holding)
         if len(holding) > 1:
             paths = ", ".join(sorted(lease.path for lease in holding))
             out.append(replace(rule, leases=leases_of, owner=f"{len(holding)} leases hold {rule.ip}: {paths}"))
             continue
         (lease,) = holding
-        others = named.get(key, set()) - {lease.container_id} if key is not None else set()
+        others = named.get(key, set()) - {lease.container_id}
         if others:
             who = ", ".join(sorted(cid[:12] for cid in others))
             owner = f"{rule.ip} is leased to {lease.container_id[:12]}, and a cache entry of {who} names it"
@@ -161,17 +159,15 @@ def tie(rule: ForwardRule) -> Claim:
 
 
 def _still_held(rule: ForwardRule, done: Mapping[Identity, Done]) -> str | None:
-    """Why the rule's address may be someone's now: a lease that held it when the node was last
-    looked at was not freed this pass, or it was shared. None: it may go."""
+    """Why the rule's address may be someone's now: it was shared, or hostlocal.still_leased; None: it may go."""
     if rule.container_id is None and rule.leases:
         return f"left: {rule.owner}"
     return hostlocal.still_leased(rule.leases, done)
 
 
 def reclaim(rules: Sequence[ForwardRule], ctx: ReclaimContext) -> dict[Identity, Done]:
-    """Every copy of each rule that a fresh save still shows with the same text, deleted in one
-    iptables-restore --noflush per family and backend; if that batch is refused, one restore
-    per rule so one bad rule blocks no other. The chains and the jumps to them stay."""
+    """Every copy of each rule a fresh save still shows with the same text, in one restore_each
+    per family and backend. The chains and the jumps to them stay."""
     done: dict[Identity, Done] = {}
     for group, tool, text in resaved(rules, TABLE, ctx.command_timeout):
         if isinstance(tool, str):

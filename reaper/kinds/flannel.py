@@ -1,11 +1,9 @@
 """Flannel's per-container file: `<data dir>/<container ID>`, the delegate config its DEL runs.
 
-Read in `flannel` beneath the cache dir and each flannel `dataDir` of the node's configs
-(scratch.config_roots). Tie: the container ID of its name; `last`, and removed only while it is
-the file judged. Its DEL runs only once the file passed a cached config's rules
+Its DEL runs only once the file passed a cached config's rules
 (reaper.reap.trust.delegate_file_refusal): `scratch_path` says which file, `delegate_plugins`
-what runs, `delegate_baseline` what the node's config would have put there. docs/design.md,
-"In depth: the kinds".
+what runs, `delegate_baseline` what the node's config would have put there. Where it is read,
+and its tie: docs/design.md, "In depth: the kinds".
 """
 
 from __future__ import annotations

@@ -50,8 +50,6 @@ _RESERVED_PREFIX = "last_reserved_ip."
 
 
 class HostLocalLease(Struct, frozen=True, kw_only=True, gc=False):
-    """One host-local IPAM allocation file: `<data dir>/<network>/<ip>`."""
-
     network: str
     ip: str
     container_id: str
@@ -150,7 +148,6 @@ def collect_leases(
 
 
 def _read_lease(dir_fd: int, entry: os.DirEntry[str], path: str) -> tuple[str, str | None] | CorruptFile:
-    """(container ID, ifname or None), as the lease's content says."""
     if ip_key(entry.name) is None:
         return CorruptFile("ipam", path, "file name is not an IP address")
     if entry.is_symlink():
@@ -180,17 +177,17 @@ def range_usage(
             label = (config.name, _label(spec))
             if label in out:
                 continue
-            start, end = ipaddress.ip_address(spec.start), ipaddress.ip_address(spec.end)
-            size = int(end) - int(start) + 1 if int(end) >= int(start) else 0
+            start = ipaddress.ip_address(spec.start)
+            lo, hi = int(start), int(ipaddress.ip_address(spec.end))
+            size = max(hi - lo + 1, 0)
             if spec.gateway is not None:
                 gw = ipaddress.ip_address(spec.gateway)
-                if gw.version == start.version and int(start) <= int(gw) <= int(end):
+                if gw.version == start.version and lo <= int(gw) <= hi:
                     size -= 1
-            lo, hi = int(start), int(end)
             used = sum(
                 1 for version, ip in by_network.get(config.name, ()) if version == start.version and lo <= ip <= hi
             )
-            out[label] = IpamRange(config.name, label[1], max(size, 0), used)
+            out[label] = IpamRange(config.name, label[1], size, used)
     return sorted(out.values(), key=lambda r: (r.network, r.range))
 
 
@@ -222,10 +219,9 @@ def identity(lease: HostLocalLease) -> Identity:
 
 def still_leased(leases: Iterable[Identity], done: Mapping[Identity, Done]) -> str | None:
     """Why an address the `leases` held when the node was looked at may be someone's now (for a
-    record that frees it: a firewall or policy rule), or None when it may go. A lease this pass
-    freed lets it go; one it did not free, or one whose file is there again (the orphan's still,
-    or a new pod's already), keeps it. Gone though not freed by the kernel step: the plugins'
-    DEL released it."""
+    firewall or policy rule that frees it); None when it may go. A lease this pass freed lets it
+    go, and so does one gone though not freed (the plugins' DEL released it); one it did not free,
+    or whose file is there again (the orphan's still, or a new pod's already), keeps it."""
     for lease in leases:
         freed = done.get(lease)
         if freed is not None and freed.ok:

@@ -1,11 +1,8 @@
-"""AWS VPC CNI's per-pod routing policy rules, in the netns the reaper runs in.
+"""AWS VPC CNI's per-pod routing policy rules (`pod_rule`), in the netns the reaper runs in.
 
-Two shapes only, each with a full-length selector and nothing else selected (no iif, oif,
-fwmark, tos, `not`): `512: to <podIP> lookup main` and `1536: from <podIP> lookup <ENI table>`
-(aws/amazon-vpc-cni-k8s pkg/networkutils). The rule carries only the address: the tie is a
-Claim on the one container (on one network) whose leases and cached results hold it, else an
-empty Claim. Deleted by priority, table and selector once dumped again, never while another
-rule could be taken for it. docs/design.md, "In depth: the kinds".
+The rule carries only the address: the tie is a Claim on the one container (on one network)
+whose leases and cached results hold it, else an empty Claim. Which rules are records, and when
+one goes: docs/design.md, "In depth: the kinds".
 """
 
 from __future__ import annotations

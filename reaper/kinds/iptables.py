@@ -50,8 +50,6 @@ class IptablesChain(Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 
 
 class IptablesTools(Struct, frozen=True):
-    """One family and backend's save and restore commands."""
-
     family: Family
     backend: str  # "nft", "legacy", or "default" (whatever iptables-save is here)
     save: str
@@ -92,8 +90,11 @@ _CHAIN_PATTERNS: tuple[tuple[re.Pattern[str], str, Purpose], ...] = (
     (re.compile(r"CNI-DN-[0-9a-f]{21}"), "DN-", "hostport-dnat"),
     (re.compile(r"CNI-SN-[0-9a-f]{21}"), "SN-", "hostport-snat"),
 )
-# Quoted strings are runs of plain characters between escapes (as _QUOTED_REST, below).
-_COMMENT = re.compile(r'--comment (?:"([^"\\]*(?:\\.[^"\\]*)*)"|(\S+))')
+# The inside of a quoted string: iptables-save escapes `"`, `\` and `'` with a backslash and prints
+# every other byte as it is, newlines included. Runs of plain characters between escapes match
+# what `(?:[^"\\]|\\.)*` does, with no alternation tried at each character.
+_QUOTED = r'[^"\\]*(?:\\.[^"\\]*)*'
+_COMMENT = re.compile(rf'--comment (?:"({_QUOTED})"|(\S+))')
 _OWNER = re.compile(r'name:? "([^"]*)" id: "([^"]*)"')
 
 
@@ -103,8 +104,7 @@ def chain_name(prefix: str, network: str, container_id: str) -> str:
     return ("CNI-" + prefix + digest)[:28]
 
 
-# A rule as iptables-save prints it: words, and double-quoted strings with \" escapes.
-_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|\S+')
+_TOKEN = re.compile(rf'"{_QUOTED}"|\S+')  # a rule's words, a quoted string one word
 
 
 def _target(line: str) -> str | None:
@@ -122,10 +122,7 @@ def _owner_in(line: str) -> tuple[str, str] | None:
     return None
 
 
-# The rest of a quoted string, to its closing quote: iptables-save escapes `"`, `\` and `'` with a
-# backslash and prints every other byte as it is, newlines included. Runs of plain characters
-# between escapes match what `(?:[^"\\]|\\.)*"` does, with no alternation tried at each character.
-_QUOTED_REST = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*"')
+_QUOTED_REST = re.compile(_QUOTED + '"')  # the rest of a quoted string, to its closing quote
 
 
 def _ends_quoted(line: str, quoted: bool) -> bool:
@@ -388,8 +385,7 @@ def resaved(records: Sequence[B], table: str, timeout: float) -> Iterator[tuple[
 def restore_each(
     tool: IptablesTools, table: str, items: Sequence[tuple[Identity, Sequence[str]]], timeout: float
 ) -> dict[Identity, Done]:
-    """Every item's lines in one `iptables-restore --noflush` of `table`; if that batch is
-    refused, one restore per item, so one bad item blocks no other."""
+    """Every item's lines in one `iptables-restore --noflush` of `table`, as batch_or_each runs them."""
 
     def restore(lines: Sequence[str]) -> str | None:
         text = "\n".join([f"*{table}", *lines, "COMMIT"]) + "\n"
@@ -406,9 +402,8 @@ def _delete_lines(chain: IptablesChain) -> list[str]:
 
 
 def reclaim(chains: Sequence[IptablesChain], ctx: ReclaimContext) -> dict[Identity, Done]:
-    """Each chain and the rules that jump to it, in one iptables-restore --noflush per family,
-    backend and table, as a fresh save shows them now; if that batch is refused, one restore
-    per chain so one bad rule blocks no other."""
+    """Each chain and the rules that jump to it, as a fresh save shows them now, in one
+    restore_each per family, backend and table."""
     done: dict[Identity, Done] = {}
     for group, tool, text in resaved(chains, "nat", ctx.command_timeout):
         if isinstance(tool, str):

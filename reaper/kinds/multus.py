@@ -1,11 +1,9 @@
 """Multus' per-container file: `<cniDir>/<container ID>`, the delegates its DEL runs.
 
-Read in `multus` beneath the cache dir and each `cniDir` of the node's multus (or multus-shim)
-configs (scratch.config_roots); the delegates' libcni results in `<cniDir>/results/` are cache
-entries. Tie: the container ID of its name; `last`, and removed only while it is the file
-judged. Its DEL runs only once the file and those results passed a cached config's rules
-(reaper.reap.trust.delegate_file_refusal): `scratch_path` says which file, `delegate_runs` what
-in it runs. docs/design.md, "In depth: the kinds".
+Its DEL runs only once the file and the delegates' results (cache entries, in
+`<cniDir>/results/`) passed a cached config's rules (reaper.reap.trust.delegate_file_refusal):
+`scratch_path` says which file, `delegate_runs` what in it runs. Where it is read, and its tie:
+docs/design.md, "In depth: the kinds".
 """
 
 from __future__ import annotations
@@ -67,8 +65,7 @@ FORMAT: ScratchFormat[MultusDelegates] = ScratchFormat(NAME, parse_delegates)
 
 
 def cni_dirs(look: Look) -> tuple[list[str], list[CorruptFile]]:
-    """Each cniDir the node's own multus configs name, and those not read (see
-    scratch.config_roots)."""
+    """Each cniDir the node's own multus configs name, and those not read (scratch.config_roots)."""
     return scratch.config_roots(NAME, look, PLUGINS, "cniDir")
 
 

@@ -139,9 +139,8 @@ LOCAL_IPAM = frozenset({"host-local", "static"})
 
 # Plugins whose DEL frees nothing the reaper cannot free itself: what they make lives in the
 # pod's netns, on the host's links and firewall, or in files the reaper's kinds know (flannel's
-# per-container file, tuning's saved sysctls, host-local's leases). Any other plugin (cilium-cni,
-# aws-cni, kindnet, ovn-k8s-cni-overlay, azure-vnet, calico, multus, ...) may keep the address or
-# the attachment in a datastore of its own, which only its DEL releases.
+# per-container file, tuning's backup, host-local's leases). Any other may keep state only its
+# own DEL frees (docs/design.md, "Plugins with state of their own").
 STATELESS_PLUGINS = frozenset(
     {
         "bridge", "ptp", "macvlan", "ipvlan", "host-device", "loopback", "portmap", "bandwidth",
@@ -162,18 +161,16 @@ STATELESS_PLUGINS = frozenset(
 # (kindnet does): its chain waits, but for the next list.
 FREES_WITHOUT_NETNS = frozenset({"cilium-cni"})
 
-# Stateful plugins whose DEL with CNI_NETNS empty frees by container ID too, but in the
-# cluster's datastore, so only for a container ID proven this node's: one a runtime of this
-# node listed to this very process, for the pod the cache entry names, and that every runtime
-# now answers without (reaper.runtime.listed; a one-shot run has no such proof). An ID no
-# runtime here was seen to list may be a live pod's on another node. Read in projectcalico/calico:
-# cni-plugin/pkg/plugin/plugin.go cmdDel hands a Kubernetes pod's DEL to
-# cni-plugin/pkg/k8s/k8s.go CmdDelK8s, which deletes the pod's workload endpoint (named after
-# this node and the pod) only when the endpoint's container ID is CNI_CONTAINERID, skips the
-# netns when CNI_NETNS is empty (cni-plugin/pkg/dataplane/linux/dataplane_linux.go
-# CleanUpNamespace) and runs its IPAM's DEL; calico-ipam (cni-plugin/pkg/ipamplugin/ipam_plugin.go
-# cmdDel) releases the handle `<network>.<CNI_CONTAINERID>`, then the Calico 2.x handle
-# `<namespace>.<pod>` of the pod CNI_ARGS names (hence the pod must be the runtime's too).
+# Stateful plugins whose DEL with CNI_NETNS empty frees by container ID too, but in the cluster's
+# datastore, so only for a container ID proven this node's (reaper.runtime.listed; an ID no
+# runtime here was seen to list may be a live pod's on another node). Read in
+# projectcalico/calico: cni-plugin/pkg/plugin/plugin.go cmdDel hands a Kubernetes pod's DEL to
+# cni-plugin/pkg/k8s/k8s.go CmdDelK8s, which deletes the pod's workload endpoint (named after this
+# node and the pod) only when the endpoint's container ID is CNI_CONTAINERID, skips the netns when
+# CNI_NETNS is empty (cni-plugin/pkg/dataplane/linux/dataplane_linux.go CleanUpNamespace) and runs
+# its IPAM's DEL; calico-ipam (cni-plugin/pkg/ipamplugin/ipam_plugin.go cmdDel) releases the
+# handle `<network>.<CNI_CONTAINERID>`, then the Calico 2.x handle `<namespace>.<pod>` of the pod
+# CNI_ARGS names (hence the pod must be the runtime's too).
 FREES_WITHOUT_NETNS_IF_LISTED_HERE = frozenset({"calico", "calico-ipam"})
 
 

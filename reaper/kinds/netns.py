@@ -64,7 +64,6 @@ def identity(pin: NetnsPin) -> Identity:
 
 
 def identity_at(path: str) -> Identity:
-    """The identity of the pin at `path`, whatever is on it."""
     return ("netns", path)
 
 
@@ -106,8 +105,7 @@ def _unpin(pin: NetnsPin, ctx: ReclaimContext, busy: Mapping[NsKey, str]) -> Don
 
 
 def as_pin(pin: NetnsPin) -> Pin | None:
-    """The record as a pin, when a namespace is mounted on it; None when it is a stale file. A
-    real pin is kernel evidence of its attachment, and DEL's CNI_NETNS."""
+    """The record as a Pin; None when it is a stale file, no namespace mounted on it."""
     return Pin(pin.ns, pin.path) if pin.is_namespace else None
 
 
@@ -117,7 +115,6 @@ def keeps_netns(pin: NetnsPin) -> NsKey | None:
 
 
 def proves(pin: NetnsPin, netns: NsKey | None) -> bool:
-    """A namespace mounted on the pin proves its attachment; a stale file does not."""
     return pin.is_namespace
 
 

@@ -147,8 +147,7 @@ def collect_nft_rules(timeout: float) -> tuple[list[NftRule], list[SourceError]]
 
 
 def instance_hash(network: str, ifname: str, container_id: str) -> str:
-    """The masquerade rule's key for an attachment, as the plugins compute it (sha512 hex of
-    the network, then of `ifname:containerID`, 16 characters each)."""
+    """The masquerade rule's key for an attachment, as the plugins compute it."""
     network_hash = hashlib.sha512(network.encode()).hexdigest()[:HASH_CHARS]
     return network_hash + "-" + hashlib.sha512(f"{ifname}:{container_id}".encode()).hexdigest()[:HASH_CHARS]
 

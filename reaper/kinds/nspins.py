@@ -1,10 +1,9 @@
 """CRI-O's other namespace pins: `<namespaces_dir>/{ipc,uts,user,pid}ns/<name>`.
 
-CRI-O's pinns pins a sandbox's ipc, uts and user namespaces with its netns, all under one uuid;
-a CRI-O that crashed or lost its state leaves them all. A pid namespace is pinned later under a
-name of its own: no netns pin shares it, so it is reported, never touched. Identity: the path.
-Tie: the netns pin of the same name (BesidePin). Reclaimed only once that netns pin was freed
-this pass and no process is in the namespace, by the netns pin's confined unmount and unlink.
+Identity: the path. Tie: the netns pin of the same name (BesidePin; a pid pin has none, so it is
+reported, never touched). Reclaimed only once that netns pin was freed this pass and no process
+is in the namespace, by the netns pin's confined unmount and unlink. docs/design.md, "In depth:
+the kinds".
 """
 
 from __future__ import annotations
@@ -23,8 +22,7 @@ from reaper.host.procs import namespace_members, unseen_processes
 from reaper.kinds import Found, Kind, Look, ReclaimContext, netns
 from reaper.model import BesidePin, DetailValue, Done, Identity, NsKey, ResourceRef
 
-# The namespace types CRI-O pins besides the netns, as /proc/<pid>/ns names them; each is
-# pinned in `<namespaces_dir>/<type>ns`.
+# The namespace types CRI-O pins besides the netns, as /proc/<pid>/ns names them (pin_dir).
 NS_TYPES = ("ipc", "uts", "user", "pid")
 NETNS_SUBDIR = "netns"
 PID_FOR_CHILDREN = "pid_for_children"  # /proc/<pid>/ns name of the pid namespace its children get

@@ -1,9 +1,9 @@
 """Every kind of resource the reaper knows, in the order they are found, as one value.
 
 Adding a kind is a module under reaper.kinds that defines `KIND`, and one line here. A kind is
-found after the ones above it (it may use what they found), and reclaimed in this order too, the
-`last` ones after all the rest. The look, the correlation, the plan and the reclaimer are each
-given a `Registry` (REGISTRY unless a caller says otherwise), as libcni's CNIConfig its Exec.
+found after the ones above it (it may use what they found), and reclaimed in this order too
+(reclaim_order). The look, the correlation, the plan and the reclaimer are each given a
+`Registry` (REGISTRY unless a caller says otherwise), as libcni's CNIConfig its Exec.
 """
 
 from __future__ import annotations
@@ -38,9 +38,8 @@ from reaper.model import Identity, ResourceRef
 
 @dataclass(frozen=True)
 class Registry:
-    """The kinds, and what follows from them: the reclaim order, each kind by name, the `last`
-    and the quarantinable ones. `pins`: the kind whose records are the runtime's namespace
-    pins (what DEL is given as CNI_NETNS, and kernel evidence of an attachment)."""
+    """The kinds, and what follows from them. `pins`: the kind whose records are the runtime's
+    namespace pins (what DEL is given as CNI_NETNS, and kernel evidence of an attachment)."""
 
     kinds: tuple[Kind[Any], ...]
     pins: Kind[NetnsPin] = netns.KIND
@@ -62,7 +61,6 @@ class Registry:
 
     @cached_property
     def last(self) -> frozenset[str]:
-        """Kinds whose records a later DEL needs, reclaimed after all the rest."""
         return frozenset(k.name for k in self.kinds if k.last)
 
     @cached_property

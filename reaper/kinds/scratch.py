@@ -60,8 +60,7 @@ class ScratchFormat(Struct, Generic[C], frozen=True):
     kind: str
     parse: Callable[[bytes], C]
     limit: int = MAX_SCRATCH_BYTES
-    # The container ID a file's name carries; ValueError (the reason) when it carries none,
-    # which makes the file a corrupt record, never a resource.
+    # The container ID a file's name carries; ValueError (the reason) when none: a corrupt record.
     owner: Callable[[str], str] = whole_name
 
 

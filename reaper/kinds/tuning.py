@@ -1,10 +1,8 @@
 """The tuning plugin's backup file: `<data dir>/<container ID>_<ifname>.json`.
 
-Written before tuning changes mac, mtu, promisc, allmulti or txQLen; its DEL keeps it for good
-once the netns or interface is gone. Read in /run/cni/tuning and each tuning `dataDir` of the
-node's configs (scratch.config_roots). The name is the key: a name that is not exactly
-`<container ID>_<ifname>.json`, or is ambiguous, is a corrupt record, never acted on. Tie:
-ContainerTie; not `last` (DEL needs the netns with it). docs/design.md, "In depth: the kinds".
+The name is the key (`split_name`): any other name, or an ambiguous one, is a corrupt record,
+never acted on. Tie: ContainerTie; not `last` (DEL needs the netns with it). When tuning leaves
+it, and where it is read: docs/design.md, "In depth: the kinds".
 """
 
 from __future__ import annotations
@@ -66,10 +64,6 @@ def split_name(name: str) -> tuple[str, str]:
     return container_id, ifname
 
 
-def owner(name: str) -> str:
-    return split_name(name)[0]
-
-
 def _count(doc: dict[str, Any], key: str, least: int) -> int | None:
     value = doc.get(key)
     if key in doc and (not isinstance(value, int) or isinstance(value, bool) or not least <= value < _U32):
@@ -103,7 +97,7 @@ def parse_backup(data: bytes) -> TuningBackup:
     )
 
 
-FORMAT: ScratchFormat[TuningBackup] = ScratchFormat(NAME, parse_backup, MAX_TUNING_BYTES, owner)
+FORMAT: ScratchFormat[TuningBackup] = ScratchFormat(NAME, parse_backup, MAX_TUNING_BYTES, lambda n: split_name(n)[0])
 
 
 def collect(dirs: Iterable[str], memo: FileMemo[object] | None = None) -> Found[TuningFile]:

@@ -26,8 +26,6 @@ _POLL = 0.05
 
 
 class VethLink(Struct, frozen=True, kw_only=True, gc=False):
-    """A veth in the netns the reaper runs in (the host side of a pod's pair)."""
-
     ifindex: int
     name: str
     peer_ifindex: int | None
@@ -173,9 +171,8 @@ def _peer_in_use(veth: VethLink, ctx: ReclaimContext, busy: Mapping[NsKey, str])
 
 def reclaim(veths: Sequence[VethLink], ctx: ReclaimContext) -> dict[Identity, Done]:
     """Delete host veths still there after their pin went (their namespace kept by an open fd,
-    say), each only if its index still has the same name, kind and peer, and never while its
-    peer's namespace is a live sandbox's, has a process in it, is held by a mount in any mount
-    namespace, or cannot be inspected."""
+    say), each only while its index has the same name, kind and peer, and its peer's namespace
+    may go (_peer_in_use)."""
     if not veths:
         return {}
     if netns.unpinned_any(ctx.done):
@@ -200,7 +197,6 @@ def keeps_netns(veth: VethLink) -> NsKey | None:
 
 
 def proves(veth: VethLink, netns: NsKey | None) -> bool:
-    """A host veth whose peer lives in the attachment's namespace proves it."""
     return veth.peer_netns is not None and veth.peer_netns == netns
 
 
