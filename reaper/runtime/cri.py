@@ -218,11 +218,11 @@ def _together(answers: tuple[RuntimeAnswer, ...], sandboxes: tuple[Sandbox, ...]
     endpoint = ", ".join(a.endpoint for a in asked)
     if problems:
         return _unreachable(endpoint, "; ".join(problems), answers)
-    first = next((a for a in asked if a.reachable), None)
+    first = asked[0]  # with no problem, every runtime asked answered
     return RuntimeView(
         endpoint=endpoint,
-        name=first.name if first else None,
-        version=first.version if first else None,
+        name=first.name,
+        version=first.version,
         reachable=True,
         error=None,
         sandboxes=sandboxes,
