@@ -87,8 +87,8 @@ def _strings(obj: Mapping[str, Any], name: str, where: str) -> list[str]:
 
 
 def result_names(result: Any) -> ResultNames:
-    """Every address and host interface a result names, in every spelling a plugin would take;
-    ResultError when no plugin could read it."""
+    """Every address and host interface a result names in any spelling a plugin takes; ResultError
+    when no plugin could read it."""
     if not isinstance(result, dict):
         raise ResultError("it is not an object")
     addresses: list[tuple[str, AddressKey]] = []

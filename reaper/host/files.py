@@ -42,8 +42,7 @@ MAX_LISTED_CORRUPT = 1000  # per kind and pass: 100,000 junk files cost a count,
 
 
 class CorruptLog:
-    """The corrupt records of one kind in one pass: the first MAX_LISTED_CORRUPT one by one,
-    the rest counted per directory."""
+    """One kind's corrupt records in a pass: the first MAX_LISTED_CORRUPT listed, the rest counted per dir."""
 
     def __init__(self, kind: str, cap: int = MAX_LISTED_CORRUPT) -> None:
         self.kind = kind

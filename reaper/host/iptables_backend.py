@@ -186,8 +186,7 @@ def plan_plugin_path(
     timeout: float = SAVE_TIMEOUT,
     legacy_tables: Mapping[str, str] = LEGACY_TABLES,
 ) -> PathPlan:
-    """Read both backends, choose, and say whether `base_path` already runs the choice or which
-    links a private dir needs."""
+    """Read both backends, choose, and say whether `base_path` runs the choice or which links a private dir needs."""
     tools: dict[Backend, dict[str, SystemTool]] = {}
     missing: dict[Backend, str] = {}
     for backend in BACKENDS:

@@ -139,8 +139,8 @@ def _attr(atype: int, payload: bytes) -> bytes:
 
 
 class Netlink:
-    """One netlink socket (rtnetlink unless told) in this process's netns; answers matched to
-    requests by sequence number; no answer within `timeout` seconds is an OSError."""
+    """One netlink socket (rtnetlink unless told) in this process's netns; no answer within
+    `timeout` seconds is an OSError."""
 
     def __init__(self, protocol: int = NETLINK_ROUTE, timeout: float = TIMEOUT) -> None:
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, protocol)
@@ -167,8 +167,7 @@ class Netlink:
         return seq, _HDR.pack(_HDR.size + len(body), mtype, flags, seq, 0) + body
 
     def answers(self) -> Iterator[tuple[bytearray, int, int, int, int]]:
-        """(buffer, offset, length, type, sequence) of each message received, forever; the next
-        read reuses the buffer."""
+        """(buffer, offset, length, type, sequence) of each message received, forever; each read reuses the buffer."""
         view = memoryview(self._buf)
         while True:
             for off, length, mtype, _, seq in _messages(self._buf, self.sock.recv_into(view)):
@@ -189,8 +188,7 @@ class DumpOverBound(OSError):
 
 @dataclass(frozen=True, kw_only=True)
 class DumpLimits:
-    """Bytes and messages of one ask of a dump, and a deadline on `clock` for all its asks
-    (looked at between reads)."""
+    """Bytes and messages of one ask of a dump; a deadline on `clock` for all asks, looked at between reads."""
 
     max_bytes: int = MAX_DUMP_BYTES
     max_items: int = MAX_DUMP_ITEMS

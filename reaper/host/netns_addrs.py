@@ -115,8 +115,7 @@ def parse_address(
 
 
 def _dump_addresses(limits: DumpLimits, wanted: frozenset[bytes] | None) -> tuple[str, ...]:
-    """The addresses (all, or the `wanted` ones) of the namespace the calling thread is in, on
-    a socket made there; OSError past `limits`."""
+    """The `wanted` (else all) addresses of the calling thread's netns, on a socket there; OSError past `limits`."""
     left = READ_TIMEOUT if limits.deadline is None else limits.deadline - limits.clock()
     with Netlink(timeout=max(0.001, min(left, READ_TIMEOUT))) as nl:
         found = dump_kept(

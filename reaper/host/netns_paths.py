@@ -109,8 +109,7 @@ def _aliases(directory: str, var_run_is_run: bool) -> set[str]:
 
 
 class NetnsPlaces:
-    """Looks up netns paths that files name, only in `netns_dirs` and `/proc/<pid>/ns/net`;
-    opens each dir at most once. A context manager."""
+    """Looks up netns paths files name, only in `netns_dirs` and `/proc/<pid>/ns/net`; opens each dir once."""
 
     def __init__(self, netns_dirs: Sequence[str], proc: str = PROC) -> None:
         self.netns_dirs = tuple(dict.fromkeys(netns_dirs))

@@ -80,7 +80,6 @@ class RuntimeClient:
         self.close()
 
     def call(self, method: str, request: bytes) -> bytes:
-        """One RuntimeService call: the request's bytes in, the answer's bytes out."""
         stub: Callable[..., bytes] = self._channel.unary_unary(
             _SERVICE + method, request_serializer=None, response_deserializer=None
         )
