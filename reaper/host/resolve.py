@@ -3,9 +3,8 @@ every step checked.
 
 Each component is opened `O_PATH | O_NOFOLLOW` from the one before; symlinks are followed by
 hand (absolute ones from the root, never above it; none in /proc). With `checked`, every
-directory, link and the file must be root's alone (a directory may be sticky). The result is an
-open fd on the checked inode; None when the path does not exist (a component before its last is
-missing). Why: docs/design.md, "Resolving a path by hand".
+directory, link and the file must be root's alone (a directory may be sticky). Why:
+docs/design.md, "Resolving a path by hand".
 """
 
 from __future__ import annotations
