@@ -63,7 +63,6 @@ def address_key(text: str) -> AddressKey | None:
 
 
 def address_keys(texts: Iterable[str]) -> frozenset[AddressKey]:
-    """The keys of those texts that are addresses."""
     return frozenset(key for text in texts if (key := address_key(text)) is not None)
 
 

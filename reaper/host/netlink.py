@@ -356,7 +356,6 @@ def links_of_kind(kind: str, filtered: bool) -> list[RawLink]:
 
 
 def dump_links_of_kind(kind: str) -> list[RawLink]:
-    """The links of this netns of kind `kind` ("ifb")."""
     return links_of_kind(kind, kernel_filters_by_kind())
 
 

@@ -35,7 +35,6 @@ class Owners(Struct, frozen=True):
 
 
 def own_user_namespace() -> tuple[int, int]:
-    """(device, inode) of the calling process's user namespace."""
     st = os.stat("/proc/self/ns/user")
     return st.st_dev, st.st_ino
 
