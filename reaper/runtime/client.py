@@ -33,7 +33,7 @@ def _describe(err: grpc.RpcError) -> str:
     code = err.code() if hasattr(err, "code") else None
     details = err.details() if hasattr(err, "details") else None
     name = code.name if code is not None else "UNKNOWN"
-    text = (details or "").splitlines()[0] if details else ""
+    text = details.splitlines()[0] if details else ""
     return f"{name}: {text}" if text else name
 
 
