@@ -406,7 +406,7 @@ FRA_PAD = 18
 FRA_PROTOCOL = 21
 FR_ACT_TO_TBL = 1
 _FIB_RULE_HDR = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, 2 pad, action, flags
-_ADDRESS_BYTES: dict[int, int] = {socket.AF_INET: 4, socket.AF_INET6: 16}
+ADDRESS_SIZE: dict[int, int] = {socket.AF_INET: 4, socket.AF_INET6: 16}  # bytes, by family
 # Sent with every rule whatever it selects, besides those read: none changes what it selects.
 _RULE_QUIET = frozenset({FRA_PAD, FRA_PROTOCOL})
 _RULE_READ = frozenset({FRA_DST, FRA_SRC, FRA_PRIORITY, FRA_TABLE, FRA_SUPPRESS_PREFIXLEN})
@@ -431,7 +431,7 @@ class RawRule(Struct, frozen=True, kw_only=True):
 
 
 def _address(data: bytes | bytearray, span: tuple[int, int] | None, family: int) -> str | None:
-    if span is None or span[1] - span[0] != _ADDRESS_BYTES.get(family):
+    if span is None or span[1] - span[0] != ADDRESS_SIZE.get(family):
         return None
     return socket.inet_ntop(family, bytes(data[span[0] : span[1]]))
 
@@ -464,7 +464,7 @@ def dump_rules() -> list[RawRule]:
     """Every IPv4 and IPv6 policy rule of this netns: one dump (family AF_UNSPEC answers both)."""
     body = _FIB_RULE_HDR.pack(socket.AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0, 0)
     with Netlink() as nl:
-        return [r for r in dump_kept(nl, RTM_GETRULE, body, parse_rule) if r.family in _ADDRESS_BYTES]
+        return [r for r in dump_kept(nl, RTM_GETRULE, body, parse_rule) if r.family in ADDRESS_SIZE]
 
 
 def _rule_request(rule: RawRule) -> bytes:
