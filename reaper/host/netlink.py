@@ -4,9 +4,9 @@ and its one writer.
 A dump is decoded from the bytes, only the attributes used; nsids are asked in batches matched by
 sequence number. Every dump is bounded (DumpLimits) and over its bound an error (DumpOverBound);
 one the kernel flags as interrupted is asked again, then an error (DumpInterrupted), never a
-partial inventory. Every write is a delete, acknowledged alone. Why by hand and not pyroute2:
-DEVELOPMENT.md, "Netlink: one reader, one writer"; the rest: docs/design.md, "In depth: mounts,
-netlink and /proc".
+partial inventory. Every write is a delete of a fixed layout, acknowledged alone. Why by hand
+and not pyroute2: DEVELOPMENT.md, "Netlink: one reader, one writer"; the rest: docs/design.md,
+"In depth: mounts, netlink and /proc".
 """
 
 from __future__ import annotations
