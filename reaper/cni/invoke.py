@@ -223,8 +223,7 @@ def del_network(
     *,
     path: str = PLUGIN_PATH,
 ) -> tuple[PluginOutcome, ...]:
-    """DEL every plugin of the list, last first, going on past failures (but not past `stop`);
-    each plugin runs with `path` as its PATH."""
+    """DEL every plugin of the list, last first, past failures (not past `stop`), `path` their PATH."""
     try:
         name, version, plugins = plugin_list(request.config)
     except ConfigError as err:

@@ -63,7 +63,6 @@ def address_key(text: str) -> AddressKey | None:
 
 
 def address_keys(texts: Iterable[str]) -> frozenset[AddressKey]:
-    """The keys of those texts that are addresses."""
     return frozenset(key for text in texts if (key := address_key(text)) is not None)
 
 
@@ -87,8 +86,8 @@ def _strings(obj: Mapping[str, Any], name: str, where: str) -> list[str]:
 
 
 def result_names(result: Any) -> ResultNames:
-    """Every address and host interface a result names, in every spelling a plugin would take;
-    ResultError when no plugin could read it."""
+    """Every address and host interface a result names in any spelling a plugin takes; ResultError
+    when no plugin could read it."""
     if not isinstance(result, dict):
         raise ResultError("it is not an object")
     addresses: list[tuple[str, AddressKey]] = []

@@ -44,7 +44,7 @@ class Changed(OSError):
 
 
 def open_root(root: str) -> int:
-    """The root directory's fd. Its own last component may not be a symlink."""
+    """The root directory's fd; RootRefused when it is a symlink or no directory."""
     try:
         return os.open(root, _DIR_FLAGS | os.O_NOFOLLOW)
     except OSError as err:
@@ -150,8 +150,7 @@ def open_path_in_root(root: str, path: str) -> int:
 
 @contextlib.contextmanager
 def opened_dir(root: str, directory: str, *, create: bool = False, walk_only: bool = False) -> Iterator[int]:
-    """`directory` (the root or beneath it) as an fd, reached without following a symlink;
-    `create` makes missing directories (mode 0700)."""
+    """`directory` (the root or beneath it) as an fd, no symlink followed; `create` makes missing dirs (0700)."""
     root_fd = open_root(root)
     try:
         parts = parts_beneath(root, directory)
@@ -175,7 +174,7 @@ class UnfitFile(Exception):
 
 
 def read_fd(fd: int, limit: int) -> tuple[bytes, os.stat_result]:
-    """The bytes of the regular file open on `fd`, refusing anything over `limit`."""
+    """The bytes of the regular file open on `fd`; UnfitFile when not regular or over `limit` bytes."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         raise UnfitFile("not a regular file")

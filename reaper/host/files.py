@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 from collections.abc import Iterator
 
-from reaper.host.confined import libc, opened_dir
+from reaper.host.confined import fstatfs_type, opened_dir
 from reaper.model import CorruptFile, NsKey
 
 NSFS_MAGIC = 0x6E736673
@@ -15,13 +14,12 @@ PROC_SUPER_MAGIC = 0x9FA0
 
 
 def fs_type(path: str) -> int:
-    """statfs(2) f_type of the filesystem holding `path` (follows the final mount, not symlinks)."""
-    buf = ctypes.create_string_buffer(256)
-    if libc.statfs(os.fsencode(path), buf) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), path)
-    # f_type is the first member, a native long, on every Linux ABI we run on.
-    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
+    """statfs(2) f_type of the filesystem holding `path`."""
+    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    try:
+        return fstatfs_type(fd)
+    finally:
+        os.close(fd)
 
 
 def describe_oserror(err: OSError) -> str:
@@ -44,8 +42,7 @@ MAX_LISTED_CORRUPT = 1000  # per kind and pass: 100,000 junk files cost a count,
 
 
 class CorruptLog:
-    """The corrupt records of one kind in one pass: the first MAX_LISTED_CORRUPT one by one,
-    the rest counted per directory."""
+    """One kind's corrupt records in a pass: the first MAX_LISTED_CORRUPT listed, the rest counted per dir."""
 
     def __init__(self, kind: str, cap: int = MAX_LISTED_CORRUPT) -> None:
         self.kind = kind

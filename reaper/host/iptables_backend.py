@@ -85,11 +85,6 @@ def backend_tool(tool: str, backend: Backend) -> str:
     return f"{family}-{backend}-{verb}" if verb else f"{family}-{backend}"
 
 
-def _root_only(st: os.stat_result) -> bool:
-    """Owned by root (or this process's uid, as reaper.host.resolve trusts it), writable by no one else."""
-    return st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022
-
-
 def trusted_tool(name: str, *, dirs: Sequence[str] = SYSTEM_DIRS) -> SystemTool:
     """`name` in the first of `dirs` that has it, every directory and link on the way root's
     alone (reaper.host.resolve), an executable only root may write; else ToolRefused (the next
@@ -107,12 +102,13 @@ def trusted_tool(name: str, *, dirs: Sequence[str] = SYSTEM_DIRS) -> SystemTool:
             if not isinstance(resolved, Resolved):
                 raise ToolRefused(f"{found}: {resolved.reason}")
             try:
-                st = os.fstat(resolved.fd)
                 real = os.path.realpath(found)
                 again = os.stat(real)
             finally:
                 os.close(resolved.fd)
-            if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o111 or not _root_only(st):
+            # Owned by root (or this process's uid, as reaper.host.resolve trusts it), writable by no one else.
+            mode, owner = resolved.mode, resolved.uid
+            if not stat.S_ISREG(mode) or not mode & 0o111 or mode & 0o022 or owner not in (0, os.geteuid()):
                 raise ToolRefused(f"{found} is not an executable file that only root may write")
             if (again.st_dev, again.st_ino) != resolved.key:
                 raise ToolRefused(f"{found} changed while it was checked")
@@ -186,8 +182,7 @@ def plan_plugin_path(
     timeout: float = SAVE_TIMEOUT,
     legacy_tables: Mapping[str, str] = LEGACY_TABLES,
 ) -> PathPlan:
-    """Read both backends, choose, and say whether `base_path` already runs the choice or which
-    links a private dir needs."""
+    """Read both backends, choose, and say whether `base_path` runs the choice or which links a private dir needs."""
     tools: dict[Backend, dict[str, SystemTool]] = {}
     missing: dict[Backend, str] = {}
     for backend in BACKENDS:

@@ -1,13 +1,12 @@
-"""Host links and policy rules over rtnetlink, on a plain netlink socket: the reaper's one
-netlink reader and its one writer.
+"""Host links and policy rules over rtnetlink on a plain socket: the reaper's one netlink reader
+and its one writer.
 
-A dump is read straight from the bytes, decoding only the attributes used; nsids are asked in
-batches matched by sequence number. Every dump is bounded (DumpLimits: bytes, messages, a
-deadline looked at between reads) and over its bound an error (DumpOverBound), never read to
-its end; one the kernel flags as interrupted is asked again, then an error (DumpInterrupted),
-never a partial inventory. Every write is a delete of a fixed layout, acknowledged alone. Why by
-hand and not pyroute2: DEVELOPMENT.md, "Netlink: one reader, one writer"; the rest:
-docs/design.md, "In depth: mounts, netlink and /proc".
+A dump is decoded from the bytes, only the attributes used; nsids are asked in batches matched by
+sequence number. Every dump is bounded (DumpLimits) and over its bound an error (DumpOverBound);
+one the kernel flags as interrupted is asked again, then an error (DumpInterrupted), never a
+partial inventory. Every write is a delete of a fixed layout, acknowledged alone. Why by hand
+and not pyroute2: DEVELOPMENT.md, "Netlink: one reader, one writer"; the rest: docs/design.md,
+"In depth: mounts, netlink and /proc".
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ import socket
 import stat
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 from itertools import count
 from typing import TypeVar
@@ -79,7 +78,7 @@ _WANTED = frozenset({IFLA_IFNAME, IFLA_LINK, IFLA_MASTER, IFLA_LINKINFO, IFLA_LI
 
 
 def attrs(
-    data: bytes | bytearray, start: int, end: int, wanted: frozenset[int] = _WANTED
+    data: bytes | bytearray, start: int, end: int, wanted: Container[int] = _WANTED
 ) -> dict[int, tuple[int, int]]:
     """Spans of the wanted attributes (type -> (payload start, end)); the rest are skipped."""
     out: dict[int, tuple[int, int]] = {}
@@ -140,8 +139,8 @@ def _attr(atype: int, payload: bytes) -> bytes:
 
 
 class Netlink:
-    """One netlink socket (rtnetlink unless told) in this process's netns; answers matched to
-    requests by sequence number; no answer within `timeout` seconds is an OSError."""
+    """One netlink socket (rtnetlink unless told) in this process's netns; no answer within
+    `timeout` seconds is an OSError."""
 
     def __init__(self, protocol: int = NETLINK_ROUTE, timeout: float = TIMEOUT) -> None:
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, protocol)
@@ -168,8 +167,7 @@ class Netlink:
         return seq, _HDR.pack(_HDR.size + len(body), mtype, flags, seq, 0) + body
 
     def answers(self) -> Iterator[tuple[bytearray, int, int, int, int]]:
-        """(buffer, offset, length, type, sequence) of each message received, forever; the buffer
-        is reused by the next read."""
+        """(buffer, offset, length, type, sequence) of each message received, forever; each read reuses the buffer."""
         view = memoryview(self._buf)
         while True:
             for off, length, mtype, _, seq in _messages(self._buf, self.sock.recv_into(view)):
@@ -190,7 +188,7 @@ class DumpOverBound(OSError):
 
 @dataclass(frozen=True, kw_only=True)
 class DumpLimits:
-    """Bytes and messages of one ask of a dump, and a deadline on `clock` for all its asks."""
+    """Bytes and messages of one ask of a dump; a deadline on `clock` for all asks, looked at between reads."""
 
     max_bytes: int = MAX_DUMP_BYTES
     max_items: int = MAX_DUMP_ITEMS
@@ -239,8 +237,8 @@ def dump_kept(
     limits: DumpLimits = DEFAULT_LIMITS,
 ) -> list[T]:
     """What `keep` makes of each answer, but None, decoded read by read so only that stays in
-    memory. Asked again while the kernel flags it as interrupted, DumpInterrupted after
-    DUMP_ATTEMPTS such answers; DumpOverBound past `limits`; OSError when refused."""
+    memory. DumpInterrupted after DUMP_ATTEMPTS interrupted answers; DumpOverBound past `limits`;
+    OSError when refused."""
     for _ in range(DUMP_ATTEMPTS):
         seq, msg = nl.message(mtype, NLM_F_REQUEST | NLM_F_DUMP, body)
         nl.sock.send(msg)
@@ -264,7 +262,6 @@ def dump_kept(
 
 
 def links_of(nl: Netlink, body: bytes) -> list[RawLink]:
-    """The links a dump request with `body` answers, read whole (dump_kept)."""
     return dump_kept(nl, RTM_GETLINK, body, parse_link)
 
 
@@ -332,7 +329,7 @@ def nsids_of(paths: list[str]) -> dict[str, tuple[os.stat_result, int]]:
 
 
 def dump_links() -> list[RawLink]:
-    """All links of this netns, with no nsid look-ups."""
+    """All links of this netns (no nsid looked up)."""
     with Netlink() as nl:
         return links_of(nl, _ALL_LINKS)
 
@@ -359,12 +356,11 @@ def links_of_kind(kind: str, filtered: bool) -> list[RawLink]:
 
 
 def dump_links_of_kind(kind: str) -> list[RawLink]:
-    """The links of this netns of link kind `kind` ("ifb"), the kernel filtering the dump."""
     return links_of_kind(kind, kernel_filters_by_kind())
 
 
 def _acknowledged(nl: Netlink, mtype: int, body: bytes) -> int:
-    """Send one request asking for the kernel's acknowledgement; its error code (0: done)."""
+    """The error code (0: done) the kernel acknowledges one request with."""
     seq, msg = nl.message(mtype, NLM_F_REQUEST | NLM_F_ACK, body)
     nl.sock.send(msg)
     acks = (
@@ -410,10 +406,11 @@ FRA_PAD = 18
 FRA_PROTOCOL = 21
 FR_ACT_TO_TBL = 1
 _FIB_RULE_HDR = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, 2 pad, action, flags
-_ADDRESS_BYTES: dict[int, int] = {socket.AF_INET: 4, socket.AF_INET6: 16}
+ADDRESS_SIZE: dict[int, int] = {socket.AF_INET: 4, socket.AF_INET6: 16}  # bytes, by family
 # Sent with every rule whatever it selects, besides those read: none changes what it selects.
 _RULE_QUIET = frozenset({FRA_PAD, FRA_PROTOCOL})
 _RULE_READ = frozenset({FRA_DST, FRA_SRC, FRA_PRIORITY, FRA_TABLE, FRA_SUPPRESS_PREFIXLEN})
+_EVERY_TYPE = range(_NLA_TYPE_MASK + 1)
 
 
 class RawRule(Struct, frozen=True, kw_only=True):
@@ -434,7 +431,7 @@ class RawRule(Struct, frozen=True, kw_only=True):
 
 
 def _address(data: bytes | bytearray, span: tuple[int, int] | None, family: int) -> str | None:
-    if span is None or span[1] - span[0] != _ADDRESS_BYTES.get(family):
+    if span is None or span[1] - span[0] != ADDRESS_SIZE.get(family):
         return None
     return socket.inet_ntop(family, bytes(data[span[0] : span[1]]))
 
@@ -442,18 +439,7 @@ def _address(data: bytes | bytearray, span: tuple[int, int] | None, family: int)
 def parse_rule(data: bytes | bytearray, offset: int, length: int) -> RawRule:
     """One RTM_NEWRULE message: fib_rule_hdr (12 bytes) after the header, then attributes."""
     family, dst_len, src_len, tos, table, _, _, action, flags = _FIB_RULE_HDR.unpack_from(data, offset + _HDR.size)
-    start, end = offset + _HDR.size + _FIB_RULE_HDR.size, offset + length
-    at = attrs(data, start, end, _RULE_READ)
-    other: list[int] = []
-    off = start
-    while off + 4 <= end:
-        alen, atype = _NLA.unpack_from(data, off)
-        if alen < 4 or off + alen > end:
-            break
-        atype &= _NLA_TYPE_MASK
-        if atype not in _RULE_READ and atype not in _RULE_QUIET:
-            other.append(atype)
-        off += (alen + 3) & ~3
+    at = attrs(data, offset + _HDR.size + _FIB_RULE_HDR.size, offset + length, _EVERY_TYPE)
     if FRA_TABLE in at:
         table = _U32.unpack_from(data, at[FRA_TABLE][0])[0]
     priority = _U32.unpack_from(data, at[FRA_PRIORITY][0])[0] if FRA_PRIORITY in at else 0
@@ -470,7 +456,7 @@ def parse_rule(data: bytes | bytearray, offset: int, length: int) -> RawRule:
         dst=_address(data, at.get(FRA_DST), family),
         dst_len=dst_len,
         suppress_prefixlen=None if suppress == -1 else suppress,
-        other=tuple(other),
+        other=tuple(atype for atype in at if atype not in _RULE_READ and atype not in _RULE_QUIET),
     )
 
 
@@ -478,7 +464,7 @@ def dump_rules() -> list[RawRule]:
     """Every IPv4 and IPv6 policy rule of this netns: one dump (family AF_UNSPEC answers both)."""
     body = _FIB_RULE_HDR.pack(socket.AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0, 0)
     with Netlink() as nl:
-        return [r for r in dump_kept(nl, RTM_GETRULE, body, parse_rule) if r.family in _ADDRESS_BYTES]
+        return [r for r in dump_kept(nl, RTM_GETRULE, body, parse_rule) if r.family in ADDRESS_SIZE]
 
 
 def _rule_request(rule: RawRule) -> bytes:
@@ -493,6 +479,5 @@ def _rule_request(rule: RawRule) -> bytes:
 
 
 def delete_rules(rules: list[RawRule]) -> list[str | None]:
-    """Delete each rule by what it selects; None for each deleted or already gone (ENOENT), else
-    the error."""
+    """Delete each rule by what it selects; None for each gone (or already: ENOENT), else the error."""
     return _delete_each([_rule_request(rule) for rule in rules], RTM_DELRULE, errno.ENOENT)

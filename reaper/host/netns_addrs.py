@@ -23,7 +23,7 @@ from msgspec import Struct
 
 from reaper.host.confined import libc, open_path_in_root
 from reaper.host.files import describe_oserror
-from reaper.host.netlink import DumpLimits, Netlink, attrs, dump_kept
+from reaper.host.netlink import ADDRESS_SIZE, DumpLimits, Netlink, attrs, dump_kept
 from reaper.host.userns import owners_of
 from reaper.model import NsKey
 
@@ -35,7 +35,6 @@ _IFADDRMSG = struct.Struct("=BBBBI")  # family, prefix length, flags, scope, ifi
 _HEADER = 16  # nlmsghdr
 _ADDR_WANTED = frozenset({IFA_ADDRESS, IFA_LOCAL})
 _ALL_FAMILIES = _IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)
-_FAMILY_BYTES: dict[int, int] = {int(socket.AF_INET): 4, int(socket.AF_INET6): 16}
 READ_TIMEOUT = 5.0  # seconds the kernel gets to answer one namespace's dump
 # One namespace's dump, past which it is that namespace's error: a node's own netns may hold
 # many (kube-proxy's IPVS mode puts every Service address on kube-ipvs0), a pod's a handful.
@@ -101,7 +100,7 @@ def parse_address(
     if length < _HEADER + _IFADDRMSG.size:
         return None
     family = data[offset + _HEADER]
-    size = _FAMILY_BYTES.get(family)
+    size = ADDRESS_SIZE.get(family)
     if size is None:
         return None
     at = attrs(data, offset + _HEADER + _IFADDRMSG.size, offset + length, _ADDR_WANTED)
@@ -115,8 +114,7 @@ def parse_address(
 
 
 def _dump_addresses(limits: DumpLimits, wanted: frozenset[bytes] | None) -> tuple[str, ...]:
-    """The addresses (all, or the `wanted` ones) of the namespace the calling thread is in, on
-    a socket made there; OSError past `limits`."""
+    """The `wanted` (else all) addresses of the calling thread's netns, on a socket there; OSError past `limits`."""
     left = READ_TIMEOUT if limits.deadline is None else limits.deadline - limits.clock()
     with Netlink(timeout=max(0.001, min(left, READ_TIMEOUT))) as nl:
         found = dump_kept(

@@ -8,7 +8,6 @@ why. Why, and where each runtime pins: docs/design.md, "Netns paths a file names
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import os
@@ -21,6 +20,7 @@ from typing import NamedTuple, Self
 
 from reaper.host.confined import fstatfs_type, libc, open_root
 from reaper.host.files import PROC_SUPER_MAGIC
+from reaper.host.pins import nsfs_device
 from reaper.model import NsKey
 
 PATH_MAX = 4096
@@ -109,8 +109,7 @@ def _aliases(directory: str, var_run_is_run: bool) -> set[str]:
 
 
 class NetnsPlaces:
-    """Looks up netns paths that files name, only in `netns_dirs` and `/proc/<pid>/ns/net`;
-    opens each dir at most once. A context manager."""
+    """Looks up netns paths files name, only in `netns_dirs` and `/proc/<pid>/ns/net`; opens each dir once."""
 
     def __init__(self, netns_dirs: Sequence[str], proc: str = PROC) -> None:
         self.netns_dirs = tuple(dict.fromkeys(netns_dirs))
@@ -159,8 +158,7 @@ class NetnsPlaces:
 
     def _nsfs_device(self) -> int | None:
         if self._nsfs is None:
-            with contextlib.suppress(OSError):
-                self._nsfs = os.stat("/proc/thread-self/ns/net").st_dev
+            self._nsfs = nsfs_device()
         return self._nsfs
 
     def _look_pin(self, directory: str, name: str) -> NetnsLookup:

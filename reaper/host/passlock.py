@@ -137,10 +137,10 @@ def take_lock(
             if on_wait is not None and not told:
                 on_wait(holder)
                 told = True
-            if pause is not None and pause(min(POLL, left)):  # told to give up before the end
-                raise LockBusy(path, holder, round(time.monotonic() - started, 1))
             if pause is None:
                 time.sleep(min(POLL, left))
+            elif pause(min(POLL, left)):  # told to give up before the end
+                raise LockBusy(path, holder, round(time.monotonic() - started, 1))
         # On a full disk the lock is held all the same, and a waiter is told of no record.
         with contextlib.suppress(OSError):
             os.pwrite(fd, _record(command), 0)

@@ -18,7 +18,6 @@ PROC_PID_INIT_INO = 0xEFFFFFFC  # the kernel's fixed inode number of the initial
 
 
 def netns_members(proc: str = "/proc") -> dict[NsKey, set[int]]:
-    """Map every network namespace some task is in to the pids of those tasks' processes."""
     return namespace_members("net", proc)
 
 

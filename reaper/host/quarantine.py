@@ -122,8 +122,7 @@ class Quarantine:
 
 
 def remove_or_quarantine(root: str, path: str, judged: os.stat_result, quarantine: Quarantine | None) -> Done:
-    """Unlink `path` beneath `root` while it is still the inode `judged`, or move it into the
-    quarantine when there is one."""
+    """Unlink `path` beneath `root` while still the inode `judged`, or move it into the quarantine if there is one."""
     try:
         if quarantine is not None:
             return Done.moved(quarantine.move(root, path, judged))

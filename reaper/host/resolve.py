@@ -3,9 +3,8 @@ every step checked.
 
 Each component is opened `O_PATH | O_NOFOLLOW` from the one before; symlinks are followed by
 hand (absolute ones from the root, never above it; none in /proc). With `checked`, every
-directory, link and the file must be root's alone (a directory may be sticky). The result is an
-open fd on the checked inode; None when the path does not exist (a component before its last is
-missing). Why: docs/design.md, "Resolving a path by hand".
+directory, link and the file must be root's alone (a directory may be sticky). Why:
+docs/design.md, "Resolving a path by hand".
 """
 
 from __future__ import annotations
@@ -151,15 +150,24 @@ def resolve_in_root(root_fd: int, path: str, *, checked: bool) -> Resolved | Unf
             os.close(fd)
 
 
-def open_checked_socket(root_fd: int, path: str) -> Resolved | Unfollowed | None:
-    """resolve_in_root `checked`, Unfollowed also for a path that exists and is no socket."""
-    st = os.fstat(root_fd)
+def checked_socket(path: str, root: str | None = None) -> Resolved | Unfollowed | None:
+    """`path` in `root` ("/" when None) resolved `checked`; Unfollowed also for a path that exists
+    and is no socket; None when it does not exist."""
+    top = root or "/"
     try:
-        found = resolve_in_root(root_fd, path, checked=True)
+        root_fd = os.open(top, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as err:
-        return Unfollowed(f"{path}: {err.strerror}", (st.st_dev, st.st_ino))
-    except ValueError:  # a kubelet's endpoint with a NUL byte in it
-        return Unfollowed(f"{path!r} is no path", (st.st_dev, st.st_ino))
+        return Unfollowed(f"{top}: {err.strerror}", (0, 0))
+    try:
+        st = os.fstat(root_fd)
+        try:
+            found = resolve_in_root(root_fd, path, checked=True)
+        except OSError as err:
+            return Unfollowed(f"{path}: {err.strerror}", (st.st_dev, st.st_ino))
+        except ValueError:  # a kubelet's endpoint with a NUL byte in it
+            return Unfollowed(f"{path!r} is no path", (st.st_dev, st.st_ino))
+    finally:
+        os.close(root_fd)
     if isinstance(found, Resolved) and not stat.S_ISSOCK(found.mode):
         os.close(found.fd)
         return Unfollowed(f"{path} leads to {_kind(found.mode)}, not a socket", found.key)

@@ -34,13 +34,7 @@ class Owners(Struct, frozen=True):
         return next((uid for uid in self.uids if uid != 0), None)
 
 
-def _key(fd: int) -> tuple[int, int]:
-    st = os.fstat(fd)
-    return st.st_dev, st.st_ino
-
-
 def own_user_namespace() -> tuple[int, int]:
-    """(device, inode) of the calling process's user namespace."""
     st = os.stat("/proc/self/ns/user")
     return st.st_dev, st.st_ino
 
@@ -66,7 +60,8 @@ def owners_of(ns_fd: int, home: tuple[int, int] | None = None) -> Owners:
     uids: list[int] = []
     try:
         for _ in range(MAX_DEPTH):
-            if _key(user) == home:
+            st = os.fstat(user)
+            if (st.st_dev, st.st_ino) == home:
                 return Owners(tuple(uids))
             uids.append(owner_uid(user))
             try:

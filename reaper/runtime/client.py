@@ -33,7 +33,7 @@ def _describe(err: grpc.RpcError) -> str:
     code = err.code() if hasattr(err, "code") else None
     details = err.details() if hasattr(err, "details") else None
     name = code.name if code is not None else "UNKNOWN"
-    text = (details or "").splitlines()[0] if details else ""
+    text = details.splitlines()[0] if details else ""
     return f"{name}: {text}" if text else name
 
 
@@ -80,7 +80,6 @@ class RuntimeClient:
         self.close()
 
     def call(self, method: str, request: bytes) -> bytes:
-        """One RuntimeService call: the request's bytes in, the answer's bytes out."""
         stub: Callable[..., bytes] = self._channel.unary_unary(
             _SERVICE + method, request_serializer=None, response_deserializer=None
         )

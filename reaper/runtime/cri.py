@@ -13,6 +13,7 @@ from typing import Any
 from reaper.host.files import namespace_of
 from reaper.host.jsondoc import parse_json
 from reaper.model import RuntimeAnswer, RuntimeView, Sandbox
+from reaper.names import MAX_PATH
 from reaper.runtime import api_pb2 as pb
 from reaper.runtime.client import CriError, RuntimeClient
 from reaper.runtime.discovery import KNOWN_SOCKETS, NAME_THEM, REFUSED, Endpoint, close_all, discover, socket_path
@@ -20,7 +21,6 @@ from reaper.runtime.liveness import OBSERVE_DEADLINES
 
 # PodSandboxStatus calls one runtime has in flight at once, all within one deadline.
 STATUS_IN_FLIGHT = 8
-MAX_NETNS_PATH = 4096  # PATH_MAX
 
 
 def netns_path_from_info(info: Mapping[str, str]) -> str | None:
@@ -199,8 +199,8 @@ def _netns_of(endpoint: str, answer: pb.PodSandboxStatusResponse | None) -> str:
     if answer is None or answer.status.linux.namespaces.options.network == pb.NODE:
         return ""
     path = netns_path_from_info(answer.info) or ""
-    if len(path.encode("utf-8", "surrogatepass")) > MAX_NETNS_PATH:
-        raise CriError(f"PodSandboxStatus on {endpoint}: a netns path over {MAX_NETNS_PATH} bytes")
+    if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH:
+        raise CriError(f"PodSandboxStatus on {endpoint}: a netns path over {MAX_PATH} bytes")
     return path
 
 
@@ -218,11 +218,11 @@ def _together(answers: tuple[RuntimeAnswer, ...], sandboxes: tuple[Sandbox, ...]
     endpoint = ", ".join(a.endpoint for a in asked)
     if problems:
         return _unreachable(endpoint, "; ".join(problems), answers)
-    first = next((a for a in asked if a.reachable), None)
+    first = asked[0]  # with no problem, every runtime asked answered
     return RuntimeView(
         endpoint=endpoint,
-        name=first.name if first else None,
-        version=first.version if first else None,
+        name=first.name,
+        version=first.version,
         reachable=True,
         error=None,
         sandboxes=sandboxes,

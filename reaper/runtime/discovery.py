@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from msgspec import Struct
 
 from reaper.host.confined import RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS, openat2
-from reaper.host.resolve import Resolved, Unfollowed, open_checked_socket, resolve_in_root
+from reaper.host.resolve import Resolved, Unfollowed, checked_socket, resolve_in_root
 
 UNIX = "unix://"
 # Where each runtime puts its CRI socket by default.
@@ -293,19 +293,6 @@ def open_socket(path: str, root: str | None = None) -> tuple[int, tuple[int, int
     """checked_socket's fd and (device, inode) when it is a socket; None otherwise."""
     found = checked_socket(path, root)
     return (found.fd, found.key) if isinstance(found, Resolved) else None
-
-
-def checked_socket(path: str, root: str | None = None) -> Resolved | Unfollowed | None:
-    """The socket at `path` in `root` ("/" when None), every component root's alone; Unfollowed
-    for a path that exists and is no such socket; None when it does not exist."""
-    try:
-        root_fd = os.open(root or "/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as err:
-        return Unfollowed(f"{root or '/'}: {err.strerror}", (0, 0))
-    try:
-        return open_checked_socket(root_fd, path)
-    finally:
-        os.close(root_fd)
 
 
 def discover(proc: str = "/proc", known: tuple[tuple[str, str], ...] = KNOWN_SOCKETS) -> list[Endpoint]:

@@ -33,8 +33,7 @@ class ListedHere:
         return len(self._seen)
 
     def remember(self, view: RuntimeView) -> None:
-        """Keep what a complete answer of the runtimes listed (a view that is not reachable
-        lists nothing to keep), each sandbox under the runtime that listed it."""
+        """Keep each sandbox a reachable view lists, under the runtime that listed it (unreachable: none)."""
         if not view.reachable:
             return
         for sandbox in view.sandboxes:

@@ -10,10 +10,9 @@ from reaper.model import RuntimeView
 if TYPE_CHECKING:
     from reaper.settings import Settings
 
-# How many call deadlines (--runtime-timeout) one observe() may take, all runtimes together: a
-# runtime's Version, ListPodSandbox and its PodSandboxStatus batch (one deadline for the
-# batch) each have one, and a runtime whose turn comes after the whole has run out is that
-# runtime's error.
+# Call deadlines (--runtime-timeout) one observe() may take, all runtimes together: one each for
+# a runtime's Version, ListPodSandbox and PodSandboxStatus batch; a runtime whose turn comes after
+# they have run out is that runtime's error.
 OBSERVE_DEADLINES = 4
 
 
@@ -26,8 +25,7 @@ class LivenessSource(Protocol):
 
 
 def liveness_from(settings: Settings) -> LivenessSource:
-    """The liveness source the settings name: every CRI runtime on the node, the endpoints
-    given or else the ones discovery finds. Every command and the agent get theirs here."""
+    """Every command's and the agent's liveness source: every CRI runtime on the node, given or else discovered."""
     from reaper.runtime.cri import CriLiveness  # noqa: PLC0415 (gRPC only for a command that asks)
 
     return CriLiveness(settings.runtime_endpoints, settings.runtime_timeout)
