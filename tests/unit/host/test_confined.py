@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import os
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from reaper.host.confined import (
     unlink_beneath,
 )
 from reaper.host.quarantine import MAX_QUARANTINE_BYTES, Quarantine, remove_or_quarantine
+from tests.harness.fifo import watched_fifo
 
 
 @pytest.fixture(params=["openat2", "walk"])
@@ -134,12 +134,10 @@ def test_dotdot_never_leaves_the_root(tree: tuple[Path, Path], walk_only: bool) 
 
 def test_a_fifo_is_neither_read_nor_waited_on(tree: tuple[Path, Path]) -> None:
     root, _ = tree
-    fifo = root / "results" / "net-a-eth0"
-    os.mkfifo(fifo)
-    started = time.monotonic()
-    with pytest.raises(UnfitFile, match="not a regular file"):
-        read_beneath(str(root), str(fifo), 1024)
-    assert time.monotonic() - started < 5
+    with watched_fifo(root / "results" / "net-a-eth0") as fifo:
+        with pytest.raises(UnfitFile, match="not a regular file"):
+            read_beneath(str(root), str(fifo.path), 1024)
+        assert not fifo.opened(), "the FIFO was opened: a read of it would wait for a writer"
 
 
 def test_unlink_compares_the_inode_first(tree: tuple[Path, Path]) -> None:
