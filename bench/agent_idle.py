@@ -1,4 +1,5 @@
-"""The agent between passes: resident memory and CPU, on a lab with live pods and some leaks.
+"""The agent between passes: resident memory and CPU, on a lab with live pods and some leaks;
+then how long a SIGTERM between passes takes to stop it.
 
 Run as root: `make bench-agent` (or `.venv/bin/python -m bench.agent_idle`). Prints figures.
 """
@@ -60,12 +61,15 @@ def main() -> None:
                 passes = log.read_text().count('"msg": "pass"')
                 reclaimed = log.read_text().count('"msg": "reclaimed"')
             finally:
+                asked_to_stop = time.monotonic()
                 agent.send_signal(signal.SIGTERM)
                 code = agent.wait(30)
+                stop_seconds = time.monotonic() - asked_to_stop
         print(f"lab: {PODS} live pods, {LEAKS} leaks; agent interval {INTERVAL:g}s, reap mode")
         print(f"passes so far: {passes}; attachments reclaimed: {reclaimed}")
         print(f"RSS right after a pass: {rss_after_pass:.1f} MiB; after 20 s idle: {rss_idle:.1f} MiB")
         print(f"CPU while idle: {idle_cpu * 100:.2f}% of one core; exit status on SIGTERM: {code}")
+        print(f"stopped {stop_seconds:.2f}s after SIGTERM (between passes)")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,9 @@ from pathlib import Path
 
 TOKEN = "reaper-test-token"
 EVENTS = "/apis/events.k8s.io/v1/namespaces/default/events"
+# How long a held write waits for the test to let go: a backstop for a test that never does,
+# beyond any call a test holds on purpose (the test lets go, or the client's deadline ends it).
+HOLD_LIMIT = 300.0
 
 
 def node_doc(name: str, *pod_cidrs: str) -> dict[str, object]:
@@ -138,7 +141,7 @@ def api_server(directory: Path) -> Iterator[ApiServer]:
                 state.writes.append((method, self.path.split("?")[0], self.headers.get("Content-Type", ""), body))
                 state.received.notify_all()
             if state.hang is not None:
-                state.hang.wait(30)  # never answered while the test holds it
+                state.hang.wait(HOLD_LIMIT)  # never answered while the test holds it
                 return
             status, answer = self._event(method, body)
             self._answer(status, json.dumps(answer).encode())

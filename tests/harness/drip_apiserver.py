@@ -29,6 +29,12 @@ class DripServer:
     sa_dir: Path
     sent: int = 0  # bytes of answer sent, over every connection
     closed: threading.Event = field(default_factory=threading.Event)  # a client closed its connection
+    dripped: threading.Condition = field(default_factory=threading.Condition)  # notified at each byte sent
+
+    def wait_for_sent(self, count: int, timeout: float = 10.0) -> bool:
+        """Whether `count` bytes of answer have been sent (over every connection) within `timeout`."""
+        with self.dripped:
+            return self.dripped.wait_for(lambda: self.sent >= count, timeout)
 
     def env(self) -> dict[str, str]:
         """The variables a pod gets, and where its service-account files are."""
@@ -67,7 +73,9 @@ def _drip(conn: ssl.SSLSocket, state: DripServer, interval: float, stop: threadi
                 return
             byte = HEAD[n : n + 1] or b"a"
             conn.sendall(byte)
-            state.sent += 1
+            with state.dripped:
+                state.sent += 1
+                state.dripped.notify_all()
             n += 1
     except (OSError, ssl.SSLError):
         state.closed.set()

@@ -56,9 +56,9 @@ def test_agent_scan_mode_serves_metrics_health_and_stops_cleanly(lab: Lab, tmp_p
             check = subprocess.run([PROMTOOL, "check", "metrics"], input=body, capture_output=True, text=True)
             assert check.returncode == 0, check.stdout + check.stderr
         assert agent.get("/nope")[0] == 404
-        started = time.monotonic()
+        # A clean stop: exit 0 (LabAgent.stop waits 20 s, then kills) and its last line below. How
+        # long a stop takes is bench/agent_idle.py's figure.
         assert agent.stop() == 0
-        assert time.monotonic() - started < 10
     finally:
         agent.stop()
     lines = agent.log_lines()

@@ -178,12 +178,14 @@ def test_sigterm_while_a_plugin_hangs_stops_within_seconds(lab: Lab, web: str, t
         while not _running(str(plugin)) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert _running(str(plugin)), "the agent's DEL is under way"
-        started = time.monotonic()
+        # The plugin's own timeout is 10 minutes: a stop that waited for it would be killed at
+        # LabAgent.stop's 20 s and not exit 0. The DEL's error says the stop killed it.
         assert agent.stop() == 0
-        assert time.monotonic() - started < 15, "a hung plugin does not hold the stop for its timeout"
     finally:
         agent.stop()
     assert not _running("reaper-hang"), "the plugin and its child were killed"
+    del_errors = [str(line.get("error")) for line in agent.log_lines() if line["msg"] == "plugin DEL failed"]
+    assert any("stopping, killed" in error for error in del_errors), del_errors
     assert any(line["msg"] == "agent stopped" for line in agent.log_lines())
     # Nothing was left half-done that the next pass cannot finish, once its DEL can succeed.
     rewrite_cached_config(leak, lab.network_spec.plugins("normal"))

@@ -23,6 +23,7 @@ from reaper.agent import Agent
 from reaper.events import (
     CONTROLLER,
     MAX_NOTE,
+    QUEUE_PASSES,
     EventPoster,
     events_from,
     pass_events,
@@ -49,6 +50,10 @@ from tests.harness.snapshots import cid, runtime
 
 NODE = "worker-3.example"
 LOG = "test.events"
+# The poster's deadline where the API holds its calls (hangs, drips): a held call must still be
+# under way after a pass or two (0.03 s each here, 3 s seen once on a loaded machine), and each
+# such case lasts about this long, for the call to end at it.
+HELD_CALL_TIMEOUT = 10.0
 
 
 class Clock:
@@ -135,13 +140,6 @@ def make_agent(node: FakeNode, tmp_path: Path, clock: Clock, events: EventPoster
         events=events,
         registry=node.registry,
     )
-
-
-def one_pass(agent: Agent) -> tuple[str, dict[str, object], float]:
-    """The pass's outcome and its log fields as the agent makes them, and how long it took."""
-    started = time.monotonic()
-    outcome, fields = agent._pass()
-    return outcome, fields, time.monotonic() - started
 
 
 # ----------------------------------------------------------------------------- what is posted
@@ -278,10 +276,23 @@ def test_an_api_that_fails_changes_nothing_and_costs_one_log_line(
     caplog: pytest.LogCaptureFixture,
     failure: str,
 ) -> None:
+    """Four passes while the API fails every Event write: each pass's outcome, log fields and
+    metrics are those of the same pass with no Events, and the failure costs one log line.
+
+    That a pass never waits for the API is shown where the API holds the call (hangs, drips):
+    the first pass's call is seen held at the API after that pass returned, and it has still not
+    ended after the second pass, whose Events are submitted while it is held. A pass that waited
+    for the call would have returned only once it ended (at the poster's deadline). Where the
+    call ends at once (refuses, gone), a pass that made it inline would look the same: those
+    cases show the outcome and the one line, not that the pass does not wait."""
     plain = make_agent(node, tmp_path / "plain", Clock(), None)  # the same passes with no Events at all
+    wants = []
+    for _ in range(4):  # made first, so that nothing but the agent's passes runs while a call is held
+        leak_beside_live(node, monkeypatch)
+        wants.append((plain._pass(), counted(plain)))
     stack = contextlib.ExitStack()
     env: dict[str, str] = {}
-    listener: socket.socket | None = None
+    held = failure in ("hangs", "drips")
     if failure == "refuses":
         api.refuse_events = 403
     elif failure == "hangs":
@@ -295,56 +306,69 @@ def test_an_api_that_fails_changes_nothing_and_costs_one_log_line(
         listener.bind(("127.0.0.1", 0))
         env["KUBERNETES_SERVICE_PORT"] = str(listener.getsockname()[1])
         listener.close()  # nothing listens there now
+
+    def first_call_held() -> bool:
+        """The call the first pass began has not ended: no call has failed yet (a failed one sets
+        `failing`, and none can succeed), and the API still holds that call."""
+        if events.failing is not None:
+            return False
+        return len(api.writes) == 1 if failure == "hangs" else not dripping.closed.is_set()
+
     clock = Clock()
-    events = poster(api, clock, timeout=6.0, env=env)
+    events = poster(api, clock, timeout=HELD_CALL_TIMEOUT, env=env)
     agent = make_agent(node, tmp_path, clock, events)
     caplog.set_level(logging.INFO, logger=LOG)
-    for n in range(4):
-        leak_beside_live(node, monkeypatch)
-        want = one_pass(plain)[:2], counted(plain)
+    for n, want in enumerate(wants):
         clock.now += 60.0 * n
         leak_beside_live(node, monkeypatch)
-        outcome, fields, seconds = one_pass(agent)
-        assert ((outcome, fields), counted(agent)) == want  # outcome, log fields, metrics: as with no Events
-        # The pass never waits for the API: each call of the poster's may take 6 s, and a pass
-        # that waited for one would take that long (a bound far from a loaded machine's pass).
-        assert seconds < 3.0
-    deadline = time.monotonic() + 15  # a held call ends at the poster's deadline
+        assert (agent._pass(), counted(agent)) == want  # outcome, log fields, metrics: as with no Events
+        if held and n == 0:  # the first pass's Event write is at the API: received, or answered a byte
+            assert api.wait_for_writes(1) if failure == "hangs" else dripping.wait_for_sent(1)
+        if held and n < 2:
+            assert first_call_held(), f"pass {n + 1} returned only once the call it could wait for had ended"
+    deadline = time.monotonic() + HELD_CALL_TIMEOUT + 20  # a held call ends at the poster's deadline
     while events.failing is None and time.monotonic() < deadline:
         time.sleep(0.05)
+    if failure == "drips":
+        assert dripping.sent >= 3 and dripping.closed.wait(10), "dripped within each read's timeout, then cut off"
+    stack.close()  # the API lets go of what it holds: the poster's next call ends at once
+    if api.hang is not None:
+        api.hang.set()
     events.close()
     warnings = [r for r in caplog.records if r.name == LOG and r.levelno >= logging.WARNING]
     assert [r.getMessage() for r in warnings] == ["events not posted; the passes go on without them"]
     error = str(warnings[0].__dict__["error"])
+    deadline_passed = f"did not answer in time (the call's deadline of {HELD_CALL_TIMEOUT:g}s passed)"
     assert {
         "refuses": "HTTP 403 (Forbidden)",
-        "hangs": "did not answer in time",
+        "hangs": deadline_passed,
         "gone": "did not answer",
-        "drips": "did not answer in time (the call's deadline of 6s passed)",
+        "drips": deadline_passed,
     }[failure] in error, error
-    if failure == "drips":
-        assert dripping.sent >= 3 and dripping.closed.wait(10), "dripped within each read's timeout, then cut off"
-    stack.close()
 
 
 def test_a_run_pass_with_a_hanging_api_returns_at_once(
     api: ApiServer, node: FakeNode, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """The agent's whole pass (metrics, readiness) while every Event write hangs."""
+    """The agent's whole pass (metrics, readiness) while the API holds every Event write until the
+    test lets go: ten passes end while the call the first began is still held."""
     api.hang = threading.Event()
     scanned(monkeypatch, node, orphan(node, 1), *live(node, 2, 3))
     clock = Clock()
-    # A poster's call that hangs lasts its whole deadline: one long enough that ten passes done
-    # in under half of it did not wait for any call, however loaded the machine.
+    # The test lets go of the call; the poster's deadline, which would end it too, is far beyond
+    # ten passes on a loaded machine.
     events = poster(api, clock, timeout=120.0)
     agent = make_agent(node, tmp_path, clock, events)
-    started = time.monotonic()
-    for _ in range(10):  # more passes than the queue holds: the newest are dropped
+    agent.run_pass()
+    assert api.wait_for_writes(1)  # the first pass's Event is at the API, which holds it
+    for _ in range(9):  # more passes than the queue holds: the newest are dropped
         agent.run_pass()
-    assert time.monotonic() - started < 60.0  # less than one of the poster's calls
+    # No call has ended (a failed one sets `failing`), and the poster is still in its first: had
+    # a pass waited for it, that pass would have returned only after it ended.
+    assert events.failing is None and len(api.writes) == 1, (events.failing, len(api.writes))
     assert agent.passes == 10 and agent.readiness() == (True, "ok")
     assert agent.metrics.registry.get_sample_value("cni_reaper_passes_total", {"outcome": "ok"}) == 10
-    assert events.dropped > 0
+    assert events.dropped == 9 - QUEUE_PASSES  # the poster holds the first pass's; the queue, the next ones
     api.hang.set()
     events.close()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import select
 import socket
 import threading
 import time
@@ -70,10 +71,19 @@ def _healthz_from(server: HealthServer, source: str, timeout: float = 2.0) -> in
     return int(answer.split()[1]) if answer.startswith(b"HTTP/") else None
 
 
-def _healthz_within(server: HealthServer, source: str, budget: float) -> None:
-    started = time.monotonic()
-    assert _healthz_from(server, source, timeout=budget) == 200
-    assert time.monotonic() - started < budget
+def _held(conn: socket.socket) -> bool:
+    """The server still holds `conn` open: it has neither answered nor cut it off (either makes
+    the client's end readable: an answer, or the end of the stream)."""
+    readable, _, _ = select.select([conn], [], [], 0)
+    return not readable
+
+
+def _healthz_beside(server: HealthServer, source: str, conns: list[socket.socket]) -> None:
+    """`source`'s probe is answered while every connection of `conns` still holds its slot: it
+    took a slot of its own, not one of theirs (a slot frees only when one is cut off, at
+    REQUEST_DEADLINE; a connection without a slot is closed unanswered at once)."""
+    assert _healthz_from(server, source) == 200
+    assert all(_held(conn) for conn in conns), "a slot was freed (a connection cut off) before the answer"
 
 
 def _drip(server: HealthServer, sources: list[str]) -> list[socket.socket]:
@@ -110,7 +120,7 @@ def test_connections_from_many_clients_are_cut_off_at_the_deadline_whatever_they
     try:
         time.sleep(0.3)
         assert _healthz_from(server, "127.0.0.2") is None, "every slot of other addresses is taken"
-        _healthz_within(server, "127.0.0.1", 1.0)  # the node's own slots are not theirs
+        _healthz_beside(server, "127.0.0.1", conns)  # the node's own slots are not theirs
         started = time.monotonic()
         answered = None
         while answered != 200 and time.monotonic() - started < REQUEST_DEADLINE + 3:
@@ -136,11 +146,13 @@ def test_no_number_of_other_addresses_takes_the_slots_of_the_nodes_own() -> None
     conns = _drip(server, [f"127.0.2.{n}" for n in range(1, 65) for _ in range(PER_CLIENT)])
     try:
         time.sleep(0.3)
+        holding = [conn for conn in conns if _held(conn)]  # the rest were closed at once, unadmitted
+        assert len(holding) == MAX_CONNECTIONS
         for _ in range(5):
             for conn in conns:
                 with contextlib.suppress(OSError):
                     conn.sendall(b"E")
-            _healthz_within(server, "127.0.0.1", 1.0)
+            _healthz_beside(server, "127.0.0.1", holding)
             assert _healthz_from(server, "127.0.0.2") is None, "another address finds every slot of theirs taken"
             time.sleep(0.2)
     finally:
@@ -157,7 +169,7 @@ def test_the_nodes_own_address_has_a_bounded_number_of_slots_too() -> None:
     try:
         time.sleep(0.3)
         assert _healthz_from(server, "127.0.0.1") is None, "every slot of the node's own address is taken"
-        _healthz_within(server, "127.0.0.2", 1.0)
+        _healthz_beside(server, "127.0.0.2", conns)
     finally:
         for conn in conns:
             conn.close()

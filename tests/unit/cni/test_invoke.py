@@ -19,10 +19,10 @@ def plugin(tmp_path: Path, name: str, script: str) -> PluginEnv:
 
 def test_a_plugin_that_prints_without_end_is_killed_at_the_cap(tmp_path: Path) -> None:
     env = plugin(tmp_path, "babbler", "cat >/dev/null; exec yes xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\n")
-    started = time.monotonic()
+    # Killed at the cap, not at the deadline: that one would say "timed out after 30s", the cap's
+    # message is made only where the output is read past it.
     with pytest.raises(PluginFailure, match=f"printed more than {MAX_OUTPUT} bytes, killed"):
         run_plugin("babbler", {"cniVersion": "1.0.0"}, env, timeout=30)
-    assert time.monotonic() - started < 10
 
 
 def test_a_plugin_that_hangs_is_killed_at_the_deadline(tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from reaper.options import FindOptions
 from reaper.reap.plan import plan_attachment
 from reaper.snapshot import take_snapshot
 from tests.harness.configs import cache_doc
+from tests.harness.fifo import watched_fifo
 from tests.harness.fuzz import FUZZ, json_values
 from tests.harness.passes import (
     bare_reclaimer,
@@ -269,12 +269,11 @@ def test_entries_that_are_no_containers_backup_are_corrupt_never_records(tmp_pat
     os.close(fd)
     victim = write_private(tmp_path / "victim", "secret", BACKUP)
     (data_dir / _name("1" * 64)).symlink_to(victim)
-    os.mkfifo(data_dir / _name("2" * 64))
     write_private(data_dir, _name("3" * 64), b" " * (tuning.MAX_TUNING_BYTES + 1))
     (data_dir / _name("4" * 64)).mkdir()  # nothing tuning makes: passed over
-    started = time.monotonic()
-    files, corrupt = _collected(data_dir)
-    assert time.monotonic() - started < 5, "the FIFO was never waited on"
+    with watched_fifo(data_dir / _name("2" * 64)) as fifo:
+        files, corrupt = _collected(data_dir)
+        assert not fifo.opened(), "the FIFO was opened: a read of it would wait for a writer"
     assert files == {}
     errors = {os.path.basename(path): error for path, error in corrupt.items()}
     assert len(errors) == 9
