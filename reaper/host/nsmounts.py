@@ -111,7 +111,6 @@ class MountInfo(Struct, frozen=True):
     net_ns: tuple[NsKey, ...]  # the namespace each of `net` mounts, in the same order
 
     def nets(self) -> Iterator[_NetLine]:
-        """Each of `net` with the namespace it mounts."""
         return zip(self.net, self.net_ns, strict=True)
 
 
@@ -625,8 +624,8 @@ def held_mounts(
             for m in _net_mounts(holding, view.pid, view.mount_ns, view.maker):
                 held.setdefault(m.ns, []).append(m)
         for m in _net_mounts(sharing, view.pid, view.mount_ns, view.maker):
-            pin_ns = pin_on[m.on] if m.on is not None else m.ns  # _judge keeps only mounts on a pin's file
-            shared.setdefault(pin_ns, f"its pin's file carries another namespace's mount: {m.describe()}")
+            # _judge keeps only mounts on a pin's file.
+            shared.setdefault(pin_on[m.on], f"its pin's file carries another namespace's mount: {m.describe()}")
     ordered = {ns: tuple(sorted(found, key=_reachable_first)) for ns, found in held.items()}
     return HeldMounts(
         held={ns: found[:1] for ns, found in ordered.items()} if first_only else ordered,
