@@ -15,7 +15,7 @@ from reaper.cni.invoke import PLUGIN_PATH
 from reaper.host.files import describe_oserror
 from reaper.host.iptables_backend import PathPlan, plan_plugin_path
 from reaper.host.mounts import unpin_hazard
-from reaper.host.nsmounts import held_elsewhere, netns_mounts, own_mount_namespace
+from reaper.host.nsmounts import held_mounts
 from reaper.host.procs import unseen_processes
 from reaper.kinds import flannel, multus
 from reaper.kinds.iptables import iptables_tools
@@ -365,7 +365,7 @@ def _held_mounts(netns_dirs: tuple[str, ...]) -> Check:
     """Whether every mount namespace's mounts can be read, and the namespaces mounts hold
     outside the netns dirs (each keeps its attachment live)."""
     try:
-        held = held_elsewhere(netns_mounts(), netns_dirs, own_mount_namespace())
+        held = held_mounts(netns_dirs).held
     except OSError as err:
         fix = (
             "run with the host's PID namespace and its /proc, and CAP_SYS_ADMIN and CAP_SYS_CHROOT to join a mount"

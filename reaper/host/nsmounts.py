@@ -7,7 +7,7 @@ processes or threads, or, pinned on a file with no process in it, through a fork
 joins it and runs nothing (`entered`). A pin (a mount in this mount namespace directly in a netns
 dir) and its copies on the same file elsewhere are no holders. The walk is whole or raises
 OSError, as a partial one would let a held namespace look free; but a mount namespace an
-unprivileged user made that cannot be read is left out (MountWalk.unread), so that no user can
+unprivileged user made that cannot be read is left out (HeldMounts.unread), so that no user can
 stop reclaiming for good. Why each rule: docs/design.md, "In depth: mounts, netlink and /proc";
 SECURITY.md, "Mounts in a mount namespace of its own" and "Pinned mount namespaces".
 """
@@ -111,7 +111,6 @@ class MountInfo(Struct, frozen=True):
     net_ns: tuple[NsKey, ...]  # the namespace each of `net` mounts, in the same order
 
     def nets(self) -> Iterator[_NetLine]:
-        """Each of `net` with the namespace it mounts."""
         return zip(self.net, self.net_ns, strict=True)
 
 
@@ -278,13 +277,6 @@ def _mount_ns(base: str) -> int | None:
         raise
 
 
-class MountWalk(Struct, frozen=True, kw_only=True):
-    """The mounts of network namespaces a walk found, and the users' mount namespaces it left out."""
-
-    mounts: tuple[NsMount, ...]
-    unread: tuple[str, ...] = ()
-
-
 class _Pinned(Struct, kw_only=True):
     """A mount namespace pinned on a file: the ways to open it (a process's root, the mount point
     beneath it), or an fd opened already (while a child was in the namespace holding the pin),
@@ -303,26 +295,6 @@ class _Pinned(Struct, kw_only=True):
             except OSError as err:
                 self.why = f"{point}: {err.strerror or err}"
         return self.fd
-
-
-def netns_mounts(proc: str = "/proc") -> list[NsMount]:
-    """walk_mounts' mounts; the users' mount namespaces left out are logged."""
-    walk = walk_mounts(proc)
-    _log_unread(walk.unread)
-    return list(walk.mounts)
-
-
-def _log_unread(unread: Iterable[str]) -> None:
-    for why in unread:
-        log.warning("a user's mount namespace is left out of the mount walk: %s", why)
-
-
-def walk_mounts(proc: str = "/proc", parsed: ParsedMountinfo | None = None) -> MountWalk:
-    """Every mount of a network namespace in every mount namespace a process is in or a file pins.
-    OSError when the walk cannot be whole. `parsed`: a long-running caller's texts parsed before."""
-    views, unread = _walk(proc, parsed if parsed is not None else ParsedMountinfo())
-    mounts = [m for view in views for m in _net_mounts(view.info.nets(), view.pid, view.mount_ns, view.maker)]
-    return MountWalk(mounts=tuple(mounts), unread=unread)
 
 
 class _View(Struct, frozen=True):
@@ -596,31 +568,11 @@ def _join_and_wait(
         os._exit(0)
 
 
-def _net_mounts(lines: Iterable[_NetLine], pid: int, mount_ns: int, maker: int | None = None) -> Iterator[NsMount]:
+def _net_mounts(lines: Iterable[_NetLine], pid: int, mount_ns: int, maker: int | None) -> Iterator[NsMount]:
     for (line, on, reachable), ns in lines:
         yield NsMount(
             ns=ns, pid=pid, mount_ns=mount_ns, mount_point=line.point, on=on, reachable=reachable, made_by_user=maker
         )
-
-
-def own_mount_namespace(proc: str = "/proc") -> int:
-    return os.stat(f"{proc}/{os.getpid()}/ns/mnt").st_ino
-
-
-def held_elsewhere(
-    mounts: Iterable[NsMount], netns_dirs: Iterable[str], own_mount_ns: int
-) -> dict[NsKey, tuple[NsMount, ...]]:
-    """The namespaces mounts hold outside the netns dirs, with those mounts. A pin (a mount in
-    `own_mount_ns` directly in a netns dir) and its copies on the same file are no holders."""
-    dirs = {os.path.realpath(d) for d in netns_dirs}
-    mounts = list(mounts)
-    pins = {(m.on, m.ns) for m in mounts if m.mount_ns == own_mount_ns and os.path.dirname(m.mount_point) in dirs}
-    held: dict[NsKey, list[NsMount]] = {}
-    for m in mounts:
-        if m.on is not None and (m.on, m.ns) in pins:
-            continue
-        held.setdefault(m.ns, []).append(m)
-    return {ns: tuple(sorted(found, key=_reachable_first)) for ns, found in held.items()}
 
 
 def _reachable_first(mount: NsMount | _View) -> tuple[bool, bool, int]:
@@ -630,9 +582,9 @@ def _reachable_first(mount: NsMount | _View) -> tuple[bool, bool, int]:
 
 
 class HeldMounts(Struct, frozen=True, kw_only=True):
-    """held_elsewhere's answer, pins whose file is shared, and the users' mount namespaces left out."""
+    """What a walk found held outside the netns dirs, and the users' mount namespaces it left out."""
 
-    held: dict[NsKey, tuple[NsMount, ...]]
+    held: dict[NsKey, tuple[NsMount, ...]]  # each namespace's holders, _reachable_first
     # Pins whose file carries another namespace's mount in another mount namespace: unlinking
     # that file would detach that mount, so the pin's namespace must stay.
     shared: dict[NsKey, str]
@@ -642,12 +594,15 @@ class HeldMounts(Struct, frozen=True, kw_only=True):
 def held_mounts(
     netns_dirs: Iterable[str], proc: str = "/proc", parsed: ParsedMountinfo | None = None, *, first_only: bool = False
 ) -> HeldMounts:
-    """held_elsewhere and HeldMounts.shared over a walk, judged once a distinct text, records made
-    only of holders; OSError when the walk cannot be whole. `first_only`: each held namespace
+    """Each network namespace a mount holds, in every mount namespace a process is in or a file
+    pins, with those mounts: all but pins (in this mount namespace, directly in a netns dir) and
+    their copies on the same file, judged once a distinct text; OSError when the walk cannot be
+    whole. `parsed`: a long-running caller's texts parsed before. `first_only`: each namespace
     with its first mount alone, made from the first view of each text only."""
     views, unread = _walk(proc, parsed if parsed is not None else ParsedMountinfo())
-    _log_unread(unread)
-    own = own_mount_namespace(proc)
+    for why in unread:
+        log.warning("a user's mount namespace is left out of the mount walk: %s", why)
+    own = os.stat(f"{proc}/{os.getpid()}/ns/mnt").st_ino
     dirs = {os.path.realpath(d) for d in netns_dirs}
     pins: set[tuple[tuple[int, str] | None, NsKey]] = set()
     pin_on: dict[tuple[int, str] | None, NsKey] = {}
@@ -669,8 +624,8 @@ def held_mounts(
             for m in _net_mounts(holding, view.pid, view.mount_ns, view.maker):
                 held.setdefault(m.ns, []).append(m)
         for m in _net_mounts(sharing, view.pid, view.mount_ns, view.maker):
-            pin_ns = pin_on[m.on] if m.on is not None else m.ns  # _judge keeps only mounts on a pin's file
-            shared.setdefault(pin_ns, f"its pin's file carries another namespace's mount: {m.describe()}")
+            # _judge keeps only mounts on a pin's file.
+            shared.setdefault(pin_on[m.on], f"its pin's file carries another namespace's mount: {m.describe()}")
     ordered = {ns: tuple(sorted(found, key=_reachable_first)) for ns, found in held.items()}
     return HeldMounts(
         held={ns: found[:1] for ns, found in ordered.items()} if first_only else ordered,

@@ -21,7 +21,7 @@ from msgspec import Struct
 from msgspec.structs import replace
 
 from reaper.host.netns_addrs import Handle, NamespaceAddresses, NamespaceToRead, read_addresses, this_threads_netns
-from reaper.host.nsmounts import NsMount, held_elsewhere, netns_mounts, own_mount_namespace
+from reaper.host.nsmounts import NsMount, held_mounts
 from reaper.host.procs import netns_members, unseen_processes
 from reaper.host.userns import mount_namespace_owners
 from reaper.kinds.netns import collect_pins
@@ -217,7 +217,7 @@ def addresses_in_use(
         return leave_for_addresses(held, [], f"the walk of /proc failed: {err}")
     try:
         # A namespace a mount holds elsewhere, its pin gone, keeps its pod's addresses.
-        mounted = held_elsewhere(netns_mounts(), netns_dirs, own_mount_namespace())
+        mounted = held_mounts(netns_dirs).held
     except OSError as err:
         return leave_for_addresses(held, [], f"the mounts of every mount namespace cannot be read: {err}")
     # The pins of the orphans this pass reclaims, nothing inside: an address configured there is
@@ -234,7 +234,7 @@ def addresses_in_use(
     seen = reread_churned(targets, read(targets), netns_members, read)
 
     def look_again() -> list[NamespaceToRead]:
-        now = held_elsewhere(netns_mounts(), netns_dirs, own_mount_namespace())
+        now = held_mounts(netns_dirs).held
         return node_namespaces(netns_dirs, netns_members(), skip, now)
 
     seen = reread_unmounted(targets, seen, look_again, read)

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from reaper.host.nsmounts import NO_PROCESS, mount_held, walk_mounts
+from reaper.host.nsmounts import NO_PROCESS, held_mounts, mount_held
 from reaper.host.procs import EveryNamespaceBusy
 from tests.harness.probe import probe_argv
 from tests.harness.probes import walk_after_grpc
@@ -64,8 +64,10 @@ def scan(empty: Path) -> tuple[int, dict[str, Any]]:
 
 
 def held_there(pinned: PinnedByUser) -> list[tuple[int, int, str]]:
-    walk = walk_mounts()
-    return [(m.pid, m.mount_ns, m.mount_point) for m in walk.mounts if m.ns.ino == pinned.netns]
+    walk = held_mounts(())  # no netns dir: every mount holds
+    return [
+        (m.pid, m.mount_ns, m.mount_point) for ns, found in walk.held.items() if ns.ino == pinned.netns for m in found
+    ]
 
 
 def test_a_program_planted_in_a_users_pinned_mount_namespace_is_never_run(tmp_path: Path, tag: str) -> None:
@@ -86,7 +88,7 @@ def test_a_users_pinned_mount_namespace_no_walk_reaches_leaves_the_other_namespa
     tmp_path: Path, tag: str
 ) -> None:
     with pinned_by_user("shadow") as pinned:
-        walk = walk_mounts()
+        walk = held_mounts(())
         assert any(f"mnt:[{pinned.mount_ns}]" in why for why in walk.unread), walk.unread
         assert not isinstance(mount_held((str(tmp_path / "netns"),)), EveryNamespaceBusy)
         _, doc = scan(tmp_path)
@@ -98,14 +100,14 @@ def test_a_users_pinned_mount_namespace_no_walk_reaches_leaves_the_other_namespa
 def test_a_users_mount_namespace_pinned_on_binfmt_misc_is_read(tmp_path: Path, tag: str) -> None:
     with pinned_by_user("binfmt") as pinned:
         assert held_there(pinned) == [(NO_PROCESS, pinned.mount_ns, pinned.net_pin)]
-        assert walk_mounts().unread == ()
+        assert held_mounts(()).unread == ()
         assert pinned.runs(tag) == []
 
 
 def test_the_same_made_by_root_still_fails_the_walk_closed(tmp_path: Path) -> None:
     with pinned_by_user("shadow", as_root=True) as pinned:
         with pytest.raises(OSError, match=f"mnt:\\[{pinned.mount_ns}\\].*cannot be reached"):
-            walk_mounts()
+            held_mounts(())
         assert isinstance(mount_held((str(tmp_path / "netns"),)), EveryNamespaceBusy)
         _, doc = scan(tmp_path)
         assert [e["source"] for e in doc["errors"]] == ["heldns"], doc["errors"]

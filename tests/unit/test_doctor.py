@@ -15,7 +15,7 @@ from msgspec.structs import replace
 from reaper import doctor
 from reaper.cli import build_parser
 from reaper.doctor import Check, _cni_dirs, _dirs, _plugins, _pod_cidrs, _preset, _visibility, doctor_json
-from reaper.host.nsmounts import NsMount
+from reaper.host.nsmounts import HeldMounts, NsMount
 from reaper.kinds.netconf import collect_configs_of, parse_network_config
 from reaper.layout import Layout
 from reaper.model import NetworkConfig, NsKey, RuntimeAnswer, RuntimeView
@@ -252,15 +252,14 @@ def test_calico_state_moved_by_its_config_is_looked_for_there() -> None:
 
 def test_the_held_netns_check_fails_when_the_mounts_cannot_all_be_read(monkeypatch: pytest.MonkeyPatch) -> None:
     mount = NsMount(ns=NsKey(4, 9), pid=12, mount_ns=7, mount_point="/var/held", on=None)
-    monkeypatch.setattr(doctor, "own_mount_namespace", lambda: 1)
-    monkeypatch.setattr(doctor, "netns_mounts", lambda: [mount])
+    monkeypatch.setattr(doctor, "held_mounts", lambda dirs: HeldMounts(held={mount.ns: (mount,)}, shared={}))
     check = doctor._held_mounts(("/run/netns",))
     assert check.status == "ok" and "1 network namespace" in check.message and "pid 12" in check.message
 
-    def fails() -> list[NsMount]:
+    def fails(dirs: tuple[str, ...]) -> HeldMounts:
         raise OSError(5, "mount namespace mnt:[3] cannot be entered")
 
-    monkeypatch.setattr(doctor, "netns_mounts", fails)
+    monkeypatch.setattr(doctor, "held_mounts", fails)
     check = doctor._held_mounts(("/run/netns",))
     assert check.status == "fail" and "cannot be entered" in check.message and "orphan" in check.message
 

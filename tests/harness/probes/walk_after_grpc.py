@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from reaper.host.nsmounts import walk_mounts
+from reaper.host.nsmounts import held_mounts
 from reaper.runtime.client import RuntimeClient
 from tests.harness.fake_cri import FakeRuntime, sandbox_list
 
@@ -24,8 +24,10 @@ def main(socket: Path, netns_ino: int) -> None:
     if pid == 0:
         os._exit(min(len(os.listdir(f"/proc/{os.getpid()}/task")), 100))
     threads = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    walk = walk_mounts()
-    mounts = [[m.pid, m.mount_ns, m.mount_point] for m in walk.mounts if m.ns.ino == netns_ino]
+    walk = held_mounts(())  # no netns dir: every mount holds
+    mounts = [
+        [m.pid, m.mount_ns, m.mount_point] for ns, found in walk.held.items() if ns.ino == netns_ino for m in found
+    ]
     print(json.dumps({"child_threads": threads, "mounts": mounts, "unread": list(walk.unread)}))
 
 

@@ -14,11 +14,11 @@ import pytest
 from reaper.host import nsmounts
 from reaper.host.mounts import parse_line
 from reaper.host.nsmounts import (
+    HeldMounts,
     NsMount,
-    held_elsewhere,
+    held_mounts,
     in_use,
     mount_held,
-    netns_mounts,
     parse_mountinfo,
 )
 from reaper.host.procs import EveryNamespaceBusy
@@ -87,8 +87,9 @@ class FakeProc:
         self.root = root
         self.namespaces: dict[str, Path] = {}
 
-    def process(self, pid: int, mount_ns: str, lines: list[str] | None) -> None:
-        base = self.root / str(pid)
+    def process(self, pid: int, mount_ns: str, lines: list[str] | None, tid: int | None = None) -> None:
+        """Process `pid`, or its thread `tid` (a process with two shows its threads)."""
+        base = self.root / str(pid) if tid is None else self.root / str(pid) / "task" / str(tid)
         (base / "ns").mkdir(parents=True)
         if mount_ns not in self.namespaces:
             self.namespaces[mount_ns] = self.root / f".mnt-{mount_ns}"
@@ -99,6 +100,15 @@ class FakeProc:
 
     def ino(self, mount_ns: str) -> int:
         return self.namespaces[mount_ns].stat().st_ino
+
+
+def every_mount(proc: str, parsed: nsmounts.ParsedMountinfo | None = None) -> list[NsMount]:
+    """Each mount of a network namespace a walk finds: with no netns dir, none is a pin."""
+    return mounts_in(held_mounts((), proc, parsed))
+
+
+def mounts_in(walk: HeldMounts) -> list[NsMount]:
+    return [m for found in walk.held.values() for m in found]
 
 
 @pytest.fixture
@@ -125,7 +135,7 @@ def test_each_mount_namespace_is_read_once_through_any_of_its_processes(
         return real(path)
 
     monkeypatch.setattr(nsmounts, "_read_open", counting)
-    found = netns_mounts(str(proc.root))
+    found = every_mount(str(proc.root))
     assert sorted(Path(p).parent.name for p in read) == sorted(["100", "101", str(os.getpid())])
     assert sorted((m.pid, m.mount_point, m.ns) for m in found) == sorted(
         [(os.getpid(), "/run/netns/cni-a", NsKey(NSFS, 4026532001)), (101, "/run/held", NsKey(NSFS, 4026532009))]
@@ -146,7 +156,7 @@ def test_a_mountinfo_that_vanishes_mid_walk_is_read_through_another_process(
         return real(path)
 
     monkeypatch.setattr(nsmounts, "_read_open", vanishing)
-    assert [m.pid for m in netns_mounts(str(proc.root)) if m.mount_point == "/run/held"] == [101]
+    assert [m.pid for m in every_mount(str(proc.root)) if m.mount_point == "/run/held"] == [101]
 
 
 def test_a_walk_that_cannot_be_whole_raises_instead_of_finding_no_mount(
@@ -162,7 +172,7 @@ def test_a_walk_that_cannot_be_whole_raises_instead_of_finding_no_mount(
 
     monkeypatch.setattr(nsmounts, "_read_open", failing)
     with pytest.raises(OSError):
-        netns_mounts(str(proc.root))
+        every_mount(str(proc.root))
     busy = mount_held((), str(proc.root))
     assert isinstance(busy, EveryNamespaceBusy) and NsKey(NSFS, 4026532009) in busy
 
@@ -222,7 +232,7 @@ def test_a_mount_namespace_pinned_with_no_process_in_it_is_read_through_a_child_
         "pinned", [ROOT, RUN, nsfs(41, 20, 4026532010, "/run/held-there"), nsfs(42, 20, inner, "/run/deeper", "mnt")]
     )
     proc.process(100, "other", [ROOT, RUN, nsfs(40, 20, pinned, "/run/mnt-pin", kind="mnt")])
-    found = {m.mount_point: m for m in netns_mounts(str(proc.root)) if m.pid == nsmounts.NO_PROCESS}
+    found = {m.mount_point: m for m in every_mount(str(proc.root)) if m.pid == nsmounts.NO_PROCESS}
     # Reached beneath the pinning process's root, then the one pinned inside it beneath the
     # child's, while that child is there: both read.
     assert entering.opened == [
@@ -244,7 +254,7 @@ def test_a_users_pinned_mount_namespace_names_its_maker_on_each_mount(proc: Fake
     entering.root_made = False
     pinned = entering.namespace("pinned", [ROOT, RUN, nsfs(41, 20, 4026532010, "/run/held-there")])
     proc.process(100, "other", [ROOT, RUN, nsfs(40, 20, pinned, "/run/mnt-pin", kind="mnt")])
-    found = [m for m in netns_mounts(str(proc.root)) if m.pid == nsmounts.NO_PROCESS]
+    found = [m for m in every_mount(str(proc.root)) if m.pid == nsmounts.NO_PROCESS]
     assert [(m.mount_point, m.made_by_user) for m in found] == [("/run/held-there", 65534)]
 
 
@@ -255,12 +265,12 @@ def test_a_root_made_pinned_namespace_that_cannot_be_entered_or_reached_fails_th
     proc.process(100, "other", [ROOT, RUN, nsfs(40, 20, pinned, "/run/mnt-pin", kind="mnt")])
     entering.fails = OSError(errno.EPERM, "mount namespace mnt:[x] cannot be entered")
     with pytest.raises(OSError, match="cannot be entered"):
-        netns_mounts(str(proc.root))
+        every_mount(str(proc.root))
     assert isinstance(mount_held((), str(proc.root)), EveryNamespaceBusy)
     entering.fails = None
     entering.unreachable.add(pinned)
     with pytest.raises(OSError, match="cannot be reached: /run/mnt-pin: No such file"):
-        netns_mounts(str(proc.root))
+        every_mount(str(proc.root))
     assert isinstance(mount_held((), str(proc.root)), EveryNamespaceBusy)
 
 
@@ -299,8 +309,8 @@ def test_an_unprivileged_users_unreadable_mount_namespaces_are_left_out_not_ever
             yield base
 
     monkeypatch.setattr(nsmounts, "entered", enter)
-    walk = nsmounts.walk_mounts(str(proc.root))
-    assert [m.mount_point for m in walk.mounts if m.pid == 100] == ["/run/held-by-user"]
+    walk = held_mounts((), str(proc.root))
+    assert [m.mount_point for m in mounts_in(walk) if m.pid == 100] == ["/run/held-by-user"]
     unread = "\n".join(walk.unread)
     assert len(walk.unread) == 4, unread
     for why in (f"mnt:[{unenterable}]", f"mnt:[{shadowed}]", "mnt:[4026539990]", "pid 101"):
@@ -322,14 +332,14 @@ def test_thousands_of_a_users_mount_namespaces_are_read_up_to_their_own_bound(
         proc.process(pid, f"user{pid}", [ROOT, RUN, nsfs(40, 20, 4026532000 + pid, f"/run/held{pid}")])
     proc.process(200, "root1", [ROOT])
     monkeypatch.setattr(nsmounts, "_users_at", lambda base, ns: int(base.rsplit("/", 1)[1]) in users)
-    walk = nsmounts.walk_mounts(str(proc.root))
-    assert sorted(m.pid for m in walk.mounts if m.mount_point.startswith("/run/held")) == [100, 101, 102]
+    walk = held_mounts((), str(proc.root))
+    assert sorted(m.pid for m in mounts_in(walk) if m.mount_point.startswith("/run/held")) == [100, 101, 102]
     assert len(walk.unread) == 3 and walk.unread[-1] == "and 5 more", walk.unread
     assert "pid 103" in walk.unread[0]
     proc.process(201, "root2", [ROOT])
     proc.process(202, "root3", [ROOT])
     with pytest.raises(OSError, match="more than 3 mount namespaces"):
-        nsmounts.walk_mounts(str(proc.root))
+        held_mounts((), str(proc.root))
 
 
 def test_a_pin_is_opened_beneath_the_processs_root_with_no_symlink_and_checked(tmp_path: Path) -> None:
@@ -365,16 +375,35 @@ def test_too_many_mount_namespaces_or_a_proc_without_this_process_raise(
         proc.process(pid, f"ns{pid}", [ROOT])
     monkeypatch.setattr(nsmounts, "MAX_MOUNT_NAMESPACES", 3)
     with pytest.raises(OSError, match="more than 3 mount namespaces"):
-        netns_mounts(str(proc.root))
+        every_mount(str(proc.root))
     other = tmp_path / "other-proc"
     (other / "1").mkdir(parents=True)
     with pytest.raises(OSError, match="does not list this process"):
-        netns_mounts(str(other))
+        every_mount(str(other))
+
+
+def held_elsewhere(
+    mounts: Iterable[NsMount], netns_dirs: Iterable[str], own_mount_ns: int
+) -> dict[NsKey, tuple[NsMount, ...]]:
+    """An oracle of HeldMounts.held, judged record by record: the namespaces mounts hold, but
+    pins (in `own_mount_ns`, directly in a netns dir) and their copies on the same file."""
+    dirs = {os.path.realpath(d) for d in netns_dirs}
+    mounts = list(mounts)
+    pins = {(m.on, m.ns) for m in mounts if m.mount_ns == own_mount_ns and os.path.dirname(m.mount_point) in dirs}
+    held: dict[NsKey, list[NsMount]] = {}
+    for m in mounts:
+        if m.on is None or (m.on, m.ns) not in pins:
+            held.setdefault(m.ns, []).append(m)
+    return {ns: tuple(sorted(found, key=reachable_first)) for ns, found in held.items()}
+
+
+def reachable_first(mount: NsMount) -> tuple[bool, bool, int]:
+    return (mount.pid == nsmounts.NO_PROCESS, mount.mount_ns == nsmounts.UNKNOWN_NS, mount.pid)
 
 
 def pin_files_shared(mounts: Iterable[NsMount], netns_dirs: Iterable[str], own_mount_ns: int) -> dict[NsKey, str]:
-    """HeldMounts.shared judged record by record, as held_elsewhere judges `held`: the pins whose
-    file carries a mount of another namespace in another mount namespace."""
+    """An oracle of HeldMounts.shared, judged record by record: the pins whose file carries a
+    mount of another namespace in another mount namespace."""
     dirs = {os.path.realpath(d) for d in netns_dirs}
     mounts = list(mounts)
     pins = {m.on: m.ns for m in mounts if m.mount_ns == own_mount_ns and os.path.dirname(m.mount_point) in dirs}
@@ -386,31 +415,39 @@ def pin_files_shared(mounts: Iterable[NsMount], netns_dirs: Iterable[str], own_m
     return shared
 
 
-def mount(ns: int, mount_ns: int, point: str, on: tuple[int, str] | None, pid: int = 7) -> NsMount:
-    return NsMount(ns=NsKey(NSFS, ns), pid=pid, mount_ns=mount_ns, mount_point=point, on=on)
-
-
-def test_pins_and_their_copies_on_the_same_file_are_no_holders(tmp_path: Path) -> None:
+def test_pins_and_their_copies_on_the_same_file_are_no_holders(proc: FakeProc, tmp_path: Path) -> None:
     netns_dir = tmp_path / "netns"
-    netns_dir.mkdir()
-    pin_file = (25, "/netns/cni-a")
-    mounts = [
-        mount(1, 500, f"{netns_dir}/cni-a", pin_file),  # the pin, in the reaper's mount namespace
-        mount(1, 600, "/host/run/netns/cni-a", pin_file),  # a copy of it elsewhere: the same file
-        mount(1, 700, "/var/held", (8, "/var/held"), pid=9),  # bound onto another file: a holder
-        mount(2, 700, "/run/netns/cni-a", pin_file, pid=9),  # another namespace on the pin's file
-        mount(3, 800, "/x", None, pid=11),  # the file it sits on cannot be told: a holder
-        mount(4, 500, "/tmp/admin", (8, "/tmp/admin")),  # in the reaper's namespace, not a pin
+    pin_dir = f"21 20 0:25 /netns {netns_dir} rw shared:3 - tmpfs tmpfs rw"
+    own = [
+        ROOT,
+        RUN,
+        pin_dir,
+        nsfs(30, 21, 4026532001, f"{netns_dir}/cni-a"),  # the pin, in the reaper's mount namespace
+        nsfs(31, 20, 4026532004, "/run/admin"),  # in the reaper's namespace, not a pin
     ]
-    held = held_elsewhere(mounts, (str(netns_dir),), 500)
-    assert {ns.ino: [m.mount_point for m in found] for ns, found in held.items()} == {
-        1: ["/var/held"],
-        2: ["/run/netns/cni-a"],
-        3: ["/x"],
-        4: ["/tmp/admin"],
+    (proc.root / str(os.getpid()) / "mountinfo").write_text("".join(line + "\n" for line in own))
+    copy_dir = "21 20 0:25 /netns /host/run/netns rw master:3 - tmpfs tmpfs rw"
+    copy = nsfs(60, 21, 4026532001, "/host/run/netns/cni-a")  # a copy of it elsewhere: the same file
+    proc.process(100, "copy", [ROOT, RUN, copy_dir, copy])
+    holder = [
+        ROOT,
+        RUN,
+        NETNS_DIR,
+        nsfs(70, 20, 4026532001, "/run/held"),  # bound onto another file: a holder
+        nsfs(71, 21, 4026532002, "/run/netns/cni-a"),  # another namespace on the pin's file
+    ]
+    proc.process(101, "holder", holder)
+    untold = nsfs(80, 99, 4026532003, "/x")  # the file it sits on cannot be told: a holder
+    proc.process(102, "untold", [ROOT, untold])
+    found = held_mounts((str(netns_dir),), str(proc.root))
+    assert {ns.ino: [m.mount_point for m in mounts] for ns, mounts in found.held.items()} == {
+        4026532001: ["/run/held"],
+        4026532002: ["/run/netns/cni-a"],
+        4026532003: ["/x"],
+        4026532004: ["/run/admin"],
     }
     # Unlinking the pin's file would detach the other namespace's mount on it: the pin stays.
-    assert "another namespace's mount" in pin_files_shared(mounts, (str(netns_dir),), 500)[NsKey(NSFS, 1)]
+    assert "another namespace's mount" in found.shared[NsKey(NSFS, 4026532001)]
 
 
 def test_in_use_joins_processes_and_mounts_and_fails_closed_with_either(
@@ -471,7 +508,7 @@ def test_a_pinned_mount_namespace_reached_only_through_fuse_is_not_entered(proc:
         [ROOT, "50 1 0:60 / /fuse rw - fuse fuse rw", nsfs(51, 50, 4026539997, "/fuse/mnt-pin", kind="mnt")],
     )
     with pytest.raises(OSError, match="not walked"):
-        netns_mounts(str(proc.root))
+        every_mount(str(proc.root))
     assert entering.opened == [] and entering.entered == []
 
 
@@ -479,36 +516,40 @@ def test_a_thread_with_a_mount_namespace_of_its_own_is_read_through_its_id(proc:
     """unshare(CLONE_NEWNS) in one thread gives it a mount namespace its process does not
     show; each thread of a process with several is looked at."""
     proc.process(100, "host", [ROOT])
-    task = proc.root / "100" / "task"
     for tid, mount_ns, lines in (
         (100, "host", [ROOT]),
         (101, "host", [ROOT]),
         (102, "thread", [ROOT, RUN, nsfs(60, 20, 4026532020, "/run/thread-held")]),
     ):
-        (task / str(tid) / "ns").mkdir(parents=True)
-        if mount_ns not in proc.namespaces:
-            proc.namespaces[mount_ns] = proc.root / f".mnt-{mount_ns}"
-            proc.namespaces[mount_ns].touch()
-        os.link(proc.namespaces[mount_ns], task / str(tid) / "ns" / "mnt")
-        (task / str(tid) / "mountinfo").write_text("".join(line + "\n" for line in lines))
-    found = [m for m in netns_mounts(str(proc.root)) if m.mount_point == "/run/thread-held"]
+        proc.process(100, mount_ns, lines, tid=tid)
+    found = [m for m in every_mount(str(proc.root)) if m.mount_point == "/run/thread-held"]
     expected = [(102, proc.ino("thread"), "/proc/102/root/run/thread-held")]
     assert [(m.pid, m.mount_ns, m.reach) for m in found] == expected
 
 
-def test_a_held_namespaces_mounts_come_reachable_first() -> None:
-    """The ways to a held namespace are tried in order: a protected process's (whose mount
-    namespace, and root, may not be looked at) come after those that can be walked, and a
-    mount namespace with no process in it last."""
-    on = (8, "/var/held")
-    mounts = [
-        mount(9, nsmounts.UNKNOWN_NS, "/var/held", on, pid=1),
-        mount(9, 600, "/var/held", on, pid=0),
-        mount(9, 500, "/var/held", on, pid=40),
-        mount(9, 500, "/var/held", on, pid=2),
+def test_a_held_namespaces_mounts_come_reachable_first(
+    proc: FakeProc, entering: Entering, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ways to a held namespace are tried in order: by pid (a thread's too, though walked
+    with its process), then a protected process's (whose mount namespace, and root, may not be
+    looked at), and a mount namespace with no process in it last."""
+    held = [ROOT, RUN, nsfs(40, 20, 4026532009, "/run/held")]
+    pinned = entering.namespace("pinned", held)
+    proc.process(80, "pinner", [ROOT, RUN, nsfs(41, 20, pinned, "/run/mnt-pin", kind="mnt")])
+    proc.process(40, "protected", held)
+    proc.process(60, "sixty", held)
+    proc.process(50, "fifty", held)
+    proc.process(50, "fifty", held, tid=50)
+    proc.process(50, "seventy", held, tid=70)
+    _hide(monkeypatch, {40})
+    found = held_mounts((), str(proc.root)).held[NsKey(NSFS, 4026532009)]
+    assert [(m.pid, m.mount_ns) for m in found] == [
+        (50, proc.ino("fifty")),
+        (60, proc.ino("sixty")),
+        (70, proc.ino("seventy")),
+        (40, nsmounts.UNKNOWN_NS),
+        (nsmounts.NO_PROCESS, pinned),
     ]
-    held = held_elsewhere(mounts, (), 500)
-    assert [(m.pid, m.mount_ns) for m in held[NsKey(NSFS, 9)]] == [(2, 500), (40, 500), (1, 0), (0, 600)]
 
 
 def test_a_text_shown_by_many_tasks_that_cannot_be_told_apart_is_parsed_once(
@@ -521,14 +562,9 @@ def test_a_text_shown_by_many_tasks_that_cannot_be_told_apart_is_parsed_once(
     protected = range(100, 140)
     for pid in protected:
         proc.process(pid, f"hidden{pid}", lines)
-    real = nsmounts._mount_ns
-
-    def hidden(base: str) -> int | None:
-        return nsmounts.UNKNOWN_NS if int(base.rsplit("/", 1)[1]) in protected else real(base)
-
-    monkeypatch.setattr(nsmounts, "_mount_ns", hidden)
+    _hide(monkeypatch, protected)
     parsed = count_parses(monkeypatch)
-    found = netns_mounts(str(proc.root))
+    found = every_mount(str(proc.root))
     assert len(parsed) == 2  # this process's text, and the protected tasks' one
     assert sorted(m.pid for m in found if m.mount_point == "/run/x") == list(protected)
 
@@ -539,14 +575,14 @@ def test_a_long_running_walk_parses_only_texts_it_has_not_seen_in_the_walk_befor
     proc.process(100, "other", [ROOT, RUN, nsfs(40, 20, 4026532009, "/run/held")])
     parsed = count_parses(monkeypatch)
     kept = nsmounts.ParsedMountinfo()
-    first = nsmounts.walk_mounts(str(proc.root), kept)
-    assert len(parsed) == 2 and nsmounts.walk_mounts(str(proc.root), kept) == first and len(parsed) == 2
+    first = held_mounts((), str(proc.root), kept)
+    assert len(parsed) == 2 and held_mounts((), str(proc.root), kept) == first and len(parsed) == 2
     # A changed text is parsed again; a text gone for one walk is forgotten.
     (proc.root / "100" / "mountinfo").write_text(f"{ROOT}\n{RUN}\n")
-    assert [m.pid for m in nsmounts.walk_mounts(str(proc.root), kept).mounts if m.mount_point == "/run/held"] == []
+    assert [m.pid for m in every_mount(str(proc.root), kept) if m.mount_point == "/run/held"] == []
     assert len(parsed) == 3
     (proc.root / "100" / "mountinfo").write_text(f"{ROOT}\n{RUN}\n{nsfs(40, 20, 4026532009, '/run/held')}\n")
-    assert nsmounts.walk_mounts(str(proc.root), kept) == first and len(parsed) == 4
+    assert held_mounts((), str(proc.root), kept) == first and len(parsed) == 4
 
 
 def test_a_mountinfo_is_split_at_newlines_only() -> None:
@@ -592,15 +628,10 @@ def test_held_mounts_answers_as_held_elsewhere_and_pin_files_shared_do(
         proc.process(pid, "other", [*other, nsfs(72, 20, pinned, "/run/mnt-pin", kind="mnt")])
     for pid in range(110, 114):
         proc.process(pid, f"hidden{pid}", other)
-    real = nsmounts._mount_ns
-
-    def hidden(base: str) -> int | None:
-        return nsmounts.UNKNOWN_NS if base.rsplit("/", 1)[1] in {"110", "111", "112", "113"} else real(base)
-
-    monkeypatch.setattr(nsmounts, "_mount_ns", hidden)
-    mounts = netns_mounts(str(proc.root))
-    own_ns = nsmounts.own_mount_namespace(str(proc.root))
-    found = nsmounts.held_mounts(dirs, str(proc.root))
+    _hide(monkeypatch, range(110, 114))
+    mounts = every_mount(str(proc.root))
+    own_ns = proc.ino("host")
+    found = held_mounts(dirs, str(proc.root))
     assert found.held == held_elsewhere(mounts, dirs, own_ns)
     assert found.shared == pin_files_shared(mounts, dirs, own_ns)
     assert {ns.ino for ns in found.held} == {4026532100, 4026532200, 4026532300, 4026532400}
@@ -618,7 +649,7 @@ def test_held_mounts_answers_as_held_elsewhere_and_pin_files_shared_do(
             yield m
 
     monkeypatch.setattr(nsmounts, "_net_mounts", counting)
-    first = nsmounts.held_mounts(dirs, str(proc.root), first_only=True)
+    first = held_mounts(dirs, str(proc.root), first_only=True)
     assert first.held == {ns: found[:1] for ns, found in found.held.items()} and first.shared == found.shared
     # The first protected task: its two holders and the mount on pin 1's file; the others
     # showing the same text: only that one, which names the pin that stays.
@@ -635,9 +666,7 @@ def test_a_users_mount_namespace_is_parsed_afresh_each_walk_never_kept(
     parsed = count_parses(monkeypatch)
     kept = nsmounts.ParsedMountinfo()
     for _ in range(3):
-        assert [m.pid for m in nsmounts.walk_mounts(str(proc.root), kept).mounts if m.mount_point == "/run/held"] == [
-            100
-        ]
+        assert [m.pid for m in every_mount(str(proc.root), kept) if m.mount_point == "/run/held"] == [100]
     assert sum(1 for where in parsed if "/100/" in where) == 3
     assert sum(1 for where in parsed if "/100/" not in where) == 1  # root's: kept
 
@@ -655,12 +684,13 @@ def count_parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return parsed
 
 
-def _hide(monkeypatch: pytest.MonkeyPatch, protected: set[int]) -> None:
+def _hide(monkeypatch: pytest.MonkeyPatch, protected: Iterable[int]) -> None:
     """Tasks in `protected` show a mountinfo but their mount namespace cannot be told."""
     real = nsmounts._mount_ns
+    hidden_ids = {str(task) for task in protected}
 
     def hidden(base: str) -> int | None:
-        return nsmounts.UNKNOWN_NS if int(base.rsplit("/", 1)[1]) in protected else real(base)
+        return nsmounts.UNKNOWN_NS if base.rsplit("/", 1)[1] in hidden_ids else real(base)
 
     monkeypatch.setattr(nsmounts, "_mount_ns", hidden)
 
@@ -693,13 +723,13 @@ def test_a_task_that_cannot_be_told_is_not_read_whole_when_its_first_line_is_a_r
     proc.process(120, "hidden120", elsewhere)
     _hide(monkeypatch, {*range(110, 114), 120})
     read = _count_reads(monkeypatch)
-    found = netns_mounts(str(proc.root))
+    found = every_mount(str(proc.root))
     assert sorted(read) == sorted(["100", "120", str(os.getpid())])
     assert {(m.pid, m.mount_point) for m in found} >= {(100, "/run/held"), (120, "/run/secret")}
     monkeypatch.setattr(nsmounts, "MAX_HEADS", 0)  # no shortcut: every task read, the same answer
-    everything = nsmounts.held_mounts((), str(proc.root))
+    everything = held_mounts((), str(proc.root))
     monkeypatch.setattr(nsmounts, "MAX_HEADS", 64)
-    assert nsmounts.held_mounts((), str(proc.root)).held.keys() == everything.held.keys()
+    assert held_mounts((), str(proc.root)).held.keys() == everything.held.keys()
 
 
 def test_a_users_namespace_never_vouches_for_a_task_that_cannot_be_told(
@@ -713,7 +743,7 @@ def test_a_users_namespace_never_vouches_for_a_task_that_cannot_be_told(
     _hide(monkeypatch, {110})
     monkeypatch.setattr(nsmounts, "_users_at", lambda base, mount_ns: base.endswith("/100"))
     read = _count_reads(monkeypatch)
-    netns_mounts(str(proc.root))
+    every_mount(str(proc.root))
     assert "110" in read
 
 

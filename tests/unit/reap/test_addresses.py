@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from reaper.host.netns_addrs import Handle, NamespaceAddresses, NamespaceToRead
-from reaper.host.nsmounts import NsMount
+from reaper.host.nsmounts import HeldMounts, NsMount
 from reaper.kinds import cache, firewall, hostlocal, iptables, netns
 from reaper.kinds.cache import CacheEntry
 from reaper.kinds.firewall import ForwardRule
@@ -232,9 +232,16 @@ def _fake_node(
     monkeypatch.setattr(addresses, "collect_pins", lambda dirs, patterns: (list(pins), []))
     monkeypatch.setattr(addresses, "this_threads_netns", lambda: HOST)
     monkeypatch.setattr(addresses, "read_addresses", read)
-    monkeypatch.setattr(addresses, "netns_mounts", lambda: list(mounted))
-    monkeypatch.setattr(addresses, "own_mount_namespace", lambda: 1)
+    monkeypatch.setattr(addresses, "held_mounts", lambda dirs: _walked(mounted))
     return asked
+
+
+def _walked(mounts: Sequence[NsMount]) -> HeldMounts:
+    """held_mounts' answer where each of `mounts` (no pin) holds its namespace."""
+    held: dict[NsKey, tuple[NsMount, ...]] = {}
+    for m in mounts:
+        held[m.ns] = (*held.get(m.ns, ()), m)
+    return HeldMounts(held=held, shared={})
 
 
 def test_no_orphan_holding_an_address_reads_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -322,10 +329,10 @@ def test_an_address_configured_in_a_namespace_only_a_mount_holds_keeps_the_orpha
     why = addresses_in_use([orphan], records, ("/run/netns",))[orphan.key]
     assert "10.0.0.5" in why and "pid 12" in why and "/var/held" in why
 
-    def fails() -> list[NsMount]:
+    def fails(dirs: tuple[str, ...]) -> HeldMounts:
         raise OSError(5, "mount namespace mnt:[9] cannot be entered")
 
-    monkeypatch.setattr(addresses, "netns_mounts", fails)
+    monkeypatch.setattr(addresses, "held_mounts", fails)
     why = addresses_in_use([orphan], records, ("/run/netns",))[orphan.key]
     assert "mounts of every mount namespace cannot be read" in why
 
@@ -477,7 +484,7 @@ def test_a_namespace_whose_mount_went_while_read_is_looked_up_again(monkeypatch:
         ]
 
     monkeypatch.setattr(addresses, "read_addresses", read)
-    monkeypatch.setattr(addresses, "netns_mounts", lambda: walks.pop(0))
+    monkeypatch.setattr(addresses, "held_mounts", lambda dirs: _walked(walks.pop(0)))
     monkeypatch.setattr(addresses, "mounting_user", lambda mount: None)
     walks.extend([[first], []])
     assert addresses_in_use([orphan], records, ("/run/netns",)) == {}, "gone from the new walk: empty"
@@ -488,12 +495,12 @@ def test_a_namespace_whose_mount_went_while_read_is_looked_up_again(monkeypatch:
     assert "10.0.0.5 is configured in the netns held by a mount at /var/moved" in why
     assert [h.beneath for h in asked[-1][0].handles] == ["/proc/13/root"]
 
-    def fails() -> list[NsMount]:
+    def fails(dirs: tuple[str, ...]) -> HeldMounts:
         if walks:
-            return walks.pop(0)
+            return _walked(walks.pop(0))
         raise OSError(5, "mount namespace mnt:[10] cannot be entered")
 
-    monkeypatch.setattr(addresses, "netns_mounts", fails)
+    monkeypatch.setattr(addresses, "held_mounts", fails)
     walks.append([first])
     why = addresses_in_use([orphan], records, ("/run/netns",))[orphan.key]
     assert "held by a mount at /var/held" in why and "could not be read (No such file or directory)" in why
