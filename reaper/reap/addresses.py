@@ -247,8 +247,11 @@ def _only_mounts(target: NamespaceToRead) -> bool:
 
 
 def _only_processes(target: NamespaceToRead) -> bool:
-    """Whether `target` was found only through processes in it (no pin, no mount)."""
-    return bool(target.handles) and all(not h.pinned and h.path.startswith("/proc/") for h in target.handles)
+    """Whether `target` was found only through processes in it (no pin, no mount). UNREACHABLE
+    is a mount's (one below a filesystem not walked), though it looks like a process's path."""
+    return bool(target.handles) and all(
+        not h.pinned and h.path.startswith("/proc/") and h.path != UNREACHABLE for h in target.handles
+    )
 
 
 def _read_again(

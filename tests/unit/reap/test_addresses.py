@@ -497,3 +497,26 @@ def test_a_namespace_whose_mount_went_while_read_is_looked_up_again(monkeypatch:
     walks.append([first])
     why = addresses_in_use([orphan], records, ("/run/netns",))[orphan.key]
     assert "held by a mount at /var/held" in why and "could not be read (No such file or directory)" in why
+
+
+def test_a_namespace_only_a_mount_below_an_unwalked_filesystem_holds_stays_unread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its one way (UNREACHABLE) opens nothing and looks like a process's path: the new walk of
+    /proc, which finds no process in it, must not read it as empty. It stays unread, and every
+    orphan holding an address is left."""
+    below = NsMount(ns=NsKey(4, 72), pid=13, mount_ns=9, mount_point="/fuse/held", on=None, reachable=False)
+    _fake_node(monkeypatch, {HOST: {1}}, [], {}, [below])
+    monkeypatch.setattr(addresses, "mounting_user", lambda mount: None)
+    asked: list[list[NamespaceToRead]] = []
+
+    def read(targets: Sequence[NamespaceToRead], **_: Any) -> list[NamespaceAddresses]:
+        asked.append(list(targets))
+        unread = "No such file or directory"
+        return [NamespaceAddresses(t.ns, t.where, (), unread if t.handles else None) for t in targets]
+
+    monkeypatch.setattr(addresses, "read_addresses", read)
+    orphan, records = attach(lease("10.0.0.5"))
+    why = addresses_in_use([orphan], records, ("/run/netns",))[orphan.key]
+    assert "held by a mount at /fuse/held" in why and "could not be read (No such file or directory)" in why
+    assert all(h.path == addresses.UNREACHABLE for reads in asked[1:] for t in reads for h in t.handles)
