@@ -278,6 +278,15 @@ def _mount_ns(base: str) -> int | None:
         raise
 
 
+def _exited(err: OSError, base: str) -> bool:
+    """Whether reading the task at `base` failed because it exited: ENOENT or ESRCH, or EINVAL,
+    which opening the mountinfo of a task past exit_task_namespaces gives (`fs/proc_namespace.c`
+    `mounts_open_common`: no nsproxy), once its ns/mnt shows it gone too."""
+    if err.errno in VANISHED:
+        return True
+    return err.errno == errno.EINVAL and _mount_ns(base) is None
+
+
 class MountWalk(Struct, frozen=True, kw_only=True):
     """The mounts of network namespaces a walk found, and the users' mount namespaces it left out."""
 
@@ -358,7 +367,7 @@ def _walk(proc: str, parsed: ParsedMountinfo) -> tuple[list[_View], tuple[str, .
         except OSError as err:
             if fd >= 0:
                 os.close(fd)
-            if err.errno in VANISHED:
+            if _exited(err, base):
                 return  # exited: another process of its mount namespace is read, if any is left
             if not users:
                 raise
