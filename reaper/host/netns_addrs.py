@@ -147,7 +147,14 @@ def _open_path(handle: Handle) -> int:
     """An O_PATH fd on the handle's file, no symlink followed (beneath a holder's root, none at all)."""
     if handle.beneath is None:
         return os.open(handle.path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
-    return open_path_in_root(handle.beneath, handle.path)
+    try:
+        return open_path_in_root(handle.beneath, handle.path)
+    except PermissionError as err:
+        if err.filename != handle.beneath:
+            raise
+        # The kernel's ptrace access check on the holder (proc_fd_access_allowed): a protected
+        # init's threads, whose ns/mnt the mount walk could not look at either.
+        raise OSError(err.errno, f"{err.strerror}: {handle.beneath}, a task the reaper may not look at") from None
 
 
 class EveryProcessLeft(OSError):

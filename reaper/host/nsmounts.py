@@ -277,6 +277,15 @@ def _mount_ns(base: str) -> int | None:
         raise
 
 
+def _exited(err: OSError, base: str) -> bool:
+    """Whether reading the task at `base` failed because it exited: ENOENT or ESRCH, or EINVAL,
+    which opening the mountinfo of a task past exit_task_namespaces gives (`fs/proc_namespace.c`
+    `mounts_open_common`: no nsproxy), once its ns/mnt shows it gone too."""
+    if err.errno in VANISHED:
+        return True
+    return err.errno == errno.EINVAL and _mount_ns(base) is None
+
+
 class _Pinned(Struct, kw_only=True):
     """A mount namespace pinned on a file: the ways to open it (a process's root, the mount point
     beneath it), or an fd opened already (while a child was in the namespace holding the pin),
@@ -330,7 +339,7 @@ def _walk(proc: str, parsed: ParsedMountinfo) -> tuple[list[_View], tuple[str, .
         except OSError as err:
             if fd >= 0:
                 os.close(fd)
-            if err.errno in VANISHED:
+            if _exited(err, base):
                 return  # exited: another process of its mount namespace is read, if any is left
             if not users:
                 raise

@@ -241,14 +241,17 @@ def addresses_in_use(
     return leave_for_addresses(held, seen, None, dead)
 
 
-def _only_mounts(target: NamespaceToRead) -> bool:
-    """Whether `target` was found only through mounts held elsewhere (no pin, no process)."""
-    return bool(target.handles) and all(h.beneath is not None or h.path == UNREACHABLE for h in target.handles)
+def _pinned_or_mounted(target: NamespaceToRead) -> bool:
+    """Whether `target` was found through a pin or a mount elsewhere, not through processes alone."""
+    return bool(target.handles) and not _only_processes(target)
 
 
 def _only_processes(target: NamespaceToRead) -> bool:
-    """Whether `target` was found only through processes in it (no pin, no mount)."""
-    return bool(target.handles) and all(not h.pinned and h.path.startswith("/proc/") for h in target.handles)
+    """Whether `target` was found only through processes in it (no pin, no mount). UNREACHABLE
+    is a mount's (one below a filesystem not walked), though it looks like a process's path."""
+    return bool(target.handles) and all(
+        not h.pinned and h.path.startswith("/proc/") and h.path != UNREACHABLE for h in target.handles
+    )
 
 
 def _read_again(
@@ -290,11 +293,14 @@ def reread_unmounted(
     look_again: Callable[[], Sequence[NamespaceToRead]],
     read: Callable[[Sequence[NamespaceToRead]], list[NamespaceAddresses]],
 ) -> list[NamespaceAddresses]:
-    """`seen` with each unread namespace found only through mounts elsewhere looked up in a new
-    walk of /proc and the mounts (its holder may have exited or unmounted it while the pass read)
-    and read through whatever pin, process or mount holds it now."""
+    """`seen` with each unread namespace found through a pin or a mount elsewhere looked up in a
+    new walk of the netns dirs, /proc and the mounts (its runtime may have removed its pin, its
+    holder exited or unmounted it, while the pass read) and read through whatever pin, process or
+    mount holds it now. Under churn a pod's pin and its last process go between the walk and the
+    read; its handles then all fail, the last one's error shown: a process's or a mount's whose
+    holder cannot be looked at (a protected init's root: Permission denied), not the pin's."""
     return _read_again(
-        targets, seen, _only_mounts, lambda: {t.ns: t for t in look_again()}, lambda t, now: now.get(t.ns), read
+        targets, seen, _pinned_or_mounted, lambda: {t.ns: t for t in look_again()}, lambda t, now: now.get(t.ns), read
     )
 
 

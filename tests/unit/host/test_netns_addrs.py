@@ -1,14 +1,20 @@
 """Reading an address message: the local address of this end (IFA_LOCAL) over a point-to-point
-peer's (IFA_ADDRESS), IPv6's only address, and nothing from a message that holds none whole."""
+peer's (IFA_ADDRESS), IPv6's only address, and nothing from a message that holds none whole; a
+holder's root the kernel denies is named in the error."""
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import struct
 
+import pytest
+
 from reaper.host import netns_addrs
-from reaper.host.netns_addrs import IFA_ADDRESS, IFA_LOCAL, parse_address
+from reaper.host.files import describe_oserror
+from reaper.host.netns_addrs import IFA_ADDRESS, IFA_LOCAL, Handle, parse_address
+from reaper.model import NsKey
 
 RTM_NEWADDR = 20
 
@@ -55,3 +61,26 @@ def test_setns_is_os_setns_where_python_has_it() -> None:
     assert (
         (netns_addrs._setns is os.setns) if hasattr(os, "setns") else (netns_addrs._setns is netns_addrs._setns_ctypes)
     )
+
+
+def test_a_holders_root_the_reaper_may_not_look_at_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mount seen through a task the kernel's ptrace access check keeps the reaper from (a
+    protected init's threads): the error says whose root was denied, not only Permission denied;
+    a denial beneath that root is the kernel's word alone."""
+
+    def denied(root: str, path: str) -> int:
+        raise PermissionError(errno.EACCES, "Permission denied", root)
+
+    monkeypatch.setattr(netns_addrs, "open_path_in_root", denied)
+    handle = Handle("/run/netns/cni-1", pinned=True, beneath="/proc/66/root")
+    with pytest.raises(OSError) as raised:
+        netns_addrs._open_checked(handle, NsKey(4, 1))
+    assert describe_oserror(raised.value) == "Permission denied: /proc/66/root, a task the reaper may not look at"
+
+    def denied_beneath(root: str, path: str) -> int:
+        raise PermissionError(errno.EACCES, "Permission denied", "run/netns/cni-1")
+
+    monkeypatch.setattr(netns_addrs, "open_path_in_root", denied_beneath)
+    with pytest.raises(OSError) as raised:
+        netns_addrs._open_checked(handle, NsKey(4, 1))
+    assert describe_oserror(raised.value) == "Permission denied"

@@ -159,6 +159,32 @@ def test_a_mountinfo_that_vanishes_mid_walk_is_read_through_another_process(
     assert [m.pid for m in every_mount(str(proc.root)) if m.mount_point == "/run/held"] == [101]
 
 
+def test_a_mountinfo_of_a_task_past_exit_is_einval_and_read_through_another_process(
+    proc: FakeProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task of a mount namespace of its own that exits between the look at its ns/mnt and the
+    open of its mountinfo (a pod's pause killed mid-walk): the kernel says EINVAL, not ENOENT.
+    Its ns/mnt gone too, it exited; with its ns/mnt still there, the walk is not whole."""
+    proc.process(100, "other", [ROOT, RUN, nsfs(40, 20, 4026532009, "/run/held")])
+    proc.process(101, "other", [ROOT, RUN, nsfs(40, 20, 4026532009, "/run/held")])
+    real = nsmounts._read_open
+    exiting = {"100"}  # tasks that exit as their mountinfo is opened
+
+    def einval(path: str) -> tuple[bytes, int]:
+        task = Path(path).parent
+        if task.name not in ("101", str(os.getpid())):
+            if task.name in exiting:
+                (task / "ns" / "mnt").unlink()
+            raise OSError(errno.EINVAL, "Invalid argument", path)
+        return real(path)
+
+    monkeypatch.setattr(nsmounts, "_read_open", einval)
+    assert [m.pid for m in every_mount(str(proc.root)) if m.mount_point == "/run/held"] == [101]
+    proc.process(103, "another", [ROOT, RUN])
+    with pytest.raises(OSError, match="Invalid argument"):
+        every_mount(str(proc.root))
+
+
 def test_a_walk_that_cannot_be_whole_raises_instead_of_finding_no_mount(
     proc: FakeProc, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -504,3 +504,86 @@ def test_a_namespace_whose_mount_went_while_read_is_looked_up_again(monkeypatch:
     walks.append([first])
     why = addresses_in_use([orphan], records, ("/run/netns",))[orphan.key]
     assert "held by a mount at /var/held" in why and "could not be read (No such file or directory)" in why
+
+
+def test_a_namespace_only_a_mount_below_an_unwalked_filesystem_holds_stays_unread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its one way (UNREACHABLE) opens nothing and looks like a process's path: the new walk of
+    /proc, which finds no process in it, must not read it as empty. It stays unread, and every
+    orphan holding an address is left."""
+    below = NsMount(ns=NsKey(4, 72), pid=13, mount_ns=9, mount_point="/fuse/held", on=None, reachable=False)
+    _fake_node(monkeypatch, {HOST: {1}}, [], {}, [below])
+    monkeypatch.setattr(addresses, "mounting_user", lambda mount: None)
+    asked: list[list[NamespaceToRead]] = []
+
+    def read(targets: Sequence[NamespaceToRead], **_: Any) -> list[NamespaceAddresses]:
+        asked.append(list(targets))
+        unread = "No such file or directory"
+        return [NamespaceAddresses(t.ns, t.where, (), unread if t.handles else None) for t in targets]
+
+    monkeypatch.setattr(addresses, "read_addresses", read)
+    orphan, records = attach(lease("10.0.0.5"))
+    why = addresses_in_use([orphan], records, ("/run/netns",))[orphan.key]
+    assert "held by a mount at /fuse/held" in why and "could not be read (No such file or directory)" in why
+    assert all(h.path == addresses.UNREACHABLE for reads in asked[1:] for t in reads for h in t.handles)
+
+
+@pytest.mark.parametrize("found_through", ["a pin", "a process and a mount elsewhere"])
+def test_a_namespace_removed_while_read_is_looked_up_again(monkeypatch: pytest.MonkeyPatch, found_through: str) -> None:
+    """A pod removed while the pass read (found churning pods on a loaded node: every orphan was
+    left, "could not be read (Permission denied)"): its pin unlinked and its process gone, every
+    way to its namespace failed, the last one's error shown (the root of a protected init, where
+    a copy of the pin was seen). One more walk: held by nothing now, it reads as empty and the
+    orphan goes; held still, it is read again; a walk that fails keeps the error."""
+    removed = pin(OTHER, "cni-removed")
+    held = NsMount(ns=OTHER, pid=1, mount_ns=0, mount_point="/run/netns/cni-removed", on=None)
+    pinned = found_through == "a pin"
+    first_pins, first_mounts = ([removed], []) if pinned else ([], [held])
+    orphan, records = attach(lease("10.0.0.5"))
+    _fake_node(monkeypatch, {}, [], {})
+    monkeypatch.setattr(addresses, "mounting_user", lambda mount: None)
+    members: list[dict[NsKey, set[int]]] = []
+    pins: list[list[NetnsPin]] = []
+    mounts: list[list[NsMount]] = []
+    monkeypatch.setattr(addresses, "netns_members", lambda: members.pop(0))
+    monkeypatch.setattr(addresses, "collect_pins", lambda dirs, patterns: (pins.pop(0), []))
+    monkeypatch.setattr(addresses, "held_mounts", lambda dirs: _walked(mounts.pop(0)))
+    asked: list[list[NamespaceToRead]] = []
+
+    def read(targets: Sequence[NamespaceToRead], **_: Any) -> list[NamespaceAddresses]:
+        again = bool(asked)
+        asked.append(list(targets))
+        return [
+            NamespaceAddresses(t.ns, t.where, (), "Permission denied")
+            if t.ns == OTHER and not again
+            else NamespaceAddresses(t.ns, t.where, ("10.0.0.5",) if t.ns == OTHER else ())
+            for t in targets
+        ]
+
+    monkeypatch.setattr(addresses, "read_addresses", read)
+    members.extend([{HOST: {1}, OTHER: {4242}}, {HOST: {1}}])
+    pins.extend([first_pins, []])
+    mounts.extend([first_mounts, []])
+    assert addresses_in_use([orphan], records, ("/run/netns",)) == {}, "gone from the new walk: empty"
+    assert [[t.ns for t in reads] for reads in asked] == [[HOST, OTHER]] and not members and not pins
+
+    asked.clear()
+    members.extend([{HOST: {1}, OTHER: {4242}}, {HOST: {1}, OTHER: {4343}}])
+    pins.extend([first_pins, []])
+    mounts.extend([first_mounts, []])
+    why = addresses_in_use([orphan], records, ("/run/netns",))[orphan.key]
+    assert "10.0.0.5 is configured in the netns of pid 4343" in why, "read again through what holds it now"
+
+    def fails(dirs: object) -> HeldMounts:
+        if mounts:
+            return _walked(mounts.pop(0))
+        raise OSError(5, "mount namespace mnt:[10] cannot be entered")
+
+    monkeypatch.setattr(addresses, "held_mounts", fails)
+    asked.clear()
+    members.extend([{HOST: {1}, OTHER: {4242}}])
+    pins.extend([first_pins])
+    mounts.extend([first_mounts])
+    why = addresses_in_use([orphan], records, ("/run/netns",))[orphan.key]
+    assert "could not be read (Permission denied)" in why and len(asked) == 1
