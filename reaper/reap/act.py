@@ -74,7 +74,7 @@ def _kept_because(what: str, no_del: bool, pinned: bool) -> str:
 
 class Recheck(NamedTuple):
     """What a re-check found: why each attachment must be left, the namespaces the runtimes
-    named (live), who is in which namespace, and when it finished (time.monotonic)."""
+    named (live), who is in which namespace, and when it finished (on the reclaimer's clock)."""
 
     left: dict[AttachmentKey, str]
     live_netns: frozenset[NsKey] = frozenset()
@@ -123,8 +123,9 @@ class _Views:
     step one serves every batch that starts within half its window and whose namespaces it
     described (each describes every namespace the step may still act on, `wide`)."""
 
-    def __init__(self, take: Callable[[Set[NsKey]], NodeView]) -> None:
+    def __init__(self, take: Callable[[Set[NsKey]], NodeView], clock: Callable[[], float]) -> None:
         self.take = take
+        self.clock = clock
         self.last: NodeView | None = None
         self.described: frozenset[NsKey] = frozenset()
         self.window = RECHECK_WINDOW
@@ -132,14 +133,14 @@ class _Views:
     def look(self, namespaces: frozenset[NsKey]) -> NodeView:
         """A new look describing `namespaces`; its window follows how long it took."""
         self.described = namespaces
-        began = time.monotonic()
+        began = self.clock()
         self.last = self.take(namespaces)
         self.window = max(RECHECK_WINDOW, LOOK_SHARE * (self.last.at - began))
         return self.last
 
     def fresh(self, namespaces: frozenset[NsKey], wide: frozenset[NsKey]) -> NodeView:
         last = self.last
-        if last is None or time.monotonic() - last.at > self.window / 2 or not namespaces <= self.described:
+        if last is None or self.clock() - last.at > self.window / 2 or not namespaces <= self.described:
             return self.look(namespaces | wide)
         return last
 
@@ -162,6 +163,8 @@ class Reclaimer(Struct, kw_only=True):
     plugin_path: str = PLUGIN_PATH  # where the plugins' DEL finds the node's iptables backend
     read_netns: Callable[[Sequence[NamespaceToRead]], list[NamespaceAddresses]] = read_staying
     registry: Registry = REGISTRY  # the kinds it reclaims, in order; `look` should use the same
+    # Seconds, for the re-check windows and the batches' pace: every window is judged on it.
+    clock: Callable[[], float] = field(default=time.monotonic)
     _statuses: dict[bytes, str | None] = field(default_factory=dict)
     _mounts: ParsedMountinfo = field(default_factory=ParsedMountinfo)  # parsed again only if changed
     _status_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -172,13 +175,13 @@ class Reclaimer(Struct, kw_only=True):
         busy = in_use(self.bin_dirs, self.netns_dirs, namespaces, self._mounts) if namespaces else {}
         view = self.observe()
         now = listed(view) if view.reachable else None
-        return NodeView(busy, now, view.error, time.monotonic())
+        return NodeView(busy, now, view.error, self.clock())
 
     def _busy_from(self, found: Recheck, namespaces: Set[NsKey], window: float) -> Callable[[], Mapping[NsKey, str]]:
         """Who is in which namespace for a kind about to act: the re-check's walk within the window, else a new walk."""
 
         def busy() -> Mapping[NsKey, str]:
-            if time.monotonic() - found.at <= window:
+            if self.clock() - found.at <= window:
                 return found.busy
             return in_use(self.bin_dirs, self.netns_dirs, namespaces, self._mounts)
 
@@ -277,7 +280,7 @@ class Reclaimer(Struct, kw_only=True):
                 return key, (), f"waits: a plugin of its network is not available (CNI STATUS): {unavailable}", False
             if request is None:
                 return key, (), None, False
-            if time.monotonic() - cleared_at > window:
+            if self.clock() - cleared_at > window:
                 return key, (), None, True
             try:
                 with delegates.pinned(request) as (ready, changed):
@@ -294,8 +297,8 @@ class Reclaimer(Struct, kw_only=True):
         queue = deque(attachments)
         by_key = {a.key: a for a in attachments}
         late: dict[AttachmentKey, int] = {}
-        batch, views = 4 * self.del_concurrency, _Views(self.view)
-        started = time.monotonic()
+        batch, views = 4 * self.del_concurrency, _Views(self.view, self.clock)
+        started = self.clock()
         finished = 0
         pace, look_took = 0.0, 0.0  # DELs finished a second so far; the last re-check's seconds
         with ThreadPoolExecutor(max_workers=self.del_concurrency) as pool:
@@ -312,7 +315,7 @@ class Reclaimer(Struct, kw_only=True):
                     while queue and dels < batch:
                         chunk.append(queue.popleft())
                         dels += requests.get(chunk[-1].key) is not None
-                    began = time.monotonic()
+                    began = self.clock()
                     found = views.look(frozenset(a.netns for a in chunk if a.netns is not None)).judge(chunk)
                     look_took = found.at - began
                     self.log.debug(
@@ -340,7 +343,7 @@ class Reclaimer(Struct, kw_only=True):
                     if why is not None:
                         left[key] = why
                 # As many as the pool finishes in a window, and never fewer than it can run at once.
-                pace = finished / max(time.monotonic() - started, 1e-3)
+                pace = finished / max(self.clock() - started, 1e-3)
                 batch = max(self.del_concurrency, int(pace * views.window))
         for key, found_errors in errors.items():
             fields = {"attachment": key.as_text(), **attachment_log_fields(key, by_key.get(key)), "method": "cni-del"}
@@ -388,7 +391,7 @@ class Reclaimer(Struct, kw_only=True):
 
         # Attachments a batch's re-check left: none of their records is touched after that.
         left_at: dict[AttachmentKey, str] = {}
-        views = views if views is not None else _Views(self.view)
+        views = views if views is not None else _Views(self.view, self.clock)
         every_ns = frozenset(ns for a in attachments for ns in lives_in(kinds, a, present))
         # Namespaces this step unpinned with nothing else keeping them: gone, no look walks them.
         gone: frozenset[NsKey] = frozenset()
@@ -457,7 +460,7 @@ class Reclaimer(Struct, kw_only=True):
             left_at.update(found.left)
             out.update((kind.identity(r), Done.left(found.left[a.key])) for a, r in batch if a.key in found.left)
             records = [r for a, r in batch if a.key not in found.left]
-            started = time.monotonic()
+            started = self.clock()
             if records:
                 ctx = ReclaimContext(
                     netns_dirs=self.netns_dirs,
@@ -469,7 +472,7 @@ class Reclaimer(Struct, kw_only=True):
                     in_use=self._busy_from(found, namespaces, views.window),
                 )
                 out.update(self._reclaim_isolated(kind, records, ctx))
-            took = time.monotonic() - started
+            took = self.clock() - started
             self.log.debug(
                 "reclaimed a batch",
                 extra={"kind": kind.name, "records": len(records), "seconds": round(took, 3),

@@ -33,9 +33,11 @@ def bare_reclaimer(
     plugin_timeout: float = 1.0,
     del_concurrency: int = DEL_CONCURRENCY,
     registry: Registry = REGISTRY,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Reclaimer:
     """A reclaimer with no netns dirs, no quarantine and a runtime that lists nothing, of the
-    kinds in `registry` (a fake node's: tests.harness.reclaim_fakes.FakeNode.registry)."""
+    kinds in `registry` (a fake node's: tests.harness.reclaim_fakes.FakeNode.registry), its
+    re-check windows judged on `clock`."""
     return Reclaimer(
         del_concurrency=del_concurrency,
         look=look,
@@ -48,6 +50,7 @@ def bare_reclaimer(
         stop=threading.Event(),
         observe=observe,
         registry=registry,
+        clock=clock,
     )
 
 
