@@ -19,6 +19,7 @@ from reaper.model import Attachment, AttachmentKey, NodeSnapshot, ReclaimOutcome
 from reaper.reap import act
 from reaper.reap.act import UNREACHABLE_AT_RECHECK, Reclaimer
 from reaper.reap.logfields import reclaim_log_fields
+from tests.harness.clocks import ManualClock
 from tests.harness.passes import bare_reclaimer
 from tests.harness.reclaim_fakes import (
     FAKE_LAST,
@@ -132,10 +133,13 @@ def test_a_sandbox_listed_again_before_the_kernel_step_keeps_its_resources(
 ) -> None:
     one = two_resources(node, 1)
     # The first view answers the re-check before DEL, the second the one before the kernel step
-    # (with no window, the first is stale by then and not reused).
+    # (with no window, and every read of the clock later than the last, the first is stale by
+    # then and not reused).
     monkeypatch.setattr(act, "RECHECK_WINDOW", 0.0)
     monkeypatch.setattr(act, "LOOK_SHARE", 0)
-    outcomes, skipped = reclaimer(node, runtime(), runtime(sandbox(1))).run([one], {})
+    r = reclaimer(node, runtime(), runtime(sandbox(1)))
+    r.clock = ManualClock(tick=1.0)
+    outcomes, skipped = r.run([one], {})
     assert skipped == []
     assert {r.error for r in outcomes[0].resources} == {"its sandbox is listed again"}
     assert len(node.records) == 2 and node.batches == []
