@@ -262,3 +262,28 @@ def test_with_no_del_asked_the_kernel_step_starts_from_the_planned_look(node: Fa
     requests[more[0].key] = request_for(more[0], plugin_config())
     bare_reclaimer(look=node.look, registry=node.registry).run(more, requests, planned_on=planned)
     assert node.looks == 2, "a look after the DELs, and the verify look"
+
+
+@pytest.mark.parametrize(("waited", "looks_again"), [(0.5, False), (0.5 + 2**-30, True)])
+def test_a_look_serves_later_batches_for_half_its_window_only(
+    monkeypatch: pytest.MonkeyPatch, waited: float, looks_again: bool
+) -> None:
+    """The kernel step hands a batch the last look while it is younger than half the window (the
+    other half is the batch's to act in), and only for the namespaces that look described."""
+    monkeypatch.setattr(act, "RECHECK_WINDOW", 1.0)
+    monkeypatch.setattr(act, "LOOK_SHARE", 0.0)
+    clock = ManualClock()
+    taken: list[frozenset[NsKey]] = []
+
+    def take(namespaces: Set[NsKey]) -> act.NodeView:
+        taken.append(frozenset(namespaces))
+        return act.NodeView({}, None, "fake", clock())
+
+    first, other = NsKey(4, 1), NsKey(4, 2)
+    views = act._Views(take, clock)
+    views.look(frozenset({first}))
+    clock.advance(waited)
+    views.fresh(frozenset({first}), frozenset())
+    assert len(taken) == (2 if looks_again else 1)
+    views.fresh(frozenset({other}), frozenset())  # a namespace no look described: always a new look
+    assert taken[-1] == {other} and len(taken) == (3 if looks_again else 2)
