@@ -1,8 +1,8 @@
 """The docs as their readers use them: every link within them, or to a file beside them, goes
 somewhere (an `#anchor` to a heading that is there, as GitHub names it); every flag of every
-command is named in the README or docs/; the README (the operator's page) names every metric the
-agent exports, stays short, and opens with the two commands a newcomer runs. How the prose is
-ordered is left to it.
+command is named in the README or docs/, and docs/reference.md says what splits each repeatable
+variable; the README (the operator's page) names every metric the agent exports, stays short,
+and opens with the two commands a newcomer runs. How the prose is ordered is left to it.
 
 Each check is a function of a doc's text, so that the tests at the end can show it failing on a
 small bad doc."""
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from reaper.cli import build_parser
 from reaper.metrics import ReaperMetrics
+from reaper.settings import OPTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 # Every page written for a reader, whose links must go somewhere.
@@ -29,6 +30,7 @@ DOCS = (
     *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("docs/*.md")),
 )
 README = ROOT / "README.md"
+REFERENCE = ROOT / "docs" / "reference.md"  # its option table: a row a flag, with its variable
 # The operator's page: one that grows past this has taken in what belongs in docs/.
 README_MAX_LINES = 350
 # "Opens with": both commands are on the first screen, before the page's second section.
@@ -115,6 +117,13 @@ def undocumented_metrics(text: str, names: Iterable[str]) -> list[str]:
     return sorted({n for n in names if not re.search(rf"\b{re.escape(n)}(_total|_bucket|_sum|_count)?\b", text)})
 
 
+def unstated_separators(text: str, separators: Iterable[tuple[str, str]]) -> list[str]:
+    """The variables (with the separator their value splits on) whose row in the option table of
+    `text` does not say that separator, as `(`:`-separated)`."""
+    rows = {m[1]: m[0] for m in re.finditer(r"^\|[^|]*\| `(REAPER_\w+)`.*$", text, re.M)}
+    return sorted(env for env, sep in separators if f"`{sep}`-separated" not in rows.get(env, ""))
+
+
 def readme_problems(text: str) -> list[str]:
     """What keeps `text` from being the operator's page: too long, or not opening with the two
     commands a newcomer on a fresh machine runs."""
@@ -173,6 +182,16 @@ def test_every_flag_of_every_command_is_in_the_readme_or_docs() -> None:
     assert undocumented_flags(flag_and_doc_texts(), flags) == []
 
 
+def repeatable_variables() -> list[tuple[str, str]]:
+    return [(o.env, o.separator) for o in OPTIONS if o.env and o.separator]
+
+
+def test_every_repeatable_variable_says_what_splits_it() -> None:
+    """An operator setting REAPER_IPAM_DIR to two dirs must know to join them with `:`."""
+    assert ("REAPER_IPAM_DIR", ":") in repeatable_variables()
+    assert unstated_separators(REFERENCE.read_text(), repeatable_variables()) == []
+
+
 def test_every_metric_the_agent_exports_is_in_the_readme() -> None:
     names = metric_names()
     assert "cni_reaper_passes" in names and "cni_reaper_pass_duration_seconds" in names
@@ -190,6 +209,11 @@ def test_a_flag_or_a_metric_the_readme_leaves_out_is_caught() -> None:
     without = re.sub(rf"\b{metric}(_total)?\b", "", without)
     assert undocumented_flags(without, flags_of(build_parser())) == [flag]
     assert undocumented_metrics(without, metric_names()) == [metric]
+
+
+def test_a_variable_whose_separator_is_not_said_is_caught() -> None:
+    text = REFERENCE.read_text().replace("`REAPER_EXCLUDE_POD` (`,`-separated)", "`REAPER_EXCLUDE_POD`")
+    assert unstated_separators(text, repeatable_variables()) == ["REAPER_EXCLUDE_POD"]
 
 
 def test_a_link_to_a_missing_file_or_heading_is_caught(tmp_path: Path) -> None:
