@@ -35,10 +35,9 @@ from pathlib import Path
 from unittest import mock
 
 import reaper
+from bench.orphans import orphan_leasing
 from reaper.host.nsmounts import held_mounts
 from reaper.kinds import hostlocal
-from reaper.kinds.hostlocal import HostLocalLease
-from reaper.model import Attachment, AttachmentKey
 from reaper.reap import addresses
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,31 +118,9 @@ def remove_pin(path: Path) -> None:
     path.unlink(missing_ok=True)
 
 
-def the_orphan() -> tuple[Attachment, HostLocalLease]:
-    """An orphan whose lease holds ORPHAN_ADDRESS, as netns_addrs_bench makes it."""
-    lease = HostLocalLease(
-        network="net1",
-        ip=ORPHAN_ADDRESS,
-        container_id="c" * 64,
-        ifname="eth0",
-        path=f"/nonexistent/{ORPHAN_ADDRESS}",
-        data_dir="/nonexistent",
-        mtime=0.0,
-    )
-    orphan = Attachment(
-        key=AttachmentKey("c" * 64, "net1", "eth0"),
-        resources=(hostlocal.ref(lease),),
-        netns=None,
-        verdict="orphan",
-        reason="",
-        age_seconds=600.0,
-    )
-    return orphan, lease
-
-
 def address_checks(netns_dir: Path, logs: Path, seconds: float, pins: int) -> list[str]:
     """Part 1: the check in a loop for `seconds` beside `pins` churned pin paths; its lines."""
-    orphan, lease = the_orphan()
+    orphan, lease = orphan_leasing(ORPHAN_ADDRESS, "c" * 64)
     records = {hostlocal.KIND.identity(lease): lease}
     paths = [netns_dir / f"churn-{i}" for i in range(pins)]
     dots = [logs / f"pin-{i}" for i in range(pins)]

@@ -17,10 +17,10 @@ import sys
 import tempfile
 import time
 
+from bench.orphans import orphan_leasing
 from reaper.host.netns_addrs import Handle, NamespaceToRead, read_addresses
 from reaper.kinds import hostlocal
-from reaper.kinds.hostlocal import HostLocalLease
-from reaper.model import Attachment, AttachmentKey, NsKey, ResourceRef
+from reaper.model import NsKey
 from reaper.reap.addresses import addresses_in_use
 
 INSIDE = "REAPER_BENCH_NETNS_ADDRS"
@@ -71,24 +71,8 @@ def main(count: int) -> None:
         got = read_addresses(targets, deadline=time.monotonic() + 60)
         assert all(r.error is None and len(r.addresses) == 3 for r in got), got[:3]
 
-    lease = HostLocalLease(
-        network="net1",
-        ip="10.99.0.1",
-        container_id="d" * 64,
-        ifname="eth0",
-        path="/nonexistent/10.99.0.1",
-        data_dir="/nonexistent",
-        mtime=0.0,
-    )
+    orphan, lease = orphan_leasing("10.99.0.1", "d" * 64)
     identity = hostlocal.KIND.identity(lease)
-    orphan = Attachment(
-        key=AttachmentKey("d" * 64, "net1", "eth0"),
-        resources=(ResourceRef(kind="ipam", name="net1/10.99.0.1", created_at=0.0, details={}, identity=identity),),
-        netns=None,
-        verdict="orphan",
-        reason="",
-        age_seconds=600.0,
-    )
 
     def check() -> None:
         assert addresses_in_use([orphan], {identity: lease}, (work,)) == {}
