@@ -32,6 +32,7 @@ from msgspec import Struct
 
 from reaper.host.confined import libc, open_path_in_root
 from reaper.host.mounts import MountLine, parse_line
+from reaper.host.pins import nsfs_device
 from reaper.host.procs import EveryNamespaceBusy, busy_namespaces, listed_pids, tasks
 from reaper.host.userns import owners_at, owners_of
 from reaper.model import NsKey
@@ -482,16 +483,12 @@ def open_pin(root: str, point: str, ino: int) -> int:
     path_fd = open_path_in_root(root, point)
     try:
         st = os.fstat(path_fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_ino != ino or st.st_dev != _nsfs_dev():
+        if not stat.S_ISREG(st.st_mode) or st.st_ino != ino or st.st_dev != nsfs_device():
             raise OSError(errno.ESTALE, f"another file is at {point} now")
         # Reopened through the checked fd: a namespace reads as an empty regular file.
         return os.open(f"/proc/self/fd/{path_fd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     finally:
         os.close(path_fd)
-
-
-def _nsfs_dev() -> int:
-    return os.stat("/proc/self/ns/mnt").st_dev
 
 
 def _users_at(base: str, mount_ns: int) -> bool:
